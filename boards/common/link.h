@@ -1,0 +1,25 @@
+/* The device side of the serial protocol (docs/PROTOCOL.md), shared by every board.
+ * A board fills a board_io with its byte stream, cycle counter, image and arena, then calls
+ * link_serve(), which answers requests until QUIT or the end of the stream. */
+#ifndef COLIBRI_LINK_H
+#define COLIBRI_LINK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    const char *board;                          /* name reported in INFO */
+    int (*read_byte)(void);                     /* blocking; negative at end of stream */
+    void (*write)(const uint8_t *p, size_t n);  /* blocking, writes all n bytes */
+    uint64_t (*cycles)(void *user);             /* may be NULL */
+    uint64_t cycle_hz;                          /* counter frequency, 0 if unknown */
+    const uint8_t *image;                       /* where the image sits (64-byte aligned) */
+    size_t image_size;
+    void *arena;                                /* COLIBRI_ARENA_ALIGN aligned */
+    size_t arena_size;
+} board_io;
+
+/* Serve requests; returns the exit code QUIT asked for, or 0 at end of stream. */
+int link_serve(const board_io *io);
+
+#endif

@@ -1,0 +1,144 @@
+/*
+ * colibri.h — the whole public API of the Colibri runtime.
+ *
+ * Colibri runs a Mixture-of-Experts transformer from an image (see docs/FORMAT.md) with no
+ * allocation and no threads: the caller provides the image bytes (read in place, never copied)
+ * and one work arena; after colibri_open() nothing is allocated.
+ *
+ *   colibri_image_info info;
+ *   colibri_image_verify(image, image_size, &info);          // arena bytes needed: info.arena_bytes
+ *   colibri_ctx *ctx;
+ *   colibri_open(image, image_size, arena, arena_size, NULL, &ctx);
+ *   colibri_feed(ctx, prompt, n_prompt);                     // prefill: logits of the last token
+ *   colibri_sampler s;
+ *   colibri_sampler_init(&s, 0.0f, 0, 1.0f, 42);            // greedy
+ *   uint32_t tok;
+ *   colibri_step(ctx, &s, &tok);                             // sample, then feed the sample
+ *
+ * Every call returns a colibri_status; colibri_strerror() names it. A call that fails leaves
+ * the context as it was, so it stays usable.
+ */
+#ifndef COLIBRI_H
+#define COLIBRI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    COLIBRI_OK = 0,
+    COLIBRI_E_NULL = 1,                /* a required pointer argument is NULL */
+    COLIBRI_E_BAD_ARG = 2,             /* an argument is out of its documented range */
+    COLIBRI_E_ARENA_TOO_SMALL = 3,     /* arena smaller than the image's plan; *arena_needed says how much */
+    COLIBRI_E_ARENA_ALIGN = 4,         /* arena not aligned to COLIBRI_ARENA_ALIGN */
+    COLIBRI_E_IMAGE_TRUNCATED = 5,     /* fewer bytes than the header, or than the header's image size */
+    COLIBRI_E_IMAGE_MAGIC = 6,         /* not a Colibri image */
+    COLIBRI_E_IMAGE_VERSION = 7,       /* a format version this runtime does not read */
+    COLIBRI_E_IMAGE_HEADER_CRC = 8,    /* header bytes do not match their CRC32 */
+    COLIBRI_E_IMAGE_PAYLOAD_CRC = 9,   /* table or tensor bytes do not match their CRC32 */
+    COLIBRI_E_IMAGE_HEADER = 10,       /* inconsistent header fields (sizes, offsets, reserved bytes) */
+    COLIBRI_E_IMAGE_DIMS = 11,         /* model dimensions zero, inconsistent or too large */
+    COLIBRI_E_IMAGE_TABLE = 12,        /* tensor table out of order, wrong count, bad role or shape */
+    COLIBRI_E_IMAGE_BOUNDS = 13,       /* a tensor's bytes are misaligned or outside the image */
+    COLIBRI_E_IMAGE_DTYPE = 14,        /* a tensor dtype this build does not implement */
+    COLIBRI_E_IMAGE_PLAN = 15,         /* the image's arena plan disagrees with the runtime's */
+    COLIBRI_E_UNSUPPORTED = 16,        /* architecture or flag this runtime does not implement */
+    COLIBRI_E_TOKEN_RANGE = 17,        /* a token id >= vocab size */
+    COLIBRI_E_SEQ_FULL = 18,           /* the sequence would exceed the image's max_seq */
+    COLIBRI_E_NO_LOGITS = 19,          /* step/logits before any token was fed */
+    COLIBRI_STATUS_COUNT
+} colibri_status;
+
+/* The arena must be aligned to this many bytes. */
+#define COLIBRI_ARENA_ALIGN 64u
+
+/* Model facts read from a verified image header. */
+typedef struct {
+    uint32_t format_version;
+    uint64_t image_bytes;
+    uint64_t arena_bytes;      /* exact work-arena size colibri_open() needs */
+    uint32_t payload_crc32;
+    uint32_t vocab_size, hidden_size, ffn_size, n_layers;
+    uint32_t n_heads, n_kv_heads, head_dim;
+    uint32_t n_experts, top_k, max_seq;
+} colibri_image_info;
+
+/* Optional platform hooks; pass NULL to colibri_open() for none. */
+typedef struct {
+    /* A monotonic cycle (or tick) counter, used only for the per-phase stats. */
+    uint64_t (*cycles)(void *user);
+    void *user;
+} colibri_options;
+
+/* Counters since the last colibri_open()/colibri_reset(); cycles are 0 without a cycles hook. */
+typedef struct {
+    uint32_t tokens_fed;       /* positions in the KV cache */
+    uint64_t arena_bytes;
+    uint64_t cycles_total;     /* inside colibri_feed/colibri_step */
+    uint64_t cycles_attention; /* norms, q/k/v/o projections, RoPE, attention */
+    uint64_t cycles_router;    /* router matvec, softmax, top-k */
+    uint64_t cycles_experts;   /* expert FFNs */
+    uint64_t cycles_lm_head;   /* final norm + lm_head */
+    uint64_t cycles_sampling;
+    uint64_t expert_calls;     /* expert FFN evaluations */
+} colibri_stats;
+
+/* Sampler state. Use colibri_sampler_init(); fields are public so a board can log them. */
+typedef struct {
+    float temperature;  /* <= 0: greedy (argmax, lowest id on ties) */
+    uint32_t top_k;     /* 0: no top-k cut */
+    float top_p;        /* >= 1: no nucleus cut */
+    uint64_t rng;       /* xorshift64* state, never 0 */
+} colibri_sampler;
+
+typedef struct colibri_ctx colibri_ctx;
+
+/* Check an image completely (header, CRCs, table, every offset and size) without touching an
+ * arena. `info` may be NULL. Safe on any bytes: never reads outside [image, image + size). */
+colibri_status colibri_image_verify(const void *image, size_t size, colibri_image_info *info);
+
+/* Verify `image` and lay out the context in `arena` (aligned to COLIBRI_ARENA_ALIGN, at least
+ * info.arena_bytes long). The image must stay valid and unchanged while the context is used.
+ * On COLIBRI_E_ARENA_TOO_SMALL, *arena_needed (if not NULL) holds the bytes required.
+ * `opts` may be NULL. On success *ctx points into the arena. */
+colibri_status colibri_open(const void *image, size_t image_size, void *arena, size_t arena_size,
+                            const colibri_options *opts, colibri_ctx **ctx, uint64_t *arena_needed);
+
+/* Forget the sequence (KV cache position and logits) and zero the stats. */
+colibri_status colibri_reset(colibri_ctx *ctx);
+
+/* Feed n tokens at the next positions (prefill). Afterwards colibri_logits() holds the logits
+ * after the last one. All ids are checked and capacity is checked before anything changes. */
+colibri_status colibri_feed(colibri_ctx *ctx, const uint32_t *tokens, size_t n);
+
+/* Decode one token: sample from the current logits with `s`, feed the sample, return it in *token. */
+colibri_status colibri_step(colibri_ctx *ctx, colibri_sampler *s, uint32_t *token);
+
+/* Sample from the current logits without feeding (e.g. for the last token of a generation). */
+colibri_status colibri_sample(colibri_ctx *ctx, colibri_sampler *s, uint32_t *token);
+
+/* The logits after the last fed token: *logits points at vocab_size floats inside the arena,
+ * valid until the next feed/step/reset. */
+colibri_status colibri_logits(const colibri_ctx *ctx, const float **logits, uint32_t *vocab_size);
+
+colibri_status colibri_get_stats(const colibri_ctx *ctx, colibri_stats *stats);
+
+/* temperature <= 0 means greedy; top_k 0 and top_p >= 1 disable those cuts; the same seed gives
+ * the same tokens on every board. */
+colibri_status colibri_sampler_init(colibri_sampler *s, float temperature, uint32_t top_k, float top_p,
+                                    uint64_t seed);
+
+/* A short constant name for a status, e.g. "arena too small". Never NULL. */
+const char *colibri_strerror(colibri_status status);
+
+/* CRC-32 (IEEE 802.3, as zlib) of n bytes, continuing from `crc` (start with 0). Boards use it
+ * for the serial protocol, so there is one implementation. */
+uint32_t colibri_crc32(uint32_t crc, const void *data, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* COLIBRI_H */

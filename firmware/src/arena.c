@@ -1,0 +1,48 @@
+/* The memory plan: one arena, laid out once at open, nothing allocated afterwards.
+ * The host computes the same plan (host/image.py: arena_plan) and stores its total in the image;
+ * image_verify() rejects an image whose plan disagrees. */
+#include "internal.h"
+
+typedef struct {
+    uint64_t offset;
+    int overflow;
+    uint8_t *base;
+} planner;
+
+/* Reserve `count` 4-byte elements, 64-byte aligned; returns their address (or NULL when only sizing). */
+static void *reserve(planner *p, uint64_t count) {
+    void *at = p->base ? p->base + p->offset : 0;
+    uint64_t bytes = (count * 4 + IMG_ALIGN - 1) & ~(uint64_t)(IMG_ALIGN - 1);
+    /* count < 2^50 here (products of two dims <= 2^24 times n_layers), so count*4 cannot wrap */
+    if (bytes > UINT64_MAX - p->offset) p->overflow = 1;
+    else p->offset += bytes;
+    return at;
+}
+
+colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out, uint64_t *total) {
+    planner p = { ARENA_CTX_BYTES, 0, base };
+    arena_buffers a;
+    uint64_t kv_cache = (uint64_t)d->n_layers * d->max_seq;
+    if (kv_cache > IMG_MAX_DIM) return COLIBRI_E_IMAGE_DIMS; /* layers x positions, keeps the product below 2^48 */
+    kv_cache *= d->kv_dim;
+    a.x = reserve(&p, d->dim);
+    a.xn = reserve(&p, d->dim);
+    a.q = reserve(&p, d->q_dim);
+    a.attn_out = reserve(&p, d->q_dim);
+    a.att = reserve(&p, (uint64_t)d->n_heads * d->max_seq);
+    a.ffn_gate = reserve(&p, d->ffn);
+    a.ffn_up = reserve(&p, d->ffn);
+    a.moe_out = reserve(&p, d->dim);
+    a.router = reserve(&p, d->n_experts);
+    a.topk_weight = reserve(&p, d->top_k);
+    a.topk_index = reserve(&p, d->top_k);
+    a.logits = reserve(&p, d->vocab);
+    a.probs = reserve(&p, d->vocab);
+    a.sample_index = reserve(&p, d->vocab);
+    a.k_cache = reserve(&p, kv_cache);
+    a.v_cache = reserve(&p, kv_cache);
+    if (p.overflow || p.offset > (uint64_t)SIZE_MAX) return COLIBRI_E_IMAGE_DIMS;
+    if (out) *out = a;
+    *total = p.offset;
+    return COLIBRI_OK;
+}

@@ -1,0 +1,116 @@
+/* The public API: argument checks, state, stats. The math is in model.c. */
+#include "internal.h"
+
+_Static_assert(sizeof(struct colibri_ctx) <= ARENA_CTX_BYTES, "context must fit its arena reservation");
+
+colibri_status colibri_open(const void *image, size_t image_size, void *arena, size_t arena_size,
+                            const colibri_options *opts, colibri_ctx **ctx, uint64_t *arena_needed) {
+    if (!image || !arena || !ctx) return COLIBRI_E_NULL;
+    model_dims d;
+    const uint8_t *table;
+    colibri_image_info info;
+    colibri_status st = image_verify(image, image_size, &d, &table, &info);
+    if (st) return st;
+    if (arena_needed) *arena_needed = info.arena_bytes;
+    if ((uintptr_t)arena % COLIBRI_ARENA_ALIGN) return COLIBRI_E_ARENA_ALIGN;
+    if (arena_size < info.arena_bytes) return COLIBRI_E_ARENA_TOO_SMALL;
+
+    colibri_ctx *c = arena;
+    arena_buffers a;
+    uint64_t total;
+    arena_plan(&d, arena, &a, &total); /* cannot fail: image_verify() ran the same plan */
+    *c = (colibri_ctx){ .image = image, .table = table, .d = d, .a = a };
+    c->attn_scale = 1.0f / __builtin_sqrtf((float)d.head_dim);
+    if (opts) c->opts = *opts;
+    c->stats.arena_bytes = total;
+    *ctx = c;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_reset(colibri_ctx *c) {
+    if (!c) return COLIBRI_E_NULL;
+    c->pos = 0;
+    c->have_logits = 0;
+    c->stats = (colibri_stats){ .arena_bytes = c->stats.arena_bytes };
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_feed(colibri_ctx *c, const uint32_t *tokens, size_t n) {
+    if (!c || !tokens) return COLIBRI_E_NULL;
+    if (n == 0) return COLIBRI_E_BAD_ARG;
+    if (n > c->d.max_seq - c->pos) return COLIBRI_E_SEQ_FULL;
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] >= c->d.vocab) return COLIBRI_E_TOKEN_RANGE;
+    uint64_t t0 = c->opts.cycles ? c->opts.cycles(c->opts.user) : 0;
+    for (size_t i = 0; i < n; i++) model_forward(c, tokens[i]);
+    c->stats.tokens_fed = c->pos;
+    if (c->opts.cycles) c->stats.cycles_total += c->opts.cycles(c->opts.user) - t0;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_sample(colibri_ctx *c, colibri_sampler *s, uint32_t *token) {
+    if (!c || !s || !token) return COLIBRI_E_NULL;
+    if (!c->have_logits) return COLIBRI_E_NO_LOGITS;
+    uint64_t t0 = c->opts.cycles ? c->opts.cycles(c->opts.user) : 0;
+    *token = sample_token(s, c->a.logits, c->a.probs, c->a.sample_index, c->d.vocab);
+    if (c->opts.cycles) {
+        uint64_t dt = c->opts.cycles(c->opts.user) - t0;
+        c->stats.cycles_sampling += dt;
+        c->stats.cycles_total += dt;
+    }
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_step(colibri_ctx *c, colibri_sampler *s, uint32_t *token) {
+    if (!c || !s || !token) return COLIBRI_E_NULL;
+    if (!c->have_logits) return COLIBRI_E_NO_LOGITS;
+    if (c->pos >= c->d.max_seq) return COLIBRI_E_SEQ_FULL;
+    uint32_t t;
+    colibri_status st = colibri_sample(c, s, &t);
+    if (st) return st;
+    st = colibri_feed(c, &t, 1);
+    if (st) return st;
+    *token = t;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_logits(const colibri_ctx *c, const float **logits, uint32_t *vocab_size) {
+    if (!c || !logits) return COLIBRI_E_NULL;
+    if (!c->have_logits) return COLIBRI_E_NO_LOGITS;
+    *logits = c->a.logits;
+    if (vocab_size) *vocab_size = c->d.vocab;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_get_stats(const colibri_ctx *c, colibri_stats *stats) {
+    if (!c || !stats) return COLIBRI_E_NULL;
+    *stats = c->stats;
+    return COLIBRI_OK;
+}
+
+const char *colibri_strerror(colibri_status s) {
+    static const char *const names[COLIBRI_STATUS_COUNT] = {
+        [COLIBRI_OK] = "ok",
+        [COLIBRI_E_NULL] = "null pointer argument",
+        [COLIBRI_E_BAD_ARG] = "argument out of range",
+        [COLIBRI_E_ARENA_TOO_SMALL] = "arena too small",
+        [COLIBRI_E_ARENA_ALIGN] = "arena misaligned",
+        [COLIBRI_E_IMAGE_TRUNCATED] = "image truncated",
+        [COLIBRI_E_IMAGE_MAGIC] = "not a Colibri image (bad magic)",
+        [COLIBRI_E_IMAGE_VERSION] = "unsupported image format version",
+        [COLIBRI_E_IMAGE_HEADER_CRC] = "image header CRC mismatch",
+        [COLIBRI_E_IMAGE_PAYLOAD_CRC] = "image payload CRC mismatch",
+        [COLIBRI_E_IMAGE_HEADER] = "inconsistent image header",
+        [COLIBRI_E_IMAGE_DIMS] = "invalid model dimensions",
+        [COLIBRI_E_IMAGE_TABLE] = "invalid tensor table",
+        [COLIBRI_E_IMAGE_BOUNDS] = "tensor out of bounds or misaligned",
+        [COLIBRI_E_IMAGE_DTYPE] = "tensor dtype not supported by this build",
+        [COLIBRI_E_IMAGE_PLAN] = "image arena plan disagrees with runtime",
+        [COLIBRI_E_UNSUPPORTED] = "unsupported architecture or flag",
+        [COLIBRI_E_TOKEN_RANGE] = "token id out of range",
+        [COLIBRI_E_SEQ_FULL] = "sequence longer than the image's max_seq",
+        [COLIBRI_E_NO_LOGITS] = "no logits yet: feed a token first",
+    };
+    if ((unsigned)s >= COLIBRI_STATUS_COUNT) return "unknown status";
+    return names[s];
+}

@@ -1,0 +1,237 @@
+/* The image verifier: every byte that a later call reads is checked here first.
+ * Layout: docs/FORMAT.md. All size arithmetic is 64-bit and overflow-checked. */
+#include "internal.h"
+
+uint32_t rd32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32; }
+
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+static float rdf32(const uint8_t *p) {
+    union { uint32_t u; float f; } v = { rd32(p) };
+    return v.f;
+}
+
+uint32_t colibri_crc32(uint32_t crc, const void *data, size_t n) {
+    const uint8_t *p = data;
+    crc = ~crc;
+    while (n--) {
+        crc ^= *p++;
+        for (int k = 0; k < 8; k++) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+    }
+    return ~crc;
+}
+
+/* Checked arithmetic: return 0 on overflow. */
+static int add_ok(uint64_t a, uint64_t b, uint64_t *r) { *r = a + b; return *r >= a; }
+static int mul_ok(uint64_t a, uint64_t b, uint64_t *r) {
+    if (a != 0 && b > UINT64_MAX / a) return 0;
+    *r = a * b;
+    return 1;
+}
+static int align_ok(uint64_t a, uint64_t *r) {
+    if (!add_ok(a, IMG_ALIGN - 1, r)) return 0;
+    *r &= ~(uint64_t)(IMG_ALIGN - 1);
+    return 1;
+}
+
+/* Header field offsets (docs/FORMAT.md, "Header"). */
+enum {
+    H_MAGIC = 0, H_VERSION = 8, H_HEADER_BYTES = 12, H_IMAGE_BYTES = 16, H_HEADER_CRC = 24,
+    H_PAYLOAD_CRC = 28, H_ARCH = 32, H_VOCAB = 36, H_DIM = 40, H_FFN = 44, H_LAYERS = 48,
+    H_HEADS = 52, H_KV_HEADS = 56, H_HEAD_DIM = 60, H_EXPERTS = 64, H_TOP_K = 68, H_MAX_SEQ = 72,
+    H_FLAGS = 76, H_EPS = 80, H_ROPE_THETA = 84, H_TABLE_OFFSET = 88, H_N_TENSORS = 96,
+    H_ENTRY_BYTES = 100, H_DATA_OFFSET = 104, H_ARENA_BYTES = 112, H_EXPERT_ALIGN = 120,
+    H_RESERVED = 124
+};
+/* Tensor table entry field offsets (docs/FORMAT.md, "Tensor table"). */
+enum {
+    E_ROLE = 0, E_DTYPE = 2, E_LAYER = 4, E_EXPERT = 8, E_NDIMS = 12, E_DIM0 = 16, E_DIM1 = 20,
+    E_GROUP = 24, E_RESERVED = 28, E_OFFSET = 32, E_BYTES = 40, E_SCALES_OFFSET = 48, E_SCALES_BYTES = 56
+};
+
+static const uint8_t MAGIC[8] = { 'C', 'O', 'L', 'I', 'B', 'R', 'I', 0 };
+
+uint32_t layer_tensor_index(const model_dims *d, uint32_t layer, uint32_t role) {
+    return TENSORS_BEFORE_LAYERS + layer * (LAYER_FIXED + TENSORS_PER_EXPERT * d->n_experts) +
+           (role - ROLE_ATTN_NORM);
+}
+
+uint32_t expert_tensor_index(const model_dims *d, uint32_t layer, uint32_t expert, uint32_t role) {
+    return layer_tensor_index(d, layer, ROLE_ATTN_NORM) + LAYER_FIXED + expert * TENSORS_PER_EXPERT +
+           (role - ROLE_EXPERT_GATE);
+}
+
+uint32_t global_tensor_index(const model_dims *d, uint32_t role) {
+    if (role <= ROLE_ROPE_SIN) return role - ROLE_TOKEN_EMBD;
+    return layer_tensor_index(d, d->n_layers, ROLE_ATTN_NORM) + (role - ROLE_OUTPUT_NORM);
+}
+
+static colibri_status read_dims(const uint8_t *h, model_dims *d) {
+    if (rd32(h + H_ARCH) != IMG_ARCH_MOE) return COLIBRI_E_UNSUPPORTED;
+    d->vocab = rd32(h + H_VOCAB);
+    d->dim = rd32(h + H_DIM);
+    d->ffn = rd32(h + H_FFN);
+    d->n_layers = rd32(h + H_LAYERS);
+    d->n_heads = rd32(h + H_HEADS);
+    d->n_kv_heads = rd32(h + H_KV_HEADS);
+    d->head_dim = rd32(h + H_HEAD_DIM);
+    d->n_experts = rd32(h + H_EXPERTS);
+    d->top_k = rd32(h + H_TOP_K);
+    d->max_seq = rd32(h + H_MAX_SEQ);
+    d->flags = rd32(h + H_FLAGS);
+    d->eps = rdf32(h + H_EPS);
+    const uint32_t all[] = { d->vocab, d->dim, d->ffn, d->n_layers, d->n_heads, d->n_kv_heads,
+                             d->head_dim, d->n_experts, d->top_k, d->max_seq };
+    for (unsigned i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i] == 0 || all[i] > IMG_MAX_DIM) return COLIBRI_E_IMAGE_DIMS;
+    if (d->n_heads % d->n_kv_heads || d->head_dim % 2 || d->top_k > d->n_experts) return COLIBRI_E_IMAGE_DIMS;
+    if (!(d->eps >= 0.0f && d->eps < 1.0f)) return COLIBRI_E_IMAGE_DIMS; /* also rejects NaN */
+    uint64_t q_dim = (uint64_t)d->n_heads * d->head_dim, kv_dim = (uint64_t)d->n_kv_heads * d->head_dim;
+    if (q_dim > IMG_MAX_DIM || kv_dim > IMG_MAX_DIM) return COLIBRI_E_IMAGE_DIMS;
+    d->q_dim = (uint32_t)q_dim;
+    d->kv_dim = (uint32_t)kv_dim;
+    if (d->flags & ~IMG_KNOWN_FLAGS) return COLIBRI_E_UNSUPPORTED;
+    return COLIBRI_OK;
+}
+
+/* The (role, layer, expert, dims) the canonical table order puts at index i. */
+typedef struct { uint32_t role, layer, expert, ndims, dim0, dim1; } tensor_spec;
+
+static void spec_for(const model_dims *d, uint32_t i, tensor_spec *s) {
+    const uint32_t per_layer = LAYER_FIXED + TENSORS_PER_EXPERT * d->n_experts;
+    s->layer = s->expert = IMG_NO_INDEX;
+    if (i < TENSORS_BEFORE_LAYERS) {
+        s->role = ROLE_TOKEN_EMBD + i;
+    } else if (i - TENSORS_BEFORE_LAYERS < (uint64_t)per_layer * d->n_layers) {
+        uint32_t j = i - TENSORS_BEFORE_LAYERS;
+        s->layer = j / per_layer;
+        j %= per_layer;
+        if (j < LAYER_FIXED) {
+            s->role = ROLE_ATTN_NORM + j;
+        } else {
+            s->expert = (j - LAYER_FIXED) / TENSORS_PER_EXPERT;
+            s->role = ROLE_EXPERT_GATE + (j - LAYER_FIXED) % TENSORS_PER_EXPERT;
+        }
+    } else {
+        s->role = ROLE_OUTPUT_NORM + (i - TENSORS_BEFORE_LAYERS - per_layer * d->n_layers);
+    }
+    uint32_t D = d->dim;
+    s->ndims = 2;
+    switch (s->role) {
+    case ROLE_TOKEN_EMBD: case ROLE_LM_HEAD: s->dim0 = d->vocab; s->dim1 = D; break;
+    case ROLE_ROPE_COS: case ROLE_ROPE_SIN: s->dim0 = d->max_seq; s->dim1 = d->head_dim / 2; break;
+    case ROLE_WQ: s->dim0 = d->q_dim; s->dim1 = D; break;
+    case ROLE_WK: case ROLE_WV: s->dim0 = d->kv_dim; s->dim1 = D; break;
+    case ROLE_WO: s->dim0 = D; s->dim1 = d->q_dim; break;
+    case ROLE_ROUTER: s->dim0 = d->n_experts; s->dim1 = D; break;
+    case ROLE_EXPERT_GATE: case ROLE_EXPERT_UP: s->dim0 = d->ffn; s->dim1 = D; break;
+    case ROLE_EXPERT_DOWN: s->dim0 = D; s->dim1 = d->ffn; break;
+    default: s->ndims = 1; s->dim0 = D; s->dim1 = 1; break; /* the three norms */
+    }
+}
+
+static colibri_status check_entry(const uint8_t *e, const tensor_spec *s, uint64_t data_offset,
+                                  uint64_t image_bytes, uint64_t *end) {
+    if (rd16(e + E_ROLE) != s->role || rd32(e + E_LAYER) != s->layer || rd32(e + E_EXPERT) != s->expert ||
+        rd32(e + E_NDIMS) != s->ndims || rd32(e + E_DIM0) != s->dim0 || rd32(e + E_DIM1) != s->dim1 ||
+        rd32(e + E_RESERVED) != 0)
+        return COLIBRI_E_IMAGE_TABLE;
+    uint32_t dtype = rd16(e + E_DTYPE);
+    if (dtype >= DTYPE_COUNT) return COLIBRI_E_IMAGE_TABLE;
+    if (dtype != DTYPE_F32) return COLIBRI_E_IMAGE_DTYPE;
+    if (rd32(e + E_GROUP) != 0 || rd64(e + E_SCALES_OFFSET) != 0 || rd64(e + E_SCALES_BYTES) != 0)
+        return COLIBRI_E_IMAGE_TABLE;
+    uint64_t count, bytes, off = rd64(e + E_OFFSET);
+    if (!mul_ok(s->dim0, s->dim1, &count) || !mul_ok(count, 4, &bytes) || rd64(e + E_BYTES) != bytes)
+        return COLIBRI_E_IMAGE_TABLE;
+    if (off % IMG_ALIGN || off < data_offset || !add_ok(off, bytes, end) || *end > image_bytes)
+        return COLIBRI_E_IMAGE_BOUNDS;
+    return COLIBRI_OK;
+}
+
+colibri_status image_verify(const uint8_t *img, size_t size, model_dims *d, const uint8_t **table,
+                            colibri_image_info *info) {
+    if (!img) return COLIBRI_E_NULL;
+    if ((uintptr_t)img % IMG_ALIGN) return COLIBRI_E_BAD_ARG;
+    if (size < IMG_HEADER_BYTES) return COLIBRI_E_IMAGE_TRUNCATED;
+    for (int i = 0; i < 8; i++)
+        if (img[i] != MAGIC[i]) return COLIBRI_E_IMAGE_MAGIC;
+    if (rd32(img + H_VERSION) != IMG_VERSION) return COLIBRI_E_IMAGE_VERSION;
+    static const uint8_t zero4[4] = { 0 };
+    uint32_t crc = colibri_crc32(0, img, H_HEADER_CRC);
+    crc = colibri_crc32(crc, zero4, 4);
+    crc = colibri_crc32(crc, img + H_HEADER_CRC + 4, IMG_HEADER_BYTES - H_HEADER_CRC - 4);
+    if (crc != rd32(img + H_HEADER_CRC)) return COLIBRI_E_IMAGE_HEADER_CRC;
+
+    uint64_t image_bytes = rd64(img + H_IMAGE_BYTES);
+    if (image_bytes > size) return COLIBRI_E_IMAGE_TRUNCATED;
+    uint64_t table_offset = rd64(img + H_TABLE_OFFSET), data_offset = rd64(img + H_DATA_OFFSET);
+    uint64_t n_tensors = rd32(img + H_N_TENSORS), table_bytes, table_end;
+    if (rd32(img + H_HEADER_BYTES) != IMG_HEADER_BYTES || rd32(img + H_ENTRY_BYTES) != IMG_ENTRY_BYTES)
+        return COLIBRI_E_IMAGE_HEADER;
+    uint32_t expert_align = rd32(img + H_EXPERT_ALIGN);
+    if (expert_align == 0 || expert_align % IMG_ALIGN) return COLIBRI_E_IMAGE_HEADER;
+    for (uint32_t i = H_RESERVED; i < IMG_HEADER_BYTES; i++)
+        if (img[i]) return COLIBRI_E_IMAGE_HEADER;
+    if (table_offset < IMG_HEADER_BYTES || table_offset % IMG_ALIGN || data_offset % IMG_ALIGN ||
+        !mul_ok(n_tensors, IMG_ENTRY_BYTES, &table_bytes) || !add_ok(table_offset, table_bytes, &table_end) ||
+        table_end > data_offset || data_offset > image_bytes)
+        return COLIBRI_E_IMAGE_HEADER;
+    if (colibri_crc32(0, img + IMG_HEADER_BYTES, (size_t)(image_bytes - IMG_HEADER_BYTES)) !=
+        rd32(img + H_PAYLOAD_CRC))
+        return COLIBRI_E_IMAGE_PAYLOAD_CRC;
+
+    model_dims dims;
+    colibri_status st = read_dims(img, &dims);
+    if (st) return st;
+    uint64_t per_layer = LAYER_FIXED + (uint64_t)TENSORS_PER_EXPERT * dims.n_experts;
+    if (n_tensors != TENSORS_BEFORE_LAYERS + per_layer * dims.n_layers + 2) return COLIBRI_E_IMAGE_TABLE;
+
+    uint64_t prev_end = 0;
+    for (uint32_t i = 0; i < n_tensors; i++) {
+        tensor_spec s;
+        spec_for(&dims, i, &s);
+        const uint8_t *e = img + table_offset + (uint64_t)i * IMG_ENTRY_BYTES;
+        uint64_t end, aligned_prev;
+        st = check_entry(e, &s, data_offset, image_bytes, &end);
+        if (st) return st;
+        /* an expert's up and down matrices follow its gate matrix directly: one read covers it */
+        if ((s.role == ROLE_EXPERT_UP || s.role == ROLE_EXPERT_DOWN) &&
+            (!align_ok(prev_end, &aligned_prev) || rd64(e + E_OFFSET) != aligned_prev))
+            return COLIBRI_E_IMAGE_BOUNDS;
+        prev_end = end;
+    }
+
+    uint64_t arena;
+    st = arena_plan(&dims, 0, 0, &arena);
+    if (st) return st;
+    if (rd64(img + H_ARENA_BYTES) != arena) return COLIBRI_E_IMAGE_PLAN;
+
+    if (d) *d = dims;
+    if (table) *table = img + table_offset;
+    if (info) {
+        info->format_version = IMG_VERSION;
+        info->image_bytes = image_bytes;
+        info->arena_bytes = arena;
+        info->payload_crc32 = rd32(img + H_PAYLOAD_CRC);
+        info->vocab_size = dims.vocab;
+        info->hidden_size = dims.dim;
+        info->ffn_size = dims.ffn;
+        info->n_layers = dims.n_layers;
+        info->n_heads = dims.n_heads;
+        info->n_kv_heads = dims.n_kv_heads;
+        info->head_dim = dims.head_dim;
+        info->n_experts = dims.n_experts;
+        info->top_k = dims.top_k;
+        info->max_seq = dims.max_seq;
+    }
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_image_verify(const void *image, size_t size, colibri_image_info *info) {
+    return image_verify(image, size, 0, 0, info);
+}

@@ -1,0 +1,90 @@
+/* Internal declarations shared by the runtime's translation units. Not part of the API. */
+#ifndef COLIBRI_INTERNAL_H
+#define COLIBRI_INTERNAL_H
+
+#include "colibri.h"
+
+/* ---- image format v1 (docs/FORMAT.md) ---- */
+#define IMG_VERSION 1u
+#define IMG_HEADER_BYTES 256u
+#define IMG_ENTRY_BYTES 64u
+#define IMG_ALIGN 64u
+#define IMG_ARCH_MOE 1u
+#define IMG_FLAG_NORM_TOPK 1u
+#define IMG_KNOWN_FLAGS IMG_FLAG_NORM_TOPK
+#define IMG_NO_INDEX 0xFFFFFFFFu
+#define IMG_MAX_DIM (1u << 24) /* any single dimension; keeps every product of two in 64 bits */
+
+enum tensor_role {
+    ROLE_TOKEN_EMBD = 1, ROLE_ROPE_COS, ROLE_ROPE_SIN,
+    ROLE_ATTN_NORM, ROLE_WQ, ROLE_WK, ROLE_WV, ROLE_WO, ROLE_FFN_NORM, ROLE_ROUTER,
+    ROLE_EXPERT_GATE, ROLE_EXPERT_UP, ROLE_EXPERT_DOWN,
+    ROLE_OUTPUT_NORM, ROLE_LM_HEAD
+};
+enum tensor_dtype { DTYPE_F32 = 0, DTYPE_F16, DTYPE_BF16, DTYPE_Q8, DTYPE_Q4, DTYPE_COUNT };
+
+/* Tensor table index layout: 3 global tensors, then per layer LAYER_FIXED tensors followed by
+ * 3 per expert, then the output norm and lm_head. */
+#define TENSORS_BEFORE_LAYERS 3u
+#define LAYER_FIXED 7u /* attn_norm, wq, wk, wv, wo, ffn_norm, router */
+#define TENSORS_PER_EXPERT 3u
+
+typedef struct {
+    uint32_t vocab, dim, ffn, n_layers, n_heads, n_kv_heads, head_dim, n_experts, top_k, max_seq;
+    uint32_t flags;
+    float eps;
+    uint32_t q_dim, kv_dim;
+} model_dims;
+
+/* ---- the work arena (mirrors arena_plan() in host/image.py) ---- */
+#define ARENA_CTX_BYTES 1024u
+
+typedef struct {
+    float *x, *xn, *q, *attn_out, *att, *ffn_gate, *ffn_up, *moe_out, *router, *topk_weight;
+    uint32_t *topk_index;
+    float *logits, *probs;
+    uint32_t *sample_index;
+    float *k_cache, *v_cache;
+} arena_buffers;
+
+/* Total arena bytes for `d` in *total; if base != NULL also point `out` into base. Returns
+ * COLIBRI_E_IMAGE_DIMS if the plan overflows size_t. */
+colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out, uint64_t *total);
+
+struct colibri_ctx {
+    const uint8_t *image;
+    const uint8_t *table;
+    model_dims d;
+    float attn_scale;
+    arena_buffers a;
+    colibri_options opts;
+    uint32_t pos;        /* tokens in the KV cache */
+    int have_logits;
+    colibri_stats stats;
+};
+
+/* ---- image.c ---- */
+uint32_t rd32(const uint8_t *p);
+uint64_t rd64(const uint8_t *p);
+/* Full verification; fills dims and the table pointer on success. */
+colibri_status image_verify(const uint8_t *img, size_t size, model_dims *d, const uint8_t **table,
+                            colibri_image_info *info);
+uint32_t layer_tensor_index(const model_dims *d, uint32_t layer, uint32_t role);
+uint32_t expert_tensor_index(const model_dims *d, uint32_t layer, uint32_t expert, uint32_t role);
+uint32_t global_tensor_index(const model_dims *d, uint32_t role);
+
+/* ---- kernels.c (scalar reference: deterministic, no FMA contraction) ---- */
+float colibri_expf(float x);
+float dot(const float *a, const float *b, uint32_t n);
+void matvec(float *out, const float *w, const float *x, uint32_t rows, uint32_t cols);
+void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
+void softmax(float *x, uint32_t n);
+void rope(float *v, uint32_t n_heads, uint32_t head_dim, const float *cos, const float *sin);
+
+/* ---- model.c ---- */
+void model_forward(colibri_ctx *c, uint32_t token);
+
+/* ---- sampler.c ---- */
+uint32_t sample_token(colibri_sampler *s, const float *logits, float *probs, uint32_t *index, uint32_t n);
+
+#endif

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Run an image on a board: boot it, open the image, run a prompt, stream the tokens, verify.
+
+Examples:
+  python host/flash.py model.img --board hosted --prompt-tokens 1,5,9,3 --max-new-tokens 16 --verify
+  python host/flash.py model.img --board hosted --prompt-tokens 1,2 --temperature 0.8 --top-p 0.9 --seed 7
+  python host/flash.py model.img --board hosted --prompt-tokens 1,2 --dump-logits logits.npy --json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+from host.image import ImageError, read_image  # noqa: E402
+from host.protocol import Client, DeviceError, LinkError, Sampling  # noqa: E402
+from host.reference import Reference  # noqa: E402
+from sim.boards import DEFAULT_BOARD, load_board  # noqa: E402
+from sim.launch import start_board  # noqa: E402
+
+DEFAULT_TOLERANCE = 1e-4
+
+
+@dataclass
+class Verification:
+    max_abs_error: float
+    rows: int
+    greedy_checked: int
+    greedy_agree: int
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_error <= self.tolerance and self.greedy_agree == self.greedy_checked
+
+
+@dataclass
+class RunResult:
+    tokens: list[int]
+    stats: dict[str, int]
+    logits: np.ndarray | None
+    board: str
+
+
+def verify(image_bytes: bytes, prompt: list[int], result: RunResult, greedy: bool, tolerance: float) -> Verification:
+    """Compare the device's logits with the numpy reference run on the same tokens."""
+    ref = Reference(read_image(image_bytes)).forward(prompt + result.tokens)
+    dev = result.logits
+    assert dev is not None and dev.shape == ref.shape, (None if dev is None else dev.shape, ref.shape)
+    checked = agree = 0
+    if greedy:
+        for i, tok in enumerate(result.tokens):
+            checked += 1
+            agree += int(np.argmax(ref[len(prompt) - 1 + i]) == tok)
+    return Verification(float(np.max(np.abs(dev - ref))), ref.shape[0], checked, agree, tolerance)
+
+
+def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, sampling: Sampling,
+                 want_logits: bool, firmware: Path | None = None, on_token=None, board_args: list[str] | None = None,
+                 timeout: float = 60.0) -> RunResult:
+    board = load_board(board_name)
+    with start_board(board, firmware or board.firmware(), image, board_args) as link:
+        client = Client(link, timeout=timeout)
+        info = client.info()
+        opened = client.open()
+        if len(prompt) + max_new > opened.max_seq:
+            raise ValueError(f"{len(prompt)} prompt + {max_new} new tokens exceed the image's max_seq "
+                             f"{opened.max_seq}; repack with a larger --max-seq or ask for fewer tokens")
+        events, logits = client.run(prompt, max_new, sampling, want_logits, on_token)
+        stats = client.stats()
+        client.quit()
+    return RunResult([e.token for e in events], stats, logits, info.board)
+
+
+def parse_tokens(text: str) -> list[int]:
+    try:
+        tokens = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {text!r}") from None
+    if not tokens or min(tokens) < 0:
+        raise argparse.ArgumentTypeError("need at least one non-negative token id")
+    return tokens
+
+
+def stats_line(stats: dict[str, int]) -> str:
+    hz, n = stats["cycle_hz"], max(stats["tokens_fed"], 1)
+    per_tok = stats["cycles_total"] / n
+    speed = f", {hz / per_tok:.1f} tokens/s" if hz and per_tok else ""
+    return (f"{stats['tokens_fed']} tokens fed, {per_tok:,.0f} cycles/token{speed} "
+            f"(attention {stats['cycles_attention'] / n:,.0f}, router {stats['cycles_router'] / n:,.0f}, "
+            f"experts {stats['cycles_experts'] / n:,.0f}, lm_head {stats['cycles_lm_head'] / n:,.0f}), "
+            f"arena {stats['arena_bytes']:,} bytes")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("image", type=Path, help="image file made by host/pack.py")
+    ap.add_argument("--board", default=DEFAULT_BOARD, help=f"board to run on (default {DEFAULT_BOARD})")
+    ap.add_argument("--firmware", type=Path, help="firmware ELF (default build/<board>/release/firmware.elf)")
+    ap.add_argument("--prompt-tokens", type=parse_tokens, required=True, help="comma-separated token ids")
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    ap.add_argument("--top-k", type=int, default=0, help="0 = no top-k cut")
+    ap.add_argument("--top-p", type=float, default=1.0, help="1 = no nucleus cut")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--verify", action="store_true", help="compare the device's logits with the numpy reference")
+    ap.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="max abs logit error for --verify")
+    ap.add_argument("--dump-logits", type=Path, metavar="FILE.npy",
+                    help="save the device's logits: row i = after the i-th token fed, prompt first")
+    ap.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for any device frame")
+    args = ap.parse_args(argv)
+    if args.max_new_tokens < 0:
+        ap.error("--max-new-tokens must be >= 0")
+    if not args.image.exists():
+        ap.error(f"image {args.image} not found; make one with host/pack.py")
+
+    quiet = args.json
+    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
+    greedy = args.temperature <= 0 or args.top_k == 1
+
+    def on_token(ev) -> None:
+        if not quiet:
+            print(ev.token, end=" ", flush=True)
+
+    if not quiet:
+        print(f"[{args.board}] prompt {args.prompt_tokens} -> ", end="", flush=True)
+    try:
+        result = run_on_board(args.image, args.board, args.prompt_tokens, args.max_new_tokens, sampling,
+                              args.verify or args.dump_logits is not None, args.firmware, on_token,
+                              timeout=args.timeout)
+    except DeviceError as exc:
+        hint = ""
+        if exc.message == "arena too small":
+            hint = f": the image needs a {exc.detail:,}-byte arena"
+        print(f"\nflash: {exc}{hint}", file=sys.stderr)
+        return 2
+    except (LinkError, ValueError, FileNotFoundError, ImageError) as exc:
+        print(f"\nflash: error: {exc}", file=sys.stderr)
+        return 2
+    if not quiet:
+        print(f"\n[{result.board}] {stats_line(result.stats)}")
+    if args.dump_logits:
+        np.save(args.dump_logits, result.logits)
+    report: dict = {"board": result.board, "tokens": result.tokens, "stats": result.stats}
+    status = 0
+    if args.verify:
+        v = verify(args.image.read_bytes(), args.prompt_tokens, result, greedy, args.tolerance)
+        report["verify"] = {**asdict(v), "passed": v.passed}
+        status = 0 if v.passed else 1
+        if not quiet:
+            greedy_txt = (f"greedy tokens agree {v.greedy_agree}/{v.greedy_checked}" if greedy
+                          else "greedy agreement n/a (sampling)")
+            print(f"verify: max |device - reference| = {v.max_abs_error:.3g} over {v.rows} logits rows "
+                  f"(tolerance {v.tolerance:g}); {greedy_txt}: {'PASS' if v.passed else 'FAIL'}")
+    if args.json:
+        print(json.dumps(report))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""The numpy reference: runs a model from its Colibri image, in float32.
+
+It follows transformers' Mixtral forward pass (RMSNorm, GQA attention with rotate-half RoPE,
+softmax router over all experts, top-k, renormalized top-k weights, SwiGLU experts, final norm,
+lm_head) and is the oracle that device outputs are verified against. It reads the image, not the
+HF checkpoint, so it checks the packer too.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from host.image import FLAG_NORM_TOPK, NO_INDEX, Image, Role
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    var = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
+    return (x / np.sqrt(var + np.float32(eps))) * weight
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1) + np.exp(-x))
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE. x: [seq, heads, head_dim]; cos/sin: [seq, head_dim/2]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def route_topk(router_logits: np.ndarray, top_k: int, renormalize: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax over all experts, keep the top_k (ties: lower index first). Returns (indices, weights)."""
+    probs = softmax(router_logits)
+    idx = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k]
+    w = np.take_along_axis(probs, idx, axis=-1)
+    if renormalize:
+        w = w / np.sum(w, axis=-1, keepdims=True)
+    return idx, w
+
+
+class Reference:
+    def __init__(self, image: Image):
+        self.img = image
+        self.d = image.dims
+
+    def _t(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
+        return self.img.tensor(role, layer, expert)
+
+    def expert_ffn(self, x: np.ndarray, layer: int, expert: int) -> np.ndarray:
+        gate = x @ self._t(Role.EXPERT_GATE, layer, expert).T
+        up = x @ self._t(Role.EXPERT_UP, layer, expert).T
+        return (silu(gate) * up) @ self._t(Role.EXPERT_DOWN, layer, expert).T
+
+    def moe(self, x: np.ndarray, layer: int) -> np.ndarray:
+        d = self.d
+        idx, w = route_topk(x @ self._t(Role.ROUTER, layer).T, d.top_k, bool(d.flags & FLAG_NORM_TOPK))
+        out = np.zeros_like(x)
+        for e in range(d.n_experts):
+            rows, slot = np.nonzero(idx == e)
+            if rows.size:
+                out[rows] += w[rows, slot][:, None] * self.expert_ffn(x[rows], layer, e)
+        return out
+
+    def attention(self, x: np.ndarray, layer: int) -> np.ndarray:
+        d = self.d
+        n = x.shape[0]
+        q = (x @ self._t(Role.WQ, layer).T).reshape(n, d.n_heads, d.head_dim)
+        k = (x @ self._t(Role.WK, layer).T).reshape(n, d.n_kv_heads, d.head_dim)
+        v = (x @ self._t(Role.WV, layer).T).reshape(n, d.n_kv_heads, d.head_dim)
+        cos, sin = self._t(Role.ROPE_COS)[:n], self._t(Role.ROPE_SIN)[:n]
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        group = d.n_heads // d.n_kv_heads
+        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+        scores = np.einsum("qhd,khd->hqk", q, k) * np.float32(1.0 / np.sqrt(d.head_dim))
+        scores = np.where(np.tril(np.ones((n, n), bool))[None], scores, np.float32(-np.inf))
+        out = np.einsum("hqk,khd->qhd", softmax(scores), v).reshape(n, d.q_dim)
+        return out @ self._t(Role.WO, layer).T
+
+    def forward(self, tokens: list[int] | np.ndarray) -> np.ndarray:
+        """Logits [len(tokens), vocab] for every prefix of `tokens` (row i: after token i)."""
+        d = self.d
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if tokens.size == 0 or tokens.size > d.max_seq:
+            raise ValueError(f"need 1..{d.max_seq} tokens, got {tokens.size}")
+        if tokens.min() < 0 or tokens.max() >= d.vocab_size:
+            raise ValueError(f"token ids must be in [0, {d.vocab_size})")
+        x = self._t(Role.TOKEN_EMBD)[tokens].astype(np.float32)
+        for layer in range(d.n_layers):
+            x = x + self.attention(rms_norm(x, self._t(Role.ATTN_NORM, layer), d.rms_norm_eps), layer)
+            x = x + self.moe(rms_norm(x, self._t(Role.FFN_NORM, layer), d.rms_norm_eps), layer)
+        x = rms_norm(x, self._t(Role.OUTPUT_NORM), d.rms_norm_eps)
+        return (x @ self._t(Role.LM_HEAD).T).astype(np.float32)
+
+    def greedy(self, prompt: list[int], n_new: int) -> list[int]:
+        seq = list(prompt)
+        for _ in range(n_new):
+            seq.append(int(np.argmax(self.forward(seq)[-1])))
+        return seq[len(prompt):]
