@@ -1,0 +1,97 @@
+"""ctypes bindings to the hosted build's libcolibri.so, for testing the C API directly."""
+from __future__ import annotations
+
+import ctypes as C
+from pathlib import Path
+
+import numpy as np
+
+STATUS = {name: i for i, name in enumerate([
+    "OK", "E_NULL", "E_BAD_ARG", "E_ARENA_TOO_SMALL", "E_ARENA_ALIGN", "E_IMAGE_TRUNCATED", "E_IMAGE_MAGIC",
+    "E_IMAGE_VERSION", "E_IMAGE_HEADER_CRC", "E_IMAGE_PAYLOAD_CRC", "E_IMAGE_HEADER", "E_IMAGE_DIMS",
+    "E_IMAGE_TABLE", "E_IMAGE_BOUNDS", "E_IMAGE_DTYPE", "E_IMAGE_PLAN", "E_UNSUPPORTED", "E_TOKEN_RANGE",
+    "E_SEQ_FULL", "E_NO_LOGITS"])}
+
+
+class ImageInfo(C.Structure):
+    _fields_ = [("format_version", C.c_uint32), ("image_bytes", C.c_uint64), ("arena_bytes", C.c_uint64),
+                ("payload_crc32", C.c_uint32)] + [(n, C.c_uint32) for n in (
+                    "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                    "n_experts", "top_k", "max_seq")]
+
+
+class Stats(C.Structure):
+    _fields_ = [("tokens_fed", C.c_uint32)] + [(n, C.c_uint64) for n in (
+        "arena_bytes", "cycles_total", "cycles_attention", "cycles_router", "cycles_experts", "cycles_lm_head",
+        "cycles_sampling", "expert_calls")]
+
+
+class Sampler(C.Structure):
+    _fields_ = [("temperature", C.c_float), ("top_k", C.c_uint32), ("top_p", C.c_float), ("rng", C.c_uint64)]
+
+
+class Aligned:
+    """A 64-byte aligned copy of `data` (plus `extra` zero bytes) that ctypes can hand to C."""
+
+    def __init__(self, data: bytes | int, extra: int = 0, misalign: int = 0):
+        n = data if isinstance(data, int) else len(data)
+        self.raw = C.create_string_buffer(n + extra + 128)
+        base = C.addressof(self.raw)
+        self.addr = (base + 63) // 64 * 64 + misalign
+        if not isinstance(data, int):
+            C.memmove(self.addr, data, n)
+        self.size = n + extra
+
+
+class Lib:
+    def __init__(self, path: Path):
+        self.so = C.CDLL(str(path))
+        so = self.so
+        so.colibri_image_verify.argtypes = [C.c_void_p, C.c_size_t, C.POINTER(ImageInfo)]
+        so.colibri_open.argtypes = [C.c_void_p, C.c_size_t, C.c_void_p, C.c_size_t, C.c_void_p,
+                                    C.POINTER(C.c_void_p), C.POINTER(C.c_uint64)]
+        so.colibri_reset.argtypes = [C.c_void_p]
+        so.colibri_feed.argtypes = [C.c_void_p, C.POINTER(C.c_uint32), C.c_size_t]
+        so.colibri_step.argtypes = [C.c_void_p, C.POINTER(Sampler), C.POINTER(C.c_uint32)]
+        so.colibri_sample.argtypes = [C.c_void_p, C.POINTER(Sampler), C.POINTER(C.c_uint32)]
+        so.colibri_logits.argtypes = [C.c_void_p, C.POINTER(C.POINTER(C.c_float)), C.POINTER(C.c_uint32)]
+        so.colibri_get_stats.argtypes = [C.c_void_p, C.POINTER(Stats)]
+        so.colibri_sampler_init.argtypes = [C.POINTER(Sampler), C.c_float, C.c_uint32, C.c_float, C.c_uint64]
+        so.colibri_strerror.restype = C.c_char_p
+        so.colibri_expf.argtypes = [C.c_float]
+        so.colibri_expf.restype = C.c_float
+
+    def verify(self, data: bytes) -> tuple[int, ImageInfo]:
+        buf, info = Aligned(data), ImageInfo()
+        return self.so.colibri_image_verify(C.c_void_p(buf.addr), buf.size, C.byref(info)), info
+
+
+class Context:
+    """An opened image: keeps the image and arena buffers alive."""
+
+    def __init__(self, lib: Lib, image: bytes, arena_bytes: int | None = None):
+        self.lib = lib
+        self.image = Aligned(image)
+        status, info = lib.verify(image)
+        assert status == 0, status
+        self.info = info
+        self.arena = Aligned(arena_bytes if arena_bytes is not None else info.arena_bytes)
+        self.ctx = C.c_void_p()
+        needed = C.c_uint64()
+        self.open_status = lib.so.colibri_open(C.c_void_p(self.image.addr), self.image.size, C.c_void_p(self.arena.addr),
+                                               self.arena.size, None, C.byref(self.ctx), C.byref(needed))
+        self.needed = needed.value
+
+    def feed(self, tokens: list[int]) -> int:
+        arr = (C.c_uint32 * max(len(tokens), 1))(*tokens)
+        return self.lib.so.colibri_feed(self.ctx, arr, len(tokens))
+
+    def logits(self) -> np.ndarray:
+        ptr, n = C.POINTER(C.c_float)(), C.c_uint32()
+        assert self.lib.so.colibri_logits(self.ctx, C.byref(ptr), C.byref(n)) == 0
+        return np.ctypeslib.as_array(ptr, (n.value,)).copy()
+
+    def stats(self) -> Stats:
+        s = Stats()
+        assert self.lib.so.colibri_get_stats(self.ctx, C.byref(s)) == 0
+        return s

@@ -1,0 +1,88 @@
+"""Shared fixtures: the hosted build, tiny random Mixtral checkpoints made with transformers, images."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from host.pack import pack  # noqa: E402
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """A small random Mixtral; the shapes are chosen odd on purpose."""
+    name: str
+    vocab: int
+    hidden: int
+    ffn: int
+    layers: int
+    heads: int
+    kv_heads: int
+    experts: int
+    top_k: int
+    head_dim: int | None = None
+    tie: bool = False
+    seed: int = 0
+
+
+CONFIGS = [
+    # head_dim 6 (not a power of two), GQA 2:1, top-2
+    TinyConfig("base", vocab=37, hidden=24, ffn=20, layers=2, heads=4, kv_heads=2, experts=4, top_k=2, seed=1),
+    # hidden 30 and vocab 51 not multiples of 8, MHA (GQA ratio 1), top-1
+    TinyConfig("top1_mha", vocab=51, hidden=30, ffn=13, layers=1, heads=3, kv_heads=3, experts=3, top_k=1, seed=2),
+    # explicit head_dim 8 != hidden/heads, GQA 4:1, top-3, tied embeddings
+    TinyConfig("top3_gqa4_tied", vocab=67, hidden=20, ffn=17, layers=3, heads=4, kv_heads=1, experts=5, top_k=3,
+               head_dim=8, tie=True, seed=3),
+]
+
+
+def make_checkpoint(cfg: TinyConfig, out: Path, max_shard_size: str | None = None, **overrides) -> Path:
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    kwargs = dict(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.ffn,
+                  num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
+                  num_local_experts=cfg.experts, num_experts_per_tok=cfg.top_k, max_position_embeddings=128,
+                  tie_word_embeddings=cfg.tie, initializer_range=0.25, rms_norm_eps=1e-5)
+    if cfg.head_dim:
+        kwargs["head_dim"] = cfg.head_dim
+    kwargs.update(overrides)
+    model = MixtralForCausalLM(MixtralConfig(**kwargs)).eval()
+    with torch.no_grad():  # random norm weights too, so a mixed-up norm tensor cannot go unnoticed
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+    save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(out, **save_kwargs)
+    return out
+
+
+@pytest.fixture(scope="session")
+def hosted_build() -> Path:
+    """Build the hosted board once per test session."""
+    subprocess.run([sys.executable, "-m", "SCons", "-Q", "board=hosted"], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
+    return ROOT / "build" / "hosted" / "release"
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("ckpt")
+    return {c.name: make_checkpoint(c, base / c.name) for c in CONFIGS}
+
+
+@pytest.fixture(scope="session")
+def images(checkpoints, tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("img")
+    out = {}
+    for name, ckpt in checkpoints.items():
+        out[name] = base / f"{name}.img"
+        pack(ckpt, out[name], max_seq=48, expert_align=64)
+    return out

@@ -1,0 +1,104 @@
+"""Images run on a board through flash.py's code path, against the numpy reference."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import CONFIGS
+from host import flash
+from host.image import read_image
+from host.protocol import DeviceError, Sampling
+from host.reference import Reference
+
+TOLERANCE = 1e-4
+BOARDS = ["hosted"]  # every board that runs models; bare-metal boards join this list
+PROMPT = [1, 5, 9, 3]
+
+
+@pytest.fixture(scope="module")
+def firmware(hosted_build):
+    return hosted_build / "firmware.elf"
+
+
+@pytest.mark.parametrize("board", BOARDS)
+@pytest.mark.parametrize("name", [c.name for c in CONFIGS])
+def test_device_matches_reference(board, name, images, firmware):
+    image = images[name]
+    result = flash.run_on_board(image, board, PROMPT, 16, Sampling(), want_logits=True, firmware=firmware)
+    ref = Reference(read_image(image.read_bytes()))
+    assert result.tokens == ref.greedy(PROMPT, 16)
+    expected = ref.forward(PROMPT + result.tokens)
+    assert result.logits.shape == expected.shape == (len(PROMPT) + 16, ref.d.vocab_size)
+    assert np.max(np.abs(result.logits - expected)) <= TOLERANCE
+    assert result.stats["tokens_fed"] == len(PROMPT) + 16
+    assert result.stats["arena_bytes"] == read_image(image.read_bytes()).header["arena_bytes"]
+    assert result.stats["expert_calls"] == (len(PROMPT) + 16) * ref.d.n_layers * ref.d.top_k
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_sampling_is_seeded(board, images, firmware):
+    def run(seed):
+        return flash.run_on_board(images["base"], board, PROMPT, 20, Sampling(1.2, 0, 0.95, seed), False,
+                                  firmware=firmware).tokens
+    a, b, c = run(7), run(7), run(8)
+    assert a == b
+    assert a != c
+
+
+def test_flash_cli_verify_json_and_dump(images, firmware, tmp_path, capsys):
+    dump = tmp_path / "logits.npy"
+    code = flash.main([str(images["base"]), "--board", "hosted", "--firmware", str(firmware), "--prompt-tokens",
+                       "1,5,9,3", "--max-new-tokens", "6", "--verify", "--dump-logits", str(dump), "--json"])
+    out = capsys.readouterr().out.strip().splitlines()
+    report = json.loads(out[-1])
+    assert code == 0
+    assert report["verify"]["passed"] and report["verify"]["greedy_agree"] == 6
+    assert len(report["tokens"]) == 6 and report["stats"]["tokens_fed"] == 10
+    logits = np.load(dump)
+    ref = Reference(read_image(images["base"].read_bytes())).forward(PROMPT + report["tokens"])
+    assert np.max(np.abs(logits - ref)) <= TOLERANCE
+
+
+def test_flash_cli_streams_and_verifies(images, firmware, capsys):
+    code = flash.main([str(images["base"]), "--firmware", str(firmware), "--prompt-tokens", "2,3",
+                       "--max-new-tokens", "4", "--verify"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "greedy tokens agree 4/4: PASS" in out
+
+
+def test_errors_are_named(images, firmware, tmp_path, capsys):
+    vocab = read_image(images["base"].read_bytes()).dims.vocab_size
+    with pytest.raises(DeviceError) as err:
+        flash.run_on_board(images["base"], "hosted", [1, vocab], 2, Sampling(), False, firmware=firmware)
+    assert err.value.message == "token id out of range" and err.value.detail == 1
+    with pytest.raises(ValueError, match="max_seq"):
+        flash.run_on_board(images["base"], "hosted", [1] * 40, 9, Sampling(), False, firmware=firmware)
+    plan = read_image(images["base"].read_bytes()).header["arena_bytes"]
+    with pytest.raises(DeviceError) as err:
+        flash.run_on_board(images["base"], "hosted", [1], 1, Sampling(), False, firmware=firmware,
+                           board_args=["--arena-bytes", str(plan - 64)])
+    assert err.value.message == "arena too small" and err.value.detail == plan
+    corrupt = bytearray(images["base"].read_bytes())
+    corrupt[-3] ^= 1
+    (tmp_path / "corrupt.img").write_bytes(corrupt)
+    code = flash.main([str(tmp_path / "corrupt.img"), "--firmware", str(firmware), "--prompt-tokens", "1"])
+    assert code == 2
+    assert "COLIBRI_E_IMAGE_PAYLOAD_CRC" in capsys.readouterr().err
+
+
+def test_sanitized_build_matches_reference(images):
+    """The hosted board built with ASan+UBSan runs every test model cleanly (any report aborts it)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    subprocess.run([sys.executable, "-m", "SCons", "-Q", "board=hosted", "mode=asan"], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
+    asan = ROOT / "build" / "hosted" / "asan" / "firmware.elf"
+    for name, image in images.items():
+        result = flash.run_on_board(image, "hosted", PROMPT, 8, Sampling(0.9, 4, 0.9, 3), True, firmware=asan)
+        expected = Reference(read_image(image.read_bytes())).forward(PROMPT + result.tokens)
+        assert np.max(np.abs(result.logits - expected)) <= TOLERANCE, name

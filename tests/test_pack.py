@@ -1,0 +1,103 @@
+"""The packer: faithful images from sharded or single checkpoints, refusals that name the field."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import CONFIGS, make_checkpoint
+from host import pack as pack_cli
+from host.checkpoint import UnsupportedModel
+from host.image import Role, arena_bytes, read_image
+from host.pack import pack
+
+
+def test_sharded_checkpoint_packs_identically(checkpoints, tmp_path):
+    cfg = CONFIGS[0]
+    sharded = make_checkpoint(cfg, tmp_path / "sharded", max_shard_size="20KB")
+    assert (sharded / "model.safetensors.index.json").exists()
+    pack(sharded, tmp_path / "a.img", 48, 64)
+    pack(checkpoints[cfg.name], tmp_path / "b.img", 48, 64)
+    assert (tmp_path / "a.img").read_bytes() == (tmp_path / "b.img").read_bytes()
+
+
+def test_tied_embeddings_share_bytes(images):
+    img = read_image(images["top3_gqa4_tied"].read_bytes())
+    embd = [e for e in img.entries if e.role == Role.TOKEN_EMBD][0]
+    head = [e for e in img.entries if e.role == Role.LM_HEAD][0]
+    assert (embd.offset, embd.nbytes) == (head.offset, head.nbytes)
+
+
+def test_layout_promises(images):
+    for path in images.values():
+        img = read_image(path.read_bytes())
+        assert all(e.offset % 64 == 0 for e in img.entries)
+        assert img.header["arena_bytes"] == arena_bytes(img.dims)
+        for layer in range(img.dims.n_layers):
+            for expert in range(img.dims.n_experts):
+                g, u, d = [next(e for e in img.entries if (e.role, e.layer, e.expert) == (r, layer, expert))
+                           for r in (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN)]
+                assert u.offset == (g.offset + g.nbytes + 63) // 64 * 64
+                assert d.offset == (u.offset + u.nbytes + 63) // 64 * 64
+
+
+def test_expert_align_pages(checkpoints, images, tmp_path):
+    pack(checkpoints["base"], tmp_path / "p.img", 48, 4096)
+    paged = read_image((tmp_path / "p.img").read_bytes())
+    assert all(e.offset % 4096 == 0 for e in paged.entries if e.role == Role.EXPERT_GATE)
+    packed = read_image(images["base"].read_bytes())
+    for e in packed.entries:  # same tensors, only placed differently
+        np.testing.assert_array_equal(paged.tensor(e.role, e.layer, e.expert), packed.tensor(e.role, e.layer, e.expert))
+
+
+def _edit_config(src, dst, **changes):
+    import shutil
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(changes)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+REFUSALS = [
+    ({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, "architectures"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}}, "rope_parameters.rope_type"),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling.rope_type"),
+    ({"sliding_window": 16}, "sliding_window"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"max_position_embeddings": 32}, "max_position_embeddings"),
+    ({"attention_bias": True}, "attention_bias"),
+]
+
+
+@pytest.mark.parametrize("changes,field", REFUSALS, ids=[r[1] for r in REFUSALS])
+def test_refuses_what_it_cannot_run(checkpoints, tmp_path, changes, field):
+    ckpt = _edit_config(checkpoints["base"], tmp_path / "edited", **changes)
+    with pytest.raises(UnsupportedModel, match=field.split(".")[0]):
+        pack(ckpt, tmp_path / "x.img", 48, 64)
+
+
+def test_sliding_window_beyond_max_seq_is_fine(checkpoints, tmp_path):
+    ckpt = _edit_config(checkpoints["base"], tmp_path / "sw", sliding_window=4096)
+    pack(ckpt, tmp_path / "x.img", 48, 64)
+
+
+def test_unknown_tensor_refused(checkpoints, tmp_path):
+    import shutil
+    from safetensors.numpy import load_file, save_file
+    dst = tmp_path / "extra"
+    shutil.copytree(checkpoints["base"], dst)
+    tensors = load_file(dst / "model.safetensors")
+    tensors["model.layers.0.self_attn.q_proj.bias"] = np.zeros(24, np.float32)
+    save_file(tensors, dst / "model.safetensors")
+    with pytest.raises(UnsupportedModel, match="q_proj.bias"):
+        pack(dst, tmp_path / "x.img", 48, 64)
+
+
+def test_cli_report_and_errors(checkpoints, tmp_path, capsys):
+    assert pack_cli.main([str(checkpoints["base"]), "-o", str(tmp_path / "m.img"), "--max-seq", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "parameters" in out and "arena" in out and "active per token" in out
+    assert pack_cli.main([str(tmp_path), "-o", str(tmp_path / "m.img")]) == 2
+    assert "config.json" in capsys.readouterr().err

@@ -1,0 +1,144 @@
+"""The C API called directly (ctypes on the hosted build): results, misuse, named statuses."""
+from __future__ import annotations
+
+import ctypes as C
+
+import numpy as np
+import pytest
+
+from capi import STATUS, Context, Lib, Sampler
+from host.image import read_image
+from host.reference import Reference
+
+
+@pytest.fixture(scope="module")
+def lib(hosted_build):
+    return Lib(hosted_build / "libcolibri.so")
+
+
+@pytest.fixture
+def base(images):
+    return images["base"].read_bytes()
+
+
+def test_feed_matches_reference(lib, base):
+    ctx = Context(lib, base)
+    assert ctx.open_status == 0
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6]
+    ref = Reference(read_image(base)).forward(tokens)
+    for i, tok in enumerate(tokens):
+        assert ctx.feed([tok]) == 0
+        assert np.max(np.abs(ctx.logits() - ref[i])) <= 1e-4
+    # prefill in one call gives the same last row as token-by-token
+    ctx2 = Context(lib, base)
+    assert ctx2.feed(tokens) == 0
+    np.testing.assert_array_equal(ctx2.logits(), ctx.logits())
+    assert ctx2.stats().tokens_fed == len(tokens)
+
+
+def test_arena_too_small_names_bytes_needed(lib, base):
+    plan = read_image(base).header["arena_bytes"]
+    ctx = Context(lib, base, arena_bytes=plan - 1)
+    assert ctx.open_status == STATUS["E_ARENA_TOO_SMALL"]
+    assert ctx.needed == plan
+    assert Context(lib, base, arena_bytes=plan).open_status == 0
+
+
+def test_misaligned_arena(lib, base):
+    ctx = Context(lib, base)
+    arena = ctx.arena.addr + 4
+    out = C.c_void_p()
+    st = lib.so.colibri_open(C.c_void_p(ctx.image.addr), ctx.image.size, C.c_void_p(arena), ctx.arena.size - 4,
+                             None, C.byref(out), None)
+    assert st == STATUS["E_ARENA_ALIGN"]
+
+
+def test_bad_tokens_leave_context_usable(lib, base):
+    ctx = Context(lib, base)
+    vocab, max_seq = ctx.info.vocab_size, ctx.info.max_seq
+    assert ctx.feed([1, 2]) == 0
+    before = ctx.logits()
+    assert ctx.feed([3, vocab]) == STATUS["E_TOKEN_RANGE"]      # checked before anything is fed
+    assert ctx.stats().tokens_fed == 2
+    np.testing.assert_array_equal(ctx.logits(), before)
+    assert ctx.feed([0] * (max_seq - 1)) == STATUS["E_SEQ_FULL"]  # 2 + 47 > 48
+    assert ctx.stats().tokens_fed == 2
+    assert ctx.feed([]) == STATUS["E_BAD_ARG"]
+    # still usable, and equal to a clean run of the same tokens
+    assert ctx.feed([3]) == 0
+    clean = Context(lib, base)
+    clean.feed([1, 2, 3])
+    np.testing.assert_array_equal(ctx.logits(), clean.logits())
+    assert ctx.feed([0] * (max_seq - 3)) == 0
+    assert ctx.feed([0]) == STATUS["E_SEQ_FULL"]
+
+
+def test_step_before_feed_and_nulls(lib, base):
+    ctx = Context(lib, base)
+    s, tok = Sampler(), C.c_uint32()
+    assert lib.so.colibri_sampler_init(C.byref(s), 0.0, 0, 1.0, 1) == 0
+    assert lib.so.colibri_step(ctx.ctx, C.byref(s), C.byref(tok)) == STATUS["E_NO_LOGITS"]
+    assert lib.so.colibri_step(None, C.byref(s), C.byref(tok)) == STATUS["E_NULL"]
+    assert lib.so.colibri_feed(ctx.ctx, None, 1) == STATUS["E_NULL"]
+    assert lib.so.colibri_image_verify(None, 100, None) == STATUS["E_NULL"]
+    assert lib.so.colibri_sampler_init(C.byref(s), 1.0, 0, float("nan"), 1) == STATUS["E_BAD_ARG"]
+    assert lib.so.colibri_reset(None) == STATUS["E_NULL"]
+    for name, code in STATUS.items():
+        assert lib.so.colibri_strerror(code).decode()
+    assert lib.so.colibri_strerror(999) == b"unknown status"
+
+
+def test_greedy_step_is_argmax_and_reset_restarts(lib, base):
+    ctx = Context(lib, base)
+    s, tok = Sampler(), C.c_uint32()
+    lib.so.colibri_sampler_init(C.byref(s), 0.0, 0, 1.0, 0)
+    ctx.feed([7, 8])
+    expect = int(np.argmax(ctx.logits()))
+    assert lib.so.colibri_step(ctx.ctx, C.byref(s), C.byref(tok)) == 0
+    assert tok.value == expect
+    assert lib.so.colibri_reset(ctx.ctx) == 0
+    assert ctx.stats().tokens_fed == 0
+    ctx.feed([7, 8])
+    assert int(np.argmax(ctx.logits())) == expect
+
+
+def _sample_many(lib, logits_ctx, temperature, top_k, top_p, seed, n=200):
+    s, tok = Sampler(), C.c_uint32()
+    lib.so.colibri_sampler_init(C.byref(s), temperature, top_k, top_p, seed)
+    out = []
+    for _ in range(n):
+        assert lib.so.colibri_sample(logits_ctx.ctx, C.byref(s), C.byref(tok)) == 0
+        out.append(tok.value)
+    return out
+
+
+def test_sampler_cuts(lib, base):
+    ctx = Context(lib, base)
+    ctx.feed([4, 2])
+    logits = ctx.logits()
+    order = np.argsort(-logits, kind="stable")
+    top3 = _sample_many(lib, ctx, 1.5, 3, 1.0, 11)
+    assert set(top3) <= set(order[:3].tolist()) and len(set(top3)) > 1
+    # nucleus: the smallest prefix of the sorted distribution reaching top_p
+    p = np.exp((logits - logits.max()) / 1.5)
+    p /= p.sum()
+    cum = np.cumsum(p[order])
+    nucleus = set(order[: int(np.searchsorted(cum, 0.6) + 1)].tolist())
+    assert set(_sample_many(lib, ctx, 1.5, 0, 0.6, 12)) <= nucleus
+    # sample does not disturb the logits; same seed -> same draws; other seed -> different draws
+    np.testing.assert_array_equal(ctx.logits(), logits)
+    assert _sample_many(lib, ctx, 1.0, 0, 1.0, 5) == _sample_many(lib, ctx, 1.0, 0, 1.0, 5)
+    assert _sample_many(lib, ctx, 1.0, 0, 1.0, 5) != _sample_many(lib, ctx, 1.0, 0, 1.0, 6)
+
+
+def test_expf_accuracy(lib):
+    """The runtime's own expf against float64 exp rounded to f32: at most 2 ulp over the normal range."""
+    x = np.concatenate([np.linspace(-87.0, 88.7, 200_001, dtype=np.float32),
+                        np.float32([0.0, -0.0, 1e-8, -1e-8, 0.5, -0.5, 1.0, 88.72])])
+    got = np.array([lib.so.colibri_expf(float(v)) for v in x], np.float32)
+    want = np.exp(x.astype(np.float64)).astype(np.float32)
+    ulp = np.abs(got.view(np.int32).astype(np.int64) - want.view(np.int32).astype(np.int64))
+    assert ulp.max() <= 2
+    assert lib.so.colibri_expf(200.0) == float("inf")
+    assert lib.so.colibri_expf(-200.0) == 0.0
+    assert np.isnan(lib.so.colibri_expf(float("nan")))
