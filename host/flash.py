@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Run an image on a board: boot it, open the image, run a prompt, stream the tokens, verify.
+"""Run an image on a board: boot it, get the image onto it, run a prompt, stream the tokens, verify.
 
 Examples:
-  python host/flash.py model.img --board hosted --prompt-tokens 1,5,9,3 --max-new-tokens 16 --verify
+  python host/flash.py model.img --prompt-tokens 1,5,9,3 --max-new-tokens 16 --verify   # x86_64 under QEMU
+  python host/flash.py model.img --board hosted --prompt-tokens 1,5,9,3 --verify
+  python host/flash.py model.img --upload --prompt-tokens 1,5 --verify        # image over the serial link
+  python host/flash.py model.img --port /dev/ttyUSB0 --baud 921600 --prompt-tokens 1,5 --verify
   python host/flash.py model.img --board hosted --prompt-tokens 1,2 --temperature 0.8 --top-p 0.9 --seed 7
   python host/flash.py model.img --board hosted --prompt-tokens 1,2 --dump-logits logits.npy --json
 """
@@ -23,7 +26,7 @@ from host.image import ImageError, read_image  # noqa: E402
 from host.protocol import Client, DeviceError, LinkError, Sampling  # noqa: E402
 from host.reference import Reference  # noqa: E402
 from sim.boards import DEFAULT_BOARD, load_board  # noqa: E402
-from sim.launch import start_board  # noqa: E402
+from sim.launch import open_port, start_board  # noqa: E402
 
 DEFAULT_TOLERANCE = 1e-4
 
@@ -47,6 +50,8 @@ class RunResult:
     stats: dict[str, int]
     logits: np.ndarray | None
     board: str
+    upload_crc32: int | None = None
+    guest_code: int | None = None
 
 
 def verify(image_bytes: bytes, prompt: list[int], result: RunResult, greedy: bool, tolerance: float) -> Verification:
@@ -62,21 +67,33 @@ def verify(image_bytes: bytes, prompt: list[int], result: RunResult, greedy: boo
     return Verification(float(np.max(np.abs(dev - ref))), ref.shape[0], checked, agree, tolerance)
 
 
+def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sampling: Sampling,
+                want_logits: bool, upload: bool, on_token=None) -> RunResult:
+    """The host's side of one session: INFO, optional upload, OPEN, RUN, STATS, QUIT."""
+    info = client.info()
+    upload_crc = client.upload(image.read_bytes()) if upload else None
+    opened = client.open()
+    if len(prompt) + max_new > opened.max_seq:
+        raise ValueError(f"{len(prompt)} prompt + {max_new} new tokens exceed the image's max_seq "
+                         f"{opened.max_seq}; repack with a larger --max-seq or ask for fewer tokens")
+    events, logits = client.run(prompt, max_new, sampling, want_logits, on_token)
+    stats = client.stats()
+    client.quit()
+    return RunResult([e.token for e in events], stats, logits, info.board, upload_crc)
+
+
 def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, sampling: Sampling,
                  want_logits: bool, firmware: Path | None = None, on_token=None, board_args: list[str] | None = None,
-                 timeout: float = 60.0) -> RunResult:
+                 timeout: float = 60.0, upload: bool = False, gdb: bool = False) -> RunResult:
+    """Boot `board_name` (QEMU or hosted), load the image (QEMU's loader, or `upload` over the link), run."""
     board = load_board(board_name)
-    with start_board(board, firmware or board.firmware(), image, board_args) as link:
-        client = Client(link, timeout=timeout)
-        info = client.info()
-        opened = client.open()
-        if len(prompt) + max_new > opened.max_seq:
-            raise ValueError(f"{len(prompt)} prompt + {max_new} new tokens exceed the image's max_seq "
-                             f"{opened.max_seq}; repack with a larger --max-seq or ask for fewer tokens")
-        events, logits = client.run(prompt, max_new, sampling, want_logits, on_token)
-        stats = client.stats()
-        client.quit()
-    return RunResult([e.token for e in events], stats, logits, info.board)
+    with start_board(board, firmware or board.firmware(), None if upload else image, board_args, gdb) as device:
+        result = run_session(Client(device.link, timeout=timeout), image, prompt, max_new, sampling, want_logits,
+                             upload, on_token)
+    result.guest_code = device.guest_code
+    if result.guest_code != 0:
+        raise LinkError(f"board ended badly after the run: {device.describe()}")
+    return result
 
 
 def parse_tokens(text: str) -> list[int]:
@@ -104,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("image", type=Path, help="image file made by host/pack.py")
     ap.add_argument("--board", default=DEFAULT_BOARD, help=f"board to run on (default {DEFAULT_BOARD})")
     ap.add_argument("--firmware", type=Path, help="firmware ELF (default build/<board>/release/firmware.elf)")
+    ap.add_argument("--upload", action="store_true",
+                    help="send the image over the serial link in checksummed chunks instead of QEMU's loader")
+    ap.add_argument("--port", help="a real board's serial port (e.g. /dev/ttyUSB0); implies --upload")
+    ap.add_argument("--baud", type=int, default=921600, help="baud rate for --port (default 921600)")
+    ap.add_argument("--gdb", action="store_true", help="start QEMU halted with a GDB stub and print how to attach")
     ap.add_argument("--prompt-tokens", type=parse_tokens, required=True, help="comma-separated token ids")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -131,11 +153,17 @@ def main(argv: list[str] | None = None) -> int:
             print(ev.token, end=" ", flush=True)
 
     if not quiet:
-        print(f"[{args.board}] prompt {args.prompt_tokens} -> ", end="", flush=True)
+        print(f"[{args.port or args.board}] prompt {args.prompt_tokens} -> ", end="", flush=True)
+    want_logits = args.verify or args.dump_logits is not None
     try:
-        result = run_on_board(args.image, args.board, args.prompt_tokens, args.max_new_tokens, sampling,
-                              args.verify or args.dump_logits is not None, args.firmware, on_token,
-                              timeout=args.timeout)
+        if args.port:
+            with open_port(args.port, args.baud) as link:
+                result = run_session(Client(link, timeout=args.timeout), args.image, args.prompt_tokens,
+                                     args.max_new_tokens, sampling, want_logits, True, on_token)
+        else:
+            result = run_on_board(args.image, args.board, args.prompt_tokens, args.max_new_tokens, sampling,
+                                  want_logits, args.firmware, on_token, timeout=args.timeout, upload=args.upload,
+                                  gdb=args.gdb)
     except DeviceError as exc:
         hint = ""
         if exc.message == "arena too small":
@@ -146,10 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nflash: error: {exc}", file=sys.stderr)
         return 2
     if not quiet:
+        if result.upload_crc32 is not None:
+            print(f"\n[{result.board}] image uploaded, device CRC-32 {result.upload_crc32:08x} matches", end="")
         print(f"\n[{result.board}] {stats_line(result.stats)}")
     if args.dump_logits:
         np.save(args.dump_logits, result.logits)
-    report: dict = {"board": result.board, "tokens": result.tokens, "stats": result.stats}
+    report: dict = {"board": result.board, "tokens": result.tokens, "stats": result.stats,
+                    "upload_crc32": result.upload_crc32}
     status = 0
     if args.verify:
         v = verify(args.image.read_bytes(), args.prompt_tokens, result, greedy, args.tolerance)

@@ -18,7 +18,9 @@ MAX_PAYLOAD = 4096
 PROTOCOL_VERSION = 1
 
 REQ_INFO, REQ_OPEN, REQ_RUN, REQ_STATS, REQ_QUIT = 0x01, 0x02, 0x03, 0x04, 0x05
+REQ_UPLOAD_BEGIN, REQ_UPLOAD_CHUNK, REQ_UPLOAD_END = 0x06, 0x07, 0x08
 RSP_INFO, RSP_OPENED, RSP_TOKEN, RSP_LOGITS, RSP_DONE, RSP_STATS, RSP_BYE = 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87
+RSP_UPLOAD_ACK, RSP_UPLOADED = 0x88, 0x89
 RSP_ERROR = 0xEE
 RUN_FLAG_LOGITS = 1
 RUN_FIXED = struct.Struct("<IIfIfIQI")  # flags, max_new, temperature, top_k, top_p, reserved, seed, n_prompt
@@ -31,7 +33,8 @@ STATUS_NAMES = [
     "E_SEQ_FULL", "E_NO_LOGITS",
 ]
 LINK_ERRORS = {200: "LINK_BAD_CRC", 201: "LINK_BAD_LENGTH", 202: "LINK_UNKNOWN_TYPE", 203: "LINK_BAD_PAYLOAD",
-               204: "LINK_NOT_OPEN"}
+               204: "LINK_NOT_OPEN", 205: "LINK_NO_IMAGE", 206: "LINK_UPLOAD_TOO_BIG", 207: "LINK_UPLOAD_ORDER",
+               208: "LINK_UPLOAD_CRC"}
 
 
 def status_name(code: int) -> str:
@@ -157,6 +160,24 @@ class Client:
         if version != PROTOCOL_VERSION:
             raise LinkError(f"device speaks protocol {version}, this host speaks {PROTOCOL_VERSION}")
         return DeviceInfo(version, max_payload, image_cap, arena_cap, hz, p[32:64].split(b"\0")[0].decode())
+
+    def upload(self, image: bytes, on_progress: Callable[[int], None] | None = None) -> int:
+        """Send `image` in checksummed chunks; returns the CRC-32 the device computed over what it stored."""
+        crc = zlib.crc32(image) & 0xFFFFFFFF
+        self._expect(self._request(REQ_UPLOAD_BEGIN, struct.pack("<QI", len(image), crc)), RSP_UPLOAD_ACK)
+        chunk = MAX_PAYLOAD - 8
+        for offset in range(0, len(image), chunk):
+            ack = self._expect(self._request(REQ_UPLOAD_CHUNK, struct.pack("<Q", offset) + image[offset:offset + chunk]),
+                               RSP_UPLOAD_ACK)
+            received = struct.unpack("<Q", ack)[0]
+            if received != min(offset + chunk, len(image)):
+                raise LinkError(f"device acknowledged {received} bytes after the chunk at {offset}")
+            if on_progress:
+                on_progress(received)
+        size, device_crc = struct.unpack_from("<QI", self._expect(self._request(REQ_UPLOAD_END), RSP_UPLOADED))
+        if size != len(image) or device_crc != crc:
+            raise LinkError(f"device stored {size} bytes with CRC {device_crc:08x}, sent {len(image)} with {crc:08x}")
+        return device_crc
 
     def open(self) -> OpenInfo:
         p = self._expect(self._request(REQ_OPEN), RSP_OPENED)

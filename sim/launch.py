@@ -1,51 +1,96 @@
-"""Start a board with its firmware and an image, and give back a byte-stream transport to it.
+"""Start a board with its firmware (and optionally an image) and hand back a byte-stream link.
 
-The hosted board runs as a child process speaking the protocol on stdin/stdout. The process is
-always cleaned up (also on Ctrl-C and on errors); its stderr is kept for error reports.
+- `hosted`: the firmware is a Linux process speaking the protocol on stdin/stdout.
+- QEMU boards: QEMU runs the firmware with the board's arguments (boards/<name>/board.toml); its
+  UART is a TCP server on a free loopback port (`-serial tcp:127.0.0.1:0,server=on,wait=on`, the
+  port read back from QEMU's output, no race) reached through pyserial's `socket://`. QEMU waits
+  for the connection, so no early output is lost. The image is placed in RAM by QEMU's loader
+  unless the caller uploads it over the link.
+- a real board: `open_port()` wraps a serial port in the same transport.
+
+The child process is always cleaned up (also on Ctrl-C and on errors), and its output is kept so
+an error can show it.
 """
 from __future__ import annotations
 
 import os
+import re
 import select
+import shutil
 import subprocess
 import tempfile
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
+
+import serial
 
 from host.protocol import LinkError
 from sim.boards import Board
 
+CONNECT_TIMEOUT = 15.0
+BOOT_TIMEOUT = 30.0
+
+
+class SerialTransport:
+    """The protocol's byte stream over a pyserial port (`socket://` for QEMU, or a real UART)."""
+
+    def __init__(self, port: serial.SerialBase, describe: Callable[[], str] = lambda: ""):
+        self.port = port
+        self.describe = describe
+
+    def read(self, n: int, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        buf = bytearray()
+        while len(buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise LinkError(f"timed out after {timeout:.1f}s waiting for the device{self.describe()}")
+            self.port.timeout = min(left, 1.0)
+            try:
+                buf += self.port.read(n - len(buf))
+            except serial.SerialException as exc:
+                raise LinkError(f"serial link failed: {exc}{self.describe()}") from None
+        return bytes(buf)
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.port.write(data)
+        except serial.SerialException as exc:
+            raise LinkError(f"serial link failed: {exc}{self.describe()}") from None
+
+    def read_until_text(self, marker: bytes, timeout: float) -> bytes:
+        """Bytes up to and including `marker` (a board's ready banner)."""
+        seen = bytearray()
+        while marker not in seen:
+            seen += self.read(1, timeout)
+        return bytes(seen)
+
 
 class PipeTransport:
-    """The protocol's byte stream over a child process's stdin/stdout."""
+    """The protocol's byte stream over a child process's stdin/stdout (the hosted board)."""
 
-    def __init__(self, proc: subprocess.Popen, stderr_path: Path):
+    def __init__(self, proc: subprocess.Popen, describe: Callable[[], str]):
         self.proc = proc
-        self.stderr_path = stderr_path
+        self.describe = describe
         self.rfd = proc.stdout.fileno()
         self.buf = bytearray()
-
-    def device_log(self) -> str:
-        try:
-            return self.stderr_path.read_text(errors="replace")[-2000:]
-        except OSError:
-            return ""
 
     def read(self, n: int, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
         while len(self.buf) < n:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise LinkError(f"timed out after {timeout:.1f}s waiting for the device")
+                raise LinkError(f"timed out after {timeout:.1f}s waiting for the device{self.describe()}")
             ready, _, _ = select.select([self.rfd], [], [], left)
             if not ready:
                 continue
             chunk = os.read(self.rfd, 1 << 16)
             if not chunk:
-                code = self.proc.wait(timeout=5)
-                raise LinkError(f"device closed the link (exit status {code}); device log:\n{self.device_log()}")
+                self.proc.wait(timeout=5)
+                raise LinkError(f"device closed the link{self.describe()}")
             self.buf += chunk
         out = bytes(self.buf[:n])
         del self.buf[:n]
@@ -56,23 +101,148 @@ class PipeTransport:
             self.proc.stdin.write(data)
             self.proc.stdin.flush()
         except BrokenPipeError:
-            raise LinkError(f"device closed the link; device log:\n{self.device_log()}") from None
+            raise LinkError(f"device closed the link{self.describe()}") from None
+
+
+def exit_meaning(board: Board, status: int | None) -> str:
+    """What a board process's exit status says about the guest."""
+    if status is None:
+        return "still running"
+    if board.spec.get("exit") == "isa-debug-exit":
+        if status == 0:
+            return "status 0: triple fault or reset (the guest cannot exit with 0)"
+        code = status >> 1
+        if 64 <= code < 96:
+            return f"guest code {code}: CPU exception vector {code - 64}"
+        return f"guest code {code}"
+    return f"exit status {status}"
+
+
+@dataclass
+class Device:
+    """A running board: its link, and after the session its exit status and log."""
+    board: Board
+    link: SerialTransport | PipeTransport
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    exit_status: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def log(self, tail: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-tail:]
+        except OSError:
+            return ""
+
+    def describe(self) -> str:
+        status = self.proc.poll() if self.proc else None
+        state = f"; board process: {exit_meaning(self.board, status)}" if status is not None else ""
+        log = self.log().strip()
+        return f"{state}\n--- {self.board.name} log ---\n{log}" if log else state
+
+    @property
+    def guest_code(self) -> int | None:
+        """The code the guest asked to exit with, if it exited cleanly through the board's exit path."""
+        if self.exit_status is None:
+            return None
+        if self.board.spec.get("exit") == "isa-debug-exit":
+            return self.exit_status >> 1 if self.exit_status & 1 else None
+        return self.exit_status
+
+
+def _kernel(board: Board, firmware: Path) -> Path:
+    return firmware.with_name("firmware.kernel") if "kernel_objcopy" in board.spec else firmware
+
+
+def qemu_command(board: Board, firmware: Path, image: Path | None, gdb: bool = False) -> list[str]:
+    spec = board.spec
+    cmd = [spec["qemu"], *spec["qemu_args"], "-kernel", str(_kernel(board, firmware)),
+           "-serial", "tcp:127.0.0.1:0,server=on,wait=on"]
+    if image is not None:
+        if spec["image_loader"] == "multiboot":
+            cmd += ["-initrd", str(image)]
+        else:
+            raise ValueError(f"board {board.name}: unknown image_loader {spec['image_loader']!r}")
+    if gdb:
+        cmd += ["-S", "-gdb", "tcp:127.0.0.1:1234"]
+    return cmd
+
+
+def _wait_for_port(proc: subprocess.Popen, log_path: Path, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    pattern = re.compile(rb"waiting for connection on: disconnected:tcp:127\.0\.0\.1:(\d+)")
+    while time.monotonic() < deadline:
+        m = pattern.search(log_path.read_bytes())
+        if m:
+            return int(m.group(1))
+        if proc.poll() is not None:
+            break
+        time.sleep(0.01)
+    raise LinkError(f"QEMU did not open its serial port (status {proc.poll()}):\n{log_path.read_text(errors='replace')}")
 
 
 @contextmanager
-def start_board(board: Board, firmware: Path, image: Path, extra_args: list[str] | None = None) -> Iterator[PipeTransport]:
+def start_board(board: Board, firmware: Path, image: Path | None, extra_args: list[str] | None = None,
+                gdb: bool = False) -> Iterator[Device]:
+    """Run `firmware` on `board`. With image=None a QEMU board boots without one (upload it)."""
     if not firmware.exists():
         raise FileNotFoundError(f"firmware {firmware} not found: build it with `scons board={board.name}`")
-    if board.spec["link"] != "stdio":
-        raise NotImplementedError(f"board {board.name}: link {board.spec['link']!r} is not supported yet")
-    argv = [a.format(firmware=firmware, image=image) for a in board.spec["run"]] + (extra_args or [])
     with tempfile.TemporaryDirectory(prefix="colibri-") as tmp:
-        stderr_path = Path(tmp) / "device.stderr"
-        with open(stderr_path, "wb") as err:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, bufsize=0)
+        log_path = Path(tmp) / "board.log"
+        if image is not None and re.search(r"[, ]", str(image)):  # QEMU's -initrd splits on ',' and ' '
+            safe = Path(tmp) / "image.bin"
+            os.symlink(image.resolve(), safe)
+            image = safe
+        if board.spec["link"] == "stdio":
+            if image is None:
+                raise ValueError(f"board {board.name} needs an image file")
+            argv = [a.format(firmware=firmware, image=image) for a in board.spec["run"]] + (extra_args or [])
+        else:
+            if shutil.which(board.spec["qemu"]) is None:
+                raise FileNotFoundError(f"{board.spec['qemu']} not found: apt-get install {board.spec['qemu_package']}")
+            argv = qemu_command(board, firmware, image, gdb) + (extra_args or [])
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if board.spec["link"] == "stdio" else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE if board.spec["link"] == "stdio" else log,
+                                    stderr=log, bufsize=0)
+        device = None
         try:
-            yield PipeTransport(proc, stderr_path)
+            if board.spec["link"] == "stdio":
+                device = Device(board, None, log_path, proc)  # type: ignore[arg-type]
+                device.link = PipeTransport(proc, device.describe)
+            else:
+                port = _wait_for_port(proc, log_path, CONNECT_TIMEOUT)
+                device = Device(board, None, log_path, proc)  # type: ignore[arg-type]
+                conn = serial.serial_for_url(f"socket://127.0.0.1:{port}", timeout=1.0)
+                device.link = SerialTransport(conn, device.describe)
+                if gdb:
+                    print(f"QEMU is halted with a GDB stub on 127.0.0.1:1234. Attach with:\n"
+                          f"  gdb {firmware} -ex 'target remote 127.0.0.1:1234' -ex continue", flush=True)
+                banner = device.link.read_until_text(board.spec["ready"].encode(), 3600.0 if gdb else BOOT_TIMEOUT)
+                device.notes.append(banner.decode(errors="replace").strip())
+            yield device
+            try:  # a clean QUIT ends the process by itself
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
         finally:
             if proc.poll() is None:
                 proc.kill()
-            proc.wait()
+            status = proc.wait()
+            if device is not None:
+                device.exit_status = status
+                if isinstance(device.link, SerialTransport):
+                    device.link.port.close()
+
+
+@contextmanager
+def open_port(port: str, baud: int) -> Iterator[SerialTransport]:
+    """A real board on a serial port: same protocol, image uploaded over the link."""
+    try:
+        conn = serial.Serial(port, baud, timeout=1.0)
+    except serial.SerialException as exc:
+        raise LinkError(f"cannot open {port}: {exc}") from None
+    try:
+        yield SerialTransport(conn, lambda: f" on {port}")
+    finally:
+        conn.close()

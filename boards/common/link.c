@@ -13,17 +13,25 @@
 
 enum {
     REQ_INFO = 0x01, REQ_OPEN = 0x02, REQ_RUN = 0x03, REQ_STATS = 0x04, REQ_QUIT = 0x05,
+    REQ_UPLOAD_BEGIN = 0x06, REQ_UPLOAD_CHUNK = 0x07, REQ_UPLOAD_END = 0x08,
     RSP_INFO = 0x81, RSP_OPENED = 0x82, RSP_TOKEN = 0x83, RSP_LOGITS = 0x84, RSP_DONE = 0x85,
-    RSP_STATS = 0x86, RSP_BYE = 0x87, RSP_ERROR = 0xEE,
+    RSP_STATS = 0x86, RSP_BYE = 0x87, RSP_UPLOAD_ACK = 0x88, RSP_UPLOADED = 0x89, RSP_ERROR = 0xEE,
 };
 /* Link-level error codes, above the runtime's colibri_status values. */
-enum { LINK_BAD_CRC = 200, LINK_BAD_LENGTH = 201, LINK_UNKNOWN_TYPE = 202, LINK_BAD_PAYLOAD = 203, LINK_NOT_OPEN = 204 };
+enum {
+    LINK_BAD_CRC = 200, LINK_BAD_LENGTH = 201, LINK_UNKNOWN_TYPE = 202, LINK_BAD_PAYLOAD = 203, LINK_NOT_OPEN = 204,
+    LINK_NO_IMAGE = 205, LINK_UPLOAD_TOO_BIG = 206, LINK_UPLOAD_ORDER = 207, LINK_UPLOAD_CRC = 208,
+};
 #define RUN_FLAG_LOGITS 1u
 #define RUN_FIXED_BYTES 36u
 #define LOGITS_PER_FRAME ((MAX_PAYLOAD - 12u) / 4u)
 
 typedef struct {
     const board_io *io;
+    const uint8_t *image; /* the image OPEN uses: the preloaded one, or the last complete upload */
+    size_t image_size;
+    uint64_t upload_total, upload_received;
+    uint32_t upload_crc;
     colibri_ctx *ctx;
     uint8_t rx[MAX_PAYLOAD];
     uint8_t tx[6 + MAX_PAYLOAD + 4];
@@ -99,7 +107,7 @@ static void do_info(link_state *l, uint8_t seq) {
     uint8_t *p = payload(l);
     put32(p, PROTOCOL_VERSION);
     put32(p + 4, MAX_PAYLOAD);
-    put64(p + 8, l->io->image_size);
+    put64(p + 8, l->io->upload ? l->io->upload_capacity : l->image_size);
     put64(p + 16, l->io->arena_size);
     put64(p + 24, l->io->cycle_hz);
     uint32_t n = 0;
@@ -114,12 +122,16 @@ static void do_open(link_state *l, uint8_t seq) {
     uint64_t needed = 0;
     colibri_image_info info;
     l->ctx = 0;
-    colibri_status st = colibri_open(io->image, io->image_size, io->arena, io->arena_size, &opts, &l->ctx, &needed);
+    if (!l->image) {
+        send_error(l, seq, LINK_NO_IMAGE, 0);
+        return;
+    }
+    colibri_status st = colibri_open(l->image, l->image_size, io->arena, io->arena_size, &opts, &l->ctx, &needed);
     if (st) {
         send_error(l, seq, st, needed);
         return;
     }
-    colibri_image_verify(io->image, io->image_size, &info);
+    colibri_image_verify(l->image, l->image_size, &info);
     uint8_t *p = payload(l);
     put64(p, info.image_bytes);
     put64(p + 8, info.arena_bytes);
@@ -184,6 +196,65 @@ static void do_run(link_state *l, uint8_t seq, uint32_t len) {
     send(l, RSP_DONE, seq, 8);
 }
 
+/* Upload: BEGIN(total, crc32) -> chunks in order -> END checks the CRC of everything received.
+ * A chunk at an offset already received is acknowledged again without writing, so a host may
+ * resend a chunk whose ACK it lost. Any upload invalidates the open context and the old image. */
+static void send_upload_ack(link_state *l, uint8_t seq) {
+    put64(payload(l), l->upload_received);
+    send(l, RSP_UPLOAD_ACK, seq, 8);
+}
+
+static void do_upload_begin(link_state *l, uint8_t seq, uint32_t len) {
+    if (len != 12) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
+    uint64_t total = get64(l->rx);
+    if (!l->io->upload || total == 0 || total > l->io->upload_capacity) {
+        send_error(l, seq, LINK_UPLOAD_TOO_BIG, l->io->upload ? l->io->upload_capacity : 0);
+        return;
+    }
+    l->ctx = 0;
+    l->image = 0;
+    l->upload_total = total;
+    l->upload_received = 0;
+    l->upload_crc = get32(l->rx + 8);
+    send_upload_ack(l, seq);
+}
+
+static void do_upload_chunk(link_state *l, uint8_t seq, uint32_t len) {
+    if (len < 8 || !l->upload_total) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
+    uint64_t offset = get64(l->rx), n = len - 8;
+    if (offset <= l->upload_received && n <= l->upload_received - offset) { /* a resent chunk */
+        send_upload_ack(l, seq);
+        return;
+    }
+    if (offset != l->upload_received || n > l->upload_total - offset) {
+        send_error(l, seq, LINK_UPLOAD_ORDER, l->upload_received);
+        return;
+    }
+    for (uint64_t i = 0; i < n; i++) l->io->upload[offset + i] = l->rx[8 + i];
+    l->upload_received += n;
+    send_upload_ack(l, seq);
+}
+
+static void do_upload_end(link_state *l, uint8_t seq) {
+    if (!l->upload_total || l->upload_received != l->upload_total) {
+        send_error(l, seq, LINK_UPLOAD_ORDER, l->upload_received);
+        return;
+    }
+    uint32_t crc = colibri_crc32(0, l->io->upload, (size_t)l->upload_total);
+    if (crc != l->upload_crc) {
+        l->upload_total = 0;
+        send_error(l, seq, LINK_UPLOAD_CRC, crc);
+        return;
+    }
+    l->image = l->io->upload;
+    l->image_size = (size_t)l->upload_total;
+    l->upload_total = 0;
+    uint8_t *p = payload(l);
+    put64(p, l->image_size);
+    put32(p + 8, crc);
+    send(l, RSP_UPLOADED, seq, 12);
+}
+
 static void do_stats(link_state *l, uint8_t seq) {
     colibri_stats s;
     colibri_get_stats(l->ctx, &s);
@@ -198,6 +269,9 @@ static void do_stats(link_state *l, uint8_t seq) {
 int link_serve(const board_io *io) {
     static link_state l; /* 8 KiB of buffers: static, not on a small board's stack */
     l.io = io;
+    l.image = io->image;
+    l.image_size = io->image_size;
+    l.upload_total = 0;
     l.ctx = 0;
     for (;;) {
         uint8_t type, seq;
@@ -213,6 +287,9 @@ int link_serve(const board_io *io) {
         case REQ_OPEN: do_open(&l, seq); break;
         case REQ_RUN: do_run(&l, seq, (uint32_t)len); break;
         case REQ_STATS: do_stats(&l, seq); break;
+        case REQ_UPLOAD_BEGIN: do_upload_begin(&l, seq, (uint32_t)len); break;
+        case REQ_UPLOAD_CHUNK: do_upload_chunk(&l, seq, (uint32_t)len); break;
+        case REQ_UPLOAD_END: do_upload_end(&l, seq); break;
         case REQ_QUIT: {
             uint32_t code = len >= 4 ? get32(l.rx) : 0;
             send(&l, RSP_BYE, seq, 0);

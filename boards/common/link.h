@@ -13,8 +13,10 @@ typedef struct {
     void (*write)(const uint8_t *p, size_t n);  /* blocking, writes all n bytes */
     uint64_t (*cycles)(void *user);             /* may be NULL */
     uint64_t cycle_hz;                          /* counter frequency, 0 if unknown */
-    const uint8_t *image;                       /* where the image sits (64-byte aligned) */
+    const uint8_t *image;                       /* a preloaded image (64-byte aligned), or NULL */
     size_t image_size;
+    uint8_t *upload;                            /* RAM for an image uploaded over the link, or NULL */
+    size_t upload_capacity;
     void *arena;                                /* COLIBRI_ARENA_ALIGN aligned */
     size_t arena_size;
 } board_io;

@@ -1,0 +1,36 @@
+/* The C library functions a freestanding compiler may emit calls to (struct copies, zeroing),
+ * for boards without a C library. Built with -fno-tree-loop-distribute-patterns so these loops
+ * are not themselves turned into calls to memcpy/memset. */
+#include <stddef.h>
+#include <stdint.h>
+
+void *memcpy(void *restrict dst, const void *restrict src, size_t n) {
+    uint8_t *d = dst;
+    const uint8_t *s = src;
+    while (n--) *d++ = *s++;
+    return dst;
+}
+
+void *memmove(void *dst, const void *src, size_t n) {
+    uint8_t *d = dst;
+    const uint8_t *s = src;
+    if (d < s) {
+        while (n--) *d++ = *s++;
+    } else {
+        while (n--) d[n] = s[n];
+    }
+    return dst;
+}
+
+void *memset(void *dst, int c, size_t n) {
+    uint8_t *d = dst;
+    while (n--) *d++ = (uint8_t)c;
+    return dst;
+}
+
+int memcmp(const void *a, const void *b, size_t n) {
+    const uint8_t *x = a, *y = b;
+    for (; n--; x++, y++)
+        if (*x != *y) return *x < *y ? -1 : 1;
+    return 0;
+}
