@@ -43,8 +43,14 @@ def _rope_theta(cfg: dict) -> float:
     return float(theta)
 
 
-def read_config(path: Path, max_seq: int) -> tuple[ModelDims, bool]:
+DEFAULT_MAX_SEQ = 256
+
+
+def read_config(path: Path, max_seq: int | None) -> tuple[ModelDims, bool]:
+    """The model description for an image of `max_seq` positions (None: 256 or the model's limit if smaller)."""
     cfg = json.loads((path / "config.json").read_text())
+    if max_seq is None:
+        max_seq = min(DEFAULT_MAX_SEQ, cfg.get("max_position_embeddings") or DEFAULT_MAX_SEQ)
     archs = cfg.get("architectures") or []
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs) and cfg.get("model_type") != "mixtral":
         raise UnsupportedModel(f"config field architectures={archs!r} is not supported; "
@@ -118,7 +124,7 @@ def _hf_name(role: Role, layer: int, expert: int) -> str:
     }[role]
 
 
-def load_checkpoint(path: Path | str, max_seq: int) -> Checkpoint:
+def load_checkpoint(path: Path | str, max_seq: int | None) -> Checkpoint:
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} has no config.json: pass a Hugging Face checkpoint directory")

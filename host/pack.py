@@ -3,7 +3,7 @@
 
 Examples:
   python host/pack.py path/to/mixtral-checkpoint -o model.img --max-seq 256
-  python host/pack.py models/demo -o demo.img --max-seq 64 --expert-align 4096
+  python host/pack.py models/demo-adder -o demo.img --max-seq 64 --board x86_64_baremetal
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ if __package__ in (None, ""):
 
 from host.checkpoint import UnsupportedModel, load_checkpoint  # noqa: E402
 from host.image import arena_bytes, build_image  # noqa: E402
+from sim.boards import board_names, fit_report, load_board  # noqa: E402
 
 
 def human(n: int) -> str:
@@ -26,14 +27,24 @@ def human(n: int) -> str:
     raise AssertionError
 
 
-def pack(src: Path, out: Path, max_seq: int, expert_align: int) -> dict:
+class DoesNotFit(ValueError):
+    """The image or its arena is larger than the board's memory for it."""
+
+
+def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, board: str | None = None) -> dict:
     ckpt = load_checkpoint(src, max_seq)
     blob = build_image(ckpt.dims, ckpt.tensors, expert_align=expert_align)
+    fit_lines: list[str] = []
+    if board:
+        fits, fit_lines = fit_report(load_board(board), len(blob), arena_bytes(ckpt.dims))
+        if not fits:
+            raise DoesNotFit("\n".join(fit_lines) + "\n  a smaller --max-seq shrinks the arena (KV cache); "
+                             "a smaller model shrinks the image")
     out.write_bytes(blob)
     return {
         "image": str(out), "image_bytes": len(blob), "arena_bytes": arena_bytes(ckpt.dims),
         "params": ckpt.n_params, "active_params_per_token": ckpt.n_active_params,
-        "tied_embeddings": ckpt.tied_embeddings, "dims": ckpt.dims,
+        "tied_embeddings": ckpt.tied_embeddings, "dims": ckpt.dims, "fit": fit_lines,
     }
 
 
@@ -41,15 +52,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", type=Path, help="Hugging Face checkpoint directory (config.json + *.safetensors)")
     ap.add_argument("-o", "--output", type=Path, required=True, help="image file to write")
-    ap.add_argument("--max-seq", type=int, default=256,
-                    help="longest sequence (prompt + generated) the image supports; sizes the KV cache (default 256)")
+    ap.add_argument("--max-seq", type=int,
+                    help="longest sequence (prompt + generated) the image supports; sizes the KV cache "
+                         "(default: 256, or the model's max_position_embeddings if smaller)")
     ap.add_argument("--expert-align", type=int, default=64,
                     help="byte alignment of each expert block, e.g. 4096 for page-granular prefetch (default 64)")
+    ap.add_argument("--board", choices=board_names(), help="check that image + arena fit this board's memory")
     args = ap.parse_args(argv)
-    if args.max_seq < 1:
+    if args.max_seq is not None and args.max_seq < 1:
         ap.error("--max-seq must be at least 1")
     try:
-        r = pack(args.checkpoint, args.output, args.max_seq, args.expert_align)
+        r = pack(args.checkpoint, args.output, args.max_seq, args.expert_align, args.board)
     except (UnsupportedModel, FileNotFoundError, ValueError) as exc:
         print(f"pack: error: {exc}", file=sys.stderr)
         return 2
@@ -60,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  parameters  {r['params']:,} total, {r['active_params_per_token']:,} active per token")
     print(f"  image       {r['image_bytes']:,} bytes ({human(r['image_bytes'])})")
     print(f"  arena       {r['arena_bytes']:,} bytes ({human(r['arena_bytes'])}) for max_seq {d.max_seq}")
+    for line in r["fit"]:
+        print(f"  {line}")
     return 0
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BOARDS_DIR = ROOT / "boards"
-DEFAULT_BOARD = "hosted"
+DEFAULT_BOARD = "x86_64_baremetal"
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,22 @@ class Board:
 
     def firmware(self, mode: str = "release") -> Path:
         return ROOT / "build" / self.name / mode / "firmware.elf"
+
+
+def fit_report(board: Board, image_bytes: int, arena_bytes: int) -> tuple[bool, list[str]]:
+    """Whether an image and its arena fit the board's declared memory, as lines for the user."""
+    mem = board.spec.get("memory")
+    if not mem:
+        return True, [f"{board.name}: no fixed memory limits (memory comes from the host)"]
+    ok, lines = True, []
+    for what, need, cap in (("image", image_bytes, mem["image_capacity"]), ("arena", arena_bytes, mem["arena_capacity"])):
+        pct = 100.0 * need / cap
+        bar = "#" * min(30, round(30 * need / cap)) + "." * max(0, 30 - round(30 * need / cap))
+        lines.append(f"{board.name} {what:<5} [{bar}] {pct:5.1f}%  {need:,} of {cap:,} bytes")
+        if need > cap:
+            ok = False
+            lines.append(f"  does not fit: {need - cap:,} bytes over")
+    return ok, lines
 
 
 def board_names() -> list[str]:

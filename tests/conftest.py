@@ -64,12 +64,26 @@ def make_checkpoint(cfg: TinyConfig, out: Path, max_shard_size: str | None = Non
     return out
 
 
+# Every board that runs models; each model test runs on each of them.
+MODEL_BOARDS = ["hosted", "x86_64_baremetal"]
+
+
+def build(board: str, mode: str = "release") -> Path:
+    subprocess.run([sys.executable, "-m", "SCons", "-Q", f"board={board}", f"mode={mode}"], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
+    return ROOT / "build" / board / mode
+
+
 @pytest.fixture(scope="session")
 def hosted_build() -> Path:
     """Build the hosted board once per test session."""
-    subprocess.run([sys.executable, "-m", "SCons", "-Q", "board=hosted"], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL)
-    return ROOT / "build" / "hosted" / "release"
+    return build("hosted")
+
+
+@pytest.fixture(scope="session")
+def firmwares() -> dict[str, Path]:
+    """Build every model board once per test session: board name -> firmware ELF."""
+    return {board: build(board) / "firmware.elf" for board in MODEL_BOARDS}
 
 
 @pytest.fixture(scope="session")

@@ -6,14 +6,13 @@ import json
 import numpy as np
 import pytest
 
-from conftest import CONFIGS
+from conftest import CONFIGS, MODEL_BOARDS
 from host import flash
 from host.image import read_image
 from host.protocol import DeviceError, Sampling
 from host.reference import Reference
 
 TOLERANCE = 1e-4
-BOARDS = ["hosted"]  # every board that runs models; bare-metal boards join this list
 PROMPT = [1, 5, 9, 3]
 
 
@@ -22,11 +21,11 @@ def firmware(hosted_build):
     return hosted_build / "firmware.elf"
 
 
-@pytest.mark.parametrize("board", BOARDS)
+@pytest.mark.parametrize("board", MODEL_BOARDS)
 @pytest.mark.parametrize("name", [c.name for c in CONFIGS])
-def test_device_matches_reference(board, name, images, firmware):
+def test_device_matches_reference(board, name, images, firmwares):
     image = images[name]
-    result = flash.run_on_board(image, board, PROMPT, 16, Sampling(), want_logits=True, firmware=firmware)
+    result = flash.run_on_board(image, board, PROMPT, 16, Sampling(), want_logits=True, firmware=firmwares[board])
     ref = Reference(read_image(image.read_bytes()))
     assert result.tokens == ref.greedy(PROMPT, 16)
     expected = ref.forward(PROMPT + result.tokens)
@@ -37,14 +36,35 @@ def test_device_matches_reference(board, name, images, firmware):
     assert result.stats["expert_calls"] == (len(PROMPT) + 16) * ref.d.n_layers * ref.d.top_k
 
 
-@pytest.mark.parametrize("board", BOARDS)
-def test_sampling_is_seeded(board, images, firmware):
+@pytest.mark.parametrize("board", MODEL_BOARDS)
+def test_sampling_is_seeded(board, images, firmwares):
     def run(seed):
         return flash.run_on_board(images["base"], board, PROMPT, 20, Sampling(1.2, 0, 0.95, seed), False,
-                                  firmware=firmware).tokens
+                                  firmware=firmwares[board]).tokens
     a, b, c = run(7), run(7), run(8)
     assert a == b
     assert a != c
+
+
+def test_boards_agree_bit_for_bit(images, firmwares):
+    """Scalar kernels, -ffp-contract=off: the same image, prompt and seed give the same bytes on every board."""
+    runs = [flash.run_on_board(images["top3_gqa4_tied"], board, PROMPT, 12, Sampling(0.8, 0, 0.9, 5), True,
+                               firmware=firmwares[board]) for board in MODEL_BOARDS]
+    for other in runs[1:]:
+        assert other.tokens == runs[0].tokens
+        assert other.logits.tobytes() == runs[0].logits.tobytes()
+
+
+def test_serial_upload_path(images, firmwares):
+    """The image sent over the link in checksummed chunks, as to a real board without a loader."""
+    import zlib
+    image = images["top3_gqa4_tied"]
+    result = flash.run_on_board(image, "x86_64_baremetal", PROMPT, 8, Sampling(), True,
+                                firmware=firmwares["x86_64_baremetal"], upload=True)
+    assert result.upload_crc32 == zlib.crc32(image.read_bytes())
+    ref = Reference(read_image(image.read_bytes()))
+    assert result.tokens == ref.greedy(PROMPT, 8)
+    assert np.max(np.abs(result.logits - ref.forward(PROMPT + result.tokens))) <= TOLERANCE
 
 
 def test_flash_cli_verify_json_and_dump(images, firmware, tmp_path, capsys):

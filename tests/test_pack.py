@@ -101,3 +101,13 @@ def test_cli_report_and_errors(checkpoints, tmp_path, capsys):
     assert "parameters" in out and "arena" in out and "active per token" in out
     assert pack_cli.main([str(tmp_path), "-o", str(tmp_path / "m.img")]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+def test_board_fit_is_checked(checkpoints, tmp_path, capsys):
+    from sim.boards import Board, fit_report
+    tight = Board("tight", {"memory": {"image_capacity": 50_000, "arena_capacity": 1_000_000}})
+    ok, lines = fit_report(tight, 72_000, 9_000)
+    assert not ok and "22,000 bytes over" in "\n".join(lines)
+    assert fit_report(tight, 50_000, 9_000)[0]
+    assert pack_cli.main([str(checkpoints["base"]), "-o", str(tmp_path / "m.img"), "--board", "x86_64_baremetal"]) == 0
+    assert "x86_64_baremetal arena" in capsys.readouterr().out

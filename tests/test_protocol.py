@@ -5,7 +5,9 @@ import struct
 
 import pytest
 
-from host.protocol import (REQ_INFO, RSP_ERROR, RSP_INFO, Client, LinkError, encode_frame, read_frame)
+from conftest import MODEL_BOARDS
+from host.protocol import (REQ_INFO, REQ_UPLOAD_BEGIN, REQ_UPLOAD_CHUNK, REQ_UPLOAD_END, RSP_ERROR, RSP_INFO,
+                           RSP_UPLOAD_ACK, Client, DeviceError, LinkError, encode_frame, read_frame)
 from sim.boards import load_board
 from sim.launch import start_board
 
@@ -43,9 +45,10 @@ def test_oversized_payload_refused():
         encode_frame(REQ_INFO, 1, bytes(5000))
 
 
-def test_device_rejects_corrupt_request_and_keeps_serving(images, hosted_build):
-    board = load_board("hosted")
-    with start_board(board, hosted_build / "firmware.elf", images["base"]) as link:
+@pytest.mark.parametrize("board", MODEL_BOARDS)
+def test_device_rejects_corrupt_request_and_keeps_serving(board, images, firmwares):
+    with start_board(load_board(board), firmwares[board], images["base"]) as device:
+        link = device.link
         bad = bytearray(encode_frame(REQ_INFO, 5))
         bad[-1] ^= 0xFF
         link.write(bytes(bad))
@@ -62,6 +65,37 @@ def test_device_rejects_corrupt_request_and_keeps_serving(images, hosted_build):
         link.write(encode_frame(0x03, 8, bytes(40)))
         assert struct.unpack_from("<I", read_frame(link, 5.0)[2])[0] == 204
         client = Client(link, timeout=5.0)
-        assert client.info().board == "hosted"
+        assert client.info().board == board
         client.open()
         client.quit()
+    assert device.guest_code == 0
+
+
+def _error_code(link, ftype, seq, payload=b""):
+    link.write(encode_frame(ftype, seq, payload))
+    rtype, rseq, p = read_frame(link, 5.0)
+    assert rseq == seq
+    return struct.unpack_from("<I", p)[0] if rtype == RSP_ERROR else rtype
+
+
+def test_upload_errors_are_named(images, firmwares):
+    image = images["base"].read_bytes()
+    with start_board(load_board("x86_64_baremetal"), firmwares["x86_64_baremetal"], None) as device:
+        link = device.link
+        client = Client(link, timeout=5.0)
+        with pytest.raises(DeviceError, match="LINK_NO_IMAGE"):  # nothing loaded yet
+            client.open()
+        assert _error_code(link, REQ_UPLOAD_BEGIN, 1, struct.pack("<QI", 1 << 40, 0)) == 206  # too big
+        assert _error_code(link, REQ_UPLOAD_CHUNK, 2, struct.pack("<Q", 0) + b"x") == 203      # no upload begun
+        assert _error_code(link, REQ_UPLOAD_BEGIN, 3, struct.pack("<QI", len(image), 0)) == RSP_UPLOAD_ACK
+        assert _error_code(link, REQ_UPLOAD_CHUNK, 4, struct.pack("<Q", 64) + image[64:128]) == 207  # a gap
+        assert _error_code(link, REQ_UPLOAD_CHUNK, 5, struct.pack("<Q", 0) + image[:4000]) == RSP_UPLOAD_ACK
+        assert _error_code(link, REQ_UPLOAD_CHUNK, 6, struct.pack("<Q", 0) + image[:4000]) == RSP_UPLOAD_ACK  # resent
+        assert _error_code(link, REQ_UPLOAD_END, 7) == 207                                     # incomplete
+        for off in range(4000, len(image), 4000):
+            assert _error_code(link, REQ_UPLOAD_CHUNK, 8, struct.pack("<Q", off) + image[off:off + 4000]) == RSP_UPLOAD_ACK
+        assert _error_code(link, REQ_UPLOAD_END, 9) == 208  # the CRC given at BEGIN was wrong
+        client.upload(image)  # a proper upload still works afterwards
+        assert client.open().image_bytes == len(image)
+        client.quit()
+    assert device.guest_code == 0

@@ -25,3 +25,13 @@ def test_check_catches_forbidden_symbols(tmp_path):
         report = footprint.inspect(obj)
         assert report.forbidden == [call.split("(")[0]]
         assert footprint.main([str(obj)]) == 1
+
+
+def test_bare_metal_firmware_is_pure(firmwares):
+    """A bare-metal ELF links no C library: nothing in the whole program may allocate, thread or print."""
+    for board, elf in firmwares.items():
+        if board == "hosted":
+            continue  # a Linux process: its runtime objects are checked above
+        report = footprint.inspect(elf)
+        assert not report.forbidden, (board, report.forbidden)
+        assert report.sizes[".text"] > 1000
