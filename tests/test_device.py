@@ -81,11 +81,12 @@ def test_flash_cli_verify_json_and_dump(images, firmware, tmp_path, capsys):
     assert np.max(np.abs(logits - ref)) <= TOLERANCE
 
 
-def test_flash_cli_streams_and_verifies(images, firmware, capsys):
-    code = flash.main([str(images["base"]), "--firmware", str(firmware), "--prompt-tokens", "2,3",
-                       "--max-new-tokens", "4", "--verify"])
+def test_flash_cli_default_board_streams_and_verifies(images, firmwares, capsys):
+    """No --board: the default x86_64 bare-metal board under QEMU, firmware from build/."""
+    code = flash.main([str(images["base"]), "--prompt-tokens", "2,3", "--max-new-tokens", "4", "--verify"])
     out = capsys.readouterr().out
     assert code == 0
+    assert out.startswith("[x86_64_baremetal]")
     assert "greedy tokens agree 4/4: PASS" in out
 
 
@@ -104,7 +105,8 @@ def test_errors_are_named(images, firmware, tmp_path, capsys):
     corrupt = bytearray(images["base"].read_bytes())
     corrupt[-3] ^= 1
     (tmp_path / "corrupt.img").write_bytes(corrupt)
-    code = flash.main([str(tmp_path / "corrupt.img"), "--firmware", str(firmware), "--prompt-tokens", "1"])
+    code = flash.main([str(tmp_path / "corrupt.img"), "--board", "hosted", "--firmware", str(firmware),
+                       "--prompt-tokens", "1"])
     assert code == 2
     assert "COLIBRI_E_IMAGE_PAYLOAD_CRC" in capsys.readouterr().err
 
