@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -57,7 +61,6 @@ def test_boards_agree_bit_for_bit(images, firmwares):
 
 def test_serial_upload_path(images, firmwares):
     """The image sent over the link in checksummed chunks, as to a real board without a loader."""
-    import zlib
     image = images["top3_gqa4_tied"]
     result = flash.run_on_board(image, "x86_64_baremetal", PROMPT, 8, Sampling(), True,
                                 firmware=firmwares["x86_64_baremetal"], upload=True)
@@ -113,9 +116,6 @@ def test_errors_are_named(images, firmware, tmp_path, capsys):
 
 def test_sanitized_build_matches_reference(images):
     """The hosted board built with ASan+UBSan runs every test model cleanly (any report aborts it)."""
-    import subprocess
-    import sys
-
     from conftest import ROOT
     subprocess.run([sys.executable, "-m", "SCons", "-Q", "board=hosted", "mode=asan"], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL)
@@ -124,3 +124,22 @@ def test_sanitized_build_matches_reference(images):
         result = flash.run_on_board(image, "hosted", PROMPT, 8, Sampling(0.9, 4, 0.9, 3), True, firmware=asan)
         expected = Reference(read_image(image.read_bytes())).forward(PROMPT + result.tokens)
         assert np.max(np.abs(result.logits - expected)) <= TOLERANCE, name
+
+
+def test_flash_over_a_serial_port(images, firmwares, capsys):
+    """--port: the real-board path (pyserial, image uploaded over the link) against a board on a pty."""
+    image = images["base"]
+    master, slave = os.openpty()
+    port = os.ttyname(slave)
+    proc = subprocess.Popen([str(firmwares["hosted"]), "--upload-bytes", "1000000"], stdin=master, stdout=master)
+    os.close(master)
+    try:
+        code = flash.main([str(image), "--port", port, "--baud", "115200", "--prompt-tokens", "1,5,9,3",
+                           "--max-new-tokens", "5", "--verify", "--json"])
+    finally:
+        os.close(slave)
+        proc.wait(timeout=10)
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and report["verify"]["passed"]
+    assert report["upload_crc32"] == zlib.crc32(image.read_bytes())
+    assert proc.returncode == 0

@@ -1,7 +1,8 @@
 /* The hosted board: a Linux process that maps the image read-only, takes its arena with one
  * mmap, and speaks the device side of the serial protocol over stdin/stdout.
- *   colibri-hosted IMAGE [--arena-bytes N]
- * Without --arena-bytes the arena is exactly the image's plan. */
+ *   firmware.elf [IMAGE] [--arena-bytes N] [--upload-bytes N]
+ * Without --arena-bytes the arena is exactly the image's plan. With --upload-bytes the link accepts
+ * an image uploaded over it, as a board without a file system does. */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <errno.h>
 #include <fcntl.h>
@@ -47,36 +48,68 @@ static uint64_t monotonic_ns(void *user) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+static int usage(const char *argv0) {
+    fprintf(stderr, "usage: %s [IMAGE] [--arena-bytes N] [--upload-bytes N]\n"
+                    "  IMAGE            image file to map (or upload one over the link)\n"
+                    "  --arena-bytes N  arena size (default: exactly the image's plan, or 64 MiB without one)\n"
+                    "  --upload-bytes N give the link an upload region of N bytes\n", argv0);
+    return 2;
+}
+
+static void *map_anon(size_t n) {
+    void *p = mmap(0, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        fprintf(stderr, "colibri-hosted: cannot map %zu bytes\n", n);
+        exit(2);
+    }
+    return p;
+}
+
 int main(int argc, char **argv) {
-    if (argc != 2 && !(argc == 4 && strcmp(argv[2], "--arena-bytes") == 0)) {
-        fprintf(stderr, "usage: %s IMAGE [--arena-bytes N]\n", argv[0]);
-        return 2;
+    const char *path = 0;
+    size_t arena_size = 0, upload_size = 0;
+    int arena_given = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--arena-bytes") == 0 && i + 1 < argc) {
+            arena_size = (size_t)strtoull(argv[++i], 0, 0);
+            arena_given = 1;
+        } else if (strcmp(argv[i], "--upload-bytes") == 0 && i + 1 < argc) {
+            upload_size = (size_t)strtoull(argv[++i], 0, 0);
+        } else if (argv[i][0] != '-' && !path) {
+            path = argv[i];
+        } else {
+            return usage(argv[0]);
+        }
     }
-    int fd = open(argv[1], O_RDONLY);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0) {
-        fprintf(stderr, "colibri-hosted: cannot read image %s: %s\n", argv[1], strerror(errno));
-        return 2;
+    board_io io = { .board = "hosted", .read_byte = read_byte, .write = write_all, .cycles = monotonic_ns,
+                    .cycle_hz = 1000000000u };
+    if (path) {
+        int fd = open(path, O_RDONLY);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0) {
+            fprintf(stderr, "colibri-hosted: cannot read image %s: %s\n", path, strerror(errno));
+            return 2;
+        }
+        io.image_size = (size_t)st.st_size;
+        void *image = mmap(0, io.image_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        close(fd);
+        if (image == MAP_FAILED) {
+            fprintf(stderr, "colibri-hosted: mmap %s: %s\n", path, strerror(errno));
+            return 2;
+        }
+        io.image = image;
+        /* Size the arena from the image's plan; a corrupt image gets a small arena and OPEN says why. */
+        colibri_image_info info = { 0 };
+        if (!arena_given)
+            arena_size = colibri_image_verify(image, io.image_size, &info) == COLIBRI_OK ? (size_t)info.arena_bytes : 4096;
+    } else if (!arena_given) {
+        arena_size = 64u << 20;
     }
-    size_t image_size = (size_t)st.st_size;
-    void *image = mmap(0, image_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (image == MAP_FAILED) {
-        fprintf(stderr, "colibri-hosted: mmap %s: %s\n", argv[1], strerror(errno));
-        return 2;
+    if (upload_size) {
+        io.upload = map_anon(upload_size);
+        io.upload_capacity = upload_size;
     }
-    /* Size the arena from the image's plan; a corrupt image gets a minimal arena and OPEN reports why. */
-    colibri_image_info info = { 0 };
-    size_t arena_size = colibri_image_verify(image, image_size, &info) == COLIBRI_OK ? (size_t)info.arena_bytes : 4096;
-    if (argc == 4) arena_size = (size_t)strtoull(argv[3], 0, 0);
-    void *arena = mmap(0, arena_size ? arena_size : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (arena == MAP_FAILED) {
-        fprintf(stderr, "colibri-hosted: cannot map a %zu-byte arena\n", arena_size);
-        return 2;
-    }
-    board_io io = {
-        .board = "hosted", .read_byte = read_byte, .write = write_all, .cycles = monotonic_ns,
-        .cycle_hz = 1000000000u, .image = image, .image_size = image_size, .arena = arena, .arena_size = arena_size,
-    };
+    io.arena = map_anon(arena_size);
+    io.arena_size = arena_size;
     return link_serve(&io);
 }
