@@ -115,6 +115,11 @@ def exit_meaning(board: Board, status: int | None) -> str:
         if 64 <= code < 96:
             return f"guest code {code}: CPU exception vector {code - 64}"
         return f"guest code {code}"
+    if board.spec.get("exit") == "semihosting":
+        return {127: "guest code 127: HardFault", 126: "guest code 126: unexpected exception",
+                134: "QEMU aborted (lockup; is semihosting enabled?)"}.get(status, f"guest code {status}")
+    if board.spec.get("exit") == "sifive-test":
+        return {127: "guest code 127: trap"}.get(status, f"guest code {status}")
     return f"exit status {status}"
 
 
@@ -161,6 +166,8 @@ def qemu_command(board: Board, firmware: Path, image: Path | None, gdb: bool = F
     if image is not None:
         if spec["image_loader"] == "multiboot":
             cmd += ["-initrd", str(image)]
+        elif spec["image_loader"] == "device-loader":
+            cmd += ["-device", f"loader,file={image},addr={spec['image_base']:#x},force-raw=on"]
         else:
             raise ValueError(f"board {board.name}: unknown image_loader {spec['image_loader']!r}")
     if gdb:

@@ -65,7 +65,7 @@ def make_checkpoint(cfg: TinyConfig, out: Path, max_shard_size: str | None = Non
 
 
 # Every board that runs models; each model test runs on each of them.
-MODEL_BOARDS = ["hosted", "x86_64_baremetal"]
+MODEL_BOARDS = ["hosted", "x86_64_baremetal", "cortex_m55", "cortex_m4", "riscv64_virt"]
 
 
 def build(board: str, mode: str = "release") -> Path:

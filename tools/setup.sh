@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(gcc make qemu-system-x86)
+APT_PACKAGES=(gcc make qemu-system-x86 qemu-system-arm qemu-system-misc gcc-arm-none-eabi gcc-riscv64-unknown-elf)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -1,0 +1,124 @@
+/* Shared startup and drivers of the Cortex-M boards (cortex_m4, cortex_m55 under QEMU's MPS2/MPS3
+ * machines): vector table, reset handler (FPU/MVE enable, .data copy, .bss zero), HardFault
+ * report, CMSDK APB UART, a 64-bit cycle counter, semihosting exit. Each board's board.toml
+ * supplies the addresses as -D flags and its link.ld the memory map:
+ *   BOARD_NAME, UART_BASE, CPU_HZ, IMAGE_BASE, IMAGE_CAPACITY (image and upload region),
+ *   and the linker symbols __arena_start/__arena_end. */
+#include <stdint.h>
+
+#include "colibri.h"
+#include "link.h"
+
+#define REG(addr) (*(volatile uint32_t *)(uintptr_t)(addr))
+
+/* ---- semihosting: exit with a status QEMU passes on (needs -semihosting-config enable=on) ---- */
+static _Noreturn void board_exit(uint32_t code) {
+    uint32_t block[2] = { 0x20026u /* ADP_Stopped_ApplicationExit */, code };
+    register uint32_t r0 __asm__("r0") = 0x20u; /* SYS_EXIT_EXTENDED: carries the status */
+    register uint32_t *r1 __asm__("r1") = block;
+    __asm__ volatile("bkpt 0xab" : : "r"(r0), "r"(r1) : "memory");
+    for (;;) {}
+}
+
+/* ---- CMSDK APB UART: +0 DATA, +4 STATE (bit 0 TX full, bit 1 RX full), +8 CTRL, +0x10 BAUDDIV ---- */
+static void uart_init(void) {
+    REG(UART_BASE + 0x10) = 16;
+    REG(UART_BASE + 0x08) = 3; /* TX and RX enable */
+}
+
+static void uart_write(const uint8_t *p, size_t n) {
+    while (n--) {
+        while (REG(UART_BASE + 0x04) & 1u) {}
+        REG(UART_BASE) = *p++;
+    }
+}
+
+static int uart_read_byte(void) {
+    while (!(REG(UART_BASE + 0x04) & 2u)) {}
+    return (int)(REG(UART_BASE) & 0xFFu);
+}
+
+static void uart_puts(const char *s) {
+    while (*s) uart_write((const uint8_t *)s++, 1);
+}
+
+/* ---- cycle counter: SysTick on the core clock, a 24-bit down counter, extended to 64 bits by
+ * noticing wraps when read. QEMU models no DWT cycle counter, and SysTick wrap interrupts arrive
+ * late under TCG, so polling is the reliable way. Reads must come less than 2^24 cycles apart
+ * (0.5 s at 32 MHz); the runtime reads it several times per layer. ---- */
+#define SYST_CSR 0xE000E010u
+#define SYST_RVR 0xE000E014u
+#define SYST_CVR 0xE000E018u
+
+static uint32_t systick_last;
+static uint64_t systick_wraps;
+
+static void systick_init(void) {
+    REG(SYST_RVR) = 0x00FFFFFFu;
+    REG(SYST_CVR) = 0;
+    REG(SYST_CSR) = 5u; /* enable, core clock, no interrupt */
+    systick_last = REG(SYST_CVR);
+}
+
+static uint64_t systick_cycles(void *user) {
+    (void)user;
+    uint32_t now = REG(SYST_CVR);
+    if (now > systick_last) systick_wraps++; /* counted down through zero and reloaded */
+    systick_last = now;
+    return (systick_wraps << 24) + (0x00FFFFFFu - now);
+}
+
+/* ---- faults: report the stacked PC and exit with code 127 ---- */
+void hardfault_report(const uint32_t *frame);
+void hardfault_report(const uint32_t *frame) {
+    static const char hex[] = "0123456789abcdef";
+    char msg[] = "\r\ncolibri: HardFault at pc 0x00000000\r\n";
+    uint32_t pc = frame[6];
+    for (int i = 0; i < 8; i++) msg[29 + i] = hex[(pc >> (28 - 4 * i)) & 0xF];
+    uart_puts(msg);
+    board_exit(127);
+}
+
+__attribute__((naked)) static void hardfault_handler(void) {
+    __asm__ volatile("tst lr, #4\n ite eq\n mrseq r0, msp\n mrsne r0, psp\n b hardfault_report");
+}
+
+static void default_handler(void) { board_exit(126); }
+
+/* ---- reset ---- */
+extern uint32_t __stack_top, __data_load, __data_start, __data_end, __bss_start, __bss_end;
+extern uint8_t __arena_start[], __arena_end[];
+void board_main(void);
+
+_Noreturn void reset_handler(void);
+_Noreturn void reset_handler(void) {
+    REG(0xE000ED88u) |= 0xFu << 20; /* CPACR: CP10/CP11 full access (FPU, and MVE on the M55) */
+    __asm__ volatile("dsb\n isb" ::: "memory");
+    for (uint32_t *s = &__data_load, *d = &__data_start; d < &__data_end;) *d++ = *s++;
+    for (uint32_t *d = &__bss_start; d < &__bss_end;) *d++ = 0;
+    board_main();
+    board_exit(0);
+}
+
+typedef void (*vector)(void);
+__attribute__((section(".vectors"), used)) static const vector vectors[16] = {
+    (vector)(uintptr_t)&__stack_top, (vector)reset_handler, default_handler, hardfault_handler,
+    default_handler, default_handler, default_handler, 0, 0, 0, 0,
+    default_handler, default_handler, 0, default_handler, default_handler,
+};
+
+void board_main(void) {
+    REG(0xE000ED08u) = (uint32_t)(uintptr_t)vectors; /* VTOR */
+    uart_init();
+    systick_init();
+    board_io io = {
+        .board = BOARD_NAME, .read_byte = uart_read_byte, .write = uart_write, .cycles = systick_cycles,
+        .cycle_hz = CPU_HZ,
+        /* QEMU's loader may have put an image here; if not, OPEN says "bad magic" until one is uploaded */
+        .image = (const uint8_t *)(uintptr_t)IMAGE_BASE, .image_size = IMAGE_CAPACITY,
+        .upload = (uint8_t *)(uintptr_t)IMAGE_BASE, .upload_capacity = IMAGE_CAPACITY,
+        .arena = __arena_start, .arena_size = (size_t)(__arena_end - __arena_start),
+    };
+    uart_puts("colibri " BOARD_NAME " ready\r\n");
+    board_exit((uint32_t)link_serve(&io));
+}
