@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""Footprint and purity of built firmware: section sizes per object, and proof that the runtime
-neither defines nor references a forbidden symbol (malloc family, pthread_*, stdio, FILE I/O).
+"""Footprint and purity of built firmware, proven from the ELF files (pyelftools).
+
+For a board: the runtime's and the board's .text/.rodata/.data/.bss separately, the worst-case
+stack depth (static: the call graph and frame sizes gcc writes with -fcallgraph-info=su), and,
+given an image, whether image + arena + firmware + stack fit each memory region of the board.
+Always: proof that nothing defines or references a forbidden symbol (malloc family, pthread_*,
+C11 threads, stdio, FILE I/O).
 
 Examples:
-  python tools/footprint.py build/hosted/release/firmware/*.o          # runtime objects
-  python tools/footprint.py --board hosted                              # the same, found by board
+  python tools/footprint.py --board cortex_m4 --image model.img   # full report with usage bars
   python tools/footprint.py --board hosted --json
-Exit status 1 if any forbidden symbol is found.
+  python tools/footprint.py some.o other.o                         # purity and sizes of objects
+Exit status 1 if a forbidden symbol is found or something does not fit.
 """
 from __future__ import annotations
 
@@ -14,23 +19,28 @@ import argparse
 import json
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from sim.boards import board_names, load_board  # noqa: E402
 
 FORBIDDEN = re.compile(
     r"^(malloc|calloc|realloc|free|aligned_alloc|posix_memalign|memalign|valloc|pvalloc|reallocarray"
-    r"|operator new.*|_Znw.*|_Zna.*|_Zdl.*|_Zda.*"
+    r"|_Znw.*|_Zna.*|_Zdl.*|_Zda.*"
     r"|pthread_\w+|thrd_\w+|mtx_\w+|cnd_\w+"
     r"|printf|fprintf|sprintf|snprintf|vprintf|vfprintf|vsprintf|vsnprintf|puts|fputs|putchar|fputc|putc"
     r"|scanf|fscanf|sscanf|fopen|fclose|fread|fwrite|fseek|ftell|fflush|fgets|getchar|perror"
     r"|stdin|stdout|stderr|_IO_\w+|__printf_chk|__fprintf_chk|__sprintf_chk|__snprintf_chk|__vfprintf_chk)$"
 )
-SECTIONS = (".text", ".rodata", ".data", ".bss")
+SECTIONS = (".text", ".rodata", ".data", ".bss", ".stack")
+SHF_WRITE, SHF_ALLOC = 0x1, 0x2
 
 
 @dataclass
@@ -41,19 +51,109 @@ class ObjectReport:
 
 
 def inspect(path: Path) -> ObjectReport:
+    """Section sizes (by kind) and forbidden symbols of one ELF object or executable."""
     rep = ObjectReport(str(path))
     with open(path, "rb") as f:
         elf = ELFFile(f)
         for sec in elf.iter_sections():
-            base = next((s for s in SECTIONS if sec.name == s or sec.name.startswith(s + ".")), None)
-            if base and sec["sh_flags"] & 0x2:  # SHF_ALLOC
-                rep.sizes[base] = rep.sizes.get(base, 0) + sec["sh_size"]
+            kind = next((s for s in SECTIONS if sec.name == s or sec.name.startswith(s + ".")), None)
+            if kind is None and sec.name in (".sdata", ".srodata", ".sbss"):
+                kind = {".sdata": ".data", ".srodata": ".rodata", ".sbss": ".bss"}[sec.name]
+            if kind and sec["sh_flags"] & SHF_ALLOC:
+                rep.sizes[kind] = rep.sizes.get(kind, 0) + sec["sh_size"]
             if isinstance(sec, SymbolTableSection):
                 for sym in sec.iter_symbols():
                     name = sym.name.split("@")[0]
                     if name and FORBIDDEN.match(name) and name not in rep.forbidden:
                         rep.forbidden.append(name)
     return rep
+
+
+def total(reports: list[ObjectReport]) -> dict[str, int]:
+    return {s: sum(r.sizes.get(s, 0) for r in reports) for s in SECTIONS}
+
+
+# ---- worst-case stack depth from gcc's -fcallgraph-info=su output ----
+
+NODE = re.compile(r'node: \{ title: "([^"]+)" label: "([^"]*)"')
+EDGE = re.compile(r'edge: \{ sourcename: "([^"]+)" targetname: "([^"]+)"')
+FRAME = re.compile(r"(\d+) bytes \(([\w,]+)\)")
+INDIRECT = "__indirect_call"
+
+
+@dataclass
+class StackReport:
+    depth: int | None          # bytes on the deepest path from the roots; None if unbounded
+    path: list[str]
+    unknown: list[str]         # called but not compiled here (libgcc, assembly): counted as 0 bytes
+    problems: list[str]        # recursion or dynamic frames
+
+
+def stack_depth(ci_files: list[Path], roots: list[str], hook_files: list[Path]) -> StackReport:
+    """Deepest stack from `roots`. An indirect call (a board hook: UART, cycle counter) costs the
+    deepest function defined in `hook_files` that makes no indirect call itself."""
+    frames: dict[str, int] = {}
+    dynamic: list[str] = []
+    edges: dict[str, list[str]] = {}
+    defined_in: dict[str, Path] = {}
+    for ci in ci_files:
+        text = ci.read_text()
+        for title, label in NODE.findall(text):
+            m = FRAME.search(label)
+            if m:
+                frames[title] = int(m.group(1))
+                defined_in[title] = ci
+                if m.group(2) == "dynamic":  # "dynamic,bounded" gives an upper bound, which is fine
+                    dynamic.append(title)
+        for src, dst in EDGE.findall(text):
+            edges.setdefault(src, []).append(dst)
+
+    unknown: set[str] = set()
+    problems = [f"{f}: dynamic stack frame" for f in dynamic]
+    memo: dict[str, tuple[int, list[str]]] = {}
+    active: set[str] = set()
+
+    def reaches_indirect(f: str, seen: set[str]) -> bool:
+        if f == INDIRECT:
+            return True
+        seen.add(f)
+        return any(g not in seen and reaches_indirect(g, seen) for g in edges.get(f, []))
+
+    def deepest(f: str) -> tuple[int, list[str]]:
+        if f in memo:
+            return memo[f]
+        if f in active:
+            problems.append(f"recursion through {f}")
+            return 0, [f]
+        if f == INDIRECT:
+            return indirect_cost
+        if f not in frames:
+            unknown.add(f)
+            return 0, [f]
+        active.add(f)
+        best = (0, [])
+        for g in edges.get(f, []):
+            d, p = deepest(g)
+            if d > best[0]:
+                best = (d, p)
+        active.discard(f)
+        memo[f] = (frames[f] + best[0], [f] + best[1])
+        return memo[f]
+
+    indirect_cost = (0, ["(indirect: no hook)"])
+    hooks = [f for f, ci in defined_in.items() if ci in hook_files and not reaches_indirect(f, set())]
+    for h in hooks:
+        d, p = deepest(h)
+        if d > indirect_cost[0]:
+            indirect_cost = (d, [f"(indirect) {p[0]}"] + p[1:])
+    memo.clear()
+    depth, path = max((deepest(r) for r in roots if r in frames), default=(0, []))
+    return StackReport(None if problems else depth, path, sorted(unknown), problems)
+
+
+# ---- a board's whole report ----
+
+ROOTS = ["reset_handler", "board_main", "main"]
 
 
 def runtime_objects(board: str, mode: str) -> list[Path]:
@@ -63,39 +163,108 @@ def runtime_objects(board: str, mode: str) -> list[Path]:
     return objs
 
 
+def usage_bar(label: str, used: int, capacity: int) -> str:
+    frac = used / capacity if capacity else float("inf")
+    filled = min(30, round(30 * frac))
+    return f"{label:<48} [{'=' * filled}{' ' * (30 - filled)}] {100 * frac:5.1f}% (used {used:,} of {capacity:,} bytes)"
+
+
+def board_report(board_name: str, mode: str, image: Path | None) -> dict:
+    board = load_board(board_name)
+    out = ROOT / "build" / board_name / mode
+    runtime = [inspect(o) for o in runtime_objects(board_name, mode)]
+    board_objs = sorted((out / "board").glob("*.o")) + sorted((out / "common").glob("*.o"))
+    board_parts = [inspect(o) for o in board_objs]
+    elf = inspect(out / "firmware.elf")
+    report = {
+        "board": board_name, "mode": mode,
+        "runtime": total(runtime), "board_code": total(board_parts), "firmware_elf": elf.sizes,
+        "forbidden": {r.path: r.forbidden for r in runtime + ([] if board_name == "hosted" else [elf]) if r.forbidden},
+    }
+    ci = sorted(out.glob("*/*.ci"))
+    hook_files = sorted((out / "board").glob("*.ci")) + sorted((out / "common").glob("*.ci"))
+    if board_name != "hosted":  # a Linux process's stack is the C library's business
+        report["stack"] = asdict(stack_depth([c for c in ci if not c.name.endswith(".c.ci")], ROOTS, hook_files))
+    mem = board.spec.get("memory")
+    bars, fits = [], True
+    if mem:
+        code = elf.sizes.get(".text", 0) + elf.sizes.get(".rodata", 0) + elf.sizes.get(".data", 0)
+        data = elf.sizes.get(".data", 0) + elf.sizes.get(".bss", 0) + elf.sizes.get(".stack", 0)
+        if "code" in mem["regions"][0]["holds"] and "data" in mem["regions"][0]["holds"]:
+            code, data = code + data - elf.sizes.get(".data", 0), 0  # one region: count .data once
+        for region in mem["regions"]:
+            used = (code if "code" in region["holds"] else 0) + (data if "data" in region["holds"] else 0)
+            bars.append(usage_bar(region["name"], used, region["bytes"]))
+            fits &= used <= region["bytes"]
+        if image is not None:
+            from host.image import read_image
+            img = read_image(image.read_bytes())
+            for label, used, cap in (("image", len(img.data), mem["image_capacity"]),
+                                     ("arena (the image's exact plan)", img.header["arena_bytes"], mem["arena_capacity"])):
+                bars.append(usage_bar(label, used, cap))
+                fits &= used <= cap
+    stack = report.get("stack")
+    if stack and stack["depth"] is not None:
+        reserved = elf.sizes.get(".stack") or None
+        if reserved:
+            bars.append(usage_bar("stack (worst case vs reserved)", stack["depth"], reserved))
+            fits &= stack["depth"] <= reserved
+    report["memory"] = bars
+    report["fits"] = fits
+    return report
+
+
+def print_board_report(r: dict) -> None:
+    print(f"{r['board']} ({r['mode']})")
+    print(f"  {'':<14}" + "".join(f"{s:>10}" for s in SECTIONS))
+    for label, sizes in (("runtime", r["runtime"]), ("board + link", r["board_code"]), ("firmware.elf", r["firmware_elf"])):
+        print(f"  {label:<14}" + "".join(f"{sizes.get(s, 0):>10,}" for s in SECTIONS))
+    stack = r.get("stack")
+    if stack:
+        if stack["depth"] is None:
+            print(f"  stack: unbounded ({'; '.join(stack['problems'])})")
+        else:
+            print(f"  stack: worst case {stack['depth']:,} bytes (static, gcc -fcallgraph-info call graph): "
+                  f"{' > '.join(stack['path'][:8])}")
+        if stack["unknown"]:
+            print(f"         not compiled here, counted as 0: {', '.join(stack['unknown'])}")
+    for bar in r["memory"]:
+        print(f"  {bar}")
+    for path, syms in r["forbidden"].items():
+        print(f"FORBIDDEN in {path}: {', '.join(syms)}", file=sys.stderr)
+    if not r["forbidden"]:
+        print("  purity: no allocation, thread or stdio symbol defined or referenced")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("objects", nargs="*", type=Path, help="ELF objects or executables to inspect")
-    ap.add_argument("--board", help="inspect the runtime objects of build/<board>/<mode>")
+    ap.add_argument("--board", choices=board_names(), help="report on build/<board>/<mode>")
     ap.add_argument("--mode", default="release")
+    ap.add_argument("--image", type=Path, help="with --board: check this image and its arena against the board")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    paths = list(args.objects)
-    try:
-        if args.board:
-            paths += runtime_objects(args.board, args.mode)
-    except FileNotFoundError as exc:
-        print(f"footprint: error: {exc}", file=sys.stderr)
-        return 2
-    if not paths:
+    if args.board:
+        try:
+            r = board_report(args.board, args.mode, args.image)
+        except FileNotFoundError as exc:
+            print(f"footprint: error: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(r)) if args.json else print_board_report(r)
+        return 1 if r["forbidden"] or not r["fits"] else 0
+    if not args.objects:
         ap.error("give object files or --board")
-    reports = [inspect(p) for p in paths]
-    bad = [r for r in reports if r.forbidden]
+    reports = [inspect(p) for p in args.objects]
     if args.json:
-        print(json.dumps([r.__dict__ for r in reports]))
+        print(json.dumps([asdict(r) for r in reports]))
     else:
-        print(f"{'object':<44}" + "".join(f"{s:>9}" for s in SECTIONS))
-        totals = {s: 0 for s in SECTIONS}
+        print(f"{'object':<40}" + "".join(f"{s:>9}" for s in SECTIONS))
         for r in reports:
-            print(f"{Path(r.path).name:<44}" + "".join(f"{r.sizes.get(s, 0):>9}" for s in SECTIONS))
-            for s in SECTIONS:
-                totals[s] += r.sizes.get(s, 0)
-        print(f"{'total':<44}" + "".join(f"{totals[s]:>9}" for s in SECTIONS))
-        for r in bad:
-            print(f"FORBIDDEN in {r.path}: {', '.join(r.forbidden)}", file=sys.stderr)
-        if not bad:
-            print("purity: no allocation, thread or stdio symbol defined or referenced")
-    return 1 if bad else 0
+            print(f"{Path(r.path).name:<40}" + "".join(f"{r.sizes.get(s, 0):>9}" for s in SECTIONS))
+        for r in reports:
+            if r.forbidden:
+                print(f"FORBIDDEN in {r.path}: {', '.join(r.forbidden)}", file=sys.stderr)
+    return 1 if any(r.forbidden for r in reports) else 0
 
 
 if __name__ == "__main__":

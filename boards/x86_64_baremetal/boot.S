@@ -14,9 +14,12 @@
 pml4:   .skip 4096
 pdpt:   .skip 4096
 pds:    .skip 4096 * 4
+mbi_ptr: .skip 8
+
+    .section .stack, "aw", @nobits
+    .align 16
 stack:  .skip 65536
 stack_top:
-mbi_ptr: .skip 8
 
     .section .rodata
     .align 16

@@ -1,0 +1,88 @@
+"""Zero-malloc, pthread-free, stdio-free, and small: proven on the built ELFs with pyelftools."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import MODEL_BOARDS, ROOT
+from tools import footprint
+
+GATE = json.loads((ROOT / "tools" / "size_gate.json").read_text())
+
+
+def test_runtime_objects_are_pure(firmwares):
+    objs = footprint.runtime_objects("hosted", "release")
+    assert {o.name for o in objs} >= {"image.o", "model.o", "kernels.o", "sampler.o", "colibri.o", "arena.o"}
+    reports = [footprint.inspect(o) for o in objs]
+    assert all(not r.forbidden for r in reports), [(r.path, r.forbidden) for r in reports if r.forbidden]
+    assert footprint.main(["--board", "hosted"]) == 0
+
+
+@pytest.mark.parametrize("board", [b for b in MODEL_BOARDS if b != "hosted"])
+def test_bare_metal_firmware_is_pure_fits_and_is_gated(board, firmwares, images):
+    """A bare-metal ELF links no C library: nothing in the whole program may allocate, thread or print."""
+    r = footprint.board_report(board, "release", images["top3_gqa4_tied"])
+    assert r["forbidden"] == {}
+    assert r["fits"], r["memory"]
+    assert r["stack"]["depth"] is not None and 200 < r["stack"]["depth"] <= r["firmware_elf"][".stack"]
+    gate = GATE[board]
+    assert r["runtime"][".text"] <= gate["runtime_text"], f"runtime .text grew past tools/size_gate.json: {r['runtime']}"
+    assert r["runtime"][".rodata"] <= gate["runtime_rodata"]
+    assert r["runtime"][".data"] <= gate["runtime_data"]
+    if board == "cortex_m4":
+        assert r["runtime"][".text"] <= 24 * 1024  # the issue's target, -Os
+
+
+def test_check_catches_forbidden_symbols(tmp_path):
+    for call in ("malloc(8)", "pthread_self()", "fopen(\"x\", \"r\")"):
+        src = tmp_path / "bad.c"
+        src.write_text(f"#include <stdlib.h>\n#include <pthread.h>\n#include <stdio.h>\n"
+                       f"void *use(void) {{ return (void *)(long){call}; }}\n")
+        obj = tmp_path / "bad.o"
+        subprocess.run(["gcc", "-c", str(src), "-o", str(obj)], check=True)
+        report = footprint.inspect(obj)
+        assert report.forbidden == [call.split("(")[0]]
+        assert footprint.main([str(obj)]) == 1
+
+
+def _su_frames(su: str) -> dict[str, int]:
+    """Frame sizes from gcc's -fstack-usage output: an independent source for the analyzer's inputs."""
+    out = {}
+    for line in su.splitlines():
+        loc, size, _kind = line.split("\t")
+        out[loc.rsplit(":", 1)[-1]] = int(size)
+    return out
+
+
+def test_stack_depth_follows_the_deepest_chain(tmp_path):
+    src = tmp_path / "chain.c"
+    src.write_text(
+        "volatile char sink;\n"
+        "__attribute__((noinline)) void leaf(void) { volatile char b[200]; b[0] = 1; sink = b[0]; }\n"
+        "__attribute__((noinline)) void mid(void) { volatile char b[64]; b[0] = 2; sink = b[0]; leaf(); }\n"
+        "__attribute__((noinline)) void shallow(void) { volatile char b[16]; b[0] = 3; sink = b[0]; }\n"
+        "void (*hook)(void);\n"
+        "void root(void) { volatile char b[32]; b[0] = 4; sink = b[0]; mid(); shallow(); hook(); }\n")
+    hook = tmp_path / "hook.c"
+    hook.write_text("__attribute__((noinline)) void big_hook(void) { volatile char b[900]; b[0] = 1; }\n")
+    for c in (src, hook):
+        subprocess.run(["gcc", "-O1", "-c", str(c), "-o", str(c.with_suffix(".o")), "-fcallgraph-info=su",
+                        "-fstack-usage"], check=True, cwd=tmp_path)
+    frames = _su_frames((tmp_path / "chain.su").read_text()) | _su_frames((tmp_path / "hook.su").read_text())
+    rep = footprint.stack_depth([tmp_path / "chain.ci", tmp_path / "hook.ci"], ["root"], [tmp_path / "hook.ci"])
+    # the indirect call may reach the hook, which is deeper than root > mid > leaf
+    assert rep.depth == frames["root"] + max(frames["mid"] + frames["leaf"], frames["big_hook"])
+    no_hooks = footprint.stack_depth([tmp_path / "chain.ci"], ["root"], [])
+    assert no_hooks.depth == frames["root"] + frames["mid"] + frames["leaf"]
+    assert no_hooks.path[:3] == ["root", "mid", "leaf"]
+
+
+def test_stack_depth_refuses_recursion(tmp_path):
+    src = tmp_path / "rec.c"
+    src.write_text("int f(int n) { volatile int x = n; return n ? f(n - 1) + x : 0; }\n")
+    subprocess.run(["gcc", "-O0", "-c", str(src), "-o", str(tmp_path / "rec.o"), "-fcallgraph-info=su"], check=True,
+                   cwd=tmp_path)
+    rep = footprint.stack_depth([tmp_path / "rec.ci"], ["f"], [])
+    assert rep.depth is None and "recursion" in rep.problems[0]
