@@ -1,7 +1,8 @@
 """Read a Hugging Face checkpoint directory into the runtime's model description.
 
-Only what the runtime computes exactly is accepted: every config field that changes the math is
-either mapped or the checkpoint is refused with a message naming the field.
+Every config field that changes the math is mapped from the config itself (never assumed per
+architecture) or the checkpoint is refused with a message naming the field. docs/MODELS.md lists
+the families and fields.
 """
 from __future__ import annotations
 
@@ -13,9 +14,63 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy so safetensors ca
 import numpy as np
 from safetensors import safe_open
 
-from host.image import FLAG_NORM_TOPK, NO_INDEX, ModelDims, Role
+from host import rope
+from host.image import (EXPERT_ROLES, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
+                        FLAG_QKV_BIAS, FLAG_SHARED_EXPERT, LAYER_ROLES, NO_INDEX, ModelDims, Role)
 
-SUPPORTED_ARCHITECTURES = ("MixtralForCausalLM",)
+DEFAULT_MAX_SEQ = 256
+
+
+@dataclass(frozen=True)
+class Family:
+    """What distinguishes an architecture; the numbers themselves always come from the config."""
+    moe: bool
+    expert_ffn_key: str         # config key of a routed expert's intermediate size
+    moe_prefix: str             # tensor names of the MoE block: router and experts
+    expert_names: tuple[str, str, str]  # gate, up, down inside an expert
+    qk_norm: int = 0            # FLAG_QK_NORM_HEAD or FLAG_QK_NORM_FULL
+    shared_expert: bool = False
+    sparse_layer_rule: bool = False  # mlp_only_layers and decoder_sparse_step pick dense layers
+    norm_topk_default: bool | None = None  # None: read norm_topk_prob; True/False: fixed by the architecture
+    bias_key: str = "attention_bias"  # config key of the q/k/v(/o) bias switch
+    bias_default: bool = False
+    bias_on_o: bool = True
+
+
+QWEN_MOE = dict(expert_ffn_key="moe_intermediate_size", moe_prefix="mlp",
+                expert_names=("gate_proj", "up_proj", "down_proj"), sparse_layer_rule=True)
+DENSE = dict(moe=False, expert_ffn_key="", moe_prefix="", expert_names=("", "", ""))
+FAMILIES = {
+    "MixtralForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size",
+                                 moe_prefix="block_sparse_moe", expert_names=("w1", "w3", "w2"),
+                                 norm_topk_default=True, bias_key=""),  # transformers' Mixtral has no biases
+    "Qwen2MoeForCausalLM": Family(moe=True, **QWEN_MOE, shared_expert=True, bias_key="qkv_bias", bias_default=True,
+                                  bias_on_o=False),
+    "Qwen3MoeForCausalLM": Family(moe=True, **QWEN_MOE, qk_norm=FLAG_QK_NORM_HEAD),
+    "OlmoeForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size",
+                               moe_prefix="mlp", expert_names=("gate_proj", "up_proj", "down_proj"),
+                               qk_norm=FLAG_QK_NORM_FULL),
+    "LlamaForCausalLM": Family(**DENSE),
+    "Qwen2ForCausalLM": Family(**DENSE, bias_key="", bias_default=True, bias_on_o=False),
+    "Qwen3ForCausalLM": Family(**DENSE, qk_norm=FLAG_QK_NORM_HEAD),
+}
+
+# Fields read by the mapping below.
+HANDLED = {
+    "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
+    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "num_local_experts",
+    "num_experts", "num_experts_per_tok", "max_position_embeddings", "rms_norm_eps", "rope_theta",
+    "rope_parameters", "rope_scaling", "tie_word_embeddings", "hidden_act", "sliding_window",
+    "use_sliding_window", "layer_types", "attention_bias", "qkv_bias", "mlp_bias", "clip_qkv", "norm_topk_prob",
+    "decoder_sparse_step", "mlp_only_layers", "max_window_layers", "architectures", "model_type",
+}
+# Fields that do not change inference math (training-only, generation defaults, bookkeeping).
+HARMLESS = {
+    "transformers_version", "torch_dtype", "dtype", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id",
+    "initializer_range", "attention_dropout", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
+    "_name_or_path", "pretraining_tp", "tokenizer_class", "output_attentions", "output_hidden_states",
+    "return_dict", "id2label", "label2id", "problem_type", "rope_interleave", "use_return_dict",
+}
 
 
 class UnsupportedModel(ValueError):
@@ -26,63 +81,111 @@ class UnsupportedModel(ValueError):
 class Checkpoint:
     dims: ModelDims
     tensors: dict[tuple[Role, int, int], np.ndarray]
+    family: str
     tied_embeddings: bool
     n_params: int
     n_active_params: int
 
 
-def _rope_theta(cfg: dict) -> float:
-    """rope_theta from either transformers 4 (`rope_theta` + `rope_scaling`) or 5 (`rope_parameters`)."""
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling")
-    for name, spec in (("rope_parameters", params), ("rope_scaling", scaling or {})):
-        kind = spec.get("rope_type", spec.get("type", "default"))
-        if kind != "default":
-            raise UnsupportedModel(f"config field {name}.rope_type={kind!r} is not supported (only plain RoPE)")
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    return float(theta)
-
-
-DEFAULT_MAX_SEQ = 256
-
-
-def read_config(path: Path, max_seq: int | None) -> tuple[ModelDims, bool]:
-    """The model description for an image of `max_seq` positions (None: 256 or the model's limit if smaller)."""
-    cfg = json.loads((path / "config.json").read_text())
-    if max_seq is None:
-        max_seq = min(DEFAULT_MAX_SEQ, cfg.get("max_position_embeddings") or DEFAULT_MAX_SEQ)
+def _family(cfg: dict) -> tuple[str, Family]:
     archs = cfg.get("architectures") or []
-    if not any(a in SUPPORTED_ARCHITECTURES for a in archs) and cfg.get("model_type") != "mixtral":
-        raise UnsupportedModel(f"config field architectures={archs!r} is not supported; "
-                               f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise UnsupportedModel(f"config field hidden_act={cfg['hidden_act']!r} is not supported (only 'silu')")
-    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-        raise UnsupportedModel("config field attention_bias/mlp_bias=true is not supported by MixtralForCausalLM packing")
+    for a in archs:
+        if a in FAMILIES:
+            return a, FAMILIES[a]
+    raise UnsupportedModel(f"config field architectures={archs!r} is not supported; "
+                           f"supported: {', '.join(FAMILIES)}")
+
+
+def _n_experts(cfg: dict) -> int:
+    """The routed expert count; transformers 5 writes num_local_experts where older configs say num_experts."""
+    n = cfg.get("num_local_experts")
+    return int(n if n is not None else cfg.get("num_experts") or 0)
+
+
+def _moe_layers(cfg: dict, fam: Family, n_layers: int) -> tuple[bool, ...]:
+    if not fam.moe:
+        return (False,) * n_layers
+    if not fam.sparse_layer_rule:
+        return (True,) * n_layers
+    dense = set(cfg.get("mlp_only_layers") or [])
+    step = int(cfg.get("decoder_sparse_step", 1) or 1)
+    n_experts = _n_experts(cfg)
+    return tuple(layer not in dense and n_experts > 0 and (layer + 1) % step == 0 for layer in range(n_layers))
+
+
+def _check_window(cfg: dict, max_seq: int) -> None:
     window = cfg.get("sliding_window")
-    if window is not None and window < max_seq:
+    sliding_layers = [t for t in (cfg.get("layer_types") or []) if t == "sliding_attention"]
+    if "use_sliding_window" in cfg and not cfg["use_sliding_window"] and not sliding_layers:
+        return  # Qwen-style: the window is configured but switched off
+    if window and window < max_seq:
         raise UnsupportedModel(f"config field sliding_window={window} is smaller than --max-seq {max_seq}; "
                                "sliding-window attention is not implemented (use --max-seq <= sliding_window)")
+
+
+def read_config(path: Path, max_seq: int | None) -> tuple[ModelDims, bool, str, dict]:
+    """The model description for an image of `max_seq` positions (None: 256, or the model's limit if smaller)."""
+    cfg = json.loads((path / "config.json").read_text())
+    arch, fam = _family(cfg)
+    unknown = sorted(set(cfg) - HANDLED - HARMLESS)
+    if unknown:
+        raise UnsupportedModel(f"config field {unknown[0]} is not understood by the packer (it may change the "
+                               f"math); refusing rather than ignoring it. Unknown fields: {', '.join(unknown)}")
     limit = cfg.get("max_position_embeddings")
+    if max_seq is None:
+        max_seq = min(DEFAULT_MAX_SEQ, limit or DEFAULT_MAX_SEQ)
     if limit is not None and max_seq > limit:
         raise UnsupportedModel(f"--max-seq {max_seq} exceeds config field max_position_embeddings={limit}")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise UnsupportedModel(f"config field hidden_act={cfg['hidden_act']!r} is not supported (only 'silu')")
+    if cfg.get("mlp_bias"):
+        raise UnsupportedModel("config field mlp_bias=true is not supported")
+    _check_window(cfg, max_seq)
+
     hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-    head_dim = cfg.get("head_dim") or hidden // heads
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
     if head_dim % 2:
         raise UnsupportedModel(f"config field head_dim={head_dim} is odd; rotate-half RoPE needs an even head_dim")
+    n_layers = int(cfg["num_hidden_layers"])
+    moe_layers = _moe_layers(cfg, fam, n_layers)
+    any_moe, any_dense = any(moe_layers), not all(moe_layers)
+    n_experts = _n_experts(cfg) if any_moe else 0
+
+    flags = fam.qk_norm
+    bias = cfg.get(fam.bias_key, fam.bias_default) if fam.bias_key else fam.bias_default
+    if bias:
+        flags |= FLAG_QKV_BIAS | (FLAG_O_BIAS if fam.bias_on_o else 0)
+    norm_topk = fam.norm_topk_default if fam.norm_topk_default is not None else bool(cfg.get("norm_topk_prob", False))
+    if any_moe and norm_topk:
+        flags |= FLAG_NORM_TOPK
+    shared_ffn = int(cfg.get("shared_expert_intermediate_size") or 0) if fam.shared_expert and any_moe else 0
+    if shared_ffn:
+        flags |= FLAG_SHARED_EXPERT
+    clip = cfg.get("clip_qkv")
+    if clip is not None and not clip > 0:
+        raise UnsupportedModel(f"config field clip_qkv={clip} must be positive or null")
+
+    try:
+        params = rope.rope_parameters(cfg)
+        inv_freq, attention_factor = rope.frequencies(params, head_dim, limit)
+    except (rope.UnsupportedRope, KeyError) as exc:
+        raise UnsupportedModel(f"config field rope_parameters/rope_scaling: {exc}") from None
+
     dims = ModelDims(
-        vocab_size=int(cfg["vocab_size"]), hidden_size=hidden, ffn_size=int(cfg["intermediate_size"]),
-        n_layers=int(cfg["num_hidden_layers"]), n_heads=heads,
-        n_kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=int(head_dim),
-        n_experts=int(cfg["num_local_experts"]), top_k=int(cfg["num_experts_per_tok"]),
-        max_seq=max_seq, rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)), rope_theta=_rope_theta(cfg),
-        flags=FLAG_NORM_TOPK,  # Mixtral always renormalizes its top-k weights
+        vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
+        ffn_size=int(cfg[fam.expert_ffn_key]) if any_moe else 0,
+        n_layers=n_layers, n_heads=heads, n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=head_dim, n_experts=n_experts, top_k=int(cfg["num_experts_per_tok"]) if any_moe else 0,
+        max_seq=max_seq, rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(params["rope_theta"]),
+        flags=flags, dense_ffn_size=int(cfg["intermediate_size"]) if any_dense else 0, shared_ffn_size=shared_ffn,
+        clip_qkv=float(clip or 0.0), moe_layers=moe_layers,
     )
     if dims.n_heads % dims.n_kv_heads:
         raise UnsupportedModel(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={dims.n_kv_heads}")
-    if not 1 <= dims.top_k <= dims.n_experts:
-        raise UnsupportedModel(f"num_experts_per_tok={dims.top_k} must be between 1 and num_local_experts={dims.n_experts}")
-    return dims, bool(cfg.get("tie_word_embeddings", False))
+    if any_moe and not 1 <= dims.top_k <= dims.n_experts:
+        raise UnsupportedModel(f"num_experts_per_tok={dims.top_k} must be between 1 and the expert count {n_experts}")
+    extra = {"inv_freq": inv_freq, "attention_factor": attention_factor}
+    return dims, bool(cfg.get("tie_word_embeddings", False)), arch, extra
 
 
 def _shard_files(path: Path) -> list[Path]:
@@ -105,22 +208,25 @@ def _load_tensors(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def _hf_name(role: Role, layer: int, expert: int) -> str:
-    p = f"model.layers.{layer}."
+def hf_name(fam: Family, role: Role, layer: int, expert: int) -> str:
+    """The Hugging Face tensor name of a runtime tensor in this family."""
+    p, a, m = f"model.layers.{layer}.", f"model.layers.{layer}.self_attn.", f"model.layers.{layer}.{fam.moe_prefix}."
+    g, u, d = fam.expert_names
     return {
-        Role.TOKEN_EMBD: "model.embed_tokens.weight",
-        Role.ATTN_NORM: p + "input_layernorm.weight",
-        Role.WQ: p + "self_attn.q_proj.weight",
-        Role.WK: p + "self_attn.k_proj.weight",
-        Role.WV: p + "self_attn.v_proj.weight",
-        Role.WO: p + "self_attn.o_proj.weight",
-        Role.FFN_NORM: p + "post_attention_layernorm.weight",
-        Role.ROUTER: p + "block_sparse_moe.gate.weight",
-        Role.EXPERT_GATE: p + f"block_sparse_moe.experts.{expert}.w1.weight",
-        Role.EXPERT_DOWN: p + f"block_sparse_moe.experts.{expert}.w2.weight",
-        Role.EXPERT_UP: p + f"block_sparse_moe.experts.{expert}.w3.weight",
-        Role.OUTPUT_NORM: "model.norm.weight",
+        Role.TOKEN_EMBD: "model.embed_tokens.weight", Role.OUTPUT_NORM: "model.norm.weight",
         Role.LM_HEAD: "lm_head.weight",
+        Role.ATTN_NORM: p + "input_layernorm.weight", Role.FFN_NORM: p + "post_attention_layernorm.weight",
+        Role.WQ: a + "q_proj.weight", Role.BQ: a + "q_proj.bias", Role.WK: a + "k_proj.weight",
+        Role.BK: a + "k_proj.bias", Role.WV: a + "v_proj.weight", Role.BV: a + "v_proj.bias",
+        Role.WO: a + "o_proj.weight", Role.BO: a + "o_proj.bias",
+        Role.Q_NORM: a + "q_norm.weight", Role.K_NORM: a + "k_norm.weight",
+        Role.DENSE_GATE: p + "mlp.gate_proj.weight", Role.DENSE_UP: p + "mlp.up_proj.weight",
+        Role.DENSE_DOWN: p + "mlp.down_proj.weight",
+        Role.ROUTER: m + "gate.weight",
+        Role.SHARED_GATE: p + "mlp.shared_expert.gate_proj.weight", Role.SHARED_UP: p + "mlp.shared_expert.up_proj.weight",
+        Role.SHARED_DOWN: p + "mlp.shared_expert.down_proj.weight", Role.SHARED_EXPERT_GATE: p + "mlp.shared_expert_gate.weight",
+        Role.EXPERT_GATE: m + f"experts.{expert}.{g}.weight", Role.EXPERT_UP: m + f"experts.{expert}.{u}.weight",
+        Role.EXPERT_DOWN: m + f"experts.{expert}.{d}.weight",
     }[role]
 
 
@@ -128,32 +234,35 @@ def load_checkpoint(path: Path | str, max_seq: int | None) -> Checkpoint:
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} has no config.json: pass a Hugging Face checkpoint directory")
-    dims, tied = read_config(path, max_seq)
+    dims, tied, arch, extra = read_config(path, max_seq)
+    fam = FAMILIES[arch]
     raw = _load_tensors(path)
-    tensors: dict[tuple[Role, int, int], np.ndarray] = {}
     keys = [(Role.TOKEN_EMBD, NO_INDEX, NO_INDEX), (Role.OUTPUT_NORM, NO_INDEX, NO_INDEX)]
     for layer in range(dims.n_layers):
-        keys += [(r, layer, NO_INDEX) for r in (Role.ATTN_NORM, Role.WQ, Role.WK, Role.WV, Role.WO,
-                                                Role.FFN_NORM, Role.ROUTER)]
-        keys += [(r, layer, e) for e in range(dims.n_experts)
-                 for r in (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN)]
+        keys += [(r, layer, NO_INDEX) for r in LAYER_ROLES if dims.present(r, layer)]
+        if dims.moe_layers[layer]:
+            keys += [(r, layer, e) for e in range(dims.n_experts) for r in EXPERT_ROLES]
     lm_head = (Role.LM_HEAD, NO_INDEX, NO_INDEX)
     if not tied or "lm_head.weight" in raw:
         keys.append(lm_head)
-    used = set()
+    tensors: dict[tuple[Role, int, int], np.ndarray] = {}
     for key in keys:
-        name = _hf_name(*key)
+        name = hf_name(fam, *key)
         if name not in raw:
             raise UnsupportedModel(f"checkpoint is missing tensor {name}")
         tensors[key] = raw[name]
-        used.add(name)
     if lm_head not in tensors:
         tensors[lm_head] = tensors[(Role.TOKEN_EMBD, NO_INDEX, NO_INDEX)]  # same object: stored once
-    unused = sorted(set(raw) - used)
+    unused = sorted(set(raw) - {hf_name(fam, *k) for k in keys})
     if unused:
         raise UnsupportedModel(f"checkpoint has tensors the runtime would ignore: {', '.join(unused[:5])}"
                                + (" ..." if len(unused) > 5 else ""))
-    n_params = sum(a.size for a in {id(a): a for a in tensors.values()}.values())
-    expert_params = 3 * dims.hidden_size * dims.ffn_size
-    n_active = n_params - dims.n_layers * (dims.n_experts - dims.top_k) * expert_params
-    return Checkpoint(dims, tensors, tied, n_params, n_active)
+    cos, sin = rope.tables(extra["inv_freq"], extra["attention_factor"], dims.max_seq)
+    tensors[(Role.ROPE_COS, NO_INDEX, NO_INDEX)] = cos
+    tensors[(Role.ROPE_SIN, NO_INDEX, NO_INDEX)] = sin
+
+    weights = {id(a): a for k, a in tensors.items() if k[0] not in (Role.ROPE_COS, Role.ROPE_SIN)}
+    n_params = sum(a.size for a in weights.values())
+    idle_experts = sum(dims.n_experts - dims.top_k for moe in dims.moe_layers if moe)
+    n_active = n_params - idle_experts * 3 * dims.hidden_size * dims.ffn_size
+    return Checkpoint(dims, tensors, arch, tied, n_params, n_active)

@@ -24,37 +24,57 @@ NO_INDEX = 0xFFFFFFFF
 ARCH_MOE = 1  # decoder-only transformer with a top-k routed MoE FFN (Mixtral family)
 
 # Header: everything up to `reserved` is packed little-endian, then zero padding to 256 bytes.
-HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI")
+HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIf")
 HEADER_FIELDS = (
     "magic", "version", "header_bytes", "image_bytes", "header_crc32", "payload_crc32",
     "arch", "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads",
     "head_dim", "n_experts", "top_k", "max_seq", "flags",
     "rms_norm_eps", "rope_theta",
     "tensor_table_offset", "n_tensors", "entry_bytes", "data_offset", "arena_bytes",
-    "expert_align",
+    "expert_align", "dense_ffn_size", "shared_ffn_size", "clip_qkv",
 )
 HEADER_CRC_OFFSET = 24
 ENTRY_STRUCT = struct.Struct("<HHIIIIIII" + "QQQQ")  # 64 bytes, see docs/FORMAT.md
 
-FLAG_NORM_TOPK = 1 << 0  # renormalize the top-k router weights to sum to 1
+FLAG_NORM_TOPK = 1 << 0      # renormalize the top-k router weights to sum to 1
+FLAG_QKV_BIAS = 1 << 1       # q, k and v projections have biases
+FLAG_O_BIAS = 1 << 2         # the output projection has a bias
+FLAG_QK_NORM_HEAD = 1 << 3   # RMSNorm on each head of q and k (weights [head_dim]) before RoPE
+FLAG_QK_NORM_FULL = 1 << 4   # RMSNorm across the whole q and k projections (weights [H*hd], [KV*hd])
+FLAG_SHARED_EXPERT = 1 << 5  # MoE layers add a shared expert scaled by sigmoid(shared_expert_gate . x)
 
 
 class Role(enum.IntEnum):
     TOKEN_EMBD = 1
     ROPE_COS = 2
     ROPE_SIN = 3
+    # per layer, in this order (LAYER_ROLES)
     ATTN_NORM = 4
     WQ = 5
-    WK = 6
-    WV = 7
-    WO = 8
-    FFN_NORM = 9
-    ROUTER = 10
-    EXPERT_GATE = 11
-    EXPERT_UP = 12
-    EXPERT_DOWN = 13
-    OUTPUT_NORM = 14
-    LM_HEAD = 15
+    BQ = 6
+    WK = 7
+    BK = 8
+    WV = 9
+    BV = 10
+    WO = 11
+    BO = 12
+    Q_NORM = 13
+    K_NORM = 14
+    FFN_NORM = 15
+    DENSE_GATE = 16
+    DENSE_UP = 17
+    DENSE_DOWN = 18
+    ROUTER = 19
+    SHARED_GATE = 20
+    SHARED_UP = 21
+    SHARED_DOWN = 22
+    SHARED_EXPERT_GATE = 23
+    # per expert of a layer (EXPERT_ROLES)
+    EXPERT_GATE = 24
+    EXPERT_UP = 25
+    EXPERT_DOWN = 26
+    OUTPUT_NORM = 27
+    LM_HEAD = 28
 
 
 class DType(enum.IntEnum):
@@ -65,25 +85,33 @@ class DType(enum.IntEnum):
     Q4 = 4  # packed int4 values + one f32 scale per group (reserved; not produced yet)
 
 
-LAYER_ROLES = (Role.ATTN_NORM, Role.WQ, Role.WK, Role.WV, Role.WO, Role.FFN_NORM, Role.ROUTER)
+LAYER_ROLES = tuple(Role(r) for r in range(Role.ATTN_NORM, Role.SHARED_EXPERT_GATE + 1))
 EXPERT_ROLES = (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN)
+# the second and third matrix of each SwiGLU block directly follow the first: one read covers it
+FOLLOWS = {Role.EXPERT_UP: Role.EXPERT_GATE, Role.EXPERT_DOWN: Role.EXPERT_UP,
+           Role.SHARED_UP: Role.SHARED_GATE, Role.SHARED_DOWN: Role.SHARED_UP,
+           Role.DENSE_UP: Role.DENSE_GATE, Role.DENSE_DOWN: Role.DENSE_UP}
 
 
 @dataclass(frozen=True)
 class ModelDims:
     vocab_size: int
     hidden_size: int
-    ffn_size: int
+    ffn_size: int          # one routed expert's intermediate size (0 without experts)
     n_layers: int
     n_heads: int
     n_kv_heads: int
     head_dim: int
-    n_experts: int
+    n_experts: int         # 0 for a dense model
     top_k: int
     max_seq: int
     rms_norm_eps: float
     rope_theta: float
     flags: int = FLAG_NORM_TOPK
+    dense_ffn_size: int = 0      # intermediate size of the dense MLP layers
+    shared_ffn_size: int = 0     # intermediate size of the shared expert
+    clip_qkv: float = 0.0        # clamp q, k, v to +-clip_qkv after the projections (0: off)
+    moe_layers: tuple[bool, ...] = ()  # per layer: routed experts (True) or a dense MLP (False)
 
     @property
     def q_dim(self) -> int:
@@ -92,6 +120,22 @@ class ModelDims:
     @property
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+    def present(self, role: Role, layer: int) -> bool:
+        """Whether this image holds a tensor for `role` in `layer` (absent slots are empty entries)."""
+        moe = self.moe_layers[layer]
+        return {
+            Role.BQ: bool(self.flags & FLAG_QKV_BIAS), Role.BK: bool(self.flags & FLAG_QKV_BIAS),
+            Role.BV: bool(self.flags & FLAG_QKV_BIAS), Role.BO: bool(self.flags & FLAG_O_BIAS),
+            Role.Q_NORM: bool(self.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)),
+            Role.K_NORM: bool(self.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)),
+            Role.DENSE_GATE: not moe, Role.DENSE_UP: not moe, Role.DENSE_DOWN: not moe,
+            Role.ROUTER: moe, Role.EXPERT_GATE: moe, Role.EXPERT_UP: moe, Role.EXPERT_DOWN: moe,
+            Role.SHARED_GATE: moe and bool(self.flags & FLAG_SHARED_EXPERT),
+            Role.SHARED_UP: moe and bool(self.flags & FLAG_SHARED_EXPERT),
+            Role.SHARED_DOWN: moe and bool(self.flags & FLAG_SHARED_EXPERT),
+            Role.SHARED_EXPERT_GATE: moe and bool(self.flags & FLAG_SHARED_EXPERT),
+        }.get(role, True)
 
 
 def align_up(n: int, a: int = ALIGN) -> int:
@@ -114,21 +158,25 @@ def canonical_order(d: ModelDims) -> Iterator[tuple[Role, int, int]]:
 
 
 def expected_shape(d: ModelDims, role: Role) -> tuple[int, ...]:
-    D, F = d.hidden_size, d.ffn_size
+    D, F, FD, FS = d.hidden_size, d.ffn_size, d.dense_ffn_size, d.shared_ffn_size
+    head_norm = bool(d.flags & FLAG_QK_NORM_HEAD)
     return {
         Role.TOKEN_EMBD: (d.vocab_size, D),
         Role.ROPE_COS: (d.max_seq, d.head_dim // 2),
         Role.ROPE_SIN: (d.max_seq, d.head_dim // 2),
         Role.ATTN_NORM: (D,),
-        Role.WQ: (d.q_dim, D),
-        Role.WK: (d.kv_dim, D),
-        Role.WV: (d.kv_dim, D),
-        Role.WO: (D, d.q_dim),
+        Role.WQ: (d.q_dim, D), Role.BQ: (d.q_dim,),
+        Role.WK: (d.kv_dim, D), Role.BK: (d.kv_dim,),
+        Role.WV: (d.kv_dim, D), Role.BV: (d.kv_dim,),
+        Role.WO: (D, d.q_dim), Role.BO: (D,),
+        Role.Q_NORM: (d.head_dim,) if head_norm else (d.q_dim,),
+        Role.K_NORM: (d.head_dim,) if head_norm else (d.kv_dim,),
         Role.FFN_NORM: (D,),
+        Role.DENSE_GATE: (FD, D), Role.DENSE_UP: (FD, D), Role.DENSE_DOWN: (D, FD),
         Role.ROUTER: (d.n_experts, D),
-        Role.EXPERT_GATE: (F, D),
-        Role.EXPERT_UP: (F, D),
-        Role.EXPERT_DOWN: (D, F),
+        Role.SHARED_GATE: (FS, D), Role.SHARED_UP: (FS, D), Role.SHARED_DOWN: (D, FS),
+        Role.SHARED_EXPERT_GATE: (1, D),
+        Role.EXPERT_GATE: (F, D), Role.EXPERT_UP: (F, D), Role.EXPERT_DOWN: (D, F),
         Role.OUTPUT_NORM: (D,),
         Role.LM_HEAD: (d.vocab_size, D),
     }[role]
@@ -137,9 +185,10 @@ def expected_shape(d: ModelDims, role: Role) -> tuple[int, ...]:
 def arena_plan(d: ModelDims) -> dict[str, tuple[int, int]]:
     """The runtime's work arena: name -> (offset, bytes). Mirrors arena_plan() in firmware/src/arena.c."""
     kv_cache = d.n_layers * d.max_seq * d.kv_dim
+    ffn = max(d.ffn_size, d.dense_ffn_size, d.shared_ffn_size)
     buffers = [  # (name, float/u32 element count), in arena order
         ("x", d.hidden_size), ("xn", d.hidden_size), ("q", d.q_dim), ("attn_out", d.q_dim),
-        ("att", d.n_heads * d.max_seq), ("ffn_gate", d.ffn_size), ("ffn_up", d.ffn_size),
+        ("att", d.n_heads * d.max_seq), ("ffn_gate", ffn), ("ffn_up", ffn),
         ("moe_out", d.hidden_size), ("router", d.n_experts), ("topk_weight", d.top_k),
         ("topk_index", d.top_k), ("logits", d.vocab_size), ("probs", d.vocab_size),
         ("sample_index", d.vocab_size),
@@ -157,21 +206,13 @@ def arena_bytes(d: ModelDims) -> int:
     return arena_plan(d)["total"][1]
 
 
-def rope_tables(d: ModelDims) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin of pos * theta^(-2i/head_dim) for rotate-half RoPE, computed in float64, stored f32."""
-    half = d.head_dim // 2
-    inv_freq = 1.0 / (d.rope_theta ** (np.arange(0, half, dtype=np.float64) * 2.0 / d.head_dim))
-    angles = np.arange(d.max_seq, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-
-
 @dataclass
 class TensorEntry:
     role: Role
     layer: int
     expert: int
     dtype: DType
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # () for an absent slot
     offset: int
     nbytes: int
     group_size: int = 0
@@ -179,7 +220,7 @@ class TensorEntry:
     scales_bytes: int = 0
 
     def pack(self) -> bytes:
-        dims = list(self.shape) + [1] * (2 - len(self.shape))
+        dims = (list(self.shape) + [1] * (2 - len(self.shape))) if self.shape else [0, 0]
         return ENTRY_STRUCT.pack(self.role, self.dtype, self.layer, self.expert, len(self.shape),
                                  dims[0], dims[1], self.group_size, 0, self.offset, self.nbytes,
                                  self.scales_offset, self.scales_bytes)
@@ -194,7 +235,7 @@ class Image:
 
     def tensor(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
         for e in self.entries:
-            if (e.role, e.layer, e.expert) == (role, layer, expert):
+            if (e.role, e.layer, e.expert) == (role, layer, expert) and e.shape:
                 if e.dtype != DType.F32:
                     raise ValueError(f"tensor {role.name} has dtype {DType(e.dtype).name}; only F32 is supported")
                 return np.frombuffer(self.data, np.float32, e.nbytes // 4, e.offset).reshape(e.shape)
@@ -211,19 +252,15 @@ def crc32(data: bytes | memoryview) -> int:
 
 def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray],
                 expert_align: int = ALIGN) -> bytes:
-    """Lay out `tensors` (keyed by (role, layer, expert)) in canonical order and return the image bytes.
+    """Lay out `tensors` (keyed by (role, layer, expert), ROPE_COS/ROPE_SIN included) in canonical
+    order and return the image bytes. Slots the model does not use (dims.present) get empty entries.
 
-    ROPE_COS/ROPE_SIN are generated here. If LM_HEAD is the same array object as TOKEN_EMBD
-    (tied embeddings), the table entry points at the embedding's bytes instead of a copy.
-    expert_align aligns the start of each expert block (4096 lets a page-granular madvise or a
-    DMA burst cover exactly one expert).
+    If two keys map to the same array object (tied embeddings: LM_HEAD is TOKEN_EMBD), the second
+    entry points at the first one's bytes instead of a copy. expert_align aligns the start of each
+    expert block (4096 lets a page-granular madvise or a DMA burst cover exactly one expert).
     """
     if expert_align % ALIGN or expert_align <= 0:
         raise ValueError(f"expert_align must be a positive multiple of {ALIGN}")
-    cos, sin = rope_tables(dims)
-    tensors = dict(tensors)
-    tensors[(Role.ROPE_COS, NO_INDEX, NO_INDEX)] = cos
-    tensors[(Role.ROPE_SIN, NO_INDEX, NO_INDEX)] = sin
     order = list(canonical_order(dims))
     table_offset = HEADER_BYTES
     data_offset = align_up(table_offset + len(order) * ENTRY_BYTES)
@@ -232,6 +269,9 @@ def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray
     placed: dict[int, TensorEntry] = {}  # id(array) -> entry, so tied tensors share bytes
     cursor = data_offset
     for role, layer, expert in order:
+        if layer != NO_INDEX and not dims.present(role, layer):
+            entries.append(TensorEntry(role, layer, expert, DType.F32, (), 0, 0))
+            continue
         arr = tensors[(role, layer, expert)]
         want = expected_shape(dims, role)
         if tuple(arr.shape) != want:
@@ -263,6 +303,7 @@ def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray
         rms_norm_eps=dims.rms_norm_eps, rope_theta=dims.rope_theta,
         tensor_table_offset=table_offset, n_tensors=len(entries), entry_bytes=ENTRY_BYTES,
         data_offset=data_offset, arena_bytes=arena_bytes(dims), expert_align=expert_align,
+        dense_ffn_size=dims.dense_ffn_size, shared_ffn_size=dims.shared_ffn_size, clip_qkv=dims.clip_qkv,
     )
     write_header(buf, header)
     return bytes(buf)
@@ -277,7 +318,7 @@ def write_header(buf: bytearray, header: dict) -> None:
 
 
 def read_image(data: bytes) -> Image:
-    """Parse and check an image (header, CRCs, table order, shapes, bounds)."""
+    """Parse and check an image (header, CRCs, table order, presence, shapes, bounds)."""
     if len(data) < HEADER_BYTES:
         raise ImageError(f"image is {len(data)} bytes, shorter than its {HEADER_BYTES}-byte header")
     h = dict(zip(HEADER_FIELDS, HEADER_STRUCT.unpack_from(data, 0)))
@@ -293,16 +334,23 @@ def read_image(data: bytes) -> Image:
         raise ImageError(f"image is truncated: header says {h['image_bytes']} bytes, got {len(data)}")
     if crc32(memoryview(data)[HEADER_BYTES:h["image_bytes"]]) != h["payload_crc32"]:
         raise ImageError("payload CRC mismatch")
+    n_layers, n_experts = h["n_layers"], h["n_experts"]
+    per_layer = len(LAYER_ROLES) + len(EXPERT_ROLES) * n_experts
+    if h["n_tensors"] != 3 + n_layers * per_layer + 2:
+        raise ImageError(f"{h['n_tensors']} tensors, the dimensions need {3 + n_layers * per_layer + 2}")
+
+    def raw_entry(i: int) -> tuple:
+        return ENTRY_STRUCT.unpack_from(data, h["tensor_table_offset"] + i * ENTRY_BYTES)
+
+    router_slot = LAYER_ROLES.index(Role.ROUTER)
+    moe_layers = tuple(raw_entry(3 + layer * per_layer + router_slot)[4] > 0 for layer in range(n_layers))
     dims = ModelDims(**{k: h[k] for k in (
         "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
-        "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "flags")})
-    order = list(canonical_order(dims))
-    if h["n_tensors"] != len(order):
-        raise ImageError(f"{h['n_tensors']} tensors, the dimensions need {len(order)}")
+        "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "flags", "dense_ffn_size",
+        "shared_ffn_size", "clip_qkv")}, moe_layers=moe_layers)
     entries = []
-    for i, (role, layer, expert) in enumerate(order):
-        f = ENTRY_STRUCT.unpack_from(data, h["tensor_table_offset"] + i * ENTRY_BYTES)
-        role_, dtype, layer_, expert_, ndims, dim0, dim1, group, _, off, nbytes, s_off, s_bytes = f
+    for i, (role, layer, expert) in enumerate(canonical_order(dims)):
+        role_, dtype, layer_, expert_, ndims, dim0, dim1, group, _, off, nbytes, s_off, s_bytes = raw_entry(i)
         try:
             e = TensorEntry(Role(role_), layer_, expert_, DType(dtype), (dim0, dim1)[:ndims], off, nbytes,
                             group, s_off, s_bytes)
@@ -310,7 +358,8 @@ def read_image(data: bytes) -> Image:
             raise ImageError(f"table entry {i}: {exc}") from None
         if (e.role, e.layer, e.expert) != (role, layer, expert):
             raise ImageError(f"table entry {i} is {e.role.name}/{e.layer}/{e.expert}, expected {role.name}/{layer}/{expert}")
-        if e.shape != expected_shape(dims, role):
+        present = layer == NO_INDEX or dims.present(role, layer)
+        if e.shape != (expected_shape(dims, role) if present else ()):
             raise ImageError(f"table entry {i} ({role.name}) has shape {e.shape}")
         if e.offset % ALIGN or e.offset + e.nbytes > h["image_bytes"]:
             raise ImageError(f"table entry {i} ({role.name}) is misaligned or out of bounds")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Pack a Hugging Face checkpoint into a Colibri image.
+"""Pack a Hugging Face checkpoint (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Llama, Qwen2, Qwen3) into a Colibri image.
 
 Examples:
   python host/pack.py path/to/mixtral-checkpoint -o model.img --max-seq 256
@@ -44,7 +44,7 @@ def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, board: st
     return {
         "image": str(out), "image_bytes": len(blob), "arena_bytes": arena_bytes(ckpt.dims),
         "params": ckpt.n_params, "active_params_per_token": ckpt.n_active_params,
-        "tied_embeddings": ckpt.tied_embeddings, "dims": ckpt.dims, "fit": fit_lines,
+        "tied_embeddings": ckpt.tied_embeddings, "dims": ckpt.dims, "fit": fit_lines, "family": ckpt.family,
     }
 
 
@@ -68,8 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     d = r["dims"]
     print(f"packed {args.checkpoint} -> {r['image']}")
-    print(f"  model       Mixtral-style MoE: {d.n_layers} layers, hidden {d.hidden_size}, {d.n_heads} heads "
-          f"({d.n_kv_heads} kv, head_dim {d.head_dim}), {d.n_experts} experts top-{d.top_k}, vocab {d.vocab_size}")
+    n_moe = sum(d.moe_layers)
+    ffn = (f"{d.n_experts} experts top-{d.top_k} in {n_moe} of {d.n_layers} layers" if n_moe else "dense MLP")
+    print(f"  model       {r['family']}: {d.n_layers} layers, hidden {d.hidden_size}, {d.n_heads} heads "
+          f"({d.n_kv_heads} kv, head_dim {d.head_dim}), {ffn}, vocab {d.vocab_size}")
     print(f"  parameters  {r['params']:,} total, {r['active_params_per_token']:,} active per token")
     print(f"  image       {r['image_bytes']:,} bytes ({human(r['image_bytes'])})")
     print(f"  arena       {r['arena_bytes']:,} bytes ({human(r['arena_bytes'])}) for max_seq {d.max_seq}")

@@ -1,15 +1,18 @@
 """The numpy reference: runs a model from its Colibri image, in float32.
 
-It follows transformers' Mixtral forward pass (RMSNorm, GQA attention with rotate-half RoPE,
-softmax router over all experts, top-k, renormalized top-k weights, SwiGLU experts, final norm,
-lm_head) and is the oracle that device outputs are verified against. It reads the image, not the
-HF checkpoint, so it checks the packer too.
+It follows transformers' forward passes for the supported families (docs/MODELS.md): RMSNorm,
+GQA attention with optional q/k/v/o biases, optional q/k RMSNorm (per head or across the
+projection), optional clipping, rotate-half RoPE from the image's tables; then per layer either a
+dense SwiGLU MLP or a MoE block (softmax router over all experts, top-k, optionally renormalized
+weights, SwiGLU experts, optional sigmoid-gated shared expert); final norm, lm_head. It is the
+oracle that device outputs are verified against. It reads the image, not the HF checkpoint, so it
+checks the packer too.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from host.image import FLAG_NORM_TOPK, NO_INDEX, Image, Role
+from host.image import FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_SHARED_EXPERT, NO_INDEX, Image, Role
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -52,10 +55,10 @@ class Reference:
     def _t(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
         return self.img.tensor(role, layer, expert)
 
-    def expert_ffn(self, x: np.ndarray, layer: int, expert: int) -> np.ndarray:
-        gate = x @ self._t(Role.EXPERT_GATE, layer, expert).T
-        up = x @ self._t(Role.EXPERT_UP, layer, expert).T
-        return (silu(gate) * up) @ self._t(Role.EXPERT_DOWN, layer, expert).T
+    def swiglu(self, x: np.ndarray, gate: Role, up: Role, down: Role, layer: int, expert: int = NO_INDEX) -> np.ndarray:
+        g = x @ self._t(gate, layer, expert).T
+        u = x @ self._t(up, layer, expert).T
+        return (silu(g) * u) @ self._t(down, layer, expert).T
 
     def moe(self, x: np.ndarray, layer: int) -> np.ndarray:
         d = self.d
@@ -64,15 +67,38 @@ class Reference:
         for e in range(d.n_experts):
             rows, slot = np.nonzero(idx == e)
             if rows.size:
-                out[rows] += w[rows, slot][:, None] * self.expert_ffn(x[rows], layer, e)
+                expert = self.swiglu(x[rows], Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN, layer, e)
+                out[rows] += w[rows, slot][:, None] * expert
+        if d.flags & FLAG_SHARED_EXPERT:
+            gate = 1.0 / (1.0 + np.exp(-(x @ self._t(Role.SHARED_EXPERT_GATE, layer).T)))
+            out += gate * self.swiglu(x, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, layer)
         return out
+
+    def ffn(self, x: np.ndarray, layer: int) -> np.ndarray:
+        if self.d.moe_layers[layer]:
+            return self.moe(x, layer)
+        return self.swiglu(x, Role.DENSE_GATE, Role.DENSE_UP, Role.DENSE_DOWN, layer)
+
+    def _proj(self, x: np.ndarray, w: Role, b: Role, layer: int) -> np.ndarray:
+        y = x @ self._t(w, layer).T
+        return y + self._t(b, layer) if self.d.present(b, layer) else y
 
     def attention(self, x: np.ndarray, layer: int) -> np.ndarray:
         d = self.d
         n = x.shape[0]
-        q = (x @ self._t(Role.WQ, layer).T).reshape(n, d.n_heads, d.head_dim)
-        k = (x @ self._t(Role.WK, layer).T).reshape(n, d.n_kv_heads, d.head_dim)
-        v = (x @ self._t(Role.WV, layer).T).reshape(n, d.n_kv_heads, d.head_dim)
+        q, k, v = self._proj(x, Role.WQ, Role.BQ, layer), self._proj(x, Role.WK, Role.BK, layer), \
+            self._proj(x, Role.WV, Role.BV, layer)
+        if d.flags & FLAG_QK_NORM_FULL:
+            q = rms_norm(q, self._t(Role.Q_NORM, layer), d.rms_norm_eps)
+            k = rms_norm(k, self._t(Role.K_NORM, layer), d.rms_norm_eps)
+        if d.clip_qkv:
+            q, k, v = (np.clip(t, -d.clip_qkv, d.clip_qkv) for t in (q, k, v))
+        q = q.reshape(n, d.n_heads, d.head_dim)
+        k = k.reshape(n, d.n_kv_heads, d.head_dim)
+        v = v.reshape(n, d.n_kv_heads, d.head_dim)
+        if d.flags & FLAG_QK_NORM_HEAD:
+            q = rms_norm(q, self._t(Role.Q_NORM, layer), d.rms_norm_eps)
+            k = rms_norm(k, self._t(Role.K_NORM, layer), d.rms_norm_eps)
         cos, sin = self._t(Role.ROPE_COS)[:n], self._t(Role.ROPE_SIN)[:n]
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         group = d.n_heads // d.n_kv_heads
@@ -80,7 +106,7 @@ class Reference:
         scores = np.einsum("qhd,khd->hqk", q, k) * np.float32(1.0 / np.sqrt(d.head_dim))
         scores = np.where(np.tril(np.ones((n, n), bool))[None], scores, np.float32(-np.inf))
         out = np.einsum("hqk,khd->qhd", softmax(scores), v).reshape(n, d.q_dim)
-        return out @ self._t(Role.WO, layer).T
+        return self._proj(out, Role.WO, Role.BO, layer)
 
     def forward(self, tokens: list[int] | np.ndarray) -> np.ndarray:
         """Logits [len(tokens), vocab] for every prefix of `tokens` (row i: after token i)."""
@@ -93,7 +119,7 @@ class Reference:
         x = self._t(Role.TOKEN_EMBD)[tokens].astype(np.float32)
         for layer in range(d.n_layers):
             x = x + self.attention(rms_norm(x, self._t(Role.ATTN_NORM, layer), d.rms_norm_eps), layer)
-            x = x + self.moe(rms_norm(x, self._t(Role.FFN_NORM, layer), d.rms_norm_eps), layer)
+            x = x + self.ffn(rms_norm(x, self._t(Role.FFN_NORM, layer), d.rms_norm_eps), layer)
         x = rms_norm(x, self._t(Role.OUTPUT_NORM), d.rms_norm_eps)
         return (x @ self._t(Role.LM_HEAD).T).astype(np.float32)
 

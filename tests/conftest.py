@@ -74,6 +74,25 @@ def build(board: str, mode: str = "release") -> Path:
     return ROOT / "build" / board / mode
 
 
+def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path) -> Path:
+    """A small random model of any supported family (`arch` is the HF class name), norms randomized too."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    model_cls = getattr(transformers, arch)
+    config_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
+    model = model_cls(config_cls(initializer_range=0.25, max_position_embeddings=128, **config)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.3 * torch.randn_like(p))
+    model.save_pretrained(out)
+    return out
+
+
 @pytest.fixture(scope="session")
 def hosted_build() -> Path:
     """Build the hosted board once per test session."""

@@ -31,7 +31,7 @@ def entry(i: int, field_offset: int) -> int:
     return TABLE + i * ENTRY_BYTES + field_offset
 
 
-FIRST_UP = 3 + 7 + 1  # entries: embd, rope cos, rope sin, 7 per-layer tensors, then expert 0 gate, up, down
+FIRST_UP = 3 + 20 + 1  # entries: embd, rope cos, rope sin, 20 per-layer slots, then expert 0 gate, up, down
 
 
 def swap_entries(b: bytearray) -> bytearray:
@@ -73,7 +73,8 @@ CASES = [
     ("top_k > experts", put("<I", 68, 9), "E_IMAGE_DIMS"),
     ("eps NaN", put("<f", 80, float("nan")), "E_IMAGE_DIMS"),
     ("unknown arch", put("<I", 32, 2), "E_UNSUPPORTED"),
-    ("unknown flag", put("<I", 76, 1 << 5), "E_UNSUPPORTED"),
+    ("unknown flag", put("<I", 76, 1 << 9), "E_UNSUPPORTED"),
+    ("both q/k norm kinds", put("<I", 76, (1 << 3) | (1 << 4)), "E_UNSUPPORTED"),
     ("tensor count", put("<I", 96, 10), "E_IMAGE_TABLE"),
     ("entries out of order", swap_entries, "E_IMAGE_TABLE"),
     ("wrong shape", put("<I", entry(0, 16), 36), "E_IMAGE_TABLE"),

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"board": args.board, "arena_bytes": opened.arena_bytes, "image_bytes": packed["image_bytes"],
                           "problems": rows, "max_abs_error": worst, "passed": passed}))
         return 0 if passed else 1
-    print(f"\nColibri demo on {args.board}: a {packed['params']:,}-parameter Mixtral-style MoE "
+    print(f"\nColibri demo on {args.board}: a {packed['params']:,}-parameter Mixtral-architecture MoE "
           f"(4 experts, top-2) adds 3-digit numbers it never saw in training\n")
     print(f"{'problem':>12}  {'device says':>11}  {'right?':>6}  {'tokens/s':>9}  {'cycles/token':>12}")
     for r in rows:

@@ -30,8 +30,8 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
     a.q = reserve(&p, d->q_dim);
     a.attn_out = reserve(&p, d->q_dim);
     a.att = reserve(&p, (uint64_t)d->n_heads * d->max_seq);
-    a.ffn_gate = reserve(&p, d->ffn);
-    a.ffn_up = reserve(&p, d->ffn);
+    a.ffn_gate = reserve(&p, d->ffn_max);
+    a.ffn_up = reserve(&p, d->ffn_max);
     a.moe_out = reserve(&p, d->dim);
     a.router = reserve(&p, d->n_experts);
     a.topk_weight = reserve(&p, d->top_k);

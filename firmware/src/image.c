@@ -45,7 +45,7 @@ enum {
     H_HEADS = 52, H_KV_HEADS = 56, H_HEAD_DIM = 60, H_EXPERTS = 64, H_TOP_K = 68, H_MAX_SEQ = 72,
     H_FLAGS = 76, H_EPS = 80, H_ROPE_THETA = 84, H_TABLE_OFFSET = 88, H_N_TENSORS = 96,
     H_ENTRY_BYTES = 100, H_DATA_OFFSET = 104, H_ARENA_BYTES = 112, H_EXPERT_ALIGN = 120,
-    H_RESERVED = 124
+    H_DENSE_FFN = 124, H_SHARED_FFN = 128, H_CLIP_QKV = 132, H_RESERVED = 136
 };
 /* Tensor table entry field offsets (docs/FORMAT.md, "Tensor table"). */
 enum {
@@ -70,6 +70,10 @@ uint32_t global_tensor_index(const model_dims *d, uint32_t role) {
     return layer_tensor_index(d, d->n_layers, ROLE_ATTN_NORM) + (role - ROLE_OUTPUT_NORM);
 }
 
+int tensor_present(const uint8_t *table, uint32_t index) {
+    return rd32(table + (size_t)index * IMG_ENTRY_BYTES + E_NDIMS) != 0;
+}
+
 static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     if (rd32(h + H_ARCH) != IMG_ARCH_MOE) return COLIBRI_E_UNSUPPORTED;
     d->vocab = rd32(h + H_VOCAB);
@@ -82,26 +86,41 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     d->n_experts = rd32(h + H_EXPERTS);
     d->top_k = rd32(h + H_TOP_K);
     d->max_seq = rd32(h + H_MAX_SEQ);
+    d->dense_ffn = rd32(h + H_DENSE_FFN);
+    d->shared_ffn = rd32(h + H_SHARED_FFN);
     d->flags = rd32(h + H_FLAGS);
     d->eps = rdf32(h + H_EPS);
-    const uint32_t all[] = { d->vocab, d->dim, d->ffn, d->n_layers, d->n_heads, d->n_kv_heads,
-                             d->head_dim, d->n_experts, d->top_k, d->max_seq };
-    for (unsigned i = 0; i < sizeof all / sizeof all[0]; i++)
-        if (all[i] == 0 || all[i] > IMG_MAX_DIM) return COLIBRI_E_IMAGE_DIMS;
-    if (d->n_heads % d->n_kv_heads || d->head_dim % 2 || d->top_k > d->n_experts) return COLIBRI_E_IMAGE_DIMS;
-    if (!(d->eps >= 0.0f && d->eps < 1.0f)) return COLIBRI_E_IMAGE_DIMS; /* also rejects NaN */
+    d->clip_qkv = rdf32(h + H_CLIP_QKV);
+    const uint32_t nonzero[] = { d->vocab, d->dim, d->n_layers, d->n_heads, d->n_kv_heads, d->head_dim, d->max_seq };
+    for (unsigned i = 0; i < sizeof nonzero / sizeof nonzero[0]; i++)
+        if (nonzero[i] == 0 || nonzero[i] > IMG_MAX_DIM) return COLIBRI_E_IMAGE_DIMS;
+    const uint32_t maybe_zero[] = { d->ffn, d->n_experts, d->top_k, d->dense_ffn, d->shared_ffn };
+    for (unsigned i = 0; i < sizeof maybe_zero / sizeof maybe_zero[0]; i++)
+        if (maybe_zero[i] > IMG_MAX_DIM) return COLIBRI_E_IMAGE_DIMS;
+    if (d->n_heads % d->n_kv_heads || d->head_dim % 2) return COLIBRI_E_IMAGE_DIMS;
+    /* experts: none at all, or a positive count, expert size and 1 <= top_k <= count */
+    if (d->n_experts ? (d->top_k == 0 || d->top_k > d->n_experts || d->ffn == 0) : (d->top_k || d->ffn))
+        return COLIBRI_E_IMAGE_DIMS;
+    if (!(d->eps >= 0.0f && d->eps < 1.0f) || !(d->clip_qkv >= 0.0f && d->clip_qkv < 3.0e38f)) /* rejects NaN */
+        return COLIBRI_E_IMAGE_DIMS;
     uint64_t q_dim = (uint64_t)d->n_heads * d->head_dim, kv_dim = (uint64_t)d->n_kv_heads * d->head_dim;
     if (q_dim > IMG_MAX_DIM || kv_dim > IMG_MAX_DIM) return COLIBRI_E_IMAGE_DIMS;
     d->q_dim = (uint32_t)q_dim;
     d->kv_dim = (uint32_t)kv_dim;
+    d->ffn_max = d->ffn > d->dense_ffn ? d->ffn : d->dense_ffn;
+    if (d->shared_ffn > d->ffn_max) d->ffn_max = d->shared_ffn;
     if (d->flags & ~IMG_KNOWN_FLAGS) return COLIBRI_E_UNSUPPORTED;
+    if ((d->flags & IMG_FLAG_QK_NORM_HEAD) && (d->flags & IMG_FLAG_QK_NORM_FULL)) return COLIBRI_E_UNSUPPORTED;
+    if (!(d->flags & IMG_FLAG_SHARED_EXPERT) != !d->shared_ffn || (d->shared_ffn && !d->n_experts))
+        return COLIBRI_E_IMAGE_DIMS;
     return COLIBRI_OK;
 }
 
-/* The (role, layer, expert, dims) the canonical table order puts at index i. */
+/* The (role, layer, expert) the canonical table order puts at index i, and its shape; ndims 0
+ * means the slot must be empty. `moe` says whether layer s->layer has routed experts. */
 typedef struct { uint32_t role, layer, expert, ndims, dim0, dim1; } tensor_spec;
 
-static void spec_for(const model_dims *d, uint32_t i, tensor_spec *s) {
+static void spec_for(const model_dims *d, uint32_t i, int moe, tensor_spec *s) {
     const uint32_t per_layer = LAYER_FIXED + TENSORS_PER_EXPERT * d->n_experts;
     s->layer = s->expert = IMG_NO_INDEX;
     if (i < TENSORS_BEFORE_LAYERS) {
@@ -119,19 +138,35 @@ static void spec_for(const model_dims *d, uint32_t i, tensor_spec *s) {
     } else {
         s->role = ROLE_OUTPUT_NORM + (i - TENSORS_BEFORE_LAYERS - per_layer * d->n_layers);
     }
-    uint32_t D = d->dim;
-    s->ndims = 2;
+    const uint32_t D = d->dim, f = d->flags;
+    const int shared = moe && (f & IMG_FLAG_SHARED_EXPERT), qk_norm = (f & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) != 0;
+    const int head_norm = (f & IMG_FLAG_QK_NORM_HEAD) != 0;
+    uint32_t rows = 0, cols = 0, present = 1; /* cols 0: a vector (norm weights, biases) */
     switch (s->role) {
-    case ROLE_TOKEN_EMBD: case ROLE_LM_HEAD: s->dim0 = d->vocab; s->dim1 = D; break;
-    case ROLE_ROPE_COS: case ROLE_ROPE_SIN: s->dim0 = d->max_seq; s->dim1 = d->head_dim / 2; break;
-    case ROLE_WQ: s->dim0 = d->q_dim; s->dim1 = D; break;
-    case ROLE_WK: case ROLE_WV: s->dim0 = d->kv_dim; s->dim1 = D; break;
-    case ROLE_WO: s->dim0 = D; s->dim1 = d->q_dim; break;
-    case ROLE_ROUTER: s->dim0 = d->n_experts; s->dim1 = D; break;
-    case ROLE_EXPERT_GATE: case ROLE_EXPERT_UP: s->dim0 = d->ffn; s->dim1 = D; break;
-    case ROLE_EXPERT_DOWN: s->dim0 = D; s->dim1 = d->ffn; break;
-    default: s->ndims = 1; s->dim0 = D; s->dim1 = 1; break; /* the three norms */
+    case ROLE_TOKEN_EMBD: case ROLE_LM_HEAD: rows = d->vocab; cols = D; break;
+    case ROLE_ROPE_COS: case ROLE_ROPE_SIN: rows = d->max_seq; cols = d->head_dim / 2; break;
+    case ROLE_ATTN_NORM: case ROLE_FFN_NORM: case ROLE_OUTPUT_NORM: rows = D; break;
+    case ROLE_WQ: rows = d->q_dim; cols = D; break;
+    case ROLE_WK: case ROLE_WV: rows = d->kv_dim; cols = D; break;
+    case ROLE_WO: rows = D; cols = d->q_dim; break;
+    case ROLE_BQ: rows = d->q_dim; present = (f & IMG_FLAG_QKV_BIAS) != 0; break;
+    case ROLE_BK: case ROLE_BV: rows = d->kv_dim; present = (f & IMG_FLAG_QKV_BIAS) != 0; break;
+    case ROLE_BO: rows = D; present = (f & IMG_FLAG_O_BIAS) != 0; break;
+    case ROLE_Q_NORM: rows = head_norm ? d->head_dim : d->q_dim; present = qk_norm; break;
+    case ROLE_K_NORM: rows = head_norm ? d->head_dim : d->kv_dim; present = qk_norm; break;
+    case ROLE_DENSE_GATE: case ROLE_DENSE_UP: rows = d->dense_ffn; cols = D; present = !moe; break;
+    case ROLE_DENSE_DOWN: rows = D; cols = d->dense_ffn; present = !moe; break;
+    case ROLE_ROUTER: rows = d->n_experts; cols = D; present = moe; break;
+    case ROLE_SHARED_GATE: case ROLE_SHARED_UP: rows = d->shared_ffn; cols = D; present = shared; break;
+    case ROLE_SHARED_DOWN: rows = D; cols = d->shared_ffn; present = shared; break;
+    case ROLE_SHARED_EXPERT_GATE: rows = 1; cols = D; present = shared; break;
+    case ROLE_EXPERT_GATE: case ROLE_EXPERT_UP: rows = d->ffn; cols = D; present = moe; break;
+    case ROLE_EXPERT_DOWN: rows = D; cols = d->ffn; present = moe; break;
+    default: break;
     }
+    s->ndims = present ? (cols ? 2u : 1u) : 0u;
+    s->dim0 = present ? rows : 0;
+    s->dim1 = present ? (cols ? cols : 1u) : 0;
 }
 
 static colibri_status check_entry(const uint8_t *e, const tensor_spec *s, uint64_t data_offset,
@@ -142,10 +177,14 @@ static colibri_status check_entry(const uint8_t *e, const tensor_spec *s, uint64
         return COLIBRI_E_IMAGE_TABLE;
     uint32_t dtype = rd16(e + E_DTYPE);
     if (dtype >= DTYPE_COUNT) return COLIBRI_E_IMAGE_TABLE;
-    if (dtype != DTYPE_F32) return COLIBRI_E_IMAGE_DTYPE;
     if (rd32(e + E_GROUP) != 0 || rd64(e + E_SCALES_OFFSET) != 0 || rd64(e + E_SCALES_BYTES) != 0)
         return COLIBRI_E_IMAGE_TABLE;
     uint64_t count, bytes, off = rd64(e + E_OFFSET);
+    if (s->ndims == 0) { /* an empty slot: nothing to read */
+        *end = 0;
+        return dtype == DTYPE_F32 && off == 0 && rd64(e + E_BYTES) == 0 ? COLIBRI_OK : COLIBRI_E_IMAGE_TABLE;
+    }
+    if (dtype != DTYPE_F32) return COLIBRI_E_IMAGE_DTYPE;
     if (!mul_ok(s->dim0, s->dim1, &count) || !mul_ok(count, 4, &bytes) || rd64(e + E_BYTES) != bytes)
         return COLIBRI_E_IMAGE_TABLE;
     if (off % IMG_ALIGN || off < data_offset || !add_ok(off, bytes, end) || *end > image_bytes)
@@ -192,16 +231,22 @@ colibri_status image_verify(const uint8_t *img, size_t size, model_dims *d, cons
     if (n_tensors != TENSORS_BEFORE_LAYERS + per_layer * dims.n_layers + 2) return COLIBRI_E_IMAGE_TABLE;
 
     uint64_t prev_end = 0;
+    int moe = 0;
     for (uint32_t i = 0; i < n_tensors; i++) {
         tensor_spec s;
-        spec_for(&dims, i, &s);
+        spec_for(&dims, i, moe, &s);
+        if (s.role == ROLE_ATTN_NORM) { /* a new layer: its kind is whether its router slot is filled */
+            moe = tensor_present(img + table_offset, i + (ROLE_ROUTER - ROLE_ATTN_NORM));
+            if (moe ? !dims.n_experts : !dims.dense_ffn) return COLIBRI_E_IMAGE_TABLE;
+        }
         const uint8_t *e = img + table_offset + (uint64_t)i * IMG_ENTRY_BYTES;
         uint64_t end, aligned_prev;
         st = check_entry(e, &s, data_offset, image_bytes, &end);
         if (st) return st;
-        /* an expert's up and down matrices follow its gate matrix directly: one read covers it */
-        if ((s.role == ROLE_EXPERT_UP || s.role == ROLE_EXPERT_DOWN) &&
-            (!align_ok(prev_end, &aligned_prev) || rd64(e + E_OFFSET) != aligned_prev))
+        /* the up and down matrices of a SwiGLU block follow its gate matrix directly: one read covers it */
+        const int follows = s.role == ROLE_EXPERT_UP || s.role == ROLE_EXPERT_DOWN || s.role == ROLE_SHARED_UP ||
+                            s.role == ROLE_SHARED_DOWN || s.role == ROLE_DENSE_UP || s.role == ROLE_DENSE_DOWN;
+        if (follows && s.ndims && (!align_ok(prev_end, &aligned_prev) || rd64(e + E_OFFSET) != aligned_prev))
             return COLIBRI_E_IMAGE_BOUNDS;
         prev_end = end;
     }

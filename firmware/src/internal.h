@@ -10,30 +10,41 @@
 #define IMG_ENTRY_BYTES 64u
 #define IMG_ALIGN 64u
 #define IMG_ARCH_MOE 1u
-#define IMG_FLAG_NORM_TOPK 1u
-#define IMG_KNOWN_FLAGS IMG_FLAG_NORM_TOPK
+#define IMG_FLAG_NORM_TOPK (1u << 0)     /* renormalize the top-k router weights */
+#define IMG_FLAG_QKV_BIAS (1u << 1)      /* q, k, v projections have biases */
+#define IMG_FLAG_O_BIAS (1u << 2)        /* the output projection has a bias */
+#define IMG_FLAG_QK_NORM_HEAD (1u << 3)  /* RMSNorm per head of q and k */
+#define IMG_FLAG_QK_NORM_FULL (1u << 4)  /* RMSNorm across the whole q and k projections */
+#define IMG_FLAG_SHARED_EXPERT (1u << 5) /* sigmoid-gated shared expert in MoE layers */
+#define IMG_KNOWN_FLAGS 0x3Fu
 #define IMG_NO_INDEX 0xFFFFFFFFu
 #define IMG_MAX_DIM (1u << 24) /* any single dimension; keeps every product of two in 64 bits */
 
 enum tensor_role {
     ROLE_TOKEN_EMBD = 1, ROLE_ROPE_COS, ROLE_ROPE_SIN,
-    ROLE_ATTN_NORM, ROLE_WQ, ROLE_WK, ROLE_WV, ROLE_WO, ROLE_FFN_NORM, ROLE_ROUTER,
+    /* per layer, in table order */
+    ROLE_ATTN_NORM, ROLE_WQ, ROLE_BQ, ROLE_WK, ROLE_BK, ROLE_WV, ROLE_BV, ROLE_WO, ROLE_BO,
+    ROLE_Q_NORM, ROLE_K_NORM, ROLE_FFN_NORM, ROLE_DENSE_GATE, ROLE_DENSE_UP, ROLE_DENSE_DOWN,
+    ROLE_ROUTER, ROLE_SHARED_GATE, ROLE_SHARED_UP, ROLE_SHARED_DOWN, ROLE_SHARED_EXPERT_GATE,
+    /* per expert of a layer */
     ROLE_EXPERT_GATE, ROLE_EXPERT_UP, ROLE_EXPERT_DOWN,
     ROLE_OUTPUT_NORM, ROLE_LM_HEAD
 };
 enum tensor_dtype { DTYPE_F32 = 0, DTYPE_F16, DTYPE_BF16, DTYPE_Q8, DTYPE_Q4, DTYPE_COUNT };
 
-/* Tensor table index layout: 3 global tensors, then per layer LAYER_FIXED tensors followed by
- * 3 per expert, then the output norm and lm_head. */
+/* Tensor table index layout: 3 global tensors, then per layer LAYER_FIXED slots (ATTN_NORM ..
+ * SHARED_EXPERT_GATE) followed by 3 per expert, then the output norm and lm_head. A slot the
+ * model does not use holds an empty entry (n_dims 0). */
 #define TENSORS_BEFORE_LAYERS 3u
-#define LAYER_FIXED 7u /* attn_norm, wq, wk, wv, wo, ffn_norm, router */
+#define LAYER_FIXED (ROLE_SHARED_EXPERT_GATE - ROLE_ATTN_NORM + 1u)
 #define TENSORS_PER_EXPERT 3u
 
 typedef struct {
     uint32_t vocab, dim, ffn, n_layers, n_heads, n_kv_heads, head_dim, n_experts, top_k, max_seq;
+    uint32_t dense_ffn, shared_ffn; /* dense MLP and shared expert intermediate sizes (0: none) */
     uint32_t flags;
-    float eps;
-    uint32_t q_dim, kv_dim;
+    float eps, clip_qkv;            /* clip_qkv 0: no clipping */
+    uint32_t q_dim, kv_dim, ffn_max;
 } model_dims;
 
 /* ---- the work arena (mirrors arena_plan() in host/image.py) ---- */
@@ -72,6 +83,8 @@ colibri_status image_verify(const uint8_t *img, size_t size, model_dims *d, cons
 uint32_t layer_tensor_index(const model_dims *d, uint32_t layer, uint32_t role);
 uint32_t expert_tensor_index(const model_dims *d, uint32_t layer, uint32_t expert, uint32_t role);
 uint32_t global_tensor_index(const model_dims *d, uint32_t role);
+/* Whether a layer slot holds a tensor: its entry has dimensions (the verifier checked it matches the flags). */
+int tensor_present(const uint8_t *table, uint32_t index);
 
 /* ---- kernels.c (scalar reference: deterministic, no FMA contraction) ---- */
 float colibri_expf(float x);

@@ -1,7 +1,13 @@
-/* The forward pass for one token, following transformers' Mixtral:
+/* The forward pass for one token, following transformers' implementations of the supported
+ * families (docs/MODELS.md):
  *   x = embed[token]
- *   per layer:  x += o_proj(attention(rope(q), rope(k), v))   on rmsnorm(x)
- *               x += sum_k w_k * expert_ffn_k(h)               on h = rmsnorm(x), top-k routing
+ *   per layer:  h = rmsnorm(x)
+ *               q, k, v = Wq h (+bq), Wk h (+bk), Wv h (+bv); optional q/k RMSNorm (per head or
+ *               across the projection) and clipping; rotate-half RoPE on q and k
+ *               x += Wo attention(q, K cache, V cache) (+bo)
+ *               h = rmsnorm(x)
+ *               x += dense SwiGLU MLP(h), or in a MoE layer
+ *                    sum over the top-k experts of w_k * expert_k(h) (+ sigmoid(g . h) * shared(h))
  *   logits = lm_head(rmsnorm(x))
  * Weights are read in place from the image; the KV cache and activations live in the arena. */
 #include "internal.h"
@@ -9,11 +15,39 @@
 static const float *tensor(const colibri_ctx *c, uint32_t index) {
     return (const float *)(const void *)(c->image + rd64(c->table + (size_t)index * IMG_ENTRY_BYTES + 32));
 }
+static uint32_t layer_index(const colibri_ctx *c, uint32_t layer, uint32_t role) {
+    return layer_tensor_index(&c->d, layer, role);
+}
 static const float *layer_w(const colibri_ctx *c, uint32_t layer, uint32_t role) {
-    return tensor(c, layer_tensor_index(&c->d, layer, role));
+    return tensor(c, layer_index(c, layer, role));
 }
 
 static uint64_t now(const colibri_ctx *c) { return c->opts.cycles ? c->opts.cycles(c->opts.user) : 0; }
+
+/* out = W x (+ b, when the image has that bias) */
+static void project(const colibri_ctx *c, float *out, uint32_t layer, uint32_t w_role, uint32_t b_role,
+                    const float *x, uint32_t rows, uint32_t cols) {
+    matvec(out, layer_w(c, layer, w_role), x, rows, cols);
+    if (tensor_present(c->table, layer_index(c, layer, b_role))) {
+        const float *b = layer_w(c, layer, b_role);
+        for (uint32_t i = 0; i < rows; i++) out[i] += b[i];
+    }
+}
+
+/* q/k RMSNorm: across the whole projection, or on each head with shared weights. */
+static void qk_norm(const colibri_ctx *c, float *v, uint32_t n_heads, const float *w) {
+    const model_dims *d = &c->d;
+    if (d->flags & IMG_FLAG_QK_NORM_FULL) {
+        rmsnorm(v, v, w, n_heads * d->head_dim, d->eps);
+    } else {
+        for (uint32_t h = 0; h < n_heads; h++) rmsnorm(v + (size_t)h * d->head_dim, v + (size_t)h * d->head_dim, w,
+                                                       d->head_dim, d->eps);
+    }
+}
+
+static void clip(float *v, uint32_t n, float limit) {
+    for (uint32_t i = 0; i < n; i++) v[i] = v[i] > limit ? limit : (v[i] < -limit ? -limit : v[i]);
+}
 
 static void attention(colibri_ctx *c, uint32_t layer) {
     const model_dims *d = &c->d;
@@ -24,9 +58,18 @@ static void attention(colibri_ctx *c, uint32_t layer) {
     float *v_cur = a->v_cache + layer_base + (size_t)pos * d->kv_dim;
 
     rmsnorm(a->xn, a->x, layer_w(c, layer, ROLE_ATTN_NORM), d->dim, d->eps);
-    matvec(a->q, layer_w(c, layer, ROLE_WQ), a->xn, d->q_dim, d->dim);
-    matvec(k_cur, layer_w(c, layer, ROLE_WK), a->xn, d->kv_dim, d->dim);
-    matvec(v_cur, layer_w(c, layer, ROLE_WV), a->xn, d->kv_dim, d->dim);
+    project(c, a->q, layer, ROLE_WQ, ROLE_BQ, a->xn, d->q_dim, d->dim);
+    project(c, k_cur, layer, ROLE_WK, ROLE_BK, a->xn, d->kv_dim, d->dim);
+    project(c, v_cur, layer, ROLE_WV, ROLE_BV, a->xn, d->kv_dim, d->dim);
+    if (d->flags & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) {
+        qk_norm(c, a->q, d->n_heads, layer_w(c, layer, ROLE_Q_NORM));
+        qk_norm(c, k_cur, d->n_kv_heads, layer_w(c, layer, ROLE_K_NORM));
+    }
+    if (d->clip_qkv > 0.0f) {
+        clip(a->q, d->q_dim, d->clip_qkv);
+        clip(k_cur, d->kv_dim, d->clip_qkv);
+        clip(v_cur, d->kv_dim, d->clip_qkv);
+    }
     const float *cos = tensor(c, global_tensor_index(d, ROLE_ROPE_COS)) + (size_t)pos * (hd / 2);
     const float *sin = tensor(c, global_tensor_index(d, ROLE_ROPE_SIN)) + (size_t)pos * (hd / 2);
     rope(a->q, d->n_heads, hd, cos, sin);
@@ -36,9 +79,8 @@ static void attention(colibri_ctx *c, uint32_t layer) {
         const float *q = a->q + (size_t)h * hd;
         const size_t kv_off = layer_base + (size_t)(h / group) * hd;
         float *att = a->att + (size_t)h * d->max_seq;
-        for (uint32_t t = 0; t <= pos; t++) {
+        for (uint32_t t = 0; t <= pos; t++)
             att[t] = dot(q, a->k_cache + kv_off + (size_t)t * d->kv_dim, hd) * c->attn_scale;
-        }
         softmax(att, pos + 1);
         float *out = a->attn_out + (size_t)h * hd;
         for (uint32_t i = 0; i < hd; i++) out[i] = 0.0f;
@@ -47,7 +89,7 @@ static void attention(colibri_ctx *c, uint32_t layer) {
             for (uint32_t i = 0; i < hd; i++) out[i] += att[t] * v[i];
         }
     }
-    matvec(a->moe_out, layer_w(c, layer, ROLE_WO), a->attn_out, d->dim, d->q_dim);
+    project(c, a->moe_out, layer, ROLE_WO, ROLE_BO, a->attn_out, d->dim, d->q_dim);
     for (uint32_t i = 0; i < d->dim; i++) a->x[i] += a->moe_out[i];
 }
 
@@ -74,19 +116,37 @@ static void route_topk(colibri_ctx *c, uint32_t layer) {
         for (uint32_t k = 0; k < d->top_k; k++) a->topk_weight[k] /= sum;
 }
 
-/* moe_out += weight * down(silu(gate(xn)) * up(xn)) for one expert. */
-static void expert_ffn(colibri_ctx *c, uint32_t layer, uint32_t expert, float weight) {
+/* moe_out += weight * down(silu(gate xn) * up xn): one expert, the shared expert or a dense MLP.
+ * `gate_index` is the table index of the gate matrix; up and down follow it. */
+static void swiglu_ffn(colibri_ctx *c, uint32_t gate_index, uint32_t n_inter, float weight) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
-    matvec(a->ffn_gate, tensor(c, expert_tensor_index(d, layer, expert, ROLE_EXPERT_GATE)), a->xn, d->ffn, d->dim);
-    matvec(a->ffn_up, tensor(c, expert_tensor_index(d, layer, expert, ROLE_EXPERT_UP)), a->xn, d->ffn, d->dim);
-    for (uint32_t i = 0; i < d->ffn; i++) {
+    matvec(a->ffn_gate, tensor(c, gate_index), a->xn, n_inter, d->dim);
+    matvec(a->ffn_up, tensor(c, gate_index + 1), a->xn, n_inter, d->dim);
+    for (uint32_t i = 0; i < n_inter; i++) {
         float g = a->ffn_gate[i];
         a->ffn_gate[i] = g / (1.0f + colibri_expf(-g)) * a->ffn_up[i];
     }
-    const float *down = tensor(c, expert_tensor_index(d, layer, expert, ROLE_EXPERT_DOWN));
-    for (uint32_t r = 0; r < d->dim; r++) a->moe_out[r] += weight * dot(down + (size_t)r * d->ffn, a->ffn_gate, d->ffn);
-    c->stats.expert_calls++;
+    const float *down = tensor(c, gate_index + 2);
+    for (uint32_t r = 0; r < d->dim; r++) a->moe_out[r] += weight * dot(down + (size_t)r * n_inter, a->ffn_gate, n_inter);
+}
+
+static void moe_block(colibri_ctx *c, uint32_t layer) {
+    const model_dims *d = &c->d;
+    const arena_buffers *a = &c->a;
+    uint64_t t0 = now(c);
+    route_topk(c, layer);
+    uint64_t t1 = now(c);
+    for (uint32_t k = 0; k < d->top_k; k++) {
+        swiglu_ffn(c, expert_tensor_index(d, layer, a->topk_index[k], ROLE_EXPERT_GATE), d->ffn, a->topk_weight[k]);
+        c->stats.expert_calls++;
+    }
+    if (d->flags & IMG_FLAG_SHARED_EXPERT) {
+        float g = dot(layer_w(c, layer, ROLE_SHARED_EXPERT_GATE), a->xn, d->dim);
+        swiglu_ffn(c, layer_index(c, layer, ROLE_SHARED_GATE), d->shared_ffn, 1.0f / (1.0f + colibri_expf(-g)));
+    }
+    c->stats.cycles_router += t1 - t0;
+    c->stats.cycles_experts += now(c) - t1;
 }
 
 void model_forward(colibri_ctx *c, uint32_t token) {
@@ -99,16 +159,16 @@ void model_forward(colibri_ctx *c, uint32_t token) {
         uint64_t t0 = now(c);
         attention(c, layer);
         rmsnorm(a->xn, a->x, layer_w(c, layer, ROLE_FFN_NORM), d->dim, d->eps);
-        uint64_t t1 = now(c);
-        route_topk(c, layer);
-        uint64_t t2 = now(c);
+        c->stats.cycles_attention += now(c) - t0;
         for (uint32_t i = 0; i < d->dim; i++) a->moe_out[i] = 0.0f;
-        for (uint32_t k = 0; k < d->top_k; k++) expert_ffn(c, layer, a->topk_index[k], a->topk_weight[k]);
+        if (tensor_present(c->table, layer_index(c, layer, ROLE_ROUTER))) {
+            moe_block(c, layer);
+        } else {
+            uint64_t t1 = now(c);
+            swiglu_ffn(c, layer_index(c, layer, ROLE_DENSE_GATE), d->dense_ffn, 1.0f);
+            c->stats.cycles_experts += now(c) - t1;
+        }
         for (uint32_t i = 0; i < d->dim; i++) a->x[i] += a->moe_out[i];
-        uint64_t t3 = now(c);
-        c->stats.cycles_attention += t1 - t0;
-        c->stats.cycles_router += t2 - t1;
-        c->stats.cycles_experts += t3 - t2;
     }
     uint64_t t4 = now(c);
     rmsnorm(a->xn, a->x, tensor(c, global_tensor_index(d, ROLE_OUTPUT_NORM)), d->dim, d->eps);

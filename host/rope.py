@@ -1,0 +1,102 @@
+"""RoPE frequencies for the image's cos/sin tables, following transformers' rope types.
+
+The runtime never computes a transcendental for RoPE: the host writes cos(pos * f_i) * s and
+sin(pos * f_i) * s for every position and frequency, where the rope type decides the
+frequencies f_i and the attention factor s. Supported: default, linear, llama3, yarn. Anything
+else (dynamic NTK, longrope, partial rotary) is refused by name.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+SUPPORTED = ("default", "linear", "llama3", "yarn")
+
+
+class UnsupportedRope(ValueError):
+    pass
+
+
+def _base_inv_freq(theta: float, head_dim: int) -> np.ndarray:
+    return 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+
+
+def _llama3(inv: np.ndarray, p: dict) -> np.ndarray:
+    factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+    old_len = p["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > old_len / low, inv / factor, inv)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
+    return np.where(medium, smoothed, scaled)
+
+
+def _yarn(theta: float, head_dim: int, p: dict, max_pos: int | None) -> tuple[np.ndarray, float]:
+    factor = p.get("factor")
+    orig = p["original_max_position_embeddings"]
+    if factor is None:
+        factor = max_pos / orig
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = p.get("attention_factor")
+    if attention is None:
+        if p.get("mscale") and p.get("mscale_all_dim"):
+            attention = mscale(factor, p["mscale"]) / mscale(factor, p["mscale_all_dim"])
+        else:
+            attention = mscale(factor)
+    beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return head_dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(head_dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    pos_freqs = theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    extrapolation = 1 - ramp
+    inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv, float(attention)
+
+
+def rope_parameters(cfg: dict) -> dict:
+    """The rope settings of an HF config, from `rope_parameters` (transformers 5) or `rope_scaling` (4)."""
+    params = dict(cfg.get("rope_parameters") or {})
+    scaling = dict(cfg.get("rope_scaling") or {})
+    if "type" in scaling:  # transformers 4 spelling
+        scaling.setdefault("rope_type", scaling.pop("type"))
+    params.update(scaling)  # an explicit rope_scaling is never silently overridden
+    params.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+    params.setdefault("rope_type", "default")
+    return params
+
+
+def frequencies(params: dict, head_dim: int, max_position_embeddings: int | None) -> tuple[np.ndarray, float]:
+    """(inv_freq [head_dim/2] float64, attention factor) for these rope parameters."""
+    kind, theta = params["rope_type"], float(params["rope_theta"])
+    if kind not in SUPPORTED:
+        raise UnsupportedRope(f"rope type {kind!r} is not supported (supported: {', '.join(SUPPORTED)})")
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise UnsupportedRope(f"partial_rotary_factor={params['partial_rotary_factor']} is not supported")
+    inv = _base_inv_freq(theta, head_dim)
+    if kind == "linear":
+        return inv / params["factor"], 1.0
+    if kind == "llama3":
+        return _llama3(inv, params), 1.0
+    if kind == "yarn":
+        return _yarn(theta, head_dim, params, max_position_embeddings)
+    return inv, 1.0
+
+
+def tables(inv_freq: np.ndarray, attention_factor: float, max_seq: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [max_seq, head_dim/2] as float32, computed in float64."""
+    angles = np.arange(max_seq, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return ((np.cos(angles) * attention_factor).astype(np.float32),
+            (np.sin(angles) * attention_factor).astype(np.float32))

@@ -1,0 +1,117 @@
+"""Every supported family, exactly as transformers defines it: reference vs transformers, device vs reference."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import MODEL_BOARDS, make_family_checkpoint
+from host import flash
+from host.image import FLAG_NORM_TOPK, FLAG_SHARED_EXPERT, read_image
+from host.pack import pack
+from host.protocol import Sampling
+from host.reference import Reference
+
+TOLERANCE = 1e-4
+PROMPT = [1, 5, 9, 3, 0, 2]
+SMALL = dict(vocab_size=45, num_hidden_layers=2)
+
+# (name, HF class, config): odd sizes; dense layers mixed in where the family allows it;
+# norm_topk_prob true and false; a shared expert sized unlike the routed ones; rope variants.
+FAMILIES = [
+    ("qwen2moe_mixed", "Qwen2MoeForCausalLM", dict(SMALL, num_hidden_layers=3, hidden_size=32, num_attention_heads=4,
+     num_key_value_heads=2, intermediate_size=20, moe_intermediate_size=12, shared_expert_intermediate_size=18,
+     num_experts=5, num_experts_per_tok=2, mlp_only_layers=[1], norm_topk_prob=False)),
+    ("qwen2moe_sparse_step", "Qwen2MoeForCausalLM", dict(SMALL, hidden_size=24, num_attention_heads=3,
+     num_key_value_heads=3, intermediate_size=14, moe_intermediate_size=10, shared_expert_intermediate_size=6,
+     num_experts=4, num_experts_per_tok=3, decoder_sparse_step=2, norm_topk_prob=True)),
+    ("qwen3moe", "Qwen3MoeForCausalLM", dict(SMALL, num_hidden_layers=3, hidden_size=24, num_attention_heads=3,
+     num_key_value_heads=1, head_dim=10, intermediate_size=22, moe_intermediate_size=14, num_experts=6,
+     num_experts_per_tok=3, mlp_only_layers=[0], norm_topk_prob=True)),
+    ("qwen3moe_bias", "Qwen3MoeForCausalLM", dict(SMALL, hidden_size=20, num_attention_heads=2, num_key_value_heads=2,
+     head_dim=8, moe_intermediate_size=9, num_experts=3, num_experts_per_tok=1, attention_bias=True,
+     norm_topk_prob=False)),
+    ("olmoe_clip", "OlmoeForCausalLM", dict(SMALL, hidden_size=24, num_attention_heads=4, num_key_value_heads=4,
+     intermediate_size=18, num_experts=4, num_experts_per_tok=2, clip_qkv=0.6, norm_topk_prob=False)),
+    ("olmoe_norm_topk", "OlmoeForCausalLM", dict(SMALL, hidden_size=24, num_attention_heads=4, num_key_value_heads=2,
+     intermediate_size=10, num_experts=5, num_experts_per_tok=2, norm_topk_prob=True, attention_bias=True)),
+    ("llama_llama3_tied", "LlamaForCausalLM", dict(SMALL, hidden_size=20, num_attention_heads=2, num_key_value_heads=1,
+     intermediate_size=26, tie_word_embeddings=True,
+     rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position_embeddings=16))),
+    ("qwen2_linear", "Qwen2ForCausalLM", dict(SMALL, hidden_size=24, num_attention_heads=4, num_key_value_heads=2,
+     intermediate_size=30, rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0))),
+    ("qwen3_yarn", "Qwen3ForCausalLM", dict(SMALL, hidden_size=18, num_attention_heads=3, num_key_value_heads=1,
+     head_dim=6, intermediate_size=14, rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                                               original_max_position_embeddings=32))),
+]
+
+
+@pytest.fixture(scope="module")
+def family_images(tmp_path_factory) -> dict[str, tuple]:
+    base = tmp_path_factory.mktemp("families")
+    out = {}
+    for i, (name, arch, cfg) in enumerate(FAMILIES):
+        ckpt = make_family_checkpoint(arch, cfg, 100 + i, base / name)
+        image = base / f"{name}.img"
+        pack(ckpt, image, max_seq=32, expert_align=64)
+        out[name] = (ckpt, image)
+    return out
+
+
+def test_families_cover_the_variants(family_images):
+    dims = {name: read_image(img.read_bytes()).dims for name, (_, img) in family_images.items()}
+    assert dims["qwen2moe_mixed"].moe_layers == (True, False, True)
+    assert dims["qwen2moe_sparse_step"].moe_layers == (False, True)
+    assert dims["qwen3moe"].moe_layers == (False, True, True)
+    assert dims["qwen2moe_mixed"].flags & FLAG_SHARED_EXPERT and not dims["qwen2moe_mixed"].flags & FLAG_NORM_TOPK
+    assert dims["qwen2moe_sparse_step"].flags & FLAG_NORM_TOPK
+    assert dims["llama_llama3_tied"].n_experts == 0
+
+
+@pytest.mark.parametrize("name", [f[0] for f in FAMILIES])
+def test_reference_matches_transformers(name, family_images):
+    from transformers import AutoModelForCausalLM
+    ckpt, image = family_images[name]
+    model = AutoModelForCausalLM.from_pretrained(ckpt, experts_implementation="eager").eval()
+    ref = Reference(read_image(image.read_bytes()))
+    with torch.no_grad():
+        hf = model(torch.tensor([PROMPT])).logits[0].numpy()
+    assert np.abs(hf).max() > 0.5, "logits too small for the tolerance to mean anything"
+    assert np.max(np.abs(ref.forward(PROMPT) - hf)) <= TOLERANCE
+    seq = list(PROMPT)
+    with torch.no_grad():
+        for _ in range(16):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    assert ref.greedy(PROMPT, 16) == seq[len(PROMPT):]
+
+
+@pytest.mark.parametrize("board", MODEL_BOARDS)
+def test_every_family_on_every_board(board, family_images, firmwares):
+    for name, (_, image) in family_images.items():
+        result = flash.run_on_board(image, board, PROMPT, 10, Sampling(), True, firmware=firmwares[board])
+        ref = Reference(read_image(image.read_bytes()))
+        assert result.tokens == ref.greedy(PROMPT, 10), name
+        assert np.max(np.abs(result.logits - ref.forward(PROMPT + result.tokens))) <= TOLERANCE, name
+
+
+@pytest.mark.parametrize("params", [
+    dict(rope_type="linear", rope_theta=10000.0, factor=3.0),
+    dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+         original_max_position_embeddings=64),
+    dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64),
+    dict(rope_type="yarn", rope_theta=1e6, factor=8.0, original_max_position_embeddings=128, beta_fast=16,
+         beta_slow=2, mscale=1.0, mscale_all_dim=0.5),
+], ids=["linear", "llama3", "yarn", "yarn_mscale"])
+def test_rope_frequencies_match_transformers(params):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from host import rope
+    cfg = LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=512, rope_parameters=params)
+    hf_inv, hf_scale = ROPE_INIT_FUNCTIONS[params["rope_type"]](cfg, "cpu")
+    inv, scale = rope.frequencies(rope.rope_parameters(cfg.to_dict()), 16, 512)
+    np.testing.assert_allclose(inv, hf_inv.double().numpy(), rtol=1e-6)
+    assert math.isclose(scale, hf_scale, rel_tol=1e-9)
