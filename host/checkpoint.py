@@ -123,9 +123,8 @@ def _check_window(cfg: dict, max_seq: int) -> None:
                                "sliding-window attention is not implemented (use --max-seq <= sliding_window)")
 
 
-def read_config(path: Path, max_seq: int | None) -> tuple[ModelDims, bool, str, dict]:
+def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, dict]:
     """The model description for an image of `max_seq` positions (None: 256, or the model's limit if smaller)."""
-    cfg = json.loads((path / "config.json").read_text())
     arch, fam = _family(cfg)
     unknown = sorted(set(cfg) - HANDLED - HARMLESS)
     if unknown:
@@ -230,13 +229,25 @@ def hf_name(fam: Family, role: Role, layer: int, expert: int) -> str:
     }[role]
 
 
-def load_checkpoint(path: Path | str, max_seq: int | None) -> Checkpoint:
+def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool | None = None) -> Checkpoint:
+    """A Hugging Face checkpoint directory or a .gguf file, mapped to the runtime's description.
+    `norm_topk_prob` overrides (or supplies, for a GGUF file that lacks it) the routing renormalization."""
     path = Path(path)
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"{path} has no config.json: pass a Hugging Face checkpoint directory")
-    dims, tied, arch, extra = read_config(path, max_seq)
+    if path.suffix == ".gguf" and path.is_file():
+        from host.gguf_input import GGUFError, read_gguf
+        try:
+            cfg, raw = read_gguf(path, norm_topk_prob)
+        except GGUFError as exc:
+            raise UnsupportedModel(str(exc)) from None
+    elif (path / "config.json").exists():
+        cfg = json.loads((path / "config.json").read_text())
+        if norm_topk_prob is not None:
+            cfg["norm_topk_prob"] = norm_topk_prob
+        raw = _load_tensors(path)
+    else:
+        raise FileNotFoundError(f"{path} is neither a .gguf file nor a directory with config.json")
+    dims, tied, arch, extra = read_config(cfg, max_seq)
     fam = FAMILIES[arch]
-    raw = _load_tensors(path)
     keys = [(Role.TOKEN_EMBD, NO_INDEX, NO_INDEX), (Role.OUTPUT_NORM, NO_INDEX, NO_INDEX)]
     for layer in range(dims.n_layers):
         keys += [(r, layer, NO_INDEX) for r in LAYER_ROLES if dims.present(r, layer)]

@@ -4,6 +4,7 @@
 Examples:
   python host/pack.py path/to/mixtral-checkpoint -o model.img --max-seq 256
   python host/pack.py models/demo-adder -o demo.img --max-seq 64 --board x86_64_baremetal
+  python host/pack.py qwen2-moe-q8_0.gguf -o model.img --norm-topk-prob false
 """
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ class DoesNotFit(ValueError):
     """The image or its arena is larger than the board's memory for it."""
 
 
-def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, board: str | None = None) -> dict:
-    ckpt = load_checkpoint(src, max_seq)
+def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, board: str | None = None,
+         norm_topk_prob: bool | None = None) -> dict:
+    ckpt = load_checkpoint(src, max_seq, norm_topk_prob)
     blob = build_image(ckpt.dims, ckpt.tensors, expert_align=expert_align)
     fit_lines: list[str] = []
     if board:
@@ -50,7 +52,8 @@ def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, board: st
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("checkpoint", type=Path, help="Hugging Face checkpoint directory (config.json + *.safetensors)")
+    ap.add_argument("checkpoint", type=Path,
+                    help="Hugging Face checkpoint directory (config.json + *.safetensors), or a .gguf file")
     ap.add_argument("-o", "--output", type=Path, required=True, help="image file to write")
     ap.add_argument("--max-seq", type=int,
                     help="longest sequence (prompt + generated) the image supports; sizes the KV cache "
@@ -58,11 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expert-align", type=int, default=64,
                     help="byte alignment of each expert block, e.g. 4096 for page-granular prefetch (default 64)")
     ap.add_argument("--board", choices=board_names(), help="check that image + arena fit this board's memory")
+    ap.add_argument("--norm-topk-prob", choices=("true", "false"),
+                    help="whether the top-k router weights are renormalized; needed for a Qwen-MoE/OLMoE GGUF "
+                         "file that does not say")
     args = ap.parse_args(argv)
     if args.max_seq is not None and args.max_seq < 1:
         ap.error("--max-seq must be at least 1")
     try:
-        r = pack(args.checkpoint, args.output, args.max_seq, args.expert_align, args.board)
+        norm = None if args.norm_topk_prob is None else args.norm_topk_prob == "true"
+        r = pack(args.checkpoint, args.output, args.max_seq, args.expert_align, args.board, norm)
     except (UnsupportedModel, FileNotFoundError, ValueError) as exc:
         print(f"pack: error: {exc}", file=sys.stderr)
         return 2

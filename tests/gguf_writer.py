@@ -1,0 +1,128 @@
+"""Write a Hugging Face checkpoint as a GGUF file the way llama.cpp's converter does (for tests).
+
+Independent of host/gguf_input.py, which reads it back: llama.cpp's tensor names and metadata keys
+(from the `gguf` package), experts stacked into one 3-D tensor per layer, q/k rows permuted for the
+`llama` architecture, and the chosen storage type for matrices (1-D tensors stay F32, as in
+llama.cpp).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf.constants import MODEL_TENSOR, TENSOR_NAMES
+from safetensors.numpy import load_file
+
+ARCH = {"MixtralForCausalLM": "llama", "LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+        "Qwen3ForCausalLM": "qwen3", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe",
+        "OlmoeForCausalLM": "olmoe"}
+Q = gguf.GGMLQuantizationType
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf's LlamaModel.permute (interleaved RoPE order)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _add(writer: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: Q) -> None:
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if arr.ndim == 1 or qtype == Q.F32 or (qtype in (Q.Q8_0, Q.Q4_0) and arr.shape[-1] % 32):
+        writer.add_tensor(name, arr)
+    elif qtype == Q.F16:
+        writer.add_tensor(name, arr.astype(np.float16))
+    else:
+        writer.add_tensor(name, gguf.quantize(arr, qtype), raw_dtype=qtype)
+
+
+def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = True,
+               extra: dict[str, np.ndarray] | None = None) -> Path:
+    cfg = json.loads((src / "config.json").read_text())
+    hf_arch = cfg["architectures"][0]
+    arch = ARCH[hf_arch]
+    t = load_file(src / "model.safetensors")
+    n_layers, n_head = cfg["num_hidden_layers"], cfg["num_attention_heads"]
+    n_kv = cfg.get("num_key_value_heads") or n_head
+    n_experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_block_count(n_layers)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg.get("intermediate_size", 0))
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    rp = cfg.get("rope_parameters") or {}
+    w.add_rope_freq_base(rp.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    if rp.get("rope_type", "default") in ("linear", "yarn"):
+        w.add_rope_scaling_type(gguf.RopeScalingType(rp["rope_type"]))
+        w.add_rope_scaling_factor(rp["factor"])
+        if "original_max_position_embeddings" in rp:
+            w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
+    if cfg.get("head_dim"):
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+    if cfg.get("clip_qkv"):
+        w.add_clamp_kqv(cfg["clip_qkv"])
+    if n_experts:
+        w.add_expert_count(n_experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if cfg.get("moe_intermediate_size"):
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if cfg.get("shared_expert_intermediate_size"):
+            w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+        if write_norm_key and arch != "llama":
+            w.add_expert_weights_norm(bool(cfg.get("norm_topk_prob", False)))
+
+    def name(tensor: MODEL_TENSOR, layer: int | None = None, kind: str = "weight") -> str:
+        return f"{TENSOR_NAMES[tensor].format(bid=layer)}.{kind}"
+
+    _add(w, name(MODEL_TENSOR.TOKEN_EMBD), t["model.embed_tokens.weight"], qtype)
+    _add(w, name(MODEL_TENSOR.OUTPUT_NORM), t["model.norm.weight"], qtype)
+    if "lm_head.weight" in t:
+        _add(w, name(MODEL_TENSOR.OUTPUT), t["lm_head.weight"], qtype)
+    for layer in range(n_layers):
+        p = f"model.layers.{layer}."
+        direct = {
+            "input_layernorm.weight": name(MODEL_TENSOR.ATTN_NORM, layer),
+            "post_attention_layernorm.weight": name(MODEL_TENSOR.FFN_NORM, layer),
+            "self_attn.v_proj.weight": name(MODEL_TENSOR.ATTN_V, layer),
+            "self_attn.v_proj.bias": name(MODEL_TENSOR.ATTN_V, layer, "bias"),
+            "self_attn.o_proj.weight": name(MODEL_TENSOR.ATTN_OUT, layer),
+            "self_attn.o_proj.bias": name(MODEL_TENSOR.ATTN_OUT, layer, "bias"),
+            "self_attn.q_norm.weight": name(MODEL_TENSOR.ATTN_Q_NORM, layer),
+            "self_attn.k_norm.weight": name(MODEL_TENSOR.ATTN_K_NORM, layer),
+            "mlp.gate_proj.weight": name(MODEL_TENSOR.FFN_GATE, layer),
+            "mlp.up_proj.weight": name(MODEL_TENSOR.FFN_UP, layer),
+            "mlp.down_proj.weight": name(MODEL_TENSOR.FFN_DOWN, layer),
+            "mlp.gate.weight": name(MODEL_TENSOR.FFN_GATE_INP, layer),
+            "block_sparse_moe.gate.weight": name(MODEL_TENSOR.FFN_GATE_INP, layer),
+            "mlp.shared_expert.gate_proj.weight": name(MODEL_TENSOR.FFN_GATE_SHEXP, layer),
+            "mlp.shared_expert.up_proj.weight": name(MODEL_TENSOR.FFN_UP_SHEXP, layer),
+            "mlp.shared_expert.down_proj.weight": name(MODEL_TENSOR.FFN_DOWN_SHEXP, layer),
+            "mlp.shared_expert_gate.weight": name(MODEL_TENSOR.FFN_GATE_INP_SHEXP, layer),
+        }
+        for hf, g in direct.items():
+            if p + hf in t:
+                _add(w, g, t[p + hf], qtype)
+        for proj, heads, tensor in (("q_proj", n_head, MODEL_TENSOR.ATTN_Q), ("k_proj", n_kv, MODEL_TENSOR.ATTN_K)):
+            for kind in ("weight", "bias"):
+                key = f"{p}self_attn.{proj}.{kind}"
+                if key in t:
+                    _add(w, name(tensor, layer, kind), permute(t[key], heads) if arch == "llama" else t[key], qtype)
+        expert_names = ({"gate": "w1", "up": "w3", "down": "w2"} if hf_arch == "MixtralForCausalLM"
+                        else {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"})
+        moe = "block_sparse_moe" if hf_arch == "MixtralForCausalLM" else "mlp"
+        for which, tensor in (("gate", MODEL_TENSOR.FFN_GATE_EXP), ("up", MODEL_TENSOR.FFN_UP_EXP),
+                              ("down", MODEL_TENSOR.FFN_DOWN_EXP)):
+            keys = [f"{p}{moe}.experts.{e}.{expert_names[which]}.weight" for e in range(n_experts)]
+            if keys and keys[0] in t:
+                _add(w, name(tensor, layer), np.stack([t[k] for k in keys]), qtype)
+    for n, arr in (extra or {}).items():
+        w.add_tensor(n, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out

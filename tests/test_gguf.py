@@ -1,0 +1,91 @@
+"""GGUF input: the same checkpoint through llama.cpp's format packs to the same model."""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from conftest import CONFIGS, make_checkpoint, make_family_checkpoint
+from gguf_writer import hf_to_gguf
+from host.checkpoint import UnsupportedModel
+from host.pack import pack
+from test_families import FAMILIES
+
+Q = gguf.GGMLQuantizationType
+PROMPT = [1, 5, 9, 3, 0, 2]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    base = tmp_path_factory.mktemp("gguf_src")
+    out = {"mixtral": make_checkpoint(CONFIGS[0], base / "mixtral")}
+    for i, (name, arch, cfg) in enumerate(FAMILIES):
+        out[name] = make_family_checkpoint(arch, cfg, 100 + i, base / name)
+    return out
+
+
+@pytest.mark.parametrize("name", ["mixtral"] + [f[0] for f in FAMILIES if f[0] != "llama_llama3_tied"])
+def test_f32_gguf_packs_to_the_same_image(name, sources, tmp_path):
+    """Same tensors after undoing llama.cpp's layout: the images are byte-identical."""
+    from_st, from_gguf = tmp_path / "st.img", tmp_path / "gguf.img"
+    pack(sources[name], from_st, 32, 64)
+    pack(hf_to_gguf(sources[name], tmp_path / "m.gguf"), from_gguf, 32, 64)
+    assert from_gguf.read_bytes() == from_st.read_bytes()
+
+
+def test_llama3_rope_freqs_is_refused(sources, tmp_path):
+    """llama.cpp stores llama3 RoPE as a rope_freqs tensor; it is refused by name, never ignored."""
+    path = hf_to_gguf(sources["llama_llama3_tied"], tmp_path / "m.gguf", extra={"rope_freqs.weight": np.ones(5, np.float32)})
+    with pytest.raises(UnsupportedModel, match="rope_freqs"):
+        pack(path, tmp_path / "a.img", 32, 64)
+
+
+def _bound(orig: np.ndarray, qtype: Q) -> np.ndarray:
+    """The largest error each stored type allows per element (an oracle from the formats' definitions)."""
+    if qtype == Q.F16:
+        return np.abs(orig) * 2.0 ** -11 + 6e-8
+    if qtype == Q.BF16:
+        return np.abs(orig) * 2.0 ** -8
+    blocks = np.abs(orig).reshape(*orig.shape[:-1], -1, 32).max(axis=-1, keepdims=True)
+    # Q8_0: d = amax/127, values round(x/d); Q4_0: d = max/-8, values in 0..15. d is stored as f16,
+    # which adds up to (largest level) * d * 2^-11 to the rounding error.
+    if qtype == Q.Q8_0:
+        factor = 0.5 + 127 * 2.0 ** -11
+        step = blocks / 127
+    else:
+        factor = 1.0 + 8 * 2.0 ** -11
+        step = blocks / 8
+    return np.broadcast_to(step * factor * 1.0001, blocks.shape[:-1] + (32,)).reshape(orig.shape)
+
+
+@pytest.mark.parametrize("qtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0], ids=lambda q: q.name)
+def test_quantized_gguf_dequantizes_within_the_format_error(qtype, tmp_path):
+    from host.checkpoint import load_checkpoint
+    src = make_family_checkpoint("Qwen2MoeForCausalLM", dict(
+        vocab_size=64, num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=96, moe_intermediate_size=64, shared_expert_intermediate_size=32, num_experts=4,
+        num_experts_per_tok=2, norm_topk_prob=False), 7, tmp_path / "src")
+    exact = load_checkpoint(src, 32)
+    quant = load_checkpoint(hf_to_gguf(src, tmp_path / "q.gguf", qtype), 32)
+    changed = 0
+    for key, orig in exact.tensors.items():
+        got = quant.tensors[key]
+        stored = orig.ndim == 2 and orig.shape[-1] % 32 == 0 and key[0].name not in ("ROPE_COS", "ROPE_SIN")
+        if not stored:
+            np.testing.assert_array_equal(got, orig)  # kept in F32, as llama.cpp does for vectors
+            continue
+        err = np.abs(got - orig)
+        assert np.all(err <= _bound(orig, qtype)), (key, float(err.max()))
+        changed += bool(err.max() > 0)
+    assert changed > 5  # the storage type really was lossy
+    pack(tmp_path / "q.gguf", tmp_path / "q.img", 32, 64)  # and it packs
+
+
+def test_gguf_errors_are_clear(sources, tmp_path):
+    path = hf_to_gguf(sources["qwen3moe"], tmp_path / "nonorm.gguf", write_norm_key=False)
+    with pytest.raises(UnsupportedModel, match="--norm-topk-prob"):
+        pack(path, tmp_path / "x.img", 32, 64)
+    pack(path, tmp_path / "x.img", 32, 64, norm_topk_prob=True)  # supplied on the command line
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF" + bytes(60))
+    with pytest.raises(UnsupportedModel, match="not a readable GGUF"):
+        pack(tmp_path / "junk.gguf", tmp_path / "y.img", 32, 64)
