@@ -142,3 +142,28 @@ def test_expf_accuracy(lib):
     assert lib.so.colibri_expf(200.0) == float("inf")
     assert lib.so.colibri_expf(-200.0) == 0.0
     assert np.isnan(lib.so.colibri_expf(float("nan")))
+
+
+def test_reopen_and_calls_after_failed_open(lib, base):
+    """Opening again over a live context starts a fresh one; a failed open hands out no context."""
+    ctx = Context(lib, base)
+    ctx.feed([1, 2, 3])
+    out, needed = C.c_void_p(), C.c_uint64()
+    assert lib.so.colibri_open(C.c_void_p(ctx.image.addr), ctx.image.size, C.c_void_p(ctx.arena.addr), ctx.arena.size,
+                               None, C.byref(out), C.byref(needed)) == 0
+    assert out.value == ctx.ctx.value
+    assert ctx.stats().tokens_fed == 0
+    assert ctx.feed([1]) == 0
+
+    corrupt = bytearray(base)
+    corrupt[-1] ^= 1
+    bad = Context.__new__(Context)
+    bad.lib, bad.ctx = lib, C.c_void_p()
+    from capi import Aligned
+    img, arena = Aligned(bytes(corrupt)), Aligned(1 << 20)
+    st = lib.so.colibri_open(C.c_void_p(img.addr), img.size, C.c_void_p(arena.addr), arena.size, None,
+                             C.byref(bad.ctx), None)
+    assert st == STATUS["E_IMAGE_PAYLOAD_CRC"] and bad.ctx.value is None
+    assert bad.feed([1]) == STATUS["E_NULL"]
+    assert lib.so.colibri_reset(bad.ctx) == STATUS["E_NULL"]
+

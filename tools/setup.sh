@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(gcc make qemu-system-x86 qemu-system-arm qemu-system-misc gcc-arm-none-eabi gcc-riscv64-unknown-elf)
+APT_PACKAGES=(gcc make qemu-system-x86 qemu-system-arm qemu-system-misc gcc-arm-none-eabi gcc-riscv64-unknown-elf
+              clang libclang-rt-14-dev valgrind)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Build and run the libFuzzer harnesses (clang, ASan + UBSan) of tests/fuzz/.
+
+Harnesses: `image` (verify + open + one prefill + one decode step on an arbitrary image) and
+`link` (the device side of the serial protocol on an arbitrary byte stream). Each starts from the
+seed corpus in tests/fuzz/corpus/<harness>/ (real images of every model variant; real protocol
+sessions) plus a dictionary. New inputs go to build/fuzz/corpus/<harness>/; a crash leaves its
+input in build/fuzz/ and fails the run.
+
+Examples:
+  python tools/fuzz.py --seconds 60                 # both harnesses, one minute each (the test suite's run)
+  python tools/fuzz.py image --seconds 3600 --jobs 2 # a long campaign
+  python tools/fuzz.py --make-seeds                  # regenerate the committed seed corpus
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+FUZZ = ROOT / "tests" / "fuzz"
+OUT = ROOT / "build" / "fuzz"
+HARNESSES = {
+    "image": (["fuzz_image.c"], "image.dict"),
+    "link": (["fuzz_link.c", str(ROOT / "boards" / "common" / "link.c")], "link.dict"),
+}
+CFLAGS = ["-std=c11", "-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all",
+          "-ffp-contract=off", f"-I{ROOT / 'firmware' / 'include'}", f"-I{ROOT / 'boards' / 'common'}"]
+
+
+def build(name: str) -> Path:
+    if shutil.which("clang") is None:
+        raise SystemExit("fuzz: clang not found: apt-get install clang libclang-rt-14-dev")
+    sources, _ = HARNESSES[name]
+    OUT.mkdir(parents=True, exist_ok=True)
+    exe = OUT / f"fuzz_{name}"
+    runtime = sorted(str(p) for p in (ROOT / "firmware" / "src").glob("*.c"))
+    cmd = ["clang", *CFLAGS, *[str(FUZZ / s) if "/" not in s else s for s in sources], *runtime, "-o", str(exe)]
+    subprocess.run(cmd, check=True)
+    return exe
+
+
+def seed_image() -> Path:
+    return FUZZ / "corpus" / "link_image.bin"
+
+
+def run(name: str, seconds: int, jobs: int, seed: int) -> dict:
+    exe = build(name)
+    seeds = FUZZ / "corpus" / name
+    work = OUT / "corpus" / name
+    work.mkdir(parents=True, exist_ok=True)
+    _, dictionary = HARNESSES[name]
+    cmd = [str(exe), str(work), str(seeds), f"-dict={FUZZ / dictionary}", f"-max_total_time={seconds}",
+           f"-seed={seed}", "-print_final_stats=1", "-max_len=65536", f"-artifact_prefix={OUT}/{name}-",
+           "-rss_limit_mb=2048", "-timeout=10"]
+    if jobs > 1:
+        cmd += [f"-jobs={jobs}", f"-workers={jobs}"]
+    env = {"COLIBRI_FUZZ_IMAGE": str(seed_image()), "PATH": "/usr/bin:/bin",
+           "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1", "UBSAN_OPTIONS": "print_stacktrace=1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    log = proc.stdout + proc.stderr
+    execs = sum(int(m) for m in re.findall(r"stat::number_of_executed_units:\s+(\d+)", log))
+    crashes = sorted(str(p) for p in OUT.glob(f"{name}-*"))
+    return {"harness": name, "seconds": seconds, "executions": execs, "exit_status": proc.returncode,
+            "corpus_files": len(list(work.iterdir())), "findings": crashes,
+            "log_tail": log[-3000:] if proc.returncode else ""}
+
+
+def make_seeds() -> None:
+    """Seed corpus: small images of every model variant, and protocol sessions against one of them."""
+    import numpy as np
+
+    from host import image as im
+    from host.protocol import (REQ_INFO, REQ_OPEN, REQ_QUIT, REQ_RUN, REQ_STATS, REQ_UPLOAD_BEGIN,
+                               REQ_UPLOAD_CHUNK, REQ_UPLOAD_END, RUN_FIXED, encode_frame)
+    from host.rope import tables
+
+    rng = np.random.default_rng(0)
+    variants = {
+        "mixtral": dict(flags=im.FLAG_NORM_TOPK, moe=(True, True)),
+        "qwen2moe": dict(flags=im.FLAG_QKV_BIAS | im.FLAG_SHARED_EXPERT, moe=(True, False), shared=6, dense=10),
+        "qwen3moe": dict(flags=im.FLAG_NORM_TOPK | im.FLAG_QK_NORM_HEAD, moe=(False, True), dense=10),
+        "olmoe": dict(flags=im.FLAG_QKV_BIAS | im.FLAG_O_BIAS | im.FLAG_QK_NORM_FULL, moe=(True, True), clip=0.5),
+        "dense": dict(flags=im.FLAG_QKV_BIAS, moe=(False, False), dense=12, experts=0),
+    }
+    out = FUZZ / "corpus" / "image"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, v in variants.items():
+        experts = v.get("experts", 3)
+        dims = im.ModelDims(vocab_size=11, hidden_size=8, ffn_size=6 if experts else 0, n_layers=2, n_heads=2,
+                            n_kv_heads=1, head_dim=4, n_experts=experts, top_k=2 if experts else 0, max_seq=6,
+                            rms_norm_eps=1e-5, rope_theta=10000.0, flags=v["flags"], dense_ffn_size=v.get("dense", 0),
+                            shared_ffn_size=v.get("shared", 0), clip_qkv=v.get("clip", 0.0), moe_layers=v["moe"])
+        tensors = {}
+        for role, layer, expert in im.canonical_order(dims):
+            if layer == im.NO_INDEX or dims.present(role, layer):
+                tensors[(role, layer, expert)] = rng.normal(0, 0.5, im.expected_shape(dims, role)).astype(np.float32)
+        inv = 1.0 / (10000.0 ** (np.arange(0, 4, 2) / 4))
+        cos, sin = tables(inv, 1.0, dims.max_seq)
+        tensors[(im.Role.ROPE_COS, im.NO_INDEX, im.NO_INDEX)] = cos
+        tensors[(im.Role.ROPE_SIN, im.NO_INDEX, im.NO_INDEX)] = sin
+        blob = im.build_image(dims, tensors)
+        (out / f"{name}.img").write_bytes(b"\x01" + blob)  # first byte: the harness reseals CRCs
+        (out / f"{name}-raw.img").write_bytes(b"\x00" + blob)
+        if name == "mixtral":
+            seed_image().write_bytes(blob)
+
+    image = seed_image().read_bytes()
+    run_payload = RUN_FIXED.pack(1, 3, 0.8, 3, 0.9, 0, 7, 2) + struct.pack("<2I", 1, 2)
+    sessions = {
+        "run": [(REQ_INFO, b""), (REQ_OPEN, b""), (REQ_RUN, run_payload), (REQ_STATS, b""), (REQ_QUIT, b"")],
+        "upload": [(REQ_UPLOAD_BEGIN, struct.pack("<QI", len(image), 0)),
+                   (REQ_UPLOAD_CHUNK, struct.pack("<Q", 0) + image[:2000]),
+                   (REQ_UPLOAD_CHUNK, struct.pack("<Q", 2000) + image[2000:4000]),
+                   (REQ_UPLOAD_END, b""), (REQ_OPEN, b""), (REQ_RUN, run_payload)],
+    }
+    link = FUZZ / "corpus" / "link"
+    link.mkdir(parents=True, exist_ok=True)
+    for name, reqs in sessions.items():
+        framed = b"".join(encode_frame(t, i + 1, p) for i, (t, p) in enumerate(reqs))
+        records = b"".join(struct.pack("<BBH", t, i + 1, len(p)) + p for i, (t, p) in enumerate(reqs))
+        (link / f"{name}-frames.bin").write_bytes(b"\x00" + framed)
+        (link / f"{name}-records.bin").write_bytes(b"\x01" + records)
+    print(f"seeds written under {FUZZ / 'corpus'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("harness", nargs="*", choices=[*HARNESSES, []], help="harnesses to run (default: all)")
+    ap.add_argument("--seconds", type=int, default=60, help="fuzzing time per harness")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1, help="libFuzzer's random seed (fixed for repeatable runs)")
+    ap.add_argument("--make-seeds", action="store_true", help="regenerate tests/fuzz/corpus and exit")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.make_seeds:
+        make_seeds()
+        return 0
+    results = [run(h, args.seconds, args.jobs, args.seed) for h in (args.harness or list(HARNESSES))]
+    if args.json:
+        print(json.dumps(results))
+    else:
+        for r in results:
+            verdict = "no findings" if not r["findings"] and r["exit_status"] == 0 else f"FINDINGS: {r['findings']}"
+            print(f"{r['harness']:<6} {r['seconds']:>5} s  {r['executions']:>10,} executions  "
+                  f"{r['corpus_files']:>5} corpus files  {verdict}")
+            if r["log_tail"]:
+                print(r["log_tail"], file=sys.stderr)
+    return 0 if all(not r["findings"] and r["exit_status"] == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
