@@ -16,6 +16,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -23,7 +24,7 @@ if __package__ in (None, ""):
 import numpy as np  # noqa: E402
 
 from host.image import ImageError, read_image  # noqa: E402
-from host.protocol import Client, DeviceError, LinkError, Sampling  # noqa: E402
+from host.protocol import Client, DeviceError, LinkError, Sampling, Transport  # noqa: E402
 from host.reference import Reference  # noqa: E402
 from sim.boards import DEFAULT_BOARD, load_board  # noqa: E402
 from sim.launch import open_port, start_board  # noqa: E402
@@ -76,7 +77,7 @@ def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sa
     if len(prompt) + max_new > opened.max_seq:
         raise ValueError(f"{len(prompt)} prompt + {max_new} new tokens exceed the image's max_seq "
                          f"{opened.max_seq}; repack with a larger --max-seq or ask for fewer tokens")
-    events, logits = client.run(prompt, max_new, sampling, want_logits, on_token)
+    events, logits = client.run(prompt, max_new, sampling, opened.vocab_size if want_logits else None, on_token)
     stats = client.stats()
     client.quit()
     return RunResult([e.token for e in events], stats, logits, info.board, upload_crc)
@@ -84,12 +85,15 @@ def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sa
 
 def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, sampling: Sampling,
                  want_logits: bool, firmware: Path | None = None, on_token=None, board_args: list[str] | None = None,
-                 timeout: float = 60.0, upload: bool = False, gdb: bool = False) -> RunResult:
-    """Boot `board_name` (QEMU or hosted), load the image (QEMU's loader, or `upload` over the link), run."""
+                 timeout: float = 60.0, upload: bool = False, gdb: bool = False, retries: int = 4,
+                 wrap: Callable[[Transport], Transport] | None = None) -> RunResult:
+    """Boot `board_name` (QEMU or hosted), load the image (QEMU's loader, or `upload` over the link), run.
+    `wrap` may put something between host and device (the fault injector of sim/faults.py)."""
     board = load_board(board_name)
     with start_board(board, firmware or board.firmware(), None if upload else image, board_args, gdb) as device:
-        result = run_session(Client(device.link, timeout=timeout), image, prompt, max_new, sampling, want_logits,
-                             upload, on_token)
+        link = wrap(device.link) if wrap else device.link
+        result = run_session(Client(link, timeout=timeout, retries=retries), image, prompt, max_new, sampling,
+                             want_logits, upload, on_token)
     result.guest_code = device.guest_code
     if result.guest_code != 0:
         raise LinkError(f"board ended badly after the run: {device.describe()}")
@@ -137,7 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dump-logits", type=Path, metavar="FILE.npy",
                     help="save the device's logits: row i = after the i-th token fed, prompt first")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
-    ap.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for any device frame")
+    ap.add_argument("--timeout", type=float, default=60.0,
+                    help="seconds to wait for an answer before sending a request again (default 60)")
+    ap.add_argument("--retries", type=int, default=4, help="retransmissions of a request before giving up (default 4)")
+    ap.add_argument("--fault-rate", type=float, default=0.0, metavar="R",
+                    help="testing: drop/flip/duplicate/delay each byte with probability R in both directions")
+    ap.add_argument("--fault-seed", type=int, default=0, help="seed of --fault-rate")
     args = ap.parse_args(argv)
     if args.max_new_tokens < 0:
         ap.error("--max-new-tokens must be >= 0")
@@ -155,15 +164,20 @@ def main(argv: list[str] | None = None) -> int:
     if not quiet:
         print(f"[{args.port or args.board}] prompt {args.prompt_tokens} -> ", end="", flush=True)
     want_logits = args.verify or args.dump_logits is not None
+    wrap = None
+    if args.fault_rate > 0:
+        from sim.faults import LossyTransport
+        wrap = lambda link: LossyTransport(link, args.fault_rate, args.fault_seed)  # noqa: E731
     try:
         if args.port:
-            with open_port(args.port, args.baud) as link:
-                result = run_session(Client(link, timeout=args.timeout), args.image, args.prompt_tokens,
-                                     args.max_new_tokens, sampling, want_logits, True, on_token)
+            with open_port(args.port, args.baud) as port_link:
+                link = wrap(port_link) if wrap else port_link
+                result = run_session(Client(link, timeout=args.timeout, retries=args.retries), args.image,
+                                     args.prompt_tokens, args.max_new_tokens, sampling, want_logits, True, on_token)
         else:
             result = run_on_board(args.image, args.board, args.prompt_tokens, args.max_new_tokens, sampling,
                                   want_logits, args.firmware, on_token, timeout=args.timeout, upload=args.upload,
-                                  gdb=args.gdb)
+                                  gdb=args.gdb, retries=args.retries, wrap=wrap)
     except DeviceError as exc:
         hint = ""
         if exc.message == "arena too small":

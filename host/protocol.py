@@ -17,13 +17,15 @@ SYNC = b"\xA5\x5A"
 MAX_PAYLOAD = 4096
 PROTOCOL_VERSION = 1
 
-REQ_INFO, REQ_OPEN, REQ_RUN, REQ_STATS, REQ_QUIT = 0x01, 0x02, 0x03, 0x04, 0x05
+REQ_INFO, REQ_OPEN, REQ_START, REQ_STATS, REQ_QUIT = 0x01, 0x02, 0x03, 0x04, 0x05
 REQ_UPLOAD_BEGIN, REQ_UPLOAD_CHUNK, REQ_UPLOAD_END = 0x06, 0x07, 0x08
-RSP_INFO, RSP_OPENED, RSP_TOKEN, RSP_LOGITS, RSP_DONE, RSP_STATS, RSP_BYE = 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87
-RSP_UPLOAD_ACK, RSP_UPLOADED = 0x88, 0x89
+REQ_FEED, REQ_STEP, REQ_LOGITS = 0x09, 0x0A, 0x0B
+RSP_INFO, RSP_OPENED, RSP_TOKEN, RSP_LOGITS, RSP_STARTED, RSP_STATS, RSP_BYE = 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87
+RSP_UPLOAD_ACK, RSP_UPLOADED, RSP_FED = 0x88, 0x89, 0x8A
 RSP_ERROR = 0xEE
-RUN_FLAG_LOGITS = 1
-RUN_FIXED = struct.Struct("<IIfIfIQI")  # flags, max_new, temperature, top_k, top_p, reserved, seed, n_prompt
+START = struct.Struct("<fIfIQ")  # temperature, top_k, top_p, reserved, seed
+LOGITS_PER_FRAME = (MAX_PAYLOAD - 12) // 4
+FEED_PER_FRAME = (MAX_PAYLOAD - 4) // 4
 
 # colibri_status names (firmware/include/colibri.h) and link-level codes (boards/common/link.c)
 STATUS_NAMES = [
@@ -32,6 +34,7 @@ STATUS_NAMES = [
     "E_IMAGE_TABLE", "E_IMAGE_BOUNDS", "E_IMAGE_DTYPE", "E_IMAGE_PLAN", "E_UNSUPPORTED", "E_TOKEN_RANGE",
     "E_SEQ_FULL", "E_NO_LOGITS",
 ]
+LINK_BAD_CRC, LINK_BAD_LENGTH = 200, 201
 LINK_ERRORS = {200: "LINK_BAD_CRC", 201: "LINK_BAD_LENGTH", 202: "LINK_UNKNOWN_TYPE", 203: "LINK_BAD_PAYLOAD",
                204: "LINK_NOT_OPEN", 205: "LINK_NO_IMAGE", 206: "LINK_UPLOAD_TOO_BIG", 207: "LINK_UPLOAD_ORDER",
                208: "LINK_UPLOAD_CRC"}
@@ -44,7 +47,15 @@ def status_name(code: int) -> str:
 
 
 class LinkError(RuntimeError):
-    """The byte stream broke: timeout, end of stream, or a frame that failed its check."""
+    """The byte stream broke: end of stream, a frame that failed its check, or no answer in time."""
+
+
+class LinkTimeout(LinkError):
+    """Nothing (complete) arrived in time; a retransmission may still succeed."""
+
+
+class LinkClosed(LinkError):
+    """The device side of the stream is gone (process exited, socket closed): retrying cannot help."""
 
 
 class DeviceError(RuntimeError):
@@ -68,7 +79,8 @@ class Transport(Protocol):
 
 
 def read_frame(t: Transport, timeout: float) -> tuple[int, int, bytes]:
-    """Next (type, seq, payload); skips bytes before a sync pair; raises LinkError on a bad frame."""
+    """Next (type, seq, payload); skips bytes before a sync pair; raises LinkError on a bad frame
+    and LinkTimeout when the frame does not complete in time."""
     deadline = time.monotonic() + timeout
     left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
     prev = b""
@@ -126,101 +138,150 @@ class TokenEvent:
     cycles: int
 
 
-class Client:
-    """Request/response over a Transport. One request at a time; responses carry its seq."""
+def scripted_session(prompt: list[int], n_steps: int, sampling: Sampling, vocab: int) -> list[tuple[int, bytes]]:
+    """The requests of a whole session (INFO, OPEN, START, FEED, STEP/LOGITS..., STATS, QUIT), for
+    driving a board without a Client: fuzz seeds, valgrind runs."""
+    logits = [(REQ_LOGITS, struct.pack("<II", f, min(LOGITS_PER_FRAME, vocab - f))) for f in range(0, vocab, LOGITS_PER_FRAME)]
+    reqs = [(REQ_INFO, b""), (REQ_OPEN, b""),
+            (REQ_START, START.pack(sampling.temperature, sampling.top_k, sampling.top_p, 0, sampling.seed)),
+            (REQ_FEED, struct.pack(f"<I{len(prompt)}I", len(prompt), *prompt)), *logits]
+    for _ in range(n_steps):
+        reqs += [(REQ_STEP, b""), *logits]
+    return reqs + [(REQ_STATS, b""), (REQ_QUIT, b"")]
 
-    def __init__(self, transport: Transport, timeout: float = 30.0):
+
+class Client:
+    """Request/response over a Transport, one request at a time, each answered by one frame.
+
+    A request whose answer does not arrive in `timeout` seconds, arrives corrupted, or that the
+    device reports as corrupted is sent again, up to `retries` times; the device answers a
+    repeated request from its cache without doing the work twice (docs/PROTOCOL.md). So a lossy
+    link either gives the same results as a clean one or fails within (retries + 1) * timeout
+    with a LinkError that says what went wrong."""
+
+    def __init__(self, transport: Transport, timeout: float = 30.0, retries: int = 4):
         self.t = transport
         self.timeout = timeout
+        self.retries = retries
         self.seq = 0
+        self.retransmissions = 0
 
-    def _request(self, ftype: int, payload: bytes = b"") -> int:
+    def call(self, ftype: int, payload: bytes, want: int) -> bytes:
         self.seq = (self.seq + 1) & 0xFF
-        self.t.write(encode_frame(ftype, self.seq, payload))
-        return self.seq
-
-    def _response(self, seq: int, timeout: float | None = None) -> tuple[int, bytes]:
-        ftype, rseq, payload = read_frame(self.t, timeout or self.timeout)
-        if ftype == RSP_ERROR:
-            code, detail = struct.unpack_from("<IQ", payload)
-            raise DeviceError(code, detail, payload[12:].decode("ascii", "replace"))
-        if rseq != seq:
-            raise LinkError(f"response for request {rseq}, expected {seq}: the link lost or reordered a frame")
-        return ftype, payload
-
-    def _expect(self, seq: int, want: int) -> bytes:
-        ftype, payload = self._response(seq)
-        if ftype != want:
-            raise LinkError(f"expected frame type 0x{want:02x}, got 0x{ftype:02x}")
-        return payload
+        frame = encode_frame(ftype, self.seq, payload)
+        problem = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                self.retransmissions += 1
+            self.t.write(frame)
+            deadline = time.monotonic() + self.timeout
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    if left <= 0:
+                        raise LinkTimeout(f"no answer within {self.timeout:g}s")
+                    rtype, rseq, p = read_frame(self.t, left)
+                except LinkClosed:
+                    raise
+                except LinkError as exc:  # nothing in time, or a corrupt answer: ask again
+                    problem = str(exc)
+                    break
+                if rtype == RSP_ERROR:
+                    code, detail = struct.unpack_from("<IQ", p)
+                    if code in (LINK_BAD_CRC, LINK_BAD_LENGTH):  # our request arrived damaged
+                        problem = f"device received a damaged request ({status_name(code)})"
+                        break
+                    if rseq == self.seq:
+                        raise DeviceError(code, detail, p[12:].decode("ascii", "replace"))
+                    continue
+                if rseq != self.seq:
+                    continue  # a late answer to an earlier attempt of an earlier request
+                if rtype != want:
+                    raise LinkError(f"expected frame type 0x{want:02x}, got 0x{rtype:02x}")
+                return p
+        raise LinkError(f"request 0x{ftype:02x} failed after {self.retries + 1} attempts: {problem}")
 
     def info(self) -> DeviceInfo:
-        p = self._expect(self._request(REQ_INFO), RSP_INFO)
+        p = self.call(REQ_INFO, b"", RSP_INFO)
         version, max_payload, image_cap, arena_cap, hz = struct.unpack_from("<IIQQQ", p)
         if version != PROTOCOL_VERSION:
             raise LinkError(f"device speaks protocol {version}, this host speaks {PROTOCOL_VERSION}")
         return DeviceInfo(version, max_payload, image_cap, arena_cap, hz, p[32:64].split(b"\0")[0].decode())
 
     def upload(self, image: bytes, on_progress: Callable[[int], None] | None = None) -> int:
-        """Send `image` in checksummed chunks; returns the CRC-32 the device computed over what it stored."""
+        """Send `image` in checksummed chunks, resuming an interrupted upload of the same image;
+        returns the CRC-32 the device computed over what it stored."""
         crc = zlib.crc32(image) & 0xFFFFFFFF
-        self._expect(self._request(REQ_UPLOAD_BEGIN, struct.pack("<QI", len(image), crc)), RSP_UPLOAD_ACK)
+        ack = self.call(REQ_UPLOAD_BEGIN, struct.pack("<QI", len(image), crc), RSP_UPLOAD_ACK)
+        offset = struct.unpack("<Q", ack)[0]
         chunk = MAX_PAYLOAD - 8
-        for offset in range(0, len(image), chunk):
-            ack = self._expect(self._request(REQ_UPLOAD_CHUNK, struct.pack("<Q", offset) + image[offset:offset + chunk]),
-                               RSP_UPLOAD_ACK)
+        while offset < len(image):
+            ack = self.call(REQ_UPLOAD_CHUNK, struct.pack("<Q", offset) + image[offset:offset + chunk], RSP_UPLOAD_ACK)
             received = struct.unpack("<Q", ack)[0]
-            if received != min(offset + chunk, len(image)):
+            if received <= offset:
                 raise LinkError(f"device acknowledged {received} bytes after the chunk at {offset}")
+            offset = received
             if on_progress:
                 on_progress(received)
-        size, device_crc = struct.unpack_from("<QI", self._expect(self._request(REQ_UPLOAD_END), RSP_UPLOADED))
+        size, device_crc = struct.unpack_from("<QI", self.call(REQ_UPLOAD_END, b"", RSP_UPLOADED))
         if size != len(image) or device_crc != crc:
             raise LinkError(f"device stored {size} bytes with CRC {device_crc:08x}, sent {len(image)} with {crc:08x}")
         return device_crc
 
     def open(self) -> OpenInfo:
-        p = self._expect(self._request(REQ_OPEN), RSP_OPENED)
-        return OpenInfo(*struct.unpack_from("<QQIII", p))
+        return OpenInfo(*struct.unpack_from("<QQIII", self.call(REQ_OPEN, b"", RSP_OPENED)))
 
-    def run(self, prompt: list[int], max_new: int, sampling: Sampling, logits: bool,
+    def start(self, sampling: Sampling) -> None:
+        self.call(REQ_START, START.pack(sampling.temperature, sampling.top_k, sampling.top_p, 0,
+                                        sampling.seed & (2**64 - 1)), RSP_STARTED)
+
+    def feed(self, tokens: list[int]) -> int:
+        """Feed tokens; returns the number of positions now in the KV cache."""
+        return struct.unpack_from("<I", self.call(REQ_FEED, struct.pack(f"<I{len(tokens)}I", len(tokens), *tokens),
+                                                  RSP_FED))[0]
+
+    def step(self) -> TokenEvent:
+        pos, token, cycles = struct.unpack_from("<IIQ", self.call(REQ_STEP, b"", RSP_TOKEN))
+        return TokenEvent(pos, token, cycles)
+
+    def logits(self, vocab: int) -> np.ndarray:
+        """The logits after the last fed token."""
+        parts = []
+        for first in range(0, vocab, LOGITS_PER_FRAME):
+            count = min(LOGITS_PER_FRAME, vocab - first)
+            p = self.call(REQ_LOGITS, struct.pack("<II", first, count), RSP_LOGITS)
+            _, rfirst, rcount = struct.unpack_from("<III", p)
+            if (rfirst, rcount) != (first, count):
+                raise LinkError(f"asked for logits {first}+{count}, got {rfirst}+{rcount}")
+            parts.append(np.frombuffer(p, "<f4", count, 12))
+        return np.concatenate(parts)
+
+    def run(self, prompt: list[int], max_new: int, sampling: Sampling, vocab: int | None = None,
             on_token: Callable[[TokenEvent], None] | None = None) -> tuple[list[TokenEvent], np.ndarray | None]:
-        """Reset, feed `prompt`, generate `max_new` tokens. Returns the token events and, if asked,
-        the logits rows (prompt tokens first, then one per generated token)."""
-        fixed = RUN_FIXED.pack(RUN_FLAG_LOGITS if logits else 0, max_new, sampling.temperature, sampling.top_k,
-                               sampling.top_p, 0, sampling.seed & (2**64 - 1), len(prompt))
-        payload = fixed + struct.pack(f"<{len(prompt)}I", *prompt)
-        seq = self._request(REQ_RUN, payload)
-        events: list[TokenEvent] = []
-        rows: dict[int, np.ndarray] = {}
-        while True:
-            ftype, p = self._response(seq)
-            if ftype == RSP_TOKEN:
-                ev = TokenEvent(*struct.unpack_from("<IIQ", p))
-                events.append(ev)
-                if on_token:
-                    on_token(ev)
-            elif ftype == RSP_LOGITS:
-                row, first, count = struct.unpack_from("<III", p)
-                chunk = np.frombuffer(p, "<f4", count, 12)
-                buf = rows.setdefault(row, np.zeros(0, np.float32))
-                if first != buf.size:
-                    raise LinkError(f"logits row {row}: chunk at {first}, expected {buf.size}")
-                rows[row] = np.concatenate([buf, chunk])
-            elif ftype == RSP_DONE:
-                break
-            else:
-                raise LinkError(f"unexpected frame type 0x{ftype:02x} during RUN")
-        if not logits:
-            return events, None
-        n_rows = len(prompt) + len(events)
-        if sorted(rows) != list(range(n_rows)):
-            raise LinkError(f"expected {n_rows} logits rows, got {len(rows)}")
-        return events, np.stack([rows[i] for i in range(n_rows)])
+        """A new sequence: feed `prompt`, generate `max_new` tokens. With `vocab`, also return the
+        logits rows (row i = after the i-th fed token, prompt first)."""
+        self.start(sampling)
+        rows = []
+        if vocab:
+            for tok in prompt:  # one at a time: every prompt position's logits are wanted
+                self.feed([tok])
+                rows.append(self.logits(vocab))
+        else:
+            for i in range(0, len(prompt), FEED_PER_FRAME):
+                self.feed(prompt[i:i + FEED_PER_FRAME])
+        events = []
+        for _ in range(max_new):
+            ev = self.step()
+            events.append(TokenEvent(len(events), ev.token, ev.cycles))
+            if on_token:
+                on_token(events[-1])
+            if vocab:
+                rows.append(self.logits(vocab))
+        return events, (np.stack(rows) if vocab else None)
 
     def stats(self) -> dict[str, int]:
-        p = self._expect(self._request(REQ_STATS), RSP_STATS)
+        p = self.call(REQ_STATS, b"", RSP_STATS)
         return dict(zip(STATS_FIELDS, struct.unpack_from(f"<{len(STATS_FIELDS)}Q", p)))
 
     def quit(self, code: int = 0) -> None:
-        self._expect(self._request(REQ_QUIT, struct.pack("<I", code)), RSP_BYE)
+        self.call(REQ_QUIT, struct.pack("<I", code), RSP_BYE)

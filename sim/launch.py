@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 
 import serial
 
-from host.protocol import LinkError
+from host.protocol import LinkClosed, LinkError, LinkTimeout
 from sim.boards import Board
 
 CONNECT_TIMEOUT = 15.0
@@ -39,6 +39,7 @@ class SerialTransport:
 
     def __init__(self, port: serial.SerialBase, describe: Callable[[], str] = lambda: ""):
         self.port = port
+        self.port.timeout = 0.05  # set once: changing it reconfigures the port, which fails once the peer is gone
         self.describe = describe
 
     def read(self, n: int, timeout: float) -> bytes:
@@ -47,19 +48,18 @@ class SerialTransport:
         while len(buf) < n:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise LinkError(f"timed out after {timeout:.1f}s waiting for the device{self.describe()}")
-            self.port.timeout = min(left, 1.0)
+                raise LinkTimeout(f"timed out after {timeout:.1f}s waiting for the device")
             try:
                 buf += self.port.read(n - len(buf))
             except serial.SerialException as exc:
-                raise LinkError(f"serial link failed: {exc}{self.describe()}") from None
+                raise LinkClosed(f"serial link failed: {exc}{self.describe()}") from None
         return bytes(buf)
 
     def write(self, data: bytes) -> None:
         try:
             self.port.write(data)
         except serial.SerialException as exc:
-            raise LinkError(f"serial link failed: {exc}{self.describe()}") from None
+            raise LinkClosed(f"serial link failed: {exc}{self.describe()}") from None
 
     def read_until_text(self, marker: bytes, timeout: float) -> bytes:
         """Bytes up to and including `marker` (a board's ready banner)."""
@@ -83,14 +83,14 @@ class PipeTransport:
         while len(self.buf) < n:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise LinkError(f"timed out after {timeout:.1f}s waiting for the device{self.describe()}")
+                raise LinkTimeout(f"timed out after {timeout:.1f}s waiting for the device")
             ready, _, _ = select.select([self.rfd], [], [], left)
             if not ready:
                 continue
             chunk = os.read(self.rfd, 1 << 16)
             if not chunk:
                 self.proc.wait(timeout=5)
-                raise LinkError(f"device closed the link{self.describe()}")
+                raise LinkClosed(f"device closed the link{self.describe()}")
             self.buf += chunk
         out = bytes(self.buf[:n])
         del self.buf[:n]
@@ -101,7 +101,7 @@ class PipeTransport:
             self.proc.stdin.write(data)
             self.proc.stdin.flush()
         except BrokenPipeError:
-            raise LinkError(f"device closed the link{self.describe()}") from None
+            raise LinkClosed(f"device closed the link{self.describe()}") from None
 
 
 def exit_meaning(board: Board, status: int | None) -> str:
@@ -220,7 +220,7 @@ def start_board(board: Board, firmware: Path, image: Path | None, extra_args: li
             else:
                 port = _wait_for_port(proc, log_path, CONNECT_TIMEOUT)
                 device = Device(board, None, log_path, proc)  # type: ignore[arg-type]
-                conn = serial.serial_for_url(f"socket://127.0.0.1:{port}", timeout=1.0)
+                conn = serial.serial_for_url(f"socket://127.0.0.1:{port}")
                 device.link = SerialTransport(conn, device.describe)
                 if gdb:
                     print(f"QEMU is halted with a GDB stub on 127.0.0.1:1234. Attach with:\n"
@@ -246,7 +246,7 @@ def start_board(board: Board, firmware: Path, image: Path | None, extra_args: li
 def open_port(port: str, baud: int) -> Iterator[SerialTransport]:
     """A real board on a serial port: same protocol, image uploaded over the link."""
     try:
-        conn = serial.Serial(port, baud, timeout=1.0)
+        conn = serial.Serial(port, baud)
     except serial.SerialException as exc:
         raise LinkError(f"cannot open {port}: {exc}") from None
     try:

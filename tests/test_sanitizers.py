@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import shutil
-import struct
 import subprocess
 
 import numpy as np
@@ -11,7 +10,7 @@ import pytest
 from conftest import build
 from host import flash
 from host.image import read_image
-from host.protocol import REQ_INFO, REQ_OPEN, REQ_QUIT, REQ_RUN, REQ_STATS, RUN_FIXED, Sampling, encode_frame
+from host.protocol import Sampling, encode_frame, scripted_session
 from host.reference import Reference
 
 TOLERANCE = 1e-4
@@ -43,10 +42,10 @@ def test_sanitized_build_survives_bad_requests(images, asan_firmware):
         client.open()
         vocab = read_image(images["base"].read_bytes()).dims.vocab_size
         with pytest.raises(DeviceError, match="E_TOKEN_RANGE"):
-            client.run([vocab + 5], 1, Sampling(), False)
+            client.run([vocab + 5], 1, Sampling())
         with pytest.raises(DeviceError, match="E_SEQ_FULL"):
-            client.run([1] * 40, 20, Sampling(), False)
-        events, _ = client.run([1, 2], 3, Sampling(), False)
+            client.run([1] * 40, 20, Sampling())
+        events, _ = client.run([1, 2], 3, Sampling())
         assert len(events) == 3
         client.quit()
     assert device.exit_status == 0
@@ -56,9 +55,9 @@ def test_sanitized_build_survives_bad_requests(images, asan_firmware):
 def test_valgrind_memcheck_one_generation(images):
     """One generation on the debug build under memcheck: no invalid access, no uninitialised read, no leak."""
     elf = build("hosted", "debug") / "firmware.elf"
-    run = RUN_FIXED.pack(1, 6, 0.7, 5, 0.9, 0, 11, len(PROMPT)) + struct.pack(f"<{len(PROMPT)}I", *PROMPT)
-    session = b"".join(encode_frame(t, i + 1, p) for i, (t, p) in enumerate(
-        [(REQ_INFO, b""), (REQ_OPEN, b""), (REQ_RUN, run), (REQ_STATS, b""), (REQ_QUIT, b"")]))
+    vocab = read_image(images["top3_gqa4_tied"].read_bytes()).dims.vocab_size
+    session = b"".join(encode_frame(t, i + 1, p) for i, (t, p) in
+                       enumerate(scripted_session(PROMPT, 6, Sampling(0.7, 5, 0.9, 11), vocab)))
     proc = subprocess.run(["valgrind", "--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite",
                            str(elf), str(images["top3_gqa4_tied"])], input=session, capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                 opened = client.open()
                 for a, b in problems:
                     prompt = encode_problem(a, b)
-                    events, logits = client.run(prompt, ANSWER_LEN, Sampling(), logits=True)
+                    events, logits = client.run(prompt, ANSWER_LEN, Sampling(), vocab=ref.d.vocab_size)
                     stats = client.stats()
                     tokens = [e.token for e in events]
                     err = float(np.max(np.abs(logits - ref.forward(prompt + tokens))))

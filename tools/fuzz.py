@@ -80,8 +80,8 @@ def make_seeds() -> None:
     import numpy as np
 
     from host import image as im
-    from host.protocol import (REQ_INFO, REQ_OPEN, REQ_QUIT, REQ_RUN, REQ_STATS, REQ_UPLOAD_BEGIN,
-                               REQ_UPLOAD_CHUNK, REQ_UPLOAD_END, RUN_FIXED, encode_frame)
+    from host.protocol import (REQ_OPEN, REQ_UPLOAD_BEGIN, REQ_UPLOAD_CHUNK, REQ_UPLOAD_END, Sampling,
+                               encode_frame, scripted_session)
     from host.rope import tables
 
     rng = np.random.default_rng(0)
@@ -115,13 +115,13 @@ def make_seeds() -> None:
             seed_image().write_bytes(blob)
 
     image = seed_image().read_bytes()
-    run_payload = RUN_FIXED.pack(1, 3, 0.8, 3, 0.9, 0, 7, 2) + struct.pack("<2I", 1, 2)
+    run = scripted_session([1, 2], 3, Sampling(0.8, 3, 0.9, 7), 11)
     sessions = {
-        "run": [(REQ_INFO, b""), (REQ_OPEN, b""), (REQ_RUN, run_payload), (REQ_STATS, b""), (REQ_QUIT, b"")],
+        "run": run,
         "upload": [(REQ_UPLOAD_BEGIN, struct.pack("<QI", len(image), 0)),
                    (REQ_UPLOAD_CHUNK, struct.pack("<Q", 0) + image[:2000]),
                    (REQ_UPLOAD_CHUNK, struct.pack("<Q", 2000) + image[2000:4000]),
-                   (REQ_UPLOAD_END, b""), (REQ_OPEN, b""), (REQ_RUN, run_payload)],
+                   (REQ_UPLOAD_END, b""), (REQ_OPEN, b""), *run[2:]],
     }
     link = FUZZ / "corpus" / "link"
     link.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,10 @@
-/* Device side of the framed serial protocol. Frame:
+/* Device side of the serial protocol (docs/PROTOCOL.md). Frame:
  *   0xA5 0x5A | type u8 | seq u8 | len u16 | payload[len] | crc32(type..payload) u32, little-endian.
- * Every request gets at least one response frame with the request's seq; a frame that fails its
- * length or CRC check is answered with an ERROR frame and never acted on. */
+ * Every request gets exactly one response frame carrying the request's seq. A frame that fails
+ * its length or CRC check is answered with an ERROR frame and never acted on. A request that
+ * repeats the previous one (same seq and CRC: the host did not get our answer) is answered by
+ * resending the previous response, without doing the work again, so every request takes effect
+ * exactly once however often the host has to retransmit it. */
 #include "link.h"
 
 #include "colibri.h"
@@ -12,18 +15,18 @@
 #define PROTOCOL_VERSION 1u
 
 enum {
-    REQ_INFO = 0x01, REQ_OPEN = 0x02, REQ_RUN = 0x03, REQ_STATS = 0x04, REQ_QUIT = 0x05,
+    REQ_INFO = 0x01, REQ_OPEN = 0x02, REQ_START = 0x03, REQ_STATS = 0x04, REQ_QUIT = 0x05,
     REQ_UPLOAD_BEGIN = 0x06, REQ_UPLOAD_CHUNK = 0x07, REQ_UPLOAD_END = 0x08,
-    RSP_INFO = 0x81, RSP_OPENED = 0x82, RSP_TOKEN = 0x83, RSP_LOGITS = 0x84, RSP_DONE = 0x85,
-    RSP_STATS = 0x86, RSP_BYE = 0x87, RSP_UPLOAD_ACK = 0x88, RSP_UPLOADED = 0x89, RSP_ERROR = 0xEE,
+    REQ_FEED = 0x09, REQ_STEP = 0x0A, REQ_LOGITS = 0x0B,
+    RSP_INFO = 0x81, RSP_OPENED = 0x82, RSP_TOKEN = 0x83, RSP_LOGITS = 0x84, RSP_STARTED = 0x85,
+    RSP_STATS = 0x86, RSP_BYE = 0x87, RSP_UPLOAD_ACK = 0x88, RSP_UPLOADED = 0x89, RSP_FED = 0x8A,
+    RSP_ERROR = 0xEE,
 };
 /* Link-level error codes, above the runtime's colibri_status values. */
 enum {
     LINK_BAD_CRC = 200, LINK_BAD_LENGTH = 201, LINK_UNKNOWN_TYPE = 202, LINK_BAD_PAYLOAD = 203, LINK_NOT_OPEN = 204,
     LINK_NO_IMAGE = 205, LINK_UPLOAD_TOO_BIG = 206, LINK_UPLOAD_ORDER = 207, LINK_UPLOAD_CRC = 208,
 };
-#define RUN_FLAG_LOGITS 1u
-#define RUN_FIXED_BYTES 36u
 #define LOGITS_PER_FRAME ((MAX_PAYLOAD - 12u) / 4u)
 
 typedef struct {
@@ -33,8 +36,14 @@ typedef struct {
     uint64_t upload_total, upload_received;
     uint32_t upload_crc;
     colibri_ctx *ctx;
+    colibri_image_info info; /* of the open image */
+    colibri_sampler sampler;
+    int have_last;         /* tx holds the response to the request (last_seq, last_crc) */
+    uint8_t last_seq;
+    uint32_t last_crc;
     uint8_t rx[MAX_PAYLOAD];
-    uint8_t tx[6 + MAX_PAYLOAD + 4];
+    uint8_t tx[6 + MAX_PAYLOAD + 4]; /* the last response, kept to answer a retransmission */
+    uint8_t err_tx[6 + 12 + 96 + 4]; /* errors about corrupt frames, which must not replace tx */
 } link_state;
 
 static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
@@ -46,29 +55,37 @@ static uint64_t get64(const uint8_t *p) { return get32(p) | (uint64_t)get32(p + 
 static float getf(const uint8_t *p) { union { uint32_t u; float f; } v = { get32(p) }; return v.f; }
 static void putf(uint8_t *p, float f) { union { float f; uint32_t u; } v = { f }; put32(p, v.u); }
 
-/* The payload of the next frame is built in place at tx + 6. */
+/* The payload of the response is built in place at tx + 6. */
 static uint8_t *payload(link_state *l) { return l->tx + 6; }
 
-static void send(link_state *l, uint8_t type, uint8_t seq, uint32_t len) {
-    uint8_t *f = l->tx;
+static uint32_t frame_bytes(const uint8_t *f) { return 6u + (f[4] | (uint32_t)f[5] << 8) + 4u; }
+
+/* Frame the payload already at f + 6 and write it. */
+static void send_frame(link_state *l, uint8_t *f, uint8_t type, uint8_t seq, uint32_t len) {
     f[0] = SYNC0; f[1] = SYNC1; f[2] = type; f[3] = seq; f[4] = (uint8_t)len; f[5] = (uint8_t)(len >> 8);
     put32(f + 6 + len, colibri_crc32(0, f + 2, 4 + len));
-    l->io->write(f, 6 + len + 4);
+    l->io->write(f, frame_bytes(f));
 }
 
-static void send_error(link_state *l, uint8_t seq, uint32_t code, uint64_t detail) {
+static void send(link_state *l, uint8_t type, uint8_t seq, uint32_t len) { send_frame(l, l->tx, type, seq, len); }
+
+static void error_frame(link_state *l, uint8_t *f, uint8_t seq, uint32_t code, uint64_t detail) {
     const char *msg = code < COLIBRI_STATUS_COUNT ? colibri_strerror((colibri_status)code) : "link error";
-    uint8_t *p = payload(l);
+    uint8_t *p = f + 6;
     uint32_t n = 12;
     put32(p, code);
     put64(p + 4, detail);
     while (*msg && n < 12 + 96) p[n++] = (uint8_t)*msg++;
-    send(l, RSP_ERROR, seq, n);
+    send_frame(l, f, RSP_ERROR, seq, n);
+}
+
+static void send_error(link_state *l, uint8_t seq, uint32_t code, uint64_t detail) {
+    error_frame(l, l->tx, seq, code, detail);
 }
 
 /* Read one frame into l->rx. Returns its length, -1 at end of stream, or -2 after answering a
- * corrupt frame with an ERROR. */
-static int recv_frame(link_state *l, uint8_t *type, uint8_t *seq) {
+ * corrupt frame with an ERROR. *crc receives the frame's CRC (identifies a retransmission). */
+static int recv_frame(link_state *l, uint8_t *type, uint8_t *seq, uint32_t *crc) {
     const board_io *io = l->io;
     int b = io->read_byte();
     for (;;) { /* hunt for the sync pair */
@@ -86,18 +103,18 @@ static int recv_frame(link_state *l, uint8_t *type, uint8_t *seq) {
     *seq = hdr[1];
     uint32_t len = hdr[2] | (uint32_t)hdr[3] << 8;
     if (len > MAX_PAYLOAD) {
-        send_error(l, *seq, LINK_BAD_LENGTH, len);
+        error_frame(l, l->err_tx, *seq, LINK_BAD_LENGTH, len);
         return -2;
     }
+    uint8_t tail[4];
     for (uint32_t i = 0; i < len + 4; i++) {
         if ((b = io->read_byte()) < 0) return -1;
         if (i < len) l->rx[i] = (uint8_t)b;
-        else hdr[i - len] = (uint8_t)b; /* the CRC, reusing hdr */
+        else tail[i - len] = (uint8_t)b;
     }
-    uint32_t crc = colibri_crc32(colibri_crc32(0, (const uint8_t[]){ *type, *seq, (uint8_t)len, (uint8_t)(len >> 8) }, 4),
-                                 l->rx, len);
-    if (crc != get32(hdr)) {
-        send_error(l, *seq, LINK_BAD_CRC, 0);
+    *crc = colibri_crc32(colibri_crc32(0, hdr, 4), l->rx, len);
+    if (*crc != get32(tail)) {
+        error_frame(l, l->err_tx, *seq, LINK_BAD_CRC, 0);
         return -2;
     }
     return (int)len;
@@ -132,6 +149,8 @@ static void do_open(link_state *l, uint8_t seq) {
         return;
     }
     colibri_image_verify(l->image, l->image_size, &info);
+    l->info = info;
+    colibri_sampler_init(&l->sampler, 0.0f, 0, 1.0f, 0);
     uint8_t *p = payload(l);
     put64(p, info.image_bytes);
     put64(p + 8, info.arena_bytes);
@@ -142,63 +161,86 @@ static void do_open(link_state *l, uint8_t seq) {
     send(l, RSP_OPENED, seq, 32);
 }
 
-static void send_logits(link_state *l, uint8_t seq, uint32_t row) {
-    const float *logits;
-    uint32_t vocab;
-    colibri_logits(l->ctx, &logits, &vocab);
-    for (uint32_t first = 0; first < vocab; first += LOGITS_PER_FRAME) {
-        uint32_t count = vocab - first < LOGITS_PER_FRAME ? vocab - first : LOGITS_PER_FRAME;
-        uint8_t *p = payload(l);
-        put32(p, row);
-        put32(p + 4, first);
-        put32(p + 8, count);
-        for (uint32_t i = 0; i < count; i++) putf(p + 12 + 4 * i, logits[first + i]);
-        send(l, RSP_LOGITS, seq, 12 + 4 * count);
-    }
-}
-
 static uint64_t cycles_now(const board_io *io) { return io->cycles ? io->cycles(0) : 0; }
 
-static void do_run(link_state *l, uint8_t seq, uint32_t len) {
+/* START: a new sequence (reset) with these sampling parameters. */
+static void do_start(link_state *l, uint8_t seq, uint32_t len) {
     const uint8_t *r = l->rx;
-    if (len < RUN_FIXED_BYTES) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
-    uint32_t flags = get32(r), max_new = get32(r + 4), n_prompt = get32(r + 32);
-    if (n_prompt == 0 || n_prompt != (len - RUN_FIXED_BYTES) / 4 || (len - RUN_FIXED_BYTES) % 4) {
-        send_error(l, seq, LINK_BAD_PAYLOAD, len);
-        return;
-    }
+    if (len != 24) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
     colibri_sampler s;
-    colibri_status st = colibri_sampler_init(&s, getf(r + 8), get32(r + 12), getf(r + 16), get64(r + 24));
+    colibri_status st = colibri_sampler_init(&s, getf(r), get32(r + 4), getf(r + 8), get64(r + 16));
     if (st) { send_error(l, seq, st, 0); return; }
+    l->sampler = s;
     colibri_reset(l->ctx);
-    const int logits = flags & RUN_FLAG_LOGITS;
-    uint32_t row = 0;
-    for (uint32_t i = 0; i < n_prompt; i++) { /* tokens are decoded from rx one at a time: no copy */
-        uint32_t tok = get32(r + RUN_FIXED_BYTES + 4 * i);
-        if ((st = colibri_feed(l->ctx, &tok, 1))) { send_error(l, seq, st, i); return; }
-        if (logits) send_logits(l, seq, row++);
-    }
-    uint32_t n = 0;
-    for (; n < max_new; n++) {
-        uint32_t tok;
-        uint64_t t0 = cycles_now(l->io);
-        if ((st = colibri_step(l->ctx, &s, &tok))) { send_error(l, seq, st, n); return; }
-        uint8_t *p = payload(l);
-        put32(p, n);
-        put32(p + 4, tok);
-        put64(p + 8, cycles_now(l->io) - t0);
-        send(l, RSP_TOKEN, seq, 16);
-        if (logits) send_logits(l, seq, row++);
+    put32(payload(l), 0);
+    send(l, RSP_STARTED, seq, 4);
+}
+
+/* FEED: tokens at the next positions. All are checked before any is fed, so a failed FEED
+ * changes nothing; they are decoded from rx one at a time (no copy). */
+static void do_feed(link_state *l, uint8_t seq, uint32_t len) {
+    const uint8_t *r = l->rx;
+    uint32_t n = len >= 4 ? get32(r) : 0;
+    if (len < 8 || (len - 4) % 4 || n != (len - 4) / 4) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
+    colibri_stats stats;
+    colibri_get_stats(l->ctx, &stats);
+    if (n > l->info.max_seq - stats.tokens_fed) { send_error(l, seq, COLIBRI_E_SEQ_FULL, l->info.max_seq); return; }
+    for (uint32_t i = 0; i < n; i++)
+        if (get32(r + 4 + 4 * i) >= l->info.vocab_size) { send_error(l, seq, COLIBRI_E_TOKEN_RANGE, i); return; }
+    uint64_t t0 = cycles_now(l->io);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t tok = get32(r + 4 + 4 * i);
+        colibri_feed(l->ctx, &tok, 1);
     }
     uint8_t *p = payload(l);
-    put32(p, n);
+    put32(p, stats.tokens_fed + n);
     put32(p + 4, 0);
-    send(l, RSP_DONE, seq, 8);
+    put64(p + 8, cycles_now(l->io) - t0);
+    send(l, RSP_FED, seq, 16);
+}
+
+/* STEP: sample the next token from the current logits and feed it. */
+static void do_step(link_state *l, uint8_t seq) {
+    uint32_t tok;
+    uint64_t t0 = cycles_now(l->io);
+    colibri_status st = colibri_step(l->ctx, &l->sampler, &tok);
+    if (st) { send_error(l, seq, st, 0); return; }
+    colibri_stats stats;
+    colibri_get_stats(l->ctx, &stats);
+    uint8_t *p = payload(l);
+    put32(p, stats.tokens_fed);
+    put32(p + 4, tok);
+    put64(p + 8, cycles_now(l->io) - t0);
+    send(l, RSP_TOKEN, seq, 16);
+}
+
+/* LOGITS: a slice of the logits after the last fed token (read-only, so any repeat is harmless). */
+static void do_logits(link_state *l, uint8_t seq, uint32_t len) {
+    if (len != 8) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
+    const float *logits;
+    uint32_t vocab;
+    colibri_status st = colibri_logits(l->ctx, &logits, &vocab);
+    if (st) { send_error(l, seq, st, 0); return; }
+    uint32_t first = get32(l->rx), count = get32(l->rx + 4);
+    if (first >= vocab || count == 0 || count > LOGITS_PER_FRAME || count > vocab - first) {
+        send_error(l, seq, LINK_BAD_PAYLOAD, vocab);
+        return;
+    }
+    colibri_stats stats;
+    colibri_get_stats(l->ctx, &stats);
+    uint8_t *p = payload(l);
+    put32(p, stats.tokens_fed);
+    put32(p + 4, first);
+    put32(p + 8, count);
+    for (uint32_t i = 0; i < count; i++) putf(p + 12 + 4 * i, logits[first + i]);
+    send(l, RSP_LOGITS, seq, 12 + 4 * count);
 }
 
 /* Upload: BEGIN(total, crc32) -> chunks in order -> END checks the CRC of everything received.
- * A chunk at an offset already received is acknowledged again without writing, so a host may
- * resend a chunk whose ACK it lost. Any upload invalidates the open context and the old image. */
+ * A chunk at an offset already received is acknowledged again without writing, and a BEGIN that
+ * repeats the unfinished upload's size and CRC resumes it (the ACK says how much arrived), so an
+ * upload survives lost frames and a cut link. Any other BEGIN forgets the open context and the
+ * old image. */
 static void send_upload_ack(link_state *l, uint8_t seq) {
     put64(payload(l), l->upload_received);
     send(l, RSP_UPLOAD_ACK, seq, 8);
@@ -207,22 +249,25 @@ static void send_upload_ack(link_state *l, uint8_t seq) {
 static void do_upload_begin(link_state *l, uint8_t seq, uint32_t len) {
     if (len != 12) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
     uint64_t total = get64(l->rx);
+    uint32_t crc = get32(l->rx + 8);
     if (!l->io->upload || total == 0 || total > l->io->upload_capacity) {
         send_error(l, seq, LINK_UPLOAD_TOO_BIG, l->io->upload ? l->io->upload_capacity : 0);
         return;
     }
     l->ctx = 0;
     l->image = 0;
-    l->upload_total = total;
-    l->upload_received = 0;
-    l->upload_crc = get32(l->rx + 8);
+    if (total != l->upload_total || crc != l->upload_crc) { /* a new upload, not a resumed one */
+        l->upload_total = total;
+        l->upload_received = 0;
+        l->upload_crc = crc;
+    }
     send_upload_ack(l, seq);
 }
 
 static void do_upload_chunk(link_state *l, uint8_t seq, uint32_t len) {
     if (len < 8 || !l->upload_total) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
     uint64_t offset = get64(l->rx), n = len - 8;
-    if (offset <= l->upload_received && n <= l->upload_received - offset) { /* a resent chunk */
+    if (offset <= l->upload_received && n <= l->upload_received - offset) { /* already have it */
         send_upload_ack(l, seq);
         return;
     }
@@ -273,19 +318,33 @@ int link_serve(const board_io *io) {
     l.image_size = io->image_size;
     l.upload_total = 0;
     l.ctx = 0;
+    l.have_last = 0;
     for (;;) {
         uint8_t type, seq;
-        int len = recv_frame(&l, &type, &seq);
+        uint32_t crc;
+        int len = recv_frame(&l, &type, &seq, &crc);
         if (len == -1) return 0;
         if (len < 0) continue;
-        if ((type == REQ_RUN || type == REQ_STATS) && !l.ctx) {
+        if (l.have_last && seq == l.last_seq && crc == l.last_crc) { /* a retransmission: answer again */
+            io->write(l.tx, frame_bytes(l.tx));
+            continue;
+        }
+        l.have_last = 1;
+        l.last_seq = seq;
+        l.last_crc = crc;
+        const int needs_ctx = type == REQ_START || type == REQ_FEED || type == REQ_STEP || type == REQ_LOGITS ||
+                              type == REQ_STATS;
+        if (needs_ctx && !l.ctx) {
             send_error(&l, seq, LINK_NOT_OPEN, 0);
             continue;
         }
         switch (type) {
         case REQ_INFO: do_info(&l, seq); break;
         case REQ_OPEN: do_open(&l, seq); break;
-        case REQ_RUN: do_run(&l, seq, (uint32_t)len); break;
+        case REQ_START: do_start(&l, seq, (uint32_t)len); break;
+        case REQ_FEED: do_feed(&l, seq, (uint32_t)len); break;
+        case REQ_STEP: do_step(&l, seq); break;
+        case REQ_LOGITS: do_logits(&l, seq, (uint32_t)len); break;
         case REQ_STATS: do_stats(&l, seq); break;
         case REQ_UPLOAD_BEGIN: do_upload_begin(&l, seq, (uint32_t)len); break;
         case REQ_UPLOAD_CHUNK: do_upload_chunk(&l, seq, (uint32_t)len); break;
