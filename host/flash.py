@@ -8,6 +8,7 @@ Examples:
   python host/flash.py model.img --port /dev/ttyUSB0 --baud 921600 --prompt-tokens 1,5 --verify
   python host/flash.py model.img --board hosted --prompt-tokens 1,2 --temperature 0.8 --top-p 0.9 --seed 7
   python host/flash.py model.img --board hosted --prompt-tokens 1,2 --dump-logits logits.npy --json
+  python host/flash.py model.img --prompt-tokens 1,2,3 --trace --trace-out trace.json   # then tools/routing_report.py
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ class RunResult:
     board: str
     upload_crc32: int | None = None
     guest_code: int | None = None
+    traces: list | None = None  # per fed token: list[LayerTrace]
 
 
 def verify(image_bytes: bytes, prompt: list[int], result: RunResult, greedy: bool, tolerance: float) -> Verification:
@@ -69,35 +71,57 @@ def verify(image_bytes: bytes, prompt: list[int], result: RunResult, greedy: boo
 
 
 def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sampling: Sampling,
-                want_logits: bool, upload: bool, on_token=None) -> RunResult:
-    """The host's side of one session: INFO, optional upload, OPEN, RUN, STATS, QUIT."""
+                want_logits: bool, upload: bool, on_token=None, trace: bool = False) -> RunResult:
+    """The host's side of one session: INFO, optional upload, OPEN, the generation, STATS, QUIT."""
     info = client.info()
     upload_crc = client.upload(image.read_bytes()) if upload else None
     opened = client.open()
     if len(prompt) + max_new > opened.max_seq:
         raise ValueError(f"{len(prompt)} prompt + {max_new} new tokens exceed the image's max_seq "
                          f"{opened.max_seq}; repack with a larger --max-seq or ask for fewer tokens")
-    events, logits = client.run(prompt, max_new, sampling, opened.vocab_size if want_logits else None, on_token)
+    traces: list | None = [] if trace else None
+    events, logits = client.run(prompt, max_new, sampling, opened.vocab_size if want_logits else None, on_token,
+                                traces)
     stats = client.stats()
     client.quit()
-    return RunResult([e.token for e in events], stats, logits, info.board, upload_crc)
+    return RunResult([e.token for e in events], stats, logits, info.board, upload_crc, traces=traces)
 
 
 def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, sampling: Sampling,
                  want_logits: bool, firmware: Path | None = None, on_token=None, board_args: list[str] | None = None,
                  timeout: float = 60.0, upload: bool = False, gdb: bool = False, retries: int = 4,
-                 wrap: Callable[[Transport], Transport] | None = None) -> RunResult:
+                 wrap: Callable[[Transport], Transport] | None = None, trace: bool = False) -> RunResult:
     """Boot `board_name` (QEMU or hosted), load the image (QEMU's loader, or `upload` over the link), run.
     `wrap` may put something between host and device (the fault injector of sim/faults.py)."""
     board = load_board(board_name)
     with start_board(board, firmware or board.firmware(), None if upload else image, board_args, gdb) as device:
         link = wrap(device.link) if wrap else device.link
         result = run_session(Client(link, timeout=timeout, retries=retries), image, prompt, max_new, sampling,
-                             want_logits, upload, on_token)
+                             want_logits, upload, on_token, trace)
     result.guest_code = device.guest_code
     if result.guest_code != 0:
         raise LinkError(f"board ended badly after the run: {device.describe()}")
     return result
+
+
+def trace_report(result: RunResult, prompt: list[int], image: Path) -> dict:
+    """The traced run as JSON-ready data (tools/routing_report.py reads it)."""
+    dims = read_image(image.read_bytes()).dims
+    fed = prompt + result.tokens
+    return {"board": result.board, "cycle_hz": result.stats["cycle_hz"], "n_layers": dims.n_layers,
+            "n_experts": dims.n_experts, "top_k": dims.top_k, "prompt": prompt, "tokens": result.tokens,
+            "trace": [{"pos": i, "token": fed[i], "layers": [asdict(t) for t in layers]}
+                      for i, layers in enumerate(result.traces or [])]}
+
+
+def print_trace(report: dict) -> None:
+    for tok in report["trace"]:
+        print(f"pos {tok['pos']:>4} token {tok['token']:>6}")
+        for t in tok["layers"]:
+            routed = "  ".join(f"e{e}:{w:.3f} ({c:,} cyc)" for e, w, c in
+                               zip(t["experts"], t["weights"], t["cycles_expert"])) or "dense MLP"
+            print(f"  layer {t['layer']:>3}  attention {t['cycles_attention']:>10,}  routing {t['cycles_router']:>8,}  "
+                  f"ffn {t['cycles_ffn']:>10,}  | {routed}")
 
 
 def parse_tokens(text: str) -> list[int]:
@@ -141,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dump-logits", type=Path, metavar="FILE.npy",
                     help="save the device's logits: row i = after the i-th token fed, prompt first")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    ap.add_argument("--trace", action="store_true",
+                    help="per token and layer: the routed experts, their gate weights, and the cycles spent in "
+                         "attention, routing and each expert")
+    ap.add_argument("--trace-out", type=Path, metavar="FILE.json",
+                    help="save the trace (implies --trace) for tools/routing_report.py")
     ap.add_argument("--timeout", type=float, default=60.0,
                     help="seconds to wait for an answer before sending a request again (default 60)")
     ap.add_argument("--retries", type=int, default=4, help="retransmissions of a request before giving up (default 4)")
@@ -164,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if not quiet:
         print(f"[{args.port or args.board}] prompt {args.prompt_tokens} -> ", end="", flush=True)
     want_logits = args.verify or args.dump_logits is not None
+    trace = args.trace or args.trace_out is not None
     wrap = None
     if args.fault_rate > 0:
         from sim.faults import LossyTransport
@@ -173,11 +203,12 @@ def main(argv: list[str] | None = None) -> int:
             with open_port(args.port, args.baud) as port_link:
                 link = wrap(port_link) if wrap else port_link
                 result = run_session(Client(link, timeout=args.timeout, retries=args.retries), args.image,
-                                     args.prompt_tokens, args.max_new_tokens, sampling, want_logits, True, on_token)
+                                     args.prompt_tokens, args.max_new_tokens, sampling, want_logits, True, on_token,
+                                     trace)
         else:
             result = run_on_board(args.image, args.board, args.prompt_tokens, args.max_new_tokens, sampling,
                                   want_logits, args.firmware, on_token, timeout=args.timeout, upload=args.upload,
-                                  gdb=args.gdb, retries=args.retries, wrap=wrap)
+                                  gdb=args.gdb, retries=args.retries, wrap=wrap, trace=trace)
     except DeviceError as exc:
         hint = ""
         if exc.message == "arena too small":
@@ -193,6 +224,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n[{result.board}] {stats_line(result.stats)}")
     if args.dump_logits:
         np.save(args.dump_logits, result.logits)
+    if trace:
+        traced = trace_report(result, args.prompt_tokens, args.image)
+        if args.trace_out:
+            args.trace_out.write_text(json.dumps(traced))
+        if not quiet:
+            print_trace(traced)
     report: dict = {"board": result.board, "tokens": result.tokens, "stats": result.stats,
                     "upload_crc32": result.upload_crc32}
     status = 0

@@ -190,7 +190,7 @@ def arena_plan(d: ModelDims) -> dict[str, tuple[int, int]]:
         ("x", d.hidden_size), ("xn", d.hidden_size), ("q", d.q_dim), ("attn_out", d.q_dim),
         ("att", d.n_heads * d.max_seq), ("ffn_gate", ffn), ("ffn_up", ffn),
         ("moe_out", d.hidden_size), ("router", d.n_experts), ("topk_weight", d.top_k),
-        ("topk_index", d.top_k), ("logits", d.vocab_size), ("probs", d.vocab_size),
+        ("topk_index", d.top_k), ("topk_cycles", 2 * d.top_k), ("logits", d.vocab_size), ("probs", d.vocab_size),
         ("sample_index", d.vocab_size),
         ("k_cache", kv_cache), ("v_cache", kv_cache),
     ]

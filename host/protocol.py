@@ -19,11 +19,12 @@ PROTOCOL_VERSION = 1
 
 REQ_INFO, REQ_OPEN, REQ_START, REQ_STATS, REQ_QUIT = 0x01, 0x02, 0x03, 0x04, 0x05
 REQ_UPLOAD_BEGIN, REQ_UPLOAD_CHUNK, REQ_UPLOAD_END = 0x06, 0x07, 0x08
-REQ_FEED, REQ_STEP, REQ_LOGITS = 0x09, 0x0A, 0x0B
+REQ_FEED, REQ_STEP, REQ_LOGITS, REQ_TRACE = 0x09, 0x0A, 0x0B, 0x0C
 RSP_INFO, RSP_OPENED, RSP_TOKEN, RSP_LOGITS, RSP_STARTED, RSP_STATS, RSP_BYE = 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87
-RSP_UPLOAD_ACK, RSP_UPLOADED, RSP_FED = 0x88, 0x89, 0x8A
+RSP_UPLOAD_ACK, RSP_UPLOADED, RSP_FED, RSP_TRACE = 0x88, 0x89, 0x8A, 0x8B
 RSP_ERROR = 0xEE
-START = struct.Struct("<fIfIQ")  # temperature, top_k, top_p, reserved, seed
+START = struct.Struct("<fIfIQ")  # temperature, top_k, top_p, flags, seed
+START_TRACE = 1
 LOGITS_PER_FRAME = (MAX_PAYLOAD - 12) // 4
 FEED_PER_FRAME = (MAX_PAYLOAD - 4) // 4
 
@@ -138,6 +139,35 @@ class TokenEvent:
     cycles: int
 
 
+@dataclass
+class LayerTrace:
+    """What one layer did for one token (the runtime's colibri_layer_trace)."""
+    layer: int
+    cycles_attention: int
+    cycles_router: int
+    cycles_ffn: int
+    experts: list[int]
+    weights: list[float]
+    cycles_expert: list[int]
+
+
+def parse_trace(data: bytes) -> list[LayerTrace]:
+    out, off = [], 0
+    while off < len(data):
+        word, _, att, router, ffn = struct.unpack_from("<IIQQQ", data, off)
+        layer, n = word & 0xFFFF, word >> 16
+        off += 32
+        experts, weights, cycles = [], [], []
+        for _ in range(n):
+            e, w, c = struct.unpack_from("<IfQ", data, off)
+            experts.append(e)
+            weights.append(w)
+            cycles.append(c)
+            off += 16
+        out.append(LayerTrace(layer, att, router, ffn, experts, weights, cycles))
+    return out
+
+
 def scripted_session(prompt: list[int], n_steps: int, sampling: Sampling, vocab: int) -> list[tuple[int, bytes]]:
     """The requests of a whole session (INFO, OPEN, START, FEED, STEP/LOGITS..., STATS, QUIT), for
     driving a board without a Client: fuzz seeds, valgrind runs."""
@@ -231,9 +261,24 @@ class Client:
     def open(self) -> OpenInfo:
         return OpenInfo(*struct.unpack_from("<QQIII", self.call(REQ_OPEN, b"", RSP_OPENED)))
 
-    def start(self, sampling: Sampling) -> None:
-        self.call(REQ_START, START.pack(sampling.temperature, sampling.top_k, sampling.top_p, 0,
-                                        sampling.seed & (2**64 - 1)), RSP_STARTED)
+    def start(self, sampling: Sampling, trace: bool = False) -> None:
+        self.call(REQ_START, START.pack(sampling.temperature, sampling.top_k, sampling.top_p,
+                                        START_TRACE if trace else 0, sampling.seed & (2**64 - 1)), RSP_STARTED)
+
+    def trace(self) -> list[LayerTrace]:
+        """The layer records of the last fed token (START with trace=True first)."""
+        data, total, dropped = b"", None, 0
+        while total is None or len(data) < total:
+            p = self.call(REQ_TRACE, struct.pack("<I", len(data)), RSP_TRACE)
+            _, dropped, total, first = struct.unpack_from("<IIII", p)
+            if first != len(data):
+                raise LinkError(f"trace bytes from {first}, expected {len(data)}")
+            data += p[16:]
+            if len(p) == 16 and len(data) < total:
+                raise LinkError("device sent an empty trace slice")
+        if dropped:
+            raise LinkError(f"the device dropped {dropped} layer records (its trace buffer is too small)")
+        return parse_trace(data)
 
     def feed(self, tokens: list[int]) -> int:
         """Feed tokens; returns the number of positions now in the KV cache."""
@@ -257,15 +302,21 @@ class Client:
         return np.concatenate(parts)
 
     def run(self, prompt: list[int], max_new: int, sampling: Sampling, vocab: int | None = None,
-            on_token: Callable[[TokenEvent], None] | None = None) -> tuple[list[TokenEvent], np.ndarray | None]:
+            on_token: Callable[[TokenEvent], None] | None = None,
+            traces: list[list[LayerTrace]] | None = None) -> tuple[list[TokenEvent], np.ndarray | None]:
         """A new sequence: feed `prompt`, generate `max_new` tokens. With `vocab`, also return the
-        logits rows (row i = after the i-th fed token, prompt first)."""
-        self.start(sampling)
+        logits rows (row i = after the i-th fed token, prompt first). With a `traces` list, append
+        each fed token's layer records to it."""
+        self.start(sampling, trace=traces is not None)
         rows = []
-        if vocab:
-            for tok in prompt:  # one at a time: every prompt position's logits are wanted
+        per_token = vocab or traces is not None
+        if per_token:
+            for tok in prompt:  # one at a time: every prompt position's logits or trace is wanted
                 self.feed([tok])
-                rows.append(self.logits(vocab))
+                if vocab:
+                    rows.append(self.logits(vocab))
+                if traces is not None:
+                    traces.append(self.trace())
         else:
             for i in range(0, len(prompt), FEED_PER_FRAME):
                 self.feed(prompt[i:i + FEED_PER_FRAME])
@@ -277,6 +328,8 @@ class Client:
                 on_token(events[-1])
             if vocab:
                 rows.append(self.logits(vocab))
+            if traces is not None:
+                traces.append(self.trace())
         return events, (np.stack(rows) if vocab else None)
 
     def stats(self) -> dict[str, int]:

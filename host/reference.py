@@ -51,6 +51,7 @@ class Reference:
     def __init__(self, image: Image):
         self.img = image
         self.d = image.dims
+        self.routes: dict[int, tuple[np.ndarray, np.ndarray]] | None = None  # layer -> (experts, weights) per position
 
     def _t(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
         return self.img.tensor(role, layer, expert)
@@ -63,6 +64,8 @@ class Reference:
     def moe(self, x: np.ndarray, layer: int) -> np.ndarray:
         d = self.d
         idx, w = route_topk(x @ self._t(Role.ROUTER, layer).T, d.top_k, bool(d.flags & FLAG_NORM_TOPK))
+        if self.routes is not None:
+            self.routes[layer] = (idx, w)
         out = np.zeros_like(x)
         for e in range(d.n_experts):
             rows, slot = np.nonzero(idx == e)
@@ -122,6 +125,15 @@ class Reference:
             x = x + self.ffn(rms_norm(x, self._t(Role.FFN_NORM, layer), d.rms_norm_eps), layer)
         x = rms_norm(x, self._t(Role.OUTPUT_NORM), d.rms_norm_eps)
         return (x @ self._t(Role.LM_HEAD).T).astype(np.float32)
+
+    def routing(self, tokens: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """For each MoE layer: the experts chosen for each position (best first) and their weights."""
+        self.routes = {}
+        try:
+            self.forward(tokens)
+            return self.routes
+        finally:
+            self.routes = None
 
     def greedy(self, prompt: list[int], n_new: int) -> list[int]:
         seq = list(prompt)

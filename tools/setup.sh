@@ -35,6 +35,6 @@ then
     echo "setup: installing Python packages from requirements.txt"
     $PY -m pip install -q --disable-pip-version-check -r requirements.txt 2>&1 | grep -v "^WARNING" || true
     $PY - <<'PY'
-import numpy, safetensors, ml_dtypes, elftools, serial, SCons, transformers, pytest
+import numpy, safetensors, ml_dtypes, elftools, serial, SCons, transformers, pytest, gguf, matplotlib, tokenizers
 PY
 fi

@@ -17,9 +17,9 @@
 enum {
     REQ_INFO = 0x01, REQ_OPEN = 0x02, REQ_START = 0x03, REQ_STATS = 0x04, REQ_QUIT = 0x05,
     REQ_UPLOAD_BEGIN = 0x06, REQ_UPLOAD_CHUNK = 0x07, REQ_UPLOAD_END = 0x08,
-    REQ_FEED = 0x09, REQ_STEP = 0x0A, REQ_LOGITS = 0x0B,
+    REQ_FEED = 0x09, REQ_STEP = 0x0A, REQ_LOGITS = 0x0B, REQ_TRACE = 0x0C,
     RSP_INFO = 0x81, RSP_OPENED = 0x82, RSP_TOKEN = 0x83, RSP_LOGITS = 0x84, RSP_STARTED = 0x85,
-    RSP_STATS = 0x86, RSP_BYE = 0x87, RSP_UPLOAD_ACK = 0x88, RSP_UPLOADED = 0x89, RSP_FED = 0x8A,
+    RSP_STATS = 0x86, RSP_BYE = 0x87, RSP_UPLOAD_ACK = 0x88, RSP_UPLOADED = 0x89, RSP_FED = 0x8A, RSP_TRACE = 0x8B,
     RSP_ERROR = 0xEE,
 };
 /* Link-level error codes, above the runtime's colibri_status values. */
@@ -28,6 +28,10 @@ enum {
     LINK_NO_IMAGE = 205, LINK_UPLOAD_TOO_BIG = 206, LINK_UPLOAD_ORDER = 207, LINK_UPLOAD_CRC = 208,
 };
 #define LOGITS_PER_FRAME ((MAX_PAYLOAD - 12u) / 4u)
+#define START_TRACE 1u          /* START flag: record what every layer did for the last token */
+#define TRACE_BYTES 8192u       /* one token's layer records; layers that do not fit are dropped */
+#define TRACE_LAYER_BYTES 32u   /* u16 layer, u16 n_routed, u32 0, u64 cycles: attention, router, ffn */
+#define TRACE_EXPERT_BYTES 16u  /* u32 expert, f32 weight, u64 cycles */
 
 typedef struct {
     const board_io *io;
@@ -38,6 +42,9 @@ typedef struct {
     colibri_ctx *ctx;
     colibri_image_info info; /* of the open image */
     colibri_sampler sampler;
+    int tracing;
+    uint32_t trace_len, trace_layers, trace_dropped; /* the last token's records */
+    uint8_t trace[TRACE_BYTES];
     int have_last;         /* tx holds the response to the request (last_seq, last_crc) */
     uint8_t last_seq;
     uint32_t last_crc;
@@ -133,9 +140,32 @@ static void do_info(link_state *l, uint8_t seq) {
     send(l, RSP_INFO, seq, 64);
 }
 
+/* The runtime's trace hook: append one layer's record (a new token starts at layer 0). */
+static void trace_layer(void *user, const colibri_layer_trace *t) {
+    link_state *l = user;
+    if (!l->tracing) return;
+    if (t->layer == 0) l->trace_len = l->trace_layers = l->trace_dropped = 0;
+    uint32_t need = TRACE_LAYER_BYTES + TRACE_EXPERT_BYTES * t->n_routed;
+    if (need > TRACE_BYTES - l->trace_len) { l->trace_dropped++; return; }
+    uint8_t *p = l->trace + l->trace_len;
+    put32(p, t->layer | t->n_routed << 16);
+    put32(p + 4, 0);
+    put64(p + 8, t->cycles_attention);
+    put64(p + 16, t->cycles_router);
+    put64(p + 24, t->cycles_ffn);
+    for (uint32_t k = 0; k < t->n_routed; k++) {
+        uint8_t *e = p + TRACE_LAYER_BYTES + TRACE_EXPERT_BYTES * k;
+        put32(e, t->experts[k]);
+        putf(e + 4, t->weights[k]);
+        put64(e + 8, t->cycles_expert[k]);
+    }
+    l->trace_len += need;
+    l->trace_layers++;
+}
+
 static void do_open(link_state *l, uint8_t seq) {
     const board_io *io = l->io;
-    colibri_options opts = { io->cycles, 0 };
+    colibri_options opts = { io->cycles, trace_layer, l };
     uint64_t needed = 0;
     colibri_image_info info;
     l->ctx = 0;
@@ -171,6 +201,8 @@ static void do_start(link_state *l, uint8_t seq, uint32_t len) {
     colibri_status st = colibri_sampler_init(&s, getf(r), get32(r + 4), getf(r + 8), get64(r + 16));
     if (st) { send_error(l, seq, st, 0); return; }
     l->sampler = s;
+    l->tracing = (get32(r + 12) & START_TRACE) != 0;
+    l->trace_len = l->trace_layers = l->trace_dropped = 0;
     colibri_reset(l->ctx);
     put32(payload(l), 0);
     send(l, RSP_STARTED, seq, 4);
@@ -234,6 +266,22 @@ static void do_logits(link_state *l, uint8_t seq, uint32_t len) {
     put32(p + 8, count);
     for (uint32_t i = 0; i < count; i++) putf(p + 12 + 4 * i, logits[first + i]);
     send(l, RSP_LOGITS, seq, 12 + 4 * count);
+}
+
+/* TRACE(first_byte): the last fed token's layer records from that byte offset on, as many as fit. */
+static void do_trace(link_state *l, uint8_t seq, uint32_t len) {
+    if (len != 4) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
+    uint32_t first = get32(l->rx);
+    if (first > l->trace_len) { send_error(l, seq, LINK_BAD_PAYLOAD, l->trace_len); return; }
+    uint32_t n = l->trace_len - first;
+    if (n > MAX_PAYLOAD - 16) n = MAX_PAYLOAD - 16;
+    uint8_t *p = payload(l);
+    put32(p, l->trace_layers);
+    put32(p + 4, l->trace_dropped);
+    put32(p + 8, l->trace_len);
+    put32(p + 12, first);
+    for (uint32_t i = 0; i < n; i++) p[16 + i] = l->trace[first + i];
+    send(l, RSP_TRACE, seq, 16 + n);
 }
 
 /* Upload: BEGIN(total, crc32) -> chunks in order -> END checks the CRC of everything received.
@@ -319,6 +367,8 @@ int link_serve(const board_io *io) {
     l.upload_total = 0;
     l.ctx = 0;
     l.have_last = 0;
+    l.tracing = 0;
+    l.trace_len = 0;
     for (;;) {
         uint8_t type, seq;
         uint32_t crc;
@@ -333,7 +383,7 @@ int link_serve(const board_io *io) {
         l.last_seq = seq;
         l.last_crc = crc;
         const int needs_ctx = type == REQ_START || type == REQ_FEED || type == REQ_STEP || type == REQ_LOGITS ||
-                              type == REQ_STATS;
+                              type == REQ_STATS || type == REQ_TRACE;
         if (needs_ctx && !l.ctx) {
             send_error(&l, seq, LINK_NOT_OPEN, 0);
             continue;
@@ -345,6 +395,7 @@ int link_serve(const board_io *io) {
         case REQ_FEED: do_feed(&l, seq, (uint32_t)len); break;
         case REQ_STEP: do_step(&l, seq); break;
         case REQ_LOGITS: do_logits(&l, seq, (uint32_t)len); break;
+        case REQ_TRACE: do_trace(&l, seq, (uint32_t)len); break;
         case REQ_STATS: do_stats(&l, seq); break;
         case REQ_UPLOAD_BEGIN: do_upload_begin(&l, seq, (uint32_t)len); break;
         case REQ_UPLOAD_CHUNK: do_upload_chunk(&l, seq, (uint32_t)len); break;

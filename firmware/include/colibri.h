@@ -66,10 +66,22 @@ typedef struct {
     uint32_t n_experts, top_k, max_seq;
 } colibri_image_info;
 
+/* What one layer did for one token, passed to the trace hook. Pointers are valid only during the
+ * call. In a dense layer n_routed is 0 and cycles_ffn is the MLP's. */
+typedef struct {
+    uint32_t pos, layer, n_routed;
+    const uint32_t *experts;        /* the routed experts, best first */
+    const float *weights;           /* their gate weights, as applied */
+    const uint64_t *cycles_expert;  /* cycles in each routed expert's FFN */
+    uint64_t cycles_attention, cycles_router, cycles_ffn;
+} colibri_layer_trace;
+
 /* Optional platform hooks; pass NULL to colibri_open() for none. */
 typedef struct {
-    /* A monotonic cycle (or tick) counter, used only for the per-phase stats. */
+    /* A monotonic cycle (or tick) counter, used only for the per-phase stats and the trace. */
     uint64_t (*cycles)(void *user);
+    /* Called after every layer of every token, if set (flash.py --trace). */
+    void (*trace)(void *user, const colibri_layer_trace *t);
     void *user;
 } colibri_options;
 

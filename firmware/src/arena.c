@@ -36,6 +36,7 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
     a.router = reserve(&p, d->n_experts);
     a.topk_weight = reserve(&p, d->top_k);
     a.topk_index = reserve(&p, d->top_k);
+    a.topk_cycles = reserve(&p, 2ull * d->top_k); /* u64s; every buffer starts 64-byte aligned */
     a.logits = reserve(&p, d->vocab);
     a.probs = reserve(&p, d->vocab);
     a.sample_index = reserve(&p, d->vocab);

@@ -53,6 +53,7 @@ typedef struct {
 typedef struct {
     float *x, *xn, *q, *attn_out, *att, *ffn_gate, *ffn_up, *moe_out, *router, *topk_weight;
     uint32_t *topk_index;
+    uint64_t *topk_cycles; /* for the trace hook */
     float *logits, *probs;
     uint32_t *sample_index;
     float *k_cache, *v_cache;

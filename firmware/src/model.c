@@ -131,22 +131,34 @@ static void swiglu_ffn(colibri_ctx *c, uint32_t gate_index, uint32_t n_inter, fl
     for (uint32_t r = 0; r < d->dim; r++) a->moe_out[r] += weight * dot(down + (size_t)r * n_inter, a->ffn_gate, n_inter);
 }
 
-static void moe_block(colibri_ctx *c, uint32_t layer) {
+/* The FFN half of a layer: routed experts (+ shared expert), or the dense MLP. Fills `t`. */
+static void ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_trace *t) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
-    uint64_t t0 = now(c);
-    route_topk(c, layer);
-    uint64_t t1 = now(c);
-    for (uint32_t k = 0; k < d->top_k; k++) {
-        swiglu_ffn(c, expert_tensor_index(d, layer, a->topk_index[k], ROLE_EXPERT_GATE), d->ffn, a->topk_weight[k]);
-        c->stats.expert_calls++;
+    uint64_t t0 = now(c), t1 = t0;
+    if (tensor_present(c->table, layer_index(c, layer, ROLE_ROUTER))) {
+        route_topk(c, layer);
+        t1 = now(c);
+        for (uint32_t k = 0; k < d->top_k; k++) {
+            uint64_t e0 = now(c);
+            swiglu_ffn(c, expert_tensor_index(d, layer, a->topk_index[k], ROLE_EXPERT_GATE), d->ffn, a->topk_weight[k]);
+            a->topk_cycles[k] = now(c) - e0;
+            c->stats.expert_calls++;
+        }
+        if (d->flags & IMG_FLAG_SHARED_EXPERT) {
+            float g = dot(layer_w(c, layer, ROLE_SHARED_EXPERT_GATE), a->xn, d->dim);
+            swiglu_ffn(c, layer_index(c, layer, ROLE_SHARED_GATE), d->shared_ffn, 1.0f / (1.0f + colibri_expf(-g)));
+        }
+        t->n_routed = d->top_k;
+    } else {
+        swiglu_ffn(c, layer_index(c, layer, ROLE_DENSE_GATE), d->dense_ffn, 1.0f);
+        t->n_routed = 0;
     }
-    if (d->flags & IMG_FLAG_SHARED_EXPERT) {
-        float g = dot(layer_w(c, layer, ROLE_SHARED_EXPERT_GATE), a->xn, d->dim);
-        swiglu_ffn(c, layer_index(c, layer, ROLE_SHARED_GATE), d->shared_ffn, 1.0f / (1.0f + colibri_expf(-g)));
-    }
+    uint64_t t2 = now(c);
+    t->cycles_router = t1 - t0;
+    t->cycles_ffn = t2 - t1;
     c->stats.cycles_router += t1 - t0;
-    c->stats.cycles_experts += now(c) - t1;
+    c->stats.cycles_experts += t2 - t1;
 }
 
 void model_forward(colibri_ctx *c, uint32_t token) {
@@ -156,19 +168,17 @@ void model_forward(colibri_ctx *c, uint32_t token) {
     for (uint32_t i = 0; i < d->dim; i++) a->x[i] = embd[i];
 
     for (uint32_t layer = 0; layer < d->n_layers; layer++) {
+        colibri_layer_trace t = { .pos = c->pos, .layer = layer, .experts = a->topk_index,
+                                  .weights = a->topk_weight, .cycles_expert = a->topk_cycles };
         uint64_t t0 = now(c);
         attention(c, layer);
         rmsnorm(a->xn, a->x, layer_w(c, layer, ROLE_FFN_NORM), d->dim, d->eps);
-        c->stats.cycles_attention += now(c) - t0;
+        t.cycles_attention = now(c) - t0;
+        c->stats.cycles_attention += t.cycles_attention;
         for (uint32_t i = 0; i < d->dim; i++) a->moe_out[i] = 0.0f;
-        if (tensor_present(c->table, layer_index(c, layer, ROLE_ROUTER))) {
-            moe_block(c, layer);
-        } else {
-            uint64_t t1 = now(c);
-            swiglu_ffn(c, layer_index(c, layer, ROLE_DENSE_GATE), d->dense_ffn, 1.0f);
-            c->stats.cycles_experts += now(c) - t1;
-        }
+        ffn_block(c, layer, &t);
         for (uint32_t i = 0; i < d->dim; i++) a->x[i] += a->moe_out[i];
+        if (c->opts.trace) c->opts.trace(c->opts.user, &t);
     }
     uint64_t t4 = now(c);
     rmsnorm(a->xn, a->x, tensor(c, global_tensor_index(d, ROLE_OUTPUT_NORM)), d->dim, d->eps);

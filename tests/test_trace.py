@@ -1,0 +1,60 @@
+"""flash.py --trace against the reference's routing, and the routing report built from it."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import make_family_checkpoint
+from host import flash
+from host.image import read_image
+from host.pack import pack
+from host.protocol import Sampling
+from host.reference import Reference
+from tools import routing_report
+
+PROMPT = [1, 5, 9, 3]
+
+
+@pytest.fixture(scope="module")
+def mixed_image(tmp_path_factory):
+    """A Qwen2-MoE with a dense layer between MoE layers and a shared expert."""
+    base = tmp_path_factory.mktemp("trace")
+    ckpt = make_family_checkpoint("Qwen2MoeForCausalLM", dict(
+        vocab_size=40, num_hidden_layers=3, hidden_size=24, num_attention_heads=3, num_key_value_heads=1,
+        intermediate_size=16, moe_intermediate_size=10, shared_expert_intermediate_size=12, num_experts=5,
+        num_experts_per_tok=2, mlp_only_layers=[1], norm_topk_prob=False), 9, base / "ckpt")
+    pack(ckpt, base / "mixed.img", 32, 64)
+    return base / "mixed.img"
+
+
+@pytest.mark.parametrize("board", ["hosted", "x86_64_baremetal"])
+@pytest.mark.parametrize("which", ["base", "mixed"])
+def test_trace_matches_reference_routing(board, which, images, mixed_image, firmwares, tmp_path):
+    image = images["base"] if which == "base" else mixed_image
+    result = flash.run_on_board(image, board, PROMPT, 6, Sampling(), False, firmware=firmwares[board], trace=True)
+    ref = Reference(read_image(image.read_bytes()))
+    routes = ref.routing(PROMPT + result.tokens)
+    assert len(result.traces) == len(PROMPT) + 6
+    for pos, layers in enumerate(result.traces):
+        assert [t.layer for t in layers] == list(range(ref.d.n_layers))
+        for t in layers:
+            assert min(t.cycles_attention, t.cycles_router, t.cycles_ffn) >= 0
+            if ref.d.moe_layers[t.layer]:
+                idx, w = routes[t.layer]
+                assert t.experts == idx[pos].tolist()
+                np.testing.assert_allclose(t.weights, w[pos], atol=1e-5)
+                assert len(t.cycles_expert) == ref.d.top_k
+            else:
+                assert t.experts == [] and t.weights == []
+
+    # the report's usage counts are the reference's routing, counted
+    trace_file = tmp_path / "trace.json"
+    trace_file.write_text(json.dumps(flash.trace_report(result, PROMPT, image)))
+    a = routing_report.analyse(json.loads(trace_file.read_text()))
+    for layer, (idx, _) in routes.items():
+        np.testing.assert_array_equal(a["usage"][layer], np.bincount(idx.ravel(), minlength=ref.d.n_experts))
+    assert routing_report.main([str(trace_file), "--out", str(tmp_path / "r")]) == 0
+    for png in ("r-usage.png", "r-entropy.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
