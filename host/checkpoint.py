@@ -199,10 +199,15 @@ def _shard_files(path: Path) -> list[Path]:
 
 
 def _load_tensors(path: Path) -> dict[str, np.ndarray]:
+    import sys
+
+    from tqdm import tqdm
     out: dict[str, np.ndarray] = {}
-    for shard in _shard_files(path):
+    shards = _shard_files(path)
+    quiet = not sys.stderr.isatty()  # a bar only on an interactive terminal
+    for shard in tqdm(shards, desc="reading shards", unit="shard", disable=quiet or len(shards) < 2, leave=False):
         with safe_open(str(shard), framework="np") as f:
-            for name in f.keys():
+            for name in tqdm(list(f.keys()), desc=shard.name, unit="tensor", disable=quiet, leave=False):
                 out[name] = f.get_tensor(name).astype(np.float32)
     return out
 

@@ -70,11 +70,22 @@ def verify(image_bytes: bytes, prompt: list[int], result: RunResult, greedy: boo
     return Verification(float(np.max(np.abs(dev - ref))), ref.shape[0], checked, agree, tolerance)
 
 
+def upload_progress(total: int, enabled: bool):
+    """A tqdm bar for an image upload on an interactive terminal; None (quiet) otherwise."""
+    if not enabled or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="upload", leave=False)
+    return lambda received: bar.update(received - bar.n)
+
+
 def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sampling: Sampling,
-                want_logits: bool, upload: bool, on_token=None, trace: bool = False) -> RunResult:
+                want_logits: bool, upload: bool, on_token=None, trace: bool = False,
+                progress: bool = False) -> RunResult:
     """The host's side of one session: INFO, optional upload, OPEN, the generation, STATS, QUIT."""
     info = client.info()
-    upload_crc = client.upload(image.read_bytes()) if upload else None
+    data = image.read_bytes()
+    upload_crc = client.upload(data, upload_progress(len(data), progress)) if upload else None
     opened = client.open()
     if len(prompt) + max_new > opened.max_seq:
         raise ValueError(f"{len(prompt)} prompt + {max_new} new tokens exceed the image's max_seq "
@@ -90,14 +101,15 @@ def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sa
 def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, sampling: Sampling,
                  want_logits: bool, firmware: Path | None = None, on_token=None, board_args: list[str] | None = None,
                  timeout: float = 60.0, upload: bool = False, gdb: bool = False, retries: int = 4,
-                 wrap: Callable[[Transport], Transport] | None = None, trace: bool = False) -> RunResult:
+                 wrap: Callable[[Transport], Transport] | None = None, trace: bool = False,
+                 progress: bool = False) -> RunResult:
     """Boot `board_name` (QEMU or hosted), load the image (QEMU's loader, or `upload` over the link), run.
     `wrap` may put something between host and device (the fault injector of sim/faults.py)."""
     board = load_board(board_name)
     with start_board(board, firmware or board.firmware(), None if upload else image, board_args, gdb) as device:
         link = wrap(device.link) if wrap else device.link
         result = run_session(Client(link, timeout=timeout, retries=retries), image, prompt, max_new, sampling,
-                             want_logits, upload, on_token, trace)
+                             want_logits, upload, on_token, trace, progress)
     result.guest_code = device.guest_code
     if result.guest_code != 0:
         raise LinkError(f"board ended badly after the run: {device.describe()}")
@@ -204,11 +216,11 @@ def main(argv: list[str] | None = None) -> int:
                 link = wrap(port_link) if wrap else port_link
                 result = run_session(Client(link, timeout=args.timeout, retries=args.retries), args.image,
                                      args.prompt_tokens, args.max_new_tokens, sampling, want_logits, True, on_token,
-                                     trace)
+                                     trace, progress=not quiet)
         else:
             result = run_on_board(args.image, args.board, args.prompt_tokens, args.max_new_tokens, sampling,
                                   want_logits, args.firmware, on_token, timeout=args.timeout, upload=args.upload,
-                                  gdb=args.gdb, retries=args.retries, wrap=wrap, trace=trace)
+                                  gdb=args.gdb, retries=args.retries, wrap=wrap, trace=trace, progress=not quiet)
     except DeviceError as exc:
         hint = ""
         if exc.message == "arena too small":

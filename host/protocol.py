@@ -337,4 +337,7 @@ class Client:
         return dict(zip(STATS_FIELDS, struct.unpack_from(f"<{len(STATS_FIELDS)}Q", p)))
 
     def quit(self, code: int = 0) -> None:
-        self.call(REQ_QUIT, struct.pack("<I", code), RSP_BYE)
+        try:
+            self.call(REQ_QUIT, struct.pack("<I", code), RSP_BYE)
+        except LinkClosed:
+            pass  # it went away as asked; a pty even discards the BYE when the device side closes first
