@@ -64,8 +64,15 @@ def make_checkpoint(cfg: TinyConfig, out: Path, max_shard_size: str | None = Non
     return out
 
 
-# Every board that runs models; each model test runs on each of them.
-MODEL_BOARDS = ["hosted", "x86_64_baremetal", "cortex_m55", "cortex_m4", "riscv64_virt"]
+# Every board that runs models; each model test runs on each of them. "board@mode" is that board's
+# build in another mode: the hosted board also runs everything under ASan + UBSan.
+MODEL_BOARDS = ["hosted", "hosted@asan", "x86_64_baremetal", "cortex_m55", "cortex_m4", "riscv64_virt"]
+RELEASE_BOARDS = [b for b in MODEL_BOARDS if "@" not in b]
+
+
+def board_name(run: str) -> str:
+    """The board of a MODEL_BOARDS entry ("hosted@asan" -> "hosted")."""
+    return run.split("@")[0]
 
 
 def build(board: str, mode: str = "release") -> Path:
@@ -102,7 +109,7 @@ def hosted_build() -> Path:
 @pytest.fixture(scope="session")
 def firmwares() -> dict[str, Path]:
     """Build every model board once per test session: board name -> firmware ELF."""
-    return {board: build(board) / "firmware.elf" for board in MODEL_BOARDS}
+    return {run: build(board_name(run), (run.split("@") + ["release"])[1]) / "firmware.elf" for run in MODEL_BOARDS}
 
 
 @pytest.fixture(scope="session")

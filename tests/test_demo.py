@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MODEL_BOARDS, ROOT
+from conftest import RELEASE_BOARDS, ROOT
 from host.demo_task import ANSWER_LEN, VOCAB, decode_answer, encode_problem, held_out, held_out_problems
 from host.image import read_image
 from host.pack import pack
@@ -44,7 +44,7 @@ def test_tokenizer_matches_task():
     assert tok.encode("^123+045=").ids == encode_problem(123, 45)
 
 
-@pytest.mark.parametrize("board", MODEL_BOARDS)
+@pytest.mark.parametrize("board", RELEASE_BOARDS)
 def test_demo_answers_on_every_board(board, firmwares, capsys):
     assert demo.main(["--board", board, "--problems", "4", "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

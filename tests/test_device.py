@@ -4,13 +4,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import zlib
 
 import numpy as np
 import pytest
 
-from conftest import CONFIGS, MODEL_BOARDS
+from conftest import CONFIGS, MODEL_BOARDS, board_name
 from host import flash
 from host.image import read_image
 from host.protocol import DeviceError, Sampling
@@ -29,7 +28,7 @@ def firmware(hosted_build):
 @pytest.mark.parametrize("name", [c.name for c in CONFIGS])
 def test_device_matches_reference(board, name, images, firmwares):
     image = images[name]
-    result = flash.run_on_board(image, board, PROMPT, 16, Sampling(), want_logits=True, firmware=firmwares[board])
+    result = flash.run_on_board(image, board_name(board), PROMPT, 16, Sampling(), want_logits=True, firmware=firmwares[board])
     ref = Reference(read_image(image.read_bytes()))
     assert result.tokens == ref.greedy(PROMPT, 16)
     expected = ref.forward(PROMPT + result.tokens)
@@ -43,7 +42,7 @@ def test_device_matches_reference(board, name, images, firmwares):
 @pytest.mark.parametrize("board", MODEL_BOARDS)
 def test_sampling_is_seeded(board, images, firmwares):
     def run(seed):
-        return flash.run_on_board(images["base"], board, PROMPT, 20, Sampling(1.2, 0, 0.95, seed), False,
+        return flash.run_on_board(images["base"], board_name(board), PROMPT, 20, Sampling(1.2, 0, 0.95, seed), False,
                                   firmware=firmwares[board]).tokens
     a, b, c = run(7), run(7), run(8)
     assert a == b
@@ -52,7 +51,7 @@ def test_sampling_is_seeded(board, images, firmwares):
 
 def test_boards_agree_bit_for_bit(images, firmwares):
     """Scalar kernels, -ffp-contract=off: the same image, prompt and seed give the same bytes on every board."""
-    runs = [flash.run_on_board(images["top3_gqa4_tied"], board, PROMPT, 12, Sampling(0.8, 0, 0.9, 5), True,
+    runs = [flash.run_on_board(images["top3_gqa4_tied"], board_name(board), PROMPT, 12, Sampling(0.8, 0, 0.9, 5), True,
                                firmware=firmwares[board]) for board in MODEL_BOARDS]
     for other in runs[1:]:
         assert other.tokens == runs[0].tokens

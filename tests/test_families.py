@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MODEL_BOARDS, make_family_checkpoint
+from conftest import MODEL_BOARDS, board_name, make_family_checkpoint
 from host import flash
 from host.image import FLAG_NORM_TOPK, FLAG_SHARED_EXPERT, read_image
 from host.pack import pack
@@ -91,7 +91,7 @@ def test_reference_matches_transformers(name, family_images):
 @pytest.mark.parametrize("board", MODEL_BOARDS)
 def test_every_family_on_every_board(board, family_images, firmwares):
     for name, (_, image) in family_images.items():
-        result = flash.run_on_board(image, board, PROMPT, 10, Sampling(), True, firmware=firmwares[board])
+        result = flash.run_on_board(image, board_name(board), PROMPT, 10, Sampling(), True, firmware=firmwares[board])
         ref = Reference(read_image(image.read_bytes()))
         assert result.tokens == ref.greedy(PROMPT, 10), name
         assert np.max(np.abs(result.logits - ref.forward(PROMPT + result.tokens))) <= TOLERANCE, name

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import MODEL_BOARDS, ROOT
+from conftest import RELEASE_BOARDS, ROOT
 from tools import footprint
 
 GATE = json.loads((ROOT / "tools" / "size_gate.json").read_text())
@@ -20,7 +20,7 @@ def test_runtime_objects_are_pure(firmwares):
     assert footprint.main(["--board", "hosted"]) == 0
 
 
-@pytest.mark.parametrize("board", [b for b in MODEL_BOARDS if b != "hosted"])
+@pytest.mark.parametrize("board", [b for b in RELEASE_BOARDS if b != "hosted"])
 def test_bare_metal_firmware_is_pure_fits_and_is_gated(board, firmwares, images):
     """A bare-metal ELF links no C library: nothing in the whole program may allocate, thread or print."""
     r = footprint.board_report(board, "release", images["top3_gqa4_tied"])

@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from conftest import MODEL_BOARDS
+from conftest import MODEL_BOARDS, board_name
 from host.protocol import (REQ_INFO, REQ_UPLOAD_BEGIN, REQ_UPLOAD_CHUNK, REQ_UPLOAD_END, RSP_ERROR, RSP_INFO,
                            RSP_UPLOAD_ACK, Client, DeviceError, LinkError, encode_frame, read_frame)
 from sim.boards import load_board
@@ -47,7 +47,7 @@ def test_oversized_payload_refused():
 
 @pytest.mark.parametrize("board", MODEL_BOARDS)
 def test_device_rejects_corrupt_request_and_keeps_serving(board, images, firmwares):
-    with start_board(load_board(board), firmwares[board], images["base"]) as device:
+    with start_board(load_board(board_name(board)), firmwares[board], images["base"]) as device:
         link = device.link
         bad = bytearray(encode_frame(REQ_INFO, 5))
         bad[-1] ^= 0xFF
@@ -65,7 +65,7 @@ def test_device_rejects_corrupt_request_and_keeps_serving(board, images, firmwar
         link.write(encode_frame(0x03, 8, bytes(40)))
         assert struct.unpack_from("<I", read_frame(link, 5.0)[2])[0] == 204
         client = Client(link, timeout=5.0)
-        assert client.info().board == board
+        assert client.info().board == board_name(board)
         client.open()
         client.quit()
     assert device.guest_code == 0

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import make_family_checkpoint
+from conftest import board_name, make_family_checkpoint
 from host import flash
 from host.image import read_image
 from host.pack import pack
@@ -33,7 +33,7 @@ def mixed_image(tmp_path_factory):
 @pytest.mark.parametrize("which", ["base", "mixed"])
 def test_trace_matches_reference_routing(board, which, images, mixed_image, firmwares, tmp_path):
     image = images["base"] if which == "base" else mixed_image
-    result = flash.run_on_board(image, board, PROMPT, 6, Sampling(), False, firmware=firmwares[board], trace=True)
+    result = flash.run_on_board(image, board_name(board), PROMPT, 6, Sampling(), False, firmware=firmwares[board], trace=True)
     ref = Reference(read_image(image.read_bytes()))
     routes = ref.routing(PROMPT + result.tokens)
     assert len(result.traces) == len(PROMPT) + 6
