@@ -360,7 +360,7 @@ static void do_stats(link_state *l, uint8_t seq) {
 }
 
 int link_serve(const board_io *io) {
-    static link_state l; /* 8 KiB of buffers: static, not on a small board's stack */
+    static link_state l; /* 16 KiB of buffers: static, not on a small board's stack */
     l.io = io;
     l.image = io->image;
     l.image_size = io->image_size;
