@@ -50,3 +50,12 @@ def test_demo_answers_on_every_board(board, firmwares, capsys):
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["passed"] and len(report["problems"]) == 4
     assert all(p["correct"] and p["reference_agrees"] for p in report["problems"])
+
+
+def test_training_is_reproducible(tmp_path):
+    """The trainer is seeded: two short runs write the same weights, byte for byte."""
+    from tools import train_demo
+    for run in ("a", "b"):
+        assert train_demo.main(["--steps", "12", "--batch", "32", "-o", str(tmp_path / run)]) == 0
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    assert (tmp_path / "a" / "tokenizer.json").read_text() == (MODEL / "tokenizer.json").read_text()
