@@ -61,7 +61,8 @@ def verify(image_bytes: bytes, prompt: list[int], result: RunResult, greedy: boo
     """Compare the device's logits with the numpy reference run on the same tokens."""
     ref = Reference(read_image(image_bytes)).forward(prompt + result.tokens)
     dev = result.logits
-    assert dev is not None and dev.shape == ref.shape, (None if dev is None else dev.shape, ref.shape)
+    if dev is None or dev.shape != ref.shape:
+        raise ValueError(f"device returned logits of shape {None if dev is None else dev.shape}, expected {ref.shape}")
     checked = agree = 0
     if greedy:
         for i, tok in enumerate(result.tokens):

@@ -8,8 +8,9 @@
   unless the caller uploads it over the link.
 - a real board: `open_port()` wraps a serial port in the same transport.
 
-The child process is always cleaned up (also on Ctrl-C and on errors), and its output is kept so
-an error can show it.
+The child process is always cleaned up (also on Ctrl-C and on errors). Its output (QEMU's
+messages, what the board printed before serving the protocol) is shown in errors and, when a
+session fails, kept in build/logs/.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import re
 import select
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -27,7 +29,7 @@ from typing import Callable, Iterator
 
 import serial
 
-from host.protocol import LinkClosed, LinkError, LinkTimeout
+from host.protocol import DeviceError, LinkClosed, LinkError, LinkTimeout
 from sim.boards import Board
 
 CONNECT_TIMEOUT = 15.0
@@ -188,6 +190,22 @@ def _wait_for_port(proc: subprocess.Popen, log_path: Path, timeout: float) -> in
     raise LinkError(f"QEMU did not open its serial port (status {proc.poll()}):\n{log_path.read_text(errors='replace')}")
 
 
+LOG_DIR = Path(__file__).resolve().parent.parent / "build" / "logs"
+
+
+def keep_log(board: Board, log_path: Path, device: Device | None) -> Path | None:
+    """Copy a failed session's board log (QEMU's messages, what the board printed) to build/logs/."""
+    try:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        kept = LOG_DIR / f"{board.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+        text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        notes = "\n".join(device.notes) if device else ""
+        kept.write_text(text + ("\n--- board output before the protocol ---\n" + notes if notes else ""))
+        return kept
+    except OSError:
+        return None
+
+
 @contextmanager
 def start_board(board: Board, firmware: Path, image: Path | None, extra_args: list[str] | None = None,
                 gdb: bool = False) -> Iterator[Device]:
@@ -232,6 +250,13 @@ def start_board(board: Board, firmware: Path, image: Path | None, extra_args: li
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+        except DeviceError:
+            raise  # the board answered properly: nothing to debug on its side
+        except BaseException:
+            kept = keep_log(board, log_path, device)
+            if kept:
+                print(f"{board.name}: the board's log is kept in {kept}", file=sys.stderr)
+            raise
         finally:
             if proc.poll() is None:
                 proc.kill()
