@@ -4,7 +4,7 @@
 # verification against the numpy reference. BOARD=hosted bash tools/demo.sh runs it as a process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tools/setup.sh
+. tools/setup.sh
 BOARD=${BOARD:-x86_64_baremetal}
-python3 -m SCons -Q board="$BOARD" >/dev/null
-exec python3 tools/demo.py --board "$BOARD" "$@"
+"$PY" -m SCons -Q board="$BOARD" >/dev/null
+exec "$PY" tools/demo.py --board "$BOARD" "$@"
