@@ -91,22 +91,24 @@ def test_gguf_errors_are_clear(sources, tmp_path):
         pack(tmp_path / "junk.gguf", tmp_path / "y.img", 32, 64)
 
 
-def test_unknown_type_and_missing_key_are_named(sources, tmp_path):
-    w = gguf.GGUFWriter(str(tmp_path / "q5.gguf"), "qwen2")
-    w.add_block_count(1)
+def _write_gguf(path, arch: str, tensors: dict, block_count: int | None = None):
+    w = gguf.GGUFWriter(str(path), arch)
+    if block_count is not None:
+        w.add_block_count(block_count)
+    for name, (arr, qtype) in tensors.items():
+        w.add_tensor(name, arr, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_unknown_type_and_missing_key_are_named(tmp_path):
     a = np.zeros((4, 64), np.float32)
-    w.add_tensor("token_embd.weight", gguf.quantize(a, Q.Q5_0), raw_dtype=Q.Q5_0)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    q5 = _write_gguf(tmp_path / "q5.gguf", "qwen2", {"token_embd.weight": (gguf.quantize(a, Q.Q5_0), Q.Q5_0)}, 1)
     with pytest.raises(UnsupportedModel, match="token_embd.weight has type Q5_0"):
-        pack(tmp_path / "q5.gguf", tmp_path / "x.img", 32, 64)
-    w = gguf.GGUFWriter(str(tmp_path / "nokey.gguf"), "qwen2")
-    w.add_tensor("token_embd.weight", a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        pack(q5, tmp_path / "x.img", 32, 64)
+    nokey = _write_gguf(tmp_path / "nokey.gguf", "qwen2", {"token_embd.weight": (a, None)})
     with pytest.raises(UnsupportedModel, match="lacks required key qwen2.block_count"):
-        pack(tmp_path / "nokey.gguf", tmp_path / "y.img", 32, 64)
+        pack(nokey, tmp_path / "y.img", 32, 64)
