@@ -130,3 +130,14 @@ def test_flash_over_a_serial_port(images, firmwares, capsys):
     assert code == 0 and report["verify"]["passed"]
     assert report["upload_crc32"] == zlib.crc32(image.read_bytes())
     assert proc.returncode == 0
+
+
+def test_missing_qemu_names_the_package(images, firmwares, monkeypatch):
+    """A user without QEMU is told which Debian package to install."""
+    from sim import boards
+    real = boards.load_board("x86_64_baremetal")
+    fake = boards.Board(real.name, {**real.spec, "qemu": "qemu-system-nonexistent"})
+    monkeypatch.setattr(flash, "load_board", lambda name: fake)
+    with pytest.raises(FileNotFoundError, match="apt-get install qemu-system-x86"):
+        flash.run_on_board(images["base"], "x86_64_baremetal", PROMPT, 1, Sampling(), False,
+                           firmware=firmwares["x86_64_baremetal"])

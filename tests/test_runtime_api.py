@@ -167,3 +167,19 @@ def test_reopen_and_calls_after_failed_open(lib, base):
     assert bad.feed([1]) == STATUS["E_NULL"]
     assert lib.so.colibri_reset(bad.ctx) == STATUS["E_NULL"]
 
+
+
+def test_header_example_program(hosted_build, images, tmp_path):
+    """colibri.h's usage sequence, as a real program linked against libcolibri.a, generates the
+    reference's greedy tokens."""
+    import subprocess
+
+    from conftest import ROOT
+    exe = tmp_path / "api_example"
+    subprocess.run(["gcc", "-std=c11", "-O2", "-Wall", "-Werror", f"-I{ROOT / 'firmware' / 'include'}",
+                    str(ROOT / "tests" / "api_example.c"), str(hosted_build / "libcolibri.a"), "-o", str(exe)],
+                   check=True)
+    out = subprocess.run([str(exe), str(images["base"]), "8", "1", "5", "9", "3"], capture_output=True, text=True,
+                         check=True).stdout
+    ref = Reference(read_image(images["base"].read_bytes()))
+    assert [int(t) for t in out.split()] == ref.greedy([1, 5, 9, 3], 8)

@@ -8,12 +8,14 @@
  *   colibri_image_info info;
  *   colibri_image_verify(image, image_size, &info);          // arena bytes needed: info.arena_bytes
  *   colibri_ctx *ctx;
- *   colibri_open(image, image_size, arena, arena_size, NULL, &ctx);
+ *   colibri_open(image, image_size, arena, arena_size, NULL, &ctx, NULL);
  *   colibri_feed(ctx, prompt, n_prompt);                     // prefill: logits of the last token
  *   colibri_sampler s;
  *   colibri_sampler_init(&s, 0.0f, 0, 1.0f, 42);            // greedy
  *   uint32_t tok;
  *   colibri_step(ctx, &s, &tok);                             // sample, then feed the sample
+ *
+ * tests/api_example.c is this sequence as a complete program (built and run by the tests).
  *
  * Every call returns a colibri_status; colibri_strerror() names it. A call that fails leaves
  * the context as it was, so it stays usable.
