@@ -94,7 +94,7 @@ typedef struct {
     uint64_t cycles_total;     /* inside colibri_feed/colibri_step */
     uint64_t cycles_attention; /* norms, q/k/v/o projections, RoPE, attention */
     uint64_t cycles_router;    /* router matvec, softmax, top-k */
-    uint64_t cycles_experts;   /* expert FFNs */
+    uint64_t cycles_experts;   /* FFNs: routed and shared experts, or the dense MLP */
     uint64_t cycles_lm_head;   /* final norm + lm_head */
     uint64_t cycles_sampling;
     uint64_t expert_calls;     /* expert FFN evaluations */
@@ -111,7 +111,9 @@ typedef struct {
 typedef struct colibri_ctx colibri_ctx;
 
 /* Check an image completely (header, CRCs, table, every offset and size) without touching an
- * arena. `info` may be NULL. Safe on any bytes: never reads outside [image, image + size). */
+ * arena. The image must start at a 64-byte aligned address (COLIBRI_E_BAD_ARG otherwise): its
+ * weights are read in place as floats. `info` may be NULL. Safe on any bytes: never reads
+ * outside [image, image + size). */
 colibri_status colibri_image_verify(const void *image, size_t size, colibri_image_info *info);
 
 /* Verify `image` and lay out the context in `arena` (aligned to COLIBRI_ARENA_ALIGN, at least
