@@ -15,3 +15,15 @@ def test_fuzz_harness_finds_nothing(harness):
     result = fuzz.run(harness, SECONDS, jobs=1, seed=1)
     assert result["findings"] == [] and result["exit_status"] == 0, result["log_tail"]
     assert result["executions"] > 1000  # the harness really ran
+
+
+def test_seed_corpus_is_current(hosted_build):
+    """The seeds must be valid for today's format, or the fuzzers never get past the verifier:
+    regenerate them with `python tools/fuzz.py --make-seeds` after a format change."""
+    from capi import Lib
+    lib = Lib(hosted_build / "libcolibri.so")
+    seeds = sorted((fuzz.FUZZ / "corpus" / "image").glob("*.img"))
+    assert len(seeds) >= 10
+    for seed in seeds:
+        assert lib.verify(seed.read_bytes()[1:])[0] == 0, seed.name  # the first byte is the harness's mode
+    assert lib.verify(fuzz.seed_image().read_bytes())[0] == 0
