@@ -87,10 +87,6 @@ class DType(enum.IntEnum):
 
 LAYER_ROLES = tuple(Role(r) for r in range(Role.ATTN_NORM, Role.SHARED_EXPERT_GATE + 1))
 EXPERT_ROLES = (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN)
-# the second and third matrix of each SwiGLU block directly follow the first: one read covers it
-FOLLOWS = {Role.EXPERT_UP: Role.EXPERT_GATE, Role.EXPERT_DOWN: Role.EXPERT_UP,
-           Role.SHARED_UP: Role.SHARED_GATE, Role.SHARED_DOWN: Role.SHARED_UP,
-           Role.DENSE_UP: Role.DENSE_GATE, Role.DENSE_DOWN: Role.DENSE_UP}
 
 
 @dataclass(frozen=True)

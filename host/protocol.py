@@ -194,15 +194,12 @@ class Client:
         self.timeout = timeout
         self.retries = retries
         self.seq = 0
-        self.retransmissions = 0
 
     def call(self, ftype: int, payload: bytes, want: int) -> bytes:
         self.seq = (self.seq + 1) & 0xFF
         frame = encode_frame(ftype, self.seq, payload)
         problem = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                self.retransmissions += 1
+        for _ in range(self.retries + 1):
             self.t.write(frame)
             deadline = time.monotonic() + self.timeout
             while True:

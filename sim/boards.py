@@ -15,10 +15,6 @@ class Board:
     name: str
     spec: dict
 
-    @property
-    def folder(self) -> Path:
-        return BOARDS_DIR / self.name
-
     def firmware(self, mode: str = "release") -> Path:
         return ROOT / "build" / self.name / mode / "firmware.elf"
 

@@ -56,6 +56,7 @@ class Lib:
         so.colibri_sample.argtypes = [C.c_void_p, C.POINTER(Sampler), C.POINTER(C.c_uint32)]
         so.colibri_logits.argtypes = [C.c_void_p, C.POINTER(C.POINTER(C.c_float)), C.POINTER(C.c_uint32)]
         so.colibri_get_stats.argtypes = [C.c_void_p, C.POINTER(Stats)]
+        so.colibri_get_info.argtypes = [C.c_void_p, C.POINTER(ImageInfo)]
         so.colibri_sampler_init.argtypes = [C.POINTER(Sampler), C.c_float, C.c_uint32, C.c_float, C.c_uint64]
         so.colibri_strerror.restype = C.c_char_p
         so.colibri_expf.argtypes = [C.c_float]

@@ -6,7 +6,7 @@ import ctypes as C
 import numpy as np
 import pytest
 
-from capi import STATUS, Context, Lib, Sampler
+from capi import STATUS, Context, ImageInfo, Lib, Sampler
 from host.image import read_image
 from host.reference import Reference
 
@@ -34,6 +34,11 @@ def test_feed_matches_reference(lib, base):
     assert ctx2.feed(tokens) == 0
     np.testing.assert_array_equal(ctx2.logits(), ctx.logits())
     assert ctx2.stats().tokens_fed == len(tokens)
+    got = ImageInfo()
+    assert lib.so.colibri_get_info(ctx2.ctx, C.byref(got)) == 0
+    fields = [f for f, _ in ImageInfo._fields_]
+    assert [getattr(got, f) for f in fields] == [getattr(ctx2.info, f) for f in fields]  # what the verifier said
+    assert lib.so.colibri_get_info(None, C.byref(got)) == STATUS["E_NULL"]
 
 
 def test_arena_too_small_names_bytes_needed(lib, base):

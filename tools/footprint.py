@@ -40,7 +40,7 @@ FORBIDDEN = re.compile(
     r"|stdin|stdout|stderr|_IO_\w+|__printf_chk|__fprintf_chk|__sprintf_chk|__snprintf_chk|__vfprintf_chk)$"
 )
 SECTIONS = (".text", ".rodata", ".data", ".bss", ".stack")
-SHF_WRITE, SHF_ALLOC = 0x1, 0x2
+SHF_ALLOC = 0x2
 
 
 @dataclass

@@ -178,7 +178,7 @@ static void do_open(link_state *l, uint8_t seq) {
         send_error(l, seq, st, needed);
         return;
     }
-    colibri_image_verify(l->image, l->image_size, &info);
+    colibri_get_info(l->ctx, &info); /* open verified the image: no second CRC pass */
     l->info = info;
     colibri_sampler_init(&l->sampler, 0.0f, 0, 1.0f, 0);
     uint8_t *p = payload(l);

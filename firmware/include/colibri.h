@@ -142,6 +142,9 @@ colibri_status colibri_logits(const colibri_ctx *ctx, const float **logits, uint
 
 colibri_status colibri_get_stats(const colibri_ctx *ctx, colibri_stats *stats);
 
+/* The facts of the open image, as colibri_image_verify() reported them (without verifying again). */
+colibri_status colibri_get_info(const colibri_ctx *ctx, colibri_image_info *info);
+
 /* temperature <= 0 means greedy; top_k 0 and top_p >= 1 disable those cuts; the same seed gives
  * the same tokens on every board. */
 colibri_status colibri_sampler_init(colibri_sampler *s, float temperature, uint32_t top_k, float top_p,

@@ -19,7 +19,7 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     arena_buffers a;
     uint64_t total;
     arena_plan(&d, arena, &a, &total); /* cannot fail: image_verify() ran the same plan */
-    *c = (colibri_ctx){ .image = image, .table = table, .d = d, .a = a };
+    *c = (colibri_ctx){ .image = image, .table = table, .info = info, .d = d, .a = a };
     c->attn_scale = 1.0f / __builtin_sqrtf((float)d.head_dim);
     if (opts) c->opts = *opts;
     c->stats.arena_bytes = total;
@@ -85,6 +85,12 @@ colibri_status colibri_logits(const colibri_ctx *c, const float **logits, uint32
 colibri_status colibri_get_stats(const colibri_ctx *c, colibri_stats *stats) {
     if (!c || !stats) return COLIBRI_E_NULL;
     *stats = c->stats;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_get_info(const colibri_ctx *c, colibri_image_info *info) {
+    if (!c || !info) return COLIBRI_E_NULL;
+    *info = c->info;
     return COLIBRI_OK;
 }
 

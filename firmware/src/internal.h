@@ -66,6 +66,7 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
 struct colibri_ctx {
     const uint8_t *image;
     const uint8_t *table;
+    colibri_image_info info;
     model_dims d;
     float attn_scale;
     arena_buffers a;
