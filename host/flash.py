@@ -30,7 +30,10 @@ from host.reference import Reference  # noqa: E402
 from sim.boards import DEFAULT_BOARD, load_board  # noqa: E402
 from sim.launch import open_port, start_board  # noqa: E402
 
-DEFAULT_TOLERANCE = 1e-4
+# --verify's default: max |device - reference| relative to max(1, max |logit|). The reference quantizes
+# activations as the device does, so only float summation order differs... except with an f16 KV cache,
+# where a last-bit difference can flip an f16 rounding (2^-11) and the model amplifies it.
+DEFAULT_TOLERANCE = {0: 1e-4, 1: 5e-2}  # by the image's kv_dtype
 
 
 @dataclass
@@ -57,17 +60,24 @@ class RunResult:
     traces: list | None = None  # per fed token: list[LayerTrace]
 
 
-def verify(image_bytes: bytes, prompt: list[int], result: RunResult, greedy: bool, tolerance: float) -> Verification:
-    """Compare the device's logits with the numpy reference run on the same tokens."""
-    ref = Reference(read_image(image_bytes)).forward(prompt + result.tokens)
+def verify(image_bytes: bytes, prompt: list[int], result: RunResult, greedy: bool,
+           tolerance: float | None = None) -> Verification:
+    """Compare the device's logits with the numpy reference run on the same tokens. Without a tolerance,
+    the default for the image's KV cache, scaled by max(1, max |logit|). A greedy token agrees when the
+    reference ranks it first, or within the tolerance of first (a near tie)."""
+    image = read_image(image_bytes)
+    ref = Reference(image).forward(prompt + result.tokens)
     dev = result.logits
     if dev is None or dev.shape != ref.shape:
         raise ValueError(f"device returned logits of shape {None if dev is None else dev.shape}, expected {ref.shape}")
+    if tolerance is None:
+        tolerance = DEFAULT_TOLERANCE[image.dims.kv_dtype] * max(1.0, float(np.abs(ref).max()))
     checked = agree = 0
     if greedy:
         for i, tok in enumerate(result.tokens):
+            row = ref[len(prompt) - 1 + i]
             checked += 1
-            agree += int(np.argmax(ref[len(prompt) - 1 + i]) == tok)
+            agree += int(row[tok] >= row.max() - tolerance)
     return Verification(float(np.max(np.abs(dev - ref))), ref.shape[0], checked, agree, tolerance)
 
 
@@ -174,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-p", type=float, default=1.0, help="1 = no nucleus cut")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--verify", action="store_true", help="compare the device's logits with the numpy reference")
-    ap.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="max abs logit error for --verify")
+    ap.add_argument("--tolerance", type=float,
+                    help="max abs logit error for --verify (default: 1e-4 x max(1, max |logit|); 5e-2 x that "
+                         "with an f16 KV cache)")
     ap.add_argument("--dump-logits", type=Path, metavar="FILE.npy",
                     help="save the device's logits: row i = after the i-th token fed, prompt first")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")

@@ -6,7 +6,8 @@ cannot drift apart. What this module undoes:
 - experts stored as one 3-D tensor per layer (split back into one matrix per expert);
 - the q/k row permutation llama.cpp's converter applies for the `llama` architecture (Llama and
   Mixtral), so that its interleaved RoPE matches; the runtime uses rotate-half;
-- F16, BF16, Q8_0 and Q4_0 storage (dequantized to f32 with the `gguf` package).
+- F16 and BF16 storage (widened to f32 with the `gguf` package). Q8_0 and Q4_0 tensors are kept as
+  they are (host.quant.Encoded), so packing them to the same dtype carries them over bit for bit.
 """
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ import gguf
 import numpy as np
 from gguf.constants import MODEL_TENSOR, TENSOR_NAMES, Keys
 
+from host.quant import DType, Encoded, from_gguf_blocks
+
 SUPPORTED_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16,
                    gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0}
+KEPT_TYPES = {gguf.GGMLQuantizationType.Q8_0: DType.Q8_0, gguf.GGMLQuantizationType.Q4_0: DType.Q4_0}
 # llama.cpp architecture -> HF architecture (llama with experts is Mixtral)
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
                  "qwen3moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
@@ -53,8 +57,8 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def read_gguf(path: Path, norm_topk_prob: bool | None = None) -> tuple[dict, dict[str, np.ndarray]]:
-    """(HF-style config dict, HF-named f32 tensors) from a GGUF file."""
+def read_gguf(path: Path, norm_topk_prob: bool | None = None) -> tuple[dict, dict[str, np.ndarray | Encoded]]:
+    """(HF-style config dict, HF-named tensors: f32 arrays, or Q8_0/Q4_0 as stored) from a GGUF file."""
     try:
         reader = gguf.GGUFReader(str(path))
     except (ValueError, OSError) as exc:
@@ -75,7 +79,11 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None) -> tuple[dict, dic
         if t.tensor_type not in SUPPORTED_TYPES:
             raise GGUFError(f"tensor {t.name} has type {t.tensor_type.name}; supported: "
                             f"{', '.join(q.name for q in SUPPORTED_TYPES)}")
-        tensors[t.name] = np.asarray(gguf.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if t.tensor_type in KEPT_TYPES:
+            shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dimensions fastest first
+            tensors[t.name] = from_gguf_blocks(t.data, KEPT_TYPES[t.tensor_type], shape)
+        else:
+            tensors[t.name] = np.asarray(gguf.dequantize(t.data, t.tensor_type), dtype=np.float32)
 
     n_layers = int(field(k(Keys.LLM.BLOCK_COUNT)))
     n_head = int(field(k(Keys.Attention.HEAD_COUNT)))
@@ -150,9 +158,9 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None) -> tuple[dict, dic
     return cfg, _hf_tensors(tensors, arch, n_layers, n_head, n_head_kv)
 
 
-def _hf_tensors(tensors: dict[str, np.ndarray], arch: str, n_layers: int, n_head: int,
-                n_head_kv: int) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
+def _hf_tensors(tensors: dict[str, np.ndarray | Encoded], arch: str, n_layers: int, n_head: int,
+                n_head_kv: int) -> dict[str, np.ndarray | Encoded]:
+    out: dict[str, np.ndarray | Encoded] = {}
     pending = dict(tensors)
 
     def take(gguf_name: str, hf_name: str) -> None:
@@ -187,10 +195,11 @@ def _hf_tensors(tensors: dict[str, np.ndarray], arch: str, n_layers: int, n_head
                 for kind in ("weight", "bias"):
                     key = f"{p}self_attn.{proj}.{kind}"
                     if key in out:
-                        out[key] = unpermute(out[key], heads)
+                        t = out[key]
+                        out[key] = t.map_rows(lambda a: unpermute(a, heads)) if isinstance(t, Encoded) else unpermute(t, heads)
     for name, arr in out.items():  # llama.cpp may store the shared expert's gate as a vector
         if name.endswith("shared_expert_gate.weight") and arr.ndim == 1:
-            out[name] = arr.reshape(1, -1)
+            out[name] = (arr.decode() if isinstance(arr, Encoded) else arr).reshape(1, -1)
     if pending:
         raise GGUFError(f"GGUF tensors the runtime would not use: {', '.join(sorted(pending)[:5])}")
     return out

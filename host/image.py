@@ -1,4 +1,4 @@
-"""The Colibri image, format v1: constants, the memory plan, a writer and a reader.
+"""The Colibri image, format v2: constants, the memory plan, a writer and a reader.
 
 The byte layout is specified in docs/FORMAT.md; this module and firmware/src/image.c
 are the two implementations of it and are tested against each other.
@@ -11,10 +11,13 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Iterator
 
+import ml_dtypes
 import numpy as np
 
+from host.quant import QBLOCK, DType, Encoded, blocks, encode
+
 MAGIC = b"COLIBRI\0"
-VERSION = 1
+VERSION = 2
 HEADER_BYTES = 256
 ENTRY_BYTES = 64
 ALIGN = 64
@@ -24,15 +27,16 @@ NO_INDEX = 0xFFFFFFFF
 ARCH_MOE = 1  # decoder-only transformer with a top-k routed MoE FFN (Mixtral family)
 
 # Header: everything up to `reserved` is packed little-endian, then zero padding to 256 bytes.
-HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIf")
+HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI")
 HEADER_FIELDS = (
     "magic", "version", "header_bytes", "image_bytes", "header_crc32", "payload_crc32",
     "arch", "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads",
     "head_dim", "n_experts", "top_k", "max_seq", "flags",
     "rms_norm_eps", "rope_theta",
     "tensor_table_offset", "n_tensors", "entry_bytes", "data_offset", "arena_bytes",
-    "expert_align", "dense_ffn_size", "shared_ffn_size", "clip_qkv",
+    "expert_align", "dense_ffn_size", "shared_ffn_size", "clip_qkv", "kv_dtype",
 )
+KV_DTYPES = {"f32": 0, "f16": 1}  # header kv_dtype: the KV cache's element type
 HEADER_CRC_OFFSET = 24
 ENTRY_STRUCT = struct.Struct("<HHIIIIIII" + "QQQQ")  # 64 bytes, see docs/FORMAT.md
 
@@ -77,14 +81,6 @@ class Role(enum.IntEnum):
     LM_HEAD = 28
 
 
-class DType(enum.IntEnum):
-    F32 = 0
-    F16 = 1
-    BF16 = 2
-    Q8 = 3  # int8 values + one f32 scale per group (reserved; not produced yet)
-    Q4 = 4  # packed int4 values + one f32 scale per group (reserved; not produced yet)
-
-
 LAYER_ROLES = tuple(Role(r) for r in range(Role.ATTN_NORM, Role.SHARED_EXPERT_GATE + 1))
 EXPERT_ROLES = (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN)
 
@@ -107,6 +103,7 @@ class ModelDims:
     dense_ffn_size: int = 0      # intermediate size of the dense MLP layers
     shared_ffn_size: int = 0     # intermediate size of the shared expert
     clip_qkv: float = 0.0        # clamp q, k, v to +-clip_qkv after the projections (0: off)
+    kv_dtype: int = 0            # KV cache elements: 0 f32, 1 f16
     moe_layers: tuple[bool, ...] = ()  # per layer: routed experts (True) or a dense MLP (False)
 
     @property
@@ -181,19 +178,23 @@ def expected_shape(d: ModelDims, role: Role) -> tuple[int, ...]:
 def arena_plan(d: ModelDims) -> dict[str, tuple[int, int]]:
     """The runtime's work arena: name -> (offset, bytes). Mirrors arena_plan() in firmware/src/arena.c."""
     kv_cache = d.n_layers * d.max_seq * d.kv_dim
+    kv_size = 2 if d.kv_dtype == KV_DTYPES["f16"] else 4
     ffn = max(d.ffn_size, d.dense_ffn_size, d.shared_ffn_size)
-    buffers = [  # (name, float/u32 element count), in arena order
-        ("x", d.hidden_size), ("xn", d.hidden_size), ("q", d.q_dim), ("attn_out", d.q_dim),
-        ("att", d.n_heads * d.max_seq), ("ffn_gate", ffn), ("ffn_up", ffn),
-        ("moe_out", d.hidden_size), ("router", d.n_experts), ("topk_weight", d.top_k),
-        ("topk_index", d.top_k), ("topk_cycles", 2 * d.top_k), ("logits", d.vocab_size), ("probs", d.vocab_size),
-        ("sample_index", d.vocab_size),
-        ("k_cache", kv_cache), ("v_cache", kv_cache),
+    in_blocks = blocks(max(d.hidden_size, d.q_dim, ffn))
+    D = d.hidden_size
+    buffers = [  # (name, bytes), in arena order
+        ("x", 4 * D), ("xn", 4 * D), ("q", 4 * d.q_dim), ("k_new", 4 * d.kv_dim), ("v_new", 4 * d.kv_dim),
+        ("attn_out", 4 * d.q_dim), ("att", 4 * d.n_heads * d.max_seq), ("ffn_gate", 4 * ffn), ("ffn_up", 4 * ffn),
+        ("ffn_out", 4 * D), ("moe_out", 4 * D), ("router", 4 * d.n_experts), ("topk_weight", 4 * d.top_k),
+        ("topk_index", 4 * d.top_k), ("topk_cycles", 8 * d.top_k), ("logits", 4 * d.vocab_size),
+        ("probs", 4 * d.vocab_size), ("sample_index", 4 * d.vocab_size),
+        ("xq", in_blocks * QBLOCK), ("xq_scale", 4 * in_blocks),
+        ("k_cache", kv_size * kv_cache), ("v_cache", kv_size * kv_cache),
     ]
     plan, offset = {}, ARENA_CTX_BYTES
-    for name, count in buffers:
-        plan[name] = (offset, count * 4)
-        offset += align_up(count * 4)
+    for name, nbytes in buffers:
+        plan[name] = (offset, nbytes)
+        offset += align_up(nbytes)
     plan["total"] = (0, offset)
     return plan
 
@@ -222,6 +223,32 @@ class TensorEntry:
                                  self.scales_offset, self.scales_bytes)
 
 
+    @property
+    def end(self) -> int:
+        """Where this tensor's bytes end (its scales included)."""
+        return self.scales_offset + self.scales_bytes if self.scales_bytes else self.offset + self.nbytes
+
+
+def tensor_name(role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> str:
+    """A tensor's name for humans and for `pack.py --keep` globs: llama.cpp's names (blk.3.attn_q,
+    blk.3.ffn_gate_exps.5 for expert 5, token_embd, output)."""
+    names = {
+        Role.TOKEN_EMBD: "token_embd", Role.ROPE_COS: "rope_cos", Role.ROPE_SIN: "rope_sin",
+        Role.OUTPUT_NORM: "output_norm", Role.LM_HEAD: "output",
+        Role.ATTN_NORM: "attn_norm", Role.WQ: "attn_q", Role.BQ: "attn_q.bias", Role.WK: "attn_k",
+        Role.BK: "attn_k.bias", Role.WV: "attn_v", Role.BV: "attn_v.bias", Role.WO: "attn_output",
+        Role.BO: "attn_output.bias", Role.Q_NORM: "attn_q_norm", Role.K_NORM: "attn_k_norm", Role.FFN_NORM: "ffn_norm",
+        Role.DENSE_GATE: "ffn_gate", Role.DENSE_UP: "ffn_up", Role.DENSE_DOWN: "ffn_down", Role.ROUTER: "ffn_gate_inp",
+        Role.SHARED_GATE: "ffn_gate_shexp", Role.SHARED_UP: "ffn_up_shexp", Role.SHARED_DOWN: "ffn_down_shexp",
+        Role.SHARED_EXPERT_GATE: "ffn_gate_inp_shexp",
+        Role.EXPERT_GATE: "ffn_gate_exps", Role.EXPERT_UP: "ffn_up_exps", Role.EXPERT_DOWN: "ffn_down_exps",
+    }
+    name = names[role]
+    if layer != NO_INDEX:
+        name = f"blk.{layer}.{name}"
+    return f"{name}.{expert}" if expert != NO_INDEX else name
+
+
 @dataclass
 class Image:
     dims: ModelDims
@@ -229,31 +256,60 @@ class Image:
     entries: list[TensorEntry]
     data: bytes = field(repr=False)
 
-    def tensor(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
+    def entry(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> TensorEntry:
         for e in self.entries:
             if (e.role, e.layer, e.expert) == (role, layer, expert) and e.shape:
-                if e.dtype != DType.F32:
-                    raise ValueError(f"tensor {role.name} has dtype {DType(e.dtype).name}; only F32 is supported")
-                return np.frombuffer(self.data, np.float32, e.nbytes // 4, e.offset).reshape(e.shape)
+                return e
         raise KeyError(f"no tensor {role.name} layer={layer} expert={expert}")
+
+    def encoded(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> Encoded:
+        """A tensor as stored (values and, if quantized, scales), without copying."""
+        e = self.entry(role, layer, expert)
+        dtype = DType(e.dtype)
+        if dtype.quantized:
+            rows, cols = e.shape
+            per_block = QBLOCK if dtype == DType.Q8_0 else QBLOCK // 2
+            values = np.frombuffer(self.data, np.int8 if dtype == DType.Q8_0 else np.uint8, e.nbytes, e.offset)
+            scales = np.frombuffer(self.data, "<f2", e.scales_bytes // 2, e.scales_offset)
+            return Encoded(dtype, e.shape, values.reshape(rows, blocks(cols), per_block), scales.reshape(rows, -1))
+        np_dtype = {DType.F32: "<f4", DType.F16: "<f2", DType.BF16: ml_dtypes.bfloat16}[dtype]
+        count = int(np.prod(e.shape))
+        return Encoded(dtype, e.shape, np.frombuffer(self.data, np_dtype, count, e.offset).reshape(e.shape))
+
+    def tensor(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
+        """A tensor's values as float32 (exactly what the runtime computes with)."""
+        enc = self.encoded(role, layer, expert)
+        return enc.values if enc.dtype == DType.F32 else enc.decode()
+
+    def bytes_by_dtype(self) -> dict[str, int]:
+        """Bytes of tensor data per dtype (tied tensors counted once)."""
+        out: dict[str, int] = {}
+        seen = set()
+        for e in self.entries:
+            if e.shape and e.offset not in seen:
+                seen.add(e.offset)
+                name = DType(e.dtype).name.lower()
+                out[name] = out.get(name, 0) + e.end - e.offset
+        return out
 
 
 class ImageError(ValueError):
-    """The bytes are not a valid Colibri v1 image."""
+    """The bytes are not a valid Colibri image of the version this host reads."""
 
 
 def crc32(data: bytes | memoryview) -> int:
     return zlib.crc32(data) & 0xFFFFFFFF
 
 
-def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray],
+def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray | Encoded],
                 expert_align: int = ALIGN) -> bytes:
     """Lay out `tensors` (keyed by (role, layer, expert), ROPE_COS/ROPE_SIN included) in canonical
-    order and return the image bytes. Slots the model does not use (dims.present) get empty entries.
+    order and return the image bytes. A float array is stored as f32; an `Encoded` tensor in its dtype.
+    Slots the model does not use (dims.present) get empty entries.
 
-    If two keys map to the same array object (tied embeddings: LM_HEAD is TOKEN_EMBD), the second
-    entry points at the first one's bytes instead of a copy. expert_align aligns the start of each
-    expert block (4096 lets a page-granular madvise or a DMA burst cover exactly one expert).
+    If two keys map to the same object (tied embeddings: LM_HEAD is TOKEN_EMBD), the second entry
+    points at the first one's bytes instead of a copy. expert_align aligns the start of each expert
+    block (4096 lets a page-granular madvise or a DMA burst cover exactly one expert).
     """
     if expert_align % ALIGN or expert_align <= 0:
         raise ValueError(f"expert_align must be a positive multiple of {ALIGN}")
@@ -262,28 +318,37 @@ def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray
     data_offset = align_up(table_offset + len(order) * ENTRY_BYTES)
     chunks: list[tuple[int, bytes]] = []
     entries: list[TensorEntry] = []
-    placed: dict[int, TensorEntry] = {}  # id(array) -> entry, so tied tensors share bytes
+    placed: dict[int, TensorEntry] = {}  # id(tensor) -> entry, so tied tensors share bytes
     cursor = data_offset
     for role, layer, expert in order:
         if layer != NO_INDEX and not dims.present(role, layer):
             entries.append(TensorEntry(role, layer, expert, DType.F32, (), 0, 0))
             continue
-        arr = tensors[(role, layer, expert)]
+        src = tensors[(role, layer, expert)]
         want = expected_shape(dims, role)
-        if tuple(arr.shape) != want:
-            raise ValueError(f"{role.name} layer={layer} expert={expert}: shape {arr.shape}, expected {want}")
-        if id(arr) in placed:
-            src = placed[id(arr)]
-            entries.append(TensorEntry(role, layer, expert, DType.F32, want, src.offset, src.nbytes))
+        if tuple(src.shape) != want:
+            raise ValueError(f"{role.name} layer={layer} expert={expert}: shape {src.shape}, expected {want}")
+        if id(src) in placed:
+            first = placed[id(src)]
+            entries.append(TensorEntry(role, layer, expert, first.dtype, want, first.offset, first.nbytes,
+                                       first.group_size, first.scales_offset, first.scales_bytes))
             continue
+        enc = src if isinstance(src, Encoded) else encode(src, DType.F32)
+        if enc.dtype != DType.F32 and (len(want) != 2 or role in (Role.ROPE_COS, Role.ROPE_SIN)):
+            raise ValueError(f"{tensor_name(role, layer, expert)} must be f32 (only matrices may be narrower)")
         if role == Role.EXPERT_GATE:
             cursor = align_up(cursor, expert_align)
-        raw = np.ascontiguousarray(arr, dtype="<f4").tobytes()
-        entry = TensorEntry(role, layer, expert, DType.F32, want, cursor, len(raw))
-        entries.append(entry)
-        placed[id(arr)] = entry
+        raw = enc.value_bytes()
+        entry = TensorEntry(role, layer, expert, enc.dtype, want, cursor, len(raw))
         chunks.append((cursor, raw))
         cursor = align_up(cursor + len(raw))
+        if enc.dtype.quantized:
+            scales = enc.scale_bytes()
+            entry.group_size, entry.scales_offset, entry.scales_bytes = QBLOCK, cursor, len(scales)
+            chunks.append((cursor, scales))
+            cursor = align_up(cursor + len(scales))
+        entries.append(entry)
+        placed[id(src)] = entry
     image_bytes = cursor
     buf = bytearray(image_bytes)
     for off, raw in chunks:
@@ -300,6 +365,7 @@ def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray
         tensor_table_offset=table_offset, n_tensors=len(entries), entry_bytes=ENTRY_BYTES,
         data_offset=data_offset, arena_bytes=arena_bytes(dims), expert_align=expert_align,
         dense_ffn_size=dims.dense_ffn_size, shared_ffn_size=dims.shared_ffn_size, clip_qkv=dims.clip_qkv,
+        kv_dtype=dims.kv_dtype,
     )
     write_header(buf, header)
     return bytes(buf)
@@ -321,7 +387,8 @@ def read_image(data: bytes) -> Image:
     if h["magic"] != MAGIC:
         raise ImageError("bad magic: not a Colibri image")
     if h["version"] != VERSION:
-        raise ImageError(f"format version {h['version']}, this host reads version {VERSION}")
+        raise ImageError(f"format version {h['version']}; this host reads version {VERSION} only: "
+                         "pack the checkpoint again with host/pack.py")
     hdr = bytearray(data[:HEADER_BYTES])
     struct.pack_into("<I", hdr, HEADER_CRC_OFFSET, 0)
     if crc32(hdr) != h["header_crc32"]:
@@ -343,7 +410,7 @@ def read_image(data: bytes) -> Image:
     dims = ModelDims(**{k: h[k] for k in (
         "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
         "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "flags", "dense_ffn_size",
-        "shared_ffn_size", "clip_qkv")}, moe_layers=moe_layers)
+        "shared_ffn_size", "clip_qkv", "kv_dtype")}, moe_layers=moe_layers)
     entries = []
     for i, (role, layer, expert) in enumerate(canonical_order(dims)):
         role_, dtype, layer_, expert_, ndims, dim0, dim1, group, _, off, nbytes, s_off, s_bytes = raw_entry(i)
@@ -357,7 +424,7 @@ def read_image(data: bytes) -> Image:
         present = layer == NO_INDEX or dims.present(role, layer)
         if e.shape != (expected_shape(dims, role) if present else ()):
             raise ImageError(f"table entry {i} ({role.name}) has shape {e.shape}")
-        if e.offset % ALIGN or e.offset + e.nbytes > h["image_bytes"]:
+        if e.offset % ALIGN or e.end > h["image_bytes"]:
             raise ImageError(f"table entry {i} ({role.name}) is misaligned or out of bounds")
         entries.append(e)
     return Image(dims, h, entries, bytes(data[:h["image_bytes"]]))

@@ -4,20 +4,40 @@
 Examples:
   python host/pack.py path/to/mixtral-checkpoint -o model.img --max-seq 256
   python host/pack.py models/demo-adder -o demo.img --max-seq 64 --board x86_64_baremetal
-  python host/pack.py qwen2-moe-q8_0.gguf -o model.img --norm-topk-prob false
+  python host/pack.py path/to/checkpoint -o model.img --dtype q4_0 --keep output --keep 'blk.*.attn_*=q8_0'
+  python host/pack.py qwen2-moe-q8_0.gguf -o model.img --dtype q8_0 --norm-topk-prob false
+
+--dtype sets the dtype of the large matrices (attention, experts, shared experts, dense MLPs, the token
+embedding and the output matrix); norms, biases, routers and the shared-expert gate stay f32.
+--keep NAME_GLOB[=DTYPE] keeps the matching tensors wider (f32 unless a dtype is given); names are
+llama.cpp's: token_embd, output, blk.N.attn_q, blk.N.ffn_gate_exps.E (expert E), blk.N.ffn_down_shexp.
+When some tensor is not f32 (or --kv f16), the report shows what that costs on a calibration prompt
+against the f32 image of the same checkpoint.
 """
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import sys
+from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from host.checkpoint import UnsupportedModel, load_checkpoint  # noqa: E402
-from host.image import arena_bytes, build_image  # noqa: E402
+from host.image import KV_DTYPES, Role, arena_bytes, build_image, read_image, tensor_name  # noqa: E402
+from host.quant import DType, Encoded, convert  # noqa: E402
+from host.reference import Reference  # noqa: E402
 from sim.boards import board_names, fit_report, load_board  # noqa: E402
+
+# The matrices --dtype applies to; everything else (norms, biases, routers, the shared-expert gate) stays f32.
+LARGE = {Role.TOKEN_EMBD, Role.LM_HEAD, Role.WQ, Role.WK, Role.WV, Role.WO, Role.DENSE_GATE, Role.DENSE_UP,
+         Role.DENSE_DOWN, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, Role.EXPERT_GATE, Role.EXPERT_UP,
+         Role.EXPERT_DOWN}
+CALIBRATION_TOKENS = 32  # the quality report's prompt: this many seeded random token ids (fewer if max_seq is)
 
 
 def human(n: int) -> str:
@@ -32,21 +52,73 @@ class DoesNotFit(ValueError):
     """The image or its arena is larger than the board's memory for it."""
 
 
+def parse_keep(spec: str) -> tuple[str, DType]:
+    """'GLOB' or 'GLOB=DTYPE' (default f32)."""
+    glob, _, dtype = spec.partition("=")
+    return glob, DType.parse(dtype) if dtype else DType.F32
+
+
+def choose_dtype(role: Role, layer: int, expert: int, dtype: DType, keep: list[tuple[str, DType]]) -> DType:
+    if role not in LARGE:
+        return DType.F32
+    name = tensor_name(role, layer, expert)
+    for glob, kept in keep:
+        if fnmatch.fnmatchcase(name, glob):
+            return kept
+    return dtype
+
+
+def convert_tensors(tensors: dict, dtype: DType, keep: list[tuple[str, DType]]) -> dict:
+    """Every tensor in its chosen dtype; tied tensors stay one object (the first key's choice wins)."""
+    done: dict[int, Encoded] = {}
+    out = {}
+    for key, t in tensors.items():
+        if id(t) not in done:
+            done[id(t)] = convert(t, choose_dtype(*key, dtype, keep))
+        out[key] = done[id(t)]
+    return out
+
+
+def quality(f32_image: bytes, image: bytes) -> dict:
+    """What the narrower dtypes cost: logits of both images on the calibration prompt (numpy reference)."""
+    ref32, ref = Reference(read_image(f32_image)), Reference(read_image(image))
+    n = min(CALIBRATION_TOKENS, ref.d.max_seq)
+    prompt = np.random.default_rng(0).integers(0, ref.d.vocab_size, n)
+    a, b = ref32.forward(prompt).astype(np.float64), ref.forward(prompt).astype(np.float64)
+    delta = np.abs(a - b)
+
+    def log_softmax(z: np.ndarray) -> np.ndarray:
+        z = z - z.max(axis=-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    la, lb = log_softmax(a), log_softmax(b)
+    kl = float(np.mean(np.sum(np.exp(la) * (la - lb), axis=-1)))
+    return {"tokens": int(n), "max_abs_dlogit": float(delta.max()), "mean_abs_dlogit": float(delta.mean()),
+            "kl_divergence": kl, "top1_agreement": float(np.mean(a.argmax(-1) == b.argmax(-1)))}
+
+
 def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, board: str | None = None,
-         norm_topk_prob: bool | None = None) -> dict:
+         norm_topk_prob: bool | None = None, dtype: DType = DType.F32, keep: list[tuple[str, DType]] | None = None,
+         kv: str = "f32", measure_quality: bool = True) -> dict:
     ckpt = load_checkpoint(src, max_seq, norm_topk_prob)
-    blob = build_image(ckpt.dims, ckpt.tensors, expert_align=expert_align)
+    dims = replace(ckpt.dims, kv_dtype=KV_DTYPES[kv])
+    tensors = convert_tensors(ckpt.tensors, dtype, keep or [])
+    blob = build_image(dims, tensors, expert_align=expert_align)
+    narrowed = kv != "f32" or any(t.dtype != DType.F32 for t in tensors.values())
+    cost = None
+    if narrowed and measure_quality:
+        cost = quality(build_image(ckpt.dims, convert_tensors(ckpt.tensors, DType.F32, []), expert_align), blob)
     fit_lines: list[str] = []
     if board:
-        fits, fit_lines = fit_report(load_board(board), len(blob), arena_bytes(ckpt.dims))
+        fits, fit_lines = fit_report(load_board(board), len(blob), arena_bytes(dims))
         if not fits:
             raise DoesNotFit("\n".join(fit_lines) + "\n  a smaller --max-seq shrinks the arena (KV cache); "
                              "a smaller model shrinks the image")
     out.write_bytes(blob)
     return {
-        "image": str(out), "image_bytes": len(blob), "arena_bytes": arena_bytes(ckpt.dims),
+        "image": str(out), "image_bytes": len(blob), "arena_bytes": arena_bytes(dims),
         "params": ckpt.n_params, "active_params_per_token": ckpt.n_active_params,
-        "tied_embeddings": ckpt.tied_embeddings, "dims": ckpt.dims, "fit": fit_lines, "family": ckpt.family,
+        "tied_embeddings": ckpt.tied_embeddings, "dims": dims, "fit": fit_lines, "family": ckpt.family,
+        "bytes_by_dtype": read_image(blob).bytes_by_dtype(), "quality": cost,
     }
 
 
@@ -61,6 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expert-align", type=int, default=64,
                     help="byte alignment of each expert block, e.g. 4096 for page-granular prefetch (default 64)")
     ap.add_argument("--board", choices=board_names(), help="check that image + arena fit this board's memory")
+    ap.add_argument("--dtype", default="f32", choices=[d.name.lower() for d in DType],
+                    help="dtype of the large matrices (default f32)")
+    ap.add_argument("--keep", action="append", default=[], metavar="NAME_GLOB[=DTYPE]",
+                    help="keep matching tensors wider: f32, or the dtype given (repeatable; first match wins)")
+    ap.add_argument("--kv", default="f32", choices=sorted(KV_DTYPES), help="KV cache element type (default f32)")
+    ap.add_argument("--no-quality", action="store_true",
+                    help="skip the quality measurement (it runs the numpy reference twice on the calibration prompt)")
     ap.add_argument("--norm-topk-prob", choices=("true", "false"),
                     help="whether the top-k router weights are renormalized; needed for a Qwen-MoE/OLMoE GGUF "
                          "file that does not say")
@@ -69,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--max-seq must be at least 1")
     try:
         norm = None if args.norm_topk_prob is None else args.norm_topk_prob == "true"
-        r = pack(args.checkpoint, args.output, args.max_seq, args.expert_align, args.board, norm)
+        keep = [parse_keep(k) for k in args.keep]
+        r = pack(args.checkpoint, args.output, args.max_seq, args.expert_align, args.board, norm,
+                 DType.parse(args.dtype), keep, args.kv, not args.no_quality)
     except (UnsupportedModel, FileNotFoundError, ValueError) as exc:
         print(f"pack: error: {exc}", file=sys.stderr)
         return 2
@@ -80,8 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  model       {r['family']}: {d.n_layers} layers, hidden {d.hidden_size}, {d.n_heads} heads "
           f"({d.n_kv_heads} kv, head_dim {d.head_dim}), {ffn}, vocab {d.vocab_size}")
     print(f"  parameters  {r['params']:,} total, {r['active_params_per_token']:,} active per token")
-    print(f"  image       {r['image_bytes']:,} bytes ({human(r['image_bytes'])})")
-    print(f"  arena       {r['arena_bytes']:,} bytes ({human(r['arena_bytes'])}) for max_seq {d.max_seq}")
+    by_dtype = ", ".join(f"{k} {human(v)}" for k, v in sorted(r["bytes_by_dtype"].items()))
+    print(f"  image       {r['image_bytes']:,} bytes ({human(r['image_bytes'])}): {by_dtype}")
+    kv = "f16" if d.kv_dtype else "f32"
+    print(f"  arena       {r['arena_bytes']:,} bytes ({human(r['arena_bytes'])}) for max_seq {d.max_seq}, {kv} KV cache")
+    q = r["quality"]
+    if q:
+        print(f"  quality     vs the f32 image on {q['tokens']} calibration tokens: max |dlogit| {q['max_abs_dlogit']:.4g}, "
+              f"mean {q['mean_abs_dlogit']:.4g}, KL {q['kl_divergence']:.3g}, top-1 agreement {q['top1_agreement']:.1%}")
     for line in r["fit"]:
         print(f"  {line}")
     return 0

@@ -1,5 +1,10 @@
 """The numpy reference: runs a model from its Colibri image, in float32.
 
+Weights are used exactly as the runtime decodes them (f16/bf16 widened, Q8_0/Q4_0 dequantized);
+a matrix product with Q8_0/Q4_0 weights quantizes its input to Q8_0 first, as the runtime does
+(host/quant.py), and an f16 KV cache rounds k and v to f16. So the only difference left between
+the two is float summation order, and `flash.py --verify` stays tight for every dtype.
+
 It follows transformers' forward passes for the supported families (docs/MODELS.md): RMSNorm,
 GQA attention with optional q/k/v/o biases, optional q/k RMSNorm (per head or across the
 projection), optional clipping, rotate-half RoPE from the image's tables; then per layer either a
@@ -12,7 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from host.image import FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_SHARED_EXPERT, NO_INDEX, Image, Role
+from host.image import (FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_SHARED_EXPERT, KV_DTYPES, NO_INDEX,
+                        Image, Role)
+from host.quant import quantized_matmul
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -52,18 +59,29 @@ class Reference:
         self.img = image
         self.d = image.dims
         self.routes: dict[int, tuple[np.ndarray, np.ndarray]] | None = None  # layer -> (experts, weights) per position
+        self._decoded: dict[tuple[Role, int, int], np.ndarray] = {}
 
     def _t(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
-        return self.img.tensor(role, layer, expert)
+        key = (role, layer, expert)
+        if key not in self._decoded:
+            self._decoded[key] = self.img.tensor(role, layer, expert)
+        return self._decoded[key]
+
+    def linear(self, x: np.ndarray, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
+        """x @ W.T for the image's matrix W, with the runtime's activation quantization for Q8_0/Q4_0."""
+        enc = self.img.encoded(role, layer, expert)
+        if enc.dtype.quantized:
+            return quantized_matmul(x, enc)
+        return x @ self._t(role, layer, expert).T
 
     def swiglu(self, x: np.ndarray, gate: Role, up: Role, down: Role, layer: int, expert: int = NO_INDEX) -> np.ndarray:
-        g = x @ self._t(gate, layer, expert).T
-        u = x @ self._t(up, layer, expert).T
-        return (silu(g) * u) @ self._t(down, layer, expert).T
+        g = self.linear(x, gate, layer, expert)
+        u = self.linear(x, up, layer, expert)
+        return self.linear(silu(g) * u, down, layer, expert)
 
     def moe(self, x: np.ndarray, layer: int) -> np.ndarray:
         d = self.d
-        idx, w = route_topk(x @ self._t(Role.ROUTER, layer).T, d.top_k, bool(d.flags & FLAG_NORM_TOPK))
+        idx, w = route_topk(self.linear(x, Role.ROUTER, layer), d.top_k, bool(d.flags & FLAG_NORM_TOPK))
         if self.routes is not None:
             self.routes[layer] = (idx, w)
         out = np.zeros_like(x)
@@ -73,7 +91,7 @@ class Reference:
                 expert = self.swiglu(x[rows], Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN, layer, e)
                 out[rows] += w[rows, slot][:, None] * expert
         if d.flags & FLAG_SHARED_EXPERT:
-            gate = 1.0 / (1.0 + np.exp(-(x @ self._t(Role.SHARED_EXPERT_GATE, layer).T)))
+            gate = 1.0 / (1.0 + np.exp(-self.linear(x, Role.SHARED_EXPERT_GATE, layer)))
             out += gate * self.swiglu(x, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, layer)
         return out
 
@@ -83,7 +101,7 @@ class Reference:
         return self.swiglu(x, Role.DENSE_GATE, Role.DENSE_UP, Role.DENSE_DOWN, layer)
 
     def _proj(self, x: np.ndarray, w: Role, b: Role, layer: int) -> np.ndarray:
-        y = x @ self._t(w, layer).T
+        y = self.linear(x, w, layer)
         return y + self._t(b, layer) if self.d.present(b, layer) else y
 
     def attention(self, x: np.ndarray, layer: int) -> np.ndarray:
@@ -104,6 +122,8 @@ class Reference:
             k = rms_norm(k, self._t(Role.K_NORM, layer), d.rms_norm_eps)
         cos, sin = self._t(Role.ROPE_COS)[:n], self._t(Role.ROPE_SIN)[:n]
         q, k = rope(q, cos, sin), rope(k, cos, sin)
+        if d.kv_dtype == KV_DTYPES["f16"]:  # the cache keeps k and v rounded to f16
+            k, v = (t.astype(np.float16).astype(np.float32) for t in (k, v))
         group = d.n_heads // d.n_kv_heads
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
         scores = np.einsum("qhd,khd->hqk", q, k) * np.float32(1.0 / np.sqrt(d.head_dim))
@@ -124,7 +144,7 @@ class Reference:
             x = x + self.attention(rms_norm(x, self._t(Role.ATTN_NORM, layer), d.rms_norm_eps), layer)
             x = x + self.ffn(rms_norm(x, self._t(Role.FFN_NORM, layer), d.rms_norm_eps), layer)
         x = rms_norm(x, self._t(Role.OUTPUT_NORM), d.rms_norm_eps)
-        return (x @ self._t(Role.LM_HEAD).T).astype(np.float32)
+        return self.linear(x, Role.LM_HEAD).astype(np.float32)
 
     def routing(self, tokens: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """For each MoE layer: the experts chosen for each position (best first) and their weights."""

@@ -158,7 +158,7 @@ class Device:
 
 
 def _kernel(board: Board, firmware: Path) -> Path:
-    return firmware.with_name("firmware.kernel") if "kernel_objcopy" in board.spec else firmware
+    return firmware.with_suffix(".kernel") if "kernel_objcopy" in board.spec else firmware
 
 
 def qemu_command(board: Board, firmware: Path, image: Path | None, gdb: bool = False) -> list[str]:

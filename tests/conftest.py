@@ -42,6 +42,11 @@ CONFIGS = [
 ]
 
 
+# Rows long enough for every kernel's main loop (264 = 8 Q8_0 blocks + 8, and 16 float lanes x 16 + 8),
+# with tails everywhere (head_dim 66, expert size 72, vocab 97): the dtype tests run it on every board.
+WIDE = TinyConfig("wide", vocab=97, hidden=264, ffn=72, layers=2, heads=4, kv_heads=2, experts=4, top_k=2, seed=4)
+
+
 def make_checkpoint(cfg: TinyConfig, out: Path, max_shard_size: str | None = None, **overrides) -> Path:
     import torch
     from transformers import MixtralConfig, MixtralForCausalLM
@@ -75,10 +80,10 @@ def board_name(run: str) -> str:
     return run.split("@")[0]
 
 
-def build(board: str, mode: str = "release") -> Path:
-    subprocess.run([sys.executable, "-m", "SCons", "-Q", f"board={board}", f"mode={mode}"], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL)
-    return ROOT / "build" / board / mode
+def build(board: str, mode: str = "release", kernels: str = "auto") -> Path:
+    subprocess.run([sys.executable, "-m", "SCons", "-Q", f"board={board}", f"mode={mode}", f"kernels={kernels}"],
+                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    return ROOT / "build" / board / (mode + ("-scalar" if kernels == "scalar" else ""))
 
 
 def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path) -> Path:

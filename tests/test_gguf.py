@@ -5,10 +5,13 @@ import gguf
 import numpy as np
 import pytest
 
-from conftest import CONFIGS, make_checkpoint, make_family_checkpoint
+from conftest import CONFIGS, TinyConfig, make_checkpoint, make_family_checkpoint
 from gguf_writer import hf_to_gguf
 from host.checkpoint import UnsupportedModel
+from host.gguf_input import unpermute
+from host.image import Role, read_image
 from host.pack import pack
+from host.quant import DType, Encoded, from_gguf_blocks
 from test_families import FAMILIES
 
 Q = gguf.GGMLQuantizationType
@@ -18,7 +21,10 @@ PROMPT = [1, 5, 9, 3, 0, 2]
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
     base = tmp_path_factory.mktemp("gguf_src")
-    out = {"mixtral": make_checkpoint(CONFIGS[0], base / "mixtral")}
+    out = {"mixtral": make_checkpoint(CONFIGS[0], base / "mixtral"),
+           # rows a multiple of 32, so GGUF stores every matrix quantized
+           "mixtral32": make_checkpoint(TinyConfig("mixtral32", vocab=64, hidden=64, ffn=96, layers=2, heads=4,
+                                                   kv_heads=2, experts=4, top_k=2, seed=5), base / "mixtral32")}
     for i, (name, arch, cfg) in enumerate(FAMILIES):
         out[name] = make_family_checkpoint(arch, cfg, 100 + i, base / name)
     return out
@@ -70,6 +76,9 @@ def test_quantized_gguf_dequantizes_within_the_format_error(qtype, tmp_path):
     changed = 0
     for key, orig in exact.tensors.items():
         got = quant.tensors[key]
+        if isinstance(got, Encoded):  # Q8_0/Q4_0 are kept as stored; compare their values
+            assert got.dtype.name == qtype.name
+            got = got.decode()
         stored = orig.ndim == 2 and orig.shape[-1] % 32 == 0 and key[0].name not in ("ROPE_COS", "ROPE_SIN")
         if not stored:
             np.testing.assert_array_equal(got, orig)  # kept in F32, as llama.cpp does for vectors
@@ -79,6 +88,37 @@ def test_quantized_gguf_dequantizes_within_the_format_error(qtype, tmp_path):
         changed += bool(err.max() > 0)
     assert changed > 5  # the storage type really was lossy
     pack(tmp_path / "q.gguf", tmp_path / "q.img", 32, 64)  # and it packs
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0], ids=lambda q: q.name)
+def test_quantized_gguf_tensors_land_in_the_image_unchanged(qtype, sources, tmp_path):
+    """A GGUF Q8_0/Q4_0 tensor packed to the same dtype keeps its quantized values and scales bit for
+    bit (the q/k rows of a `llama` file are only reordered back); any other target dtype converts it."""
+    path = hf_to_gguf(sources["mixtral32"], tmp_path / "q.gguf", qtype)
+    dtype = DType[qtype.name]
+    pack(path, tmp_path / "q.img", 32, 64, dtype=dtype, measure_quality=False)
+    img = read_image((tmp_path / "q.img").read_bytes())
+    reader = gguf.GGUFReader(str(path))
+    n_heads = img.dims.n_heads
+    checked = 0
+    for t in reader.tensors:
+        if t.tensor_type != qtype:
+            continue
+        raw = from_gguf_blocks(t.data, dtype, tuple(int(n) for n in reversed(t.shape)))
+        if t.name == "token_embd.weight":
+            stored = img.encoded(Role.TOKEN_EMBD)
+        elif t.name == "blk.0.attn_q.weight":
+            raw = raw.map_rows(lambda a: unpermute(a, n_heads))
+            stored = img.encoded(Role.WQ, 0)
+        elif t.name == "blk.1.ffn_down_exps.weight":
+            raw, stored = raw[2], img.encoded(Role.EXPERT_DOWN, 1, 2)
+        else:
+            continue
+        assert stored.dtype == dtype
+        np.testing.assert_array_equal(stored.values, raw.values)
+        np.testing.assert_array_equal(stored.scales.view(np.uint16), raw.scales.view(np.uint16))
+        checked += 1
+    assert checked == 3
 
 
 def test_gguf_errors_are_clear(sources, tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from conftest import CONFIGS, make_checkpoint
 from host import pack as pack_cli
 from host.checkpoint import UnsupportedModel
-from host.image import Role, arena_bytes, read_image
+from host.image import NO_INDEX, Role, arena_bytes, read_image
 from host.pack import pack
 
 
@@ -115,3 +115,69 @@ def test_board_fit_is_checked(checkpoints, tmp_path, capsys):
     assert fit_report(tight, 50_000, 9_000)[0]
     assert pack_cli.main([str(checkpoints["base"]), "-o", str(tmp_path / "m.img"), "--board", "x86_64_baremetal"]) == 0
     assert "x86_64_baremetal arena" in capsys.readouterr().out
+
+
+def test_dtype_choice_keep_globs_and_what_stays_f32(checkpoints, tmp_path):
+    """--dtype narrows the large matrices; --keep keeps matches wider (first match wins); norms, biases and
+    routers stay f32 whatever is asked."""
+    from host.pack import parse_keep
+    from host.quant import DType
+    keep = [parse_keep("output"), parse_keep("blk.0.*=f16")]
+    pack(checkpoints["base"], tmp_path / "m.img", 48, 64, dtype=DType.Q4_0, keep=keep, measure_quality=False)
+    img = read_image((tmp_path / "m.img").read_bytes())
+    dtype = {(e.role, e.layer, e.expert): DType(e.dtype) for e in img.entries if e.shape}
+    assert dtype[(Role.TOKEN_EMBD, NO_INDEX, NO_INDEX)] == DType.Q4_0
+    assert dtype[(Role.LM_HEAD, NO_INDEX, NO_INDEX)] == DType.F32
+    assert dtype[(Role.WQ, 0, NO_INDEX)] == DType.F16 and dtype[(Role.EXPERT_DOWN, 0, 3)] == DType.F16
+    assert dtype[(Role.WQ, 1, NO_INDEX)] == DType.Q4_0 and dtype[(Role.EXPERT_DOWN, 1, 3)] == DType.Q4_0
+    for role in (Role.ROUTER, Role.ATTN_NORM, Role.FFN_NORM):
+        assert dtype[(role, 0, NO_INDEX)] == DType.F32 and dtype[(role, 1, NO_INDEX)] == DType.F32
+    assert dtype[(Role.ROPE_COS, NO_INDEX, NO_INDEX)] == DType.F32
+    with pytest.raises(ValueError, match="unknown dtype"):
+        parse_keep("output=q3_k")
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0", "q4_0"])
+def test_narrow_images_keep_their_values(checkpoints, tmp_path, dtype):
+    """Each dtype stores what its definition says: f16/bf16 round to nearest, Q8_0/Q4_0 are GGUF's
+    quantizers; the decoded values are within the format's rounding of the f32 weights."""
+    from host.quant import DType
+    pack(checkpoints["base"], tmp_path / "f32.img", 48, 64)
+    pack(checkpoints["base"], tmp_path / "n.img", 48, 64, dtype=DType.parse(dtype), measure_quality=False)
+    f32, narrow = read_image((tmp_path / "f32.img").read_bytes()), read_image((tmp_path / "n.img").read_bytes())
+    w, got = f32.tensor(Role.EXPERT_UP, 1, 2), narrow.tensor(Role.EXPERT_UP, 1, 2)
+    step = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8}.get(dtype)
+    if step:  # relative rounding of a float format (w is far from f16's subnormal range here)
+        assert np.all(np.abs(got - w) <= np.abs(w) * step)
+    else:
+        amax = np.abs(w).max(axis=1, keepdims=True)  # one block per row: hidden 24 < 32
+        # half a step of d = amax/127 (Q8_0) or a step of amax/8 (Q4_0), plus d's own f16 rounding times the level
+        step, factor = (amax / 127, 0.5 + 127 * 2.0 ** -11) if dtype == "q8_0" else (amax / 8, 1.0 + 8 * 2.0 ** -11)
+        assert np.all(np.abs(got - w) <= step * factor * 1.0001)
+    assert not np.array_equal(got, w)
+
+
+def test_cli_reports_sizes_by_dtype_and_quality(checkpoints, tmp_path, capsys):
+    assert pack_cli.main([str(checkpoints["base"]), "-o", str(tmp_path / "m.img"), "--max-seq", "32"]) == 0
+    assert "quality" not in capsys.readouterr().out  # nothing narrowed: nothing to measure
+    kl = {}
+    for dtype in ("q8_0", "q4_0"):
+        assert pack_cli.main([str(checkpoints["base"]), "-o", str(tmp_path / f"{dtype}.img"), "--max-seq", "32",
+                              "--dtype", dtype, "--kv", "f16"]) == 0
+        out = capsys.readouterr().out
+        assert f"{dtype} " in out and "f32 KV" not in out and "f16 KV cache" in out
+        line = next(x for x in out.splitlines() if "quality" in x)
+        kl[dtype] = float(line.split("KL ")[1].split(",")[0])
+        assert "top-1 agreement" in line and "32 calibration tokens" in line
+    assert 0 < kl["q8_0"] < kl["q4_0"]  # 4 bits cost more than 8
+    assert pack_cli.main([str(checkpoints["base"]), "-o", str(tmp_path / "x.img"), "--keep", "output=q9"]) == 2
+    assert "unknown dtype" in capsys.readouterr().err
+
+
+def test_version_1_image_is_refused_with_its_version(images, tmp_path):
+    from host.image import ImageError, write_header
+    old = bytearray(images["base"].read_bytes())
+    header = read_image(bytes(old)).header
+    write_header(old, {**header, "version": 1})
+    with pytest.raises(ImageError, match="format version 1; this host reads version 2 only: pack the checkpoint again"):
+        read_image(bytes(old))

@@ -59,7 +59,8 @@ CASES = [
     ("truncated", lambda b: b[:-64], "E_IMAGE_TRUNCATED"),
     ("image_bytes huge", put("<Q", 16, 1 << 62), "E_IMAGE_TRUNCATED"),
     ("bad magic", flip(0), "E_IMAGE_MAGIC"),
-    ("version 2", put("<I", 8, 2, seal=False), "E_IMAGE_VERSION"),
+    ("version 1", put("<I", 8, 1), "E_IMAGE_VERSION"),
+    ("version 3", put("<I", 8, 3, seal=False), "E_IMAGE_VERSION"),
     ("header byte flipped", flip(40), "E_IMAGE_HEADER_CRC"),
     ("payload byte flipped", lambda b: flip(len(b) - 5)(b), "E_IMAGE_PAYLOAD_CRC"),
     ("table byte flipped", flip(TABLE + 33), "E_IMAGE_PAYLOAD_CRC"),
@@ -79,8 +80,12 @@ CASES = [
     ("entries out of order", swap_entries, "E_IMAGE_TABLE"),
     ("wrong shape", put("<I", entry(0, 16), 36), "E_IMAGE_TABLE"),
     ("wrong byte size", put("<Q", entry(0, 40), 4), "E_IMAGE_TABLE"),
-    ("unknown dtype", put("<H", entry(0, 2), 77), "E_IMAGE_TABLE"),
-    ("dtype not built", put("<H", entry(0, 2), 1), "E_IMAGE_DTYPE"),
+    ("unknown dtype", put("<H", entry(0, 2), 77), "E_IMAGE_DTYPE"),
+    ("f16 vector", put("<H", entry(3, 2), 1), "E_IMAGE_DTYPE"),            # entry 3: layer 0's attention norm
+    ("q8_0 RoPE table", put("<H", entry(1, 2), 3), "E_IMAGE_DTYPE"),
+    ("unknown kv dtype", put("<I", 136, 2), "E_IMAGE_DTYPE"),
+    ("f16 with f32 byte count", put("<H", entry(0, 2), 1), "E_IMAGE_TABLE"),
+    ("group size on a float tensor", put("<I", entry(0, 24), 32), "E_IMAGE_TABLE"),
     ("offset out of range", put("<Q", entry(0, 32), 1 << 40), "E_IMAGE_BOUNDS"),
     ("offset wraps", put("<Q", entry(0, 32), (1 << 64) - 64), "E_IMAGE_BOUNDS"),
     ("offset misaligned", put("<Q", entry(0, 32), 4096 + 4), "E_IMAGE_BOUNDS"),
@@ -108,6 +113,39 @@ def test_clean_image_verifies(lib, images):
 def test_corruption_is_named(lib, images, name, mutate, expected):
     data = bytes(mutate(bytearray(images["base"].read_bytes())))
     status, _ = lib.verify(data)
+    assert status == STATUS[expected], f"{name}: got status {status}"
+
+
+# Q8_0 images: the scales must follow the values exactly, and the sizes must be the dtype's
+Q8_CASES = [
+    ("scales moved", lambda b: put("<Q", entry(0, 48), struct.unpack_from("<Q", b, entry(0, 48))[0] + 64)(b),
+     "E_IMAGE_BOUNDS"),
+    ("scales past the end", lambda b: put("<Q", entry(0, 48), len(b) - 64)(b), "E_IMAGE_BOUNDS"),
+    ("scale bytes", lambda b: put("<Q", entry(0, 56), struct.unpack_from("<Q", b, entry(0, 56))[0] - 2)(b),
+     "E_IMAGE_TABLE"),
+    ("group size 16", put("<I", entry(0, 24), 16), "E_IMAGE_TABLE"),
+    ("q8_0 read as q4_0", put("<H", entry(0, 2), 4), "E_IMAGE_TABLE"),
+    ("q8_0 read as f32", put("<H", entry(0, 2), 0), "E_IMAGE_TABLE"),
+]
+
+
+@pytest.fixture(scope="module")
+def q8_image(checkpoints, tmp_path_factory):
+    from host.pack import pack
+    from host.quant import DType
+    path = tmp_path_factory.mktemp("q8") / "base-q8_0.img"
+    pack(checkpoints["base"], path, 48, 64, dtype=DType.Q8_0, measure_quality=False)
+    return path.read_bytes()
+
+
+def test_quantized_image_verifies(lib, q8_image):
+    assert lib.verify(q8_image)[0] == 0
+    assert read_image(q8_image).entries[0].scales_bytes > 0
+
+
+@pytest.mark.parametrize("name,mutate,expected", Q8_CASES, ids=[c[0] for c in Q8_CASES])
+def test_quantized_corruption_is_named(lib, q8_image, name, mutate, expected):
+    status, _ = lib.verify(bytes(mutate(bytearray(q8_image))))
     assert status == STATUS[expected], f"{name}: got status {status}"
 
 

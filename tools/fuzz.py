@@ -82,6 +82,7 @@ def make_seeds() -> None:
     from host import image as im
     from host.protocol import (REQ_OPEN, REQ_UPLOAD_BEGIN, REQ_UPLOAD_CHUNK, REQ_UPLOAD_END, Sampling,
                                encode_frame, scripted_session)
+    from host.quant import DType, convert
     from host.rope import tables
 
     rng = np.random.default_rng(0)
@@ -91,6 +92,11 @@ def make_seeds() -> None:
         "qwen3moe": dict(flags=im.FLAG_NORM_TOPK | im.FLAG_QK_NORM_HEAD, moe=(False, True), dense=10),
         "olmoe": dict(flags=im.FLAG_QKV_BIAS | im.FLAG_O_BIAS | im.FLAG_QK_NORM_FULL, moe=(True, True), clip=0.5),
         "dense": dict(flags=im.FLAG_QKV_BIAS, moe=(False, False), dense=12, experts=0),
+        # the narrower dtypes and the f16 KV cache (the harness runs the forward pass on them too)
+        "mixtral-q8_0": dict(flags=im.FLAG_NORM_TOPK, moe=(True, True), dtype=DType.Q8_0, kv=1),
+        "mixtral-q4_0": dict(flags=im.FLAG_NORM_TOPK, moe=(True, False), dense=10, dtype=DType.Q4_0),
+        "mixtral-f16": dict(flags=im.FLAG_NORM_TOPK, moe=(True, True), dtype=DType.F16, kv=1),
+        "mixtral-bf16": dict(flags=im.FLAG_NORM_TOPK, moe=(True, True), dtype=DType.BF16),
     }
     out = FUZZ / "corpus" / "image"
     out.mkdir(parents=True, exist_ok=True)
@@ -99,11 +105,13 @@ def make_seeds() -> None:
         dims = im.ModelDims(vocab_size=11, hidden_size=8, ffn_size=6 if experts else 0, n_layers=2, n_heads=2,
                             n_kv_heads=1, head_dim=4, n_experts=experts, top_k=2 if experts else 0, max_seq=6,
                             rms_norm_eps=1e-5, rope_theta=10000.0, flags=v["flags"], dense_ffn_size=v.get("dense", 0),
-                            shared_ffn_size=v.get("shared", 0), clip_qkv=v.get("clip", 0.0), moe_layers=v["moe"])
+                            shared_ffn_size=v.get("shared", 0), clip_qkv=v.get("clip", 0.0), moe_layers=v["moe"],
+                            kv_dtype=v.get("kv", 0))
         tensors = {}
         for role, layer, expert in im.canonical_order(dims):
             if layer == im.NO_INDEX or dims.present(role, layer):
-                tensors[(role, layer, expert)] = rng.normal(0, 0.5, im.expected_shape(dims, role)).astype(np.float32)
+                t = rng.normal(0, 0.5, im.expected_shape(dims, role)).astype(np.float32)
+                tensors[(role, layer, expert)] = convert(t, v.get("dtype", DType.F32) if t.ndim == 2 else DType.F32)
         inv = 1.0 / (10000.0 ** (np.arange(0, 4, 2) / 4))
         cos, sin = tables(inv, 1.0, dims.max_seq)
         tensors[(im.Role.ROPE_COS, im.NO_INDEX, im.NO_INDEX)] = cos

@@ -9,15 +9,17 @@ typedef struct {
     uint8_t *base;
 } planner;
 
-/* Reserve `count` 4-byte elements, 64-byte aligned; returns their address (or NULL when only sizing). */
-static void *reserve(planner *p, uint64_t count) {
+/* Reserve `count` elements of `size` bytes, 64-byte aligned; returns their address (or NULL when only sizing). */
+static void *reserve_bytes(planner *p, uint64_t count, uint32_t size) {
     void *at = p->base ? p->base + p->offset : 0;
-    uint64_t bytes = (count * 4 + IMG_ALIGN - 1) & ~(uint64_t)(IMG_ALIGN - 1);
-    /* count < 2^50 here (products of two dims <= 2^24 times n_layers), so count*4 cannot wrap */
+    /* count < 2^50 here (products of two dims <= 2^24 times n_layers), so count*size cannot wrap */
+    uint64_t bytes = (count * size + IMG_ALIGN - 1) & ~(uint64_t)(IMG_ALIGN - 1);
     if (bytes > UINT64_MAX - p->offset) p->overflow = 1;
     else p->offset += bytes;
     return at;
 }
+
+static void *reserve(planner *p, uint64_t count) { return reserve_bytes(p, count, 4); }
 
 colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out, uint64_t *total) {
     planner p = { ARENA_CTX_BYTES, 0, base };
@@ -28,10 +30,13 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
     a.x = reserve(&p, d->dim);
     a.xn = reserve(&p, d->dim);
     a.q = reserve(&p, d->q_dim);
+    a.k_new = reserve(&p, d->kv_dim);
+    a.v_new = reserve(&p, d->kv_dim);
     a.attn_out = reserve(&p, d->q_dim);
     a.att = reserve(&p, (uint64_t)d->n_heads * d->max_seq);
     a.ffn_gate = reserve(&p, d->ffn_max);
     a.ffn_up = reserve(&p, d->ffn_max);
+    a.ffn_out = reserve(&p, d->dim);
     a.moe_out = reserve(&p, d->dim);
     a.router = reserve(&p, d->n_experts);
     a.topk_weight = reserve(&p, d->top_k);
@@ -40,8 +45,10 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
     a.logits = reserve(&p, d->vocab);
     a.probs = reserve(&p, d->vocab);
     a.sample_index = reserve(&p, d->vocab);
-    a.k_cache = reserve(&p, kv_cache);
-    a.v_cache = reserve(&p, kv_cache);
+    a.xq = reserve_bytes(&p, (uint64_t)d->in_blocks * QBLOCK, 1);
+    a.xq_scale = reserve(&p, d->in_blocks);
+    a.k_cache = reserve_bytes(&p, kv_cache, d->kv_dtype == KV_F16 ? 2 : 4);
+    a.v_cache = reserve_bytes(&p, kv_cache, d->kv_dtype == KV_F16 ? 2 : 4);
     if (p.overflow || p.offset > (uint64_t)SIZE_MAX) return COLIBRI_E_IMAGE_DIMS;
     if (out) *out = a;
     *total = p.offset;

@@ -19,7 +19,7 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     arena_buffers a;
     uint64_t total;
     arena_plan(&d, arena, &a, &total); /* cannot fail: image_verify() ran the same plan */
-    *c = (colibri_ctx){ .image = image, .table = table, .info = info, .d = d, .a = a };
+    *c = (colibri_ctx){ .kernels = kernels_select(), .image = image, .table = table, .info = info, .d = d, .a = a };
     c->attn_scale = 1.0f / __builtin_sqrtf((float)d.head_dim);
     if (opts) c->opts = *opts;
     c->stats.arena_bytes = total;

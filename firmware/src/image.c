@@ -45,7 +45,7 @@ enum {
     H_HEADS = 52, H_KV_HEADS = 56, H_HEAD_DIM = 60, H_EXPERTS = 64, H_TOP_K = 68, H_MAX_SEQ = 72,
     H_FLAGS = 76, H_EPS = 80, H_ROPE_THETA = 84, H_TABLE_OFFSET = 88, H_N_TENSORS = 96,
     H_ENTRY_BYTES = 100, H_DATA_OFFSET = 104, H_ARENA_BYTES = 112, H_EXPERT_ALIGN = 120,
-    H_DENSE_FFN = 124, H_SHARED_FFN = 128, H_CLIP_QKV = 132, H_RESERVED = 136
+    H_DENSE_FFN = 124, H_SHARED_FFN = 128, H_CLIP_QKV = 132, H_KV_DTYPE = 136, H_RESERVED = 140
 };
 /* Tensor table entry field offsets (docs/FORMAT.md, "Tensor table"). */
 enum {
@@ -91,6 +91,8 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     d->flags = rd32(h + H_FLAGS);
     d->eps = rdf32(h + H_EPS);
     d->clip_qkv = rdf32(h + H_CLIP_QKV);
+    d->kv_dtype = rd32(h + H_KV_DTYPE);
+    if (d->kv_dtype != KV_F32 && d->kv_dtype != KV_F16) return COLIBRI_E_IMAGE_DTYPE;
     const uint32_t nonzero[] = { d->vocab, d->dim, d->n_layers, d->n_heads, d->n_kv_heads, d->head_dim, d->max_seq };
     for (unsigned i = 0; i < sizeof nonzero / sizeof nonzero[0]; i++)
         if (nonzero[i] == 0 || nonzero[i] > IMG_MAX_DIM) return COLIBRI_E_IMAGE_DIMS;
@@ -109,6 +111,9 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     d->kv_dim = (uint32_t)kv_dim;
     d->ffn_max = d->ffn > d->dense_ffn ? d->ffn : d->dense_ffn;
     if (d->shared_ffn > d->ffn_max) d->ffn_max = d->shared_ffn;
+    uint32_t in_max = d->dim > d->q_dim ? d->dim : d->q_dim;
+    if (d->ffn_max > in_max) in_max = d->ffn_max;
+    d->in_blocks = (in_max + QBLOCK - 1) / QBLOCK;
     if (d->flags & ~IMG_KNOWN_FLAGS) return COLIBRI_E_UNSUPPORTED;
     if ((d->flags & IMG_FLAG_QK_NORM_HEAD) && (d->flags & IMG_FLAG_QK_NORM_FULL)) return COLIBRI_E_UNSUPPORTED;
     if (!(d->flags & IMG_FLAG_SHARED_EXPERT) != !d->shared_ffn || (d->shared_ffn && !d->n_experts))
@@ -169,6 +174,20 @@ static void spec_for(const model_dims *d, uint32_t i, int moe, tensor_spec *s) {
     s->dim1 = present ? (cols ? cols : 1u) : 0;
 }
 
+/* Bytes of a rows x cols tensor's values in `dtype`, and of its block scales (0 for float dtypes).
+ * rows, cols <= 2^24, so nothing here can overflow 64 bits. */
+static void tensor_bytes(uint32_t dtype, uint64_t rows, uint64_t cols, uint64_t *values, uint64_t *scales) {
+    uint64_t blocks = rows * ((cols + QBLOCK - 1) / QBLOCK);
+    *scales = 0;
+    switch (dtype) {
+    case DTYPE_F32: *values = rows * cols * 4; break;
+    case DTYPE_F16: case DTYPE_BF16: *values = rows * cols * 2; break;
+    case DTYPE_Q8_0: *values = blocks * QBLOCK; *scales = blocks * 2; break;
+    default: *values = blocks * (QBLOCK / 2); *scales = blocks * 2; break; /* DTYPE_Q4_0 */
+    }
+}
+
+/* Check one table entry against its spec; *end is where its bytes (scales included) end. */
 static colibri_status check_entry(const uint8_t *e, const tensor_spec *s, uint64_t data_offset,
                                   uint64_t image_bytes, uint64_t *end) {
     if (rd16(e + E_ROLE) != s->role || rd32(e + E_LAYER) != s->layer || rd32(e + E_EXPERT) != s->expert ||
@@ -176,19 +195,30 @@ static colibri_status check_entry(const uint8_t *e, const tensor_spec *s, uint64
         rd32(e + E_RESERVED) != 0)
         return COLIBRI_E_IMAGE_TABLE;
     uint32_t dtype = rd16(e + E_DTYPE);
-    if (dtype >= DTYPE_COUNT) return COLIBRI_E_IMAGE_TABLE;
-    if (rd32(e + E_GROUP) != 0 || rd64(e + E_SCALES_OFFSET) != 0 || rd64(e + E_SCALES_BYTES) != 0)
-        return COLIBRI_E_IMAGE_TABLE;
-    uint64_t count, bytes, off = rd64(e + E_OFFSET);
+    uint64_t off = rd64(e + E_OFFSET), scales_off = rd64(e + E_SCALES_OFFSET);
     if (s->ndims == 0) { /* an empty slot: nothing to read */
         *end = 0;
-        return dtype == DTYPE_F32 && off == 0 && rd64(e + E_BYTES) == 0 ? COLIBRI_OK : COLIBRI_E_IMAGE_TABLE;
+        return dtype == DTYPE_F32 && off == 0 && rd64(e + E_BYTES) == 0 && rd32(e + E_GROUP) == 0 && scales_off == 0 &&
+               rd64(e + E_SCALES_BYTES) == 0 ? COLIBRI_OK : COLIBRI_E_IMAGE_TABLE;
     }
-    if (dtype != DTYPE_F32) return COLIBRI_E_IMAGE_DTYPE;
-    if (!mul_ok(s->dim0, s->dim1, &count) || !mul_ok(count, 4, &bytes) || rd64(e + E_BYTES) != bytes)
+    if (dtype >= DTYPE_COUNT) return COLIBRI_E_IMAGE_DTYPE;
+    /* vectors and the RoPE tables are f32; any matrix may be narrower */
+    if (dtype != DTYPE_F32 && (s->ndims != 2 || s->role == ROLE_ROPE_COS || s->role == ROLE_ROPE_SIN))
+        return COLIBRI_E_IMAGE_DTYPE;
+    const int quantized = dtype == DTYPE_Q8_0 || dtype == DTYPE_Q4_0;
+    uint64_t bytes, scales;
+    tensor_bytes(dtype, s->dim0, s->dim1, &bytes, &scales);
+    if (rd32(e + E_GROUP) != (quantized ? QBLOCK : 0) || rd64(e + E_BYTES) != bytes || rd64(e + E_SCALES_BYTES) != scales)
         return COLIBRI_E_IMAGE_TABLE;
     if (off % IMG_ALIGN || off < data_offset || !add_ok(off, bytes, end) || *end > image_bytes)
         return COLIBRI_E_IMAGE_BOUNDS;
+    if (quantized) { /* the scales follow the values directly, so a tensor is one contiguous range */
+        uint64_t at;
+        if (!align_ok(*end, &at) || scales_off != at || !add_ok(scales_off, scales, end) || *end > image_bytes)
+            return COLIBRI_E_IMAGE_BOUNDS;
+    } else if (scales_off != 0) {
+        return COLIBRI_E_IMAGE_TABLE;
+    }
     return COLIBRI_OK;
 }
 

@@ -4,8 +4,8 @@
 
 #include "colibri.h"
 
-/* ---- image format v1 (docs/FORMAT.md) ---- */
-#define IMG_VERSION 1u
+/* ---- image format v2 (docs/FORMAT.md) ---- */
+#define IMG_VERSION 2u
 #define IMG_HEADER_BYTES 256u
 #define IMG_ENTRY_BYTES 64u
 #define IMG_ALIGN 64u
@@ -30,7 +30,9 @@ enum tensor_role {
     ROLE_EXPERT_GATE, ROLE_EXPERT_UP, ROLE_EXPERT_DOWN,
     ROLE_OUTPUT_NORM, ROLE_LM_HEAD
 };
-enum tensor_dtype { DTYPE_F32 = 0, DTYPE_F16, DTYPE_BF16, DTYPE_Q8, DTYPE_Q4, DTYPE_COUNT };
+enum tensor_dtype { DTYPE_F32 = 0, DTYPE_F16, DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_COUNT };
+#define QBLOCK 32u /* elements per quantization block (Q8_0, Q4_0): GGUF's block size */
+enum kv_dtype { KV_F32 = 0, KV_F16 = 1 };
 
 /* Tensor table index layout: 3 global tensors, then per layer LAYER_FIXED slots (ATTN_NORM ..
  * SHARED_EXPERT_GATE) followed by 3 per expert, then the output norm and lm_head. A slot the
@@ -43,27 +45,52 @@ typedef struct {
     uint32_t vocab, dim, ffn, n_layers, n_heads, n_kv_heads, head_dim, n_experts, top_k, max_seq;
     uint32_t dense_ffn, shared_ffn; /* dense MLP and shared expert intermediate sizes (0: none) */
     uint32_t flags;
+    uint32_t kv_dtype;              /* KV_F32 or KV_F16 */
     float eps, clip_qkv;            /* clip_qkv 0: no clipping */
     uint32_t q_dim, kv_dim, ffn_max;
+    uint32_t in_blocks;             /* blocks of QBLOCK in the longest matvec input (for the quantized x) */
 } model_dims;
 
 /* ---- the work arena (mirrors arena_plan() in host/image.py) ---- */
 #define ARENA_CTX_BYTES 1024u
 
 typedef struct {
-    float *x, *xn, *q, *attn_out, *att, *ffn_gate, *ffn_up, *moe_out, *router, *topk_weight;
+    float *x, *xn, *q, *k_new, *v_new, *attn_out, *att, *ffn_gate, *ffn_up, *ffn_out, *moe_out, *router, *topk_weight;
     uint32_t *topk_index;
     uint64_t *topk_cycles; /* for the trace hook */
     float *logits, *probs;
     uint32_t *sample_index;
-    float *k_cache, *v_cache;
+    int8_t *xq;            /* the matvec input quantized to Q8_0 for Q8_0/Q4_0 weights ... */
+    float *xq_scale;       /* ... and its per-block scales */
+    void *k_cache, *v_cache; /* f32 or f16 (the image's kv_dtype) */
 } arena_buffers;
 
 /* Total arena bytes for `d` in *total; if base != NULL also point `out` into base. Returns
  * COLIBRI_E_IMAGE_DIMS if the plan overflows size_t. */
 colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out, uint64_t *total);
 
+/* One weight matrix as the kernels see it (rows x cols, row-major). Quantized dtypes store each row
+ * as ceil(cols / QBLOCK) blocks, the last one zero-padded, with one f16 scale per block. */
+typedef struct {
+    const void *data;        /* f32 / f16 / bf16 elements, int8 values, or packed int4 pairs */
+    const uint16_t *scales;  /* f16 block scales (Q8_0, Q4_0), else NULL */
+    uint32_t dtype, rows, cols, blocks; /* blocks per row (quantized) */
+} weight;
+
+/* The dot-product kernels of one instruction set. Every entry gives the same bits as the scalar
+ * one (docs/KERNELS.md: the fixed summation order). w is one row; x is f32, or for the quantized
+ * dtypes x quantized to Q8_0 (xq, one f32 scale per block). */
+typedef struct {
+    const char *name;
+    float (*dot_f32)(const float *w, const float *x, uint32_t n);
+    float (*dot_f16)(const uint16_t *w, const float *x, uint32_t n);
+    float (*dot_bf16)(const uint16_t *w, const float *x, uint32_t n);
+    float (*dot_q8_0)(const int8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale, uint32_t blocks);
+    float (*dot_q4_0)(const uint8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale, uint32_t blocks);
+} kernel_set;
+
 struct colibri_ctx {
+    const kernel_set *kernels;
     const uint8_t *image;
     const uint8_t *table;
     colibri_image_info info;
@@ -90,8 +117,27 @@ int tensor_present(const uint8_t *table, uint32_t index);
 
 /* ---- kernels.c (scalar reference: deterministic, no FMA contraction) ---- */
 float colibri_expf(float x);
-float dot(const float *a, const float *b, uint32_t n);
-void matvec(float *out, const float *w, const float *x, uint32_t rows, uint32_t cols);
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);  /* round to nearest even, as IEEE 754 */
+float bf16_to_f32(uint16_t h);
+/* Q8_0 of n floats into ceil(n / QBLOCK) blocks (the last zero-padded): the activation side of the
+ * quantized dot products. Scalar on every board, so the quantized x is the same everywhere. */
+void quantize_q8_0(int8_t *xq, float *scale, const float *x, uint32_t n);
+/* Row `row` of w as floats (the embedding lookup). */
+void weight_row(float *out, const weight *w, uint32_t row);
+extern const kernel_set kernels_scalar;
+extern const kernel_set kernels_mve, kernels_dsp, kernels_rvv; /* kernels_<isa>.c, in builds for that ISA */
+const kernel_set *kernels_x86_select(void);                     /* kernels_x86.c: AVX2 if CPUID says so */
+/* The fastest kernel set this build and this CPU support (CPUID on x86-64; fixed at build time elsewhere). */
+const kernel_set *kernels_select(void);
+float dot_f32_scalar(const float *w, const float *x, uint32_t n);
+float dot_f16_scalar(const uint16_t *w, const float *x, uint32_t n);
+float dot_bf16_scalar(const uint16_t *w, const float *x, uint32_t n);
+float dot_q8_0_scalar(const int8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale, uint32_t blocks);
+float dot_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale, uint32_t blocks);
+/* The fixed reduction trees every kernel ends with (docs/KERNELS.md). */
+float sum_lanes16(const float acc[16]);
+float sum_lanes8(const float acc[8]);
 void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
 void softmax(float *x, uint32_t n);
 void rope(float *v, uint32_t n_heads, uint32_t head_dim, const float *cos, const float *sin);

@@ -29,16 +29,173 @@ float colibri_expf(float x) {
     return p * from_bits((uint32_t)(n + 127) << 23);
 }
 
-/* Sequential sum, one accumulator: the reference summation order. */
-float dot(const float *a, const float *b, uint32_t n) {
-    float acc = 0.0f;
-    for (uint32_t i = 0; i < n; i++) acc += a[i] * b[i];
-    return acc;
+static uint32_t to_bits(float f) {
+    union { float f; uint32_t u; } v = { f };
+    return v.u;
 }
 
-/* out[rows] = w[rows][cols] . x[cols] */
-void matvec(float *out, const float *w, const float *x, uint32_t rows, uint32_t cols) {
-    for (uint32_t r = 0; r < rows; r++) out[r] = dot(w + (size_t)r * cols, x, cols);
+/* ---- number formats: exact conversions, no hardware f16 support assumed ---- */
+
+float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7FFFu;
+    if (em >= 0x7C00u) return from_bits(sign | 0x7F800000u | (em & 0x3FFu) << 13); /* inf, NaN */
+    if (em >= 0x0400u) return from_bits(sign | (em + 0x1C000u) << 13);            /* normal: rebias 15 -> 127 */
+    float v = (float)em * 5.9604644775390625e-08f;                                /* subnormal: em * 2^-24, exact */
+    return sign ? -v : v;
+}
+
+uint16_t f32_to_f16(float f) {
+    uint32_t x = to_bits(f), sign = (x >> 16) & 0x8000u;
+    x &= 0x7FFFFFFFu;
+    if (x >= 0x7F800000u) return (uint16_t)(sign | (x > 0x7F800000u ? 0x7E00u : 0x7C00u));
+    if (x >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* >= 65520 rounds to infinity */
+    uint32_t e = x >> 23, m = (x & 0x7FFFFFu) | 0x800000u, h, rem, half;
+    if (e >= 113) {                  /* a normal f16: keep 10 of 23 mantissa bits */
+        h = ((e - 112) << 10) | ((x >> 13) & 0x3FFu);
+        rem = x & 0x1FFFu;
+        half = 0x1000u;
+    } else if (e >= 102) {           /* a subnormal f16: units of 2^-24 */
+        uint32_t shift = 126 - e;
+        h = m >> shift;
+        rem = m & ((1u << shift) - 1);
+        half = 1u << (shift - 1);
+    } else {
+        return (uint16_t)sign;       /* below 2^-25: rounds to zero */
+    }
+    if (rem > half || (rem == half && (h & 1u))) h++; /* ties to even; a carry lands in the exponent correctly */
+    return (uint16_t)(sign | h);
+}
+
+float bf16_to_f32(uint16_t h) { return from_bits((uint32_t)h << 16); }
+
+/* ---- the fixed summation order (docs/KERNELS.md) ---- */
+
+/* acc[i] + acc[i+8], then + acc[i+4]..., a balanced tree over the 16 lanes of the float dots */
+float sum_lanes16(const float acc[16]) {
+    float s[8];
+    for (int i = 0; i < 8; i++) s[i] = acc[i] + acc[i + 8];
+    return sum_lanes8(s);
+}
+
+float sum_lanes8(const float acc[8]) {
+    float s4[4], s2[2];
+    for (int i = 0; i < 4; i++) s4[i] = acc[i] + acc[i + 4];
+    for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
+    return s2[0] + s2[1];
+}
+
+/* Float dots: element i goes to lane i % 16 (a product rounded, then added: no FMA), then the tree. */
+float dot_f32_scalar(const float *w, const float *x, uint32_t n) {
+    float acc[16] = { 0 };
+    for (uint32_t i = 0; i < n; i++) acc[i % 16] += w[i] * x[i];
+    return sum_lanes16(acc);
+}
+
+float dot_f16_scalar(const uint16_t *w, const float *x, uint32_t n) {
+    float acc[16] = { 0 };
+    for (uint32_t i = 0; i < n; i++) acc[i % 16] += f16_to_f32(w[i]) * x[i];
+    return sum_lanes16(acc);
+}
+
+float dot_bf16_scalar(const uint16_t *w, const float *x, uint32_t n) {
+    float acc[16] = { 0 };
+    for (uint32_t i = 0; i < n; i++) acc[i % 16] += bf16_to_f32(w[i]) * x[i];
+    return sum_lanes16(acc);
+}
+
+/* Quantized dots: the integer sum of a block is exact in any order; block b's term
+ * (float)isum * (w_scale * x_scale) goes to lane b % 8, then the tree. */
+float dot_q8_0_scalar(const int8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale, uint32_t blocks) {
+    float acc[8] = { 0 };
+    for (uint32_t b = 0; b < blocks; b++, w += QBLOCK, xq += QBLOCK) {
+        int32_t isum = 0;
+        for (uint32_t i = 0; i < QBLOCK; i++) isum += (int32_t)w[i] * xq[i];
+        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * xq_scale[b]);
+    }
+    return sum_lanes8(acc);
+}
+
+/* Q4_0 (GGUF's layout): byte j of a block holds element j in its low nibble and element j + 16 in
+ * its high nibble, each stored as value + 8. */
+float dot_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale, uint32_t blocks) {
+    float acc[8] = { 0 };
+    for (uint32_t b = 0; b < blocks; b++, w += QBLOCK / 2, xq += QBLOCK) {
+        int32_t isum = 0;
+        for (uint32_t j = 0; j < QBLOCK / 2; j++)
+            isum += ((int32_t)(w[j] & 0xF) - 8) * xq[j] + ((int32_t)(w[j] >> 4) - 8) * xq[j + QBLOCK / 2];
+        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * xq_scale[b]);
+    }
+    return sum_lanes8(acc);
+}
+
+const kernel_set kernels_scalar = { "scalar", dot_f32_scalar, dot_f16_scalar, dot_bf16_scalar, dot_q8_0_scalar,
+                                    dot_q4_0_scalar };
+
+/* Round to nearest, ties to even, for |v| < 2^22: adding 1.5 * 2^23 leaves no fraction bits. */
+static float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
+
+void quantize_q8_0(int8_t *xq, float *scale, const float *x, uint32_t n) {
+    for (uint32_t b = 0; b * QBLOCK < n; b++) {
+        uint32_t len = n - b * QBLOCK < QBLOCK ? n - b * QBLOCK : QBLOCK;
+        const float *v = x + b * QBLOCK;
+        float amax = 0.0f;
+        for (uint32_t i = 0; i < len; i++) {
+            float a = from_bits(to_bits(v[i]) & 0x7FFFFFFFu);
+            if (a > amax) amax = a;
+        }
+        float d = amax / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
+        scale[b] = d;
+        for (uint32_t i = 0; i < QBLOCK; i++) xq[b * QBLOCK + i] = i < len ? (int8_t)round_even(v[i] * inv) : 0;
+    }
+}
+
+void weight_row(float *out, const weight *w, uint32_t row) {
+    const uint32_t n = w->cols;
+    switch (w->dtype) {
+    case DTYPE_F32: {
+        const float *p = (const float *)w->data + (size_t)row * n;
+        for (uint32_t i = 0; i < n; i++) out[i] = p[i];
+        break;
+    }
+    case DTYPE_F16: case DTYPE_BF16: {
+        const uint16_t *p = (const uint16_t *)w->data + (size_t)row * n;
+        for (uint32_t i = 0; i < n; i++) out[i] = w->dtype == DTYPE_F16 ? f16_to_f32(p[i]) : bf16_to_f32(p[i]);
+        break;
+    }
+    case DTYPE_Q8_0: {
+        const int8_t *p = (const int8_t *)w->data + (size_t)row * w->blocks * QBLOCK;
+        const uint16_t *s = w->scales + (size_t)row * w->blocks;
+        for (uint32_t i = 0; i < n; i++) out[i] = (float)p[i] * f16_to_f32(s[i / QBLOCK]);
+        break;
+    }
+    default: { /* DTYPE_Q4_0 */
+        const uint8_t *p = (const uint8_t *)w->data + (size_t)row * w->blocks * (QBLOCK / 2);
+        const uint16_t *s = w->scales + (size_t)row * w->blocks;
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t b = i / QBLOCK, j = i % QBLOCK;
+            uint8_t byte = p[b * (QBLOCK / 2) + j % (QBLOCK / 2)];
+            int32_t q = (int32_t)(j < QBLOCK / 2 ? byte & 0xF : byte >> 4) - 8;
+            out[i] = (float)q * f16_to_f32(s[b]);
+        }
+        break;
+    }
+    }
+}
+
+const kernel_set *kernels_select(void) {
+#if defined(COLIBRI_KERNELS_SCALAR)
+    return &kernels_scalar;
+#elif defined(__x86_64__)
+    return kernels_x86_select();
+#elif defined(__ARM_FEATURE_MVE)
+    return &kernels_mve;
+#elif defined(__ARM_FEATURE_DSP)
+    return &kernels_dsp;
+#elif defined(__riscv_vector)
+    return &kernels_rvv;
+#else
+    return &kernels_scalar;
+#endif
 }
 
 void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps) {

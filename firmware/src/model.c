@@ -9,9 +9,11 @@
  *               x += dense SwiGLU MLP(h), or in a MoE layer
  *                    sum over the top-k experts of w_k * expert_k(h) (+ sigmoid(g . h) * shared(h))
  *   logits = lm_head(rmsnorm(x))
- * Weights are read in place from the image; the KV cache and activations live in the arena. */
+ * Weights are read in place from the image, in their stored dtype (f32, f16, bf16, Q8_0, Q4_0); the
+ * KV cache (f32 or f16) and activations live in the arena. */
 #include "internal.h"
 
+/* An f32 vector (norm weights, biases, RoPE rows): the verifier allows only f32 there. */
 static const float *tensor(const colibri_ctx *c, uint32_t index) {
     return (const float *)(const void *)(c->image + rd64(c->table + (size_t)index * IMG_ENTRY_BYTES + 32));
 }
@@ -22,16 +24,64 @@ static const float *layer_w(const colibri_ctx *c, uint32_t layer, uint32_t role)
     return tensor(c, layer_index(c, layer, role));
 }
 
+/* A matrix in any dtype, as the table entry at `index` describes it (docs/FORMAT.md, "Tensor table"). */
+static weight matrix(const colibri_ctx *c, uint32_t index) {
+    const uint8_t *e = c->table + (size_t)index * IMG_ENTRY_BYTES;
+    uint64_t scales = rd64(e + 48);
+    weight w = { .data = c->image + rd64(e + 32), .scales = scales ? (const uint16_t *)(const void *)(c->image + scales) : 0,
+                 .dtype = (uint32_t)(e[2] | e[3] << 8), .rows = rd32(e + 16), .cols = rd32(e + 20) };
+    w.blocks = (w.cols + QBLOCK - 1) / QBLOCK;
+    return w;
+}
+
 static uint64_t now(const colibri_ctx *c) { return c->opts.cycles ? c->opts.cycles(c->opts.user) : 0; }
 
+/* out[rows] = w x[cols], with this context's kernels. For quantized weights x is quantized to Q8_0
+ * first (in the arena), once per call. */
+static void matvec(const colibri_ctx *c, float *out, const weight *w, const float *x) {
+    const kernel_set *k = c->kernels;
+    const uint32_t cols = w->cols;
+    if (w->dtype == DTYPE_Q8_0 || w->dtype == DTYPE_Q4_0) {
+        quantize_q8_0(c->a.xq, c->a.xq_scale, x, cols);
+        const size_t row_bytes = (size_t)w->blocks * (w->dtype == DTYPE_Q8_0 ? QBLOCK : QBLOCK / 2);
+        for (uint32_t r = 0; r < w->rows; r++) {
+            const void *row = (const uint8_t *)w->data + r * row_bytes;
+            const uint16_t *s = w->scales + (size_t)r * w->blocks;
+            out[r] = w->dtype == DTYPE_Q8_0 ? k->dot_q8_0(row, s, c->a.xq, c->a.xq_scale, w->blocks)
+                                            : k->dot_q4_0(row, s, c->a.xq, c->a.xq_scale, w->blocks);
+        }
+    } else if (w->dtype == DTYPE_F32) {
+        for (uint32_t r = 0; r < w->rows; r++) out[r] = k->dot_f32((const float *)w->data + (size_t)r * cols, x, cols);
+    } else {
+        float (*dot16)(const uint16_t *, const float *, uint32_t) = w->dtype == DTYPE_F16 ? k->dot_f16 : k->dot_bf16;
+        for (uint32_t r = 0; r < w->rows; r++) out[r] = dot16((const uint16_t *)w->data + (size_t)r * cols, x, cols);
+    }
+}
+
 /* out = W x (+ b, when the image has that bias) */
-static void project(const colibri_ctx *c, float *out, uint32_t layer, uint32_t w_role, uint32_t b_role,
-                    const float *x, uint32_t rows, uint32_t cols) {
-    matvec(out, layer_w(c, layer, w_role), x, rows, cols);
+static void project(const colibri_ctx *c, float *out, uint32_t layer, uint32_t w_role, uint32_t b_role, const float *x) {
+    weight w = matrix(c, layer_index(c, layer, w_role));
+    matvec(c, out, &w, x);
     if (tensor_present(c->table, layer_index(c, layer, b_role))) {
         const float *b = layer_w(c, layer, b_role);
-        for (uint32_t i = 0; i < rows; i++) out[i] += b[i];
+        for (uint32_t i = 0; i < w.rows; i++) out[i] += b[i];
     }
+}
+
+/* The KV cache holds f32 or f16 (rounded to nearest even) per the image's kv_dtype. */
+static void kv_store(const colibri_ctx *c, void *cache, size_t at, const float *v, uint32_t n) {
+    if (c->d.kv_dtype == KV_F16) {
+        for (uint32_t i = 0; i < n; i++) ((uint16_t *)cache)[at + i] = f32_to_f16(v[i]);
+    } else {
+        for (uint32_t i = 0; i < n; i++) ((float *)cache)[at + i] = v[i];
+    }
+}
+static float kv_dot(const colibri_ctx *c, const void *cache, size_t at, const float *q, uint32_t n) {
+    return c->d.kv_dtype == KV_F16 ? c->kernels->dot_f16((const uint16_t *)cache + at, q, n)
+                                   : c->kernels->dot_f32((const float *)cache + at, q, n);
+}
+static float kv_load(const colibri_ctx *c, const void *cache, size_t at) {
+    return c->d.kv_dtype == KV_F16 ? f16_to_f32(((const uint16_t *)cache)[at]) : ((const float *)cache)[at];
 }
 
 /* q/k RMSNorm: across the whole projection, or on each head with shared weights. */
@@ -54,13 +104,12 @@ static void attention(colibri_ctx *c, uint32_t layer) {
     const arena_buffers *a = &c->a;
     const uint32_t pos = c->pos, hd = d->head_dim, group = d->n_heads / d->n_kv_heads;
     const size_t layer_base = (size_t)layer * d->max_seq * d->kv_dim;
-    float *k_cur = a->k_cache + layer_base + (size_t)pos * d->kv_dim;
-    float *v_cur = a->v_cache + layer_base + (size_t)pos * d->kv_dim;
+    float *k_cur = a->k_new, *v_cur = a->v_new; /* this position's k and v in f32, stored once final */
 
     rmsnorm(a->xn, a->x, layer_w(c, layer, ROLE_ATTN_NORM), d->dim, d->eps);
-    project(c, a->q, layer, ROLE_WQ, ROLE_BQ, a->xn, d->q_dim, d->dim);
-    project(c, k_cur, layer, ROLE_WK, ROLE_BK, a->xn, d->kv_dim, d->dim);
-    project(c, v_cur, layer, ROLE_WV, ROLE_BV, a->xn, d->kv_dim, d->dim);
+    project(c, a->q, layer, ROLE_WQ, ROLE_BQ, a->xn);
+    project(c, k_cur, layer, ROLE_WK, ROLE_BK, a->xn);
+    project(c, v_cur, layer, ROLE_WV, ROLE_BV, a->xn);
     if (d->flags & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) {
         qk_norm(c, a->q, d->n_heads, layer_w(c, layer, ROLE_Q_NORM));
         qk_norm(c, k_cur, d->n_kv_heads, layer_w(c, layer, ROLE_K_NORM));
@@ -74,22 +123,23 @@ static void attention(colibri_ctx *c, uint32_t layer) {
     const float *sin = tensor(c, global_tensor_index(d, ROLE_ROPE_SIN)) + (size_t)pos * (hd / 2);
     rope(a->q, d->n_heads, hd, cos, sin);
     rope(k_cur, d->n_kv_heads, hd, cos, sin);
+    kv_store(c, a->k_cache, layer_base + (size_t)pos * d->kv_dim, k_cur, d->kv_dim);
+    kv_store(c, a->v_cache, layer_base + (size_t)pos * d->kv_dim, v_cur, d->kv_dim);
 
     for (uint32_t h = 0; h < d->n_heads; h++) {
         const float *q = a->q + (size_t)h * hd;
         const size_t kv_off = layer_base + (size_t)(h / group) * hd;
         float *att = a->att + (size_t)h * d->max_seq;
-        for (uint32_t t = 0; t <= pos; t++)
-            att[t] = dot(q, a->k_cache + kv_off + (size_t)t * d->kv_dim, hd) * c->attn_scale;
+        for (uint32_t t = 0; t <= pos; t++) att[t] = kv_dot(c, a->k_cache, kv_off + (size_t)t * d->kv_dim, q, hd) * c->attn_scale;
         softmax(att, pos + 1);
         float *out = a->attn_out + (size_t)h * hd;
         for (uint32_t i = 0; i < hd; i++) out[i] = 0.0f;
         for (uint32_t t = 0; t <= pos; t++) {
-            const float *v = a->v_cache + kv_off + (size_t)t * d->kv_dim;
-            for (uint32_t i = 0; i < hd; i++) out[i] += att[t] * v[i];
+            const size_t v_at = kv_off + (size_t)t * d->kv_dim;
+            for (uint32_t i = 0; i < hd; i++) out[i] += att[t] * kv_load(c, a->v_cache, v_at + i);
         }
     }
-    project(c, a->moe_out, layer, ROLE_WO, ROLE_BO, a->attn_out, d->dim, d->q_dim);
+    project(c, a->moe_out, layer, ROLE_WO, ROLE_BO, a->attn_out);
     for (uint32_t i = 0; i < d->dim; i++) a->x[i] += a->moe_out[i];
 }
 
@@ -97,7 +147,8 @@ static void attention(colibri_ctx *c, uint32_t layer) {
 static void route_topk(colibri_ctx *c, uint32_t layer) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
-    matvec(a->router, layer_w(c, layer, ROLE_ROUTER), a->xn, d->n_experts, d->dim);
+    weight router = matrix(c, layer_index(c, layer, ROLE_ROUTER));
+    matvec(c, a->router, &router, a->xn);
     softmax(a->router, d->n_experts);
     float sum = 0.0f;
     for (uint32_t k = 0; k < d->top_k; k++) {
@@ -116,19 +167,20 @@ static void route_topk(colibri_ctx *c, uint32_t layer) {
         for (uint32_t k = 0; k < d->top_k; k++) a->topk_weight[k] /= sum;
 }
 
-/* moe_out += weight * down(silu(gate xn) * up xn): one expert, the shared expert or a dense MLP.
+/* moe_out += scale * down(silu(gate xn) * up xn): one expert, the shared expert or a dense MLP.
  * `gate_index` is the table index of the gate matrix; up and down follow it. */
-static void swiglu_ffn(colibri_ctx *c, uint32_t gate_index, uint32_t n_inter, float weight) {
+static void swiglu_ffn(colibri_ctx *c, uint32_t gate_index, uint32_t n_inter, float scale) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
-    matvec(a->ffn_gate, tensor(c, gate_index), a->xn, n_inter, d->dim);
-    matvec(a->ffn_up, tensor(c, gate_index + 1), a->xn, n_inter, d->dim);
+    weight gate = matrix(c, gate_index), up = matrix(c, gate_index + 1), down = matrix(c, gate_index + 2);
+    matvec(c, a->ffn_gate, &gate, a->xn);
+    matvec(c, a->ffn_up, &up, a->xn);
     for (uint32_t i = 0; i < n_inter; i++) {
         float g = a->ffn_gate[i];
         a->ffn_gate[i] = g / (1.0f + colibri_expf(-g)) * a->ffn_up[i];
     }
-    const float *down = tensor(c, gate_index + 2);
-    for (uint32_t r = 0; r < d->dim; r++) a->moe_out[r] += weight * dot(down + (size_t)r * n_inter, a->ffn_gate, n_inter);
+    matvec(c, a->ffn_out, &down, a->ffn_gate);
+    for (uint32_t r = 0; r < d->dim; r++) a->moe_out[r] += scale * a->ffn_out[r];
 }
 
 /* The FFN half of a layer: routed experts (+ shared expert), or the dense MLP. Fills `t`. */
@@ -146,7 +198,9 @@ static void ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_trace *t) {
             c->stats.expert_calls++;
         }
         if (d->flags & IMG_FLAG_SHARED_EXPERT) {
-            float g = dot(layer_w(c, layer, ROLE_SHARED_EXPERT_GATE), a->xn, d->dim);
+            weight gate = matrix(c, layer_index(c, layer, ROLE_SHARED_EXPERT_GATE));
+            float g;
+            matvec(c, &g, &gate, a->xn);
             swiglu_ffn(c, layer_index(c, layer, ROLE_SHARED_GATE), d->shared_ffn, 1.0f / (1.0f + colibri_expf(-g)));
         }
         t->n_routed = d->top_k;
@@ -164,8 +218,8 @@ static void ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_trace *t) {
 void model_forward(colibri_ctx *c, uint32_t token) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
-    const float *embd = tensor(c, global_tensor_index(d, ROLE_TOKEN_EMBD)) + (size_t)token * d->dim;
-    for (uint32_t i = 0; i < d->dim; i++) a->x[i] = embd[i];
+    weight embd = matrix(c, global_tensor_index(d, ROLE_TOKEN_EMBD));
+    weight_row(a->x, &embd, token);
 
     for (uint32_t layer = 0; layer < d->n_layers; layer++) {
         colibri_layer_trace t = { .pos = c->pos, .layer = layer, .experts = a->topk_index,
@@ -182,7 +236,8 @@ void model_forward(colibri_ctx *c, uint32_t token) {
     }
     uint64_t t4 = now(c);
     rmsnorm(a->xn, a->x, tensor(c, global_tensor_index(d, ROLE_OUTPUT_NORM)), d->dim, d->eps);
-    matvec(a->logits, tensor(c, global_tensor_index(d, ROLE_LM_HEAD)), a->xn, d->vocab, d->dim);
+    weight lm_head = matrix(c, global_tensor_index(d, ROLE_LM_HEAD));
+    matvec(c, a->logits, &lm_head, a->xn);
     c->stats.cycles_lm_head += now(c) - t4;
     c->pos++;
     c->have_logits = 1;

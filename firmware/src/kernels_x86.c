@@ -1,0 +1,152 @@
+/* x86-64 kernels: AVX2 (with F16C), chosen at open by CPUID, so one binary also runs on a CPU
+ * without AVX2 (it then uses the scalar set). Each function computes exactly what its scalar twin
+ * in kernels.c computes (docs/KERNELS.md): float lanes i % 16 in two 8-wide registers, quantized
+ * block terms in lane b % 8, products and sums rounded separately (no FMA), the same final tree. */
+#include "internal.h"
+
+#if defined(__x86_64__) && !defined(COLIBRI_KERNELS_SCALAR)
+#include <cpuid.h>
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,f16c")))
+
+AVX2 static float dot_f32_avx2(const float *w, const float *x, uint32_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i)));
+        a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8)));
+    }
+    float acc[16];
+    _mm256_storeu_ps(acc, a0);
+    _mm256_storeu_ps(acc + 8, a1);
+    for (; i < n; i++) acc[i % 16] += w[i] * x[i];
+    return sum_lanes16(acc);
+}
+
+AVX2 static __m256 load_f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)); }
+AVX2 static __m256 load_bf16x8(const uint16_t *p) {
+    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+AVX2 static float dot_f16_avx2(const uint16_t *w, const float *x, uint32_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_add_ps(a0, _mm256_mul_ps(load_f16x8(w + i), _mm256_loadu_ps(x + i)));
+        a1 = _mm256_add_ps(a1, _mm256_mul_ps(load_f16x8(w + i + 8), _mm256_loadu_ps(x + i + 8)));
+    }
+    float acc[16];
+    _mm256_storeu_ps(acc, a0);
+    _mm256_storeu_ps(acc + 8, a1);
+    for (; i < n; i++) acc[i % 16] += f16_to_f32(w[i]) * x[i];
+    return sum_lanes16(acc);
+}
+
+AVX2 static float dot_bf16_avx2(const uint16_t *w, const float *x, uint32_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_add_ps(a0, _mm256_mul_ps(load_bf16x8(w + i), _mm256_loadu_ps(x + i)));
+        a1 = _mm256_add_ps(a1, _mm256_mul_ps(load_bf16x8(w + i + 8), _mm256_loadu_ps(x + i + 8)));
+    }
+    float acc[16];
+    _mm256_storeu_ps(acc, a0);
+    _mm256_storeu_ps(acc + 8, a1);
+    for (; i < n; i++) acc[i % 16] += bf16_to_f32(w[i]) * x[i];
+    return sum_lanes16(acc);
+}
+
+/* 32 int8 products of a block summed pairwise into 8 int32 lanes: |w| (unsigned) times x with w's
+ * sign. Exact: |w| <= 128 and |x| <= 127 (the activation quantizer never gives -128), so a pair
+ * sum stays below the int16 saturation of maddubs. */
+AVX2 static __m256i block_products(__m256i w, __m256i x) {
+    __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+/* The integer sums of 8 blocks (each 8 int32 lanes) as one vector, block k in lane k. */
+AVX2 static __m256i block_totals(const __m256i p[8]) {
+    __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
+    __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
+    __m256i lo4 = _mm256_hadd_epi32(h01, h23), hi4 = _mm256_hadd_epi32(h45, h67);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(lo4, hi4, 0x20), _mm256_permute2x128_si256(lo4, hi4, 0x31));
+}
+
+/* acc[k] += (float)isum[k] * (w_scale[k] * x_scale[k]) for 8 blocks */
+AVX2 static __m256 block_terms(__m256 acc, __m256i isum, const uint16_t *w_scale, const float *xq_scale) {
+    __m256 d = _mm256_mul_ps(load_f16x8(w_scale), _mm256_loadu_ps(xq_scale));
+    return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
+}
+
+AVX2 static float dot_q8_0_avx2(const int8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale,
+                                uint32_t blocks) {
+    __m256 acc8 = _mm256_setzero_ps();
+    uint32_t b = 0;
+    for (; b + 8 <= blocks; b += 8) {
+        __m256i p[8];
+        for (int k = 0; k < 8; k++) {
+            const size_t at = (size_t)(b + k) * QBLOCK;
+            p[k] = block_products(_mm256_loadu_si256((const __m256i *)(const void *)(w + at)),
+                                  _mm256_loadu_si256((const __m256i *)(const void *)(xq + at)));
+        }
+        acc8 = block_terms(acc8, block_totals(p), w_scale + b, xq_scale + b);
+    }
+    float acc[8];
+    _mm256_storeu_ps(acc, acc8);
+    for (; b < blocks; b++) {
+        int32_t isum = 0;
+        for (uint32_t i = 0; i < QBLOCK; i++) isum += (int32_t)w[b * QBLOCK + i] * xq[b * QBLOCK + i];
+        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * xq_scale[b]);
+    }
+    return sum_lanes8(acc);
+}
+
+/* A Q4_0 block's 16 bytes as 32 signed values in element order: low nibbles (elements 0..15), then high. */
+AVX2 static __m256i unpack_q4(const uint8_t *p) {
+    __m128i bytes = _mm_loadu_si128((const __m128i *)(const void *)p), mask = _mm_set1_epi8(0x0F);
+    __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), _mm_and_si128(bytes, mask));
+    return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+}
+
+AVX2 static float dot_q4_0_avx2(const uint8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale,
+                                uint32_t blocks) {
+    __m256 acc8 = _mm256_setzero_ps();
+    uint32_t b = 0;
+    for (; b + 8 <= blocks; b += 8) {
+        __m256i p[8];
+        for (int k = 0; k < 8; k++)
+            p[k] = block_products(unpack_q4(w + (size_t)(b + k) * (QBLOCK / 2)),
+                                  _mm256_loadu_si256((const __m256i *)(const void *)(xq + (size_t)(b + k) * QBLOCK)));
+        acc8 = block_terms(acc8, block_totals(p), w_scale + b, xq_scale + b);
+    }
+    float acc[8];
+    _mm256_storeu_ps(acc, acc8);
+    for (; b < blocks; b++) {
+        const uint8_t *q = w + (size_t)b * (QBLOCK / 2);
+        const int8_t *v = xq + (size_t)b * QBLOCK;
+        int32_t isum = 0;
+        for (uint32_t j = 0; j < QBLOCK / 2; j++)
+            isum += ((int32_t)(q[j] & 0xF) - 8) * v[j] + ((int32_t)(q[j] >> 4) - 8) * v[j + QBLOCK / 2];
+        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * xq_scale[b]);
+    }
+    return sum_lanes8(acc);
+}
+
+static const kernel_set kernels_avx2 = { "avx2", dot_f32_avx2, dot_f16_avx2, dot_bf16_avx2, dot_q8_0_avx2, dot_q4_0_avx2 };
+
+/* AVX2 and F16C in the CPU, and YMM state enabled by the OS (or the bare-metal boot code): XCR0 bits 1, 2. */
+static int cpu_has_avx2(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE) || !(c & bit_AVX) || !(c & bit_F16C)) return 0;
+    unsigned xcr0_lo, xcr0_hi;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    (void)xcr0_hi;
+    if ((xcr0_lo & 6u) != 6u || __get_cpuid_max(0, 0) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (b & bit_AVX2) != 0;
+}
+
+const kernel_set *kernels_x86_select(void) { return cpu_has_avx2() ? &kernels_avx2 : &kernels_scalar; }
+#endif

@@ -1,0 +1,73 @@
+"""Every weight dtype (and the f16 KV cache) on every board: the numpy reference as the oracle, and
+the same bytes everywhere, with each board's optimized kernels on, on an x86 CPU without AVX2, and
+with the scalar kernels (`scons kernels=scalar`)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import MODEL_BOARDS, WIDE, board_name, build, make_checkpoint
+from host import flash
+from host.image import read_image
+from host.pack import pack
+from host.protocol import Sampling
+from host.quant import DType
+from host.reference import Reference
+
+PROMPT = [1, 5, 9, 3, 40, 77]
+NEW_TOKENS = 10
+# (dtype, kv cache, tolerance). Max |device - reference| / max(1, max |logit|) per variant: the reference
+# uses the image's weights and quantizes activations exactly as the runtime does, so only float
+# summation order differs (BLAS in numpy, the fixed lanes on the device). An f16 KV cache is looser:
+# where the two f32 values of a k or v element differ in the last bit, their f16 roundings can land
+# 2^-11 apart, and these random models amplify that (measured: up to 2e-2 of the largest logit).
+VARIANTS = [(DType.F32, "f32", 1e-4), (DType.F16, "f32", 1e-4), (DType.BF16, "f32", 1e-4),
+            (DType.Q8_0, "f32", 1e-4), (DType.Q4_0, "f32", 1e-4), (DType.Q8_0, "f16", 5e-2)]
+
+
+@pytest.fixture(scope="module")
+def wide_checkpoint(tmp_path_factory):
+    return make_checkpoint(WIDE, tmp_path_factory.mktemp("wide") / "wide")
+
+
+@pytest.fixture(scope="module")
+def scalar_firmware():
+    return build("hosted", kernels="scalar") / "firmware.elf"
+
+
+@pytest.mark.parametrize("dtype,kv,tolerance", VARIANTS, ids=[f"{d.name.lower()}-kv{k}" for d, k, _ in VARIANTS])
+def test_dtype_on_every_board(dtype, kv, tolerance, wide_checkpoint, firmwares, scalar_firmware, tmp_path):
+    image = tmp_path / "wide.img"
+    pack(wide_checkpoint, image, 32, 64, dtype=dtype, kv=kv, measure_quality=False)
+    ref = Reference(read_image(image.read_bytes()))
+
+    runs = {board: flash.run_on_board(image, board_name(board), PROMPT, NEW_TOKENS, Sampling(), True,
+                                      firmware=firmwares[board]) for board in MODEL_BOARDS}
+    runs["x86_64 without AVX2"] = flash.run_on_board(image, "x86_64_baremetal", PROMPT, NEW_TOKENS, Sampling(), True,
+                                                     firmware=firmwares["x86_64_baremetal"],
+                                                     board_args=["-cpu", "Nehalem"])
+    runs["hosted, kernels=scalar"] = flash.run_on_board(image, "hosted", PROMPT, NEW_TOKENS, Sampling(), True,
+                                                        firmware=scalar_firmware)
+    first = runs["hosted"]
+    expected = ref.forward(PROMPT + first.tokens)  # the reference fed the device's tokens
+    scale = max(1.0, float(np.abs(expected).max()))
+    assert scale > 1.0  # logits large enough for the tolerance to mean something
+    error = np.max(np.abs(first.logits - expected)) / scale
+    print(f"{dtype.name} kv {kv}: max |device - reference| / max |logit| = {error:.3g}")
+    assert error <= tolerance
+    # greedy: each device token is the reference's argmax, or within the tolerance of it (a near tie)
+    for step, token in enumerate(first.tokens):
+        row = expected[len(PROMPT) - 1 + step]
+        assert row[token] >= row.max() - 2 * tolerance * scale, (step, token, int(row.argmax()))
+    for name, run in runs.items():
+        assert run.tokens == first.tokens, name
+        assert run.logits.tobytes() == first.logits.tobytes(), f"{name} differs from hosted"
+
+
+def test_sampled_tokens_agree_across_boards_q4(wide_checkpoint, firmwares, tmp_path):
+    """Temperature sampling reads every logit bit: one seed, one token stream on every board."""
+    image = tmp_path / "q4.img"
+    pack(wide_checkpoint, image, 32, 64, dtype=DType.Q4_0, measure_quality=False)
+    streams = {board: flash.run_on_board(image, board_name(board), PROMPT, 12, Sampling(0.9, 0, 0.95, 3), False,
+                                         firmware=firmwares[board]).tokens for board in MODEL_BOARDS}
+    assert len({tuple(s) for s in streams.values()}) == 1, streams

@@ -1,0 +1,104 @@
+/* Single-thread matvec throughput of each dtype's kernels on the hosted board, next to a STREAM-style
+ * triad, on buffers far larger than the last-level cache. Built by SCons for the hosted board as
+ * build/hosted/<mode>/kernel_bench.elf; tools/bench_kernels.py runs it and writes the table and JSON.
+ *   kernel_bench.elf [MIB]     (MIB: bytes of weights per matrix, default 512)
+ * Prints one JSON object per line: {"what": ..., "kernels": ..., "gbps": ..., "seconds": ...}.
+ * A host tool, not firmware: it may allocate. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+#define COLS 4096u
+#define REPEATS 7
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static volatile float sink;
+
+/* the median of REPEATS timed runs of rows dot products */
+static double time_matvec(const kernel_set *k, uint32_t dtype, const void *w, const uint16_t *scales, uint32_t rows,
+                          const float *x, const int8_t *xq, const float *xq_scale) {
+    const uint32_t blocks = COLS / QBLOCK;
+    double t[REPEATS];
+    for (int r = 0; r < REPEATS; r++) {
+        float acc = 0.0f;
+        double t0 = now();
+        for (uint32_t i = 0; i < rows; i++) {
+            switch (dtype) {
+            case DTYPE_F32: acc += k->dot_f32((const float *)w + (size_t)i * COLS, x, COLS); break;
+            case DTYPE_F16: acc += k->dot_f16((const uint16_t *)w + (size_t)i * COLS, x, COLS); break;
+            case DTYPE_BF16: acc += k->dot_bf16((const uint16_t *)w + (size_t)i * COLS, x, COLS); break;
+            case DTYPE_Q8_0:
+                acc += k->dot_q8_0((const int8_t *)w + (size_t)i * COLS, scales + (size_t)i * blocks, xq, xq_scale, blocks);
+                break;
+            default:
+                acc += k->dot_q4_0((const uint8_t *)w + (size_t)i * COLS / 2, scales + (size_t)i * blocks, xq, xq_scale, blocks);
+            }
+        }
+        t[r] = now() - t0;
+        sink = acc;
+    }
+    qsort(t, REPEATS, sizeof t[0], cmp);
+    return t[REPEATS / 2];
+}
+
+int main(int argc, char **argv) {
+    const size_t budget = (size_t)(argc > 1 ? atoi(argv[1]) : 512) << 20;
+    static const char *names[] = { "f32", "f16", "bf16", "q8_0", "q4_0" };
+    static const double bytes_per_weight[] = { 4.0, 2.0, 2.0, 34.0 / 32, 18.0 / 32 }; /* scales included */
+    float *x = malloc(COLS * sizeof(float));
+    int8_t *xq = malloc(COLS);
+    float *xq_scale = malloc(COLS / QBLOCK * sizeof(float));
+    uint8_t *w = malloc(budget);
+    uint16_t *scales = malloc(budget / 16);
+    if (!x || !xq || !xq_scale || !w || !scales) return 1;
+    srand(1);
+    for (uint32_t i = 0; i < COLS; i++) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+    quantize_q8_0(xq, xq_scale, x, COLS);
+    for (size_t i = 0; i < budget; i++) w[i] = (uint8_t)(rand() & 0x3F); /* finite f16/bf16 patterns */
+    for (size_t i = 0; i < budget / 32; i++) scales[i] = 0x2000;
+
+    /* triad a = b + s c over three arrays of budget/2 bytes each: 3 x that many bytes moved */
+    size_t n = budget / 2 / sizeof(float);
+    float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float)), *c = malloc(n * sizeof(float));
+    if (!a || !b || !c) return 1;
+    for (size_t i = 0; i < n; i++) { a[i] = 0.0f; b[i] = 1.0f; c[i] = 2.0f; }
+    double t[REPEATS];
+    for (int r = 0; r < REPEATS; r++) {
+        double t0 = now();
+        for (size_t i = 0; i < n; i++) a[i] = b[i] + 0.5f * c[i];
+        t[r] = now() - t0;
+        sink = a[r];
+    }
+    qsort(t, REPEATS, sizeof t[0], cmp);
+    printf("{\"what\": \"triad\", \"kernels\": \"-\", \"gbps\": %.3f, \"seconds\": %.5f}\n", 3.0 * (double)n * 4 / t[REPEATS / 2] / 1e9,
+           t[REPEATS / 2]);
+
+    const kernel_set *sets[] = { &kernels_scalar, kernels_select() };
+    for (uint32_t dtype = 0; dtype < DTYPE_COUNT; dtype++) {
+        uint32_t rows = (uint32_t)((double)budget / (bytes_per_weight[dtype] * COLS));
+        if (dtype >= DTYPE_Q8_0 && (size_t)rows * COLS / QBLOCK * 2 > budget / 16) rows = (uint32_t)(budget / 16 / 2 / (COLS / QBLOCK));
+        double bytes = bytes_per_weight[dtype] * COLS * (double)rows;
+        for (int s = 0; s < 2; s++) {
+            if (s == 1 && sets[1] == sets[0]) break;
+            double sec = time_matvec(sets[s], dtype, w, scales, rows, x, xq, xq_scale);
+            printf("{\"what\": \"matvec %s\", \"kernels\": \"%s\", \"gbps\": %.3f, \"seconds\": %.5f, \"rows\": %u, \"cols\": %u}\n",
+                   names[dtype], sets[s]->name, bytes / sec / 1e9, sec, rows, COLS);
+            fflush(stdout);
+        }
+    }
+    return 0;
+}
