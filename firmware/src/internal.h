@@ -135,6 +135,8 @@ float dot_f16_scalar(const uint16_t *w, const float *x, uint32_t n);
 float dot_bf16_scalar(const uint16_t *w, const float *x, uint32_t n);
 float dot_q8_0_scalar(const int8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale, uint32_t blocks);
 float dot_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale, uint32_t blocks);
+int32_t block_isum_q8_0(const int8_t *w, const int8_t *xq);  /* one block's exact integer dot product */
+int32_t block_isum_q4_0(const uint8_t *w, const int8_t *xq);
 /* The fixed reduction trees every kernel ends with (docs/KERNELS.md). */
 float sum_lanes16(const float acc[16]);
 float sum_lanes8(const float acc[8]);

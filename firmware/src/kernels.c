@@ -103,28 +103,34 @@ float dot_bf16_scalar(const uint16_t *w, const float *x, uint32_t n) {
     return sum_lanes16(acc);
 }
 
+/* The exact integer dot product of one block: Q8_0 weights, or Q4_0 (GGUF's layout: byte j of a block
+ * holds element j in its low nibble and element j + 16 in its high nibble, each stored as value + 8). */
+int32_t block_isum_q8_0(const int8_t *w, const int8_t *xq) {
+    int32_t isum = 0;
+    for (uint32_t i = 0; i < QBLOCK; i++) isum += (int32_t)w[i] * xq[i];
+    return isum;
+}
+
+int32_t block_isum_q4_0(const uint8_t *w, const int8_t *xq) {
+    int32_t isum = 0;
+    for (uint32_t j = 0; j < QBLOCK / 2; j++)
+        isum += ((int32_t)(w[j] & 0xF) - 8) * xq[j] + ((int32_t)(w[j] >> 4) - 8) * xq[j + QBLOCK / 2];
+    return isum;
+}
+
 /* Quantized dots: the integer sum of a block is exact in any order; block b's term
  * (float)isum * (w_scale * x_scale) goes to lane b % 8, then the tree. */
 float dot_q8_0_scalar(const int8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale, uint32_t blocks) {
     float acc[8] = { 0 };
-    for (uint32_t b = 0; b < blocks; b++, w += QBLOCK, xq += QBLOCK) {
-        int32_t isum = 0;
-        for (uint32_t i = 0; i < QBLOCK; i++) isum += (int32_t)w[i] * xq[i];
-        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * xq_scale[b]);
-    }
+    for (uint32_t b = 0; b < blocks; b++)
+        acc[b % 8] += (float)block_isum_q8_0(w + b * QBLOCK, xq + b * QBLOCK) * (f16_to_f32(w_scale[b]) * xq_scale[b]);
     return sum_lanes8(acc);
 }
 
-/* Q4_0 (GGUF's layout): byte j of a block holds element j in its low nibble and element j + 16 in
- * its high nibble, each stored as value + 8. */
 float dot_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale, uint32_t blocks) {
     float acc[8] = { 0 };
-    for (uint32_t b = 0; b < blocks; b++, w += QBLOCK / 2, xq += QBLOCK) {
-        int32_t isum = 0;
-        for (uint32_t j = 0; j < QBLOCK / 2; j++)
-            isum += ((int32_t)(w[j] & 0xF) - 8) * xq[j] + ((int32_t)(w[j] >> 4) - 8) * xq[j + QBLOCK / 2];
-        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * xq_scale[b]);
-    }
+    for (uint32_t b = 0; b < blocks; b++)
+        acc[b % 8] += (float)block_isum_q4_0(w + b * (QBLOCK / 2), xq + b * QBLOCK) * (f16_to_f32(w_scale[b]) * xq_scale[b]);
     return sum_lanes8(acc);
 }
 

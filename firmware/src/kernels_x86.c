@@ -10,53 +10,40 @@
 
 #define AVX2 __attribute__((target("avx2,f16c")))
 
-AVX2 static float dot_f32_avx2(const float *w, const float *x, uint32_t n) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    uint32_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i)));
-        a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8)));
-    }
-    float acc[16];
-    _mm256_storeu_ps(acc, a0);
-    _mm256_storeu_ps(acc + 8, a1);
-    for (; i < n; i++) acc[i % 16] += w[i] * x[i];
-    return sum_lanes16(acc);
+/* Loaders of 8 weights as f32 (exact widening), and of one weight for the tail. */
+AVX2 static __m256 load8_f32(const void *w, uint32_t i) { return _mm256_loadu_ps((const float *)w + i); }
+AVX2 static __m256 load8_f16(const void *w, uint32_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)w + i)));
 }
-
-AVX2 static __m256 load_f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)); }
-AVX2 static __m256 load_bf16x8(const uint16_t *p) {
-    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+AVX2 static __m256 load8_bf16(const void *w, uint32_t i) {
+    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)w + i)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
+static float one_f32(const void *w, uint32_t i) { return ((const float *)w)[i]; }
+static float one_f16(const void *w, uint32_t i) { return f16_to_f32(((const uint16_t *)w)[i]); }
+static float one_bf16(const void *w, uint32_t i) { return bf16_to_f32(((const uint16_t *)w)[i]); }
 
-AVX2 static float dot_f16_avx2(const uint16_t *w, const float *x, uint32_t n) {
+/* The 16-lane float dot: lanes 0-7 and 8-15 in two registers. Always inlined with constant loaders,
+ * so each dtype gets its own loop with the loads in place. */
+AVX2 __attribute__((always_inline)) static inline float dot_lanes16(const void *w, const float *x, uint32_t n,
+                                                                     __m256 (*load8)(const void *, uint32_t),
+                                                                     float (*one)(const void *, uint32_t)) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     uint32_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        a0 = _mm256_add_ps(a0, _mm256_mul_ps(load_f16x8(w + i), _mm256_loadu_ps(x + i)));
-        a1 = _mm256_add_ps(a1, _mm256_mul_ps(load_f16x8(w + i + 8), _mm256_loadu_ps(x + i + 8)));
+        a0 = _mm256_add_ps(a0, _mm256_mul_ps(load8(w, i), _mm256_loadu_ps(x + i)));
+        a1 = _mm256_add_ps(a1, _mm256_mul_ps(load8(w, i + 8), _mm256_loadu_ps(x + i + 8)));
     }
     float acc[16];
     _mm256_storeu_ps(acc, a0);
     _mm256_storeu_ps(acc + 8, a1);
-    for (; i < n; i++) acc[i % 16] += f16_to_f32(w[i]) * x[i];
+    for (; i < n; i++) acc[i % 16] += one(w, i) * x[i];
     return sum_lanes16(acc);
 }
 
-AVX2 static float dot_bf16_avx2(const uint16_t *w, const float *x, uint32_t n) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    uint32_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        a0 = _mm256_add_ps(a0, _mm256_mul_ps(load_bf16x8(w + i), _mm256_loadu_ps(x + i)));
-        a1 = _mm256_add_ps(a1, _mm256_mul_ps(load_bf16x8(w + i + 8), _mm256_loadu_ps(x + i + 8)));
-    }
-    float acc[16];
-    _mm256_storeu_ps(acc, a0);
-    _mm256_storeu_ps(acc + 8, a1);
-    for (; i < n; i++) acc[i % 16] += bf16_to_f32(w[i]) * x[i];
-    return sum_lanes16(acc);
-}
+AVX2 static float dot_f32_avx2(const float *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load8_f32, one_f32); }
+AVX2 static float dot_f16_avx2(const uint16_t *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load8_f16, one_f16); }
+AVX2 static float dot_bf16_avx2(const uint16_t *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load8_bf16, one_bf16); }
 
 /* 32 int8 products of a block summed pairwise into 8 int32 lanes: |w| (unsigned) times x with w's
  * sign. Exact: |w| <= 128 and |x| <= 127 (the activation quantizer never gives -128), so a pair
@@ -76,62 +63,54 @@ AVX2 static __m256i block_totals(const __m256i p[8]) {
 
 /* acc[k] += (float)isum[k] * (w_scale[k] * x_scale[k]) for 8 blocks */
 AVX2 static __m256 block_terms(__m256 acc, __m256i isum, const uint16_t *w_scale, const float *xq_scale) {
-    __m256 d = _mm256_mul_ps(load_f16x8(w_scale), _mm256_loadu_ps(xq_scale));
+    __m256 d = _mm256_mul_ps(load8_f16(w_scale, 0), _mm256_loadu_ps(xq_scale));
     return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
+}
+
+/* Block b's 32 weights as signed bytes in element order. Q4_0: low nibbles (elements 0..15), then high. */
+AVX2 static __m256i block_q8_0(const void *w, uint32_t b) {
+    return _mm256_loadu_si256((const __m256i *)(const void *)((const int8_t *)w + (size_t)b * QBLOCK));
+}
+AVX2 static __m256i block_q4_0(const void *w, uint32_t b) {
+    __m128i bytes = _mm_loadu_si128((const __m128i *)(const void *)((const uint8_t *)w + (size_t)b * (QBLOCK / 2)));
+    __m128i mask = _mm_set1_epi8(0x0F);
+    __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), _mm_and_si128(bytes, mask));
+    return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+}
+static int32_t isum_q8_0(const void *w, uint32_t b, const int8_t *xq) {
+    return block_isum_q8_0((const int8_t *)w + (size_t)b * QBLOCK, xq + (size_t)b * QBLOCK);
+}
+static int32_t isum_q4_0(const void *w, uint32_t b, const int8_t *xq) {
+    return block_isum_q4_0((const uint8_t *)w + (size_t)b * (QBLOCK / 2), xq + (size_t)b * QBLOCK);
+}
+
+/* The 8-lane block dot: 8 blocks at a time, their integer sums reduced into one vector; the blocks
+ * after the last multiple of 8 as the scalar kernel does them. Always inlined with constant loaders. */
+AVX2 __attribute__((always_inline)) static inline float dot_blocks8(const void *w, const uint16_t *w_scale, const int8_t *xq,
+                                                                     const float *xq_scale, uint32_t blocks,
+                                                                     __m256i (*block)(const void *, uint32_t),
+                                                                     int32_t (*isum)(const void *, uint32_t, const int8_t *)) {
+    __m256 acc8 = _mm256_setzero_ps();
+    uint32_t b = 0;
+    for (; b + 8 <= blocks; b += 8) {
+        __m256i p[8];
+        for (uint32_t k = 0; k < 8; k++)
+            p[k] = block_products(block(w, b + k), _mm256_loadu_si256((const __m256i *)(const void *)(xq + (size_t)(b + k) * QBLOCK)));
+        acc8 = block_terms(acc8, block_totals(p), w_scale + b, xq_scale + b);
+    }
+    float acc[8];
+    _mm256_storeu_ps(acc, acc8);
+    for (; b < blocks; b++) acc[b % 8] += (float)isum(w, b, xq) * (f16_to_f32(w_scale[b]) * xq_scale[b]);
+    return sum_lanes8(acc);
 }
 
 AVX2 static float dot_q8_0_avx2(const int8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale,
                                 uint32_t blocks) {
-    __m256 acc8 = _mm256_setzero_ps();
-    uint32_t b = 0;
-    for (; b + 8 <= blocks; b += 8) {
-        __m256i p[8];
-        for (int k = 0; k < 8; k++) {
-            const size_t at = (size_t)(b + k) * QBLOCK;
-            p[k] = block_products(_mm256_loadu_si256((const __m256i *)(const void *)(w + at)),
-                                  _mm256_loadu_si256((const __m256i *)(const void *)(xq + at)));
-        }
-        acc8 = block_terms(acc8, block_totals(p), w_scale + b, xq_scale + b);
-    }
-    float acc[8];
-    _mm256_storeu_ps(acc, acc8);
-    for (; b < blocks; b++) {
-        int32_t isum = 0;
-        for (uint32_t i = 0; i < QBLOCK; i++) isum += (int32_t)w[b * QBLOCK + i] * xq[b * QBLOCK + i];
-        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * xq_scale[b]);
-    }
-    return sum_lanes8(acc);
+    return dot_blocks8(w, w_scale, xq, xq_scale, blocks, block_q8_0, isum_q8_0);
 }
-
-/* A Q4_0 block's 16 bytes as 32 signed values in element order: low nibbles (elements 0..15), then high. */
-AVX2 static __m256i unpack_q4(const uint8_t *p) {
-    __m128i bytes = _mm_loadu_si128((const __m128i *)(const void *)p), mask = _mm_set1_epi8(0x0F);
-    __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), _mm_and_si128(bytes, mask));
-    return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
-}
-
 AVX2 static float dot_q4_0_avx2(const uint8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale,
                                 uint32_t blocks) {
-    __m256 acc8 = _mm256_setzero_ps();
-    uint32_t b = 0;
-    for (; b + 8 <= blocks; b += 8) {
-        __m256i p[8];
-        for (int k = 0; k < 8; k++)
-            p[k] = block_products(unpack_q4(w + (size_t)(b + k) * (QBLOCK / 2)),
-                                  _mm256_loadu_si256((const __m256i *)(const void *)(xq + (size_t)(b + k) * QBLOCK)));
-        acc8 = block_terms(acc8, block_totals(p), w_scale + b, xq_scale + b);
-    }
-    float acc[8];
-    _mm256_storeu_ps(acc, acc8);
-    for (; b < blocks; b++) {
-        const uint8_t *q = w + (size_t)b * (QBLOCK / 2);
-        const int8_t *v = xq + (size_t)b * QBLOCK;
-        int32_t isum = 0;
-        for (uint32_t j = 0; j < QBLOCK / 2; j++)
-            isum += ((int32_t)(q[j] & 0xF) - 8) * v[j] + ((int32_t)(q[j] >> 4) - 8) * v[j + QBLOCK / 2];
-        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * xq_scale[b]);
-    }
-    return sum_lanes8(acc);
+    return dot_blocks8(w, w_scale, xq, xq_scale, blocks, block_q4_0, isum_q4_0);
 }
 
 static const kernel_set kernels_avx2 = { "avx2", dot_f32_avx2, dot_f16_avx2, dot_bf16_avx2, dot_q8_0_avx2, dot_q4_0_avx2 };
