@@ -188,7 +188,7 @@ def arena_plan(d: ModelDims) -> dict[str, tuple[int, int]]:
         ("ffn_out", 4 * D), ("moe_out", 4 * D), ("router", 4 * d.n_experts), ("topk_weight", 4 * d.top_k),
         ("topk_index", 4 * d.top_k), ("topk_cycles", 8 * d.top_k), ("logits", 4 * d.vocab_size),
         ("probs", 4 * d.vocab_size), ("sample_index", 4 * d.vocab_size),
-        ("xq", in_blocks * QBLOCK), ("xq_scale", 4 * in_blocks),
+        ("xq", in_blocks * QBLOCK), ("xq_scale", 4 * in_blocks), ("xq_sum", 4 * in_blocks),
         ("k_cache", kv_size * kv_cache), ("v_cache", kv_size * kv_cache),
     ]
     plan, offset = {}, ARENA_CTX_BYTES

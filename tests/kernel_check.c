@@ -17,6 +17,7 @@ static uint16_t w16[MAX_N], scales[MAX_BLOCKS];
 static int8_t w8[MAX_BLOCKS * QBLOCK], xq[MAX_BLOCKS * QBLOCK];
 static uint8_t w4[MAX_BLOCKS * QBLOCK / 2];
 static float xq_scale[MAX_BLOCKS];
+static int32_t xq_sum[MAX_BLOCKS];
 
 static uint64_t rng = 0x9E3779B97F4A7C15u;
 static uint32_t next(void) { /* xorshift64* */
@@ -76,6 +77,8 @@ static void fill(uint32_t n, uint32_t blocks) {
     for (uint32_t b = 0; b < blocks; b++) {
         scales[b] = f32_to_f16(uniform() * 0.05f);
         xq_scale[b] = uniform() * 0.03f;
+        xq_sum[b] = 0;
+        for (uint32_t i = 0; i < QBLOCK; i++) xq_sum[b] += xq[b * QBLOCK + i];
     }
 }
 
@@ -96,8 +99,9 @@ int link_serve(const board_io *io) {
         check("dot_f16", n, fast->dot_f16(w16, x32, n), ref->dot_f16(w16, x32, n));
         for (uint32_t i = 0; i < n; i++) w16[i] &= 0xC7FFu; /* bf16 magnitudes below 2^8: finite products */
         check("dot_bf16", n, fast->dot_bf16(w16, x32, n), ref->dot_bf16(w16, x32, n));
-        check("dot_q8_0", blocks, fast->dot_q8_0(w8, scales, xq, xq_scale, blocks), ref->dot_q8_0(w8, scales, xq, xq_scale, blocks));
-        check("dot_q4_0", blocks, fast->dot_q4_0(w4, scales, xq, xq_scale, blocks), ref->dot_q4_0(w4, scales, xq, xq_scale, blocks));
+        const q8_vector xv = { xq, xq_scale, xq_sum };
+        check("dot_q8_0", blocks, fast->dot_q8_0(w8, scales, &xv, blocks), ref->dot_q8_0(w8, scales, &xv, blocks));
+        check("dot_q4_0", blocks, fast->dot_q4_0(w4, scales, &xv, blocks), ref->dot_q4_0(w4, scales, &xv, blocks));
         cases += 5;
     }
     say("kernel_check: ");

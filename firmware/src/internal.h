@@ -61,7 +61,8 @@ typedef struct {
     float *logits, *probs;
     uint32_t *sample_index;
     int8_t *xq;            /* the matvec input quantized to Q8_0 for Q8_0/Q4_0 weights ... */
-    float *xq_scale;       /* ... and its per-block scales */
+    float *xq_scale;       /* ... its per-block scales ... */
+    int32_t *xq_sum;       /* ... and the sums of its blocks' values */
     void *k_cache, *v_cache; /* f32 or f16 (the image's kv_dtype) */
 } arena_buffers;
 
@@ -77,6 +78,15 @@ typedef struct {
     uint32_t dtype, rows, cols, blocks; /* blocks per row (quantized) */
 } weight;
 
+/* A vector quantized to Q8_0, the input of the quantized dot products: per block of QBLOCK elements
+ * the int8 values, their f32 scale, and the sum of the values (Q4_0 kernels may multiply unsigned
+ * nibbles and subtract 8 * sum instead of sign-extending every nibble). */
+typedef struct {
+    const int8_t *q;
+    const float *scale;
+    const int32_t *sum;
+} q8_vector;
+
 /* The dot-product kernels of one instruction set. Every entry gives the same bits as the scalar
  * one (docs/KERNELS.md: the fixed summation order). w is one row; x is f32, or for the quantized
  * dtypes x quantized to Q8_0 (xq, one f32 scale per block). */
@@ -85,8 +95,8 @@ typedef struct {
     float (*dot_f32)(const float *w, const float *x, uint32_t n);
     float (*dot_f16)(const uint16_t *w, const float *x, uint32_t n);
     float (*dot_bf16)(const uint16_t *w, const float *x, uint32_t n);
-    float (*dot_q8_0)(const int8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale, uint32_t blocks);
-    float (*dot_q4_0)(const uint8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale, uint32_t blocks);
+    float (*dot_q8_0)(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks);
+    float (*dot_q4_0)(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks);
 } kernel_set;
 
 struct colibri_ctx {
@@ -120,9 +130,9 @@ float colibri_expf(float x);
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);  /* round to nearest even, as IEEE 754 */
 float bf16_to_f32(uint16_t h);
-/* Q8_0 of n floats into ceil(n / QBLOCK) blocks (the last zero-padded): the activation side of the
- * quantized dot products. Scalar on every board, so the quantized x is the same everywhere. */
-void quantize_q8_0(int8_t *xq, float *scale, const float *x, uint32_t n);
+/* Q8_0 of n floats into ceil(n / QBLOCK) blocks (the last zero-padded), with each block's value sum:
+ * the activation side of the quantized dot products. Scalar on every board, so the quantized x is the same everywhere. */
+void quantize_q8_0(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n);
 /* Row `row` of w as floats (the embedding lookup). */
 void weight_row(float *out, const weight *w, uint32_t row);
 extern const kernel_set kernels_scalar;
@@ -133,8 +143,8 @@ const kernel_set *kernels_select(void);
 float dot_f32_scalar(const float *w, const float *x, uint32_t n);
 float dot_f16_scalar(const uint16_t *w, const float *x, uint32_t n);
 float dot_bf16_scalar(const uint16_t *w, const float *x, uint32_t n);
-float dot_q8_0_scalar(const int8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale, uint32_t blocks);
-float dot_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale, uint32_t blocks);
+float dot_q8_0_scalar(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks);
+float dot_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks);
 int32_t block_isum_q8_0(const int8_t *w, const int8_t *xq);  /* one block's exact integer dot product */
 int32_t block_isum_q4_0(const uint8_t *w, const int8_t *xq);
 /* The fixed reduction trees every kernel ends with (docs/KERNELS.md). */

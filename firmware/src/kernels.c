@@ -120,14 +120,18 @@ int32_t block_isum_q4_0(const uint8_t *w, const int8_t *xq) {
 
 /* Quantized dots: the integer sum of a block is exact in any order; block b's term
  * (float)isum * (w_scale * x_scale) goes to lane b % 8, then the tree. */
-float dot_q8_0_scalar(const int8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale, uint32_t blocks) {
+float dot_q8_0_scalar(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+    const int8_t *xq = x->q;
+    const float *xq_scale = x->scale;
     float acc[8] = { 0 };
     for (uint32_t b = 0; b < blocks; b++)
         acc[b % 8] += (float)block_isum_q8_0(w + b * QBLOCK, xq + b * QBLOCK) * (f16_to_f32(w_scale[b]) * xq_scale[b]);
     return sum_lanes8(acc);
 }
 
-float dot_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale, uint32_t blocks) {
+float dot_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+    const int8_t *xq = x->q;
+    const float *xq_scale = x->scale;
     float acc[8] = { 0 };
     for (uint32_t b = 0; b < blocks; b++)
         acc[b % 8] += (float)block_isum_q4_0(w + b * (QBLOCK / 2), xq + b * QBLOCK) * (f16_to_f32(w_scale[b]) * xq_scale[b]);
@@ -140,7 +144,7 @@ const kernel_set kernels_scalar = { "scalar", dot_f32_scalar, dot_f16_scalar, do
 /* Round to nearest, ties to even, for |v| < 2^22: adding 1.5 * 2^23 leaves no fraction bits. */
 static float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
 
-void quantize_q8_0(int8_t *xq, float *scale, const float *x, uint32_t n) {
+void quantize_q8_0(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n) {
     for (uint32_t b = 0; b * QBLOCK < n; b++) {
         uint32_t len = n - b * QBLOCK < QBLOCK ? n - b * QBLOCK : QBLOCK;
         const float *v = x + b * QBLOCK;
@@ -151,7 +155,12 @@ void quantize_q8_0(int8_t *xq, float *scale, const float *x, uint32_t n) {
         }
         float d = amax / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
         scale[b] = d;
-        for (uint32_t i = 0; i < QBLOCK; i++) xq[b * QBLOCK + i] = i < len ? (int8_t)round_even(v[i] * inv) : 0;
+        int32_t total = 0;
+        for (uint32_t i = 0; i < QBLOCK; i++) {
+            xq[b * QBLOCK + i] = i < len ? (int8_t)round_even(v[i] * inv) : 0;
+            total += xq[b * QBLOCK + i];
+        }
+        sum[b] = total;
     }
 }
 

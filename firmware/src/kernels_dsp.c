@@ -22,8 +22,10 @@ static int32_t mac4(int32_t acc, uint32_t a, uint32_t b) {
     return __smlad(__sxtb16(ror8(a)), __sxtb16(ror8(b)), acc);
 }
 
-static float dot_q8_0_dsp(const int8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale,
+static float dot_q8_0_dsp(const int8_t *w, const uint16_t *w_scale, const q8_vector *x,
                           uint32_t blocks) {
+    const int8_t *xq = x->q;
+    const float *xq_scale = x->scale;
     float acc[8] = { 0 };
     for (uint32_t b = 0; b < blocks; b++, w += QBLOCK, xq += QBLOCK) {
         int32_t isum = 0;
@@ -33,8 +35,10 @@ static float dot_q8_0_dsp(const int8_t *w, const uint16_t *w_scale, const int8_t
     return sum_lanes8(acc);
 }
 
-static float dot_q4_0_dsp(const uint8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale,
+static float dot_q4_0_dsp(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x,
                           uint32_t blocks) {
+    const int8_t *xq = x->q;
+    const float *xq_scale = x->scale;
     float acc[8] = { 0 };
     for (uint32_t b = 0; b < blocks; b++, w += QBLOCK / 2, xq += QBLOCK) {
         int32_t isum = 0;

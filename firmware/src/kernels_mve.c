@@ -56,8 +56,10 @@ static float dot_f32_mve(const float *w, const float *x, uint32_t n) { return do
 static float dot_f16_mve(const uint16_t *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load4_f16, one_f16); }
 static float dot_bf16_mve(const uint16_t *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load4_bf16, one_bf16); }
 
-static float dot_q8_0_mve(const int8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale,
+static float dot_q8_0_mve(const int8_t *w, const uint16_t *w_scale, const q8_vector *x,
                           uint32_t blocks) {
+    const int8_t *xq = x->q;
+    const float *xq_scale = x->scale;
     float acc[8] = { 0 };
     for (uint32_t b = 0; b < blocks; b++, w += QBLOCK, xq += QBLOCK) {
         int32_t isum = vmladavq_s8(vld1q_s8(w), vld1q_s8(xq));
@@ -67,8 +69,10 @@ static float dot_q8_0_mve(const int8_t *w, const uint16_t *w_scale, const int8_t
     return sum_lanes8(acc);
 }
 
-static float dot_q4_0_mve(const uint8_t *w, const uint16_t *w_scale, const int8_t *xq, const float *xq_scale,
+static float dot_q4_0_mve(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x,
                           uint32_t blocks) {
+    const int8_t *xq = x->q;
+    const float *xq_scale = x->scale;
     float acc[8] = { 0 };
     const int8x16_t eight = vdupq_n_s8(8);
     for (uint32_t b = 0; b < blocks; b++, w += QBLOCK / 2, xq += QBLOCK) {

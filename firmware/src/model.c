@@ -42,13 +42,13 @@ static void matvec(const colibri_ctx *c, float *out, const weight *w, const floa
     const kernel_set *k = c->kernels;
     const uint32_t cols = w->cols;
     if (w->dtype == DTYPE_Q8_0 || w->dtype == DTYPE_Q4_0) {
-        quantize_q8_0(c->a.xq, c->a.xq_scale, x, cols);
+        quantize_q8_0(c->a.xq, c->a.xq_scale, c->a.xq_sum, x, cols);
+        const q8_vector xq = { c->a.xq, c->a.xq_scale, c->a.xq_sum };
         const size_t row_bytes = (size_t)w->blocks * (w->dtype == DTYPE_Q8_0 ? QBLOCK : QBLOCK / 2);
         for (uint32_t r = 0; r < w->rows; r++) {
             const void *row = (const uint8_t *)w->data + r * row_bytes;
             const uint16_t *s = w->scales + (size_t)r * w->blocks;
-            out[r] = w->dtype == DTYPE_Q8_0 ? k->dot_q8_0(row, s, c->a.xq, c->a.xq_scale, w->blocks)
-                                            : k->dot_q4_0(row, s, c->a.xq, c->a.xq_scale, w->blocks);
+            out[r] = w->dtype == DTYPE_Q8_0 ? k->dot_q8_0(row, s, &xq, w->blocks) : k->dot_q4_0(row, s, &xq, w->blocks);
         }
     } else if (w->dtype == DTYPE_F32) {
         for (uint32_t r = 0; r < w->rows; r++) out[r] = k->dot_f32((const float *)w->data + (size_t)r * cols, x, cols);
