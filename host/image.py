@@ -189,6 +189,7 @@ def arena_plan(d: ModelDims) -> dict[str, tuple[int, int]]:
         ("topk_index", 4 * d.top_k), ("topk_cycles", 8 * d.top_k), ("logits", 4 * d.vocab_size),
         ("probs", 4 * d.vocab_size), ("sample_index", 4 * d.vocab_size),
         ("xq", in_blocks * QBLOCK), ("xq_scale", 4 * in_blocks), ("xq_sum", 4 * in_blocks),
+        ("hq", in_blocks * QBLOCK), ("hq_scale", 4 * in_blocks), ("hq_sum", 4 * in_blocks),
         ("k_cache", kv_size * kv_cache), ("v_cache", kv_size * kv_cache),
     ]
     plan, offset = {}, ARENA_CTX_BYTES

@@ -48,6 +48,9 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
     a.xq = reserve_bytes(&p, (uint64_t)d->in_blocks * QBLOCK, 1);
     a.xq_scale = reserve(&p, d->in_blocks);
     a.xq_sum = reserve(&p, d->in_blocks);
+    a.hq = reserve_bytes(&p, (uint64_t)d->in_blocks * QBLOCK, 1);
+    a.hq_scale = reserve(&p, d->in_blocks);
+    a.hq_sum = reserve(&p, d->in_blocks);
     a.k_cache = reserve_bytes(&p, kv_cache, d->kv_dtype == KV_F16 ? 2 : 4);
     a.v_cache = reserve_bytes(&p, kv_cache, d->kv_dtype == KV_F16 ? 2 : 4);
     if (p.overflow || p.offset > (uint64_t)SIZE_MAX) return COLIBRI_E_IMAGE_DIMS;

@@ -60,9 +60,12 @@ typedef struct {
     uint64_t *topk_cycles; /* for the trace hook */
     float *logits, *probs;
     uint32_t *sample_index;
-    int8_t *xq;            /* the matvec input quantized to Q8_0 for Q8_0/Q4_0 weights ... */
-    float *xq_scale;       /* ... its per-block scales ... */
-    int32_t *xq_sum;       /* ... and the sums of its blocks' values */
+    /* Matvec inputs quantized to Q8_0 for Q8_0/Q4_0 weights: values, block scales, block sums.
+     * xq holds the normed x (xn), quantized once for all the matvecs that read it (q, k, v; every
+     * expert's gate and up; lm_head); hq any other input (the attention output, an expert's hidden). */
+    int8_t *xq, *hq;
+    float *xq_scale, *hq_scale;
+    int32_t *xq_sum, *hq_sum;
     void *k_cache, *v_cache; /* f32 or f16 (the image's kv_dtype) */
 } arena_buffers;
 
@@ -110,6 +113,7 @@ struct colibri_ctx {
     colibri_options opts;
     uint32_t pos;        /* tokens in the KV cache */
     int have_logits;
+    int xn_quantized;    /* a.xq holds a.xn quantized (reset whenever xn is written) */
     colibri_stats stats;
 };
 
@@ -127,9 +131,21 @@ int tensor_present(const uint8_t *table, uint32_t index);
 
 /* ---- kernels.c (scalar reference: deterministic, no FMA contraction) ---- */
 float colibri_expf(float x);
-float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);  /* round to nearest even, as IEEE 754 */
-float bf16_to_f32(uint16_t h);
+
+/* f16 and bf16 widened to f32, exactly; inline because every quantized block converts its scale. */
+static inline float f32_from_bits(uint32_t u) {
+    union { uint32_t u; float f; } v = { u };
+    return v.f;
+}
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7FFFu;
+    if (em >= 0x7C00u) return f32_from_bits(sign | 0x7F800000u | (em & 0x3FFu) << 13); /* inf, NaN */
+    if (em >= 0x0400u) return f32_from_bits(sign | (em + 0x1C000u) << 13);            /* normal: rebias 15 -> 127 */
+    float v = (float)em * 5.9604644775390625e-08f;                                    /* subnormal: em * 2^-24, exact */
+    return sign ? -v : v;
+}
+static inline float bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
 /* Q8_0 of n floats into ceil(n / QBLOCK) blocks (the last zero-padded), with each block's value sum:
  * the activation side of the quantized dot products. Scalar on every board, so the quantized x is the same everywhere. */
 void quantize_q8_0(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n);
@@ -147,9 +163,24 @@ float dot_q8_0_scalar(const int8_t *w, const uint16_t *w_scale, const q8_vector 
 float dot_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks);
 int32_t block_isum_q8_0(const int8_t *w, const int8_t *xq);  /* one block's exact integer dot product */
 int32_t block_isum_q4_0(const uint8_t *w, const int8_t *xq);
-/* The fixed reduction trees every kernel ends with (docs/KERNELS.md). */
-float sum_lanes16(const float acc[16]);
-float sum_lanes8(const float acc[8]);
+/* Accumulators start at +0. A loop, not `= { 0 }`: that becomes a memset call, which on bare metal is a
+ * byte loop (the runtime is built with -fno-tree-loop-distribute-patterns, so this stays stores). */
+static inline void zero_lanes(float *acc, int n) {
+    for (int i = 0; i < n; i++) acc[i] = 0.0f;
+}
+/* The fixed reduction trees every kernel ends with (docs/KERNELS.md): acc[i] + acc[i+4], then
+ * + [i+2], then + [i+1] over 8 lanes; 16 lanes first fold acc[i] + acc[i+8]. Inline: every row ends here. */
+static inline float sum_lanes8(const float acc[8]) {
+    float s4[4], s2[2];
+    for (int i = 0; i < 4; i++) s4[i] = acc[i] + acc[i + 4];
+    for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
+    return s2[0] + s2[1];
+}
+static inline float sum_lanes16(const float acc[16]) {
+    float s[8];
+    for (int i = 0; i < 8; i++) s[i] = acc[i] + acc[i + 8];
+    return sum_lanes8(s);
+}
 void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
 void softmax(float *x, uint32_t n);
 void rope(float *v, uint32_t n_heads, uint32_t head_dim, const float *cos, const float *sin);

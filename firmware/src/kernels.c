@@ -36,14 +36,6 @@ static uint32_t to_bits(float f) {
 
 /* ---- number formats: exact conversions, no hardware f16 support assumed ---- */
 
-float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7FFFu;
-    if (em >= 0x7C00u) return from_bits(sign | 0x7F800000u | (em & 0x3FFu) << 13); /* inf, NaN */
-    if (em >= 0x0400u) return from_bits(sign | (em + 0x1C000u) << 13);            /* normal: rebias 15 -> 127 */
-    float v = (float)em * 5.9604644775390625e-08f;                                /* subnormal: em * 2^-24, exact */
-    return sign ? -v : v;
-}
-
 uint16_t f32_to_f16(float f) {
     uint32_t x = to_bits(f), sign = (x >> 16) & 0x8000u;
     x &= 0x7FFFFFFFu;
@@ -66,39 +58,26 @@ uint16_t f32_to_f16(float f) {
     return (uint16_t)(sign | h);
 }
 
-float bf16_to_f32(uint16_t h) { return from_bits((uint32_t)h << 16); }
-
-/* ---- the fixed summation order (docs/KERNELS.md) ---- */
-
-/* acc[i] + acc[i+8], then + acc[i+4]..., a balanced tree over the 16 lanes of the float dots */
-float sum_lanes16(const float acc[16]) {
-    float s[8];
-    for (int i = 0; i < 8; i++) s[i] = acc[i] + acc[i + 8];
-    return sum_lanes8(s);
-}
-
-float sum_lanes8(const float acc[8]) {
-    float s4[4], s2[2];
-    for (int i = 0; i < 4; i++) s4[i] = acc[i] + acc[i + 4];
-    for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
-    return s2[0] + s2[1];
-}
+/* ---- the fixed summation order (docs/KERNELS.md; the trees are in internal.h) ---- */
 
 /* Float dots: element i goes to lane i % 16 (a product rounded, then added: no FMA), then the tree. */
 float dot_f32_scalar(const float *w, const float *x, uint32_t n) {
-    float acc[16] = { 0 };
+    float acc[16];
+    zero_lanes(acc, 16);
     for (uint32_t i = 0; i < n; i++) acc[i % 16] += w[i] * x[i];
     return sum_lanes16(acc);
 }
 
 float dot_f16_scalar(const uint16_t *w, const float *x, uint32_t n) {
-    float acc[16] = { 0 };
+    float acc[16];
+    zero_lanes(acc, 16);
     for (uint32_t i = 0; i < n; i++) acc[i % 16] += f16_to_f32(w[i]) * x[i];
     return sum_lanes16(acc);
 }
 
 float dot_bf16_scalar(const uint16_t *w, const float *x, uint32_t n) {
-    float acc[16] = { 0 };
+    float acc[16];
+    zero_lanes(acc, 16);
     for (uint32_t i = 0; i < n; i++) acc[i % 16] += bf16_to_f32(w[i]) * x[i];
     return sum_lanes16(acc);
 }
@@ -123,7 +102,8 @@ int32_t block_isum_q4_0(const uint8_t *w, const int8_t *xq) {
 float dot_q8_0_scalar(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
     const int8_t *xq = x->q;
     const float *xq_scale = x->scale;
-    float acc[8] = { 0 };
+    float acc[8];
+    zero_lanes(acc, 8);
     for (uint32_t b = 0; b < blocks; b++)
         acc[b % 8] += (float)block_isum_q8_0(w + b * QBLOCK, xq + b * QBLOCK) * (f16_to_f32(w_scale[b]) * xq_scale[b]);
     return sum_lanes8(acc);
@@ -132,7 +112,8 @@ float dot_q8_0_scalar(const int8_t *w, const uint16_t *w_scale, const q8_vector 
 float dot_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
     const int8_t *xq = x->q;
     const float *xq_scale = x->scale;
-    float acc[8] = { 0 };
+    float acc[8];
+    zero_lanes(acc, 8);
     for (uint32_t b = 0; b < blocks; b++)
         acc[b % 8] += (float)block_isum_q4_0(w + b * (QBLOCK / 2), xq + b * QBLOCK) * (f16_to_f32(w_scale[b]) * xq_scale[b]);
     return sum_lanes8(acc);

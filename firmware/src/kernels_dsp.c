@@ -26,7 +26,8 @@ static float dot_q8_0_dsp(const int8_t *w, const uint16_t *w_scale, const q8_vec
                           uint32_t blocks) {
     const int8_t *xq = x->q;
     const float *xq_scale = x->scale;
-    float acc[8] = { 0 };
+    float acc[8];
+    zero_lanes(acc, 8);
     for (uint32_t b = 0; b < blocks; b++, w += QBLOCK, xq += QBLOCK) {
         int32_t isum = 0;
         for (uint32_t i = 0; i < QBLOCK; i += 4) isum = mac4(isum, load_word(w + i), load_word(xq + i));
@@ -39,7 +40,8 @@ static float dot_q4_0_dsp(const uint8_t *w, const uint16_t *w_scale, const q8_ve
                           uint32_t blocks) {
     const int8_t *xq = x->q;
     const float *xq_scale = x->scale;
-    float acc[8] = { 0 };
+    float acc[8];
+    zero_lanes(acc, 8);
     for (uint32_t b = 0; b < blocks; b++, w += QBLOCK / 2, xq += QBLOCK) {
         int32_t isum = 0;
         for (uint32_t j = 0; j < QBLOCK / 2; j += 4) {

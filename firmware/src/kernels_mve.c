@@ -60,7 +60,8 @@ static float dot_q8_0_mve(const int8_t *w, const uint16_t *w_scale, const q8_vec
                           uint32_t blocks) {
     const int8_t *xq = x->q;
     const float *xq_scale = x->scale;
-    float acc[8] = { 0 };
+    float acc[8];
+    zero_lanes(acc, 8);
     for (uint32_t b = 0; b < blocks; b++, w += QBLOCK, xq += QBLOCK) {
         int32_t isum = vmladavq_s8(vld1q_s8(w), vld1q_s8(xq));
         isum = vmladavaq_s8(isum, vld1q_s8(w + 16), vld1q_s8(xq + 16));
@@ -73,7 +74,8 @@ static float dot_q4_0_mve(const uint8_t *w, const uint16_t *w_scale, const q8_ve
                           uint32_t blocks) {
     const int8_t *xq = x->q;
     const float *xq_scale = x->scale;
-    float acc[8] = { 0 };
+    float acc[8];
+    zero_lanes(acc, 8);
     const int8x16_t eight = vdupq_n_s8(8);
     for (uint32_t b = 0; b < blocks; b++, w += QBLOCK / 2, xq += QBLOCK) {
         uint8x16_t bytes = vld1q_u8(w);

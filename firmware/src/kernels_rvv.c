@@ -105,7 +105,8 @@ static float dot_q8_0_rvv(const int8_t *w, const uint16_t *w_scale, const q8_vec
                           uint32_t blocks) {
     const int8_t *xq = x->q;
     const float *xq_scale = x->scale;
-    float acc[8] = { 0 };
+    float acc[8];
+    zero_lanes(acc, 8);
     for (uint32_t b = 0; b < blocks; b++, w += QBLOCK, xq += QBLOCK)
         acc[b % 8] += (float)block_q8(w, xq) * (f16_to_f32(w_scale[b]) * xq_scale[b]);
     return sum_lanes8(acc);
@@ -115,7 +116,8 @@ static float dot_q4_0_rvv(const uint8_t *w, const uint16_t *w_scale, const q8_ve
                           uint32_t blocks) {
     const int8_t *xq = x->q;
     const float *xq_scale = x->scale;
-    float acc[8] = { 0 };
+    float acc[8];
+    zero_lanes(acc, 8);
     for (uint32_t b = 0; b < blocks; b++, w += QBLOCK / 2, xq += QBLOCK)
         acc[b % 8] += (float)block_q4(w, xq) * (f16_to_f32(w_scale[b]) * xq_scale[b]);
     return sum_lanes8(acc);

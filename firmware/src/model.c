@@ -36,14 +36,31 @@ static weight matrix(const colibri_ctx *c, uint32_t index) {
 
 static uint64_t now(const colibri_ctx *c) { return c->opts.cycles ? c->opts.cycles(c->opts.user) : 0; }
 
-/* out[rows] = w x[cols], with this context's kernels. For quantized weights x is quantized to Q8_0
- * first (in the arena), once per call. */
-static void matvec(const colibri_ctx *c, float *out, const weight *w, const float *x) {
+/* x quantized to Q8_0 in the arena: the normed x once per norm (many matvecs read it), any other
+ * input at every call. */
+static q8_vector quantized_input(colibri_ctx *c, const float *x, uint32_t n) {
+    arena_buffers *a = &c->a;
+    if (x == a->xn) {
+        if (!c->xn_quantized) quantize_q8_0(a->xq, a->xq_scale, a->xq_sum, x, n);
+        c->xn_quantized = 1;
+        return (q8_vector){ a->xq, a->xq_scale, a->xq_sum };
+    }
+    quantize_q8_0(a->hq, a->hq_scale, a->hq_sum, x, n);
+    return (q8_vector){ a->hq, a->hq_scale, a->hq_sum };
+}
+
+/* x normed into xn, the input of the matvecs that follow */
+static void norm_input(colibri_ctx *c, const float *weights) {
+    rmsnorm(c->a.xn, c->a.x, weights, c->d.dim, c->d.eps);
+    c->xn_quantized = 0;
+}
+
+/* out[rows] = w x[cols], with this context's kernels (x quantized first for Q8_0/Q4_0 weights). */
+static void matvec(colibri_ctx *c, float *out, const weight *w, const float *x) {
     const kernel_set *k = c->kernels;
     const uint32_t cols = w->cols;
     if (w->dtype == DTYPE_Q8_0 || w->dtype == DTYPE_Q4_0) {
-        quantize_q8_0(c->a.xq, c->a.xq_scale, c->a.xq_sum, x, cols);
-        const q8_vector xq = { c->a.xq, c->a.xq_scale, c->a.xq_sum };
+        const q8_vector xq = quantized_input(c, x, cols);
         const size_t row_bytes = (size_t)w->blocks * (w->dtype == DTYPE_Q8_0 ? QBLOCK : QBLOCK / 2);
         for (uint32_t r = 0; r < w->rows; r++) {
             const void *row = (const uint8_t *)w->data + r * row_bytes;
@@ -59,7 +76,7 @@ static void matvec(const colibri_ctx *c, float *out, const weight *w, const floa
 }
 
 /* out = W x (+ b, when the image has that bias) */
-static void project(const colibri_ctx *c, float *out, uint32_t layer, uint32_t w_role, uint32_t b_role, const float *x) {
+static void project(colibri_ctx *c, float *out, uint32_t layer, uint32_t w_role, uint32_t b_role, const float *x) {
     weight w = matrix(c, layer_index(c, layer, w_role));
     matvec(c, out, &w, x);
     if (tensor_present(c->table, layer_index(c, layer, b_role))) {
@@ -106,7 +123,7 @@ static void attention(colibri_ctx *c, uint32_t layer) {
     const size_t layer_base = (size_t)layer * d->max_seq * d->kv_dim;
     float *k_cur = a->k_new, *v_cur = a->v_new; /* this position's k and v in f32, stored once final */
 
-    rmsnorm(a->xn, a->x, layer_w(c, layer, ROLE_ATTN_NORM), d->dim, d->eps);
+    norm_input(c, layer_w(c, layer, ROLE_ATTN_NORM));
     project(c, a->q, layer, ROLE_WQ, ROLE_BQ, a->xn);
     project(c, k_cur, layer, ROLE_WK, ROLE_BK, a->xn);
     project(c, v_cur, layer, ROLE_WV, ROLE_BV, a->xn);
@@ -226,7 +243,7 @@ void model_forward(colibri_ctx *c, uint32_t token) {
                                   .weights = a->topk_weight, .cycles_expert = a->topk_cycles };
         uint64_t t0 = now(c);
         attention(c, layer);
-        rmsnorm(a->xn, a->x, layer_w(c, layer, ROLE_FFN_NORM), d->dim, d->eps);
+        norm_input(c, layer_w(c, layer, ROLE_FFN_NORM));
         t.cycles_attention = now(c) - t0;
         c->stats.cycles_attention += t.cycles_attention;
         for (uint32_t i = 0; i < d->dim; i++) a->moe_out[i] = 0.0f;
@@ -235,7 +252,7 @@ void model_forward(colibri_ctx *c, uint32_t token) {
         if (c->opts.trace) c->opts.trace(c->opts.user, &t);
     }
     uint64_t t4 = now(c);
-    rmsnorm(a->xn, a->x, tensor(c, global_tensor_index(d, ROLE_OUTPUT_NORM)), d->dim, d->eps);
+    norm_input(c, tensor(c, global_tensor_index(d, ROLE_OUTPUT_NORM)));
     weight lm_head = matrix(c, global_tensor_index(d, ROLE_LM_HEAD));
     matvec(c, a->logits, &lm_head, a->xn);
     c->stats.cycles_lm_head += now(c) - t4;
