@@ -64,6 +64,14 @@ AVX2 static __m256i block_products(__m256i w, __m256i x) {
     return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
+/* The sum of the 8 int32 lanes of one block: for the blocks after the last multiple of 8. */
+AVX2 static int32_t block_total(__m256i p) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
 /* The integer sums of 8 blocks (each 8 int32 lanes) as one vector, block k in lane k. */
 AVX2 static __m256i block_totals(const __m256i p[8]) {
     __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
@@ -93,8 +101,11 @@ AVX2 static float dot_q8_0_avx2(const int8_t *w, const uint16_t *w_scale, const 
     }
     float acc[8];
     _mm256_storeu_ps(acc, acc8);
-    for (; b < blocks; b++)
-        acc[b % 8] += (float)block_isum_q8_0(w + b * QBLOCK, x->q + b * QBLOCK) * (f16_to_f32(w_scale[b]) * x->scale[b]);
+    for (; b < blocks; b++) {
+        int32_t isum = block_total(block_products(_mm256_loadu_si256((const __m256i *)(const void *)(w + (size_t)b * QBLOCK)),
+                                                  _mm256_loadu_si256((const __m256i *)(const void *)(x->q + (size_t)b * QBLOCK))));
+        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * x->scale[b]);
+    }
     return sum_lanes8(acc);
 }
 
@@ -130,8 +141,14 @@ AVX2 static float dot_q4_0_avx2(const uint8_t *w, const uint16_t *w_scale, const
     }
     float acc[8];
     _mm256_storeu_ps(acc, acc8);
-    for (; b < blocks; b++)
-        acc[b % 8] += (float)block_isum_q4_0(w + b * (QBLOCK / 2), x->q + b * QBLOCK) * (f16_to_f32(w_scale[b]) * x->scale[b]);
+    for (; b < blocks; b++) { /* one block: its nibbles in element order, minus 8 */
+        __m128i bytes = _mm_loadu_si128((const __m128i *)(const void *)(w + (size_t)b * (QBLOCK / 2)));
+        __m128i mask = _mm_set1_epi8(0x0F);
+        __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), _mm_and_si128(bytes, mask));
+        __m256i xq = _mm256_loadu_si256((const __m256i *)(const void *)(x->q + (size_t)b * QBLOCK));
+        int32_t isum = block_total(block_products(_mm256_sub_epi8(q, _mm256_set1_epi8(8)), xq));
+        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * x->scale[b]);
+    }
     return sum_lanes8(acc);
 }
 
