@@ -57,6 +57,7 @@ class RunResult:
     board: str
     upload_crc32: int | None = None
     guest_code: int | None = None
+    kernels: str = ""  # the kernel set the device computed with
     traces: list | None = None  # per fed token: list[LayerTrace]
 
 
@@ -106,7 +107,8 @@ def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sa
                                 traces)
     stats = client.stats()
     client.quit()
-    return RunResult([e.token for e in events], stats, logits, info.board, upload_crc, traces=traces)
+    return RunResult([e.token for e in events], stats, logits, info.board, upload_crc, traces=traces,
+                     kernels=opened.kernels)
 
 
 def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, sampling: Sampling,
@@ -246,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     if not quiet:
         if result.upload_crc32 is not None:
             print(f"\n[{result.board}] image uploaded, device CRC-32 {result.upload_crc32:08x} matches", end="")
-        print(f"\n[{result.board}] {stats_line(result.stats)}")
+        print(f"\n[{result.board}, {result.kernels} kernels] {stats_line(result.stats)}")
     if args.dump_logits:
         np.save(args.dump_logits, result.logits)
     if trace:
@@ -255,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
             args.trace_out.write_text(json.dumps(traced))
         if not quiet:
             print_trace(traced)
-    report: dict = {"board": result.board, "tokens": result.tokens, "stats": result.stats,
-                    "upload_crc32": result.upload_crc32}
+    report: dict = {"board": result.board, "kernels": result.kernels, "tokens": result.tokens,
+                    "stats": result.stats, "upload_crc32": result.upload_crc32}
     status = 0
     if args.verify:
         v = verify(args.image.read_bytes(), args.prompt_tokens, result, greedy, args.tolerance)

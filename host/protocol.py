@@ -118,6 +118,7 @@ class OpenInfo:
     payload_crc32: int
     vocab_size: int
     max_seq: int
+    kernels: str = ""   # the device's kernel set (docs/KERNELS.md)
 
 
 STATS_FIELDS = ("tokens_fed", "arena_bytes", "cycles_total", "cycles_attention", "cycles_router",
@@ -256,7 +257,11 @@ class Client:
         return device_crc
 
     def open(self) -> OpenInfo:
-        return OpenInfo(*struct.unpack_from("<QQIII", self.call(REQ_OPEN, b"", RSP_OPENED)))
+        p = self.call(REQ_OPEN, b"", RSP_OPENED)
+        if len(p) < 40:
+            raise LinkError(f"OPENED answer of {len(p)} bytes, expected 40")
+        kernels = p[32:40].rstrip(b"\0").decode("ascii", "replace")
+        return OpenInfo(*struct.unpack_from("<QQIII", p), kernels=kernels)
 
     def start(self, sampling: Sampling, trace: bool = False) -> None:
         self.call(REQ_START, START.pack(sampling.temperature, sampling.top_k, sampling.top_p,

@@ -146,7 +146,9 @@ def quantize_activation(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     d = (np.max(np.abs(xb), axis=-1) / np.float32(127)).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
-    q = np.rint(xb * inv[..., None]).astype(np.int8)
+    with np.errstate(invalid="ignore"):
+        scaled = np.nan_to_num(xb * inv[..., None], nan=0.0, posinf=127.0, neginf=-127.0)
+    q = np.rint(np.clip(scaled, -127, 127)).astype(np.int8)  # as quantize_one() in kernels.c
     return q, d
 
 

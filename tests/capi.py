@@ -58,6 +58,7 @@ class Lib:
         so.colibri_get_stats.argtypes = [C.c_void_p, C.POINTER(Stats)]
         so.colibri_get_info.argtypes = [C.c_void_p, C.POINTER(ImageInfo)]
         so.colibri_sampler_init.argtypes = [C.POINTER(Sampler), C.c_float, C.c_uint32, C.c_float, C.c_uint64]
+        so.colibri_get_kernels.argtypes = [C.c_void_p, C.POINTER(C.c_char_p)]
         so.colibri_strerror.restype = C.c_char_p
         so.colibri_expf.argtypes = [C.c_float]
         so.colibri_expf.restype = C.c_float
@@ -91,6 +92,11 @@ class Context:
         ptr, n = C.POINTER(C.c_float)(), C.c_uint32()
         assert self.lib.so.colibri_logits(self.ctx, C.byref(ptr), C.byref(n)) == 0
         return np.ctypeslib.as_array(ptr, (n.value,)).copy()
+
+    def kernels(self) -> str:
+        name = C.c_char_p()
+        assert self.lib.so.colibri_get_kernels(self.ctx, C.byref(name)) == 0
+        return name.value.decode()
 
     def stats(self) -> Stats:
         s = Stats()

@@ -48,6 +48,10 @@ def test_dtype_on_every_board(dtype, kv, tolerance, wide_checkpoint, firmwares, 
                                                      board_args=["-cpu", "Nehalem"])
     runs["hosted, kernels=scalar"] = flash.run_on_board(image, "hosted", PROMPT, NEW_TOKENS, Sampling(), True,
                                                         firmware=scalar_firmware)
+    from test_kernels import EXPECTED_KERNELS
+    kernels = {**{board: EXPECTED_KERNELS[board_name(board)] for board in MODEL_BOARDS},
+               "x86_64 without AVX2": "scalar", "hosted, kernels=scalar": "scalar"}
+    assert {name: run.kernels for name, run in runs.items()} == kernels  # each board really used its own
     first = runs["hosted"]
     expected = ref.forward(PROMPT + first.tokens)  # the reference fed the device's tokens
     scale = max(1.0, float(np.abs(expected).max()))

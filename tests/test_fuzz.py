@@ -27,3 +27,16 @@ def test_seed_corpus_is_current(hosted_build):
     for seed in seeds:
         assert lib.verify(seed.read_bytes()[1:])[0] == 0, seed.name  # the first byte is the harness's mode
     assert lib.verify(fuzz.seed_image().read_bytes())[0] == 0
+
+
+@pytest.mark.parametrize("harness", sorted(p.name for p in (fuzz.FUZZ / "regress").iterdir()))
+def test_past_findings_stay_fixed(harness):
+    """Inputs a campaign once crashed on (tests/fuzz/regress/<harness>/) run clean under ASan + UBSan:
+    image/quantize-nonfinite.img made quantize_q8_0 cast an infinite product to int8 (CI, 2026-11-30)."""
+    import subprocess
+    inputs = sorted((fuzz.FUZZ / "regress" / harness).glob("*"))
+    assert inputs
+    exe = fuzz.build(harness)
+    done = subprocess.run([str(exe), *map(str, inputs)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("Running:") == len(inputs)

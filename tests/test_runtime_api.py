@@ -188,3 +188,14 @@ def test_header_example_program(hosted_build, images, tmp_path):
                          check=True).stdout
     ref = Reference(read_image(images["base"].read_bytes()))
     assert [int(t) for t in out.split()] == ref.greedy([1, 5, 9, 3], 8)
+
+
+def test_kernel_set_is_named(lib, base):
+    """colibri_get_kernels names what CPUID chose at open (AVX2 on this CPU if it has it); NULLs are refused."""
+    from test_kernels import EXPECTED_KERNELS
+    ctx = Context(lib, base)
+    assert ctx.open_status == 0
+    assert ctx.kernels() == EXPECTED_KERNELS["hosted"]
+    name = C.c_char_p()
+    assert lib.so.colibri_get_kernels(None, C.byref(name)) == STATUS["E_NULL"]
+    assert lib.so.colibri_get_kernels(ctx.ctx, None) == STATUS["E_NULL"]

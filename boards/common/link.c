@@ -188,7 +188,13 @@ static void do_open(link_state *l, uint8_t seq) {
     put32(p + 20, info.vocab_size);
     put32(p + 24, info.max_seq);
     put32(p + 28, 0);
-    send(l, RSP_OPENED, seq, 32);
+    const char *kernels = "";
+    colibri_get_kernels(l->ctx, &kernels);
+    for (uint32_t i = 0; i < 8; i++) { /* the kernel set's name, NUL-padded */
+        p[32 + i] = (uint8_t)*kernels;
+        if (*kernels) kernels++;
+    }
+    send(l, RSP_OPENED, seq, 40);
 }
 
 static uint64_t cycles_now(const board_io *io) { return io->cycles ? io->cycles(0) : 0; }

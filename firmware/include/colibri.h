@@ -145,6 +145,11 @@ colibri_status colibri_get_stats(const colibri_ctx *ctx, colibri_stats *stats);
 /* The facts of the open image, as colibri_image_verify() reported them (without verifying again). */
 colibri_status colibri_get_info(const colibri_ctx *ctx, colibri_image_info *info);
 
+/* The name of the kernel set the context computes with: "scalar", "avx2" (chosen by CPUID at open),
+ * "mve", "dsp" or "rvv" (chosen at build time). Every set gives the same bits (docs/KERNELS.md);
+ * the name says only how fast. *name is a constant string. */
+colibri_status colibri_get_kernels(const colibri_ctx *ctx, const char **name);
+
 /* temperature <= 0 means greedy; top_k 0 and top_p >= 1 disable those cuts; the same seed gives
  * the same tokens on every board. */
 colibri_status colibri_sampler_init(colibri_sampler *s, float temperature, uint32_t top_k, float top_p,

@@ -94,6 +94,12 @@ colibri_status colibri_get_info(const colibri_ctx *c, colibri_image_info *info) 
     return COLIBRI_OK;
 }
 
+colibri_status colibri_get_kernels(const colibri_ctx *c, const char **name) {
+    if (!c || !name) return COLIBRI_E_NULL;
+    *name = c->kernels->name;
+    return COLIBRI_OK;
+}
+
 const char *colibri_strerror(colibri_status s) {
     static const char *const names[COLIBRI_STATUS_COUNT] = {
         [COLIBRI_OK] = "ok",

@@ -122,8 +122,15 @@ float dot_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const q8_vector
 const kernel_set kernels_scalar = { "scalar", dot_f32_scalar, dot_f16_scalar, dot_bf16_scalar, dot_q8_0_scalar,
                                     dot_q4_0_scalar };
 
-/* Round to nearest, ties to even, for |v| < 2^22: adding 1.5 * 2^23 leaves no fraction bits. */
-static float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
+/* v * inv as an int8: rounded to nearest, ties to even (adding 1.5 * 2^23 leaves no fraction bits).
+ * Finite inputs give |v * inv| <= 127; a non-finite x (an inf or NaN that reached a matvec) must
+ * still not be undefined behaviour, so the product is clamped to [-127, 127] and NaN becomes 0. */
+static int8_t quantize_one(float v, float inv) {
+    float q = v * inv;
+    if (!(q >= -127.0f)) q = q != q ? 0.0f : -127.0f;
+    if (q > 127.0f) q = 127.0f;
+    return (int8_t)((q + 12582912.0f) - 12582912.0f);
+}
 
 void quantize_q8_0(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n) {
     for (uint32_t b = 0; b * QBLOCK < n; b++) {
@@ -138,7 +145,7 @@ void quantize_q8_0(int8_t *xq, float *scale, int32_t *sum, const float *x, uint3
         scale[b] = d;
         int32_t total = 0;
         for (uint32_t i = 0; i < QBLOCK; i++) {
-            xq[b * QBLOCK + i] = i < len ? (int8_t)round_even(v[i] * inv) : 0;
+            xq[b * QBLOCK + i] = i < len ? quantize_one(v[i], inv) : 0;
             total += xq[b * QBLOCK + i];
         }
         sum[b] = total;
