@@ -86,3 +86,21 @@ def test_stack_depth_refuses_recursion(tmp_path):
                    cwd=tmp_path)
     rep = footprint.stack_depth([tmp_path / "rec.ci"], ["f"], [])
     assert rep.depth is None and "recursion" in rep.problems[0]
+
+
+@pytest.mark.parametrize("board", RELEASE_BOARDS)
+def test_only_the_public_api_is_exported(board, firmwares):
+    """libcolibri.a's one object (and the hosted .so) define no global symbol but colibri_*: internal names
+    like image_verify or dot_f32_scalar cannot collide with the application's."""
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+    out = ROOT / "build" / board / "release"
+    files = [(out / "colibri_runtime.o", ".symtab")] + ([(out / "libcolibri.so", ".dynsym")] if board == "hosted" else [])
+    for path, table in files:
+        with open(path, "rb") as f:
+            symbols = ELFFile(f).get_section_by_name(table)
+            assert isinstance(symbols, SymbolTableSection)
+            exported = {s.name for s in symbols.iter_symbols()
+                        if s["st_info"]["bind"] in ("STB_GLOBAL", "STB_WEAK") and s["st_shndx"] != "SHN_UNDEF"}
+        assert exported and all(name.startswith("colibri_") for name in exported), sorted(exported)
+        assert {"colibri_open", "colibri_feed", "colibri_get_kernels"} <= exported

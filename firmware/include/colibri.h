@@ -19,6 +19,9 @@
  *
  * Every call returns a colibri_status; colibri_strerror() names it. A call that fails leaves
  * the context as it was, so it stays usable.
+ *
+ * libcolibri.a (and the hosted libcolibri.so) define no global symbol but the colibri_* ones declared
+ * here: the runtime's internal names cannot collide with the application's.
  */
 #ifndef COLIBRI_H
 #define COLIBRI_H
