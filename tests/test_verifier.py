@@ -72,7 +72,14 @@ CASES = [
     ("heads not multiple of kv heads", put("<I", 56, 3), "E_IMAGE_DIMS"),
     ("odd head_dim", put("<I", 60, 7), "E_IMAGE_DIMS"),
     ("top_k > experts", put("<I", 68, 9), "E_IMAGE_DIMS"),
+    # the caps that bound the router's work (top_k * n_experts per layer and token); at a cap the
+    # dimensions pass and the tensor count is what fails
+    ("experts over the cap", lambda b: put("<I", 64, 1025)(b), "E_IMAGE_DIMS"),
+    ("experts at the cap", lambda b: put("<I", 64, 1024)(b), "E_IMAGE_TABLE"),
+    ("top_k over the cap", lambda b: put("<I", 68, 65)(put("<I", 64, 100, seal=False)(b)), "E_IMAGE_DIMS"),
+    ("top_k at the cap", lambda b: put("<I", 68, 64)(put("<I", 64, 100, seal=False)(b)), "E_IMAGE_TABLE"),
     ("eps NaN", put("<f", 80, float("nan")), "E_IMAGE_DIMS"),
+    ("eps zero", put("<f", 80, 0.0), "E_IMAGE_DIMS"),
     ("unknown arch", put("<I", 32, 2), "E_UNSUPPORTED"),
     ("unknown flag", put("<I", 76, 1 << 9), "E_UNSUPPORTED"),
     ("both q/k norm kinds", put("<I", 76, (1 << 3) | (1 << 4)), "E_UNSUPPORTED"),

@@ -103,7 +103,8 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     /* experts: none at all, or a positive count, expert size and 1 <= top_k <= count */
     if (d->n_experts ? (d->top_k == 0 || d->top_k > d->n_experts || d->ffn == 0) : (d->top_k || d->ffn))
         return COLIBRI_E_IMAGE_DIMS;
-    if (!(d->eps >= 0.0f && d->eps < 1.0f) || !(d->clip_qkv >= 0.0f && d->clip_qkv < 3.0e38f)) /* rejects NaN */
+    if (d->n_experts > IMG_MAX_EXPERTS || d->top_k > IMG_MAX_TOP_K) return COLIBRI_E_IMAGE_DIMS;
+    if (!(d->eps > 0.0f && d->eps < 1.0f) || !(d->clip_qkv >= 0.0f && d->clip_qkv < 3.0e38f)) /* rejects NaN */
         return COLIBRI_E_IMAGE_DIMS;
     uint64_t q_dim = (uint64_t)d->n_heads * d->head_dim, kv_dim = (uint64_t)d->n_kv_heads * d->head_dim;
     if (q_dim > IMG_MAX_DIM || kv_dim > IMG_MAX_DIM) return COLIBRI_E_IMAGE_DIMS;

@@ -19,6 +19,8 @@
 #define IMG_KNOWN_FLAGS 0x3Fu
 #define IMG_NO_INDEX 0xFFFFFFFFu
 #define IMG_MAX_DIM (1u << 24) /* any single dimension; keeps every product of two in 64 bits */
+#define IMG_MAX_EXPERTS 1024u  /* routed experts per layer (DeepSeek-V3 has 256): bounds the router's work */
+#define IMG_MAX_TOP_K 64u      /* experts per token */
 
 enum tensor_role {
     ROLE_TOKEN_EMBD = 1, ROLE_ROPE_COS, ROLE_ROPE_SIN,

@@ -160,7 +160,9 @@ static void attention(colibri_ctx *c, uint32_t layer) {
     for (uint32_t i = 0; i < d->dim; i++) a->x[i] += a->moe_out[i];
 }
 
-/* Softmax over all experts, keep the top_k (ties: lower index), optionally renormalize. */
+/* Softmax over all experts, keep the top_k (ties: lower index), optionally renormalize. Each pick scans
+ * the experts once and marks its choice below any probability, so the cost is top_k * n_experts (the
+ * verifier caps both: docs/SECURITY.md). The router buffer is not read after this. */
 static void route_topk(colibri_ctx *c, uint32_t layer) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
@@ -171,11 +173,9 @@ static void route_topk(colibri_ctx *c, uint32_t layer) {
     for (uint32_t k = 0; k < d->top_k; k++) {
         uint32_t best = 0;
         float best_p = -1.0f;
-        for (uint32_t e = 0; e < d->n_experts; e++) {
-            int taken = 0;
-            for (uint32_t j = 0; j < k; j++) taken |= a->topk_index[j] == e;
-            if (!taken && a->router[e] > best_p) { best = e; best_p = a->router[e]; }
-        }
+        for (uint32_t e = 0; e < d->n_experts; e++)
+            if (a->router[e] > best_p) { best = e; best_p = a->router[e]; }
+        a->router[best] = -2.0f; /* taken: below the -1 every pick starts from */
         a->topk_index[k] = best;
         a->topk_weight[k] = best_p;
         sum += best_p;
