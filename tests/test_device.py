@@ -141,3 +141,22 @@ def test_missing_qemu_names_the_package(images, firmwares, monkeypatch):
     with pytest.raises(FileNotFoundError, match="apt-get install qemu-system-x86"):
         flash.run_on_board(images["base"], "x86_64_baremetal", PROMPT, 1, Sampling(), False,
                            firmware=firmwares["x86_64_baremetal"])
+
+
+@pytest.mark.parametrize("board", ["hosted", "cortex_m4"])
+def test_nonfinite_values_are_a_named_error_on_the_device(board, images, firmwares, tmp_path):
+    """A NaN in the weights surfaces as COLIBRI_E_NONFINITE over the link (detail: the token's index in
+    the FEED request), never as tokens computed from a silently absorbed NaN."""
+    import struct
+
+    from host.image import Role
+    from test_verifier import reseal
+    data = bytearray(images["base"].read_bytes())
+    img = read_image(bytes(data))
+    embd = img.entry(Role.TOKEN_EMBD)
+    struct.pack_into("<f", data, embd.offset + 9 * img.dims.hidden_size * 4, float("inf"))  # token 9
+    (tmp_path / "inf.img").write_bytes(reseal(data))
+    with pytest.raises(DeviceError) as err:
+        flash.run_on_board(tmp_path / "inf.img", board, PROMPT, 4, Sampling(), False, firmware=firmwares[board])
+    assert err.value.message == "NaN or infinity in the router or the logits"
+    assert err.value.detail == PROMPT.index(9)

@@ -199,3 +199,30 @@ def test_kernel_set_is_named(lib, base):
     name = C.c_char_p()
     assert lib.so.colibri_get_kernels(None, C.byref(name)) == STATUS["E_NULL"]
     assert lib.so.colibri_get_kernels(ctx.ctx, None) == STATUS["E_NULL"]
+
+
+def test_nonfinite_router_or_logits_is_named_and_reset_recovers(lib, images):
+    """A NaN reaching the router would otherwise be absorbed by '>' (expert 0 taken with weight -1) and
+    one in the logits by the argmax: both stop the feed with COLIBRI_E_NONFINITE, the tokens before stay
+    fed, and after colibri_reset the context works again."""
+    import struct
+    from host.image import Role
+    from test_verifier import reseal
+    data = bytearray(images["base"].read_bytes())
+    img = read_image(bytes(data))
+    embd = img.entry(Role.TOKEN_EMBD)
+    row = 5 * img.dims.hidden_size * 4  # token 5's embedding row: NaN, every other token is clean
+    for i in range(img.dims.hidden_size):
+        struct.pack_into("<f", data, embd.offset + row + 4 * i, float("nan"))
+    ctx = Context(lib, bytes(reseal(data)))
+    assert ctx.open_status == 0
+    assert ctx.feed([1, 2, 5, 3]) == STATUS["E_NONFINITE"]
+    assert ctx.stats().tokens_fed == 2  # 1 and 2 stay fed; 5 is not
+    ptr, n = C.POINTER(C.c_float)(), C.c_uint32()
+    assert lib.so.colibri_logits(ctx.ctx, C.byref(ptr), C.byref(n)) == STATUS["E_NO_LOGITS"]
+    assert lib.so.colibri_strerror(STATUS["E_NONFINITE"]) == b"NaN or infinity in the router or the logits"
+    assert lib.so.colibri_reset(ctx.ctx) == 0
+    assert ctx.feed([1, 2, 3]) == 0
+    clean = Context(lib, images["base"].read_bytes())
+    assert clean.feed([1, 2, 3]) == 0
+    np.testing.assert_array_equal(ctx.logits(), clean.logits())  # the same as an image without the NaN row

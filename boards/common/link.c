@@ -228,7 +228,8 @@ static void do_feed(link_state *l, uint8_t seq, uint32_t len) {
     uint64_t t0 = cycles_now(l->io);
     for (uint32_t i = 0; i < n; i++) {
         uint32_t tok = get32(r + 4 + 4 * i);
-        colibri_feed(l->ctx, &tok, 1);
+        colibri_status st = colibri_feed(l->ctx, &tok, 1);
+        if (st) { send_error(l, seq, st, i); return; } /* detail: which token of the request */
     }
     uint8_t *p = payload(l);
     put32(p, stats.tokens_fed + n);

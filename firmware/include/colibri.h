@@ -54,6 +54,8 @@ typedef enum {
     COLIBRI_E_TOKEN_RANGE = 17,        /* a token id >= vocab size */
     COLIBRI_E_SEQ_FULL = 18,           /* the sequence would exceed the image's max_seq */
     COLIBRI_E_NO_LOGITS = 19,          /* step/logits before any token was fed */
+    COLIBRI_E_NONFINITE = 20,          /* a NaN or infinity reached the router or the logits; the tokens fed
+                                          before it stay fed, the logits are gone: colibri_reset() to go on */
     COLIBRI_STATUS_COUNT
 } colibri_status;
 

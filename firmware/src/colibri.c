@@ -42,8 +42,13 @@ colibri_status colibri_feed(colibri_ctx *c, const uint32_t *tokens, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (tokens[i] >= c->d.vocab) return COLIBRI_E_TOKEN_RANGE;
     uint64_t t0 = c->opts.cycles ? c->opts.cycles(c->opts.user) : 0;
-    for (size_t i = 0; i < n; i++) model_forward(c, tokens[i]);
+    colibri_status st = COLIBRI_OK;
+    for (size_t i = 0; i < n && st == COLIBRI_OK; i++) st = model_forward(c, tokens[i]);
     c->stats.tokens_fed = c->pos;
+    if (st) {
+        c->have_logits = 0;
+        return st;
+    }
     if (c->opts.cycles) c->stats.cycles_total += c->opts.cycles(c->opts.user) - t0;
     return COLIBRI_OK;
 }
@@ -122,6 +127,7 @@ const char *colibri_strerror(colibri_status s) {
         [COLIBRI_E_TOKEN_RANGE] = "token id out of range",
         [COLIBRI_E_SEQ_FULL] = "sequence longer than the image's max_seq",
         [COLIBRI_E_NO_LOGITS] = "no logits yet: feed a token first",
+        [COLIBRI_E_NONFINITE] = "NaN or infinity in the router or the logits",
     };
     if ((unsigned)s >= COLIBRI_STATUS_COUNT) return "unknown status";
     return names[s];

@@ -188,7 +188,10 @@ void softmax(float *x, uint32_t n);
 void rope(float *v, uint32_t n_heads, uint32_t head_dim, const float *cos, const float *sin);
 
 /* ---- model.c ---- */
-void model_forward(colibri_ctx *c, uint32_t token);
+/* One token through the model. COLIBRI_E_NONFINITE (and the position not advanced) when a NaN or
+ * infinity reaches a place where comparisons would silently absorb it: the router's probabilities
+ * (a NaN never wins a '>' and expert 0 would be taken) or the logits (the sampler's argmax). */
+colibri_status model_forward(colibri_ctx *c, uint32_t token);
 
 /* ---- sampler.c ---- */
 uint32_t sample_token(colibri_sampler *s, const float *logits, float *probs, uint32_t *index, uint32_t n);

@@ -163,12 +163,20 @@ static void attention(colibri_ctx *c, uint32_t layer) {
 /* Softmax over all experts, keep the top_k (ties: lower index), optionally renormalize. Each pick scans
  * the experts once and marks its choice below any probability, so the cost is top_k * n_experts (the
  * verifier caps both: docs/SECURITY.md). The router buffer is not read after this. */
-static void route_topk(colibri_ctx *c, uint32_t layer) {
+/* Whether all n values are finite (x - x is 0 for finite x, NaN for inf and NaN). */
+static int all_finite(const float *v, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++)
+        if (v[i] - v[i] != 0.0f) return 0;
+    return 1;
+}
+
+static colibri_status route_topk(colibri_ctx *c, uint32_t layer) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
     weight router = matrix(c, layer_index(c, layer, ROLE_ROUTER));
     matvec(c, a->router, &router, a->xn);
     softmax(a->router, d->n_experts);
+    if (!all_finite(a->router, d->n_experts)) return COLIBRI_E_NONFINITE;
     float sum = 0.0f;
     for (uint32_t k = 0; k < d->top_k; k++) {
         uint32_t best = 0;
@@ -182,6 +190,7 @@ static void route_topk(colibri_ctx *c, uint32_t layer) {
     }
     if (d->flags & IMG_FLAG_NORM_TOPK)
         for (uint32_t k = 0; k < d->top_k; k++) a->topk_weight[k] /= sum;
+    return COLIBRI_OK;
 }
 
 /* moe_out += scale * down(silu(gate xn) * up xn): one expert, the shared expert or a dense MLP.
@@ -201,12 +210,13 @@ static void swiglu_ffn(colibri_ctx *c, uint32_t gate_index, uint32_t n_inter, fl
 }
 
 /* The FFN half of a layer: routed experts (+ shared expert), or the dense MLP. Fills `t`. */
-static void ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_trace *t) {
+static colibri_status ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_trace *t) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
     uint64_t t0 = now(c), t1 = t0;
     if (tensor_present(c->table, layer_index(c, layer, ROLE_ROUTER))) {
-        route_topk(c, layer);
+        colibri_status st = route_topk(c, layer);
+        if (st) return st;
         t1 = now(c);
         for (uint32_t k = 0; k < d->top_k; k++) {
             uint64_t e0 = now(c);
@@ -230,9 +240,10 @@ static void ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_trace *t) {
     t->cycles_ffn = t2 - t1;
     c->stats.cycles_router += t1 - t0;
     c->stats.cycles_experts += t2 - t1;
+    return COLIBRI_OK;
 }
 
-void model_forward(colibri_ctx *c, uint32_t token) {
+colibri_status model_forward(colibri_ctx *c, uint32_t token) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
     weight embd = matrix(c, global_tensor_index(d, ROLE_TOKEN_EMBD));
@@ -247,7 +258,8 @@ void model_forward(colibri_ctx *c, uint32_t token) {
         t.cycles_attention = now(c) - t0;
         c->stats.cycles_attention += t.cycles_attention;
         for (uint32_t i = 0; i < d->dim; i++) a->moe_out[i] = 0.0f;
-        ffn_block(c, layer, &t);
+        colibri_status st = ffn_block(c, layer, &t);
+        if (st) return st;
         for (uint32_t i = 0; i < d->dim; i++) a->x[i] += a->moe_out[i];
         if (c->opts.trace) c->opts.trace(c->opts.user, &t);
     }
@@ -256,6 +268,8 @@ void model_forward(colibri_ctx *c, uint32_t token) {
     weight lm_head = matrix(c, global_tensor_index(d, ROLE_LM_HEAD));
     matvec(c, a->logits, &lm_head, a->xn);
     c->stats.cycles_lm_head += now(c) - t4;
+    if (!all_finite(a->logits, d->vocab)) return COLIBRI_E_NONFINITE;
     c->pos++;
     c->have_logits = 1;
+    return COLIBRI_OK;
 }
