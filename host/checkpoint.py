@@ -36,6 +36,7 @@ class Family:
     bias_key: str = "attention_bias"  # config key of the q/k/v(/o) bias switch
     bias_default: bool = False
     bias_on_o: bool = True
+    clip_qkv: bool = False      # the family's modeling file clamps q, k, v (after the q/k norms) by clip_qkv
 
 
 QWEN_MOE = dict(expert_ffn_key="moe_intermediate_size", moe_prefix="mlp",
@@ -50,7 +51,7 @@ FAMILIES = {
     "Qwen3MoeForCausalLM": Family(moe=True, **QWEN_MOE, qk_norm=FLAG_QK_NORM_HEAD),
     "OlmoeForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size",
                                moe_prefix="mlp", expert_names=("gate_proj", "up_proj", "down_proj"),
-                               qk_norm=FLAG_QK_NORM_FULL),
+                               qk_norm=FLAG_QK_NORM_FULL, clip_qkv=True),
     "LlamaForCausalLM": Family(**DENSE),
     "Qwen2ForCausalLM": Family(**DENSE, bias_key="", bias_default=True, bias_on_o=False),
     "Qwen3ForCausalLM": Family(**DENSE, qk_norm=FLAG_QK_NORM_HEAD),
@@ -162,6 +163,9 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
     if shared_ffn:
         flags |= FLAG_SHARED_EXPERT
     clip = cfg.get("clip_qkv")
+    if clip is not None and not fam.clip_qkv:
+        raise UnsupportedModel(f"config field clip_qkv={clip}: {arch} does not clamp q, k, v in transformers (only "
+                               "OLMoE does), so the runtime will not either; remove the field or set it to null")
     if clip is not None and not clip > 0:
         raise UnsupportedModel(f"config field clip_qkv={clip} must be positive or null")
 

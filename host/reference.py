@@ -112,14 +112,14 @@ class Reference:
         if d.flags & FLAG_QK_NORM_FULL:
             q = rms_norm(q, self._t(Role.Q_NORM, layer), d.rms_norm_eps)
             k = rms_norm(k, self._t(Role.K_NORM, layer), d.rms_norm_eps)
-        if d.clip_qkv:
-            q, k, v = (np.clip(t, -d.clip_qkv, d.clip_qkv) for t in (q, k, v))
         q = q.reshape(n, d.n_heads, d.head_dim)
         k = k.reshape(n, d.n_kv_heads, d.head_dim)
         v = v.reshape(n, d.n_kv_heads, d.head_dim)
         if d.flags & FLAG_QK_NORM_HEAD:
             q = rms_norm(q, self._t(Role.Q_NORM, layer), d.rms_norm_eps)
             k = rms_norm(k, self._t(Role.K_NORM, layer), d.rms_norm_eps)
+        if d.clip_qkv:  # after either kind of q/k norm, as the runtime (and OLMoE, the family that has it) does
+            q, k, v = (np.clip(t, -d.clip_qkv, d.clip_qkv) for t in (q, k, v))
         cos, sin = self._t(Role.ROPE_COS)[:n], self._t(Role.ROPE_SIN)[:n]
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         if d.kv_dtype == KV_DTYPES["f16"]:  # the cache keeps k and v rounded to f16

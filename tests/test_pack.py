@@ -72,6 +72,7 @@ REFUSALS = [
     ({"mlp_bias": True}, "mlp_bias"),
     ({"quantization_config": {"quant_method": "gptq"}}, "quantization_config"),
     ({"clip_qkv": -1.0}, "clip_qkv"),
+    ({"clip_qkv": 8.0}, "clip_qkv"),  # Mixtral: transformers clamps only in OLMoE
     ({"rms_norm_eps": 0.0}, "rms_norm_eps"),
     ({"num_local_experts": 2048, "num_experts_per_tok": 2}, "num_local_experts"),
     ({"num_experts_per_tok": 65, "num_local_experts": 100}, "num_experts_per_tok"),
