@@ -6,10 +6,11 @@ import json
 import numpy as np
 import pytest
 
-from conftest import CONFIGS, make_checkpoint
+from capi import Lib
+from conftest import CONFIGS, ROOT, make_checkpoint
 from host import pack as pack_cli
 from host.checkpoint import UnsupportedModel
-from host.image import NO_INDEX, Role, arena_bytes, read_image
+from host.image import NO_INDEX, Role, read_image
 from host.pack import pack
 
 
@@ -29,11 +30,13 @@ def test_tied_embeddings_share_bytes(images):
     assert (embd.offset, embd.nbytes) == (head.offset, head.nbytes)
 
 
-def test_layout_promises(images):
+def test_layout_promises(images, hosted_build):
     for path in images.values():
         img = read_image(path.read_bytes())
         assert all(e.offset % 64 == 0 for e in img.entries)
-        assert img.header["arena_bytes"] == arena_bytes(img.dims)
+        # the packer's plan against the runtime's own (an independent implementation, in C)
+        status, info = Lib(ROOT / "build" / "hosted" / "release" / "libcolibri.so").verify(path.read_bytes())
+        assert status == 0 and img.header["arena_bytes"] == info.arena_bytes
         for layer in range(img.dims.n_layers):
             for expert in range(img.dims.n_experts):
                 g, u, d = [next(e for e in img.entries if (e.role, e.layer, e.expert) == (r, layer, expert))
