@@ -163,13 +163,17 @@ float dot_f16_scalar(const uint16_t *w, const float *x, uint32_t n);
 float dot_bf16_scalar(const uint16_t *w, const float *x, uint32_t n);
 float dot_q8_0_scalar(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks);
 float dot_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks);
-int32_t block_isum_q8_0(const int8_t *w, const int8_t *xq);  /* one block's exact integer dot product */
-int32_t block_isum_q4_0(const uint8_t *w, const int8_t *xq);
 /* Accumulators start at +0. A loop, not `= { 0 }`: that becomes a memset call, which on bare metal is a
  * byte loop (the runtime is built with -fno-tree-loop-distribute-patterns, so this stays stores). */
 static inline void zero_lanes(float *acc, int n) {
     for (int i = 0; i < n; i++) acc[i] = 0.0f;
 }
+#if defined(__GNUC__)
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE static __forceinline
+#endif
+
 /* The fixed reduction trees every kernel ends with (docs/KERNELS.md): acc[i] + acc[i+4], then
  * + [i+2], then + [i+1] over 8 lanes; 16 lanes first fold acc[i] + acc[i+8]. Inline: every row ends here. */
 static inline float sum_lanes8(const float acc[8]) {
@@ -182,6 +186,19 @@ static inline float sum_lanes16(const float acc[16]) {
     float s[8];
     for (int i = 0; i < 8; i++) s[i] = acc[i] + acc[i + 8];
     return sum_lanes8(s);
+}
+
+/* The exact integer dot product of block b of a Q8_0/Q4_0 row with block b of x's values. */
+typedef int32_t (*block_isum_fn)(const void *w_row, const int8_t *xq, uint32_t b);
+
+/* The float side of every quantized dot (docs/KERNELS.md): block b's integer sum times
+ * (w_scale * x_scale) into lane b % 8, then the tree. An ISA supplies only `isum`, inlined here. */
+ALWAYS_INLINE float dot_blocks(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks,
+                               block_isum_fn isum) {
+    float acc[8];
+    zero_lanes(acc, 8);
+    for (uint32_t b = 0; b < blocks; b++) acc[b % 8] += (float)isum(w, x->q, b) * (f16_to_f32(w_scale[b]) * x->scale[b]);
+    return sum_lanes8(acc);
 }
 void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
 void softmax(float *x, uint32_t n);

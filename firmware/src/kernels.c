@@ -84,39 +84,29 @@ float dot_bf16_scalar(const uint16_t *w, const float *x, uint32_t n) {
 
 /* The exact integer dot product of one block: Q8_0 weights, or Q4_0 (GGUF's layout: byte j of a block
  * holds element j in its low nibble and element j + 16 in its high nibble, each stored as value + 8). */
-int32_t block_isum_q8_0(const int8_t *w, const int8_t *xq) {
+static int32_t isum_q8_0(const void *w_row, const int8_t *xq, uint32_t b) {
+    const int8_t *w = (const int8_t *)w_row + (size_t)b * QBLOCK;
+    xq += (size_t)b * QBLOCK;
     int32_t isum = 0;
     for (uint32_t i = 0; i < QBLOCK; i++) isum += (int32_t)w[i] * xq[i];
     return isum;
 }
 
-int32_t block_isum_q4_0(const uint8_t *w, const int8_t *xq) {
+static int32_t isum_q4_0(const void *w_row, const int8_t *xq, uint32_t b) {
+    const uint8_t *w = (const uint8_t *)w_row + (size_t)b * (QBLOCK / 2);
+    xq += (size_t)b * QBLOCK;
     int32_t isum = 0;
     for (uint32_t j = 0; j < QBLOCK / 2; j++)
         isum += ((int32_t)(w[j] & 0xF) - 8) * xq[j] + ((int32_t)(w[j] >> 4) - 8) * xq[j + QBLOCK / 2];
     return isum;
 }
 
-/* Quantized dots: the integer sum of a block is exact in any order; block b's term
- * (float)isum * (w_scale * x_scale) goes to lane b % 8, then the tree. */
 float dot_q8_0_scalar(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
-    const int8_t *xq = x->q;
-    const float *xq_scale = x->scale;
-    float acc[8];
-    zero_lanes(acc, 8);
-    for (uint32_t b = 0; b < blocks; b++)
-        acc[b % 8] += (float)block_isum_q8_0(w + b * QBLOCK, xq + b * QBLOCK) * (f16_to_f32(w_scale[b]) * xq_scale[b]);
-    return sum_lanes8(acc);
+    return dot_blocks(w, w_scale, x, blocks, isum_q8_0);
 }
 
 float dot_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
-    const int8_t *xq = x->q;
-    const float *xq_scale = x->scale;
-    float acc[8];
-    zero_lanes(acc, 8);
-    for (uint32_t b = 0; b < blocks; b++)
-        acc[b % 8] += (float)block_isum_q4_0(w + b * (QBLOCK / 2), xq + b * QBLOCK) * (f16_to_f32(w_scale[b]) * xq_scale[b]);
-    return sum_lanes8(acc);
+    return dot_blocks(w, w_scale, x, blocks, isum_q4_0);
 }
 
 const kernel_set kernels_scalar = { "scalar", dot_f32_scalar, dot_f16_scalar, dot_bf16_scalar, dot_q8_0_scalar,

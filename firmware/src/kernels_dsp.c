@@ -22,38 +22,34 @@ static int32_t mac4(int32_t acc, uint32_t a, uint32_t b) {
     return __smlad(__sxtb16(ror8(a)), __sxtb16(ror8(b)), acc);
 }
 
-static float dot_q8_0_dsp(const int8_t *w, const uint16_t *w_scale, const q8_vector *x,
-                          uint32_t blocks) {
-    const int8_t *xq = x->q;
-    const float *xq_scale = x->scale;
-    float acc[8];
-    zero_lanes(acc, 8);
-    for (uint32_t b = 0; b < blocks; b++, w += QBLOCK, xq += QBLOCK) {
-        int32_t isum = 0;
-        for (uint32_t i = 0; i < QBLOCK; i += 4) isum = mac4(isum, load_word(w + i), load_word(xq + i));
-        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * xq_scale[b]);
-    }
-    return sum_lanes8(acc);
+static int32_t isum_q8_0_dsp(const void *w_row, const int8_t *xq, uint32_t b) {
+    const int8_t *w = (const int8_t *)w_row + (size_t)b * QBLOCK;
+    xq += (size_t)b * QBLOCK;
+    int32_t isum = 0;
+    for (uint32_t i = 0; i < QBLOCK; i += 4) isum = mac4(isum, load_word(w + i), load_word(xq + i));
+    return isum;
 }
 
-static float dot_q4_0_dsp(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x,
-                          uint32_t blocks) {
-    const int8_t *xq = x->q;
-    const float *xq_scale = x->scale;
-    float acc[8];
-    zero_lanes(acc, 8);
-    for (uint32_t b = 0; b < blocks; b++, w += QBLOCK / 2, xq += QBLOCK) {
-        int32_t isum = 0;
-        for (uint32_t j = 0; j < QBLOCK / 2; j += 4) {
-            uint32_t q = load_word(w + j);
-            /* nibble - 8 in each byte (SSUB8 works per byte: no borrow crosses into the next) */
-            uint32_t lo = __ssub8(q & 0x0F0F0F0Fu, 0x08080808u), hi = __ssub8((q >> 4) & 0x0F0F0F0Fu, 0x08080808u);
-            isum = mac4(isum, lo, load_word(xq + j));
-            isum = mac4(isum, hi, load_word(xq + j + QBLOCK / 2));
-        }
-        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * xq_scale[b]);
+static int32_t isum_q4_0_dsp(const void *w_row, const int8_t *xq, uint32_t b) {
+    const uint8_t *w = (const uint8_t *)w_row + (size_t)b * (QBLOCK / 2);
+    xq += (size_t)b * QBLOCK;
+    int32_t isum = 0;
+    for (uint32_t j = 0; j < QBLOCK / 2; j += 4) {
+        uint32_t q = load_word(w + j);
+        /* nibble - 8 in each byte (SSUB8 works per byte: no borrow crosses into the next) */
+        uint32_t lo = __ssub8(q & 0x0F0F0F0Fu, 0x08080808u), hi = __ssub8((q >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+        isum = mac4(isum, lo, load_word(xq + j));
+        isum = mac4(isum, hi, load_word(xq + j + QBLOCK / 2));
     }
-    return sum_lanes8(acc);
+    return isum;
+}
+
+static float dot_q8_0_dsp(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+    return dot_blocks(w, w_scale, x, blocks, isum_q8_0_dsp);
+}
+
+static float dot_q4_0_dsp(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+    return dot_blocks(w, w_scale, x, blocks, isum_q4_0_dsp);
 }
 
 const kernel_set kernels_dsp = { "dsp", dot_f32_scalar, dot_f16_scalar, dot_bf16_scalar, dot_q8_0_dsp, dot_q4_0_dsp };

@@ -32,9 +32,8 @@ static float one_f16(const void *w, uint32_t i) { return f16_to_f32(((const uint
 static float one_bf16(const void *w, uint32_t i) { return bf16_to_f32(((const uint16_t *)w)[i]); }
 
 /* The 16-lane float dot in four 4-lane registers; always inlined with constant loaders. */
-__attribute__((always_inline)) static inline float dot_lanes16(const void *w, const float *x, uint32_t n,
-                                                                float32x4_t (*load4)(const void *, uint32_t),
-                                                                float (*one)(const void *, uint32_t)) {
+ALWAYS_INLINE float dot_lanes16(const void *w, const float *x, uint32_t n, float32x4_t (*load4)(const void *, uint32_t),
+                                float (*one)(const void *, uint32_t)) {
     float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
     uint32_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -56,35 +55,27 @@ static float dot_f32_mve(const float *w, const float *x, uint32_t n) { return do
 static float dot_f16_mve(const uint16_t *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load4_f16, one_f16); }
 static float dot_bf16_mve(const uint16_t *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load4_bf16, one_bf16); }
 
-static float dot_q8_0_mve(const int8_t *w, const uint16_t *w_scale, const q8_vector *x,
-                          uint32_t blocks) {
-    const int8_t *xq = x->q;
-    const float *xq_scale = x->scale;
-    float acc[8];
-    zero_lanes(acc, 8);
-    for (uint32_t b = 0; b < blocks; b++, w += QBLOCK, xq += QBLOCK) {
-        int32_t isum = vmladavq_s8(vld1q_s8(w), vld1q_s8(xq));
-        isum = vmladavaq_s8(isum, vld1q_s8(w + 16), vld1q_s8(xq + 16));
-        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * xq_scale[b]);
-    }
-    return sum_lanes8(acc);
+static int32_t isum_q8_0_mve(const void *w_row, const int8_t *xq, uint32_t b) {
+    const int8_t *w = (const int8_t *)w_row + (size_t)b * QBLOCK;
+    xq += (size_t)b * QBLOCK;
+    return vmladavaq_s8(vmladavq_s8(vld1q_s8(w), vld1q_s8(xq)), vld1q_s8(w + 16), vld1q_s8(xq + 16));
 }
 
-static float dot_q4_0_mve(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x,
-                          uint32_t blocks) {
-    const int8_t *xq = x->q;
-    const float *xq_scale = x->scale;
-    float acc[8];
-    zero_lanes(acc, 8);
+static int32_t isum_q4_0_mve(const void *w_row, const int8_t *xq, uint32_t b) {
+    uint8x16_t bytes = vld1q_u8((const uint8_t *)w_row + (size_t)b * (QBLOCK / 2));
     const int8x16_t eight = vdupq_n_s8(8);
-    for (uint32_t b = 0; b < blocks; b++, w += QBLOCK / 2, xq += QBLOCK) {
-        uint8x16_t bytes = vld1q_u8(w);
-        int8x16_t lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(bytes, vdupq_n_u8(0x0F))), eight);
-        int8x16_t hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(bytes, 4)), eight);
-        int32_t isum = vmladavaq_s8(vmladavq_s8(lo, vld1q_s8(xq)), hi, vld1q_s8(xq + 16));
-        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * xq_scale[b]);
-    }
-    return sum_lanes8(acc);
+    int8x16_t lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(bytes, vdupq_n_u8(0x0F))), eight);
+    int8x16_t hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(bytes, 4)), eight);
+    xq += (size_t)b * QBLOCK;
+    return vmladavaq_s8(vmladavq_s8(lo, vld1q_s8(xq)), hi, vld1q_s8(xq + 16));
+}
+
+static float dot_q8_0_mve(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+    return dot_blocks(w, w_scale, x, blocks, isum_q8_0_mve);
+}
+
+static float dot_q4_0_mve(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+    return dot_blocks(w, w_scale, x, blocks, isum_q4_0_mve);
 }
 
 const kernel_set kernels_mve = { "mve", dot_f32_mve, dot_f16_mve, dot_bf16_mve, dot_q8_0_mve, dot_q4_0_mve };

@@ -101,26 +101,20 @@ static int32_t block_q4(const uint8_t *w, const int8_t *x) {
     return (int32_t)sum;
 }
 
-static float dot_q8_0_rvv(const int8_t *w, const uint16_t *w_scale, const q8_vector *x,
-                          uint32_t blocks) {
-    const int8_t *xq = x->q;
-    const float *xq_scale = x->scale;
-    float acc[8];
-    zero_lanes(acc, 8);
-    for (uint32_t b = 0; b < blocks; b++, w += QBLOCK, xq += QBLOCK)
-        acc[b % 8] += (float)block_q8(w, xq) * (f16_to_f32(w_scale[b]) * xq_scale[b]);
-    return sum_lanes8(acc);
+static int32_t isum_q8_0_rvv(const void *w_row, const int8_t *xq, uint32_t b) {
+    return block_q8((const int8_t *)w_row + (size_t)b * QBLOCK, xq + (size_t)b * QBLOCK);
 }
 
-static float dot_q4_0_rvv(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x,
-                          uint32_t blocks) {
-    const int8_t *xq = x->q;
-    const float *xq_scale = x->scale;
-    float acc[8];
-    zero_lanes(acc, 8);
-    for (uint32_t b = 0; b < blocks; b++, w += QBLOCK / 2, xq += QBLOCK)
-        acc[b % 8] += (float)block_q4(w, xq) * (f16_to_f32(w_scale[b]) * xq_scale[b]);
-    return sum_lanes8(acc);
+static int32_t isum_q4_0_rvv(const void *w_row, const int8_t *xq, uint32_t b) {
+    return block_q4((const uint8_t *)w_row + (size_t)b * (QBLOCK / 2), xq + (size_t)b * QBLOCK);
+}
+
+static float dot_q8_0_rvv(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+    return dot_blocks(w, w_scale, x, blocks, isum_q8_0_rvv);
+}
+
+static float dot_q4_0_rvv(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+    return dot_blocks(w, w_scale, x, blocks, isum_q4_0_rvv);
 }
 
 const kernel_set kernels_rvv = { "rvv", dot_f32_rvv, dot_f16_scalar, dot_bf16_rvv, dot_q8_0_rvv, dot_q4_0_rvv };
