@@ -226,3 +226,29 @@ def test_nonfinite_router_or_logits_is_named_and_reset_recovers(lib, images):
     clean = Context(lib, images["base"].read_bytes())
     assert clean.feed([1, 2, 3]) == 0
     np.testing.assert_array_equal(ctx.logits(), clean.logits())  # the same as an image without the NaN row
+
+
+def test_top_k_keeps_ties_with_the_kth_as_transformers_does(lib, images):
+    """transformers' top-k keeps every token whose score equals the k-th (`scores < kth` are removed);
+    so does the sampler: two output rows made identical tie exactly, and top-1 sampling draws both."""
+    import torch
+    from transformers.generation.logits_process import TopKLogitsWarper
+
+    from host.image import Role
+    from test_verifier import reseal
+    data = bytearray(images["base"].read_bytes())
+    img = read_image(bytes(data))
+    clean = Context(lib, bytes(data))
+    clean.feed([4, 2])
+    best = int(np.argmax(clean.logits()))
+    twin = (best + 1) % img.dims.vocab_size
+    head, row = img.entry(Role.LM_HEAD), img.dims.hidden_size * 4
+    data[head.offset + twin * row: head.offset + (twin + 1) * row] = data[head.offset + best * row: head.offset + (best + 1) * row]
+    ctx = Context(lib, bytes(reseal(data)))
+    ctx.feed([4, 2])
+    logits = ctx.logits()
+    assert logits[twin] == logits[best] == logits.max()
+    kept = TopKLogitsWarper(1)(None, torch.tensor(logits)[None])[0]
+    assert set(np.flatnonzero(np.isfinite(kept.numpy()))) == {best, twin}  # the oracle keeps both
+    assert set(_sample_many(lib, ctx, 1.0, 1, 1.0, 3)) == {best, twin}
+    assert _sample_many(lib, ctx, 0.0, 1, 1.0, 3, n=20) == [min(best, twin)] * 20  # greedy: lowest id

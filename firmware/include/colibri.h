@@ -108,7 +108,7 @@ typedef struct {
 /* Sampler state. Use colibri_sampler_init(); fields are public so a board can log them. */
 typedef struct {
     float temperature;  /* <= 0: greedy (argmax, lowest id on ties) */
-    uint32_t top_k;     /* 0: no top-k cut */
+    uint32_t top_k;     /* 0: no top-k cut; tokens tied with the k-th logit stay in (as in transformers) */
     float top_p;        /* >= 1: no nucleus cut */
     uint64_t rng;       /* xorshift64* state, never 0 */
 } colibri_sampler;

@@ -62,7 +62,7 @@ static void sort_candidates(const float *p, uint32_t *idx, uint32_t n) {
 }
 
 uint32_t sample_token(colibri_sampler *s, const float *logits, float *probs, uint32_t *index, uint32_t n) {
-    if (!(s->temperature > 0.0f) || s->top_k == 1) return argmax(logits, n);
+    if (!(s->temperature > 0.0f)) return argmax(logits, n);
     float max = logits[argmax(logits, n)];
     for (uint32_t i = 0; i < n; i++) {
         probs[i] = colibri_expf((logits[i] - max) / s->temperature);
@@ -71,7 +71,17 @@ uint32_t sample_token(colibri_sampler *s, const float *logits, float *probs, uin
     uint32_t keep = n;
     if ((s->top_k > 0 && s->top_k < n) || s->top_p < 1.0f) {
         sort_candidates(probs, index, n);
-        if (s->top_k > 0 && s->top_k < n) keep = s->top_k;
+        if (s->top_k > 0 && s->top_k < n) {
+            /* and every token whose logit equals the k-th, as transformers' top-k keeps them: they sit in
+             * the run of equal probabilities after it (expf can also map nearby logits to one value) */
+            keep = s->top_k;
+            const uint32_t kth = index[keep - 1];
+            for (uint32_t j = keep; j < n && probs[index[j]] == probs[kth]; j++) {
+                if (logits[index[j]] != logits[kth]) continue;
+                uint32_t t = index[keep]; index[keep] = index[j]; index[j] = t;
+                keep++;
+            }
+        }
     }
     float total = 0.0f;
     for (uint32_t i = 0; i < keep; i++) total += probs[index[i]];
