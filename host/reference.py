@@ -19,7 +19,7 @@ import numpy as np
 
 from host.image import (FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_SHARED_EXPERT, KV_DTYPES, NO_INDEX,
                         Image, Role)
-from host.quant import quantized_matmul
+from host.quant import Encoded, quantized_matmul
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -60,6 +60,7 @@ class Reference:
         self.d = image.dims
         self.routes: dict[int, tuple[np.ndarray, np.ndarray]] | None = None  # layer -> (experts, weights) per position
         self._decoded: dict[tuple[Role, int, int], np.ndarray] = {}
+        self._encoded: dict[tuple[Role, int, int], Encoded] = {}
 
     def _t(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
         key = (role, layer, expert)
@@ -69,7 +70,10 @@ class Reference:
 
     def linear(self, x: np.ndarray, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
         """x @ W.T for the image's matrix W, with the runtime's activation quantization for Q8_0/Q4_0."""
-        enc = self.img.encoded(role, layer, expert)
+        key = (role, layer, expert)
+        if key not in self._encoded:  # the table lookup is linear: once per tensor, not per matmul
+            self._encoded[key] = self.img.encoded(role, layer, expert)
+        enc = self._encoded[key]
         if enc.dtype.quantized:
             return quantized_matmul(x, enc)
         return x @ self._t(role, layer, expert).T

@@ -97,8 +97,13 @@ static float kv_dot(const colibri_ctx *c, const void *cache, size_t at, const fl
     return c->d.kv_dtype == KV_F16 ? c->kernels->dot_f16((const uint16_t *)cache + at, q, n)
                                    : c->kernels->dot_f32((const float *)cache + at, q, n);
 }
-static float kv_load(const colibri_ctx *c, const void *cache, size_t at) {
-    return c->d.kv_dtype == KV_F16 ? f16_to_f32(((const uint16_t *)cache)[at]) : ((const float *)cache)[at];
+/* out[i] += p * v[i] for one cached v row; the dtype is chosen once per row, not per element */
+static void kv_accumulate(const colibri_ctx *c, float *out, float p, const void *cache, size_t at, uint32_t n) {
+    if (c->d.kv_dtype == KV_F16) {
+        for (uint32_t i = 0; i < n; i++) out[i] += p * f16_to_f32(((const uint16_t *)cache)[at + i]);
+    } else {
+        for (uint32_t i = 0; i < n; i++) out[i] += p * ((const float *)cache)[at + i];
+    }
 }
 
 /* q/k RMSNorm: across the whole projection, or on each head with shared weights. */
@@ -151,18 +156,12 @@ static void attention(colibri_ctx *c, uint32_t layer) {
         softmax(att, pos + 1);
         float *out = a->attn_out + (size_t)h * hd;
         for (uint32_t i = 0; i < hd; i++) out[i] = 0.0f;
-        for (uint32_t t = 0; t <= pos; t++) {
-            const size_t v_at = kv_off + (size_t)t * d->kv_dim;
-            for (uint32_t i = 0; i < hd; i++) out[i] += att[t] * kv_load(c, a->v_cache, v_at + i);
-        }
+        for (uint32_t t = 0; t <= pos; t++) kv_accumulate(c, out, att[t], a->v_cache, kv_off + (size_t)t * d->kv_dim, hd);
     }
     project(c, a->moe_out, layer, ROLE_WO, ROLE_BO, a->attn_out);
     for (uint32_t i = 0; i < d->dim; i++) a->x[i] += a->moe_out[i];
 }
 
-/* Softmax over all experts, keep the top_k (ties: lower index), optionally renormalize. Each pick scans
- * the experts once and marks its choice below any probability, so the cost is top_k * n_experts (the
- * verifier caps both: docs/SECURITY.md). The router buffer is not read after this. */
 /* Whether all n values are finite (x - x is 0 for finite x, NaN for inf and NaN). */
 static int all_finite(const float *v, uint32_t n) {
     for (uint32_t i = 0; i < n; i++)
@@ -170,6 +169,9 @@ static int all_finite(const float *v, uint32_t n) {
     return 1;
 }
 
+/* Softmax over all experts, keep the top_k (ties: lower index), optionally renormalize. Each pick scans
+ * the experts once and marks its choice below any probability, so the cost is top_k * n_experts (the
+ * verifier caps both: docs/SECURITY.md). The router buffer is not read after this. */
 static colibri_status route_topk(colibri_ctx *c, uint32_t layer) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
