@@ -9,6 +9,7 @@ Examples:
   python host/flash.py model.img --board hosted --prompt-tokens 1,2 --temperature 0.8 --top-p 0.9 --seed 7
   python host/flash.py model.img --board hosted --prompt-tokens 1,2 --dump-logits logits.npy --json
   python host/flash.py model.img --prompt-tokens 1,2,3 --trace --trace-out trace.json   # then tools/routing_report.py
+  python host/flash.py model.img --board cortex_m55 --expert-cache 4 --prompt-tokens 1,2 --verify  # stream experts
 """
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
-from host.image import ImageError, read_image  # noqa: E402
-from host.protocol import Client, DeviceError, LinkError, Sampling, Transport  # noqa: E402
+from host.image import ImageError, expert_cache_bytes, read_image  # noqa: E402
+from host.protocol import STATUS_NAMES, Client, DeviceError, LinkError, Sampling, Transport  # noqa: E402
 from host.reference import Reference  # noqa: E402
 from sim.boards import DEFAULT_BOARD, load_board  # noqa: E402
 from sim.launch import open_port, start_board  # noqa: E402
@@ -59,6 +60,7 @@ class RunResult:
     guest_code: int | None = None
     kernels: str = ""  # the kernel set the device computed with
     traces: list | None = None  # per fed token: list[LayerTrace]
+    expert_cache: int = 0  # cache slots (0: experts read in place)
 
 
 def verify(image_bytes: bytes, prompt: list[int], result: RunResult, greedy: bool,
@@ -93,12 +95,13 @@ def upload_progress(total: int, enabled: bool):
 
 def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sampling: Sampling,
                 want_logits: bool, upload: bool, on_token=None, trace: bool = False,
-                progress: bool = False) -> RunResult:
-    """The host's side of one session: INFO, optional upload, OPEN, the generation, STATS, QUIT."""
+                progress: bool = False, expert_cache: int = 0, prefetch: bool = True) -> RunResult:
+    """The host's side of one session: INFO, optional upload, OPEN (with an expert cache of
+    `expert_cache` slots, if not 0), the generation, STATS, QUIT."""
     info = client.info()
     data = image.read_bytes()
     upload_crc = client.upload(data, upload_progress(len(data), progress)) if upload else None
-    opened = client.open()
+    opened = client.open(expert_cache, prefetch)
     if len(prompt) + max_new > opened.max_seq:
         raise ValueError(f"{len(prompt)} prompt + {max_new} new tokens exceed the image's max_seq "
                          f"{opened.max_seq}; repack with a larger --max-seq or ask for fewer tokens")
@@ -108,21 +111,21 @@ def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sa
     stats = client.stats()
     client.quit()
     return RunResult([e.token for e in events], stats, logits, info.board, upload_crc, traces=traces,
-                     kernels=opened.kernels)
+                     kernels=opened.kernels, expert_cache=opened.expert_cache)
 
 
 def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, sampling: Sampling,
                  want_logits: bool, firmware: Path | None = None, on_token=None, board_args: list[str] | None = None,
                  timeout: float = 60.0, upload: bool = False, gdb: bool = False, retries: int = 4,
                  wrap: Callable[[Transport], Transport] | None = None, trace: bool = False,
-                 progress: bool = False) -> RunResult:
+                 progress: bool = False, expert_cache: int = 0, prefetch: bool = True) -> RunResult:
     """Boot `board_name` (QEMU or hosted), load the image (QEMU's loader, or `upload` over the link), run.
     `wrap` may put something between host and device (the fault injector of sim/faults.py)."""
     board = load_board(board_name)
     with start_board(board, firmware or board.firmware(), None if upload else image, board_args, gdb) as device:
         link = wrap(device.link) if wrap else device.link
         result = run_session(Client(link, timeout=timeout, retries=retries), image, prompt, max_new, sampling,
-                             want_logits, upload, on_token, trace, progress)
+                             want_logits, upload, on_token, trace, progress, expert_cache, prefetch)
     result.guest_code = device.guest_code
     if result.guest_code != 0:
         raise LinkError(f"board ended badly after the run: {device.describe()}")
@@ -169,6 +172,39 @@ def stats_line(stats: dict[str, int]) -> str:
             f"arena {stats['arena_bytes']:,} bytes")
 
 
+def cache_line(stats: dict[str, int], slots: int) -> str:
+    n = max(stats["tokens_fed"], 1)
+    routed = stats["expert_hits"] + stats["expert_misses"]
+    hit_rate = stats["expert_hits"] / routed if routed else 0.0
+    prefetch = (f", prefetch guesses used {stats['prefetch_used']}/{stats['prefetch_issued']}"
+                if stats["prefetch_issued"] else "")
+    return (f"expert cache {slots} slots: hit rate {hit_rate:.1%} ({stats['expert_hits']} hits, "
+            f"{stats['expert_misses']} misses), {stats['expert_bytes_fetched'] / n:,.0f} bytes fetched/token, "
+            f"{stats['cycles_fetch_wait'] / n:,.0f} cycles/token waiting{prefetch}")
+
+
+def cache_slots(spec: str, image: Path) -> int:
+    """--expert-cache: a slot count, `all`, or a byte budget (512KiB, 4MiB, 1000000B) turned into slots."""
+    text = spec.strip().lower()
+    if text.isdigit():
+        return int(text)
+    img = read_image(image.read_bytes())
+    streamed = len(img.streamed_experts())
+    if text == "all":
+        return streamed
+    for suffix, scale in (("gib", 1 << 30), ("mib", 1 << 20), ("kib", 1 << 10), ("b", 1)):
+        if text.endswith(suffix) and text[:-len(suffix)].strip().isdigit():
+            budget = int(text[:-len(suffix)]) * scale
+            slots = 0
+            while slots < streamed and expert_cache_bytes(img.expert_block_bytes, slots + 1) <= budget:
+                slots += 1
+            if slots == 0:
+                raise ValueError(f"--expert-cache {spec}: one slot needs "
+                                 f"{expert_cache_bytes(img.expert_block_bytes, 1):,} bytes")
+            return slots
+    raise ValueError(f"--expert-cache {spec!r}: give a slot count, 'all', or bytes such as 512KiB or 4MiB")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("image", type=Path, help="image file made by host/pack.py")
@@ -203,12 +239,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fault-rate", type=float, default=0.0, metavar="R",
                     help="testing: drop/flip/duplicate/delay each byte with probability R in both directions")
     ap.add_argument("--fault-seed", type=int, default=0, help="seed of --fault-rate")
+    ap.add_argument("--expert-cache", metavar="N|BYTES|all",
+                    help="stream routed experts through the board's fetch hook into a cache of N slots (or as many "
+                         "as BYTES such as 2MiB hold); at least top_k (docs/STREAMING.md)")
+    ap.add_argument("--no-prefetch", action="store_true",
+                    help="with --expert-cache: do not guess and fetch the next layer's experts early")
     args = ap.parse_args(argv)
     if args.max_new_tokens < 0:
         ap.error("--max-new-tokens must be >= 0")
     if not args.image.exists():
         ap.error(f"image {args.image} not found; make one with host/pack.py")
 
+    try:
+        slots = cache_slots(args.expert_cache, args.image) if args.expert_cache else 0
+    except (ValueError, ImageError) as exc:
+        ap.error(str(exc))
     quiet = args.json
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     greedy = args.temperature <= 0 or args.top_k == 1
@@ -231,15 +276,24 @@ def main(argv: list[str] | None = None) -> int:
                 link = wrap(port_link) if wrap else port_link
                 result = run_session(Client(link, timeout=args.timeout, retries=args.retries), args.image,
                                      args.prompt_tokens, args.max_new_tokens, sampling, want_logits, True, on_token,
-                                     trace, progress=not quiet)
+                                     trace, progress=not quiet, expert_cache=slots, prefetch=not args.no_prefetch)
         else:
             result = run_on_board(args.image, args.board, args.prompt_tokens, args.max_new_tokens, sampling,
                                   want_logits, args.firmware, on_token, timeout=args.timeout, upload=args.upload,
-                                  gdb=args.gdb, retries=args.retries, wrap=wrap, trace=trace, progress=not quiet)
+                                  gdb=args.gdb, retries=args.retries, wrap=wrap, trace=trace, progress=not quiet,
+                                  expert_cache=slots, prefetch=not args.no_prefetch)
     except DeviceError as exc:
         hint = ""
         if exc.message == "arena too small":
             hint = f": the image needs a {exc.detail:,}-byte arena"
+            if slots:
+                hint += f" with {slots} expert cache slots; ask for fewer with --expert-cache"
+        elif exc.code == STATUS_NAMES.index("E_CACHE_TOO_SMALL"):
+            top_k = read_image(args.image.read_bytes()).dims.top_k
+            hint = (f": one layer routes to {top_k} experts, so --expert-cache needs at least {top_k} slots "
+                    f"({exc.detail:,} arena bytes)")
+        elif exc.code == STATUS_NAMES.index("E_BAD_ARG") and slots:
+            hint = f": --expert-cache {slots} is more slots than the image streams experts (try --expert-cache all)"
         print(f"\nflash: {exc}{hint}", file=sys.stderr)
         return 2
     except (LinkError, ValueError, FileNotFoundError, ImageError) as exc:
@@ -249,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         if result.upload_crc32 is not None:
             print(f"\n[{result.board}] image uploaded, device CRC-32 {result.upload_crc32:08x} matches", end="")
         print(f"\n[{result.board}, {result.kernels} kernels] {stats_line(result.stats)}")
+        if result.expert_cache:
+            print(f"[{result.board}] {cache_line(result.stats, result.expert_cache)}")
     if args.dump_logits:
         np.save(args.dump_logits, result.logits)
     if trace:

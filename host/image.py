@@ -1,4 +1,4 @@
-"""The Colibri image, format v2: constants, the memory plan, a writer and a reader.
+"""The Colibri image, format v3: constants, the memory plan, a writer and a reader.
 
 The byte layout is specified in docs/FORMAT.md; this module and firmware/src/image.c
 are the two implementations of it and are tested against each other.
@@ -17,7 +17,7 @@ import numpy as np
 from host.quant import QBLOCK, DType, Encoded, blocks, encode
 
 MAGIC = b"COLIBRI\0"
-VERSION = 2
+VERSION = 3
 HEADER_BYTES = 256
 ENTRY_BYTES = 64
 ALIGN = 64
@@ -27,7 +27,7 @@ NO_INDEX = 0xFFFFFFFF
 ARCH_MOE = 1  # decoder-only transformer with a top-k routed MoE FFN (Mixtral family)
 
 # Header: everything up to `reserved` is packed little-endian, then zero padding to 256 bytes.
-HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI")
+HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI" + "QQ")
 HEADER_FIELDS = (
     "magic", "version", "header_bytes", "image_bytes", "header_crc32", "payload_crc32",
     "arch", "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads",
@@ -35,6 +35,7 @@ HEADER_FIELDS = (
     "rms_norm_eps", "rope_theta",
     "tensor_table_offset", "n_tensors", "entry_bytes", "data_offset", "arena_bytes",
     "expert_align", "dense_ffn_size", "shared_ffn_size", "clip_qkv", "kv_dtype",
+    "expert_offset", "expert_crc_offset",
 )
 KV_DTYPES = {"f32": 0, "f16": 1}  # header kv_dtype: the KV cache's element type
 HEADER_CRC_OFFSET = 24
@@ -204,6 +205,17 @@ def arena_bytes(d: ModelDims) -> int:
     return arena_plan(d)["total"][1]
 
 
+EXPERT_SLOT_META_BYTES = 32  # per cache slot: layer, expert, state, prefetched, last use, padding
+
+
+def expert_cache_bytes(block_bytes: int, slots: int) -> int:
+    """Arena bytes an expert cache of `slots` slots adds after the plan (expert_cache_bytes() in
+    firmware/src/experts.c): the slots' bookkeeping, then the slots, each the largest block rounded to 64."""
+    if slots == 0:
+        return 0
+    return align_up(slots * EXPERT_SLOT_META_BYTES) + slots * align_up(block_bytes)
+
+
 @dataclass
 class TensorEntry:
     role: Role
@@ -282,6 +294,25 @@ class Image:
         enc = self.encoded(role, layer, expert)
         return enc.values if enc.dtype == DType.F32 else enc.decode()
 
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes read in place; routed experts past them form the expert part (docs/FORMAT.md)."""
+        return self.header["expert_offset"]
+
+    def expert_block(self, layer: int, expert: int) -> tuple[int, int]:
+        """(offset, bytes) of a routed expert's block: gate, up and down with their scales."""
+        gate, down = self.entry(Role.EXPERT_GATE, layer, expert), self.entry(Role.EXPERT_DOWN, layer, expert)
+        return gate.offset, down.end - gate.offset
+
+    @property
+    def expert_block_bytes(self) -> int:
+        """The largest routed expert block: the size of one expert cache slot."""
+        return max((down.end - gate.offset for gate, down in expert_blocks(self.entries)), default=0)
+
+    def streamed_experts(self) -> list[tuple[int, int]]:
+        """(layer, expert) of every routed expert in the expert part."""
+        return [(g.layer, g.expert) for g, _ in expert_blocks(self.entries) if g.offset >= self.resident_bytes]
+
     def bytes_by_dtype(self) -> dict[str, int]:
         """Bytes of tensor data per dtype (tied tensors counted once)."""
         out: dict[str, int] = {}
@@ -303,37 +334,49 @@ def crc32(data: bytes | memoryview) -> int:
 
 
 def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray | Encoded],
-                expert_align: int = ALIGN) -> bytes:
+                expert_align: int = ALIGN, pinned: frozenset[tuple[int, int]] = frozenset()) -> bytes:
     """Lay out `tensors` (keyed by (role, layer, expert), ROPE_COS/ROPE_SIN included) in canonical
     order and return the image bytes. A float array is stored as f32; an `Encoded` tensor in its dtype.
     Slots the model does not use (dims.present) get empty entries.
 
+    Two tiers (docs/FORMAT.md): the resident part holds every tensor but the routed experts, then the
+    routed experts listed in `pinned` as (layer, expert); the expert part after it holds the other
+    routed experts, which a board with an expert cache reads only through its fetch hook. Each routed
+    expert's block (gate, up, down) starts at a multiple of expert_align (4096 lets a page-granular
+    madvise or a DMA burst cover exactly one expert) and has its CRC in the expert CRC table.
+
     If two keys map to the same object (tied embeddings: LM_HEAD is TOKEN_EMBD), the second entry
-    points at the first one's bytes instead of a copy. expert_align aligns the start of each expert
-    block (4096 lets a page-granular madvise or a DMA burst cover exactly one expert).
+    points at the first one's bytes instead of a copy.
     """
     if expert_align % ALIGN or expert_align <= 0:
         raise ValueError(f"expert_align must be a positive multiple of {ALIGN}")
     order = list(canonical_order(dims))
     table_offset = HEADER_BYTES
-    data_offset = align_up(table_offset + len(order) * ENTRY_BYTES)
+    crc_offset = align_up(table_offset + len(order) * ENTRY_BYTES) if dims.n_experts else 0
+    data_offset = align_up(crc_offset + 4 * dims.n_layers * dims.n_experts) if dims.n_experts else \
+        align_up(table_offset + len(order) * ENTRY_BYTES)
     chunks: list[tuple[int, bytes]] = []
-    entries: list[TensorEntry] = []
+    entries: dict[int, TensorEntry] = {}
     placed: dict[int, TensorEntry] = {}  # id(tensor) -> entry, so tied tensors share bytes
     cursor = data_offset
-    for role, layer, expert in order:
+
+    def streamed(role: Role, layer: int, expert: int) -> bool:
+        return role in EXPERT_ROLES and (layer, expert) not in pinned
+
+    def place(i: int, role: Role, layer: int, expert: int) -> None:
+        nonlocal cursor
         if layer != NO_INDEX and not dims.present(role, layer):
-            entries.append(TensorEntry(role, layer, expert, DType.F32, (), 0, 0))
-            continue
+            entries[i] = TensorEntry(role, layer, expert, DType.F32, (), 0, 0)
+            return
         src = tensors[(role, layer, expert)]
         want = expected_shape(dims, role)
         if tuple(src.shape) != want:
             raise ValueError(f"{role.name} layer={layer} expert={expert}: shape {src.shape}, expected {want}")
         if id(src) in placed:
             first = placed[id(src)]
-            entries.append(TensorEntry(role, layer, expert, first.dtype, want, first.offset, first.nbytes,
-                                       first.group_size, first.scales_offset, first.scales_bytes))
-            continue
+            entries[i] = TensorEntry(role, layer, expert, first.dtype, want, first.offset, first.nbytes,
+                                     first.group_size, first.scales_offset, first.scales_bytes)
+            return
         enc = src if isinstance(src, Encoded) else encode(src, DType.F32)
         if enc.dtype != DType.F32 and (len(want) != 2 or role in (Role.ROPE_COS, Role.ROPE_SIN)):
             raise ValueError(f"{tensor_name(role, layer, expert)} must be f32 (only matrices may be narrower)")
@@ -348,28 +391,48 @@ def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray
             entry.group_size, entry.scales_offset, entry.scales_bytes = QBLOCK, cursor, len(scales)
             chunks.append((cursor, scales))
             cursor = align_up(cursor + len(scales))
-        entries.append(entry)
+        entries[i] = entry
         placed[id(src)] = entry
+
+    for i, key in enumerate(order):
+        if not streamed(*key):
+            place(i, *key)
+    stream = [(i, key) for i, key in enumerate(order) if streamed(*key)]
+    expert_offset = align_up(cursor, expert_align) if stream else cursor
+    cursor = expert_offset
+    for i, key in stream:
+        place(i, *key)
     image_bytes = cursor
     buf = bytearray(image_bytes)
     for off, raw in chunks:
         buf[off:off + len(raw)] = raw
-    for i, e in enumerate(entries):
+    table = [entries[i] for i in range(len(order))]
+    for i, e in enumerate(table):
         buf[table_offset + i * ENTRY_BYTES: table_offset + (i + 1) * ENTRY_BYTES] = e.pack()
+    for gate, down in expert_blocks(table):
+        at = crc_offset + 4 * (gate.layer * dims.n_experts + gate.expert)
+        struct.pack_into("<I", buf, at, crc32(memoryview(buf)[gate.offset:down.end]))
     header = dict(
         magic=MAGIC, version=VERSION, header_bytes=HEADER_BYTES, image_bytes=image_bytes,
-        header_crc32=0, payload_crc32=crc32(memoryview(buf)[HEADER_BYTES:]),
+        header_crc32=0, payload_crc32=crc32(memoryview(buf)[HEADER_BYTES:expert_offset]),
         arch=ARCH_MOE, vocab_size=dims.vocab_size, hidden_size=dims.hidden_size, ffn_size=dims.ffn_size,
         n_layers=dims.n_layers, n_heads=dims.n_heads, n_kv_heads=dims.n_kv_heads, head_dim=dims.head_dim,
         n_experts=dims.n_experts, top_k=dims.top_k, max_seq=dims.max_seq, flags=dims.flags,
         rms_norm_eps=dims.rms_norm_eps, rope_theta=dims.rope_theta,
-        tensor_table_offset=table_offset, n_tensors=len(entries), entry_bytes=ENTRY_BYTES,
+        tensor_table_offset=table_offset, n_tensors=len(table), entry_bytes=ENTRY_BYTES,
         data_offset=data_offset, arena_bytes=arena_bytes(dims), expert_align=expert_align,
         dense_ffn_size=dims.dense_ffn_size, shared_ffn_size=dims.shared_ffn_size, clip_qkv=dims.clip_qkv,
-        kv_dtype=dims.kv_dtype,
+        kv_dtype=dims.kv_dtype, expert_offset=expert_offset, expert_crc_offset=crc_offset,
     )
     write_header(buf, header)
     return bytes(buf)
+
+
+def expert_blocks(entries: list[TensorEntry]) -> Iterator[tuple[TensorEntry, TensorEntry]]:
+    """(gate, down) of every routed expert: its block is [gate.offset, down.end)."""
+    for i, e in enumerate(entries):
+        if e.role == Role.EXPERT_GATE and e.shape:
+            yield e, entries[i + 2]
 
 
 def write_header(buf: bytearray, header: dict) -> None:
@@ -396,7 +459,9 @@ def read_image(data: bytes) -> Image:
         raise ImageError("header CRC mismatch")
     if h["image_bytes"] > len(data):
         raise ImageError(f"image is truncated: header says {h['image_bytes']} bytes, got {len(data)}")
-    if crc32(memoryview(data)[HEADER_BYTES:h["image_bytes"]]) != h["payload_crc32"]:
+    if not h["tensor_table_offset"] <= h["expert_offset"] <= h["image_bytes"]:
+        raise ImageError(f"expert part offset {h['expert_offset']} is outside the image")
+    if crc32(memoryview(data)[HEADER_BYTES:h["expert_offset"]]) != h["payload_crc32"]:
         raise ImageError("payload CRC mismatch")
     n_layers, n_experts = h["n_layers"], h["n_experts"]
     per_layer = len(LAYER_ROLES) + len(EXPERT_ROLES) * n_experts
@@ -428,4 +493,8 @@ def read_image(data: bytes) -> Image:
         if e.offset % ALIGN or e.end > h["image_bytes"]:
             raise ImageError(f"table entry {i} ({role.name}) is misaligned or out of bounds")
         entries.append(e)
+    for gate, down in expert_blocks(entries):
+        at = h["expert_crc_offset"] + 4 * (gate.layer * n_experts + gate.expert)
+        if crc32(memoryview(data)[gate.offset:down.end]) != struct.unpack_from("<I", data, at)[0]:
+            raise ImageError(f"expert {gate.expert} of layer {gate.layer}: block CRC mismatch")
     return Image(dims, h, entries, bytes(data[:h["image_bytes"]]))

@@ -6,6 +6,7 @@ Examples:
   python host/pack.py models/demo-adder -o demo.img --max-seq 64 --board x86_64_baremetal
   python host/pack.py path/to/checkpoint -o model.img --dtype q4_0 --keep output --keep 'blk.*.attn_*=q8_0'
   python host/pack.py qwen2-moe-q8_0.gguf -o model.img --dtype q8_0 --norm-topk-prob false
+  python host/pack.py path/to/checkpoint -o model.img --dtype q4_0 --pin-from trace.json --pin 16
 
 --dtype sets the dtype of the large matrices (attention, experts, shared experts, dense MLPs, the token
 embedding and the output matrix); norms, biases, routers and the shared-expert gate stay f32.
@@ -13,12 +14,18 @@ embedding and the output matrix); norms, biases, routers and the shared-expert g
 llama.cpp's: token_embd, output, blk.N.attn_q, blk.N.ffn_gate_exps.E (expert E), blk.N.ffn_down_shexp.
 When some tensor is not f32 (or --kv f16), the report shows what that costs on a calibration prompt
 against the f32 image of the same checkpoint.
+
+The image has two tiers (docs/FORMAT.md): a resident part (everything but the routed experts) and an
+expert part that a board can stream from slow memory (flash.py --expert-cache). --pin-from/--pin move the
+experts a calibration trace routed to most into the resident part.
 """
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import json
 import sys
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -96,13 +103,28 @@ def quality(f32_image: bytes, image: bytes) -> dict:
             "kl_divergence": kl, "top1_agreement": float(np.mean(a.argmax(-1) == b.argmax(-1)))}
 
 
+def hot_experts(trace: dict, count: int) -> frozenset[tuple[int, int]]:
+    """The `count` (layer, expert) pairs a calibration trace (flash.py --trace-out) routed to most often;
+    ties go to the lower layer, then the lower expert."""
+    uses: Counter[tuple[int, int]] = Counter()
+    for token in trace.get("trace", []):
+        for layer in token["layers"]:
+            uses.update((layer["layer"], e) for e in layer["experts"])
+    ranked = sorted(uses, key=lambda le: (-uses[le], le))
+    return frozenset(ranked[:count])
+
+
 def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, board: str | None = None,
          norm_topk_prob: bool | None = None, dtype: DType = DType.F32, keep: list[tuple[str, DType]] | None = None,
-         kv: str = "f32", measure_quality: bool = True) -> dict:
+         kv: str = "f32", measure_quality: bool = True, pinned: frozenset[tuple[int, int]] = frozenset()) -> dict:
     ckpt = load_checkpoint(src, max_seq, norm_topk_prob)
     dims = replace(ckpt.dims, kv_dtype=KV_DTYPES[kv])
+    for layer, expert in pinned:
+        if not (0 <= layer < dims.n_layers and dims.moe_layers[layer] and 0 <= expert < dims.n_experts):
+            raise ValueError(f"cannot pin expert {expert} of layer {layer}: the model has no such routed expert "
+                             "(was the trace made with another model?)")
     tensors = convert_tensors(ckpt.tensors, dtype, keep or [])
-    blob = build_image(dims, tensors, expert_align=expert_align)
+    blob = build_image(dims, tensors, expert_align=expert_align, pinned=pinned)
     narrowed = kv != "f32" or any(t.dtype != DType.F32 for t in tensors.values())
     cost = None
     if narrowed and measure_quality:
@@ -119,6 +141,7 @@ def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, board: st
         "params": ckpt.n_params, "active_params_per_token": ckpt.n_active_params,
         "tied_embeddings": ckpt.tied_embeddings, "dims": dims, "fit": fit_lines, "family": ckpt.family,
         "bytes_by_dtype": read_image(blob).bytes_by_dtype(), "quality": cost,
+        "resident_bytes": read_image(blob).resident_bytes, "pinned": sorted(pinned),
     }
 
 
@@ -143,14 +166,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--norm-topk-prob", choices=("true", "false"),
                     help="whether the top-k router weights are renormalized; needed for a Qwen-MoE/OLMoE GGUF "
                          "file that does not say")
+    ap.add_argument("--pin-from", type=Path, metavar="TRACE.json",
+                    help="a calibration trace (flash.py --trace-out): pin its most routed experts into the resident "
+                         "part, so a board with an expert cache never fetches them (docs/STREAMING.md)")
+    ap.add_argument("--pin", type=int, default=0, metavar="N", help="how many experts --pin-from pins")
     args = ap.parse_args(argv)
     if args.max_seq is not None and args.max_seq < 1:
         ap.error("--max-seq must be at least 1")
+    if (args.pin > 0) != (args.pin_from is not None) or args.pin < 0:
+        ap.error("--pin-from TRACE.json and --pin N (N >= 1) go together")
+    pinned: frozenset[tuple[int, int]] = frozenset()
+    if args.pin_from:
+        try:
+            pinned = hot_experts(json.loads(args.pin_from.read_text()), args.pin)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            ap.error(f"--pin-from {args.pin_from}: not a trace written by flash.py --trace-out ({exc})")
     try:
         norm = None if args.norm_topk_prob is None else args.norm_topk_prob == "true"
         keep = [parse_keep(k) for k in args.keep]
         r = pack(args.checkpoint, args.output, args.max_seq, args.expert_align, args.board, norm,
-                 DType.parse(args.dtype), keep, args.kv, not args.no_quality)
+                 DType.parse(args.dtype), keep, args.kv, not args.no_quality, pinned)
     except (UnsupportedModel, FileNotFoundError, ValueError) as exc:
         print(f"pack: error: {exc}", file=sys.stderr)
         return 2
@@ -163,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  parameters  {r['params']:,} total, {r['active_params_per_token']:,} active per token")
     by_dtype = ", ".join(f"{k} {human(v)}" for k, v in sorted(r["bytes_by_dtype"].items()))
     print(f"  image       {r['image_bytes']:,} bytes ({human(r['image_bytes'])}): {by_dtype}")
+    if n_moe:
+        expert_part = r["image_bytes"] - r["resident_bytes"]
+        pins = f", {len(r['pinned'])} hot experts pinned resident" if r["pinned"] else ""
+        print(f"  tiers       resident {human(r['resident_bytes'])}, expert part {human(expert_part)}{pins} "
+              "(flash.py --expert-cache streams the expert part)")
     kv = "f16" if d.kv_dtype else "f32"
     print(f"  arena       {r['arena_bytes']:,} bytes ({human(r['arena_bytes'])}) for max_seq {d.max_seq}, {kv} KV cache")
     q = r["quality"]

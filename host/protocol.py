@@ -25,6 +25,8 @@ RSP_UPLOAD_ACK, RSP_UPLOADED, RSP_FED, RSP_TRACE = 0x88, 0x89, 0x8A, 0x8B
 RSP_ERROR = 0xEE
 START = struct.Struct("<fIfIQ")  # temperature, top_k, top_p, flags, seed
 START_TRACE = 1
+EXPERT_PREFETCH = 1  # OPEN expert policy bit: COLIBRI_PREFETCH
+RESYNC_FILLER = bytes(6 + MAX_PAYLOAD + 4)  # longer than any frame: sent after a timeout (see Client.call)
 LOGITS_PER_FRAME = (MAX_PAYLOAD - 12) // 4
 FEED_PER_FRAME = (MAX_PAYLOAD - 4) // 4
 
@@ -33,7 +35,7 @@ STATUS_NAMES = [
     "OK", "E_NULL", "E_BAD_ARG", "E_ARENA_TOO_SMALL", "E_ARENA_ALIGN", "E_IMAGE_TRUNCATED", "E_IMAGE_MAGIC",
     "E_IMAGE_VERSION", "E_IMAGE_HEADER_CRC", "E_IMAGE_PAYLOAD_CRC", "E_IMAGE_HEADER", "E_IMAGE_DIMS",
     "E_IMAGE_TABLE", "E_IMAGE_BOUNDS", "E_IMAGE_DTYPE", "E_IMAGE_PLAN", "E_UNSUPPORTED", "E_TOKEN_RANGE",
-    "E_SEQ_FULL", "E_NO_LOGITS", "E_NONFINITE",
+    "E_SEQ_FULL", "E_NO_LOGITS", "E_NONFINITE", "E_CACHE_TOO_SMALL", "E_FETCH", "E_EXPERT_CRC",
 ]
 LINK_BAD_CRC, LINK_BAD_LENGTH = 200, 201
 LINK_ERRORS = {200: "LINK_BAD_CRC", 201: "LINK_BAD_LENGTH", 202: "LINK_UNKNOWN_TYPE", 203: "LINK_BAD_PAYLOAD",
@@ -118,11 +120,18 @@ class OpenInfo:
     payload_crc32: int
     vocab_size: int
     max_seq: int
-    kernels: str = ""   # the device's kernel set (docs/KERNELS.md)
+    expert_cache: int = 0         # cache slots of this context (0: experts read in place)
+    kernels: str = ""             # the device's kernel set (docs/KERNELS.md)
+    resident_bytes: int = 0       # bytes read in place; the expert part follows (docs/FORMAT.md)
+    expert_block_bytes: int = 0   # one cache slot
+    streamed_experts: int = 0     # routed experts in the expert part
+    expert_cache_min: int = 0     # the smallest cache the device accepts
 
 
 STATS_FIELDS = ("tokens_fed", "arena_bytes", "cycles_total", "cycles_attention", "cycles_router",
-                "cycles_experts", "cycles_lm_head", "cycles_sampling", "expert_calls", "cycle_hz")
+                "cycles_experts", "cycles_lm_head", "cycles_sampling", "expert_calls", "cycle_hz",
+                "expert_hits", "expert_misses", "expert_bytes_fetched", "prefetch_issued", "prefetch_used",
+                "cycles_fetch_wait")
 
 
 @dataclass
@@ -213,6 +222,11 @@ class Client:
                     raise
                 except LinkError as exc:  # nothing in time, or a corrupt answer: ask again
                     problem = str(exc)
+                    if isinstance(exc, LinkTimeout):
+                        # A device left inside a frame (a cut link, a host that died mid-chunk) reads our
+                        # frames as that frame's payload and never answers: zeros complete any frame
+                        # (it fails its CRC) and are skipped while the device hunts for the sync pair.
+                        self.t.write(RESYNC_FILLER)
                     break
                 if rtype == RSP_ERROR:
                     code, detail = struct.unpack_from("<IQ", p)
@@ -256,12 +270,17 @@ class Client:
             raise LinkError(f"device stored {size} bytes with CRC {device_crc:08x}, sent {len(image)} with {crc:08x}")
         return device_crc
 
-    def open(self) -> OpenInfo:
-        p = self.call(REQ_OPEN, b"", RSP_OPENED)
-        if len(p) < 40:
-            raise LinkError(f"OPENED answer of {len(p)} bytes, expected 40")
+    def open(self, expert_cache: int = 0, prefetch: bool = False) -> OpenInfo:
+        """OPEN the image; with expert_cache > 0 slots, routed experts stream through the board's fetch
+        hook (docs/STREAMING.md), and with `prefetch` the next layer's experts are guessed and fetched early."""
+        request = struct.pack("<II", expert_cache, EXPERT_PREFETCH if prefetch else 0) if expert_cache else b""
+        p = self.call(REQ_OPEN, request, RSP_OPENED)
+        if len(p) < 64:
+            raise LinkError(f"OPENED answer of {len(p)} bytes, expected 64")
         kernels = p[32:40].rstrip(b"\0").decode("ascii", "replace")
-        return OpenInfo(*struct.unpack_from("<QQIII", p), kernels=kernels)
+        image_bytes, arena, crc, vocab, max_seq, slots = struct.unpack_from("<QQIIII", p)
+        resident, block, streamed, cache_min = struct.unpack_from("<QQII", p, 40)
+        return OpenInfo(image_bytes, arena, crc, vocab, max_seq, slots, kernels, resident, block, streamed, cache_min)
 
     def start(self, sampling: Sampling, trace: bool = False) -> None:
         self.call(REQ_START, START.pack(sampling.temperature, sampling.top_k, sampling.top_p,
@@ -336,6 +355,8 @@ class Client:
 
     def stats(self) -> dict[str, int]:
         p = self.call(REQ_STATS, b"", RSP_STATS)
+        if len(p) < 8 * len(STATS_FIELDS):
+            raise LinkError(f"STATS answer of {len(p)} bytes, expected {8 * len(STATS_FIELDS)}")
         return dict(zip(STATS_FIELDS, struct.unpack_from(f"<{len(STATS_FIELDS)}Q", p)))
 
     def quit(self, code: int = 0) -> None:

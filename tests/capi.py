@@ -10,20 +10,36 @@ STATUS = {name: i for i, name in enumerate([
     "OK", "E_NULL", "E_BAD_ARG", "E_ARENA_TOO_SMALL", "E_ARENA_ALIGN", "E_IMAGE_TRUNCATED", "E_IMAGE_MAGIC",
     "E_IMAGE_VERSION", "E_IMAGE_HEADER_CRC", "E_IMAGE_PAYLOAD_CRC", "E_IMAGE_HEADER", "E_IMAGE_DIMS",
     "E_IMAGE_TABLE", "E_IMAGE_BOUNDS", "E_IMAGE_DTYPE", "E_IMAGE_PLAN", "E_UNSUPPORTED", "E_TOKEN_RANGE",
-    "E_SEQ_FULL", "E_NO_LOGITS", "E_NONFINITE"])}
+    "E_SEQ_FULL", "E_NO_LOGITS", "E_NONFINITE", "E_CACHE_TOO_SMALL", "E_FETCH", "E_EXPERT_CRC"])}
 
 
 class ImageInfo(C.Structure):
     _fields_ = [("format_version", C.c_uint32), ("image_bytes", C.c_uint64), ("arena_bytes", C.c_uint64),
                 ("payload_crc32", C.c_uint32)] + [(n, C.c_uint32) for n in (
                     "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
-                    "n_experts", "top_k", "max_seq")]
+                    "n_experts", "top_k", "max_seq")] + [
+                ("resident_bytes", C.c_uint64), ("expert_block_bytes", C.c_uint64), ("expert_cache_min", C.c_uint32),
+                ("streamed_experts", C.c_uint32)]
 
 
 class Stats(C.Structure):
     _fields_ = [("tokens_fed", C.c_uint32)] + [(n, C.c_uint64) for n in (
         "arena_bytes", "cycles_total", "cycles_attention", "cycles_router", "cycles_experts", "cycles_lm_head",
-        "cycles_sampling", "expert_calls")]
+        "cycles_sampling", "expert_calls", "expert_hits", "expert_misses", "expert_bytes_fetched", "prefetch_issued",
+        "prefetch_used", "cycles_fetch_wait")]
+
+
+FETCH = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_uint64, C.c_size_t, C.c_void_p)
+FETCH_START = FETCH
+FETCH_WAIT = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_void_p)
+
+
+class Options(C.Structure):
+    _fields_ = [("cycles", C.c_void_p), ("trace", C.c_void_p), ("user", C.c_void_p), ("expert_cache", C.c_uint32),
+                ("expert_policy", C.c_uint32), ("fetch", FETCH), ("fetch_start", FETCH_START), ("fetch_wait", FETCH_WAIT)]
+
+
+PREFETCH = 1  # COLIBRI_PREFETCH
 
 
 class Sampler(C.Structure):
@@ -60,6 +76,8 @@ class Lib:
         so.colibri_sampler_init.argtypes = [C.POINTER(Sampler), C.c_float, C.c_uint32, C.c_float, C.c_uint64]
         so.colibri_get_kernels.argtypes = [C.c_void_p, C.POINTER(C.c_char_p)]
         so.colibri_strerror.restype = C.c_char_p
+        so.colibri_expert_cache_bytes.argtypes = [C.POINTER(ImageInfo), C.c_uint32]
+        so.colibri_expert_cache_bytes.restype = C.c_uint64
         so.colibri_expf.argtypes = [C.c_float]
         so.colibri_expf.restype = C.c_float
 
@@ -71,17 +89,25 @@ class Lib:
 class Context:
     """An opened image: keeps the image and arena buffers alive."""
 
-    def __init__(self, lib: Lib, image: bytes, arena_bytes: int | None = None):
+    def __init__(self, lib: Lib, image: bytes, arena_bytes: int | None = None, options: Options | None = None,
+                 visible: int | None = None):
+        """`visible`: how many image bytes the runtime is given (default all; with an expert cache the
+        resident part is enough, the rest is reached through options.fetch)."""
         self.lib = lib
         self.image = Aligned(image)
         status, info = lib.verify(image)
         assert status == 0, status
         self.info = info
-        self.arena = Aligned(arena_bytes if arena_bytes is not None else info.arena_bytes)
+        self.options = options  # the callbacks must outlive the context
+        if arena_bytes is None:
+            arena_bytes = info.arena_bytes + (lib.so.colibri_expert_cache_bytes(C.byref(info), options.expert_cache)
+                                              if options else 0)
+        self.arena = Aligned(arena_bytes)
         self.ctx = C.c_void_p()
         needed = C.c_uint64()
-        self.open_status = lib.so.colibri_open(C.c_void_p(self.image.addr), self.image.size, C.c_void_p(self.arena.addr),
-                                               self.arena.size, None, C.byref(self.ctx), C.byref(needed))
+        self.open_status = lib.so.colibri_open(C.c_void_p(self.image.addr), visible or self.image.size,
+                                               C.c_void_p(self.arena.addr), self.arena.size,
+                                               C.byref(options) if options else None, C.byref(self.ctx), C.byref(needed))
         self.needed = needed.value
 
     def feed(self, tokens: list[int]) -> int:

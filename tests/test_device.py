@@ -104,13 +104,16 @@ def test_errors_are_named(images, firmware, tmp_path, capsys):
         flash.run_on_board(images["base"], "hosted", [1], 1, Sampling(), False, firmware=firmware,
                            board_args=["--arena-bytes", str(plan - 64)])
     assert err.value.message == "arena too small" and err.value.detail == plan
-    corrupt = bytearray(images["base"].read_bytes())
-    corrupt[-3] ^= 1
-    (tmp_path / "corrupt.img").write_bytes(corrupt)
-    code = flash.main([str(tmp_path / "corrupt.img"), "--board", "hosted", "--firmware", str(firmware),
-                       "--prompt-tokens", "1"])
-    assert code == 2
-    assert "COLIBRI_E_IMAGE_PAYLOAD_CRC" in capsys.readouterr().err
+    clean = images["base"].read_bytes()
+    resident = read_image(clean).resident_bytes
+    for at, status in ((resident - 3, "COLIBRI_E_IMAGE_PAYLOAD_CRC"), (len(clean) - 3, "COLIBRI_E_EXPERT_CRC")):
+        corrupt = bytearray(clean)
+        corrupt[at] ^= 1  # the last bytes of the resident part, then of the expert part
+        (tmp_path / "corrupt.img").write_bytes(corrupt)
+        code = flash.main([str(tmp_path / "corrupt.img"), "--board", "hosted", "--firmware", str(firmware),
+                           "--prompt-tokens", "1"])
+        assert code == 2
+        assert status in capsys.readouterr().err
 
 
 def test_flash_over_a_serial_port(images, firmwares, capsys):

@@ -32,7 +32,8 @@ def test_seed_corpus_is_current(hosted_build):
 @pytest.mark.parametrize("harness", sorted(p.name for p in (fuzz.FUZZ / "regress").iterdir()))
 def test_past_findings_stay_fixed(harness):
     """Inputs a campaign once crashed on (tests/fuzz/regress/<harness>/) run clean under ASan + UBSan:
-    image/quantize-nonfinite.img made quantize_q8_0 cast an infinite product to int8 (CI, 2026-11-30)."""
+    image/quantize-nonfinite.img made quantize_q8_0 cast an infinite product to int8 (CI, 2026-11-30; rebuilt
+    for format v3 as the same case: a Q8_0 image whose layer-0 attention norm is infinite)."""
     import subprocess
     inputs = sorted((fuzz.FUZZ / "regress" / harness).glob("*"))
     assert inputs

@@ -181,10 +181,28 @@ def test_cli_reports_sizes_by_dtype_and_quality(checkpoints, tmp_path, capsys):
     assert "unknown dtype" in capsys.readouterr().err
 
 
-def test_version_1_image_is_refused_with_its_version(images, tmp_path):
+def test_older_image_is_refused_with_its_version(images, tmp_path):
     from host.image import ImageError, write_header
     old = bytearray(images["base"].read_bytes())
     header = read_image(bytes(old)).header
-    write_header(old, {**header, "version": 1})
-    with pytest.raises(ImageError, match="format version 1; this host reads version 2 only: pack the checkpoint again"):
+    write_header(old, {**header, "version": 2})
+    with pytest.raises(ImageError, match="format version 2; this host reads version 3 only: pack the checkpoint again"):
         read_image(bytes(old))
+
+
+def test_pin_from_a_trace_puts_the_hot_experts_in_the_resident_part(checkpoints, tmp_path, capsys):
+    trace = {"trace": [{"layers": [{"layer": 0, "experts": [3, 1]}, {"layer": 1, "experts": [2, 1]}]},
+                       {"layers": [{"layer": 0, "experts": [3, 0]}, {"layer": 1, "experts": [2, 3]}]}]}
+    (tmp_path / "trace.json").write_text(json.dumps(trace))
+    out = tmp_path / "pinned.img"
+    assert pack_cli.main([str(checkpoints["base"]), "-o", str(out), "--pin-from", str(tmp_path / "trace.json"),
+                          "--pin", "3"]) == 0
+    assert "3 hot experts pinned resident" in capsys.readouterr().out
+    img = read_image(out.read_bytes())
+    resident = {le for le in [(l, e) for l in range(2) for e in range(4)] if le not in img.streamed_experts()}
+    assert resident == {(0, 3), (1, 2), (0, 0)}  # used twice, twice, then the lowest of the once-used
+    # a trace from another model names experts this one lacks
+    (tmp_path / "other.json").write_text(json.dumps({"trace": [{"layers": [{"layer": 7, "experts": [0]}]}]}))
+    assert pack_cli.main([str(checkpoints["base"]), "-o", str(out), "--pin-from", str(tmp_path / "other.json"),
+                          "--pin", "1"]) == 2
+    assert "no such routed expert" in capsys.readouterr().err

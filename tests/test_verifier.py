@@ -12,9 +12,10 @@ TABLE = HEADER_BYTES  # the packer puts the tensor table right after the header
 
 
 def reseal(buf: bytearray) -> bytearray:
-    """Recompute both CRCs, so a test reaches the checks behind them."""
-    image_bytes = min(struct.unpack_from("<Q", buf, 16)[0], len(buf))
-    struct.pack_into("<I", buf, 28, crc32(buf[HEADER_BYTES:image_bytes]))
+    """Recompute the header and payload CRCs (the payload is the resident part), so a test reaches the
+    checks behind them."""
+    resident = min(struct.unpack_from("<Q", buf, 140)[0], len(buf))
+    struct.pack_into("<I", buf, 28, crc32(buf[HEADER_BYTES:resident]))
     struct.pack_into("<I", buf, HEADER_CRC_OFFSET, 0)
     struct.pack_into("<I", buf, HEADER_CRC_OFFSET, crc32(buf[:HEADER_BYTES]))
     return buf
@@ -60,9 +61,17 @@ CASES = [
     ("image_bytes huge", put("<Q", 16, 1 << 62), "E_IMAGE_TRUNCATED"),
     ("bad magic", flip(0), "E_IMAGE_MAGIC"),
     ("version 1", put("<I", 8, 1), "E_IMAGE_VERSION"),
-    ("version 3", put("<I", 8, 3, seal=False), "E_IMAGE_VERSION"),
+    ("version 2", put("<I", 8, 2), "E_IMAGE_VERSION"),
+    ("version 4", put("<I", 8, 4, seal=False), "E_IMAGE_VERSION"),
     ("header byte flipped", flip(40), "E_IMAGE_HEADER_CRC"),
-    ("payload byte flipped", lambda b: flip(len(b) - 5)(b), "E_IMAGE_PAYLOAD_CRC"),
+    ("resident byte flipped", lambda b: flip(struct.unpack_from("<Q", b, 104)[0] + 5)(b), "E_IMAGE_PAYLOAD_CRC"),
+    ("expert byte flipped", lambda b: flip(len(b) - 5)(b), "E_EXPERT_CRC"),  # the last expert's down matrix
+    ("expert CRC entry flipped", lambda b: reseal(flip(struct.unpack_from("<Q", b, 148)[0] + 1)(b)), "E_EXPERT_CRC"),
+    ("expert part past the end", lambda b: put("<Q", 140, len(b) + 64)(b), "E_IMAGE_HEADER"),
+    ("expert part misaligned", lambda b: put("<Q", 140, struct.unpack_from("<Q", b, 140)[0] - 4)(b), "E_IMAGE_HEADER"),
+    ("expert CRC table in the tensor table", put("<Q", 148, TABLE), "E_IMAGE_HEADER"),
+    ("resident tensor in the expert part", lambda b: put("<Q", entry(0, 32), struct.unpack_from("<Q", b, 140)[0])(b),
+     "E_IMAGE_BOUNDS"),
     ("table byte flipped", flip(TABLE + 33), "E_IMAGE_PAYLOAD_CRC"),
     ("reserved header byte", put("<B", 200, 1), "E_IMAGE_HEADER"),
     ("table offset past data", put("<Q", 88, 1 << 40), "E_IMAGE_HEADER"),

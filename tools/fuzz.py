@@ -116,9 +116,12 @@ def make_seeds() -> None:
         cos, sin = tables(inv, 1.0, dims.max_seq)
         tensors[(im.Role.ROPE_COS, im.NO_INDEX, im.NO_INDEX)] = cos
         tensors[(im.Role.ROPE_SIN, im.NO_INDEX, im.NO_INDEX)] = sin
-        blob = im.build_image(dims, tensors)
+        # one pinned expert: both tiers hold experts
+        blob = im.build_image(dims, tensors, pinned=frozenset({(0, 1)}) if experts else frozenset())
         (out / f"{name}.img").write_bytes(b"\x01" + blob)  # first byte: the harness reseals CRCs
         (out / f"{name}-raw.img").write_bytes(b"\x00" + blob)
+        if experts:
+            (out / f"{name}-streamed.img").write_bytes(b"\x03" + blob)  # and streams the expert part
         if name == "mixtral":
             seed_image().write_bytes(blob)
 

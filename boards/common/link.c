@@ -9,6 +9,8 @@
 
 #include "colibri.h"
 
+void *memcpy(void *dst, const void *src, size_t n); /* the C library's, or boards/common/rt.c on bare metal */
+
 #define SYNC0 0xA5u
 #define SYNC1 0x5Au
 #define MAX_PAYLOAD 4096u
@@ -163,9 +165,35 @@ static void trace_layer(void *user, const colibri_layer_trace *t) {
     l->trace_layers++;
 }
 
-static void do_open(link_state *l, uint8_t seq) {
+/* The runtime's fetch hooks: the board's, or a copy out of the image region. */
+static int fetch_region(void *user, uint64_t offset, size_t bytes, void *dst) {
+    const link_state *l = user;
+    if (offset > l->image_size || bytes > l->image_size - offset) return 1;
+    memcpy(dst, l->image + offset, bytes);
+    return 0;
+}
+static int fetch_board(void *user, uint64_t offset, size_t bytes, void *dst) {
+    return ((const link_state *)user)->io->fetch(offset, bytes, dst);
+}
+static int fetch_start_board(void *user, uint64_t offset, size_t bytes, void *dst) {
+    return ((const link_state *)user)->io->fetch_start(offset, bytes, dst);
+}
+static int fetch_wait_board(void *user, void *dst) { return ((const link_state *)user)->io->fetch_wait(dst); }
+
+/* OPEN [u32 expert cache slots, u32 expert policy] */
+static void do_open(link_state *l, uint8_t seq, uint32_t len) {
     const board_io *io = l->io;
-    colibri_options opts = { io->cycles, trace_layer, l };
+    if (len != 0 && len != 8) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
+    colibri_options opts = { .cycles = io->cycles, .trace = trace_layer, .user = l };
+    if (len) {
+        opts.expert_cache = get32(l->rx);
+        opts.expert_policy = get32(l->rx + 4);
+        opts.fetch = io->fetch ? fetch_board : fetch_region;
+        if (io->fetch_start && io->fetch_wait) {
+            opts.fetch_start = fetch_start_board;
+            opts.fetch_wait = fetch_wait_board;
+        }
+    }
     uint64_t needed = 0;
     colibri_image_info info;
     l->ctx = 0;
@@ -183,18 +211,22 @@ static void do_open(link_state *l, uint8_t seq) {
     colibri_sampler_init(&l->sampler, 0.0f, 0, 1.0f, 0);
     uint8_t *p = payload(l);
     put64(p, info.image_bytes);
-    put64(p + 8, info.arena_bytes);
+    put64(p + 8, needed);
     put32(p + 16, info.payload_crc32);
     put32(p + 20, info.vocab_size);
     put32(p + 24, info.max_seq);
-    put32(p + 28, 0);
+    put32(p + 28, opts.expert_cache);
     const char *kernels = "";
     colibri_get_kernels(l->ctx, &kernels);
     for (uint32_t i = 0; i < 8; i++) { /* the kernel set's name, NUL-padded */
         p[32 + i] = (uint8_t)*kernels;
         if (*kernels) kernels++;
     }
-    send(l, RSP_OPENED, seq, 40);
+    put64(p + 40, info.resident_bytes);
+    put64(p + 48, info.expert_block_bytes);
+    put32(p + 56, info.streamed_experts);
+    put32(p + 60, info.expert_cache_min);
+    send(l, RSP_OPENED, seq, 64);
 }
 
 static uint64_t cycles_now(const board_io *io) { return io->cycles ? io->cycles(0) : 0; }
@@ -361,7 +393,8 @@ static void do_stats(link_state *l, uint8_t seq) {
     uint8_t *p = payload(l);
     const uint64_t fields[] = { s.tokens_fed, s.arena_bytes, s.cycles_total, s.cycles_attention, s.cycles_router,
                                 s.cycles_experts, s.cycles_lm_head, s.cycles_sampling, s.expert_calls,
-                                l->io->cycle_hz };
+                                l->io->cycle_hz, s.expert_hits, s.expert_misses, s.expert_bytes_fetched,
+                                s.prefetch_issued, s.prefetch_used, s.cycles_fetch_wait };
     for (unsigned i = 0; i < sizeof fields / sizeof fields[0]; i++) put64(p + 8 * i, fields[i]);
     send(l, RSP_STATS, seq, sizeof fields);
 }
@@ -397,7 +430,7 @@ int link_serve(const board_io *io) {
         }
         switch (type) {
         case REQ_INFO: do_info(&l, seq); break;
-        case REQ_OPEN: do_open(&l, seq); break;
+        case REQ_OPEN: do_open(&l, seq, (uint32_t)len); break;
         case REQ_START: do_start(&l, seq, (uint32_t)len); break;
         case REQ_FEED: do_feed(&l, seq, (uint32_t)len); break;
         case REQ_STEP: do_step(&l, seq); break;

@@ -19,6 +19,12 @@ typedef struct {
     size_t upload_capacity;
     void *arena;                                /* COLIBRI_ARENA_ALIGN aligned */
     size_t arena_size;
+    /* Expert streaming (OPEN with an expert cache): how the runtime reaches the expert part. NULL:
+     * copy from the image region above (bounds-checked), which then stands in for slow memory.
+     * fetch_start/fetch_wait may be NULL (no asynchronous transfers). All return 0 on success. */
+    int (*fetch)(uint64_t offset, size_t bytes, void *dst);
+    int (*fetch_start)(uint64_t offset, size_t bytes, void *dst);
+    int (*fetch_wait)(void *dst);
 } board_io;
 
 /* Serve requests; returns the exit code QUIT asked for, or 0 at end of stream. */

@@ -4,9 +4,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A word at a time when both ends are word aligned: expert fetches copy whole 64-byte aligned blocks. */
+typedef uintptr_t __attribute__((may_alias)) word;
+
 void *memcpy(void *restrict dst, const void *restrict src, size_t n) {
     uint8_t *d = dst;
     const uint8_t *s = src;
+    if ((((uintptr_t)d | (uintptr_t)s) & (sizeof(word) - 1)) == 0) {
+        for (; n >= sizeof(word); n -= sizeof(word), d += sizeof(word), s += sizeof(word)) *(word *)d = *(const word *)s;
+    }
     while (n--) *d++ = *s++;
     return dst;
 }

@@ -1,8 +1,13 @@
 /* The hosted board: a Linux process that maps the image read-only, takes its arena with one
  * mmap, and speaks the device side of the serial protocol over stdin/stdout.
  *   firmware.elf [IMAGE] [--arena-bytes N] [--upload-bytes N]
- * Without --arena-bytes the arena is exactly the image's plan. With --upload-bytes the link accepts
- * an image uploaded over it, as a board without a file system does. */
+ * Without --arena-bytes the arena is the image's plan plus room for an expert cache of every
+ * streamed expert (anonymous memory: pages an OPEN does not use are never touched, so never resident).
+ * With --upload-bytes the link accepts an image uploaded over it, as a board without a file system does.
+ *
+ * Expert streaming: the fetch hooks copy expert blocks out of the mapped file and tell the kernel what
+ * is coming and what is done with (madvise WILLNEED when a fetch starts, DONTNEED once it is copied),
+ * so the process's resident memory stays near the resident part plus the cache, not the image. */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <errno.h>
 #include <fcntl.h>
@@ -39,6 +44,56 @@ static void write_all(const uint8_t *p, size_t n) {
         p += w;
         n -= (size_t)w;
     }
+}
+
+/* ---- expert fetch from the mapped image ---- */
+static const uint8_t *mapped;
+static size_t mapped_size;
+
+/* madvise the whole pages inside [p, p + n) (DONTNEED), or every page it touches (WILLNEED) */
+static void advise(const uint8_t *p, size_t n, int advice) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)p, hi = lo + n;
+    if (advice == MADV_WILLNEED) {
+        lo &= ~(page - 1);
+        hi = (hi + page - 1) & ~(page - 1);
+    } else {
+        lo = (lo + page - 1) & ~(page - 1);
+        hi &= ~(page - 1);
+    }
+    if (hi > lo) madvise((void *)lo, hi - lo, advice);
+}
+
+static int fetch_copy(uint64_t offset, size_t bytes, void *dst) {
+    if (offset > mapped_size || bytes > mapped_size - offset) return 1;
+    memcpy(dst, mapped + offset, bytes);
+    advise(mapped + offset, bytes, MADV_DONTNEED);
+    return 0;
+}
+
+/* Fetches started and not yet waited for: the runtime has at most one per cache slot. */
+#define MAX_IN_FLIGHT 4096
+static struct { void *dst; uint64_t offset; size_t bytes; } in_flight[MAX_IN_FLIGHT];
+static unsigned n_in_flight;
+
+static int fetch_start(uint64_t offset, size_t bytes, void *dst) {
+    if (offset > mapped_size || bytes > mapped_size - offset || n_in_flight == MAX_IN_FLIGHT) return 1;
+    advise(mapped + offset, bytes, MADV_WILLNEED); /* the kernel reads ahead while the runtime computes */
+    in_flight[n_in_flight].dst = dst;
+    in_flight[n_in_flight].offset = offset;
+    in_flight[n_in_flight].bytes = bytes;
+    n_in_flight++;
+    return 0;
+}
+
+static int fetch_wait(void *dst) {
+    for (unsigned i = 0; i < n_in_flight; i++) {
+        if (in_flight[i].dst != dst) continue;
+        int r = fetch_copy(in_flight[i].offset, in_flight[i].bytes, dst);
+        in_flight[i] = in_flight[--n_in_flight];
+        return r;
+    }
+    return 1; /* nothing started into dst */
 }
 
 static uint64_t monotonic_ns(void *user) {
@@ -82,7 +137,7 @@ int main(int argc, char **argv) {
         }
     }
     board_io io = { .board = "hosted", .read_byte = read_byte, .write = write_all, .cycles = monotonic_ns,
-                    .cycle_hz = 1000000000u };
+                    .cycle_hz = 1000000000u, .fetch = fetch_copy, .fetch_start = fetch_start, .fetch_wait = fetch_wait };
     if (path) {
         int fd = open(path, O_RDONLY);
         struct stat st;
@@ -98,10 +153,15 @@ int main(int argc, char **argv) {
             return 2;
         }
         io.image = image;
+        mapped = image;
+        mapped_size = io.image_size;
         /* Size the arena from the image's plan; a corrupt image gets a small arena and OPEN says why. */
         colibri_image_info info = { 0 };
         if (!arena_given)
-            arena_size = colibri_image_verify(image, io.image_size, &info) == COLIBRI_OK ? (size_t)info.arena_bytes : 4096;
+            arena_size = colibri_image_verify(image, io.image_size, &info) == COLIBRI_OK
+                             ? (size_t)(info.arena_bytes + colibri_expert_cache_bytes(&info, info.streamed_experts))
+                             : 4096;
+        advise(image, io.image_size, MADV_DONTNEED); /* sizing read every page: start from none resident */
     } else if (!arena_given) {
         arena_size = 64u << 20;
     }

@@ -56,6 +56,9 @@ typedef enum {
     COLIBRI_E_NO_LOGITS = 19,          /* step/logits before any token was fed */
     COLIBRI_E_NONFINITE = 20,          /* a NaN or infinity reached the router or the logits; the tokens fed
                                           before it stay fed, the logits are gone: colibri_reset() to go on */
+    COLIBRI_E_CACHE_TOO_SMALL = 21,    /* expert cache below one layer's top-k (info.expert_cache_min slots) */
+    COLIBRI_E_FETCH = 22,              /* the board's fetch hook failed; like E_NONFINITE, reset to go on */
+    COLIBRI_E_EXPERT_CRC = 23,         /* an expert block does not match its CRC32 (when fetched, or at verify) */
     COLIBRI_STATUS_COUNT
 } colibri_status;
 
@@ -71,6 +74,12 @@ typedef struct {
     uint32_t vocab_size, hidden_size, ffn_size, n_layers;
     uint32_t n_heads, n_kv_heads, head_dim;
     uint32_t n_experts, top_k, max_seq;
+    /* Two tiers (docs/FORMAT.md): bytes [0, resident_bytes) are read in place; routed experts past it
+     * form the expert part, which an expert cache reaches only through the fetch hook. */
+    uint64_t resident_bytes;
+    uint64_t expert_block_bytes; /* the largest routed expert (gate, up, down, scales): one cache slot */
+    uint32_t expert_cache_min;   /* the fewest cache slots colibri_open() accepts (top_k; 0 without experts) */
+    uint32_t streamed_experts;   /* routed experts in the expert part (the most slots worth having) */
 } colibri_image_info;
 
 /* What one layer did for one token, passed to the trace hook. Pointers are valid only during the
@@ -83,13 +92,29 @@ typedef struct {
     uint64_t cycles_attention, cycles_router, cycles_ffn;
 } colibri_layer_trace;
 
-/* Optional platform hooks; pass NULL to colibri_open() for none. */
+/* expert_policy bits */
+#define COLIBRI_PREFETCH 1u /* guess the next layer's experts (its router on this layer's input) and fetch them early */
+
+/* Optional platform hooks and the expert cache; pass NULL to colibri_open() for none. */
 typedef struct {
     /* A monotonic cycle (or tick) counter, used only for the per-phase stats and the trace. */
     uint64_t (*cycles)(void *user);
     /* Called after every layer of every token, if set (flash.py --trace). */
     void (*trace)(void *user, const colibri_layer_trace *t);
     void *user;
+    /* Expert streaming (docs/STREAMING.md). expert_cache = 0: every weight is read in place, so the
+     * whole image must be in [image, image + image_size). expert_cache = N >= info.expert_cache_min:
+     * only the resident part must be there; routed experts of the expert part are copied into N slots
+     * of info.expert_block_bytes after the arena's plan (colibri_expert_cache_bytes()), each checked
+     * against its CRC when it arrives. The runtime then reads the expert part only through `fetch`. */
+    uint32_t expert_cache;
+    uint32_t expert_policy;    /* COLIBRI_PREFETCH, or 0 */
+    /* Copy `bytes` at image offset `offset` to `dst`; 0 on success. Required with an expert cache. */
+    int (*fetch)(void *user, uint64_t offset, size_t bytes, void *dst);
+    /* Optional asynchronous form (e.g. a DMA channel): start the copy into dst, and wait until the copy
+     * into dst has finished. The runtime waits for every started copy before a feed returns. */
+    int (*fetch_start)(void *user, uint64_t offset, size_t bytes, void *dst);
+    int (*fetch_wait)(void *user, void *dst);
 } colibri_options;
 
 /* Counters since the last colibri_open()/colibri_reset(); cycles are 0 without a cycles hook. */
@@ -103,6 +128,13 @@ typedef struct {
     uint64_t cycles_lm_head;   /* final norm + lm_head */
     uint64_t cycles_sampling;
     uint64_t expert_calls;     /* expert FFN evaluations */
+    /* Expert cache (all 0 without one). A hit is a routed expert found in the cache (prefetched ones
+     * included) or in the resident part; a miss is one fetched when it was needed. */
+    uint64_t expert_hits, expert_misses;
+    uint64_t expert_bytes_fetched;   /* all fetches, wrong prefetch guesses included */
+    uint64_t prefetch_issued;        /* experts fetched ahead on a guess */
+    uint64_t prefetch_used;          /* of those, the ones the router then chose */
+    uint64_t cycles_fetch_wait;      /* in fetch and fetch_wait calls */
 } colibri_stats;
 
 /* Sampler state. Use colibri_sampler_init(); fields are public so a board can log them. */
@@ -121,9 +153,15 @@ typedef struct colibri_ctx colibri_ctx;
  * outside [image, image + size). */
 colibri_status colibri_image_verify(const void *image, size_t size, colibri_image_info *info);
 
+/* The arena bytes an expert cache of `slots` slots adds to info.arena_bytes (0 for 0 slots). */
+uint64_t colibri_expert_cache_bytes(const colibri_image_info *info, uint32_t slots);
+
 /* Verify `image` and lay out the context in `arena` (aligned to COLIBRI_ARENA_ALIGN, at least
- * info.arena_bytes long). The image must stay valid and unchanged while the context is used.
- * On COLIBRI_E_ARENA_TOO_SMALL, *arena_needed (if not NULL) holds the bytes required.
+ * info.arena_bytes long, plus colibri_expert_cache_bytes() with an expert cache). The image must
+ * stay valid and unchanged while the context is used. With an expert cache only the resident part
+ * is verified here; each expert block is checked when fetched.
+ * On COLIBRI_E_ARENA_TOO_SMALL, *arena_needed (if not NULL) holds the bytes required; on
+ * COLIBRI_E_CACHE_TOO_SMALL, the bytes the smallest cache would need.
  * `opts` may be NULL. On success *ctx points into the arena. */
 colibri_status colibri_open(const void *image, size_t image_size, void *arena, size_t arena_size,
                             const colibri_options *opts, colibri_ctx **ctx, uint64_t *arena_needed);

@@ -3,17 +3,34 @@
 
 _Static_assert(sizeof(struct colibri_ctx) <= ARENA_CTX_BYTES, "context must fit its arena reservation");
 
+/* The arena bytes this image and these options need: the plan, plus the expert cache. */
+static colibri_status arena_need(const colibri_image_info *info, const colibri_options *opts, uint64_t *need) {
+    *need = info->arena_bytes;
+    if (!opts || !opts->expert_cache) return COLIBRI_OK;
+    if (!opts->fetch) return COLIBRI_E_NULL;
+    if (opts->expert_cache > info->streamed_experts) return COLIBRI_E_BAD_ARG;
+    const uint32_t slots = opts->expert_cache < info->expert_cache_min ? info->expert_cache_min : opts->expert_cache;
+    uint64_t cache = expert_cache_bytes(info->expert_block_bytes, slots);
+    if (!cache || cache > UINT64_MAX - *need) return COLIBRI_E_BAD_ARG;
+    *need += cache;
+    return opts->expert_cache < info->expert_cache_min ? COLIBRI_E_CACHE_TOO_SMALL : COLIBRI_OK;
+}
+
 colibri_status colibri_open(const void *image, size_t image_size, void *arena, size_t arena_size,
                             const colibri_options *opts, colibri_ctx **ctx, uint64_t *arena_needed) {
     if (!image || !arena || !ctx) return COLIBRI_E_NULL;
+    const uint32_t slots = opts ? opts->expert_cache : 0;
     model_dims d;
     const uint8_t *table;
     colibri_image_info info;
-    colibri_status st = image_verify(image, image_size, &d, &table, &info);
+    colibri_status st = image_verify(image, image_size, slots ? IMG_VERIFY_RESIDENT : 0, &d, &table, &info);
     if (st) return st;
-    if (arena_needed) *arena_needed = info.arena_bytes;
+    uint64_t need;
+    st = arena_need(&info, opts, &need);
+    if (arena_needed) *arena_needed = need;
+    if (st) return st;
     if ((uintptr_t)arena % COLIBRI_ARENA_ALIGN) return COLIBRI_E_ARENA_ALIGN;
-    if (arena_size < info.arena_bytes) return COLIBRI_E_ARENA_TOO_SMALL;
+    if (arena_size < need) return COLIBRI_E_ARENA_TOO_SMALL;
 
     colibri_ctx *c = arena;
     arena_buffers a;
@@ -22,13 +39,22 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     *c = (colibri_ctx){ .kernels = kernels_select(), .image = image, .table = table, .info = info, .d = d, .a = a };
     c->attn_scale = 1.0f / __builtin_sqrtf((float)d.head_dim);
     if (opts) c->opts = *opts;
-    c->stats.arena_bytes = total;
+    if (slots) { /* the cache follows the plan: slot bookkeeping, then the slots */
+        expert_cache *x = &c->cache;
+        x->n_slots = slots;
+        x->slots = (expert_slot *)(void *)((uint8_t *)arena + total);
+        x->slot_data = (uint8_t *)arena + total + expert_cache_bytes(0, slots);
+        x->slot_bytes = (d.expert_block_max + IMG_ALIGN - 1) & ~(uint64_t)(IMG_ALIGN - 1);
+        for (uint32_t i = 0; i < slots; i++) x->slots[i] = (expert_slot){ .state = SLOT_EMPTY };
+    }
+    c->stats.arena_bytes = need;
     *ctx = c;
     return COLIBRI_OK;
 }
 
 colibri_status colibri_reset(colibri_ctx *c) {
     if (!c) return COLIBRI_E_NULL;
+    experts_settle(c); /* cached blocks stay: they are the image's, not the sequence's */
     c->pos = 0;
     c->have_logits = 0;
     c->stats = (colibri_stats){ .arena_bytes = c->stats.arena_bytes };
@@ -46,6 +72,7 @@ colibri_status colibri_feed(colibri_ctx *c, const uint32_t *tokens, size_t n) {
     for (size_t i = 0; i < n && st == COLIBRI_OK; i++) st = model_forward(c, tokens[i]);
     c->stats.tokens_fed = c->pos;
     if (st) {
+        experts_settle(c); /* a layer that failed may have left fetches in flight */
         c->have_logits = 0;
         return st;
     }
@@ -128,6 +155,9 @@ const char *colibri_strerror(colibri_status s) {
         [COLIBRI_E_SEQ_FULL] = "sequence longer than the image's max_seq",
         [COLIBRI_E_NO_LOGITS] = "no logits yet: feed a token first",
         [COLIBRI_E_NONFINITE] = "NaN or infinity in the router or the logits",
+        [COLIBRI_E_CACHE_TOO_SMALL] = "expert cache smaller than one layer's top-k",
+        [COLIBRI_E_FETCH] = "expert fetch hook failed",
+        [COLIBRI_E_EXPERT_CRC] = "expert block CRC mismatch",
     };
     if ((unsigned)s >= COLIBRI_STATUS_COUNT) return "unknown status";
     return names[s];

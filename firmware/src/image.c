@@ -15,16 +15,6 @@ static float rdf32(const uint8_t *p) {
     return v.f;
 }
 
-uint32_t colibri_crc32(uint32_t crc, const void *data, size_t n) {
-    const uint8_t *p = data;
-    crc = ~crc;
-    while (n--) {
-        crc ^= *p++;
-        for (int k = 0; k < 8; k++) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
-    }
-    return ~crc;
-}
-
 /* Checked arithmetic: return 0 on overflow. */
 static int add_ok(uint64_t a, uint64_t b, uint64_t *r) { *r = a + b; return *r >= a; }
 static int mul_ok(uint64_t a, uint64_t b, uint64_t *r) {
@@ -45,7 +35,8 @@ enum {
     H_HEADS = 52, H_KV_HEADS = 56, H_HEAD_DIM = 60, H_EXPERTS = 64, H_TOP_K = 68, H_MAX_SEQ = 72,
     H_FLAGS = 76, H_EPS = 80, H_ROPE_THETA = 84, H_TABLE_OFFSET = 88, H_N_TENSORS = 96,
     H_ENTRY_BYTES = 100, H_DATA_OFFSET = 104, H_ARENA_BYTES = 112, H_EXPERT_ALIGN = 120,
-    H_DENSE_FFN = 124, H_SHARED_FFN = 128, H_CLIP_QKV = 132, H_KV_DTYPE = 136, H_RESERVED = 140
+    H_DENSE_FFN = 124, H_SHARED_FFN = 128, H_CLIP_QKV = 132, H_KV_DTYPE = 136, H_EXPERT_OFFSET = 140,
+    H_EXPERT_CRC_OFFSET = 148, H_RESERVED = 156
 };
 /* Tensor table entry field offsets (docs/FORMAT.md, "Tensor table"). */
 enum {
@@ -188,9 +179,10 @@ static void tensor_bytes(uint32_t dtype, uint64_t rows, uint64_t cols, uint64_t 
     }
 }
 
-/* Check one table entry against its spec; *end is where its bytes (scales included) end. */
+/* Check one table entry against its spec; its bytes must lie in [data_offset, limit). *end is where
+ * its bytes (scales included) end. */
 static colibri_status check_entry(const uint8_t *e, const tensor_spec *s, uint64_t data_offset,
-                                  uint64_t image_bytes, uint64_t *end) {
+                                  uint64_t limit, uint64_t *end) {
     if (rd16(e + E_ROLE) != s->role || rd32(e + E_LAYER) != s->layer || rd32(e + E_EXPERT) != s->expert ||
         rd32(e + E_NDIMS) != s->ndims || rd32(e + E_DIM0) != s->dim0 || rd32(e + E_DIM1) != s->dim1 ||
         rd32(e + E_RESERVED) != 0)
@@ -211,11 +203,11 @@ static colibri_status check_entry(const uint8_t *e, const tensor_spec *s, uint64
     tensor_bytes(dtype, s->dim0, s->dim1, &bytes, &scales);
     if (rd32(e + E_GROUP) != (quantized ? QBLOCK : 0) || rd64(e + E_BYTES) != bytes || rd64(e + E_SCALES_BYTES) != scales)
         return COLIBRI_E_IMAGE_TABLE;
-    if (off % IMG_ALIGN || off < data_offset || !add_ok(off, bytes, end) || *end > image_bytes)
+    if (off % IMG_ALIGN || off < data_offset || !add_ok(off, bytes, end) || *end > limit)
         return COLIBRI_E_IMAGE_BOUNDS;
     if (quantized) { /* the scales follow the values directly, so a tensor is one contiguous range */
         uint64_t at;
-        if (!align_ok(*end, &at) || scales_off != at || !add_ok(scales_off, scales, end) || *end > image_bytes)
+        if (!align_ok(*end, &at) || scales_off != at || !add_ok(scales_off, scales, end) || *end > limit)
             return COLIBRI_E_IMAGE_BOUNDS;
     } else if (scales_off != 0) {
         return COLIBRI_E_IMAGE_TABLE;
@@ -223,7 +215,7 @@ static colibri_status check_entry(const uint8_t *e, const tensor_spec *s, uint64
     return COLIBRI_OK;
 }
 
-colibri_status image_verify(const uint8_t *img, size_t size, model_dims *d, const uint8_t **table,
+colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, model_dims *d, const uint8_t **table,
                             colibri_image_info *info) {
     if (!img) return COLIBRI_E_NULL;
     if ((uintptr_t)img % IMG_ALIGN) return COLIBRI_E_BAD_ARG;
@@ -237,9 +229,14 @@ colibri_status image_verify(const uint8_t *img, size_t size, model_dims *d, cons
     crc = colibri_crc32(crc, img + H_HEADER_CRC + 4, IMG_HEADER_BYTES - H_HEADER_CRC - 4);
     if (crc != rd32(img + H_HEADER_CRC)) return COLIBRI_E_IMAGE_HEADER_CRC;
 
-    uint64_t image_bytes = rd64(img + H_IMAGE_BYTES);
-    if (image_bytes > size) return COLIBRI_E_IMAGE_TRUNCATED;
+    /* the resident part [0, resident) is read in place; the expert part [resident, image_bytes) is
+     * read in place too (mode 0) or only through the fetch hook (IMG_VERIFY_RESIDENT) */
+    const int full = !(mode & IMG_VERIFY_RESIDENT);
+    uint64_t image_bytes = rd64(img + H_IMAGE_BYTES), resident = rd64(img + H_EXPERT_OFFSET);
+    if (resident > image_bytes) return COLIBRI_E_IMAGE_HEADER;
+    if ((full ? image_bytes : resident) > size) return COLIBRI_E_IMAGE_TRUNCATED;
     uint64_t table_offset = rd64(img + H_TABLE_OFFSET), data_offset = rd64(img + H_DATA_OFFSET);
+    uint64_t crc_offset = rd64(img + H_EXPERT_CRC_OFFSET);
     uint64_t n_tensors = rd32(img + H_N_TENSORS), table_bytes, table_end;
     if (rd32(img + H_HEADER_BYTES) != IMG_HEADER_BYTES || rd32(img + H_ENTRY_BYTES) != IMG_ENTRY_BYTES)
         return COLIBRI_E_IMAGE_HEADER;
@@ -247,12 +244,11 @@ colibri_status image_verify(const uint8_t *img, size_t size, model_dims *d, cons
     if (expert_align == 0 || expert_align % IMG_ALIGN) return COLIBRI_E_IMAGE_HEADER;
     for (uint32_t i = H_RESERVED; i < IMG_HEADER_BYTES; i++)
         if (img[i]) return COLIBRI_E_IMAGE_HEADER;
-    if (table_offset < IMG_HEADER_BYTES || table_offset % IMG_ALIGN || data_offset % IMG_ALIGN ||
+    if (table_offset < IMG_HEADER_BYTES || table_offset % IMG_ALIGN || data_offset % IMG_ALIGN || resident % IMG_ALIGN ||
         !mul_ok(n_tensors, IMG_ENTRY_BYTES, &table_bytes) || !add_ok(table_offset, table_bytes, &table_end) ||
-        table_end > data_offset || data_offset > image_bytes)
+        table_end > data_offset || data_offset > resident)
         return COLIBRI_E_IMAGE_HEADER;
-    if (colibri_crc32(0, img + IMG_HEADER_BYTES, (size_t)(image_bytes - IMG_HEADER_BYTES)) !=
-        rd32(img + H_PAYLOAD_CRC))
+    if (colibri_crc32(0, img + IMG_HEADER_BYTES, (size_t)(resident - IMG_HEADER_BYTES)) != rd32(img + H_PAYLOAD_CRC))
         return COLIBRI_E_IMAGE_PAYLOAD_CRC;
 
     model_dims dims;
@@ -260,8 +256,16 @@ colibri_status image_verify(const uint8_t *img, size_t size, model_dims *d, cons
     if (st) return st;
     uint64_t per_layer = LAYER_FIXED + (uint64_t)TENSORS_PER_EXPERT * dims.n_experts;
     if (n_tensors != TENSORS_BEFORE_LAYERS + per_layer * dims.n_layers + 2) return COLIBRI_E_IMAGE_TABLE;
+    /* the expert CRC table: one u32 per (layer, expert), between the tensor table and the data */
+    uint64_t crc_end = crc_offset + 4ull * dims.n_layers * dims.n_experts; /* < 2^24 * 2^10 * 4: no overflow */
+    if (dims.n_experts ? (crc_offset % IMG_ALIGN || crc_offset < table_end || crc_end > data_offset) : crc_offset != 0)
+        return COLIBRI_E_IMAGE_HEADER;
+    dims.resident_bytes = resident;
+    dims.expert_crc_offset = crc_offset;
+    dims.expert_block_max = 0;
+    dims.streamed_experts = 0;
 
-    uint64_t prev_end = 0;
+    uint64_t prev_end = 0, block_start = 0;
     int moe = 0;
     for (uint32_t i = 0; i < n_tensors; i++) {
         tensor_spec s;
@@ -271,8 +275,9 @@ colibri_status image_verify(const uint8_t *img, size_t size, model_dims *d, cons
             if (moe ? !dims.n_experts : !dims.dense_ffn) return COLIBRI_E_IMAGE_TABLE;
         }
         const uint8_t *e = img + table_offset + (uint64_t)i * IMG_ENTRY_BYTES;
+        const int routed = s.role == ROLE_EXPERT_GATE || s.role == ROLE_EXPERT_UP || s.role == ROLE_EXPERT_DOWN;
         uint64_t end, aligned_prev;
-        st = check_entry(e, &s, data_offset, image_bytes, &end);
+        st = check_entry(e, &s, data_offset, routed ? image_bytes : resident, &end);
         if (st) return st;
         /* the up and down matrices of a SwiGLU block follow its gate matrix directly: one read covers it */
         const int follows = s.role == ROLE_EXPERT_UP || s.role == ROLE_EXPERT_DOWN || s.role == ROLE_SHARED_UP ||
@@ -280,6 +285,17 @@ colibri_status image_verify(const uint8_t *img, size_t size, model_dims *d, cons
         if (follows && s.ndims && (!align_ok(prev_end, &aligned_prev) || rd64(e + E_OFFSET) != aligned_prev))
             return COLIBRI_E_IMAGE_BOUNDS;
         prev_end = end;
+        if (s.role == ROLE_EXPERT_GATE && s.ndims) block_start = rd64(e + E_OFFSET);
+        if (s.role == ROLE_EXPERT_DOWN && s.ndims) { /* a routed expert's block: wholly in one tier */
+            const int streamed = block_start >= resident;
+            if (!streamed && end > resident) return COLIBRI_E_IMAGE_BOUNDS;
+            if (end - block_start > dims.expert_block_max) dims.expert_block_max = end - block_start;
+            dims.streamed_experts += (uint32_t)streamed;
+            if (full || !streamed) { /* addressable now: check it now (a streamed one is checked when fetched) */
+                uint32_t want = rd32(img + crc_offset + 4ull * ((uint64_t)s.layer * dims.n_experts + s.expert));
+                if (colibri_crc32(0, img + block_start, (size_t)(end - block_start)) != want) return COLIBRI_E_EXPERT_CRC;
+            }
+        }
     }
 
     uint64_t arena;
@@ -304,10 +320,23 @@ colibri_status image_verify(const uint8_t *img, size_t size, model_dims *d, cons
         info->n_experts = dims.n_experts;
         info->top_k = dims.top_k;
         info->max_seq = dims.max_seq;
+        info->resident_bytes = resident;
+        info->expert_block_bytes = dims.expert_block_max;
+        info->streamed_experts = dims.streamed_experts;
+        info->expert_cache_min = dims.top_k < dims.streamed_experts ? dims.top_k : dims.streamed_experts;
     }
     return COLIBRI_OK;
 }
 
+void expert_block(const colibri_ctx *c, uint32_t layer, uint32_t expert, uint64_t *offset, uint64_t *bytes) {
+    const uint8_t *gate = c->table + (size_t)expert_tensor_index(&c->d, layer, expert, ROLE_EXPERT_GATE) * IMG_ENTRY_BYTES;
+    const uint8_t *down = gate + 2 * IMG_ENTRY_BYTES;
+    uint64_t end = rd64(down + E_SCALES_BYTES) ? rd64(down + E_SCALES_OFFSET) + rd64(down + E_SCALES_BYTES)
+                                               : rd64(down + E_OFFSET) + rd64(down + E_BYTES);
+    *offset = rd64(gate + E_OFFSET);
+    *bytes = end - *offset;
+}
+
 colibri_status colibri_image_verify(const void *image, size_t size, colibri_image_info *info) {
-    return image_verify(image, size, 0, 0, info);
+    return image_verify(image, size, 0, 0, 0, info);
 }

@@ -4,8 +4,8 @@
 
 #include "colibri.h"
 
-/* ---- image format v2 (docs/FORMAT.md) ---- */
-#define IMG_VERSION 2u
+/* ---- image format v3 (docs/FORMAT.md) ---- */
+#define IMG_VERSION 3u
 #define IMG_HEADER_BYTES 256u
 #define IMG_ENTRY_BYTES 64u
 #define IMG_ALIGN 64u
@@ -51,6 +51,11 @@ typedef struct {
     float eps, clip_qkv;            /* clip_qkv 0: no clipping */
     uint32_t q_dim, kv_dim, ffn_max;
     uint32_t in_blocks;             /* blocks of QBLOCK in the longest matvec input (for the quantized x) */
+    /* the two tiers: set by image_verify() from the header and the table */
+    uint64_t resident_bytes;        /* [0, resident_bytes) is read in place */
+    uint64_t expert_block_max;      /* the largest routed expert block (gate, up, down and scales) */
+    uint32_t streamed_experts;      /* routed experts past resident_bytes */
+    uint64_t expert_crc_offset;     /* the expert CRC table: u32 per (layer, expert), layer-major */
 } model_dims;
 
 /* ---- the work arena (mirrors arena_plan() in host/image.py) ---- */
@@ -74,6 +79,27 @@ typedef struct {
 /* Total arena bytes for `d` in *total; if base != NULL also point `out` into base. Returns
  * COLIBRI_E_IMAGE_DIMS if the plan overflows size_t. */
 colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out, uint64_t *total);
+
+/* ---- the expert cache (experts.c; docs/STREAMING.md) ---- */
+enum slot_state { SLOT_EMPTY = 0, SLOT_READY, SLOT_PENDING };
+/* One cache slot's bookkeeping; the slot's bytes are slot_data + index * slot_bytes. */
+typedef struct {
+    uint32_t layer, expert, state, prefetched; /* prefetched: fetched on a guess, not yet used */
+    uint64_t last_use;                         /* the layer step that last used it (LRU) */
+    uint64_t pad;
+} expert_slot;
+#define EXPERT_SLOT_META_BYTES 32u
+
+typedef struct {
+    expert_slot *slots;
+    uint8_t *slot_data;
+    uint64_t slot_bytes;
+    uint32_t n_slots;
+    uint64_t step; /* one per MoE layer evaluation: the LRU clock */
+} expert_cache;
+
+/* Arena bytes of a cache of `slots` slots for blocks of up to block_max bytes (0 on overflow past 2^63). */
+uint64_t expert_cache_bytes(uint64_t block_max, uint32_t slots);
 
 /* One weight matrix as the kernels see it (rows x cols, row-major). Quantized dtypes store each row
  * as ceil(cols / QBLOCK) blocks, the last one zero-padded, with one f16 scale per block. */
@@ -116,14 +142,18 @@ struct colibri_ctx {
     uint32_t pos;        /* tokens in the KV cache */
     int have_logits;
     int xn_quantized;    /* a.xq holds a.xn quantized (reset whenever xn is written) */
+    expert_cache cache;  /* n_slots 0: experts read in place */
     colibri_stats stats;
 };
 
 /* ---- image.c ---- */
 uint32_t rd32(const uint8_t *p);
 uint64_t rd64(const uint8_t *p);
-/* Full verification; fills dims and the table pointer on success. */
-colibri_status image_verify(const uint8_t *img, size_t size, model_dims *d, const uint8_t **table,
+/* Verification; fills dims and the table pointer on success. Mode 0: the whole image must be
+ * addressable and is checked, expert blocks included. IMG_VERIFY_RESIDENT: only [0, resident_bytes)
+ * must be; expert-part blocks are checked when fetched (experts.c). */
+#define IMG_VERIFY_RESIDENT 1u
+colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, model_dims *d, const uint8_t **table,
                             colibri_image_info *info);
 uint32_t layer_tensor_index(const model_dims *d, uint32_t layer, uint32_t role);
 uint32_t expert_tensor_index(const model_dims *d, uint32_t layer, uint32_t expert, uint32_t role);
@@ -203,6 +233,25 @@ ALWAYS_INLINE float dot_blocks(const void *w, const uint16_t *w_scale, const q8_
 void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
 void softmax(float *x, uint32_t n);
 void rope(float *v, uint32_t n_heads, uint32_t head_dim, const float *cos, const float *sin);
+
+/* Where routed expert (layer, expert)'s block starts in the image, and its bytes (gate to end of down). */
+void expert_block(const colibri_ctx *c, uint32_t layer, uint32_t expert, uint64_t *offset, uint64_t *bytes);
+
+/* ---- experts.c ---- */
+/* Start making layer's routed top-k (a.topk_index) readable: slot[k] is expert k's cache slot,
+ * fetched on a miss, or NO_SLOT (0xFFFFFFFF) when it is pinned in the resident part. */
+colibri_status experts_load(colibri_ctx *c, uint32_t layer, uint32_t *slot);
+/* Expert k ready to read: waits for its fetch and checks its CRC. *block holds the bytes of its
+ * block, which starts at image offset *block_offset. */
+colibri_status expert_ready(colibri_ctx *c, uint32_t slot, uint32_t layer, uint32_t expert, const uint8_t **block,
+                            uint64_t *block_offset);
+/* A prefetch guess: start fetching (layer, expert) into a slot this step does not use, if any. */
+void experts_fetch_ahead(colibri_ctx *c, uint32_t layer, uint32_t expert);
+/* Wait for every fetch in flight (no transfer may outlive a feed). The first failure of a block the
+ * router chose; a corrupt guess is only dropped. */
+colibri_status experts_settle(colibri_ctx *c);
+
+static inline uint64_t ctx_now(const colibri_ctx *c) { return c->opts.cycles ? c->opts.cycles(c->opts.user) : 0; }
 
 /* ---- model.c ---- */
 /* One token through the model. COLIBRI_E_NONFINITE (and the position not advanced) when a NaN or

@@ -9,8 +9,9 @@
  *               x += dense SwiGLU MLP(h), or in a MoE layer
  *                    sum over the top-k experts of w_k * expert_k(h) (+ sigmoid(g . h) * shared(h))
  *   logits = lm_head(rmsnorm(x))
- * Weights are read in place from the image, in their stored dtype (f32, f16, bf16, Q8_0, Q4_0); the
- * KV cache (f32 or f16) and activations live in the arena. */
+ * Weights are read in place from the image, in their stored dtype (f32, f16, bf16, Q8_0, Q4_0), except
+ * routed experts with an expert cache, which come through it (experts.c); the KV cache (f32 or f16)
+ * and activations live in the arena. */
 #include "internal.h"
 
 /* An f32 vector (norm weights, biases, RoPE rows): the verifier allows only f32 there. */
@@ -24,17 +25,21 @@ static const float *layer_w(const colibri_ctx *c, uint32_t layer, uint32_t role)
     return tensor(c, layer_index(c, layer, role));
 }
 
-/* A matrix in any dtype, as the table entry at `index` describes it (docs/FORMAT.md, "Tensor table"). */
-static weight matrix(const colibri_ctx *c, uint32_t index) {
+/* A matrix in any dtype, as the table entry at `index` describes it (docs/FORMAT.md, "Tensor table"),
+ * read from `block`: a copy of the image's bytes from `block_offset` on (an expert cache slot), or the
+ * image itself (offset 0). */
+static weight matrix_in(const colibri_ctx *c, uint32_t index, const uint8_t *block, uint64_t block_offset) {
     const uint8_t *e = c->table + (size_t)index * IMG_ENTRY_BYTES;
     uint64_t scales = rd64(e + 48);
-    weight w = { .data = c->image + rd64(e + 32), .scales = scales ? (const uint16_t *)(const void *)(c->image + scales) : 0,
+    weight w = { .data = block + (rd64(e + 32) - block_offset),
+                 .scales = scales ? (const uint16_t *)(const void *)(block + (scales - block_offset)) : 0,
                  .dtype = (uint32_t)(e[2] | e[3] << 8), .rows = rd32(e + 16), .cols = rd32(e + 20) };
     w.blocks = (w.cols + QBLOCK - 1) / QBLOCK;
     return w;
 }
+static weight matrix(const colibri_ctx *c, uint32_t index) { return matrix_in(c, index, c->image, 0); }
 
-static uint64_t now(const colibri_ctx *c) { return c->opts.cycles ? c->opts.cycles(c->opts.user) : 0; }
+static uint64_t now(const colibri_ctx *c) { return ctx_now(c); }
 
 /* x quantized to Q8_0 in the arena: the normed x once per norm (many matvecs read it), any other
  * input at every call. */
@@ -169,38 +174,64 @@ static int all_finite(const float *v, uint32_t n) {
     return 1;
 }
 
-/* Softmax over all experts, keep the top_k (ties: lower index), optionally renormalize. Each pick scans
- * the experts once and marks its choice below any probability, so the cost is top_k * n_experts (the
- * verifier caps both: docs/SECURITY.md). The router buffer is not read after this. */
+/* Layer's router probabilities for xn into a->router: softmax over all experts. */
+static colibri_status router_probs(colibri_ctx *c, uint32_t layer) {
+    weight router = matrix(c, layer_index(c, layer, ROLE_ROUTER));
+    matvec(c, c->a.router, &router, c->a.xn);
+    softmax(c->a.router, c->d.n_experts);
+    return all_finite(c->a.router, c->d.n_experts) ? COLIBRI_OK : COLIBRI_E_NONFINITE;
+}
+
+/* The most probable expert left in a->router (ties: lower index), marked taken below any probability;
+ * *p gets its probability. One scan, so top_k picks cost top_k * n_experts (the verifier caps both:
+ * docs/SECURITY.md). */
+static uint32_t pick_expert(const colibri_ctx *c, float *p) {
+    float *probs = c->a.router;
+    uint32_t best = 0;
+    float best_p = -1.0f;
+    for (uint32_t e = 0; e < c->d.n_experts; e++)
+        if (probs[e] > best_p) { best = e; best_p = probs[e]; }
+    probs[best] = -2.0f; /* taken: below the -1 every pick starts from */
+    *p = best_p;
+    return best;
+}
+
+/* Keep the top_k experts and their weights, optionally renormalized. The router buffer is not read after this. */
 static colibri_status route_topk(colibri_ctx *c, uint32_t layer) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
-    weight router = matrix(c, layer_index(c, layer, ROLE_ROUTER));
-    matvec(c, a->router, &router, a->xn);
-    softmax(a->router, d->n_experts);
-    if (!all_finite(a->router, d->n_experts)) return COLIBRI_E_NONFINITE;
+    colibri_status st = router_probs(c, layer);
+    if (st) return st;
     float sum = 0.0f;
     for (uint32_t k = 0; k < d->top_k; k++) {
-        uint32_t best = 0;
-        float best_p = -1.0f;
-        for (uint32_t e = 0; e < d->n_experts; e++)
-            if (a->router[e] > best_p) { best = e; best_p = a->router[e]; }
-        a->router[best] = -2.0f; /* taken: below the -1 every pick starts from */
-        a->topk_index[k] = best;
-        a->topk_weight[k] = best_p;
-        sum += best_p;
+        a->topk_index[k] = pick_expert(c, &a->topk_weight[k]);
+        sum += a->topk_weight[k];
     }
     if (d->flags & IMG_FLAG_NORM_TOPK)
         for (uint32_t k = 0; k < d->top_k; k++) a->topk_weight[k] /= sum;
     return COLIBRI_OK;
 }
 
+/* One-layer-ahead prefetch: the next layer's router applied to this layer's FFN input names the
+ * experts to start fetching now. A wrong guess costs a fetch, never a result: the next layer routes
+ * on its own input as always. */
+static void prefetch_next(colibri_ctx *c, uint32_t next) {
+    if (router_probs(c, next) != COLIBRI_OK) return; /* a non-finite guess: fetch nothing */
+    for (uint32_t k = 0; k < c->d.top_k; k++) {
+        float p;
+        experts_fetch_ahead(c, next, pick_expert(c, &p));
+    }
+}
+
 /* moe_out += scale * down(silu(gate xn) * up xn): one expert, the shared expert or a dense MLP.
- * `gate_index` is the table index of the gate matrix; up and down follow it. */
-static void swiglu_ffn(colibri_ctx *c, uint32_t gate_index, uint32_t n_inter, float scale) {
+ * `gate_index` is the table index of the gate matrix; up and down follow it. The three matrices are
+ * read from `block` (see matrix_in). */
+static void swiglu_ffn(colibri_ctx *c, uint32_t gate_index, uint32_t n_inter, float scale, const uint8_t *block,
+                       uint64_t block_offset) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
-    weight gate = matrix(c, gate_index), up = matrix(c, gate_index + 1), down = matrix(c, gate_index + 2);
+    weight gate = matrix_in(c, gate_index, block, block_offset), up = matrix_in(c, gate_index + 1, block, block_offset),
+           down = matrix_in(c, gate_index + 2, block, block_offset);
     matvec(c, a->ffn_gate, &gate, a->xn);
     matvec(c, a->ffn_up, &up, a->xn);
     for (uint32_t i = 0; i < n_inter; i++) {
@@ -220,9 +251,26 @@ static colibri_status ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_tr
         colibri_status st = route_topk(c, layer);
         if (st) return st;
         t1 = now(c);
+        uint32_t slot[IMG_MAX_TOP_K]; /* each routed expert's cache slot */
+        if (c->cache.n_slots) {
+            st = experts_load(c, layer, slot);
+            if (st) return st;
+            const uint32_t next = layer + 1;
+            if ((c->opts.expert_policy & COLIBRI_PREFETCH) && next < d->n_layers &&
+                tensor_present(c->table, layer_index(c, next, ROLE_ROUTER)))
+                prefetch_next(c, next);
+        }
         for (uint32_t k = 0; k < d->top_k; k++) {
             uint64_t e0 = now(c);
-            swiglu_ffn(c, expert_tensor_index(d, layer, a->topk_index[k], ROLE_EXPERT_GATE), d->ffn, a->topk_weight[k]);
+            const uint32_t expert = a->topk_index[k];
+            const uint8_t *block = c->image;
+            uint64_t block_offset = 0;
+            if (c->cache.n_slots) {
+                st = expert_ready(c, slot[k], layer, expert, &block, &block_offset);
+                if (st) return st;
+            }
+            swiglu_ffn(c, expert_tensor_index(d, layer, expert, ROLE_EXPERT_GATE), d->ffn, a->topk_weight[k], block,
+                       block_offset);
             a->topk_cycles[k] = now(c) - e0;
             c->stats.expert_calls++;
         }
@@ -230,11 +278,12 @@ static colibri_status ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_tr
             weight gate = matrix(c, layer_index(c, layer, ROLE_SHARED_EXPERT_GATE));
             float g;
             matvec(c, &g, &gate, a->xn);
-            swiglu_ffn(c, layer_index(c, layer, ROLE_SHARED_GATE), d->shared_ffn, 1.0f / (1.0f + colibri_expf(-g)));
+            swiglu_ffn(c, layer_index(c, layer, ROLE_SHARED_GATE), d->shared_ffn, 1.0f / (1.0f + colibri_expf(-g)),
+                       c->image, 0);
         }
         t->n_routed = d->top_k;
     } else {
-        swiglu_ffn(c, layer_index(c, layer, ROLE_DENSE_GATE), d->dense_ffn, 1.0f);
+        swiglu_ffn(c, layer_index(c, layer, ROLE_DENSE_GATE), d->dense_ffn, 1.0f, c->image, 0);
         t->n_routed = 0;
     }
     uint64_t t2 = now(c);

@@ -1,7 +1,10 @@
 #define _POSIX_C_SOURCE 200112L /* posix_memalign */
 /* libFuzzer harness: an arbitrary byte string as an image -> verify -> open -> one prefill step ->
- * one sampled decode step. The first input byte chooses whether the harness first rewrites both
- * CRCs to match (so mutations reach the checks behind them) or passes the bytes as they are.
+ * one sampled decode step. The first input byte chooses whether the harness first rewrites the header
+ * and payload CRCs to match (bit 0: so mutations reach the checks behind them) or passes the bytes as
+ * they are, and whether routed experts are streamed (bit 1): opened with the smallest expert cache,
+ * the expert part reached only through a fetch hook that copies from the (hostile) bytes, so every
+ * expert block is checked only when it arrives (docs/STREAMING.md).
  * Built with ASan + UBSan by tools/fuzz.py; any out-of-bounds access or UB aborts the run. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -13,19 +16,69 @@
 
 static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
 
+static uint64_t get64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
 static void reseal(uint8_t *img, size_t size) {
     if (size < 256) return;
-    uint64_t image_bytes = 0;
-    for (int i = 0; i < 8; i++) image_bytes |= (uint64_t)img[16 + i] << (8 * i);
-    if (image_bytes > size || image_bytes < 256) image_bytes = size;
-    put32(img + 28, colibri_crc32(0, img + 256, (size_t)image_bytes - 256));
+    uint64_t resident = get64(img + 140); /* the payload CRC covers the resident part */
+    if (resident > size || resident < 256) resident = size;
+    put32(img + 28, colibri_crc32(0, img + 256, (size_t)resident - 256));
     put32(img + 24, 0);
     put32(img + 24, colibri_crc32(0, img, 256));
 }
 
+/* slow memory: the input bytes themselves, bounds-checked like a board's hook */
+typedef struct { const uint8_t *bytes; size_t size; } region;
+
+static int fetch(void *user, uint64_t offset, size_t n, void *dst) {
+    const region *r = user;
+    if (offset > r->size || n > r->size - offset) return 1;
+    memcpy(dst, r->bytes + offset, n);
+    return 0;
+}
+
+/* one prefill step and one sampled decode step: a verified image may still hold NaN or infinite
+ * weights, and a streamed block may be corrupt or out of reach: those are named errors, nothing else */
+static void run(colibri_ctx *ctx, uint32_t vocab) {
+    uint32_t tok = vocab - 1;
+    colibri_sampler s;
+    colibri_sampler_init(&s, 0.8f, 3, 0.9f, 1);
+    colibri_status st = colibri_feed(ctx, &tok, 1);
+    if (st != COLIBRI_OK && st != COLIBRI_E_NONFINITE && st != COLIBRI_E_EXPERT_CRC && st != COLIBRI_E_FETCH) abort();
+    if (st == COLIBRI_OK) {
+        st = colibri_step(ctx, &s, &tok);
+        if (st != COLIBRI_OK && st != COLIBRI_E_SEQ_FULL && st != COLIBRI_E_NONFINITE && st != COLIBRI_E_EXPERT_CRC &&
+            st != COLIBRI_E_FETCH)
+            abort();
+    }
+}
+
+/* Open with the smallest expert cache (top_k slots, from the header: open checks it) and run. */
+static void run_streamed(const uint8_t *image, size_t size) {
+    region slow = { image, size };
+    colibri_options opts = { .expert_cache = size >= 256 ? (uint32_t)get64(image + 68) : 1, .fetch = fetch,
+                             .user = &slow, .expert_policy = COLIBRI_PREFETCH };
+    static uint8_t probe[64] __attribute__((aligned(64)));
+    colibri_ctx *ctx = 0;
+    uint64_t needed = 0;
+    if (colibri_open(image, size, probe, 0, &opts, &ctx, &needed) != COLIBRI_E_ARENA_TOO_SMALL || needed > MAX_ARENA)
+        return;
+    void *arena = 0;
+    if (posix_memalign(&arena, COLIBRI_ARENA_ALIGN, (size_t)needed)) return;
+    if (colibri_open(image, size, arena, (size_t)needed, &opts, &ctx, &needed) != COLIBRI_OK) abort();
+    colibri_image_info info;
+    colibri_get_info(ctx, &info);
+    run(ctx, info.vocab_size);
+    free(arena);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    const int seal = data[0] & 1;
+    const int seal = data[0] & 1, streamed = data[0] & 2;
     data++;
     size--;
     void *image = 0;
@@ -34,22 +87,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (seal) reseal(image, size);
 
     colibri_image_info info;
-    if (colibri_image_verify(image, size, &info) == COLIBRI_OK && info.arena_bytes <= MAX_ARENA) {
+    if (streamed) {
+        run_streamed(image, size);
+    } else if (colibri_image_verify(image, size, &info) == COLIBRI_OK && info.arena_bytes <= MAX_ARENA) {
         void *arena = 0;
         if (!posix_memalign(&arena, COLIBRI_ARENA_ALIGN, (size_t)info.arena_bytes)) {
             colibri_ctx *ctx = 0;
             uint64_t needed = 0;
             if (colibri_open(image, size, arena, (size_t)info.arena_bytes, 0, &ctx, &needed) != COLIBRI_OK) abort();
-            uint32_t tok = info.vocab_size - 1;
-            colibri_sampler s;
-            colibri_sampler_init(&s, 0.8f, 3, 0.9f, 1);
-            /* a verified image may still hold NaN or infinite weights: that is a named error, nothing else */
-            colibri_status st = colibri_feed(ctx, &tok, 1);
-            if (st != COLIBRI_OK && st != COLIBRI_E_NONFINITE) abort();
-            if (st == COLIBRI_OK) {
-                st = colibri_step(ctx, &s, &tok);
-                if (st != COLIBRI_OK && st != COLIBRI_E_SEQ_FULL && st != COLIBRI_E_NONFINITE) abort();
-            }
+            run(ctx, info.vocab_size);
             free(arena);
         }
     }
