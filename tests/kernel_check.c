@@ -82,6 +82,30 @@ static void fill(uint32_t n, uint32_t blocks) {
     }
 }
 
+static void say_hex64(uint64_t v) { /* hex: 64-bit division would pull libgcc into 32-bit boards */
+    static const char digits[] = "0123456789abcdef";
+    char buf[17];
+    for (int i = 0; i < 16; i++) buf[i] = digits[(v >> (60 - 4 * i)) & 15u];
+    buf[16] = 0;
+    say(buf);
+}
+
+/* The cycle counter across one long phase: two readings around a spin of 2^27 iterations, more than
+ * 2^24 cycles on every board (a 24-bit counter would wrap unseen). tests/test_kernels.py compares
+ * their difference with the time the host saw pass between the two lines. */
+static void clock_check(const board_io *io) {
+    if (!io->cycles) return;
+    say("clock ");
+    say_hex64(io->cycles(0));
+    say("\r\n");
+    for (volatile uint32_t spin = 1u << 29; spin; spin--) {}
+    say("clock ");
+    say_hex64(io->cycles(0));
+    say(" hz ");
+    say_hex64(io->cycle_hz);
+    say("\r\n");
+}
+
 int link_serve(const board_io *io) {
     out = io;
     const kernel_set *fast = kernels_select(), *ref = &kernels_scalar;
@@ -109,5 +133,6 @@ int link_serve(const board_io *io) {
     say(" cases, ");
     say_u32(mismatches);
     say(" mismatches\r\n");
+    clock_check(io);
     return mismatches ? 1 : 0;
 }

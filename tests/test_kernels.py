@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,10 @@ EXPECTED_KERNELS = {"hosted": "avx2" if host_has_avx2() else "scalar", "x86_64_b
                     "cortex_m55": "mve", "cortex_m4": "dsp", "riscv64_virt": "rvv"}
 
 
-def run_kernel_check(board: str, elf: Path, extra_args: list[str] | None = None) -> tuple[str, int | None]:
-    """Run a kernel_check.elf on its board; returns (what it printed, the guest's exit code)."""
+def run_kernel_check(board: str, elf: Path, extra_args: list[str] | None = None,
+                     line_times: list[float] | None = None) -> tuple[str, int | None]:
+    """Run a kernel_check.elf on its board; returns (what it printed, the guest's exit code). With
+    `line_times`, appends the host's clock when each line arrived."""
     b = load_board(board)
     # the hosted board maps an image before it serves; the check ignores it
     image = elf if b.spec["link"] == "stdio" else None
@@ -31,6 +34,8 @@ def run_kernel_check(board: str, elf: Path, extra_args: list[str] | None = None)
         try:
             while True:
                 out += dev.link.read(1, 300)
+                if out.endswith(b"\n") and line_times is not None:
+                    line_times.append(time.monotonic())
         except (LinkClosed, LinkTimeout):
             pass
     return out.decode(errors="replace"), dev.guest_code
@@ -46,8 +51,20 @@ def check_report(text: str, code: int | None, kernels: str) -> None:
 
 @pytest.mark.parametrize("board", RELEASE_BOARDS)
 def test_optimized_kernels_equal_scalar(board, firmwares):
-    text, code = run_kernel_check(board, firmwares[board].with_name("kernel_check.elf"))
+    times: list[float] = []
+    text, code = run_kernel_check(board, firmwares[board].with_name("kernel_check.elf"), line_times=times)
     check_report(text, code, EXPECTED_KERNELS[board])
+    # The board's cycle counter across a phase longer than 2^24 cycles (a SysTick-sized counter wraps
+    # there) against the host's clock: QEMU's virtual clock follows the host's without -icount.
+    lines = text.splitlines()
+    clock = [i for i, line in enumerate(lines) if line.startswith("clock ")]
+    assert len(clock) == 2, text
+    first, second = (lines[i].split() for i in clock)
+    cycles, hz = int(second[1], 16) - int(first[1], 16), int(second[3], 16)
+    wall = times[clock[1]] - times[clock[0]]
+    assert hz, text
+    assert wall > min(1.0, (1 << 24) / hz), "the phase must outlast a 24-bit counter at this clock"
+    assert 0.5 < cycles / hz / wall < 2.0, f"{cycles} cycles at {hz} Hz over {wall:.2f} s of host time"
 
 
 def test_x86_without_avx2_falls_back_to_scalar(firmwares):

@@ -6,6 +6,8 @@ token and modeled time per token for a named flash bandwidth, on the demo model 
   python tools/bench_experts.py --board cortex_m55 --json
   python tools/bench_experts.py --bandwidth QSPI=50e6 --bandwidth SD=20e6 --tokens 32
 
+Policies: LRU alone; LRU with the one-layer-ahead prefetch; LRU on an image whose hottest quarter of
+the experts (from a calibration run on another prompt, as pack.py --pin-from does) is pinned resident.
 Every run is checked against the resident run of the same image: the same tokens, or the sweep stops.
 The modeled time is compute + bytes fetched / bandwidth, with compute the resident run's measured time
 per token on this board: a synchronous fetch hook, no overlap (an asynchronous one hides up to the
@@ -18,13 +20,14 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from host.flash import run_on_board  # noqa: E402
+from host.flash import run_on_board, trace_report  # noqa: E402
 from host.image import read_image  # noqa: E402
-from host.pack import pack  # noqa: E402
+from host.pack import hot_experts, pack  # noqa: E402
 from host.protocol import Client, Sampling  # noqa: E402
 from sim.boards import load_board  # noqa: E402
 from sim.launch import start_board  # noqa: E402
@@ -35,13 +38,38 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BANDWIDTHS = {"QSPI 50 MB/s": 50e6, "SD 20 MB/s": 20e6}
 
 
-def models(tmp: Path) -> dict[str, Path]:
-    """The shipped demo model (f32, 8 experts) and a larger random one (Q8_0, 4 layers x 32 experts)."""
-    demo = tmp / "demo.img"
-    pack(ROOT / "models" / "demo-adder", demo, max_seq=32, expert_align=4096, measure_quality=False)
-    large = tmp / "large.img"
-    large.write_bytes(random_image(moe_dims(hidden=256, ffn=512, experts=32, layers=4, max_seq=64), DType.Q8_0, seed=3))
+Builder = Callable[[frozenset], Path]  # pinned (layer, expert) pairs -> image file
+
+
+def models(tmp: Path) -> dict[str, Builder]:
+    """The shipped demo model (f32, 8 experts) and a larger random one (Q8_0, 4 layers x 32 experts),
+    each buildable with a pinned set."""
+    def demo(pinned: frozenset) -> Path:
+        path = tmp / f"demo-{len(pinned)}.img"
+        pack(ROOT / "models" / "demo-adder", path, max_seq=32, expert_align=4096, measure_quality=False, pinned=pinned)
+        return path
+
+    def large(pinned: frozenset) -> Path:
+        path = tmp / f"large-{len(pinned)}.img"
+        dims = moe_dims(hidden=256, ffn=512, experts=32, layers=4, max_seq=64)
+        path.write_bytes(random_image(dims, DType.Q8_0, seed=3, pinned=pinned))
+        return path
     return {"demo-adder (f32)": demo, "random 4x32 experts (q8_0)": large}
+
+
+def prompt_for(vocab: int, salt: int) -> list[int]:
+    return [1 + (7 * i + salt) % (vocab - 1) for i in range(8)]
+
+
+def hot_set(path: Path, board: str, tokens: int) -> frozenset:
+    """A quarter of the routed experts (at least top_k per layer): the ones a calibration run on another
+    prompt routed to most (pack.py --pin-from's choice)."""
+    img = read_image(path.read_bytes())
+    prompt = prompt_for(img.dims.vocab_size, salt=3)
+    traced = run_on_board(path, board, prompt, tokens, Sampling(), False, trace=True)
+    moe_layers = sum(img.dims.moe_layers)
+    count = max(img.dims.top_k * moe_layers, moe_layers * img.dims.n_experts // 4)
+    return hot_experts(trace_report(traced, prompt, path), count)
 
 
 def cache_sizes(top_k: int, streamed: int) -> list[int]:
@@ -52,24 +80,29 @@ def cache_sizes(top_k: int, streamed: int) -> list[int]:
     return sizes + [streamed]
 
 
-def sweep(path: Path, board: str, tokens: int, bandwidths: dict[str, float]) -> list[dict]:
+def sweep(build: Builder, board: str, tokens: int, bandwidths: dict[str, float]) -> list[dict]:
+    path = build(frozenset())
     img = read_image(path.read_bytes())
-    prompt = [1 + (7 * i) % (img.dims.vocab_size - 1) for i in range(8)]
+    prompt = prompt_for(img.dims.vocab_size, salt=0)
     greedy = Sampling()
     resident = run_on_board(path, board, prompt, tokens, greedy, False)
     hz = resident.stats["cycle_hz"] or 1
     compute_s = resident.stats["cycles_total"] / hz / resident.stats["tokens_fed"]
+    pinned_path = build(hot_set(path, board, tokens))
     rows = []
-    for slots in cache_sizes(img.dims.top_k, len(img.streamed_experts())):
-        for prefetch in (False, True):
-            run = run_on_board(path, board, prompt, tokens, greedy, False, expert_cache=slots, prefetch=prefetch)
+    runs = [(path, "lru", False), (path, "lru+prefetch", True), (pinned_path, "lru+pinned", False)]
+    for image_path, policy, prefetch in runs:
+        pinned_img = read_image(image_path.read_bytes())
+        for slots in cache_sizes(img.dims.top_k, len(pinned_img.streamed_experts())):
+            run = run_on_board(image_path, board, prompt, tokens, greedy, False, expert_cache=slots,
+                               prefetch=prefetch)
             if run.tokens != resident.tokens:
                 raise SystemExit(f"bench_experts: {slots} slots gave other tokens than the resident run: a bug")
             s, n = run.stats, run.stats["tokens_fed"]
             routed = s["expert_hits"] + s["expert_misses"]
             per_token = s["expert_bytes_fetched"] / n
             rows.append({
-                "slots": slots, "policy": "lru+prefetch" if prefetch else "lru",
+                "slots": slots, "policy": policy, "resident_bytes": pinned_img.resident_bytes,
                 "cache_bytes": s["arena_bytes"] - img.header["arena_bytes"],
                 "hit_rate": s["expert_hits"] / routed, "bytes_per_token": per_token,
                 "prefetch_accuracy": s["prefetch_used"] / s["prefetch_issued"] if s["prefetch_issued"] else None,
@@ -107,7 +140,7 @@ def plot(results: dict[str, list[dict]], out: Path) -> None:
     import matplotlib.pyplot as plt
     fig, (ax_hit, ax_bytes) = plt.subplots(1, 2, figsize=(11, 4))
     for model, res in results.items():
-        for policy in ("lru", "lru+prefetch"):
+        for policy in ("lru", "lru+prefetch", "lru+pinned"):
             rows = [r for r in res[1:] if r["policy"] == policy]
             x = [r["slots"] for r in rows]
             ax_hit.plot(x, [r["hit_rate"] for r in rows], marker="o", label=f"{model}, {policy}")
@@ -143,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     bandwidths = dict(args.bandwidth) if args.bandwidth else DEFAULT_BANDWIDTHS
     with tempfile.TemporaryDirectory() as tmp:
-        paths = models(Path(tmp))
-        results = {name: sweep(path, args.board, args.tokens, bandwidths) for name, path in paths.items()}
-        large = paths["random 4x32 experts (q8_0)"]
+        builders = models(Path(tmp))
+        results = {name: sweep(build, args.board, args.tokens, bandwidths) for name, build in builders.items()}
+        large = builders["random 4x32 experts (q8_0)"](frozenset())
         memory = [hosted_memory(large, slots, args.tokens) for slots in (0, 4, 16)]
     plot(results, args.plot)
     if args.json:
@@ -157,11 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{model} on {args.board}: image {head['image_bytes']:,} B, resident {head['resident_bytes']:,} B, "
               f"slot {head['expert_block_bytes']:,} B, resident run {head['resident_s_per_token'] * 1e3:.3f} ms/token")
         names = list(bandwidths)
-        print(f"{'slots':>5} {'policy':<13} {'cache B':>11} {'hit rate':>8} {'B/token':>11} {'prefetch ok':>11} "
+        print(f"{'slots':>5} {'policy':<13} {'resident B':>11} {'cache B':>11} {'hit rate':>8} {'B/token':>11} {'prefetch ok':>11} "
               f"{'ms/token':>9} " + " ".join(f"{n + ' ms':>14}" for n in names))
         for r in res[1:]:
             acc = f"{r['prefetch_accuracy']:.0%}" if r["prefetch_accuracy"] is not None else "-"
-            print(f"{r['slots']:>5} {r['policy']:<13} {r['cache_bytes']:>11,} {r['hit_rate']:>8.1%} "
+            print(f"{r['slots']:>5} {r['policy']:<13} {r['resident_bytes']:>11,} {r['cache_bytes']:>11,} {r['hit_rate']:>8.1%} "
                   f"{r['bytes_per_token']:>11,.0f} {acc:>11} {r['measured_s_per_token'] * 1e3:>9.3f} " +
                   " ".join(f"{r['modeled_s_per_token'][n] * 1e3:>14.2f}" for n in names))
     print("\nhosted board process memory after the run, random 4x32 experts (q8_0):")

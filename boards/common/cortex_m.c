@@ -42,31 +42,52 @@ static void uart_puts(const char *s) {
     while (*s) uart_write((const uint8_t *)s++, 1);
 }
 
-/* ---- cycle counter: SysTick on the core clock, a 24-bit down counter, extended to 64 bits by
- * noticing wraps when read. QEMU models no DWT cycle counter, and SysTick wrap interrupts arrive
- * late under TCG, so polling is the reliable way. Reads must come less than 2^24 cycles apart
- * (0.5 s at 32 MHz); the runtime reads it several times per layer. ---- */
-#define SYST_CSR 0xE000E010u
-#define SYST_RVR 0xE000E014u
-#define SYST_CVR 0xE000E018u
+/* ---- cycle counter: a hardware counter at least 32 bits wide, read by polling ----
+ * Not SysTick: it is 24 bits (0.5 s at 32 MHz), so a phase longer than that (any non-toy lm_head)
+ * would wrap unseen between two reads, and counting its wrap interrupts is unreliable under QEMU's
+ * TCG (the interrupt arrives milliseconds late: ../shared/BOARDS.md). QEMU models no DWT cycle
+ * counter (a probe on both machines read 0 after enabling it).
+ *   SSE_COUNTER (the M55's SSE-300): the subsystem's 64-bit system counter on the main clock;
+ *   CMSDK_TIMER (the M4's AN386): CMSDK APB timer 0, a 32-bit down counter on the 25 MHz peripheral
+ *   clock, extended to 64 bits by noticing wraps when read; reads must be less than 2^32 ticks apart
+ *   (171 s), which any run's per-phase reads are. */
+#if defined(SSE_COUNTER)
+#define CNTCR (SSE_COUNTER)                /* control frame: bit 0 enables counting */
+#define CNTCV_LO (SSE_COUNTER + 0x1000u)   /* read frame: the 64-bit count */
+#define CNTCV_HI (SSE_COUNTER + 0x1004u)
 
-static uint32_t systick_last;
-static uint64_t systick_wraps;
+static void counter_init(void) { REG(CNTCR) |= 1u; }
 
-static void systick_init(void) {
-    REG(SYST_RVR) = 0x00FFFFFFu;
-    REG(SYST_CVR) = 0;
-    REG(SYST_CSR) = 5u; /* enable, core clock, no interrupt */
-    systick_last = REG(SYST_CVR);
-}
-
-static uint64_t systick_cycles(void *user) {
+static uint64_t counter_cycles(void *user) {
     (void)user;
-    uint32_t now = REG(SYST_CVR);
-    if (now > systick_last) systick_wraps++; /* counted down through zero and reloaded */
-    systick_last = now;
-    return (systick_wraps << 24) + (0x00FFFFFFu - now);
+    uint32_t hi, lo;
+    do { /* the high word again: a carry between the two reads would tear the value */
+        hi = REG(CNTCV_HI);
+        lo = REG(CNTCV_LO);
+    } while (hi != REG(CNTCV_HI));
+    return (uint64_t)hi << 32 | lo;
 }
+#elif defined(CMSDK_TIMER)
+static uint32_t timer_last;
+static uint64_t timer_wraps;
+
+static void counter_init(void) {
+    REG(CMSDK_TIMER + 0x08) = 0xFFFFFFFFu; /* RELOAD */
+    REG(CMSDK_TIMER + 0x04) = 0xFFFFFFFFu; /* VALUE */
+    REG(CMSDK_TIMER + 0x00) = 1u;          /* CTRL: enable, no interrupt */
+    timer_last = REG(CMSDK_TIMER + 0x04);
+}
+
+static uint64_t counter_cycles(void *user) {
+    (void)user;
+    uint32_t now = REG(CMSDK_TIMER + 0x04);
+    if (now > timer_last) timer_wraps++; /* counted down through zero and reloaded */
+    timer_last = now;
+    return (timer_wraps << 32) + (0xFFFFFFFFu - now);
+}
+#else
+#error "board.toml must name the cycle counter: -DSSE_COUNTER=<control frame> or -DCMSDK_TIMER=<timer base>"
+#endif
 
 /* ---- faults: report the stacked PC and exit with code 127 ---- */
 void hardfault_report(const uint32_t *frame);
@@ -110,9 +131,9 @@ __attribute__((section(".vectors"), used)) static const vector vectors[16] = {
 void board_main(void) {
     REG(0xE000ED08u) = (uint32_t)(uintptr_t)vectors; /* VTOR */
     uart_init();
-    systick_init();
+    counter_init();
     board_io io = {
-        .board = BOARD_NAME, .read_byte = uart_read_byte, .write = uart_write, .cycles = systick_cycles,
+        .board = BOARD_NAME, .read_byte = uart_read_byte, .write = uart_write, .cycles = counter_cycles,
         .cycle_hz = CPU_HZ,
         /* QEMU's loader may have put an image here; if not, OPEN says "bad magic" until one is uploaded */
         .image = (const uint8_t *)(uintptr_t)IMAGE_BASE, .image_size = IMAGE_CAPACITY,
