@@ -122,6 +122,8 @@ def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, 
     """Boot `board_name` (QEMU or hosted), load the image (QEMU's loader, or `upload` over the link), run.
     `wrap` may put something between host and device (the fault injector of sim/faults.py)."""
     board = load_board(board_name)
+    if expert_cache and not upload:  # a board that can keep the expert part out of memory is told to
+        board_args = (board_args or []) + board.spec.get("stream_args", [])
     with start_board(board, firmware or board.firmware(), None if upload else image, board_args, gdb) as device:
         link = wrap(device.link) if wrap else device.link
         result = run_session(Client(link, timeout=timeout, retries=retries), image, prompt, max_new, sampling,

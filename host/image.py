@@ -22,6 +22,7 @@ HEADER_BYTES = 256
 ENTRY_BYTES = 64
 ALIGN = 64
 ARENA_CTX_BYTES = 1024  # reserved at the start of the arena for the runtime's context struct
+TENSOR_REF_BYTES = 32   # one decoded table entry in the arena (tensor_ref in firmware/src/internal.h)
 NO_INDEX = 0xFFFFFFFF
 
 ARCH_MOE = 1  # decoder-only transformer with a top-k routed MoE FFN (Mixtral family)
@@ -183,7 +184,9 @@ def arena_plan(d: ModelDims) -> dict[str, tuple[int, int]]:
     ffn = max(d.ffn_size, d.dense_ffn_size, d.shared_ffn_size)
     in_blocks = blocks(max(d.hidden_size, d.q_dim, ffn))
     D = d.hidden_size
+    n_tensors = 3 + d.n_layers * (len(LAYER_ROLES) + len(EXPERT_ROLES) * d.n_experts) + 2
     buffers = [  # (name, bytes), in arena order
+        ("tensors", TENSOR_REF_BYTES * n_tensors),  # the table, decoded by colibri_open
         ("x", 4 * D), ("xn", 4 * D), ("q", 4 * d.q_dim), ("k_new", 4 * d.kv_dim), ("v_new", 4 * d.kv_dim),
         ("attn_out", 4 * d.q_dim), ("att", 4 * d.n_heads * d.max_seq), ("ffn_gate", 4 * ffn), ("ffn_up", 4 * ffn),
         ("ffn_out", 4 * D), ("moe_out", 4 * D), ("router", 4 * d.n_experts), ("topk_weight", 4 * d.top_k),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes as C
+import struct
 
 import numpy as np
 import pytest
@@ -252,3 +253,33 @@ def test_top_k_keeps_ties_with_the_kth_as_transformers_does(lib, images):
     assert set(np.flatnonzero(np.isfinite(kept.numpy()))) == {best, twin}  # the oracle keeps both
     assert set(_sample_many(lib, ctx, 1.0, 1, 1.0, 3)) == {best, twin}
     assert _sample_many(lib, ctx, 0.0, 1, 1.0, 3, n=20) == [min(best, twin)] * 20  # greedy: lowest id
+
+
+def test_tensor_places_are_resolved_once_at_open(lib, base):
+    """After open the runtime never reads the image's table again: a table rewritten under a live context
+    (every offset pointed far outside the image) changes nothing, and the logits stay the same bits."""
+    from host.image import ENTRY_BYTES, HEADER_BYTES
+    ctx = Context(lib, base)
+    assert ctx.feed([1, 2, 3]) == 0
+    want = ctx.logits()
+    assert lib.so.colibri_reset(ctx.ctx) == 0
+    n_tensors = struct.unpack_from("<I", base, 96)[0]
+    for i in range(n_tensors):
+        C.memmove(ctx.image.addr + HEADER_BYTES + i * ENTRY_BYTES + 32, struct.pack("<Q", 1 << 40), 8)
+    assert ctx.feed([1, 2, 3]) == 0
+    assert ctx.logits().tobytes() == want.tobytes()
+
+
+def test_an_arena_overlapping_the_image_is_refused(lib, base):
+    from capi import Aligned
+    status, info = lib.verify(base)
+    buf = Aligned(len(base) + info.arena_bytes)  # the image, then room for an arena behind it
+    C.memmove(buf.addr, base, len(base))
+    ctx, needed = C.c_void_p(), C.c_uint64()
+    for arena_at in (buf.addr + 64 * (len(base) // 64 // 2), buf.addr):  # inside the image, at its start
+        st = lib.so.colibri_open(C.c_void_p(buf.addr), len(base), C.c_void_p(arena_at), info.arena_bytes, None,
+                                 C.byref(ctx), C.byref(needed))
+        assert st == STATUS["E_ARENA_OVERLAP"]
+    behind = buf.addr + (len(base) + 63) // 64 * 64
+    assert lib.so.colibri_open(C.c_void_p(buf.addr), len(base), C.c_void_p(behind), info.arena_bytes, None,
+                               C.byref(ctx), C.byref(needed)) == 0

@@ -4,6 +4,7 @@ the bits of the fully resident image, on the hosted runtime and on bare-metal bo
 from __future__ import annotations
 
 import ctypes as C
+import os
 
 import numpy as np
 import pytest
@@ -266,3 +267,50 @@ def test_pinning_and_prefetch_raise_hits_where_the_trace_says(lib, hosted_build,
     s = ctx.stats()
     assert s.prefetch_issued > 0 and s.prefetch_used >= 0.9 * s.prefetch_issued  # the guesses were right
     assert with_prefetch >= no_prefetch + 0.3, (no_prefetch, with_prefetch)
+
+
+def test_hosted_board_survives_its_image_file_changing(streaming_images, hosted_build, tmp_path):
+    """docs/STREAMING.md, hosted: what the runtime reads in place is a private copy, so a truncated file
+    changes nothing; with --stream the expert part is read from the file through the fetch hook, so a
+    truncation is COLIBRI_E_FETCH (the SIGBUS is caught) and a rewrite COLIBRI_E_EXPERT_CRC."""
+    from host.protocol import STATUS_NAMES, Client, DeviceError
+    from sim.boards import load_board
+    from sim.launch import start_board
+    image = streaming_images["base-q8_0"]
+    img = read_image(image)
+    board, firmware, path = load_board("hosted"), hosted_build / "firmware.elf", tmp_path / "live.img"
+
+    def session(args, change, expert_cache):
+        path.write_bytes(image)
+        with start_board(board, firmware, path, args) as device:
+            client = Client(device.link, timeout=20)
+            client.info()
+            change()
+            try:
+                opened = client.open(expert_cache, prefetch=False)
+                return client.run(PROMPT, 2, Sampling(), vocab=opened.vocab_size)[1]
+            finally:
+                client.quit()
+
+    clean = session(None, lambda: None, 0)
+    assert session(None, lambda: path.write_bytes(b""), 0).tobytes() == clean.tobytes()
+    assert session(["--stream"], lambda: None, 2).tobytes() == clean.tobytes()
+
+    def code(err) -> str:
+        return STATUS_NAMES[err.value.code]
+    with pytest.raises(DeviceError) as err:  # --stream keeps only the resident part: no in-place OPEN
+        session(["--stream"], lambda: None, 0)
+    assert code(err) == "E_IMAGE_TRUNCATED"
+    with pytest.raises(DeviceError) as err:
+        session(["--stream"], lambda: os.truncate(path, img.resident_bytes), 2)
+    assert code(err) == "E_FETCH"
+
+    def rewrite_experts() -> None:
+        data = bytearray(image)
+        for layer, expert in img.streamed_experts():
+            data[img.expert_block(layer, expert)[0] + 5] ^= 1
+        with open(path, "r+b") as f:  # in place, same size
+            f.write(data)
+    with pytest.raises(DeviceError) as err:
+        session(["--stream"], rewrite_experts, 2)
+    assert code(err) == "E_EXPERT_CRC"

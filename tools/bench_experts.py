@@ -121,7 +121,7 @@ def hosted_memory(path: Path, slots: int, tokens: int) -> dict:
     img = read_image(path.read_bytes())
     prompt = [1 + (7 * i) % (img.dims.vocab_size - 1) for i in range(8)]
     board = load_board("hosted")
-    with start_board(board, board.firmware(), path) as device:
+    with start_board(board, board.firmware(), path, board.spec["stream_args"] if slots else None) as device:
         client = Client(device.link)
         client.info()
         opened = client.open(slots, True)

@@ -1,16 +1,24 @@
-/* The hosted board: a Linux process that maps the image read-only, takes its arena with one
- * mmap, and speaks the device side of the serial protocol over stdin/stdout.
- *   firmware.elf [IMAGE] [--arena-bytes N] [--upload-bytes N]
+/* The hosted board: a Linux process that reads the image, takes its arena with one mmap, and speaks
+ * the device side of the serial protocol over stdin/stdout.
+ *   firmware.elf [IMAGE] [--stream] [--arena-bytes N] [--upload-bytes N]
  * Without --arena-bytes the arena is the image's plan plus room for an expert cache of every
  * streamed expert (anonymous memory: pages an OPEN does not use are never touched, so never resident).
  * With --upload-bytes the link accepts an image uploaded over it, as a board without a file system does.
  *
- * Expert streaming: the fetch hooks copy expert blocks out of the mapped file and tell the kernel what
- * is coming and what is done with (madvise WILLNEED when a fetch starts, DONTNEED once it is copied),
- * so the process's resident memory stays near the resident part plus the cache, not the image. */
+ * What the runtime reads in place is a private copy of the file, read once at start: a file rewritten
+ * or truncated while the board runs changes nothing (mapping it instead would turn a truncation into
+ * SIGBUS and a rewrite into silently different logits). Without --stream that is the whole image.
+ * With --stream it is the resident part only, and OPEN needs an expert cache: the expert part stays a
+ * read-only mapping of the file, reached only by the fetch hooks, which copy expert blocks out of it
+ * and tell the kernel what is coming and what is done with (madvise WILLNEED when a fetch starts,
+ * DONTNEED once it is copied), so resident memory stays near the resident part plus the cache. A
+ * fetch from a file that shrank is a failed fetch (COLIBRI_E_FETCH: the SIGBUS is caught around the
+ * copy), and a rewritten block fails its CRC (COLIBRI_E_EXPERT_CRC). */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <errno.h>
 #include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,9 +72,25 @@ static void advise(const uint8_t *p, size_t n, int advice) {
     if (hi > lo) madvise((void *)lo, hi - lo, advice);
 }
 
+/* A copy out of the mapping faults (SIGBUS) where the file has shrunk since it was mapped. */
+static sigjmp_buf fetch_fault;
+static volatile sig_atomic_t fetching;
+
+static void on_sigbus(int sig) {
+    if (fetching) siglongjmp(fetch_fault, 1);
+    signal(sig, SIG_DFL); /* not ours: die as the signal says */
+    raise(sig);
+}
+
 static int fetch_copy(uint64_t offset, size_t bytes, void *dst) {
     if (offset > mapped_size || bytes > mapped_size - offset) return 1;
+    if (sigsetjmp(fetch_fault, 1)) {
+        fetching = 0;
+        return 1;
+    }
+    fetching = 1;
     memcpy(dst, mapped + offset, bytes);
+    fetching = 0;
     advise(mapped + offset, bytes, MADV_DONTNEED);
     return 0;
 }
@@ -104,9 +128,11 @@ static uint64_t monotonic_ns(void *user) {
 }
 
 static int usage(const char *argv0) {
-    fprintf(stderr, "usage: %s [IMAGE] [--arena-bytes N] [--upload-bytes N]\n"
-                    "  IMAGE            image file to map (or upload one over the link)\n"
-                    "  --arena-bytes N  arena size (default: exactly the image's plan, or 64 MiB without one)\n"
+    fprintf(stderr, "usage: %s [IMAGE] [--stream] [--arena-bytes N] [--upload-bytes N]\n"
+                    "  IMAGE            image file to run (or upload one over the link)\n"
+                    "  --stream         keep only the resident part in memory; OPEN must ask for an expert cache\n"
+                    "  --arena-bytes N  arena size (default: the image's plan plus a cache of every streamed\n"
+                    "                   expert, or 64 MiB without an image)\n"
                     "  --upload-bytes N give the link an upload region of N bytes\n", argv0);
     return 2;
 }
@@ -120,12 +146,30 @@ static void *map_anon(size_t n) {
     return p;
 }
 
+/* The first n bytes of the file in private, read-only memory (64-byte aligned: it is page aligned). */
+static const uint8_t *read_private(int fd, size_t n, const char *path) {
+    uint8_t *p = map_anon(n);
+    for (size_t done = 0; done < n;) {
+        ssize_t r = pread(fd, p + done, n - done, (off_t)done);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            fprintf(stderr, "colibri-hosted: cannot read image %s: %s\n", path, r ? strerror(errno) : "file shrank");
+            exit(2);
+        }
+        done += (size_t)r;
+    }
+    mprotect(p, n ? n : 1, PROT_READ);
+    return p;
+}
+
 int main(int argc, char **argv) {
     const char *path = 0;
     size_t arena_size = 0, upload_size = 0;
-    int arena_given = 0;
+    int arena_given = 0, stream = 0;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--arena-bytes") == 0 && i + 1 < argc) {
+        if (strcmp(argv[i], "--stream") == 0) {
+            stream = 1;
+        } else if (strcmp(argv[i], "--arena-bytes") == 0 && i + 1 < argc) {
             arena_size = (size_t)strtoull(argv[++i], 0, 0);
             arena_given = 1;
         } else if (strcmp(argv[i], "--upload-bytes") == 0 && i + 1 < argc) {
@@ -137,7 +181,7 @@ int main(int argc, char **argv) {
         }
     }
     board_io io = { .board = "hosted", .read_byte = read_byte, .write = write_all, .cycles = monotonic_ns,
-                    .cycle_hz = 1000000000u, .fetch = fetch_copy, .fetch_start = fetch_start, .fetch_wait = fetch_wait };
+                    .cycle_hz = 1000000000u };
     if (path) {
         int fd = open(path, O_RDONLY);
         struct stat st;
@@ -145,23 +189,34 @@ int main(int argc, char **argv) {
             fprintf(stderr, "colibri-hosted: cannot read image %s: %s\n", path, strerror(errno));
             return 2;
         }
-        io.image_size = (size_t)st.st_size;
-        void *image = mmap(0, io.image_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        close(fd);
-        if (image == MAP_FAILED) {
+        mapped_size = (size_t)st.st_size;
+        void *map = mmap(0, mapped_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (map == MAP_FAILED) {
             fprintf(stderr, "colibri-hosted: mmap %s: %s\n", path, strerror(errno));
             return 2;
         }
-        io.image = image;
-        mapped = image;
-        mapped_size = io.image_size;
+        mapped = map;
         /* Size the arena from the image's plan; a corrupt image gets a small arena and OPEN says why. */
         colibri_image_info info = { 0 };
+        const int valid = colibri_image_verify(mapped, mapped_size, &info) == COLIBRI_OK;
         if (!arena_given)
-            arena_size = colibri_image_verify(image, io.image_size, &info) == COLIBRI_OK
-                             ? (size_t)(info.arena_bytes + colibri_expert_cache_bytes(&info, info.streamed_experts))
-                             : 4096;
-        advise(image, io.image_size, MADV_DONTNEED); /* sizing read every page: start from none resident */
+            arena_size = valid ? (size_t)(info.arena_bytes + colibri_expert_cache_bytes(&info, info.streamed_experts))
+                               : 4096;
+        io.image_size = stream && valid ? (size_t)info.resident_bytes : mapped_size;
+        io.image = read_private(fd, io.image_size, path);
+        close(fd);
+        if (stream) {
+            advise(mapped, mapped_size, MADV_DONTNEED); /* the check read every page: start from none resident */
+            struct sigaction sa = { .sa_handler = on_sigbus };
+            sigaction(SIGBUS, &sa, 0);
+            io.fetch = fetch_copy;
+            io.fetch_start = fetch_start;
+            io.fetch_wait = fetch_wait;
+        } else {
+            munmap(map, mapped_size); /* everything is in the private copy */
+            mapped = 0;
+            mapped_size = 0;
+        }
     } else if (!arena_given) {
         arena_size = 64u << 20;
     }

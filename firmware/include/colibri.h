@@ -59,6 +59,7 @@ typedef enum {
     COLIBRI_E_CACHE_TOO_SMALL = 21,    /* expert cache below one layer's top-k (info.expert_cache_min slots) */
     COLIBRI_E_FETCH = 22,              /* the board's fetch hook failed; like E_NONFINITE, reset to go on */
     COLIBRI_E_EXPERT_CRC = 23,         /* an expert block does not match its CRC32 (when fetched, or at verify) */
+    COLIBRI_E_ARENA_OVERLAP = 24,      /* the arena overlaps the image */
     COLIBRI_STATUS_COUNT
 } colibri_status;
 
@@ -160,6 +161,8 @@ uint64_t colibri_expert_cache_bytes(const colibri_image_info *info, uint32_t slo
  * info.arena_bytes long, plus colibri_expert_cache_bytes() with an expert cache). The image must
  * stay valid and unchanged while the context is used. With an expert cache only the resident part
  * is verified here; each expert block is checked when fetched.
+ * Every tensor's place is decoded and bounds-checked here, once, into the arena: later calls never
+ * read the image's table again, so the arena must not overlap the image (COLIBRI_E_ARENA_OVERLAP).
  * On COLIBRI_E_ARENA_TOO_SMALL, *arena_needed (if not NULL) holds the bytes required; on
  * COLIBRI_E_CACHE_TOO_SMALL, the bytes the smallest cache would need.
  * `opts` may be NULL. On success *ctx points into the arena. */

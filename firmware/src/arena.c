@@ -27,6 +27,7 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
     uint64_t kv_cache = (uint64_t)d->n_layers * d->max_seq;
     if (kv_cache > IMG_MAX_DIM) return COLIBRI_E_IMAGE_DIMS; /* layers x positions, keeps the product below 2^48 */
     kv_cache *= d->kv_dim;
+    a.tensors = reserve_bytes(&p, d->n_tensors, TENSOR_REF_BYTES);
     a.x = reserve(&p, d->dim);
     a.xn = reserve(&p, d->dim);
     a.q = reserve(&p, d->q_dim);

@@ -31,12 +31,15 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     if (st) return st;
     if ((uintptr_t)arena % COLIBRI_ARENA_ALIGN) return COLIBRI_E_ARENA_ALIGN;
     if (arena_size < need) return COLIBRI_E_ARENA_TOO_SMALL;
+    const uintptr_t a0 = (uintptr_t)arena, i0 = (uintptr_t)image; /* sizes fit the address space: both are mapped */
+    if (a0 < i0 + image_size && i0 < a0 + (uintptr_t)need) return COLIBRI_E_ARENA_OVERLAP;
 
     colibri_ctx *c = arena;
     arena_buffers a;
     uint64_t total;
     arena_plan(&d, arena, &a, &total); /* cannot fail: image_verify() ran the same plan */
-    *c = (colibri_ctx){ .kernels = kernels_select(), .image = image, .table = table, .info = info, .d = d, .a = a };
+    *c = (colibri_ctx){ .kernels = kernels_select(), .image = image, .info = info, .d = d, .a = a };
+    tensors_resolve(table, d.n_tensors, a.tensors); /* the last read of the table */
     c->attn_scale = 1.0f / __builtin_sqrtf((float)d.head_dim);
     if (opts) c->opts = *opts;
     if (slots) { /* the cache follows the plan: slot bookkeeping, then the slots */
@@ -158,6 +161,7 @@ const char *colibri_strerror(colibri_status s) {
         [COLIBRI_E_CACHE_TOO_SMALL] = "expert cache smaller than one layer's top-k",
         [COLIBRI_E_FETCH] = "expert fetch hook failed",
         [COLIBRI_E_EXPERT_CRC] = "expert block CRC mismatch",
+        [COLIBRI_E_ARENA_OVERLAP] = "arena overlaps the image",
     };
     if ((unsigned)s >= COLIBRI_STATUS_COUNT) return "unknown status";
     return names[s];

@@ -65,6 +65,15 @@ int tensor_present(const uint8_t *table, uint32_t index) {
     return rd32(table + (size_t)index * IMG_ENTRY_BYTES + E_NDIMS) != 0;
 }
 
+void tensors_resolve(const uint8_t *table, uint32_t n_tensors, tensor_ref *refs) {
+    for (uint32_t i = 0; i < n_tensors; i++) {
+        const uint8_t *e = table + (size_t)i * IMG_ENTRY_BYTES;
+        refs[i] = (tensor_ref){ .offset = rd64(e + E_OFFSET), .scales = rd64(e + E_SCALES_OFFSET),
+                                .rows = rd32(e + E_NDIMS) ? rd32(e + E_DIM0) : 0, .cols = rd32(e + E_DIM1),
+                                .dtype = rd16(e + E_DTYPE) };
+    }
+}
+
 static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     if (rd32(h + H_ARCH) != IMG_ARCH_MOE) return COLIBRI_E_UNSUPPORTED;
     d->vocab = rd32(h + H_VOCAB);
@@ -256,6 +265,7 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
     if (st) return st;
     uint64_t per_layer = LAYER_FIXED + (uint64_t)TENSORS_PER_EXPERT * dims.n_experts;
     if (n_tensors != TENSORS_BEFORE_LAYERS + per_layer * dims.n_layers + 2) return COLIBRI_E_IMAGE_TABLE;
+    dims.n_tensors = (uint32_t)n_tensors;
     /* the expert CRC table: one u32 per (layer, expert), between the tensor table and the data */
     uint64_t crc_end = crc_offset + 4ull * dims.n_layers * dims.n_experts; /* < 2^24 * 2^10 * 4: no overflow */
     if (dims.n_experts ? (crc_offset % IMG_ALIGN || crc_offset < table_end || crc_end > data_offset) : crc_offset != 0)
@@ -329,12 +339,12 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
 }
 
 void expert_block(const colibri_ctx *c, uint32_t layer, uint32_t expert, uint64_t *offset, uint64_t *bytes) {
-    const uint8_t *gate = c->table + (size_t)expert_tensor_index(&c->d, layer, expert, ROLE_EXPERT_GATE) * IMG_ENTRY_BYTES;
-    const uint8_t *down = gate + 2 * IMG_ENTRY_BYTES;
-    uint64_t end = rd64(down + E_SCALES_BYTES) ? rd64(down + E_SCALES_OFFSET) + rd64(down + E_SCALES_BYTES)
-                                               : rd64(down + E_OFFSET) + rd64(down + E_BYTES);
-    *offset = rd64(gate + E_OFFSET);
-    *bytes = end - *offset;
+    const tensor_ref *gate = &c->a.tensors[expert_tensor_index(&c->d, layer, expert, ROLE_EXPERT_GATE)];
+    const tensor_ref *down = gate + 2; /* up and down follow the gate: one contiguous block */
+    uint64_t values, scales;
+    tensor_bytes(down->dtype, down->rows, down->cols, &values, &scales);
+    *offset = gate->offset;
+    *bytes = (down->scales ? down->scales + scales : down->offset + values) - gate->offset;
 }
 
 colibri_status colibri_image_verify(const void *image, size_t size, colibri_image_info *info) {

@@ -51,6 +51,7 @@ typedef struct {
     float eps, clip_qkv;            /* clip_qkv 0: no clipping */
     uint32_t q_dim, kv_dim, ffn_max;
     uint32_t in_blocks;             /* blocks of QBLOCK in the longest matvec input (for the quantized x) */
+    uint32_t n_tensors;             /* table entries: 3 + n_layers * (LAYER_FIXED + 3 * n_experts) + 2 */
     /* the two tiers: set by image_verify() from the header and the table */
     uint64_t resident_bytes;        /* [0, resident_bytes) is read in place */
     uint64_t expert_block_max;      /* the largest routed expert block (gate, up, down and scales) */
@@ -61,7 +62,20 @@ typedef struct {
 /* ---- the work arena (mirrors arena_plan() in host/image.py) ---- */
 #define ARENA_CTX_BYTES 1024u
 
+/* One table entry as open() decoded and bounds-checked it: the forward pass reads these, never the
+ * image's table, so an image that changes after open can change values but never where reads go.
+ * Offsets, not pointers: the same 32 bytes on every board, and an expert's place inside a cache slot
+ * is its offset minus its block's. */
 typedef struct {
+    uint64_t offset;         /* of the values, from the image start */
+    uint64_t scales;         /* of the Q8_0/Q4_0 block scales (0: a float dtype) */
+    uint32_t rows, cols;     /* rows 0: an empty slot; cols 1 for a vector */
+    uint32_t dtype, reserved;
+} tensor_ref;
+#define TENSOR_REF_BYTES 32u
+
+typedef struct {
+    tensor_ref *tensors; /* every table entry, decoded at open */
     float *x, *xn, *q, *k_new, *v_new, *attn_out, *att, *ffn_gate, *ffn_up, *ffn_out, *moe_out, *router, *topk_weight;
     uint32_t *topk_index;
     uint64_t *topk_cycles; /* for the trace hook */
@@ -133,7 +147,6 @@ typedef struct {
 struct colibri_ctx {
     const kernel_set *kernels;
     const uint8_t *image;
-    const uint8_t *table;
     colibri_image_info info;
     model_dims d;
     float attn_scale;
@@ -158,8 +171,10 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
 uint32_t layer_tensor_index(const model_dims *d, uint32_t layer, uint32_t role);
 uint32_t expert_tensor_index(const model_dims *d, uint32_t layer, uint32_t expert, uint32_t role);
 uint32_t global_tensor_index(const model_dims *d, uint32_t role);
-/* Whether a layer slot holds a tensor: its entry has dimensions (the verifier checked it matches the flags). */
+/* Whether a table slot holds a tensor: its entry has dimensions (the verifier checked it matches the flags). */
 int tensor_present(const uint8_t *table, uint32_t index);
+/* Decode every entry of a verified table into refs (open() does this once). */
+void tensors_resolve(const uint8_t *table, uint32_t n_tensors, tensor_ref *refs);
 
 /* ---- kernels.c (scalar reference: deterministic, no FMA contraction) ---- */
 float colibri_expf(float x);

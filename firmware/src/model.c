@@ -16,8 +16,9 @@
 
 /* An f32 vector (norm weights, biases, RoPE rows): the verifier allows only f32 there. */
 static const float *tensor(const colibri_ctx *c, uint32_t index) {
-    return (const float *)(const void *)(c->image + rd64(c->table + (size_t)index * IMG_ENTRY_BYTES + 32));
+    return (const float *)(const void *)(c->image + c->a.tensors[index].offset);
 }
+static int present(const colibri_ctx *c, uint32_t index) { return c->a.tensors[index].rows != 0; }
 static uint32_t layer_index(const colibri_ctx *c, uint32_t layer, uint32_t role) {
     return layer_tensor_index(&c->d, layer, role);
 }
@@ -25,15 +26,13 @@ static const float *layer_w(const colibri_ctx *c, uint32_t layer, uint32_t role)
     return tensor(c, layer_index(c, layer, role));
 }
 
-/* A matrix in any dtype, as the table entry at `index` describes it (docs/FORMAT.md, "Tensor table"),
- * read from `block`: a copy of the image's bytes from `block_offset` on (an expert cache slot), or the
- * image itself (offset 0). */
+/* A matrix in any dtype, as open() resolved table entry `index`, read from `block`: a copy of the
+ * image's bytes from `block_offset` on (an expert cache slot), or the image itself (offset 0). */
 static weight matrix_in(const colibri_ctx *c, uint32_t index, const uint8_t *block, uint64_t block_offset) {
-    const uint8_t *e = c->table + (size_t)index * IMG_ENTRY_BYTES;
-    uint64_t scales = rd64(e + 48);
-    weight w = { .data = block + (rd64(e + 32) - block_offset),
-                 .scales = scales ? (const uint16_t *)(const void *)(block + (scales - block_offset)) : 0,
-                 .dtype = (uint32_t)(e[2] | e[3] << 8), .rows = rd32(e + 16), .cols = rd32(e + 20) };
+    const tensor_ref *t = &c->a.tensors[index];
+    weight w = { .data = block + (t->offset - block_offset),
+                 .scales = t->scales ? (const uint16_t *)(const void *)(block + (t->scales - block_offset)) : 0,
+                 .dtype = t->dtype, .rows = t->rows, .cols = t->cols };
     w.blocks = (w.cols + QBLOCK - 1) / QBLOCK;
     return w;
 }
@@ -84,7 +83,7 @@ static void matvec(colibri_ctx *c, float *out, const weight *w, const float *x) 
 static void project(colibri_ctx *c, float *out, uint32_t layer, uint32_t w_role, uint32_t b_role, const float *x) {
     weight w = matrix(c, layer_index(c, layer, w_role));
     matvec(c, out, &w, x);
-    if (tensor_present(c->table, layer_index(c, layer, b_role))) {
+    if (present(c, layer_index(c, layer, b_role))) {
         const float *b = layer_w(c, layer, b_role);
         for (uint32_t i = 0; i < w.rows; i++) out[i] += b[i];
     }
@@ -247,7 +246,7 @@ static colibri_status ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_tr
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
     uint64_t t0 = now(c), t1 = t0;
-    if (tensor_present(c->table, layer_index(c, layer, ROLE_ROUTER))) {
+    if (present(c, layer_index(c, layer, ROLE_ROUTER))) {
         colibri_status st = route_topk(c, layer);
         if (st) return st;
         t1 = now(c);
@@ -257,7 +256,7 @@ static colibri_status ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_tr
             if (st) return st;
             const uint32_t next = layer + 1;
             if ((c->opts.expert_policy & COLIBRI_PREFETCH) && next < d->n_layers &&
-                tensor_present(c->table, layer_index(c, next, ROLE_ROUTER)))
+                present(c, layer_index(c, next, ROLE_ROUTER)))
                 prefetch_next(c, next);
         }
         for (uint32_t k = 0; k < d->top_k; k++) {
