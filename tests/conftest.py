@@ -86,7 +86,7 @@ def build(board: str, mode: str = "release", kernels: str = "auto") -> Path:
     return ROOT / "build" / board / (mode + ("-scalar" if kernels == "scalar" else ""))
 
 
-def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path) -> Path:
+def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path, max_positions: int = 128) -> Path:
     """A small random model of any supported family (`arch` is the HF class name), norms randomized too."""
     import torch
     import transformers
@@ -94,7 +94,7 @@ def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path) -> Pat
     torch.manual_seed(seed)
     model_cls = getattr(transformers, arch)
     config_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
-    model = model_cls(config_cls(initializer_range=0.25, max_position_embeddings=128, **config)).eval()
+    model = model_cls(config_cls(initializer_range=0.25, max_position_embeddings=max_positions, **config)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:

@@ -58,11 +58,11 @@ def test_boards_agree_bit_for_bit(images, firmwares):
         assert other.logits.tobytes() == runs[0].logits.tobytes()
 
 
-def test_serial_upload_path(images, firmwares):
+@pytest.mark.parametrize("board", ["x86_64_baremetal", "cortex_m4", "riscv64_virt"])
+def test_serial_upload_path(board, images, firmwares):
     """The image sent over the link in checksummed chunks, as to a real board without a loader."""
     image = images["top3_gqa4_tied"]
-    result = flash.run_on_board(image, "x86_64_baremetal", PROMPT, 8, Sampling(), True,
-                                firmware=firmwares["x86_64_baremetal"], upload=True)
+    result = flash.run_on_board(image, board, PROMPT, 8, Sampling(), True, firmware=firmwares[board], upload=True)
     assert result.upload_crc32 == zlib.crc32(image.read_bytes())
     ref = Reference(read_image(image.read_bytes()))
     assert result.tokens == ref.greedy(PROMPT, 8)

@@ -19,10 +19,11 @@ TIMEOUT, RETRIES = 0.4, 8
 BOUND = (RETRIES + 1) * TIMEOUT * 8 + 30  # per run: requests x attempts x timeout, generously
 
 
-def test_fault_sweep(images, firmwares, capsys):
+@pytest.mark.parametrize("board", ["hosted", "cortex_m55"])
+def test_fault_sweep(board, images, firmwares, capsys):
+    """Over the hosted board's pipes and over a QEMU board's TCP serial socket."""
     image = images["base"]
-    clean = flash.run_on_board(image, "hosted", PROMPT, 12, Sampling(0.9, 0, 0.95, 5), True,
-                               firmware=firmwares["hosted"])
+    clean = flash.run_on_board(image, board, PROMPT, 12, Sampling(0.9, 0, 0.95, 5), True, firmware=firmwares[board])
     report = {}
     for rate in (1e-4, 1e-3):
         counts = {"identical": 0, "failed_cleanly": 0, "wrong": 0, "hang": 0, "faults": 0}
@@ -34,8 +35,8 @@ def test_fault_sweep(images, firmwares, capsys):
                 return proxies[-1]
             t0 = time.monotonic()
             try:
-                got = flash.run_on_board(image, "hosted", PROMPT, 12, Sampling(0.9, 0, 0.95, 5), True,
-                                         firmware=firmwares["hosted"], timeout=TIMEOUT, retries=RETRIES, wrap=wrap)
+                got = flash.run_on_board(image, board, PROMPT, 12, Sampling(0.9, 0, 0.95, 5), True,
+                                         firmware=firmwares[board], timeout=TIMEOUT, retries=RETRIES, wrap=wrap)
                 same = got.tokens == clean.tokens and got.logits.tobytes() == clean.logits.tobytes()
                 counts["identical" if same else "wrong"] += 1
             except LinkError as exc:
@@ -47,7 +48,7 @@ def test_fault_sweep(images, firmwares, capsys):
             counts["faults"] += c.dropped + c.flipped + c.duplicated + c.delayed
         report[rate] = counts
     with capsys.disabled():
-        print(f"\nfault sweep (hosted, 8 seeds per rate, timeout {TIMEOUT}s, {RETRIES} retries): {report}")
+        print(f"\nfault sweep ({board}, 8 seeds per rate, timeout {TIMEOUT}s, {RETRIES} retries): {report}")
     for rate, counts in report.items():
         assert counts["wrong"] == 0 and counts["hang"] == 0, (rate, counts)
     assert report[1e-3]["faults"] > 10          # faults really happened
