@@ -7,7 +7,7 @@ the families and fields.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy so safetensors can return bf16 tensors)
@@ -87,6 +87,8 @@ class Checkpoint:
     tied_embeddings: bool
     n_params: int
     n_active_params: int
+    # GGUF storage types the image has no dtype for, dequantized to f32 (exactly): type name -> tensors
+    converted: dict[str, int] = field(default_factory=dict)
 
 
 def _family(cfg: dict) -> tuple[str, Family]:
@@ -251,7 +253,7 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
     if path.suffix == ".gguf" and path.is_file():
         from host.gguf_input import GGUFError, read_gguf
         try:
-            cfg, raw = read_gguf(path, norm_topk_prob)
+            cfg, raw, converted = read_gguf(path, norm_topk_prob)
         except GGUFError as exc:
             raise UnsupportedModel(str(exc)) from None
     elif (path / "config.json").exists():
@@ -259,6 +261,7 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
         if norm_topk_prob is not None:
             cfg["norm_topk_prob"] = norm_topk_prob
         raw = _load_tensors(path)
+        converted = {}
     else:
         raise FileNotFoundError(f"{path} is neither a .gguf file nor a directory with config.json")
     dims, tied, arch, extra = read_config(cfg, max_seq)
@@ -291,4 +294,4 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
     n_params = sum(a.size for a in weights.values())
     idle_experts = sum(dims.n_experts - dims.top_k for moe in dims.moe_layers if moe)
     n_active = n_params - idle_experts * 3 * dims.hidden_size * dims.ffn_size
-    return Checkpoint(dims, tensors, arch, tied, n_params, n_active)
+    return Checkpoint(dims, tensors, arch, tied, n_params, n_active, converted)

@@ -252,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.image.exists():
         ap.error(f"image {args.image} not found; make one with host/pack.py")
 
+    try:  # the image is checked here, before a board boots or an upload starts
+        read_image(args.image.read_bytes())
+    except ImageError as exc:
+        print(f"flash: error: {args.image} is not a valid image ({exc}); make one with host/pack.py", file=sys.stderr)
+        return 2
     try:
         slots = cache_slots(args.expert_cache, args.image) if args.expert_cache else 0
     except (ValueError, ImageError) as exc:

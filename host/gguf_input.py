@@ -6,8 +6,12 @@ cannot drift apart. What this module undoes:
 - experts stored as one 3-D tensor per layer (split back into one matrix per expert);
 - the q/k row permutation llama.cpp's converter applies for the `llama` architecture (Llama and
   Mixtral), so that its interleaved RoPE matches; the runtime uses rotate-half;
-- F16 and BF16 storage (widened to f32 with the `gguf` package). Q8_0 and Q4_0 tensors are kept as
-  they are (host.quant.Encoded), so packing them to the same dtype carries them over bit for bit.
+- storage types: Q8_0 and Q4_0 tensors are kept as they are (host.quant.Encoded), so packing them to
+  the same dtype carries them over bit for bit; every other type the `gguf` package can dequantize
+  (F16, BF16, Q4_1, Q5_0, Q5_1, the K-quants, the IQ types, ...) is widened to f32 exactly, and the
+  packer converts it to the dtype asked for. `read_gguf` says which types it converted.
+The architecture and the config keys are checked before any tensor is read, so a refusal of a
+multi-GB file is immediate.
 """
 from __future__ import annotations
 
@@ -19,9 +23,9 @@ from gguf.constants import MODEL_TENSOR, TENSOR_NAMES, Keys
 
 from host.quant import DType, Encoded, from_gguf_blocks
 
-SUPPORTED_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16,
-                   gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0}
 KEPT_TYPES = {gguf.GGMLQuantizationType.Q8_0: DType.Q8_0, gguf.GGMLQuantizationType.Q4_0: DType.Q4_0}
+# widened to f32 with nothing lost: not worth naming in the conversion report
+EXACT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
 # llama.cpp architecture -> HF architecture (llama with experts is Mixtral)
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
                  "qwen3moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
@@ -57,8 +61,10 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def read_gguf(path: Path, norm_topk_prob: bool | None = None) -> tuple[dict, dict[str, np.ndarray | Encoded]]:
-    """(HF-style config dict, HF-named tensors: f32 arrays, or Q8_0/Q4_0 as stored) from a GGUF file."""
+def read_gguf(path: Path, norm_topk_prob: bool | None = None
+              ) -> tuple[dict, dict[str, np.ndarray | Encoded], dict[str, int]]:
+    """(HF-style config dict, HF-named tensors: f32 arrays, or Q8_0/Q4_0 as stored, and how many tensors
+    of each storage type the image has no dtype for were dequantized to f32) from a GGUF file."""
     try:
         reader = gguf.GGUFReader(str(path))
     except (ValueError, OSError) as exc:
@@ -74,17 +80,6 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None) -> tuple[dict, dic
 
     arch = field(Keys.General.ARCHITECTURE)
     k = lambda key: key.format(arch=arch)  # noqa: E731
-    tensors: dict[str, np.ndarray] = {}
-    for t in reader.tensors:
-        if t.tensor_type not in SUPPORTED_TYPES:
-            raise GGUFError(f"tensor {t.name} has type {t.tensor_type.name}; supported: "
-                            f"{', '.join(q.name for q in SUPPORTED_TYPES)}")
-        if t.tensor_type in KEPT_TYPES:
-            shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dimensions fastest first
-            tensors[t.name] = from_gguf_blocks(t.data, KEPT_TYPES[t.tensor_type], shape)
-        else:
-            tensors[t.name] = np.asarray(gguf.dequantize(t.data, t.tensor_type), dtype=np.float32)
-
     n_layers = int(field(k(Keys.LLM.BLOCK_COUNT)))
     n_head = int(field(k(Keys.Attention.HEAD_COUNT)))
     n_head_kv = int(field(k(Keys.Attention.HEAD_COUNT_KV), n_head))
@@ -95,8 +90,30 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None) -> tuple[dict, dic
         hf_arch = ARCHITECTURES[arch]
     else:
         raise GGUFError(f"GGUF architecture {arch!r} is not supported; supported: llama, {', '.join(ARCHITECTURES)}")
-    if "rope_freqs.weight" in tensors:
+
+    norm = field(k(Keys.LLM.EXPERT_WEIGHTS_NORM), None, required=False) if norm_topk_prob is None else norm_topk_prob
+    if n_experts and arch in NEEDS_NORM_TOPK_KEY and norm is None:
+        raise GGUFError(f"GGUF file lacks {k(Keys.LLM.EXPERT_WEIGHTS_NORM)}, so whether the top-k router "
+                        "weights are renormalized is unknown; pass --norm-topk-prob true or false "
+                        "(the source model's config.json says which)")
+    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise GGUFError("GGUF tensor rope_freqs (llama3-style RoPE frequency factors) is not supported")
+
+    tensors: dict[str, np.ndarray | Encoded] = {}
+    converted: dict[str, int] = {}
+    for t in reader.tensors:
+        if t.tensor_type in KEPT_TYPES:
+            shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dimensions fastest first
+            tensors[t.name] = from_gguf_blocks(t.data, KEPT_TYPES[t.tensor_type], shape)
+            continue
+        try:
+            tensors[t.name] = np.asarray(gguf.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        except NotImplementedError:
+            raise GGUFError(f"tensor {t.name} has type {t.tensor_type.name}, which the gguf package cannot "
+                            "dequantize; convert the model again with another type") from None
+        if t.tensor_type not in EXACT_TYPES:
+            converted[t.tensor_type.name] = converted.get(t.tensor_type.name, 0) + 1
+
     embd = tensors.get(_name(MODEL_TENSOR.TOKEN_EMBD) + ".weight")
     if embd is None:
         raise GGUFError("GGUF file lacks tensor token_embd.weight")
@@ -141,21 +158,14 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None) -> tuple[dict, dic
         shared_ff = field(k(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH), None, required=False)
         if shared_ff:
             cfg["shared_expert_intermediate_size"] = int(shared_ff)
-        norm = field(k(Keys.LLM.EXPERT_WEIGHTS_NORM), None, required=False)
-        if norm_topk_prob is not None:
-            norm = norm_topk_prob
         if arch in NEEDS_NORM_TOPK_KEY:
-            if norm is None:
-                raise GGUFError(f"GGUF file lacks {k(Keys.LLM.EXPERT_WEIGHTS_NORM)}, so whether the top-k router "
-                                "weights are renormalized is unknown; pass --norm-topk-prob true or false "
-                                "(the source model's config.json says which)")
             cfg["norm_topk_prob"] = bool(norm)
         # dense layers are the blocks without a router
         dense = [layer for layer in range(n_layers)
                  if _name(MODEL_TENSOR.FFN_GATE_INP, layer) + ".weight" not in tensors]
         if dense and arch in ("qwen2moe", "qwen3moe"):
             cfg["mlp_only_layers"] = dense
-    return cfg, _hf_tensors(tensors, arch, n_layers, n_head, n_head_kv)
+    return cfg, _hf_tensors(tensors, arch, n_layers, n_head, n_head_kv), converted
 
 
 def _hf_tensors(tensors: dict[str, np.ndarray | Encoded], arch: str, n_layers: int, n_head: int,

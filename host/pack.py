@@ -142,6 +142,7 @@ def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, board: st
         "tied_embeddings": ckpt.tied_embeddings, "dims": dims, "fit": fit_lines, "family": ckpt.family,
         "bytes_by_dtype": read_image(blob).bytes_by_dtype(), "quality": cost,
         "resident_bytes": read_image(blob).resident_bytes, "pinned": sorted(pinned),
+        "converted": ckpt.converted,
     }
 
 
@@ -196,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  model       {r['family']}: {d.n_layers} layers, hidden {d.hidden_size}, {d.n_heads} heads "
           f"({d.n_kv_heads} kv, head_dim {d.head_dim}), {ffn}, vocab {d.vocab_size}")
     print(f"  parameters  {r['params']:,} total, {r['active_params_per_token']:,} active per token")
+    if r["converted"]:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(r["converted"].items()))
+        print(f"  converted   {kinds} tensors: no image dtype holds them, so they were dequantized to f32 "
+              f"exactly and stored as {args.dtype} (--dtype q8_0 or q4_0 requantizes them; the quality line "
+              "shows what that costs)")
     by_dtype = ", ".join(f"{k} {human(v)}" for k, v in sorted(r["bytes_by_dtype"].items()))
     print(f"  image       {r['image_bytes']:,} bytes ({human(r['image_bytes'])}): {by_dtype}")
     if n_moe:

@@ -28,7 +28,8 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def _add(writer: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: Q) -> None:
     arr = np.ascontiguousarray(arr, dtype=np.float32)
-    if arr.ndim == 1 or qtype == Q.F32 or (qtype in (Q.Q8_0, Q.Q4_0) and arr.shape[-1] % 32):
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    if arr.ndim == 1 or qtype == Q.F32 or arr.shape[-1] % block:  # as llama.cpp: unblockable rows stay F32
         writer.add_tensor(name, arr)
     elif qtype == Q.F16:
         writer.add_tensor(name, arr.astype(np.float16))

@@ -106,14 +106,18 @@ def test_errors_are_named(images, firmware, tmp_path, capsys):
     assert err.value.message == "arena too small" and err.value.detail == plan
     clean = images["base"].read_bytes()
     resident = read_image(clean).resident_bytes
-    for at, status in ((resident - 3, "COLIBRI_E_IMAGE_PAYLOAD_CRC"), (len(clean) - 3, "COLIBRI_E_EXPERT_CRC")):
+    for at, status, host_says in ((resident - 3, "COLIBRI_E_IMAGE_PAYLOAD_CRC", "payload CRC mismatch"),
+                                  (len(clean) - 3, "COLIBRI_E_EXPERT_CRC", "block CRC mismatch")):
         corrupt = bytearray(clean)
         corrupt[at] ^= 1  # the last bytes of the resident part, then of the expert part
         (tmp_path / "corrupt.img").write_bytes(corrupt)
+        with pytest.raises(DeviceError) as err:  # the device names it
+            flash.run_on_board(tmp_path / "corrupt.img", "hosted", [1], 1, Sampling(), False, firmware=firmware)
+        assert status in str(err.value)
         code = flash.main([str(tmp_path / "corrupt.img"), "--board", "hosted", "--firmware", str(firmware),
                            "--prompt-tokens", "1"])
-        assert code == 2
-        assert status in capsys.readouterr().err
+        assert code == 2  # and flash.py refuses it before booting anything
+        assert host_says in capsys.readouterr().err
 
 
 def test_flash_over_a_serial_port(images, firmwares, capsys):

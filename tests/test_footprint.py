@@ -104,3 +104,10 @@ def test_only_the_public_api_is_exported(board, firmwares):
                         if s["st_info"]["bind"] in ("STB_GLOBAL", "STB_WEAK") and s["st_shndx"] != "SHN_UNDEF"}
         assert exported and all(name.startswith("colibri_") for name in exported), sorted(exported)
         assert {"colibri_open", "colibri_feed", "colibri_get_kernels"} <= exported
+
+
+def test_a_non_elf_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not an ELF file")
+    assert footprint.main([str(tmp_path / "notes.txt")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a readable ELF file" in err

@@ -90,6 +90,28 @@ def test_quantized_gguf_dequantizes_within_the_format_error(qtype, tmp_path):
     pack(tmp_path / "q.gguf", tmp_path / "q.img", 32, 64)  # and it packs
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_0, Q.Q5_1], ids=lambda q: q.name)
+def test_types_without_an_image_dtype_are_dequantized_exactly(qtype, sources, tmp_path, capsys):
+    """A GGUF type the image has no dtype for (here written by the gguf package's port of llama.cpp's
+    quantizer) packs: each tensor is dequantized to f32 with nothing lost, the report names what was
+    converted, and the device computes exactly what the dequantized weights give."""
+    from host import pack as pack_cli
+    path = hf_to_gguf(sources["mixtral32"], tmp_path / "q.gguf", qtype)
+    out = tmp_path / "q.img"
+    assert pack_cli.main([str(path), "-o", str(out), "--max-seq", "32"]) == 0
+    assert f"{qtype.name} tensors: no image dtype holds them" in capsys.readouterr().out
+    img = read_image(out.read_bytes())
+    reader = gguf.GGUFReader(str(path))
+    stored = {t.name: t for t in reader.tensors}
+    assert stored["blk.1.ffn_down_exps.weight"].tensor_type == qtype
+    exact = gguf.dequantize(stored["blk.1.ffn_down_exps.weight"].data, qtype)[2]
+    np.testing.assert_array_equal(img.tensor(Role.EXPERT_DOWN, 1, 2), exact)
+    np.testing.assert_array_equal(img.tensor(Role.TOKEN_EMBD), gguf.dequantize(stored["token_embd.weight"].data, qtype))
+    # to a narrower dtype on request, with the cost measured against the exact values
+    assert pack_cli.main([str(path), "-o", str(tmp_path / "q8.img"), "--max-seq", "32", "--dtype", "q8_0"]) == 0
+    assert "quality" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0], ids=lambda q: q.name)
 def test_quantized_gguf_tensors_land_in_the_image_unchanged(qtype, sources, tmp_path):
     """A GGUF Q8_0/Q4_0 tensor packed to the same dtype keeps its quantized values and scales bit for
@@ -135,6 +157,7 @@ def _write_gguf(path, arch: str, tensors: dict, block_count: int | None = None):
     w = gguf.GGUFWriter(str(path), arch)
     if block_count is not None:
         w.add_block_count(block_count)
+        w.add_head_count(2)
     for name, (arr, qtype) in tensors.items():
         w.add_tensor(name, arr, raw_dtype=qtype)
     w.write_header_to_file()
@@ -146,9 +169,13 @@ def _write_gguf(path, arch: str, tensors: dict, block_count: int | None = None):
 
 def test_unknown_type_and_missing_key_are_named(tmp_path):
     a = np.zeros((4, 64), np.float32)
-    q5 = _write_gguf(tmp_path / "q5.gguf", "qwen2", {"token_embd.weight": (gguf.quantize(a, Q.Q5_0), Q.Q5_0)}, 1)
-    with pytest.raises(UnsupportedModel, match="token_embd.weight has type Q5_0"):
-        pack(q5, tmp_path / "x.img", 32, 64)
+    raw = np.zeros((4, 64 // 32 * gguf.GGML_QUANT_SIZES[Q.Q8_1][1]), np.uint8)
+    q81 = _write_gguf(tmp_path / "q81.gguf", "qwen2", {"token_embd.weight": (raw, Q.Q8_1)}, 1)
+    with pytest.raises(UnsupportedModel, match="token_embd.weight has type Q8_1, which the gguf package cannot"):
+        pack(q81, tmp_path / "x.img", 32, 64)
+    other = _write_gguf(tmp_path / "arch.gguf", "gemma3", {"token_embd.weight": (a, None)}, 1)
+    with pytest.raises(UnsupportedModel, match="architecture 'gemma3' is not supported"):
+        pack(other, tmp_path / "x.img", 32, 64)
     nokey = _write_gguf(tmp_path / "nokey.gguf", "qwen2", {"token_embd.weight": (a, None)})
     with pytest.raises(UnsupportedModel, match="lacks required key qwen2.block_count"):
         pack(nokey, tmp_path / "y.img", 32, 64)

@@ -22,6 +22,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
@@ -254,7 +255,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if r["forbidden"] or not r["fits"] else 0
     if not args.objects:
         ap.error("give object files or --board")
-    reports = [inspect(p) for p in args.objects]
+    reports = []
+    for path in args.objects:
+        try:
+            reports.append(inspect(path))
+        except (OSError, ELFError) as exc:
+            print(f"footprint: error: {path} is not a readable ELF file ({exc}); give objects or executables such "
+                  "as build/<board>/release/firmware.elf", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps([asdict(r) for r in reports]))
     else:
