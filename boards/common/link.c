@@ -51,6 +51,7 @@ typedef struct {
     uint8_t last_seq;
     uint32_t last_crc;
     uint8_t rx[MAX_PAYLOAD];
+    uint32_t feed_tokens[(MAX_PAYLOAD - 4) / 4]; /* a FEED's ids, decoded for colibri_feed */
     uint8_t tx[6 + MAX_PAYLOAD + 4]; /* the last response, kept to answer a retransmission */
     uint8_t err_tx[6 + 12 + 96 + 4]; /* errors about corrupt frames, which must not replace tx */
 } link_state;
@@ -247,7 +248,7 @@ static void do_start(link_state *l, uint8_t seq, uint32_t len) {
 }
 
 /* FEED: tokens at the next positions. All are checked before any is fed, so a failed FEED
- * changes nothing; they are decoded from rx one at a time (no copy). */
+ * changes nothing. */
 static void do_feed(link_state *l, uint8_t seq, uint32_t len) {
     const uint8_t *r = l->rx;
     uint32_t n = len >= 4 ? get32(r) : 0;
@@ -257,11 +258,14 @@ static void do_feed(link_state *l, uint8_t seq, uint32_t len) {
     if (n > l->info.max_seq - stats.tokens_fed) { send_error(l, seq, COLIBRI_E_SEQ_FULL, l->info.max_seq); return; }
     for (uint32_t i = 0; i < n; i++)
         if (get32(r + 4 + 4 * i) >= l->info.vocab_size) { send_error(l, seq, COLIBRI_E_TOKEN_RANGE, i); return; }
+    for (uint32_t i = 0; i < n; i++) l->feed_tokens[i] = get32(r + 4 + 4 * i);
     uint64_t t0 = cycles_now(l->io);
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t tok = get32(r + 4 + 4 * i);
-        colibri_status st = colibri_feed(l->ctx, &tok, 1);
-        if (st) { send_error(l, seq, st, i); return; } /* detail: which token of the request */
+    colibri_status st = colibri_feed(l->ctx, l->feed_tokens, n); /* one call: only the last token runs the lm_head */
+    if (st) {
+        colibri_stats after;
+        colibri_get_stats(l->ctx, &after);
+        send_error(l, seq, st, after.tokens_fed - stats.tokens_fed); /* detail: which token of the request */
+        return;
     }
     uint8_t *p = payload(l);
     put32(p, stats.tokens_fed + n);
@@ -400,7 +404,7 @@ static void do_stats(link_state *l, uint8_t seq) {
 }
 
 int link_serve(const board_io *io) {
-    static link_state l; /* 16 KiB of buffers: static, not on a small board's stack */
+    static link_state l; /* 20 KiB of buffers: static, not on a small board's stack */
     l.io = io;
     l.image = io->image;
     l.image_size = io->image_size;

@@ -72,7 +72,7 @@ colibri_status colibri_feed(colibri_ctx *c, const uint32_t *tokens, size_t n) {
         if (tokens[i] >= c->d.vocab) return COLIBRI_E_TOKEN_RANGE;
     uint64_t t0 = c->opts.cycles ? c->opts.cycles(c->opts.user) : 0;
     colibri_status st = COLIBRI_OK;
-    for (size_t i = 0; i < n && st == COLIBRI_OK; i++) st = model_forward(c, tokens[i]);
+    for (size_t i = 0; i < n && st == COLIBRI_OK; i++) st = model_forward(c, tokens[i], i + 1 == n);
     c->stats.tokens_fed = c->pos;
     if (st) {
         experts_settle(c); /* a layer that failed may have left fetches in flight */

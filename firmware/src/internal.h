@@ -269,10 +269,11 @@ colibri_status experts_settle(colibri_ctx *c);
 static inline uint64_t ctx_now(const colibri_ctx *c) { return c->opts.cycles ? c->opts.cycles(c->opts.user) : 0; }
 
 /* ---- model.c ---- */
-/* One token through the model. COLIBRI_E_NONFINITE (and the position not advanced) when a NaN or
- * infinity reaches a place where comparisons would silently absorb it: the router's probabilities
- * (a NaN never wins a '>' and expert 0 would be taken) or the logits (the sampler's argmax). */
-colibri_status model_forward(colibri_ctx *c, uint32_t token);
+/* One token through the model; with want_logits also the final norm and lm_head (a prefill needs
+ * them only after its last token). COLIBRI_E_NONFINITE (and the position not advanced) when a NaN or
+ * infinity reaches a place where comparisons would silently absorb it: the router's probabilities (a
+ * NaN never wins a '>' and expert 0 would be taken) or the logits (the sampler's argmax). */
+colibri_status model_forward(colibri_ctx *c, uint32_t token, int want_logits);
 
 /* ---- sampler.c ---- */
 uint32_t sample_token(colibri_sampler *s, const float *logits, float *probs, uint32_t *index, uint32_t n);

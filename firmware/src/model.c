@@ -293,7 +293,7 @@ static colibri_status ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_tr
     return COLIBRI_OK;
 }
 
-colibri_status model_forward(colibri_ctx *c, uint32_t token) {
+colibri_status model_forward(colibri_ctx *c, uint32_t token, int want_logits) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
     weight embd = matrix(c, global_tensor_index(d, ROLE_TOKEN_EMBD));
@@ -313,13 +313,15 @@ colibri_status model_forward(colibri_ctx *c, uint32_t token) {
         for (uint32_t i = 0; i < d->dim; i++) a->x[i] += a->moe_out[i];
         if (c->opts.trace) c->opts.trace(c->opts.user, &t);
     }
-    uint64_t t4 = now(c);
-    norm_input(c, tensor(c, global_tensor_index(d, ROLE_OUTPUT_NORM)));
-    weight lm_head = matrix(c, global_tensor_index(d, ROLE_LM_HEAD));
-    matvec(c, a->logits, &lm_head, a->xn);
-    c->stats.cycles_lm_head += now(c) - t4;
-    if (!all_finite(a->logits, d->vocab)) return COLIBRI_E_NONFINITE;
+    if (want_logits) {
+        uint64_t t4 = now(c);
+        norm_input(c, tensor(c, global_tensor_index(d, ROLE_OUTPUT_NORM)));
+        weight lm_head = matrix(c, global_tensor_index(d, ROLE_LM_HEAD));
+        matvec(c, a->logits, &lm_head, a->xn);
+        c->stats.cycles_lm_head += now(c) - t4;
+        if (!all_finite(a->logits, d->vocab)) return COLIBRI_E_NONFINITE;
+    }
     c->pos++;
-    c->have_logits = 1;
+    c->have_logits = want_logits;
     return COLIBRI_OK;
 }
