@@ -25,7 +25,7 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
-from host.image import ImageError, expert_cache_bytes, read_image  # noqa: E402
+from host.image import ImageError, expert_cache_bytes, open_image, read_image  # noqa: E402
 from host.protocol import STATUS_NAMES, Client, DeviceError, LinkError, Sampling, Transport  # noqa: E402
 from host.reference import Reference  # noqa: E402
 from sim.boards import DEFAULT_BOARD, load_board  # noqa: E402
@@ -190,7 +190,7 @@ def cache_slots(spec: str, image: Path) -> int:
     text = spec.strip().lower()
     if text.isdigit():
         return int(text)
-    img = read_image(image.read_bytes())
+    img = open_image(image)
     streamed = len(img.streamed_experts())
     if text == "all":
         return streamed
@@ -252,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.image.exists():
         ap.error(f"image {args.image} not found; make one with host/pack.py")
 
-    try:  # the image is checked here, before a board boots or an upload starts
-        read_image(args.image.read_bytes())
+    try:  # the image is checked here, before a board boots or an upload starts (mapped, not read into RAM)
+        open_image(args.image)
     except ImageError as exc:
         print(f"flash: error: {args.image} is not a valid image ({exc}); make one with host/pack.py", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ import enum
 import struct
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 import ml_dtypes
@@ -270,7 +271,7 @@ class Image:
     dims: ModelDims
     header: dict
     entries: list[TensorEntry]
-    data: bytes = field(repr=False)
+    data: bytes | memoryview = field(repr=False)
 
     def entry(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> TensorEntry:
         for e in self.entries:
@@ -328,6 +329,14 @@ class Image:
         return out
 
 
+def open_image(path: Path) -> Image:
+    """read_image of a file through a read-only memory map: the weights are paged in only when read."""
+    size = path.stat().st_size
+    if size == 0:
+        raise ImageError(f"{path} is empty")
+    return read_image(np.memmap(path, dtype=np.uint8, mode="r"))
+
+
 class ImageError(ValueError):
     """The bytes are not a valid Colibri image of the version this host reads."""
 
@@ -338,19 +347,51 @@ def crc32(data: bytes | memoryview) -> int:
 
 def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray | Encoded],
                 expert_align: int = ALIGN, pinned: frozenset[tuple[int, int]] = frozenset()) -> bytes:
-    """Lay out `tensors` (keyed by (role, layer, expert), ROPE_COS/ROPE_SIN included) in canonical
-    order and return the image bytes. A float array is stored as f32; an `Encoded` tensor in its dtype.
-    Slots the model does not use (dims.present) get empty entries.
+    """The image of `tensors` as bytes (write_image puts it in a file without holding it in memory).
 
-    Two tiers (docs/FORMAT.md): the resident part holds every tensor but the routed experts, then the
-    routed experts listed in `pinned` as (layer, expert); the expert part after it holds the other
-    routed experts, which a board with an expert cache reads only through its fetch hook. Each routed
-    expert's block (gate, up, down) starts at a multiple of expert_align (4096 lets a page-granular
-    madvise or a DMA burst cover exactly one expert) and has its CRC in the expert CRC table.
-
-    If two keys map to the same object (tied embeddings: LM_HEAD is TOKEN_EMBD), the second entry
-    points at the first one's bytes instead of a copy.
+    `tensors` are keyed by (role, layer, expert), ROPE_COS/ROPE_SIN included; a float array is stored
+    as f32, an `Encoded` tensor in its dtype. Slots the model does not use (dims.present) get empty
+    entries. Two tiers (docs/FORMAT.md): the resident part holds every tensor but the routed experts,
+    then the routed experts listed in `pinned` as (layer, expert); the expert part after it holds the
+    other routed experts, which a board with an expert cache reads only through its fetch hook. Each
+    routed expert's block (gate, up, down) starts at a multiple of expert_align (4096 lets a
+    page-granular madvise or a DMA burst cover exactly one expert) and has its CRC in the expert CRC
+    table. If two keys map to the same object (tied embeddings: LM_HEAD is TOKEN_EMBD), the second
+    entry points at the first one's bytes instead of a copy.
     """
+    plan = _lay_out(dims, tensors, expert_align, pinned)
+    buf = bytearray(plan.image_bytes)
+    _fill(buf, plan)
+    return bytes(buf)
+
+
+def write_image(path: Path, dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray | Encoded],
+                expert_align: int = ALIGN, pinned: frozenset[tuple[int, int]] = frozenset()) -> int:
+    """build_image's bytes written straight into the file at `path` (a memory map: the image is never a
+    second copy of the model in RAM). Returns its size."""
+    plan = _lay_out(dims, tensors, expert_align, pinned)
+    out = np.memmap(path, dtype=np.uint8, mode="w+", shape=(plan.image_bytes,))
+    _fill(out, plan)
+    out.flush()
+    del out
+    return plan.image_bytes
+
+
+@dataclass
+class _Plan:
+    """Where everything goes: the table in canonical order, and the stored bytes of each placed tensor."""
+    dims: ModelDims
+    entries: list[TensorEntry]
+    sources: list[tuple[TensorEntry, Encoded]]  # placed tensors (tied ones once)
+    table_offset: int
+    crc_offset: int
+    data_offset: int
+    expert_offset: int
+    image_bytes: int
+    expert_align: int
+
+
+def _lay_out(dims: ModelDims, tensors: dict, expert_align: int, pinned: frozenset) -> _Plan:
     if expert_align % ALIGN or expert_align <= 0:
         raise ValueError(f"expert_align must be a positive multiple of {ALIGN}")
     order = list(canonical_order(dims))
@@ -358,8 +399,8 @@ def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray
     crc_offset = align_up(table_offset + len(order) * ENTRY_BYTES) if dims.n_experts else 0
     data_offset = align_up(crc_offset + 4 * dims.n_layers * dims.n_experts) if dims.n_experts else \
         align_up(table_offset + len(order) * ENTRY_BYTES)
-    chunks: list[tuple[int, bytes]] = []
     entries: dict[int, TensorEntry] = {}
+    sources: list[tuple[TensorEntry, Encoded]] = []
     placed: dict[int, TensorEntry] = {}  # id(tensor) -> entry, so tied tensors share bytes
     cursor = data_offset
 
@@ -385,17 +426,14 @@ def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray
             raise ValueError(f"{tensor_name(role, layer, expert)} must be f32 (only matrices may be narrower)")
         if role == Role.EXPERT_GATE:
             cursor = align_up(cursor, expert_align)
-        raw = enc.value_bytes()
-        entry = TensorEntry(role, layer, expert, enc.dtype, want, cursor, len(raw))
-        chunks.append((cursor, raw))
-        cursor = align_up(cursor + len(raw))
+        entry = TensorEntry(role, layer, expert, enc.dtype, want, cursor, enc.values.nbytes)
+        cursor = align_up(cursor + entry.nbytes)
         if enc.dtype.quantized:
-            scales = enc.scale_bytes()
-            entry.group_size, entry.scales_offset, entry.scales_bytes = QBLOCK, cursor, len(scales)
-            chunks.append((cursor, scales))
-            cursor = align_up(cursor + len(scales))
+            entry.group_size, entry.scales_offset, entry.scales_bytes = QBLOCK, cursor, 2 * enc.scales.size
+            cursor = align_up(cursor + entry.scales_bytes)
         entries[i] = entry
         placed[id(src)] = entry
+        sources.append((entry, enc))
 
     for i, key in enumerate(order):
         if not streamed(*key):
@@ -405,30 +443,40 @@ def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray
     cursor = expert_offset
     for i, key in stream:
         place(i, *key)
-    image_bytes = cursor
-    buf = bytearray(image_bytes)
-    for off, raw in chunks:
-        buf[off:off + len(raw)] = raw
-    table = [entries[i] for i in range(len(order))]
-    for i, e in enumerate(table):
-        buf[table_offset + i * ENTRY_BYTES: table_offset + (i + 1) * ENTRY_BYTES] = e.pack()
-    for gate, down in expert_blocks(table):
-        at = crc_offset + 4 * (gate.layer * dims.n_experts + gate.expert)
-        struct.pack_into("<I", buf, at, crc32(memoryview(buf)[gate.offset:down.end]))
+    return _Plan(dims, [entries[i] for i in range(len(order))], sources, table_offset, crc_offset, data_offset,
+                 expert_offset, cursor, expert_align)
+
+
+def _fill(buf: bytearray | np.memmap, plan: _Plan) -> None:
+    """Write the planned image into `buf` (zeroed, plan.image_bytes long), one tensor at a time."""
+    view = np.frombuffer(buf, np.uint8) if isinstance(buf, bytearray) else buf
+    for entry, enc in plan.sources:
+        values = np.ascontiguousarray(enc.values).reshape(-1).view(np.uint8)
+        view[entry.offset:entry.offset + values.size] = values
+        if entry.scales_bytes:
+            scales = np.ascontiguousarray(enc.scales, dtype="<f2").reshape(-1).view(np.uint8)
+            view[entry.scales_offset:entry.scales_offset + scales.size] = scales
+    mem = memoryview(view)
+    for i, e in enumerate(plan.entries):
+        at = plan.table_offset + i * ENTRY_BYTES
+        mem[at:at + ENTRY_BYTES] = e.pack()
+    d = plan.dims
+    for gate, down in expert_blocks(plan.entries):
+        at = plan.crc_offset + 4 * (gate.layer * d.n_experts + gate.expert)
+        mem[at:at + 4] = struct.pack("<I", crc32(mem[gate.offset:down.end]))
     header = dict(
-        magic=MAGIC, version=VERSION, header_bytes=HEADER_BYTES, image_bytes=image_bytes,
-        header_crc32=0, payload_crc32=crc32(memoryview(buf)[HEADER_BYTES:expert_offset]),
-        arch=ARCH_MOE, vocab_size=dims.vocab_size, hidden_size=dims.hidden_size, ffn_size=dims.ffn_size,
-        n_layers=dims.n_layers, n_heads=dims.n_heads, n_kv_heads=dims.n_kv_heads, head_dim=dims.head_dim,
-        n_experts=dims.n_experts, top_k=dims.top_k, max_seq=dims.max_seq, flags=dims.flags,
-        rms_norm_eps=dims.rms_norm_eps, rope_theta=dims.rope_theta,
-        tensor_table_offset=table_offset, n_tensors=len(table), entry_bytes=ENTRY_BYTES,
-        data_offset=data_offset, arena_bytes=arena_bytes(dims), expert_align=expert_align,
-        dense_ffn_size=dims.dense_ffn_size, shared_ffn_size=dims.shared_ffn_size, clip_qkv=dims.clip_qkv,
-        kv_dtype=dims.kv_dtype, expert_offset=expert_offset, expert_crc_offset=crc_offset,
+        magic=MAGIC, version=VERSION, header_bytes=HEADER_BYTES, image_bytes=plan.image_bytes,
+        header_crc32=0, payload_crc32=crc32(mem[HEADER_BYTES:plan.expert_offset]),
+        arch=ARCH_MOE, vocab_size=d.vocab_size, hidden_size=d.hidden_size, ffn_size=d.ffn_size,
+        n_layers=d.n_layers, n_heads=d.n_heads, n_kv_heads=d.n_kv_heads, head_dim=d.head_dim,
+        n_experts=d.n_experts, top_k=d.top_k, max_seq=d.max_seq, flags=d.flags,
+        rms_norm_eps=d.rms_norm_eps, rope_theta=d.rope_theta,
+        tensor_table_offset=plan.table_offset, n_tensors=len(plan.entries), entry_bytes=ENTRY_BYTES,
+        data_offset=plan.data_offset, arena_bytes=arena_bytes(d), expert_align=plan.expert_align,
+        dense_ffn_size=d.dense_ffn_size, shared_ffn_size=d.shared_ffn_size, clip_qkv=d.clip_qkv,
+        kv_dtype=d.kv_dtype, expert_offset=plan.expert_offset, expert_crc_offset=plan.crc_offset,
     )
-    write_header(buf, header)
-    return bytes(buf)
+    write_header(mem, header)
 
 
 def expert_blocks(entries: list[TensorEntry]) -> Iterator[tuple[TensorEntry, TensorEntry]]:
@@ -438,7 +486,7 @@ def expert_blocks(entries: list[TensorEntry]) -> Iterator[tuple[TensorEntry, Ten
             yield e, entries[i + 2]
 
 
-def write_header(buf: bytearray, header: dict) -> None:
+def write_header(buf: bytearray | memoryview, header: dict) -> None:
     """Pack `header` into buf[0:256] and set its CRC (the CRC field is zero while summing)."""
     raw = bytearray(HEADER_BYTES)
     HEADER_STRUCT.pack_into(raw, 0, *(header[k] if k != "header_crc32" else 0 for k in HEADER_FIELDS))
@@ -446,8 +494,9 @@ def write_header(buf: bytearray, header: dict) -> None:
     buf[:HEADER_BYTES] = raw
 
 
-def read_image(data: bytes) -> Image:
-    """Parse and check an image (header, CRCs, table order, presence, shapes, bounds)."""
+def read_image(data: bytes | np.ndarray) -> Image:
+    """Parse and check an image (header, CRCs, table order, presence, shapes, bounds): bytes, or a
+    read-only np.memmap of an image file (open_image)."""
     if len(data) < HEADER_BYTES:
         raise ImageError(f"image is {len(data)} bytes, shorter than its {HEADER_BYTES}-byte header")
     h = dict(zip(HEADER_FIELDS, HEADER_STRUCT.unpack_from(data, 0)))
@@ -500,4 +549,5 @@ def read_image(data: bytes) -> Image:
         at = h["expert_crc_offset"] + 4 * (gate.layer * n_experts + gate.expert)
         if crc32(memoryview(data)[gate.offset:down.end]) != struct.unpack_from("<I", data, at)[0]:
             raise ImageError(f"expert {gate.expert} of layer {gate.layer}: block CRC mismatch")
-    return Image(dims, h, entries, bytes(data[:h["image_bytes"]]))
+    # a view, not a copy: a memory-mapped image file stays on disk
+    return Image(dims, h, entries, memoryview(data)[:h["image_bytes"]])

@@ -35,7 +35,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from host.checkpoint import UnsupportedModel, load_checkpoint  # noqa: E402
-from host.image import KV_DTYPES, Role, arena_bytes, build_image, read_image, tensor_name  # noqa: E402
+from host.image import (KV_DTYPES, Role, arena_bytes, build_image, open_image, read_image,  # noqa: E402
+                        tensor_name, write_image)
 from host.quant import DType, Encoded, convert  # noqa: E402
 from host.reference import Reference  # noqa: E402
 from sim.boards import board_names, fit_report, load_board  # noqa: E402
@@ -86,7 +87,7 @@ def convert_tensors(tensors: dict, dtype: DType, keep: list[tuple[str, DType]]) 
     return out
 
 
-def quality(f32_image: bytes, image: bytes) -> dict:
+def quality(f32_image: bytes | memoryview, image: bytes | memoryview) -> dict:
     """What the narrower dtypes cost: logits of both images on the calibration prompt (numpy reference)."""
     ref32, ref = Reference(read_image(f32_image)), Reference(read_image(image))
     n = min(CALIBRATION_TOKENS, ref.d.max_seq)
@@ -124,26 +125,34 @@ def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, board: st
             raise ValueError(f"cannot pin expert {expert} of layer {layer}: the model has no such routed expert "
                              "(was the trace made with another model?)")
     tensors = convert_tensors(ckpt.tensors, dtype, keep or [])
-    blob = build_image(dims, tensors, expert_align=expert_align, pinned=pinned)
-    narrowed = kv != "f32" or any(t.dtype != DType.F32 for t in tensors.values())
-    cost = None
-    if narrowed and measure_quality:
-        cost = quality(build_image(ckpt.dims, convert_tensors(ckpt.tensors, DType.F32, []), expert_align), blob)
-    fit_lines: list[str] = []
-    if board:
-        fits, fit_lines = fit_report(load_board(board), len(blob), arena_bytes(dims))
-        if not fits:
-            raise DoesNotFit("\n".join(fit_lines) + "\n  a smaller --max-seq shrinks the arena (KV cache); "
-                             "a smaller model shrinks the image")
-    out.write_bytes(blob)
-    return {
-        "image": str(out), "image_bytes": len(blob), "arena_bytes": arena_bytes(dims),
-        "params": ckpt.n_params, "active_params_per_token": ckpt.n_active_params,
-        "tied_embeddings": ckpt.tied_embeddings, "dims": dims, "fit": fit_lines, "family": ckpt.family,
-        "bytes_by_dtype": read_image(blob).bytes_by_dtype(), "quality": cost,
-        "resident_bytes": read_image(blob).resident_bytes, "pinned": sorted(pinned),
-        "converted": ckpt.converted,
-    }
+    # written straight to disk (a memory map), then renamed: never a second copy of the model in RAM,
+    # and never a half-written image under the output name
+    part = out.with_name(out.name + ".part")
+    size = write_image(part, dims, tensors, expert_align=expert_align, pinned=pinned)
+    try:
+        fit_lines: list[str] = []
+        if board:
+            fits, fit_lines = fit_report(load_board(board), size, arena_bytes(dims))
+            if not fits:
+                raise DoesNotFit("\n".join(fit_lines) + "\n  a smaller --max-seq shrinks the arena (KV cache); "
+                                 "a smaller model shrinks the image")
+        img = open_image(part)
+        narrowed = kv != "f32" or any(t.dtype != DType.F32 for t in tensors.values())
+        cost = None
+        if narrowed and measure_quality:
+            cost = quality(build_image(ckpt.dims, convert_tensors(ckpt.tensors, DType.F32, []), expert_align), img.data)
+        report = {
+            "image": str(out), "image_bytes": size, "arena_bytes": arena_bytes(dims),
+            "params": ckpt.n_params, "active_params_per_token": ckpt.n_active_params,
+            "tied_embeddings": ckpt.tied_embeddings, "dims": dims, "fit": fit_lines, "family": ckpt.family,
+            "bytes_by_dtype": img.bytes_by_dtype(), "quality": cost,
+            "resident_bytes": img.resident_bytes, "pinned": sorted(pinned), "converted": ckpt.converted,
+        }
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    part.replace(out)
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,12 +66,6 @@ class Encoded:
         """Sub-tensor i along the first axis (one expert of a stacked [experts, rows, cols] tensor)."""
         return Encoded(self.dtype, self.shape[1:], self.values[i], None if self.scales is None else self.scales[i])
 
-    def value_bytes(self) -> bytes:
-        return np.ascontiguousarray(self.values).tobytes()
-
-    def scale_bytes(self) -> bytes:
-        return b"" if self.scales is None else np.ascontiguousarray(self.scales, dtype="<f2").tobytes()
-
     def int_values(self) -> np.ndarray:
         """Quantized values as int8 [rows, blocks, 32] (Q4_0 unpacked: low nibbles first, minus 8)."""
         if self.dtype == DType.Q8_0:

@@ -206,3 +206,19 @@ def test_pin_from_a_trace_puts_the_hot_experts_in_the_resident_part(checkpoints,
     assert pack_cli.main([str(checkpoints["base"]), "-o", str(out), "--pin-from", str(tmp_path / "other.json"),
                           "--pin", "1"]) == 2
     assert "no such routed expert" in capsys.readouterr().err
+
+
+def test_write_image_streams_the_same_bytes_build_image_returns(checkpoints, tmp_path):
+    """pack.py writes through a memory map (the image never a second copy of the model in RAM): the file
+    must be exactly the bytes build_image assembles in memory."""
+    from host.checkpoint import load_checkpoint
+    from host.image import build_image, write_image
+    from host.pack import convert_tensors
+    from host.quant import DType
+    ckpt = load_checkpoint(checkpoints["top3_gqa4_tied"], 24)
+    tensors = convert_tensors(ckpt.tensors, DType.Q8_0, [("blk.0.*", DType.F16)])
+    pinned = frozenset({(1, 2)})
+    size = write_image(tmp_path / "w.img", ckpt.dims, tensors, expert_align=256, pinned=pinned)
+    want = build_image(ckpt.dims, tensors, expert_align=256, pinned=pinned)
+    assert size == len(want) and (tmp_path / "w.img").read_bytes() == want
+    read_image(want)  # and it is a valid image
