@@ -60,3 +60,15 @@ def test_trace_matches_reference_routing(board, which, images, mixed_image, firm
     assert routing_report.main([str(trace_file), "--out", str(tmp_path / "r")]) == 0
     for png in ("r-usage.png", "r-entropy.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("text,says", [
+    ("{}", "is not a trace (no n_layers, n_experts, top_k, trace)"),
+    ('{"n_layers": 2, "n_experts": 4, "top_k": 2, "trace": [{"layers": [{"layer": 0}]}]}', "is not a trace flash.py wrote"),
+    ("not json", "cannot read"),
+])
+def test_a_bad_trace_file_is_one_line_and_exit_2(text, says, tmp_path, capsys):
+    (tmp_path / "t.json").write_text(text)
+    assert routing_report.main([str(tmp_path / "t.json"), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1

@@ -94,10 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, json.JSONDecodeError) as exc:
         print(f"routing_report: cannot read {args.trace}: {exc}; make one with flash.py --trace-out", file=sys.stderr)
         return 2
-    if not trace.get("n_experts"):
+    missing = [k for k in ("n_layers", "n_experts", "top_k", "trace") if not isinstance(trace, dict) or k not in trace]
+    if missing:
+        print(f"routing_report: {args.trace} is not a trace (no {', '.join(missing)}); make one with "
+              "flash.py --trace-out", file=sys.stderr)
+        return 2
+    if not trace["n_experts"]:
         print("routing_report: this model has no experts: nothing is routed", file=sys.stderr)
         return 2
-    a = analyse(trace)
+    try:
+        a = analyse(trace)
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
+        print(f"routing_report: {args.trace} is not a trace flash.py wrote ({type(exc).__name__}: {exc}); make one "
+              "with flash.py --trace-out", file=sys.stderr)
+        return 2
     pngs = plot(a, args.out)
     summary = {
         "tokens": a["tokens"], "moe_layers": a["moe_layers"],
