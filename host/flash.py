@@ -10,6 +10,11 @@ Examples:
   python host/flash.py model.img --board hosted --prompt-tokens 1,2 --dump-logits logits.npy --json
   python host/flash.py model.img --prompt-tokens 1,2,3 --trace --trace-out trace.json   # then tools/routing_report.py
   python host/flash.py model.img --board cortex_m55 --expert-cache 4 --prompt-tokens 1,2 --verify  # stream experts
+  python host/flash.py model.img --board hosted --prompt-tokens 1,2,3 --against path/to/checkpoint  # vs transformers
+
+--verify compares the device with the numpy reference built from the same image: it catches runtime and
+board bugs. --against compares with transformers on the source checkpoint: it also catches packing
+mistakes (a tensor mapped wrongly is in the image and so in the reference, but not in transformers).
 """
 from __future__ import annotations
 
@@ -82,6 +87,46 @@ def verify(image_bytes: bytes, prompt: list[int], result: RunResult, greedy: boo
             checked += 1
             agree += int(row[tok] >= row.max() - tolerance)
     return Verification(float(np.max(np.abs(dev - ref))), ref.shape[0], checked, agree, tolerance)
+
+
+@dataclass
+class Against:
+    """The device against transformers on the source checkpoint (host/oracle.py)."""
+    checkpoint: str
+    max_abs_error: float
+    rows: int
+    greedy_checked: int
+    greedy_agree: int
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return self.greedy_agree == self.greedy_checked
+
+
+def against(checkpoint: Path, image_bytes: bytes | memoryview, prompt: list[int], result: RunResult, greedy: bool,
+            tolerance: float | None = None) -> Against:
+    """Compare the device's logits with transformers run on the checkpoint the image was packed from. The
+    error says how far packing (narrower dtypes, the KV cache) and the runtime moved the logits; a greedy
+    token agrees when transformers ranks it first or within `tolerance` of first. Without a tolerance:
+    1e-3 x max(1, max |logit|) for an all-f32 image, 5e-2 x that when weights or the KV cache are narrower."""
+    from host.oracle import checkpoint_logits
+    image = read_image(image_bytes)
+    hf = checkpoint_logits(checkpoint, prompt + result.tokens)
+    dev = result.logits
+    if dev is None or dev.shape != hf.shape:
+        raise ValueError(f"{checkpoint} gives logits of shape {hf.shape}, the device {None if dev is None else dev.shape}:"
+                         " is it the checkpoint this image was packed from?")
+    narrow = image.dims.kv_dtype != 0 or any(e.shape and e.dtype != 0 for e in image.entries)
+    if tolerance is None:
+        tolerance = (5e-2 if narrow else 1e-3) * max(1.0, float(np.abs(hf).max()))
+    checked = agree = 0
+    if greedy:
+        for i, tok in enumerate(result.tokens):
+            row = hf[len(prompt) - 1 + i]
+            checked += 1
+            agree += int(row[tok] >= row.max() - tolerance)
+    return Against(str(checkpoint), float(np.max(np.abs(dev - hf))), hf.shape[0], checked, agree, tolerance)
 
 
 def upload_progress(total: int, enabled: bool):
@@ -227,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tolerance", type=float,
                     help="max abs logit error for --verify (default: 1e-4 x max(1, max |logit|); 5e-2 x that "
                          "with an f16 KV cache)")
+    ap.add_argument("--against", type=Path, metavar="CHECKPOINT",
+                    help="also compare with transformers run on the checkpoint the image was packed from (a directory "
+                         "or a .gguf file): catches packing mistakes that --verify, which rebuilds the model from the "
+                         "image, cannot")
     ap.add_argument("--dump-logits", type=Path, metavar="FILE.npy",
                     help="save the device's logits: row i = after the i-th token fed, prompt first")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
@@ -271,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not quiet:
         print(f"[{args.port or args.board}] prompt {args.prompt_tokens} -> ", end="", flush=True)
-    want_logits = args.verify or args.dump_logits is not None
+    want_logits = args.verify or args.dump_logits is not None or args.against is not None
     trace = args.trace or args.trace_out is not None
     wrap = None
     if args.fault_rate > 0:
@@ -332,6 +381,20 @@ def main(argv: list[str] | None = None) -> int:
                           else "greedy agreement n/a (sampling)")
             print(f"verify: max |device - reference| = {v.max_abs_error:.3g} over {v.rows} logits rows "
                   f"(tolerance {v.tolerance:g}); {greedy_txt}: {'PASS' if v.passed else 'FAIL'}")
+    if args.against:
+        from host.oracle import OracleUnavailable
+        try:
+            a = against(args.against, open_image(args.image).data, args.prompt_tokens, result, greedy, args.tolerance)
+        except (OracleUnavailable, ValueError, OSError) as exc:
+            print(f"flash: error: --against {args.against}: {exc}", file=sys.stderr)
+            return 2
+        report["against"] = {**asdict(a), "passed": a.passed}
+        status = status or (0 if a.passed else 1)
+        if not quiet:
+            greedy_txt = (f"greedy tokens agree {a.greedy_agree}/{a.greedy_checked} (near ties within {a.tolerance:g})"
+                          if greedy else "greedy agreement n/a (sampling)")
+            print(f"against transformers on {a.checkpoint}: max |device - transformers| = {a.max_abs_error:.3g} over "
+                  f"{a.rows} logits rows; {greedy_txt}: {'PASS' if a.passed else 'FAIL'}")
     if args.json:
         print(json.dumps(report))
     return status

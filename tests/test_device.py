@@ -167,3 +167,30 @@ def test_nonfinite_values_are_a_named_error_on_the_device(board, images, firmwar
         flash.run_on_board(tmp_path / "inf.img", board, PROMPT, 4, Sampling(), False, firmware=firmwares[board])
     assert err.value.message == "NaN or infinity in the router or the logits"
     assert err.value.detail == PROMPT.index(9)
+
+
+def test_against_transformers_catches_what_verify_cannot(checkpoints, firmware, tmp_path, capsys):
+    """--against runs transformers on the source checkpoint (a directory or a GGUF file): the image packed
+    from it passes; an image packed from another checkpoint of the same shape passes --verify (its own
+    reference) but fails --against."""
+    from dataclasses import replace
+
+    from conftest import make_checkpoint
+    from gguf_writer import hf_to_gguf
+    from host.pack import pack
+    src = checkpoints["base"]
+    image = tmp_path / "base.img"
+    pack(src, image, 32, 64)
+    gguf_src = hf_to_gguf(src, tmp_path / "base.gguf")
+    for source in (src, gguf_src):
+        code = flash.main([str(image), "--board", "hosted", "--firmware", str(firmware), "--prompt-tokens", "1,5,9,3",
+                           "--max-new-tokens", "6", "--against", str(source), "--json"])
+        report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert code == 0 and report["against"]["passed"] and report["against"]["greedy_agree"] == 6, source
+        scale = report["against"]["tolerance"] / 1e-3  # max(1, max |logit|)
+        assert report["against"]["max_abs_error"] <= 1e-4 * scale  # an f32 image: float summation order only
+    other = make_checkpoint(replace(CONFIGS[0], seed=99), tmp_path / "other")  # same shapes, other weights
+    code = flash.main([str(image), "--board", "hosted", "--firmware", str(firmware), "--prompt-tokens", "1,5,9,3",
+                       "--max-new-tokens", "6", "--verify", "--against", str(other), "--json"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["verify"]["passed"] and not report["against"]["passed"] and code == 1

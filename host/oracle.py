@@ -1,0 +1,53 @@
+"""transformers as the oracle: the source checkpoint's own logits, for `flash.py --against`.
+
+`flash.py --verify` compares the device with the numpy reference built from the same image, so it
+catches runtime and board bugs but not a packing mistake (a wrong tensor mapping would be in both).
+This runs transformers on the original weights instead: a Hugging Face checkpoint directory as it
+is, or a GGUF file's tensors (dequantized, names and layout undone by host/gguf_input.py) loaded
+into the transformers class of its architecture.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+
+class OracleUnavailable(RuntimeError):
+    """transformers (or torch) is not installed, so there is nothing to compare with."""
+
+
+def _gguf_as_checkpoint(src: Path, out: Path) -> Path:
+    """A GGUF file written out as a Hugging Face checkpoint directory (f32 safetensors + config.json)."""
+    import transformers
+    from safetensors.numpy import save_file
+
+    from host.gguf_input import read_gguf
+    from host.quant import Encoded
+    cfg, tensors, _ = read_gguf(src)
+    arch = getattr(transformers, cfg["architectures"][0])
+    cfg = dict(cfg, model_type=arch.config_class.model_type)
+    (out / "config.json").write_text(json.dumps(cfg))
+    save_file({name: np.ascontiguousarray(t.decode() if isinstance(t, Encoded) else t, dtype=np.float32)
+               for name, t in tensors.items()}, str(out / "model.safetensors"))
+    return out
+
+
+def checkpoint_logits(src: Path, tokens: list[int]) -> np.ndarray:
+    """transformers' logits [len(tokens), vocab] for `tokens` on the checkpoint at `src` (a directory
+    or a .gguf file), in float32."""
+    try:
+        import torch
+        import transformers
+    except ImportError as exc:
+        raise OracleUnavailable(f"--against needs transformers and torch ({exc}); install them with "
+                                "`pip install torch==2.13.0 transformers`") from None
+    transformers.utils.logging.disable_progress_bar()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _gguf_as_checkpoint(src, Path(tmp)) if src.suffix == ".gguf" else src
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, experts_implementation="eager",
+                                                                  dtype=torch.float32).eval()
+        with torch.no_grad():
+            return model(torch.tensor([tokens])).logits[0].float().numpy()
