@@ -44,15 +44,35 @@ DEFAULT_TOLERANCE = {0: 1e-4, 1: 5e-2}  # by the image's kv_dtype
 
 @dataclass
 class Verification:
+    """The device's logits against an oracle's (the numpy reference, or transformers with --against)."""
     max_abs_error: float
     rows: int
     greedy_checked: int
     greedy_agree: int
     tolerance: float
+    error_bounded: bool = True  # the error must be within the tolerance (not for --against: it reports it)
 
     @property
     def passed(self) -> bool:
-        return self.max_abs_error <= self.tolerance and self.greedy_agree == self.greedy_checked
+        return (not self.error_bounded or self.max_abs_error <= self.tolerance) and \
+            self.greedy_agree == self.greedy_checked
+
+
+def compare(expected: np.ndarray, device: np.ndarray | None, prompt: list[int], tokens: list[int], greedy: bool,
+            tolerance: float, error_bounded: bool = True) -> Verification:
+    """The largest logit error, and whether each greedy token is the oracle's first choice or within
+    `tolerance` of it (a near tie)."""
+    if device is None or device.shape != expected.shape:
+        raise ValueError(f"device returned logits of shape {None if device is None else device.shape}, "
+                         f"the oracle gives {expected.shape}")
+    checked = agree = 0
+    if greedy:
+        for i, tok in enumerate(tokens):
+            row = expected[len(prompt) - 1 + i]
+            checked += 1
+            agree += int(row[tok] >= row.max() - tolerance)
+    return Verification(float(np.max(np.abs(device - expected))), expected.shape[0], checked, agree, tolerance,
+                        error_bounded)
 
 
 @dataclass
@@ -71,62 +91,30 @@ class RunResult:
 def verify(image_bytes: bytes, prompt: list[int], result: RunResult, greedy: bool,
            tolerance: float | None = None) -> Verification:
     """Compare the device's logits with the numpy reference run on the same tokens. Without a tolerance,
-    the default for the image's KV cache, scaled by max(1, max |logit|). A greedy token agrees when the
-    reference ranks it first, or within the tolerance of first (a near tie)."""
+    the default for the image's KV cache, scaled by max(1, max |logit|)."""
     image = read_image(image_bytes)
     ref = Reference(image).forward(prompt + result.tokens)
-    dev = result.logits
-    if dev is None or dev.shape != ref.shape:
-        raise ValueError(f"device returned logits of shape {None if dev is None else dev.shape}, expected {ref.shape}")
     if tolerance is None:
         tolerance = DEFAULT_TOLERANCE[image.dims.kv_dtype] * max(1.0, float(np.abs(ref).max()))
-    checked = agree = 0
-    if greedy:
-        for i, tok in enumerate(result.tokens):
-            row = ref[len(prompt) - 1 + i]
-            checked += 1
-            agree += int(row[tok] >= row.max() - tolerance)
-    return Verification(float(np.max(np.abs(dev - ref))), ref.shape[0], checked, agree, tolerance)
-
-
-@dataclass
-class Against:
-    """The device against transformers on the source checkpoint (host/oracle.py)."""
-    checkpoint: str
-    max_abs_error: float
-    rows: int
-    greedy_checked: int
-    greedy_agree: int
-    tolerance: float
-
-    @property
-    def passed(self) -> bool:
-        return self.greedy_agree == self.greedy_checked
+    return compare(ref, result.logits, prompt, result.tokens, greedy, tolerance)
 
 
 def against(checkpoint: Path, image_bytes: bytes | memoryview, prompt: list[int], result: RunResult, greedy: bool,
-            tolerance: float | None = None) -> Against:
-    """Compare the device's logits with transformers run on the checkpoint the image was packed from. The
-    error says how far packing (narrower dtypes, the KV cache) and the runtime moved the logits; a greedy
-    token agrees when transformers ranks it first or within `tolerance` of first. Without a tolerance:
-    1e-3 x max(1, max |logit|) for an all-f32 image, 5e-2 x that when weights or the KV cache are narrower."""
+            tolerance: float | None = None) -> Verification:
+    """Compare the device's logits with transformers run on the checkpoint the image was packed from
+    (host/oracle.py). The error says how far packing (narrower dtypes, the KV cache) and the runtime moved
+    the logits; it passes when every greedy token agrees. Without a tolerance for near ties: 1e-3 x
+    max(1, max |logit|) for an all-f32 image, 5e-2 x that when weights or the KV cache are narrower."""
     from host.oracle import checkpoint_logits
     image = read_image(image_bytes)
     hf = checkpoint_logits(checkpoint, prompt + result.tokens)
-    dev = result.logits
-    if dev is None or dev.shape != hf.shape:
-        raise ValueError(f"{checkpoint} gives logits of shape {hf.shape}, the device {None if dev is None else dev.shape}:"
-                         " is it the checkpoint this image was packed from?")
     narrow = image.dims.kv_dtype != 0 or any(e.shape and e.dtype != 0 for e in image.entries)
     if tolerance is None:
         tolerance = (5e-2 if narrow else 1e-3) * max(1.0, float(np.abs(hf).max()))
-    checked = agree = 0
-    if greedy:
-        for i, tok in enumerate(result.tokens):
-            row = hf[len(prompt) - 1 + i]
-            checked += 1
-            agree += int(row[tok] >= row.max() - tolerance)
-    return Against(str(checkpoint), float(np.max(np.abs(dev - hf))), hf.shape[0], checked, agree, tolerance)
+    try:
+        return compare(hf, result.logits, prompt, result.tokens, greedy, tolerance, error_bounded=False)
+    except ValueError as exc:
+        raise ValueError(f"{exc}: is {checkpoint} the checkpoint this image was packed from?") from None
 
 
 def upload_progress(total: int, enabled: bool):
@@ -388,12 +376,12 @@ def main(argv: list[str] | None = None) -> int:
         except (OracleUnavailable, ValueError, OSError) as exc:
             print(f"flash: error: --against {args.against}: {exc}", file=sys.stderr)
             return 2
-        report["against"] = {**asdict(a), "passed": a.passed}
+        report["against"] = {**asdict(a), "checkpoint": str(args.against), "passed": a.passed}
         status = status or (0 if a.passed else 1)
         if not quiet:
             greedy_txt = (f"greedy tokens agree {a.greedy_agree}/{a.greedy_checked} (near ties within {a.tolerance:g})"
                           if greedy else "greedy agreement n/a (sampling)")
-            print(f"against transformers on {a.checkpoint}: max |device - transformers| = {a.max_abs_error:.3g} over "
+            print(f"against transformers on {args.against}: max |device - transformers| = {a.max_abs_error:.3g} over "
                   f"{a.rows} logits rows; {greedy_txt}: {'PASS' if a.passed else 'FAIL'}")
     if args.json:
         print(json.dumps(report))
