@@ -11,6 +11,8 @@ Examples:
   python host/flash.py model.img --prompt-tokens 1,2,3 --trace --trace-out trace.json   # then tools/routing_report.py
   python host/flash.py model.img --board cortex_m55 --expert-cache 4 --prompt-tokens 1,2 --verify  # stream experts
   python host/flash.py model.img --board hosted --prompt-tokens 1,2,3 --against path/to/checkpoint  # vs transformers
+  python host/flash.py model.img --board hosted --prompt "The capital of France is" --max-new-tokens 20
+  python host/flash.py model.img --board hosted --chat "Write a haiku about flash memory"
 
 --verify compares the device with the numpy reference built from the same image: it catches runtime and
 board bugs. --against compares with transformers on the source checkpoint: it also catches packing
@@ -33,6 +35,7 @@ import numpy as np  # noqa: E402
 from host.image import ImageError, expert_cache_bytes, open_image, read_image  # noqa: E402
 from host.protocol import STATUS_NAMES, Client, DeviceError, LinkError, Sampling, Transport  # noqa: E402
 from host.reference import Reference  # noqa: E402
+from host.text import NoTokenizer, Text  # noqa: E402
 from sim.boards import DEFAULT_BOARD, load_board  # noqa: E402
 from sim.launch import open_port, start_board  # noqa: E402
 
@@ -128,9 +131,10 @@ def upload_progress(total: int, enabled: bool):
 
 def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sampling: Sampling,
                 want_logits: bool, upload: bool, on_token=None, trace: bool = False,
-                progress: bool = False, expert_cache: int = 0, prefetch: bool = True) -> RunResult:
+                progress: bool = False, expert_cache: int = 0, prefetch: bool = True,
+                stop: frozenset[int] = frozenset()) -> RunResult:
     """The host's side of one session: INFO, optional upload, OPEN (with an expert cache of
-    `expert_cache` slots, if not 0), the generation, STATS, QUIT."""
+    `expert_cache` slots, if not 0), the generation (ending early after a token in `stop`), STATS, QUIT."""
     info = client.info()
     data = image.read_bytes()
     upload_crc = client.upload(data, upload_progress(len(data), progress)) if upload else None
@@ -140,7 +144,7 @@ def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sa
                          f"{opened.max_seq}; repack with a larger --max-seq or ask for fewer tokens")
     traces: list | None = [] if trace else None
     events, logits = client.run(prompt, max_new, sampling, opened.vocab_size if want_logits else None, on_token,
-                                traces)
+                                traces, stop)
     stats = client.stats()
     client.quit()
     return RunResult([e.token for e in events], stats, logits, info.board, upload_crc, traces=traces,
@@ -151,7 +155,8 @@ def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, 
                  want_logits: bool, firmware: Path | None = None, on_token=None, board_args: list[str] | None = None,
                  timeout: float = 60.0, upload: bool = False, gdb: bool = False, retries: int = 4,
                  wrap: Callable[[Transport], Transport] | None = None, trace: bool = False,
-                 progress: bool = False, expert_cache: int = 0, prefetch: bool = True) -> RunResult:
+                 progress: bool = False, expert_cache: int = 0, prefetch: bool = True,
+                 stop: frozenset[int] = frozenset()) -> RunResult:
     """Boot `board_name` (QEMU or hosted), load the image (QEMU's loader, or `upload` over the link), run.
     `wrap` may put something between host and device (the fault injector of sim/faults.py)."""
     board = load_board(board_name)
@@ -160,7 +165,7 @@ def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, 
     with start_board(board, firmware or board.firmware(), None if upload else image, board_args, gdb) as device:
         link = wrap(device.link) if wrap else device.link
         result = run_session(Client(link, timeout=timeout, retries=retries), image, prompt, max_new, sampling,
-                             want_logits, upload, on_token, trace, progress, expert_cache, prefetch)
+                             want_logits, upload, on_token, trace, progress, expert_cache, prefetch, stop)
     result.guest_code = device.guest_code
     if result.guest_code != 0:
         raise LinkError(f"board ended badly after the run: {device.describe()}")
@@ -250,7 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", help="a real board's serial port (e.g. /dev/ttyUSB0); implies --upload")
     ap.add_argument("--baud", type=int, default=921600, help="baud rate for --port (default 921600)")
     ap.add_argument("--gdb", action="store_true", help="start QEMU halted with a GDB stub and print how to attach")
-    ap.add_argument("--prompt-tokens", type=parse_tokens, required=True, help="comma-separated token ids")
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--prompt", metavar="TEXT", help="a prompt in words, encoded with the image's tokenizer; the "
+                      "answer streams as text and stops at the end-of-sequence token")
+    what.add_argument("--chat", metavar="MESSAGE", help="a user message, put through the image's chat template")
+    what.add_argument("--prompt-tokens", type=parse_tokens, help="comma-separated token ids")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     ap.add_argument("--top-k", type=int, default=0, help="0 = no top-k cut")
@@ -301,13 +310,36 @@ def main(argv: list[str] | None = None) -> int:
     quiet = args.json
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     greedy = args.temperature <= 0 or args.top_k == 1
+    text: Text | None = None
+    prompt: list[int] = args.prompt_tokens
+    if args.prompt_tokens is None:
+        try:
+            text = Text(open_image(args.image).meta)
+            prompt = (text.encode(args.prompt) if args.prompt is not None
+                      else text.chat_tokens([{"role": "user", "content": args.chat}]))
+        except NoTokenizer as exc:
+            print(f"flash: error: {exc}", file=sys.stderr)
+            return 2
+        if not prompt:
+            ap.error("the prompt encodes to no tokens")
+    generated: list[int] = []
+    shown = ""
 
     def on_token(ev) -> None:
-        if not quiet:
+        nonlocal shown
+        if quiet:
+            return
+        if text is None:
             print(ev.token, end=" ", flush=True)
+            return
+        generated.append(ev.token)
+        now = text.decode(generated)  # decoded whole: a character may span tokens
+        print(now[len(shown):] if now.startswith(shown) else "", end="", flush=True)
+        shown = now if now.startswith(shown) else shown
 
     if not quiet:
-        print(f"[{args.port or args.board}] prompt {args.prompt_tokens} -> ", end="", flush=True)
+        asked = f"prompt {prompt}" if text is None else repr(args.prompt if args.prompt is not None else args.chat)
+        print(f"[{args.port or args.board}] {asked} -> ", end="", flush=True)
     want_logits = args.verify or args.dump_logits is not None or args.against is not None
     trace = args.trace or args.trace_out is not None
     wrap = None
@@ -319,13 +351,15 @@ def main(argv: list[str] | None = None) -> int:
             with open_port(args.port, args.baud) as port_link:
                 link = wrap(port_link) if wrap else port_link
                 result = run_session(Client(link, timeout=args.timeout, retries=args.retries), args.image,
-                                     args.prompt_tokens, args.max_new_tokens, sampling, want_logits, True, on_token,
-                                     trace, progress=not quiet, expert_cache=slots, prefetch=not args.no_prefetch)
+                                     prompt, args.max_new_tokens, sampling, want_logits, True, on_token,
+                                     trace, progress=not quiet, expert_cache=slots, prefetch=not args.no_prefetch,
+                                     stop=text.eos_ids if text else frozenset())
         else:
-            result = run_on_board(args.image, args.board, args.prompt_tokens, args.max_new_tokens, sampling,
+            result = run_on_board(args.image, args.board, prompt, args.max_new_tokens, sampling,
                                   want_logits, args.firmware, on_token, timeout=args.timeout, upload=args.upload,
                                   gdb=args.gdb, retries=args.retries, wrap=wrap, trace=trace, progress=not quiet,
-                                  expert_cache=slots, prefetch=not args.no_prefetch)
+                                  expert_cache=slots, prefetch=not args.no_prefetch,
+                                  stop=text.eos_ids if text else frozenset())
     except DeviceError as exc:
         hint = ""
         if exc.message == "arena too small":
@@ -352,16 +386,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.dump_logits:
         np.save(args.dump_logits, result.logits)
     if trace:
-        traced = trace_report(result, args.prompt_tokens, args.image)
+        traced = trace_report(result, prompt, args.image)
         if args.trace_out:
             args.trace_out.write_text(json.dumps(traced))
         if not quiet:
             print_trace(traced)
-    report: dict = {"board": result.board, "kernels": result.kernels, "tokens": result.tokens,
+    report: dict = {"board": result.board, "kernels": result.kernels, "prompt_tokens": prompt, "tokens": result.tokens,
                     "stats": result.stats, "upload_crc32": result.upload_crc32}
+    if text is not None:
+        report["text"] = text.decode(result.tokens)
     status = 0
     if args.verify:
-        v = verify(args.image.read_bytes(), args.prompt_tokens, result, greedy, args.tolerance)
+        v = verify(args.image.read_bytes(), prompt, result, greedy, args.tolerance)
         report["verify"] = {**asdict(v), "passed": v.passed}
         status = 0 if v.passed else 1
         if not quiet:
@@ -372,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.against:
         from host.oracle import OracleUnavailable
         try:
-            a = against(args.against, open_image(args.image).data, args.prompt_tokens, result, greedy, args.tolerance)
+            a = against(args.against, open_image(args.image).data, prompt, result, greedy, args.tolerance)
         except (OracleUnavailable, ValueError, OSError) as exc:
             print(f"flash: error: --against {args.against}: {exc}", file=sys.stderr)
             return 2

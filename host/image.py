@@ -6,6 +6,7 @@ are the two implementations of it and are tested against each other.
 from __future__ import annotations
 
 import enum
+import json
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ NO_INDEX = 0xFFFFFFFF
 ARCH_MOE = 1  # decoder-only transformer with a top-k routed MoE FFN (Mixtral family)
 
 # Header: everything up to `reserved` is packed little-endian, then zero padding to 256 bytes.
-HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI" + "QQ")
+HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI" + "QQ" + "QQI")
 HEADER_FIELDS = (
     "magic", "version", "header_bytes", "image_bytes", "header_crc32", "payload_crc32",
     "arch", "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads",
@@ -37,7 +38,7 @@ HEADER_FIELDS = (
     "rms_norm_eps", "rope_theta",
     "tensor_table_offset", "n_tensors", "entry_bytes", "data_offset", "arena_bytes",
     "expert_align", "dense_ffn_size", "shared_ffn_size", "clip_qkv", "kv_dtype",
-    "expert_offset", "expert_crc_offset",
+    "expert_offset", "expert_crc_offset", "meta_offset", "meta_bytes", "meta_crc32",
 )
 KV_DTYPES = {"f32": 0, "f16": 1}  # header kv_dtype: the KV cache's element type
 HEADER_CRC_OFFSET = 24
@@ -272,6 +273,7 @@ class Image:
     header: dict
     entries: list[TensorEntry]
     data: bytes | memoryview = field(repr=False)
+    meta: dict | None = None  # the metadata section: tokenizer, chat template (host/text.py)
 
     def entry(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> TensorEntry:
         for e in self.entries:
@@ -346,7 +348,8 @@ def crc32(data: bytes | memoryview) -> int:
 
 
 def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray | Encoded],
-                expert_align: int = ALIGN, pinned: frozenset[tuple[int, int]] = frozenset()) -> bytes:
+                expert_align: int = ALIGN, pinned: frozenset[tuple[int, int]] = frozenset(),
+                meta: dict | None = None) -> bytes:
     """The image of `tensors` as bytes (write_image puts it in a file without holding it in memory).
 
     `tensors` are keyed by (role, layer, expert), ROPE_COS/ROPE_SIN included; a float array is stored
@@ -357,19 +360,21 @@ def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray
     routed expert's block (gate, up, down) starts at a multiple of expert_align (4096 lets a
     page-granular madvise or a DMA burst cover exactly one expert) and has its CRC in the expert CRC
     table. If two keys map to the same object (tied embeddings: LM_HEAD is TOKEN_EMBD), the second
-    entry points at the first one's bytes instead of a copy.
+    entry points at the first one's bytes instead of a copy. `meta` (the tokenizer, the chat template:
+    host/text.py) goes into the metadata section after everything, as JSON.
     """
-    plan = _lay_out(dims, tensors, expert_align, pinned)
+    plan = _lay_out(dims, tensors, expert_align, pinned, meta)
     buf = bytearray(plan.image_bytes)
     _fill(buf, plan)
     return bytes(buf)
 
 
 def write_image(path: Path, dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray | Encoded],
-                expert_align: int = ALIGN, pinned: frozenset[tuple[int, int]] = frozenset()) -> int:
+                expert_align: int = ALIGN, pinned: frozenset[tuple[int, int]] = frozenset(),
+                meta: dict | None = None) -> int:
     """build_image's bytes written straight into the file at `path` (a memory map: the image is never a
     second copy of the model in RAM). Returns its size."""
-    plan = _lay_out(dims, tensors, expert_align, pinned)
+    plan = _lay_out(dims, tensors, expert_align, pinned, meta)
     out = np.memmap(path, dtype=np.uint8, mode="w+", shape=(plan.image_bytes,))
     _fill(out, plan)
     out.flush()
@@ -389,9 +394,11 @@ class _Plan:
     expert_offset: int
     image_bytes: int
     expert_align: int
+    meta: bytes            # the metadata section's JSON (b"": none)
+    meta_offset: int
 
 
-def _lay_out(dims: ModelDims, tensors: dict, expert_align: int, pinned: frozenset) -> _Plan:
+def _lay_out(dims: ModelDims, tensors: dict, expert_align: int, pinned: frozenset, meta: dict | None) -> _Plan:
     if expert_align % ALIGN or expert_align <= 0:
         raise ValueError(f"expert_align must be a positive multiple of {ALIGN}")
     order = list(canonical_order(dims))
@@ -443,8 +450,11 @@ def _lay_out(dims: ModelDims, tensors: dict, expert_align: int, pinned: frozense
     cursor = expert_offset
     for i, key in stream:
         place(i, *key)
+    meta_bytes = json.dumps(meta, separators=(",", ":")).encode() if meta else b""
+    meta_offset = align_up(cursor) if meta_bytes else 0
+    image_bytes = meta_offset + len(meta_bytes) if meta_bytes else cursor
     return _Plan(dims, [entries[i] for i in range(len(order))], sources, table_offset, crc_offset, data_offset,
-                 expert_offset, cursor, expert_align)
+                 expert_offset, image_bytes, expert_align, meta_bytes, meta_offset)
 
 
 def _fill(buf: bytearray | np.memmap, plan: _Plan) -> None:
@@ -457,6 +467,8 @@ def _fill(buf: bytearray | np.memmap, plan: _Plan) -> None:
             scales = np.ascontiguousarray(enc.scales, dtype="<f2").reshape(-1).view(np.uint8)
             view[entry.scales_offset:entry.scales_offset + scales.size] = scales
     mem = memoryview(view)
+    if plan.meta:
+        mem[plan.meta_offset:plan.meta_offset + len(plan.meta)] = plan.meta
     for i, e in enumerate(plan.entries):
         at = plan.table_offset + i * ENTRY_BYTES
         mem[at:at + ENTRY_BYTES] = e.pack()
@@ -475,6 +487,7 @@ def _fill(buf: bytearray | np.memmap, plan: _Plan) -> None:
         data_offset=plan.data_offset, arena_bytes=arena_bytes(d), expert_align=plan.expert_align,
         dense_ffn_size=d.dense_ffn_size, shared_ffn_size=d.shared_ffn_size, clip_qkv=d.clip_qkv,
         kv_dtype=d.kv_dtype, expert_offset=plan.expert_offset, expert_crc_offset=plan.crc_offset,
+        meta_offset=plan.meta_offset, meta_bytes=len(plan.meta), meta_crc32=crc32(plan.meta) if plan.meta else 0,
     )
     write_header(mem, header)
 
@@ -515,6 +528,18 @@ def read_image(data: bytes | np.ndarray) -> Image:
         raise ImageError(f"expert part offset {h['expert_offset']} is outside the image")
     if crc32(memoryview(data)[HEADER_BYTES:h["expert_offset"]]) != h["payload_crc32"]:
         raise ImageError("payload CRC mismatch")
+    meta: dict | None = None
+    if h["meta_bytes"]:
+        end = h["meta_offset"] + h["meta_bytes"]
+        if h["meta_offset"] < h["expert_offset"] or end > h["image_bytes"]:
+            raise ImageError("metadata section outside the image")
+        raw = bytes(memoryview(data)[h["meta_offset"]:end])
+        if crc32(raw) != h["meta_crc32"]:
+            raise ImageError("metadata section CRC mismatch")
+        try:
+            meta = json.loads(raw)
+        except ValueError as exc:
+            raise ImageError(f"metadata section is not JSON: {exc}") from None
     n_layers, n_experts = h["n_layers"], h["n_experts"]
     per_layer = len(LAYER_ROLES) + len(EXPERT_ROLES) * n_experts
     if h["n_tensors"] != 3 + n_layers * per_layer + 2:
@@ -550,4 +575,4 @@ def read_image(data: bytes | np.ndarray) -> Image:
         if crc32(memoryview(data)[gate.offset:down.end]) != struct.unpack_from("<I", data, at)[0]:
             raise ImageError(f"expert {gate.expert} of layer {gate.layer}: block CRC mismatch")
     # a view, not a copy: a memory-mapped image file stays on disk
-    return Image(dims, h, entries, memoryview(data)[:h["image_bytes"]])
+    return Image(dims, h, entries, memoryview(data)[:h["image_bytes"]], meta)

@@ -39,6 +39,7 @@ from host.image import (KV_DTYPES, Role, arena_bytes, build_image, open_image, r
                         tensor_name, write_image)
 from host.quant import DType, Encoded, convert  # noqa: E402
 from host.reference import Reference  # noqa: E402
+from host.text import checkpoint_meta  # noqa: E402
 from sim.boards import board_names, fit_report, load_board  # noqa: E402
 
 # The matrices --dtype applies to; everything else (norms, biases, routers, the shared-expert gate) stays f32.
@@ -128,7 +129,8 @@ def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, board: st
     # written straight to disk (a memory map), then renamed: never a second copy of the model in RAM,
     # and never a half-written image under the output name
     part = out.with_name(out.name + ".part")
-    size = write_image(part, dims, tensors, expert_align=expert_align, pinned=pinned)
+    meta = checkpoint_meta(src)  # the tokenizer and chat template, for flash.py --prompt/--chat
+    size = write_image(part, dims, tensors, expert_align=expert_align, pinned=pinned, meta=meta)
     try:
         fit_lines: list[str] = []
         if board:
@@ -147,6 +149,7 @@ def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, board: st
             "tied_embeddings": ckpt.tied_embeddings, "dims": dims, "fit": fit_lines, "family": ckpt.family,
             "bytes_by_dtype": img.bytes_by_dtype(), "quality": cost,
             "resident_bytes": img.resident_bytes, "pinned": sorted(pinned), "converted": ckpt.converted,
+            "tokenizer": bool(meta), "chat_template": bool(meta and meta.get("chat_template")),
         }
     except BaseException:
         part.unlink(missing_ok=True)
@@ -224,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     if q:
         print(f"  quality     vs the f32 image on {q['tokens']} calibration tokens: max |dlogit| {q['max_abs_dlogit']:.4g}, "
               f"mean {q['mean_abs_dlogit']:.4g}, KL {q['kl_divergence']:.3g}, top-1 agreement {q['top1_agreement']:.1%}")
+    if r["tokenizer"]:
+        chat = ", chat template" if r["chat_template"] else ", no chat template"
+        print(f"  text        tokenizer{chat} (flash.py --prompt \"...\"{' or --chat' if r['chat_template'] else ''})")
+    else:
+        print("  text        no tokenizer carried (a checkpoint directory with tokenizer.json has one): "
+              "flash.py takes --prompt-tokens")
     for line in r["fit"]:
         print(f"  {line}")
     return 0

@@ -325,10 +325,12 @@ class Client:
 
     def run(self, prompt: list[int], max_new: int, sampling: Sampling, vocab: int | None = None,
             on_token: Callable[[TokenEvent], None] | None = None,
-            traces: list[list[LayerTrace]] | None = None) -> tuple[list[TokenEvent], np.ndarray | None]:
-        """A new sequence: feed `prompt`, generate `max_new` tokens. With `vocab`, also return the
-        logits rows (row i = after the i-th fed token, prompt first). With a `traces` list, append
-        each fed token's layer records to it."""
+            traces: list[list[LayerTrace]] | None = None,
+            stop: frozenset[int] = frozenset()) -> tuple[list[TokenEvent], np.ndarray | None]:
+        """A new sequence: feed `prompt`, generate up to `max_new` tokens, ending early after a token in
+        `stop` (end of sequence; it is included). With `vocab`, also return the logits rows (row i =
+        after the i-th fed token, prompt first). With a `traces` list, append each fed token's layer
+        records to it."""
         self.start(sampling, trace=traces is not None)
         rows = []
         per_token = vocab or traces is not None
@@ -352,6 +354,8 @@ class Client:
                 rows.append(self.logits(vocab))
             if traces is not None:
                 traces.append(self.trace())
+            if ev.token in stop:
+                break
         return events, (np.stack(rows) if vocab else None)
 
     def stats(self) -> dict[str, int]:

@@ -167,3 +167,33 @@ def test_quantized_corruption_is_named(lib, q8_image, name, mutate, expected):
 
 def test_statuses_are_distinct():
     assert len({c[2] for c in CASES}) >= 12
+
+
+# An image with a metadata section (tokenizer, chat template: host/text.py) at its end
+META_CASES = [
+    ("metadata byte flipped", lambda b: flip(len(b) - 3)(b), "E_IMAGE_PAYLOAD_CRC"),
+    ("metadata misaligned", lambda b: put("<Q", 156, struct.unpack_from("<Q", b, 156)[0] + 8)(b), "E_IMAGE_HEADER"),
+    ("metadata past the end", lambda b: put("<Q", 164, 1 << 20)(b), "E_IMAGE_HEADER"),
+    ("metadata inside the resident part", lambda b: put("<Q", 156, struct.unpack_from("<Q", b, 140)[0] - 64)(b),
+     "E_IMAGE_HEADER"),
+    ("metadata offset without bytes", lambda b: put("<Q", 164, 0)(b), "E_IMAGE_HEADER"),
+]
+
+
+@pytest.fixture(scope="module")
+def meta_image(checkpoints):
+    from host.checkpoint import load_checkpoint
+    from host.image import build_image
+    ckpt = load_checkpoint(checkpoints["base"], 24)
+    return build_image(ckpt.dims, ckpt.tensors, meta={"tokenizer": {"model": {"type": "WordLevel"}}})
+
+
+def test_image_with_metadata_verifies(lib, meta_image):
+    assert lib.verify(meta_image)[0] == 0
+    assert read_image(meta_image).meta == {"tokenizer": {"model": {"type": "WordLevel"}}}
+
+
+@pytest.mark.parametrize("name,mutate,expected", META_CASES, ids=[c[0] for c in META_CASES])
+def test_metadata_corruption_is_named(lib, meta_image, name, mutate, expected):
+    status, _ = lib.verify(bytes(mutate(bytearray(meta_image))))
+    assert status == STATUS[expected], f"{name}: got status {status}"

@@ -36,7 +36,7 @@ enum {
     H_FLAGS = 76, H_EPS = 80, H_ROPE_THETA = 84, H_TABLE_OFFSET = 88, H_N_TENSORS = 96,
     H_ENTRY_BYTES = 100, H_DATA_OFFSET = 104, H_ARENA_BYTES = 112, H_EXPERT_ALIGN = 120,
     H_DENSE_FFN = 124, H_SHARED_FFN = 128, H_CLIP_QKV = 132, H_KV_DTYPE = 136, H_EXPERT_OFFSET = 140,
-    H_EXPERT_CRC_OFFSET = 148, H_RESERVED = 156
+    H_EXPERT_CRC_OFFSET = 148, H_META_OFFSET = 156, H_META_BYTES = 164, H_META_CRC = 172, H_RESERVED = 176
 };
 /* Tensor table entry field offsets (docs/FORMAT.md, "Tensor table"). */
 enum {
@@ -259,6 +259,19 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
         return COLIBRI_E_IMAGE_HEADER;
     if (colibri_crc32(0, img + IMG_HEADER_BYTES, (size_t)(resident - IMG_HEADER_BYTES)) != rd32(img + H_PAYLOAD_CRC))
         return COLIBRI_E_IMAGE_PAYLOAD_CRC;
+    /* the host's metadata section (tokenizer, chat template): after every tensor, never read by the runtime */
+    uint64_t meta_offset = rd64(img + H_META_OFFSET), meta_bytes = rd64(img + H_META_BYTES), meta_end;
+    uint64_t tensors_end = image_bytes; /* where tensor bytes must end */
+    if (meta_bytes) {
+        if (meta_offset % IMG_ALIGN || meta_offset < resident || !add_ok(meta_offset, meta_bytes, &meta_end) ||
+            meta_end > image_bytes)
+            return COLIBRI_E_IMAGE_HEADER;
+        if (full && colibri_crc32(0, img + meta_offset, (size_t)meta_bytes) != rd32(img + H_META_CRC))
+            return COLIBRI_E_IMAGE_PAYLOAD_CRC;
+        tensors_end = meta_offset;
+    } else if (meta_offset || rd32(img + H_META_CRC)) {
+        return COLIBRI_E_IMAGE_HEADER;
+    }
 
     model_dims dims;
     colibri_status st = read_dims(img, &dims);
@@ -287,7 +300,7 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
         const uint8_t *e = img + table_offset + (uint64_t)i * IMG_ENTRY_BYTES;
         const int routed = s.role == ROLE_EXPERT_GATE || s.role == ROLE_EXPERT_UP || s.role == ROLE_EXPERT_DOWN;
         uint64_t end, aligned_prev;
-        st = check_entry(e, &s, data_offset, routed ? image_bytes : resident, &end);
+        st = check_entry(e, &s, data_offset, routed ? tensors_end : resident, &end);
         if (st) return st;
         /* the up and down matrices of a SwiGLU block follow its gate matrix directly: one read covers it */
         const int follows = s.role == ROLE_EXPERT_UP || s.role == ROLE_EXPERT_DOWN || s.role == ROLE_SHARED_UP ||

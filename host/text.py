@@ -1,0 +1,94 @@
+"""Text in, text out: the tokenizer and chat template an image carries in its metadata section
+(docs/FORMAT.md), taken from the checkpoint by pack.py and used by flash.py --prompt / --chat.
+
+The tokenizer is the checkpoint's own `tokenizer.json`, run by the `tokenizers` library (as
+transformers' fast tokenizers run it); the chat template is rendered with jinja2 the way
+transformers' `apply_chat_template` renders it, so a prompt becomes the same token ids as it would in
+transformers.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+
+class NoTokenizer(ValueError):
+    """The image carries no tokenizer (or no chat template, for --chat)."""
+
+
+def checkpoint_meta(src: Path) -> dict | None:
+    """The metadata section for a checkpoint directory: its tokenizer, chat template and end-of-sequence
+    tokens (None when it has no tokenizer.json)."""
+    src = Path(src)
+    if not src.is_dir() or not (src / "tokenizer.json").exists():
+        return None
+    meta: dict = {"tokenizer": json.loads((src / "tokenizer.json").read_text())}
+    config = src / "tokenizer_config.json"
+    cfg = json.loads(config.read_text()) if config.exists() else {}
+    template = cfg.get("chat_template")
+    if template is None and (src / "chat_template.jinja").exists():
+        template = (src / "chat_template.jinja").read_text()
+    if isinstance(template, str):
+        meta["chat_template"] = template
+    for key in ("bos_token", "eos_token"):
+        token = cfg.get(key)
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str):
+            meta[key] = token
+    gen = src / "generation_config.json"
+    eos = json.loads(gen.read_text()).get("eos_token_id") if gen.exists() else None
+    if eos is None:
+        eos = json.loads((src / "config.json").read_text()).get("eos_token_id") if (src / "config.json").exists() else None
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    meta["eos_token_ids"] = [int(i) for i in ids]
+    return meta
+
+
+class Text:
+    """An image's tokenizer and chat template."""
+
+    def __init__(self, meta: dict | None):
+        if not meta or "tokenizer" not in meta:
+            raise NoTokenizer("this image carries no tokenizer: pack it from a checkpoint directory with a "
+                              "tokenizer.json, or give token ids with --prompt-tokens")
+        from tokenizers import Tokenizer
+        self.tokenizer = Tokenizer.from_str(json.dumps(meta["tokenizer"]))
+        self.meta = meta
+        eos = set(meta.get("eos_token_ids", []))
+        if "eos_token" in meta and self.tokenizer.token_to_id(meta["eos_token"]) is not None:
+            eos.add(self.tokenizer.token_to_id(meta["eos_token"]))
+        self.eos_ids = frozenset(eos)
+
+    def encode(self, text: str, special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=special_tokens).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """The chat template rendered for `messages`, ready for the assistant's answer (transformers'
+        apply_chat_template(..., add_generation_prompt=True, tokenize=False))."""
+        template = self.meta.get("chat_template")
+        if not template:
+            raise NoTokenizer("this image's checkpoint has no chat template: use --prompt")
+        from jinja2.exceptions import TemplateError
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent,
+                                                                                   ensure_ascii=ensure_ascii)
+        env.globals.update(raise_exception=raise_exception,
+                           strftime_now=lambda fmt: datetime.now().strftime(fmt))
+        return env.from_string(template).render(messages=messages, add_generation_prompt=True,
+                                                bos_token=self.meta.get("bos_token", ""),
+                                                eos_token=self.meta.get("eos_token", ""))
+
+    def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
+        """The rendered template as token ids: the template writes its special tokens itself, so none are
+        added (as apply_chat_template tokenizes)."""
+        return self.encode(self.chat_prompt(messages), special_tokens=False)

@@ -1,0 +1,98 @@
+"""Text in, text out (host/text.py): a real byte-level BPE tokenizer and a chat template travel in the
+image, and a prompt in words gives the token ids, the tokens and the text transformers gives."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from host import flash
+from host.image import read_image
+from host.pack import pack
+from host.text import Text
+
+CHAT_TEMPLATE = ("{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + '</s>\\n' }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
+CORPUS = ["the quick brown fox jumps over the lazy dog", "flash memory holds the experts of the model",
+          "a mixture of experts routes every token to a few of them", "tiny boards run big models slowly"] * 20
+
+
+@pytest.fixture(scope="module")
+def text_checkpoint(tmp_path_factory):
+    """A random Mixtral with a byte-level BPE tokenizer trained by the tokenizers library, special tokens
+    <s> and </s>, and a chat template."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import MixtralConfig, MixtralForCausalLM, PreTrainedTokenizerFast
+    out = tmp_path_factory.mktemp("text") / "ckpt"
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    torch.manual_seed(3)
+    model = MixtralForCausalLM(MixtralConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=128, bos_token_id=0, eos_token_id=1, initializer_range=0.25)).eval()
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def text_image(text_checkpoint, tmp_path_factory):
+    path = tmp_path_factory.mktemp("text_img") / "t.img"
+    pack(text_checkpoint, path, 64, 64)
+    return path
+
+
+def test_the_image_carries_the_tokenizer_and_the_template(text_image, text_checkpoint):
+    meta = read_image(text_image.read_bytes()).meta
+    assert meta["tokenizer"] == json.loads((text_checkpoint / "tokenizer.json").read_text())
+    assert meta["chat_template"] == CHAT_TEMPLATE and meta["eos_token"] == "</s>" and 1 in Text(meta).eos_ids
+
+
+def test_prompt_in_words_matches_transformers(text_image, text_checkpoint, hosted_build, capsys):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    prompt = "the lazy fox routes experts"
+    code = flash.main([str(text_image), "--board", "hosted", "--firmware", str(hosted_build / "firmware.elf"),
+                       "--prompt", prompt, "--max-new-tokens", "12", "--verify", "--json"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and report["verify"]["passed"]
+    hf_tok = AutoTokenizer.from_pretrained(text_checkpoint)
+    ids = hf_tok(prompt).input_ids
+    assert report["prompt_tokens"] == ids and ids[0] == 0  # <s> added as the tokenizer's post-processor says
+    model = AutoModelForCausalLM.from_pretrained(text_checkpoint, experts_implementation="eager").eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=1,
+                             pad_token_id=1)[0, len(ids):].tolist()
+    assert report["tokens"] == out
+    assert report["text"] == hf_tok.decode(out, skip_special_tokens=True)
+
+
+def test_chat_template_renders_as_transformers_does(text_image, text_checkpoint):
+    from transformers import AutoTokenizer
+    hf_tok = AutoTokenizer.from_pretrained(text_checkpoint)
+    text = Text(read_image(text_image.read_bytes()).meta)
+    messages = [{"role": "user", "content": "what do tiny boards run?"}]
+    assert text.chat_prompt(messages) == hf_tok.apply_chat_template(messages, add_generation_prompt=True,
+                                                                    tokenize=False)
+    want = hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
+    assert text.chat_tokens(messages) == list(want)
+
+
+def test_chat_runs_and_an_image_without_a_tokenizer_says_so(text_image, images, hosted_build, capsys):
+    firmware = str(hosted_build / "firmware.elf")
+    code = flash.main([str(text_image), "--board", "hosted", "--firmware", firmware, "--chat", "hello there",
+                       "--max-new-tokens", "4", "--json"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and isinstance(report["text"], str) and len(report["tokens"]) <= 4
+    code = flash.main([str(images["base"]), "--board", "hosted", "--firmware", firmware, "--prompt", "hello"])
+    err = capsys.readouterr().err
+    assert code == 2 and "carries no tokenizer" in err and "--prompt-tokens" in err
