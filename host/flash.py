@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 from host.image import ImageError, expert_cache_bytes, open_image, read_image  # noqa: E402
 from host.protocol import STATUS_NAMES, Client, DeviceError, LinkError, Sampling, Transport  # noqa: E402
 from host.reference import Reference  # noqa: E402
-from host.text import NoTokenizer, Text  # noqa: E402
+from host.text import NoTokenizer, Text, TextStream  # noqa: E402
 from sim.boards import DEFAULT_BOARD, load_board  # noqa: E402
 from sim.launch import open_port, start_board  # noqa: E402
 
@@ -172,6 +172,70 @@ def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, 
     return result
 
 
+def emit(s: str) -> None:
+    print(s, end="", flush=True)
+
+
+def chat_turns(client: Client, text: Text, sampling: Sampling, max_new: int, max_seq: int,
+               read: Callable[[str], str] = input, write: Callable[[str], None] = emit) -> list[dict[str, str]]:
+    """An interactive chat over one open context. Each turn feeds only what the conversation added since
+    the last (the KV cache is kept), unless the template tokenizes the conversation differently from
+    what was fed, when the context starts over with all of it. /reset clears the conversation and the
+    context; /quit or the end of input ends. Returns the conversation."""
+    messages: list[dict[str, str]] = []
+    fed: list[int] = []
+    client.start(sampling)
+    while True:
+        try:
+            line = read("you> ").strip()
+        except EOFError:
+            break
+        if line == "/quit":
+            break
+        if line == "/reset":
+            messages, fed = [], []
+            client.start(sampling)
+            write("[conversation and KV cache cleared]\n")
+            continue
+        if not line:
+            continue
+        want = text.chat_tokens(messages + [{"role": "user", "content": line}])
+        if len(want) + max_new > max_seq:
+            write(f"[the conversation would pass the image's max_seq {max_seq}: /reset to start over]\n")
+            continue
+        if want[:len(fed)] != fed:  # re-tokenized differently: start over with the whole conversation
+            client.start(sampling)
+            fed = []
+        client.feed_all(want[len(fed):])
+        fed = list(want)
+        messages.append({"role": "user", "content": line})
+        reply = TextStream(text)
+        for _ in range(max_new):
+            token = client.step().token
+            fed.append(token)
+            write(reply.push(token))
+            if token in text.eos_ids:
+                break
+        write(reply.finish() + "\n")
+        messages.append({"role": "assistant", "content": text.decode(reply.ids)})
+    return messages
+
+
+def run_chat(image: Path, board_name: str, firmware: Path | None, text: Text, sampling: Sampling, max_new: int,
+             timeout: float = 60.0, retries: int = 4, expert_cache: int = 0, prefetch: bool = True,
+             read: Callable[[str], str] = input, write: Callable[[str], None] = emit) -> list[dict[str, str]]:
+    """Boot the board with the image and chat on it (chat_turns)."""
+    board = load_board(board_name)
+    args = board.spec.get("stream_args", []) if expert_cache else None
+    with start_board(board, firmware or board.firmware(), image, args) as device:
+        client = Client(device.link, timeout=timeout, retries=retries)
+        client.info()
+        opened = client.open(expert_cache, prefetch)
+        messages = chat_turns(client, text, sampling, max_new, opened.max_seq, read, write)
+        client.quit()
+    return messages
+
+
 def trace_report(result: RunResult, prompt: list[int], image: Path) -> dict:
     """The traced run as JSON-ready data (tools/routing_report.py reads it)."""
     dims = read_image(image.read_bytes()).dims
@@ -258,7 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--prompt", metavar="TEXT", help="a prompt in words, encoded with the image's tokenizer; the "
                       "answer streams as text and stops at the end-of-sequence token")
-    what.add_argument("--chat", metavar="MESSAGE", help="a user message, put through the image's chat template")
+    what.add_argument("--chat", metavar="MESSAGE", nargs="?", const="",
+                      help="a user message, put through the image's chat template; without one, an interactive "
+                           "chat that keeps the KV cache across turns (/reset clears it, /quit or end of input ends)")
     what.add_argument("--prompt-tokens", type=parse_tokens, help="comma-separated token ids")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -312,6 +378,20 @@ def main(argv: list[str] | None = None) -> int:
     greedy = args.temperature <= 0 or args.top_k == 1
     text: Text | None = None
     prompt: list[int] = args.prompt_tokens
+    if args.chat == "":
+        try:
+            text = Text(open_image(args.image).meta)
+            text.chat_prompt([])  # a template to chat with
+        except NoTokenizer as exc:
+            print(f"flash: error: {exc}", file=sys.stderr)
+            return 2
+        try:
+            run_chat(args.image, args.board, args.firmware, text, sampling, args.max_new_tokens, args.timeout,
+                     args.retries, slots, not args.no_prefetch)
+        except (DeviceError, LinkError, ValueError) as exc:
+            print(f"\nflash: error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if args.prompt_tokens is None:
         try:
             text = Text(open_image(args.image).meta)
@@ -322,20 +402,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if not prompt:
             ap.error("the prompt encodes to no tokens")
-    generated: list[int] = []
-    shown = ""
+    stream = TextStream(text) if text else None
 
     def on_token(ev) -> None:
-        nonlocal shown
-        if quiet:
-            return
-        if text is None:
-            print(ev.token, end=" ", flush=True)
-            return
-        generated.append(ev.token)
-        now = text.decode(generated)  # decoded whole: a character may span tokens
-        print(now[len(shown):] if now.startswith(shown) else "", end="", flush=True)
-        shown = now if now.startswith(shown) else shown
+        if not quiet:
+            emit(stream.push(ev.token) if stream else f"{ev.token} ")
 
     if not quiet:
         asked = f"prompt {prompt}" if text is None else repr(args.prompt if args.prompt is not None else args.chat)
@@ -378,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nflash: error: {exc}", file=sys.stderr)
         return 2
     if not quiet:
+        if stream:
+            emit(stream.finish())
         if result.upload_crc32 is not None:
             print(f"\n[{result.board}] image uploaded, device CRC-32 {result.upload_crc32:08x} matches", end="")
         print(f"\n[{result.board}, {result.kernels} kernels] {stats_line(result.stats)}")

@@ -302,6 +302,11 @@ class Client:
             raise LinkError(f"the device dropped {dropped} layer records (its trace buffer is too small)")
         return parse_trace(data)
 
+    def feed_all(self, tokens: list[int]) -> None:
+        """Feed any number of tokens, as many per frame as fit."""
+        for i in range(0, len(tokens), FEED_PER_FRAME):
+            self.feed(tokens[i:i + FEED_PER_FRAME])
+
     def feed(self, tokens: list[int]) -> int:
         """Feed tokens; returns the number of positions now in the KV cache."""
         return struct.unpack_from("<I", self.call(REQ_FEED, struct.pack(f"<I{len(tokens)}I", len(tokens), *tokens),
@@ -342,8 +347,7 @@ class Client:
                 if traces is not None:
                     traces.append(self.trace())
         else:
-            for i in range(0, len(prompt), FEED_PER_FRAME):
-                self.feed(prompt[i:i + FEED_PER_FRAME])
+            self.feed_all(prompt)
         events = []
         for _ in range(max_new):
             ev = self.step()

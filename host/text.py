@@ -92,3 +92,27 @@ class Text:
         """The rendered template as token ids: the template writes its special tokens itself, so none are
         added (as apply_chat_template tokenizes)."""
         return self.encode(self.chat_prompt(messages), special_tokens=False)
+
+
+class TextStream:
+    """The text of tokens as they arrive: each push returns what is new, holding back a character whose
+    bytes have not all arrived (decoded alone they would show as U+FFFD and change later)."""
+
+    def __init__(self, text: Text):
+        self.text = text
+        self.ids: list[int] = []
+        self.shown = ""
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        return self._advance(self.text.decode(self.ids).rstrip("\ufffd"))
+
+    def finish(self) -> str:
+        """The rest, unfinished characters included."""
+        return self._advance(self.text.decode(self.ids))
+
+    def _advance(self, now: str) -> str:
+        if not now.startswith(self.shown):  # a decoder that rewrote the past: keep what was shown
+            return ""
+        piece, self.shown = now[len(self.shown):], now
+        return piece

@@ -46,7 +46,7 @@ def text_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def text_image(text_checkpoint, tmp_path_factory):
     path = tmp_path_factory.mktemp("text_img") / "t.img"
-    pack(text_checkpoint, path, 64, 64)
+    pack(text_checkpoint, path, 128, 64)
     return path
 
 
@@ -96,3 +96,27 @@ def test_chat_runs_and_an_image_without_a_tokenizer_says_so(text_image, images, 
     code = flash.main([str(images["base"]), "--board", "hosted", "--firmware", firmware, "--prompt", "hello"])
     err = capsys.readouterr().err
     assert code == 2 and "carries no tokenizer" in err and "--prompt-tokens" in err
+
+
+def test_interactive_chat_keeps_the_context_and_resets(text_image, hosted_build):
+    """Turn two feeds only what the conversation added (the KV cache is kept): its answer is the one a
+    fresh context fed the whole conversation gives; /reset starts over."""
+    from host.protocol import Sampling
+    text = Text(read_image(text_image.read_bytes()).meta)
+    lines = iter(["hello there", "and the experts?", "/reset", "hello there", "/quit"])
+    out: list[str] = []
+    firmware = hosted_build / "firmware.elf"
+    messages = flash.run_chat(text_image, "hosted", firmware, text, Sampling(), 6, read=lambda _: next(lines),
+                              write=out.append)
+    assert [m["role"] for m in messages] == ["user", "assistant"]  # after /reset, one exchange
+    assert "[conversation and KV cache cleared]\n" in out
+    end = next(i for i, piece in enumerate(out) if piece.endswith("\n"))
+    first_answer = "".join(out[:end + 1])[:-1]  # what streamed, piece by piece, for the first answer
+    assert messages[1]["content"] == first_answer  # the same question after /reset, the same answer
+    # the second turn's answer, against one fresh run of the whole conversation
+    lines2 = iter(["hello there", "and the experts?", "/quit"])
+    two = flash.run_chat(text_image, "hosted", firmware, text, Sampling(), 6, read=lambda _: next(lines2),
+                         write=lambda s: None)
+    fresh = flash.run_on_board(text_image, "hosted", text.chat_tokens(two[:3]), 6, Sampling(), False,
+                               firmware=firmware, stop=text.eos_ids)
+    assert two[3]["content"] == text.decode(fresh.tokens)
