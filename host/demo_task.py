@@ -17,19 +17,28 @@ def held_out(a: int, b: int) -> bool:
     return (a * 1000 + b) % 97 == 0
 
 
+def problem_text(a: int, b: int) -> str:
+    return f"^{a:03d}+{b:03d}="
+
+
 def encode_problem(a: int, b: int, with_answer: bool = False) -> list[int]:
-    text = f"^{a:03d}+{b:03d}="
+    text = problem_text(a, b)
     if with_answer:
         text += f"{a + b:04d}"[::-1] + "$"
     return [VOCAB.index(c) for c in text]
 
 
-def decode_answer(tokens: list[int]) -> int | None:
-    """The sum a model's answer tokens spell, or None if they are not 4 digits and `$`."""
-    text = "".join(VOCAB[t] if 0 <= t < len(VOCAB) else "?" for t in tokens[:ANSWER_LEN])
+def answer_from_text(text: str) -> int | None:
+    """The sum a model's answer spells, or None if it is not 4 digits and `$`."""
+    text = text[:ANSWER_LEN]
     if len(text) != ANSWER_LEN or not text[:4].isdigit() or text[4] != "$":
         return None
     return int(text[:4][::-1])
+
+
+def decode_answer(tokens: list[int]) -> int | None:
+    """answer_from_text of the answer's token ids."""
+    return answer_from_text("".join(VOCAB[t] if 0 <= t < len(VOCAB) else "?" for t in tokens[:ANSWER_LEN]))
 
 
 def held_out_problems(n: int) -> list[tuple[int, int]]:

@@ -24,11 +24,12 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from host.demo_task import ANSWER_LEN, decode_answer, encode_problem, held_out_problems  # noqa: E402
+from host.demo_task import ANSWER_LEN, answer_from_text, held_out_problems, problem_text  # noqa: E402
 from host.image import read_image  # noqa: E402
 from host.pack import pack  # noqa: E402
 from host.protocol import Client, DeviceError, LinkError, Sampling  # noqa: E402
 from host.reference import Reference  # noqa: E402
+from host.text import Text  # noqa: E402
 from sim.boards import DEFAULT_BOARD, board_names, load_board  # noqa: E402
 from sim.launch import start_board  # noqa: E402
 
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         image = Path(tmp) / "demo-adder.img"
         packed = pack(MODEL, image, max_seq=16, expert_align=64, board=args.board)
-        ref = Reference(read_image(image.read_bytes()))
+        img = read_image(image.read_bytes())
+        ref, text = Reference(img), Text(img.meta)  # the tokenizer the image carries, as flash.py --prompt uses it
         rows, worst = [], 0.0
         try:
             with start_board(board, firmware, image) as device:
@@ -61,13 +63,13 @@ def main(argv: list[str] | None = None) -> int:
                 client.info()
                 opened = client.open()
                 for a, b in problems:
-                    prompt = encode_problem(a, b)
+                    prompt = text.encode(problem_text(a, b))
                     events, logits = client.run(prompt, ANSWER_LEN, Sampling(), vocab=ref.d.vocab_size)
                     stats = client.stats()
                     tokens = [e.token for e in events]
                     err = float(np.max(np.abs(logits - ref.forward(prompt + tokens))))
                     worst = max(worst, err)
-                    answer = decode_answer(tokens)
+                    answer = answer_from_text(text.decode(tokens))
                     per_token = stats["cycles_total"] / stats["tokens_fed"]
                     rows.append({"problem": f"{a} + {b}", "answer": answer, "correct": answer == a + b,
                                  "reference_agrees": tokens == ref.greedy(prompt, ANSWER_LEN),
