@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import struct
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import ml_dtypes
 import numpy as np
@@ -331,12 +332,13 @@ class Image:
         return out
 
 
-def open_image(path: Path) -> Image:
-    """read_image of a file through a read-only memory map: the weights are paged in only when read."""
+def open_image(path: Path, check_crcs: bool = True) -> Image:
+    """read_image of a file through a read-only memory map: the weights are paged in only when read
+    (check_crcs=False reads only the header and the table: for a file just written by write_image)."""
     size = path.stat().st_size
     if size == 0:
         raise ImageError(f"{path} is empty")
-    return read_image(np.memmap(path, dtype=np.uint8, mode="r"))
+    return read_image(np.memmap(path, dtype=np.uint8, mode="r"), check_crcs)
 
 
 class ImageError(ValueError):
@@ -365,20 +367,32 @@ def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray
     """
     plan = _lay_out(dims, tensors, expert_align, pinned, meta)
     buf = bytearray(plan.image_bytes)
-    _fill(buf, plan)
+    view = memoryview(buf)
+
+    def write(at: int, data: bytes | np.ndarray) -> None:
+        data = memoryview(data).cast("B")
+        view[at:at + len(data)] = data
+    _fill(write, lambda at, n: view[at:at + n], plan)
     return bytes(buf)
 
 
 def write_image(path: Path, dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray | Encoded],
                 expert_align: int = ALIGN, pinned: frozenset[tuple[int, int]] = frozenset(),
                 meta: dict | None = None) -> int:
-    """build_image's bytes written straight into the file at `path` (a memory map: the image is never a
-    second copy of the model in RAM). Returns its size."""
+    """build_image's bytes written straight into the file at `path`, a tensor at a time (the image is never
+    a second copy of the model in RAM: written pages belong to the page cache, not the process). Returns
+    its size."""
     plan = _lay_out(dims, tensors, expert_align, pinned, meta)
-    out = np.memmap(path, dtype=np.uint8, mode="w+", shape=(plan.image_bytes,))
-    _fill(out, plan)
-    out.flush()
-    del out
+    with open(path, "w+b") as f:
+        f.truncate(plan.image_bytes)  # zeros: the padding between tensors
+        fd = f.fileno()
+
+        def write(at: int, data: bytes | np.ndarray) -> None:
+            data = memoryview(data).cast("B")
+            while len(data):
+                done = os.pwrite(fd, data, at)
+                data, at = data[done:], at + done
+        _fill(write, lambda at, n: os.pread(fd, n, at), plan)
     return plan.image_bytes
 
 
@@ -457,28 +471,29 @@ def _lay_out(dims: ModelDims, tensors: dict, expert_align: int, pinned: frozense
                  expert_offset, image_bytes, expert_align, meta_bytes, meta_offset)
 
 
-def _fill(buf: bytearray | np.memmap, plan: _Plan) -> None:
-    """Write the planned image into `buf` (zeroed, plan.image_bytes long), one tensor at a time."""
-    view = np.frombuffer(buf, np.uint8) if isinstance(buf, bytearray) else buf
+def _fill(write: Callable[[int, bytes | np.ndarray], None], read: Callable[[int, int], bytes | memoryview],
+          plan: _Plan) -> None:
+    """Write the planned image (into zeroed storage of plan.image_bytes) one tensor at a time through
+    `write(offset, data)`, then the table, the CRCs (summed by reading back, a window at a time) and the header."""
     for entry, enc in plan.sources:
-        values = np.ascontiguousarray(enc.values).reshape(-1).view(np.uint8)
-        view[entry.offset:entry.offset + values.size] = values
+        write(entry.offset, np.ascontiguousarray(enc.values).reshape(-1).view(np.uint8))
         if entry.scales_bytes:
-            scales = np.ascontiguousarray(enc.scales, dtype="<f2").reshape(-1).view(np.uint8)
-            view[entry.scales_offset:entry.scales_offset + scales.size] = scales
-    mem = memoryview(view)
+            write(entry.scales_offset, np.ascontiguousarray(enc.scales, dtype="<f2").reshape(-1).view(np.uint8))
     if plan.meta:
-        mem[plan.meta_offset:plan.meta_offset + len(plan.meta)] = plan.meta
-    for i, e in enumerate(plan.entries):
-        at = plan.table_offset + i * ENTRY_BYTES
-        mem[at:at + ENTRY_BYTES] = e.pack()
+        write(plan.meta_offset, plan.meta)
+    write(plan.table_offset, b"".join(e.pack() for e in plan.entries))
+
+    def crc_of(start: int, end: int, window: int = 1 << 24) -> int:
+        crc = 0
+        for at in range(start, end, window):
+            crc = zlib.crc32(read(at, min(window, end - at)), crc)
+        return crc & 0xFFFFFFFF
     d = plan.dims
     for gate, down in expert_blocks(plan.entries):
-        at = plan.crc_offset + 4 * (gate.layer * d.n_experts + gate.expert)
-        mem[at:at + 4] = struct.pack("<I", crc32(mem[gate.offset:down.end]))
+        write(plan.crc_offset + 4 * (gate.layer * d.n_experts + gate.expert), struct.pack("<I", crc_of(gate.offset, down.end)))
     header = dict(
         magic=MAGIC, version=VERSION, header_bytes=HEADER_BYTES, image_bytes=plan.image_bytes,
-        header_crc32=0, payload_crc32=crc32(mem[HEADER_BYTES:plan.expert_offset]),
+        header_crc32=0, payload_crc32=crc_of(HEADER_BYTES, plan.expert_offset),
         arch=ARCH_MOE, vocab_size=d.vocab_size, hidden_size=d.hidden_size, ffn_size=d.ffn_size,
         n_layers=d.n_layers, n_heads=d.n_heads, n_kv_heads=d.n_kv_heads, head_dim=d.head_dim,
         n_experts=d.n_experts, top_k=d.top_k, max_seq=d.max_seq, flags=d.flags,
@@ -489,7 +504,7 @@ def _fill(buf: bytearray | np.memmap, plan: _Plan) -> None:
         kv_dtype=d.kv_dtype, expert_offset=plan.expert_offset, expert_crc_offset=plan.crc_offset,
         meta_offset=plan.meta_offset, meta_bytes=len(plan.meta), meta_crc32=crc32(plan.meta) if plan.meta else 0,
     )
-    write_header(mem, header)
+    write(0, header_block(header))
 
 
 def expert_blocks(entries: list[TensorEntry]) -> Iterator[tuple[TensorEntry, TensorEntry]]:
@@ -499,15 +514,20 @@ def expert_blocks(entries: list[TensorEntry]) -> Iterator[tuple[TensorEntry, Ten
             yield e, entries[i + 2]
 
 
-def write_header(buf: bytearray | memoryview, header: dict) -> None:
-    """Pack `header` into buf[0:256] and set its CRC (the CRC field is zero while summing)."""
+def header_block(header: dict) -> bytes:
+    """The 256 header bytes of `header`, with its CRC (the CRC field is zero while summing)."""
     raw = bytearray(HEADER_BYTES)
     HEADER_STRUCT.pack_into(raw, 0, *(header[k] if k != "header_crc32" else 0 for k in HEADER_FIELDS))
     struct.pack_into("<I", raw, HEADER_CRC_OFFSET, crc32(raw))
-    buf[:HEADER_BYTES] = raw
+    return bytes(raw)
 
 
-def read_image(data: bytes | np.ndarray) -> Image:
+def write_header(buf: bytearray | memoryview, header: dict) -> None:
+    """Pack `header` into buf[0:256] with its CRC."""
+    buf[:HEADER_BYTES] = header_block(header)
+
+
+def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
     """Parse and check an image (header, CRCs, table order, presence, shapes, bounds): bytes, or a
     read-only np.memmap of an image file (open_image)."""
     if len(data) < HEADER_BYTES:
@@ -526,7 +546,7 @@ def read_image(data: bytes | np.ndarray) -> Image:
         raise ImageError(f"image is truncated: header says {h['image_bytes']} bytes, got {len(data)}")
     if not h["tensor_table_offset"] <= h["expert_offset"] <= h["image_bytes"]:
         raise ImageError(f"expert part offset {h['expert_offset']} is outside the image")
-    if crc32(memoryview(data)[HEADER_BYTES:h["expert_offset"]]) != h["payload_crc32"]:
+    if check_crcs and crc32(memoryview(data)[HEADER_BYTES:h["expert_offset"]]) != h["payload_crc32"]:
         raise ImageError("payload CRC mismatch")
     meta: dict | None = None
     if h["meta_bytes"]:
@@ -534,7 +554,7 @@ def read_image(data: bytes | np.ndarray) -> Image:
         if h["meta_offset"] < h["expert_offset"] or end > h["image_bytes"]:
             raise ImageError("metadata section outside the image")
         raw = bytes(memoryview(data)[h["meta_offset"]:end])
-        if crc32(raw) != h["meta_crc32"]:
+        if check_crcs and crc32(raw) != h["meta_crc32"]:
             raise ImageError("metadata section CRC mismatch")
         try:
             meta = json.loads(raw)
@@ -570,7 +590,7 @@ def read_image(data: bytes | np.ndarray) -> Image:
         if e.offset % ALIGN or e.end > h["image_bytes"]:
             raise ImageError(f"table entry {i} ({role.name}) is misaligned or out of bounds")
         entries.append(e)
-    for gate, down in expert_blocks(entries):
+    for gate, down in expert_blocks(entries if check_crcs else []):
         at = h["expert_crc_offset"] + 4 * (gate.layer * n_experts + gate.expert)
         if crc32(memoryview(data)[gate.offset:down.end]) != struct.unpack_from("<I", data, at)[0]:
             raise ImageError(f"expert {gate.expert} of layer {gate.layer}: block CRC mismatch")
