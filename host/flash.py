@@ -151,6 +151,11 @@ def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sa
                      kernels=opened.kernels, expert_cache=opened.expert_cache)
 
 
+def streaming_args(board) -> list[str]:
+    """What tells a board to keep the expert part out of memory, for an OPEN with an expert cache (board.toml)."""
+    return list(board.spec.get("stream_args", []))
+
+
 def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, sampling: Sampling,
                  want_logits: bool, firmware: Path | None = None, on_token=None, board_args: list[str] | None = None,
                  timeout: float = 60.0, upload: bool = False, gdb: bool = False, retries: int = 4,
@@ -160,8 +165,8 @@ def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, 
     """Boot `board_name` (QEMU or hosted), load the image (QEMU's loader, or `upload` over the link), run.
     `wrap` may put something between host and device (the fault injector of sim/faults.py)."""
     board = load_board(board_name)
-    if expert_cache and not upload:  # a board that can keep the expert part out of memory is told to
-        board_args = (board_args or []) + board.spec.get("stream_args", [])
+    if expert_cache and not upload:
+        board_args = (board_args or []) + streaming_args(board)
     with start_board(board, firmware or board.firmware(), None if upload else image, board_args, gdb) as device:
         link = wrap(device.link) if wrap else device.link
         result = run_session(Client(link, timeout=timeout, retries=retries), image, prompt, max_new, sampling,
@@ -226,8 +231,8 @@ def run_chat(image: Path, board_name: str, firmware: Path | None, text: Text, sa
              read: Callable[[str], str] = input, write: Callable[[str], None] = emit) -> list[dict[str, str]]:
     """Boot the board with the image and chat on it (chat_turns)."""
     board = load_board(board_name)
-    args = board.spec.get("stream_args", []) if expert_cache else None
-    with start_board(board, firmware or board.firmware(), image, args) as device:
+    board_args = streaming_args(board) if expert_cache else None
+    with start_board(board, firmware or board.firmware(), image, board_args) as device:
         client = Client(device.link, timeout=timeout, retries=retries)
         client.info()
         opened = client.open(expert_cache, prefetch)
@@ -381,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.chat == "":
         try:
             text = Text(open_image(args.image).meta)
-            text.chat_prompt([])  # a template to chat with
+            if not text.meta.get("chat_template"):
+                raise NoTokenizer("this image's checkpoint has no chat template: use --prompt")
         except NoTokenizer as exc:
             print(f"flash: error: {exc}", file=sys.stderr)
             return 2

@@ -25,7 +25,7 @@ from typing import Callable
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from host.flash import run_on_board, trace_report  # noqa: E402
+from host.flash import run_on_board, streaming_args, trace_report  # noqa: E402
 from host.image import read_image  # noqa: E402
 from host.pack import hot_experts, pack  # noqa: E402
 from host.protocol import Client, Sampling  # noqa: E402
@@ -121,7 +121,7 @@ def hosted_memory(path: Path, slots: int, tokens: int) -> dict:
     img = read_image(path.read_bytes())
     prompt = [1 + (7 * i) % (img.dims.vocab_size - 1) for i in range(8)]
     board = load_board("hosted")
-    with start_board(board, board.firmware(), path, board.spec["stream_args"] if slots else None) as device:
+    with start_board(board, board.firmware(), path, streaming_args(board) if slots else None) as device:
         client = Client(device.link)
         client.info()
         opened = client.open(slots, True)

@@ -70,7 +70,7 @@ colibri_status colibri_feed(colibri_ctx *c, const uint32_t *tokens, size_t n) {
     if (n > c->d.max_seq - c->pos) return COLIBRI_E_SEQ_FULL;
     for (size_t i = 0; i < n; i++)
         if (tokens[i] >= c->d.vocab) return COLIBRI_E_TOKEN_RANGE;
-    uint64_t t0 = c->opts.cycles ? c->opts.cycles(c->opts.user) : 0;
+    uint64_t t0 = ctx_now(c);
     colibri_status st = COLIBRI_OK;
     for (size_t i = 0; i < n && st == COLIBRI_OK; i++) st = model_forward(c, tokens[i], i + 1 == n);
     c->stats.tokens_fed = c->pos;
@@ -79,20 +79,18 @@ colibri_status colibri_feed(colibri_ctx *c, const uint32_t *tokens, size_t n) {
         c->have_logits = 0;
         return st;
     }
-    if (c->opts.cycles) c->stats.cycles_total += c->opts.cycles(c->opts.user) - t0;
+    c->stats.cycles_total += ctx_now(c) - t0;
     return COLIBRI_OK;
 }
 
 colibri_status colibri_sample(colibri_ctx *c, colibri_sampler *s, uint32_t *token) {
     if (!c || !s || !token) return COLIBRI_E_NULL;
     if (!c->have_logits) return COLIBRI_E_NO_LOGITS;
-    uint64_t t0 = c->opts.cycles ? c->opts.cycles(c->opts.user) : 0;
+    uint64_t t0 = ctx_now(c);
     *token = sample_token(s, c->a.logits, c->a.probs, c->a.sample_index, c->d.vocab);
-    if (c->opts.cycles) {
-        uint64_t dt = c->opts.cycles(c->opts.user) - t0;
-        c->stats.cycles_sampling += dt;
-        c->stats.cycles_total += dt;
-    }
+    uint64_t dt = ctx_now(c) - t0;
+    c->stats.cycles_sampling += dt;
+    c->stats.cycles_total += dt;
     return COLIBRI_OK;
 }
 

@@ -38,7 +38,6 @@ static weight matrix_in(const colibri_ctx *c, uint32_t index, const uint8_t *blo
 }
 static weight matrix(const colibri_ctx *c, uint32_t index) { return matrix_in(c, index, c->image, 0); }
 
-static uint64_t now(const colibri_ctx *c) { return ctx_now(c); }
 
 /* x quantized to Q8_0 in the arena: the normed x once per norm (many matvecs read it), any other
  * input at every call. */
@@ -245,11 +244,11 @@ static void swiglu_ffn(colibri_ctx *c, uint32_t gate_index, uint32_t n_inter, fl
 static colibri_status ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_trace *t) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
-    uint64_t t0 = now(c), t1 = t0;
+    uint64_t t0 = ctx_now(c), t1 = t0;
     if (present(c, layer_index(c, layer, ROLE_ROUTER))) {
         colibri_status st = route_topk(c, layer);
         if (st) return st;
-        t1 = now(c);
+        t1 = ctx_now(c);
         uint32_t slot[IMG_MAX_TOP_K]; /* each routed expert's cache slot */
         if (c->cache.n_slots) {
             st = experts_load(c, layer, slot);
@@ -260,7 +259,7 @@ static colibri_status ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_tr
                 prefetch_next(c, next);
         }
         for (uint32_t k = 0; k < d->top_k; k++) {
-            uint64_t e0 = now(c);
+            uint64_t e0 = ctx_now(c);
             const uint32_t expert = a->topk_index[k];
             const uint8_t *block = c->image;
             uint64_t block_offset = 0;
@@ -270,7 +269,7 @@ static colibri_status ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_tr
             }
             swiglu_ffn(c, expert_tensor_index(d, layer, expert, ROLE_EXPERT_GATE), d->ffn, a->topk_weight[k], block,
                        block_offset);
-            a->topk_cycles[k] = now(c) - e0;
+            a->topk_cycles[k] = ctx_now(c) - e0;
             c->stats.expert_calls++;
         }
         if (d->flags & IMG_FLAG_SHARED_EXPERT) {
@@ -285,7 +284,7 @@ static colibri_status ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_tr
         swiglu_ffn(c, layer_index(c, layer, ROLE_DENSE_GATE), d->dense_ffn, 1.0f, c->image, 0);
         t->n_routed = 0;
     }
-    uint64_t t2 = now(c);
+    uint64_t t2 = ctx_now(c);
     t->cycles_router = t1 - t0;
     t->cycles_ffn = t2 - t1;
     c->stats.cycles_router += t1 - t0;
@@ -302,10 +301,10 @@ colibri_status model_forward(colibri_ctx *c, uint32_t token, int want_logits) {
     for (uint32_t layer = 0; layer < d->n_layers; layer++) {
         colibri_layer_trace t = { .pos = c->pos, .layer = layer, .experts = a->topk_index,
                                   .weights = a->topk_weight, .cycles_expert = a->topk_cycles };
-        uint64_t t0 = now(c);
+        uint64_t t0 = ctx_now(c);
         attention(c, layer);
         norm_input(c, layer_w(c, layer, ROLE_FFN_NORM));
-        t.cycles_attention = now(c) - t0;
+        t.cycles_attention = ctx_now(c) - t0;
         c->stats.cycles_attention += t.cycles_attention;
         for (uint32_t i = 0; i < d->dim; i++) a->moe_out[i] = 0.0f;
         colibri_status st = ffn_block(c, layer, &t);
@@ -314,11 +313,11 @@ colibri_status model_forward(colibri_ctx *c, uint32_t token, int want_logits) {
         if (c->opts.trace) c->opts.trace(c->opts.user, &t);
     }
     if (want_logits) {
-        uint64_t t4 = now(c);
+        uint64_t t4 = ctx_now(c);
         norm_input(c, tensor(c, global_tensor_index(d, ROLE_OUTPUT_NORM)));
         weight lm_head = matrix(c, global_tensor_index(d, ROLE_LM_HEAD));
         matvec(c, a->logits, &lm_head, a->xn);
-        c->stats.cycles_lm_head += now(c) - t4;
+        c->stats.cycles_lm_head += ctx_now(c) - t4;
         if (!all_finite(a->logits, d->vocab)) return COLIBRI_E_NONFINITE;
     }
     c->pos++;

@@ -16,15 +16,15 @@
 
 static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
 
-static uint64_t get64(const uint8_t *p) {
+static uint64_t get(const uint8_t *p, int bytes) { /* little-endian */
     uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    for (int i = 0; i < bytes; i++) v |= (uint64_t)p[i] << (8 * i);
     return v;
 }
 
 static void reseal(uint8_t *img, size_t size) {
     if (size < 256) return;
-    uint64_t resident = get64(img + 140); /* the payload CRC covers the resident part */
+    uint64_t resident = get(img + 140, 8); /* the payload CRC covers the resident part */
     if (resident > size || resident < 256) resident = size;
     put32(img + 28, colibri_crc32(0, img + 256, (size_t)resident - 256));
     put32(img + 24, 0);
@@ -60,7 +60,8 @@ static void run(colibri_ctx *ctx, uint32_t vocab) {
 /* Open with the smallest expert cache (top_k slots, from the header: open checks it) and run. */
 static void run_streamed(const uint8_t *image, size_t size) {
     region slow = { image, size };
-    colibri_options opts = { .expert_cache = size >= 256 ? (uint32_t)get64(image + 68) : 1, .fetch = fetch,
+    const uint32_t top_k = size >= 256 ? (uint32_t)get(image + 68, 4) : 1;
+    colibri_options opts = { .expert_cache = top_k, .fetch = fetch,
                              .user = &slow, .expert_policy = COLIBRI_PREFETCH };
     static uint8_t probe[64] __attribute__((aligned(64)));
     colibri_ctx *ctx = 0;
