@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -33,7 +34,7 @@ if __package__ in (None, ""):
 import numpy as np  # noqa: E402
 
 from host.image import ImageError, expert_cache_bytes, open_image, read_image  # noqa: E402
-from host.protocol import STATUS_NAMES, Client, DeviceError, LinkError, Sampling, Transport  # noqa: E402
+from host.protocol import STATUS_NAMES, Client, DeviceError, Generation, LinkError, Sampling, Transport  # noqa: E402
 from host.reference import Reference  # noqa: E402
 from host.text import NoTokenizer, Text, TextStream  # noqa: E402
 from sim.boards import DEFAULT_BOARD, load_board  # noqa: E402
@@ -89,6 +90,7 @@ class RunResult:
     kernels: str = ""  # the kernel set the device computed with
     traces: list | None = None  # per fed token: list[LayerTrace]
     expert_cache: int = 0  # cache slots (0: experts read in place)
+    timing: dict | None = None  # prompt and decode tokens and seconds (device clock), open seconds (host clock)
 
 
 def verify(image_bytes: bytes, prompt: list[int], result: RunResult, greedy: bool,
@@ -132,23 +134,38 @@ def upload_progress(total: int, enabled: bool):
 def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sampling: Sampling,
                 want_logits: bool, upload: bool, on_token=None, trace: bool = False,
                 progress: bool = False, expert_cache: int = 0, prefetch: bool = True,
-                stop: frozenset[int] = frozenset()) -> RunResult:
+                stop: frozenset[int] = frozenset(), started: float | None = None) -> RunResult:
     """The host's side of one session: INFO, optional upload, OPEN (with an expert cache of
-    `expert_cache` slots, if not 0), the generation (ending early after a token in `stop`), STATS, QUIT."""
+    `expert_cache` slots, if not 0), the generation (ending early after a token in `stop`), STATS, QUIT.
+    `started` (time.perf_counter()) is when the board was started, for the time to open."""
+    started = time.perf_counter() if started is None else started
     info = client.info()
     data = image.read_bytes()
     upload_crc = client.upload(data, upload_progress(len(data), progress)) if upload else None
     opened = client.open(expert_cache, prefetch)
+    open_s = time.perf_counter() - started
     if len(prompt) + max_new > opened.max_seq:
         raise ValueError(f"{len(prompt)} prompt + {max_new} new tokens exceed the image's max_seq "
                          f"{opened.max_seq}; repack with a larger --max-seq or ask for fewer tokens")
     traces: list | None = [] if trace else None
-    events, logits = client.run(prompt, max_new, sampling, opened.vocab_size if want_logits else None, on_token,
-                                traces, stop)
+    gen = client.run(prompt, max_new, sampling, opened.vocab_size if want_logits else None, on_token, traces, stop)
     stats = client.stats()
     client.quit()
-    return RunResult([e.token for e in events], stats, logits, info.board, upload_crc, traces=traces,
-                     kernels=opened.kernels, expert_cache=opened.expert_cache)
+    return RunResult([e.token for e in gen.events], stats, gen.logits, info.board, upload_crc, traces=traces,
+                     kernels=opened.kernels, expert_cache=opened.expert_cache,
+                     timing=timing(len(prompt), gen, info.cycle_hz, open_s))
+
+
+def timing(n_prompt: int, gen: Generation, cycle_hz: int, open_s: float) -> dict:
+    """Prompt and decode throughput on the device's own clock (None where the board has no clock), and the
+    host's wall time from starting the board to the answer of OPEN (reading the image and verifying it)."""
+    def seconds(cycles: int) -> float | None:
+        return cycles / cycle_hz if cycle_hz else None
+    prompt_s, decode_s = seconds(gen.prefill_cycles), seconds(sum(e.cycles for e in gen.events))
+    return {"open_s": open_s, "prompt_tokens": n_prompt, "prompt_s": prompt_s, "decode_tokens": len(gen.events),
+            "decode_s": decode_s,
+            "prompt_tok_s": n_prompt / prompt_s if prompt_s else None,
+            "decode_tok_s": len(gen.events) / decode_s if decode_s and gen.events else None}
 
 
 def streaming_args(board) -> list[str]:
@@ -156,21 +173,32 @@ def streaming_args(board) -> list[str]:
     return list(board.spec.get("stream_args", []))
 
 
+def threads_args(board, threads: int) -> list[str]:
+    """What asks a board to compute on `threads` threads (board.toml's threads_arg); one needs nothing."""
+    if threads == 1:
+        return []
+    if "threads_arg" not in board.spec:
+        raise ValueError(f"board {board.name} computes on one core; --threads needs a board with threads (hosted)")
+    return [board.spec["threads_arg"], str(threads)]
+
+
 def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, sampling: Sampling,
                  want_logits: bool, firmware: Path | None = None, on_token=None, board_args: list[str] | None = None,
                  timeout: float = 60.0, upload: bool = False, gdb: bool = False, retries: int = 4,
                  wrap: Callable[[Transport], Transport] | None = None, trace: bool = False,
                  progress: bool = False, expert_cache: int = 0, prefetch: bool = True,
-                 stop: frozenset[int] = frozenset()) -> RunResult:
+                 stop: frozenset[int] = frozenset(), threads: int = 1) -> RunResult:
     """Boot `board_name` (QEMU or hosted), load the image (QEMU's loader, or `upload` over the link), run.
     `wrap` may put something between host and device (the fault injector of sim/faults.py)."""
     board = load_board(board_name)
     if expert_cache and not upload:
         board_args = (board_args or []) + streaming_args(board)
+    board_args = (board_args or []) + threads_args(board, threads)
+    started = time.perf_counter()
     with start_board(board, firmware or board.firmware(), None if upload else image, board_args, gdb) as device:
         link = wrap(device.link) if wrap else device.link
         result = run_session(Client(link, timeout=timeout, retries=retries), image, prompt, max_new, sampling,
-                             want_logits, upload, on_token, trace, progress, expert_cache, prefetch, stop)
+                             want_logits, upload, on_token, trace, progress, expert_cache, prefetch, stop, started)
     result.guest_code = device.guest_code
     if result.guest_code != 0:
         raise LinkError(f"board ended badly after the run: {device.describe()}")
@@ -228,10 +256,11 @@ def chat_turns(client: Client, text: Text, sampling: Sampling, max_new: int, max
 
 def run_chat(image: Path, board_name: str, firmware: Path | None, text: Text, sampling: Sampling, max_new: int,
              timeout: float = 60.0, retries: int = 4, expert_cache: int = 0, prefetch: bool = True,
-             read: Callable[[str], str] = input, write: Callable[[str], None] = emit) -> list[dict[str, str]]:
+             read: Callable[[str], str] = input, write: Callable[[str], None] = emit,
+             threads: int = 1) -> list[dict[str, str]]:
     """Boot the board with the image and chat on it (chat_turns)."""
     board = load_board(board_name)
-    board_args = streaming_args(board) if expert_cache else None
+    board_args = (streaming_args(board) if expert_cache else []) + threads_args(board, threads)
     with start_board(board, firmware or board.firmware(), image, board_args) as device:
         client = Client(device.link, timeout=timeout, retries=retries)
         client.info()
@@ -361,11 +390,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expert-cache", metavar="N|BYTES|all",
                     help="stream routed experts through the board's fetch hook into a cache of N slots (or as many "
                          "as BYTES such as 2MiB hold); at least top_k (docs/STREAMING.md)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="compute on N threads (the hosted board; bare-metal boards have one core). The same bits "
+                         "for any N: each thread computes fixed rows")
     ap.add_argument("--no-prefetch", action="store_true",
                     help="with --expert-cache: do not guess and fetch the next layer's experts early")
     args = ap.parse_args(argv)
     if args.max_new_tokens < 0:
         ap.error("--max-new-tokens must be >= 0")
+    if not 1 <= args.threads <= 64:
+        ap.error("--threads takes 1 to 64")
+    if args.threads > 1:
+        try:
+            threads_args(load_board(args.board), args.threads)
+            if args.port:
+                raise ValueError("--threads applies to a board flash.py starts, not one on a serial port")
+        except ValueError as exc:
+            ap.error(str(exc))
     if not args.image.exists():
         ap.error(f"image {args.image} not found; make one with host/pack.py")
 
@@ -393,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         try:
             run_chat(args.image, args.board, args.firmware, text, sampling, args.max_new_tokens, args.timeout,
-                     args.retries, slots, not args.no_prefetch)
+                     args.retries, slots, not args.no_prefetch, threads=args.threads)
         except (DeviceError, LinkError, ValueError) as exc:
             print(f"\nflash: error: {exc}", file=sys.stderr)
             return 2
@@ -436,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                                   want_logits, args.firmware, on_token, timeout=args.timeout, upload=args.upload,
                                   gdb=args.gdb, retries=args.retries, wrap=wrap, trace=trace, progress=not quiet,
                                   expert_cache=slots, prefetch=not args.no_prefetch,
-                                  stop=text.eos_ids if text else frozenset())
+                                  stop=text.eos_ids if text else frozenset(), threads=args.threads)
     except DeviceError as exc:
         hint = ""
         if exc.message == "arena too small":
@@ -471,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         if not quiet:
             print_trace(traced)
     report: dict = {"board": result.board, "kernels": result.kernels, "prompt_tokens": prompt, "tokens": result.tokens,
-                    "stats": result.stats, "upload_crc32": result.upload_crc32}
+                    "stats": result.stats, "upload_crc32": result.upload_crc32, "timing": result.timing}
     if text is not None:
         report["text"] = text.decode(result.tokens)
     status = 0

@@ -151,6 +151,15 @@ class TokenEvent:
 
 
 @dataclass
+class Generation:
+    """What Client.run got: the generated tokens, the logits rows if asked, and the device cycles the
+    prompt took (each TokenEvent has its own step's)."""
+    events: list[TokenEvent]
+    logits: np.ndarray | None
+    prefill_cycles: int
+
+
+@dataclass
 class LayerTrace:
     """What one layer did for one token (the runtime's colibri_layer_trace)."""
     layer: int
@@ -302,15 +311,16 @@ class Client:
             raise LinkError(f"the device dropped {dropped} layer records (its trace buffer is too small)")
         return parse_trace(data)
 
-    def feed_all(self, tokens: list[int]) -> None:
-        """Feed any number of tokens, as many per frame as fit."""
-        for i in range(0, len(tokens), FEED_PER_FRAME):
-            self.feed(tokens[i:i + FEED_PER_FRAME])
+    def feed_all(self, tokens: list[int]) -> int:
+        """Feed any number of tokens, as many per frame as fit; returns the device cycles it took."""
+        return sum(self.feed(tokens[i:i + FEED_PER_FRAME])[1] for i in range(0, len(tokens), FEED_PER_FRAME))
 
-    def feed(self, tokens: list[int]) -> int:
-        """Feed tokens; returns the number of positions now in the KV cache."""
-        return struct.unpack_from("<I", self.call(REQ_FEED, struct.pack(f"<I{len(tokens)}I", len(tokens), *tokens),
-                                                  RSP_FED))[0]
+    def feed(self, tokens: list[int]) -> tuple[int, int]:
+        """Feed tokens in one frame (one colibri_feed); returns the positions now in the KV cache and the
+        device cycles the feed took."""
+        pos, _, cycles = struct.unpack_from("<IIQ", self.call(REQ_FEED, struct.pack(f"<I{len(tokens)}I", len(tokens),
+                                                                                    *tokens), RSP_FED))
+        return pos, cycles
 
     def step(self) -> TokenEvent:
         pos, token, cycles = struct.unpack_from("<IIQ", self.call(REQ_STEP, b"", RSP_TOKEN))
@@ -331,7 +341,7 @@ class Client:
     def run(self, prompt: list[int], max_new: int, sampling: Sampling, vocab: int | None = None,
             on_token: Callable[[TokenEvent], None] | None = None,
             traces: list[list[LayerTrace]] | None = None,
-            stop: frozenset[int] = frozenset()) -> tuple[list[TokenEvent], np.ndarray | None]:
+            stop: frozenset[int] = frozenset()) -> Generation:
         """A new sequence: feed `prompt`, generate up to `max_new` tokens, ending early after a token in
         `stop` (end of sequence; it is included). With `vocab`, also return the logits rows (row i =
         after the i-th fed token, prompt first). With a `traces` list, append each fed token's layer
@@ -339,15 +349,16 @@ class Client:
         self.start(sampling, trace=traces is not None)
         rows = []
         per_token = vocab or traces is not None
+        prefill_cycles = 0
         if per_token:
             for tok in prompt:  # one at a time: every prompt position's logits or trace is wanted
-                self.feed([tok])
+                prefill_cycles += self.feed([tok])[1]
                 if vocab:
                     rows.append(self.logits(vocab))
                 if traces is not None:
                     traces.append(self.trace())
         else:
-            self.feed_all(prompt)
+            prefill_cycles = self.feed_all(prompt)
         events = []
         for _ in range(max_new):
             ev = self.step()
@@ -360,7 +371,7 @@ class Client:
                 traces.append(self.trace())
             if ev.token in stop:
                 break
-        return events, (np.stack(rows) if vocab else None)
+        return Generation(events, np.stack(rows) if vocab else None, prefill_cycles)
 
     def stats(self) -> dict[str, int]:
         p = self.call(REQ_STATS, b"", RSP_STATS)

@@ -33,11 +33,14 @@ class Stats(C.Structure):
 FETCH = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_uint64, C.c_size_t, C.c_void_p)
 FETCH_START = FETCH
 FETCH_WAIT = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_void_p)
+PART = C.CFUNCTYPE(None, C.c_void_p, C.c_uint32)
+PARALLEL_FOR = C.CFUNCTYPE(None, C.c_void_p, PART, C.c_void_p, C.c_uint32)
 
 
 class Options(C.Structure):
     _fields_ = [("cycles", C.c_void_p), ("trace", C.c_void_p), ("user", C.c_void_p), ("expert_cache", C.c_uint32),
-                ("expert_policy", C.c_uint32), ("fetch", FETCH), ("fetch_start", FETCH_START), ("fetch_wait", FETCH_WAIT)]
+                ("expert_policy", C.c_uint32), ("fetch", FETCH), ("fetch_start", FETCH_START), ("fetch_wait", FETCH_WAIT),
+                ("parallel_for", PARALLEL_FOR), ("parallel_parts", C.c_uint32)]
 
 
 PREFETCH = 1  # COLIBRI_PREFETCH

@@ -37,12 +37,24 @@ def _add(writer: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: Q) -> None:
         writer.add_tensor(name, gguf.quantize(arr, qtype), raw_dtype=qtype)
 
 
+def add_placeholder_vocab(w: gguf.GGUFWriter, n_vocab: int) -> None:
+    """A SentencePiece-type vocabulary of n_vocab meaningless pieces: enough for llama.cpp to load a
+    random-weight model and take token ids (the benchmark feeds ids, never text)."""
+    w.add_tokenizer_model("llama")
+    w.add_token_list(["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(3, n_vocab)])
+    w.add_token_scores([0.0] * n_vocab)
+    w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+                      + [gguf.TokenType.NORMAL] * (n_vocab - 3))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+
 def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = True,
-               extra: dict[str, np.ndarray] | None = None) -> Path:
+               extra: dict[str, np.ndarray] | None = None, placeholder_vocab: bool = False) -> Path:
     cfg = json.loads((src / "config.json").read_text())
     hf_arch = cfg["architectures"][0]
     arch = ARCH[hf_arch]
-    t = load_file(src / "model.safetensors")
+    t = {k: v for f in sorted(src.glob("*.safetensors")) for k, v in load_file(f).items()}
     n_layers, n_head = cfg["num_hidden_layers"], cfg["num_attention_heads"]
     n_kv = cfg.get("num_key_value_heads") or n_head
     n_experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
@@ -54,6 +66,8 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
     w.add_head_count(n_head)
     w.add_head_count_kv(n_kv)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if placeholder_vocab:
+        add_placeholder_vocab(w, cfg["vocab_size"])
     rp = cfg.get("rope_parameters") or {}
     w.add_rope_freq_base(rp.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     if rp.get("rope_type", "default") in ("linear", "yarn"):

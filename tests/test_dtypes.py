@@ -1,6 +1,6 @@
 """Every weight dtype (and the f16 KV cache) on every board: the numpy reference as the oracle, and
-the same bytes everywhere, with each board's optimized kernels on, on an x86 CPU without AVX2, and
-with the scalar kernels (`scons kernels=scalar`)."""
+the same bytes everywhere, with each board's optimized kernels on, on an x86 CPU without AVX2, with
+the scalar kernels (`scons kernels=scalar`), and on the hosted board's threads."""
 from __future__ import annotations
 
 import numpy as np
@@ -48,9 +48,13 @@ def test_dtype_on_every_board(dtype, kv, tolerance, wide_checkpoint, firmwares, 
                                                      board_args=["-cpu", "Nehalem"])
     runs["hosted, kernels=scalar"] = flash.run_on_board(image, "hosted", PROMPT, NEW_TOKENS, Sampling(), True,
                                                         firmware=scalar_firmware)
+    for threads in (2, 3):  # every matrix of this model is split (3: unevenly), none below the runtime's threshold
+        runs[f"hosted, {threads} threads"] = flash.run_on_board(image, "hosted", PROMPT, NEW_TOKENS, Sampling(), True,
+                                                                firmware=firmwares["hosted"], threads=threads)
     from test_kernels import EXPECTED_KERNELS
     kernels = {**{board: EXPECTED_KERNELS[board_name(board)] for board in MODEL_BOARDS},
-               "x86_64 without AVX2": "scalar", "hosted, kernels=scalar": "scalar"}
+               "x86_64 without AVX2": "scalar", "hosted, kernels=scalar": "scalar",
+               "hosted, 2 threads": EXPECTED_KERNELS["hosted"], "hosted, 3 threads": EXPECTED_KERNELS["hosted"]}
     assert {name: run.kernels for name, run in runs.items()} == kernels  # each board really used its own
     first = runs["hosted"]
     expected = ref.forward(PROMPT + first.tokens)  # the reference fed the device's tokens

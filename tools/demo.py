@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
                 opened = client.open()
                 for a, b in problems:
                     prompt = text.encode(problem_text(a, b))
-                    events, logits = client.run(prompt, ANSWER_LEN, Sampling(), vocab=ref.d.vocab_size)
+                    gen = client.run(prompt, ANSWER_LEN, Sampling(), vocab=ref.d.vocab_size)
+                    events, logits = gen.events, gen.logits
                     stats = client.stats()
                     tokens = [e.token for e in events]
                     err = float(np.max(np.abs(logits - ref.forward(prompt + tokens))))

@@ -1,10 +1,12 @@
 /* Single-thread matvec throughput of each dtype's kernels on the hosted board, next to a STREAM-style
  * triad, on buffers far larger than the last-level cache. Built by SCons for the hosted board as
  * build/hosted/<mode>/kernel_bench.elf; tools/bench_kernels.py runs it and writes the table and JSON.
- *   kernel_bench.elf [MIB]     (MIB: bytes of weights per matrix, default 512)
+ *   kernel_bench.elf [MIB]          (MIB: bytes of weights per matrix, default 512)
+ *   kernel_bench.elf --triad N      (only the triad, on N threads: tools/bench.py's denominator)
  * Prints one JSON object per line: {"what": ..., "kernels": ..., "gbps": ..., "seconds": ...}.
  * A host tool, not firmware: it may allocate. */
 #define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,44 @@ static int cmp(const void *a, const void *b) {
 }
 
 static volatile float sink;
+
+/* triad a = b + s c over one slice; 3 x 4 bytes moved per element, as STREAM counts */
+typedef struct { float *a; const float *b, *c; size_t n; } triad_slice;
+static void *triad_run(void *arg) {
+    triad_slice *t = arg;
+    for (size_t i = 0; i < t->n; i++) t->a[i] = t->b[i] + 0.5f * t->c[i];
+    return 0;
+}
+
+/* The triad over three arrays of `bytes` each, split into `threads` slices run at once (each thread
+ * first-touches its own slice); the median of REPEATS passes. */
+static double triad(size_t bytes, int threads) {
+    size_t n = bytes / sizeof(float);
+    float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float)), *c = malloc(n * sizeof(float));
+    if (!a || !b || !c || threads < 1 || threads > 64) exit(1);
+    for (size_t i = 0; i < n; i++) { a[i] = 0.0f; b[i] = 1.0f; c[i] = 2.0f; }
+    triad_slice slice[64];
+    pthread_t tid[64];
+    for (int k = 0; k < threads; k++)
+        slice[k] = (triad_slice){ a + n * k / threads, b + n * k / threads, c + n * k / threads,
+                                  n * (k + 1) / threads - n * k / threads };
+    double t[REPEATS];
+    for (int r = 0; r < REPEATS; r++) {
+        double t0 = now();
+        for (int k = 1; k < threads; k++) pthread_create(&tid[k], 0, triad_run, &slice[k]);
+        triad_run(&slice[0]);
+        for (int k = 1; k < threads; k++) pthread_join(tid[k], 0);
+        t[r] = now() - t0;
+        sink = a[r];
+    }
+    qsort(t, REPEATS, sizeof t[0], cmp);
+    printf("{\"what\": \"triad\", \"kernels\": \"-\", \"threads\": %d, \"gbps\": %.3f, \"seconds\": %.5f}\n", threads,
+           3.0 * (double)n * 4 / t[REPEATS / 2] / 1e9, t[REPEATS / 2]);
+    free(a);
+    free(b);
+    free(c);
+    return t[REPEATS / 2];
+}
 
 /* the median of REPEATS timed runs of rows dot products */
 static double time_matvec(const kernel_set *k, uint32_t dtype, const void *w, const uint16_t *scales, uint32_t rows,
@@ -56,6 +96,10 @@ static double time_matvec(const kernel_set *k, uint32_t dtype, const void *w, co
 }
 
 int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--triad") == 0) {
+        triad(256u << 20, atoi(argv[2]));
+        return 0;
+    }
     const size_t budget = (size_t)(argc > 1 ? atoi(argv[1]) : 512) << 20;
     static const char *names[] = { "f32", "f16", "bf16", "q8_0", "q4_0" };
     static const double bytes_per_weight[] = { 4.0, 2.0, 2.0, 34.0 / 32, 18.0 / 32 }; /* scales included */
@@ -73,21 +117,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < budget; i++) w[i] = (uint8_t)(rand() & 0x3F); /* finite f16/bf16 patterns */
     for (size_t i = 0; i < budget / 32; i++) scales[i] = 0x2000;
 
-    /* triad a = b + s c over three arrays of budget/2 bytes each: 3 x that many bytes moved */
-    size_t n = budget / 2 / sizeof(float);
-    float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float)), *c = malloc(n * sizeof(float));
-    if (!a || !b || !c) return 1;
-    for (size_t i = 0; i < n; i++) { a[i] = 0.0f; b[i] = 1.0f; c[i] = 2.0f; }
-    double t[REPEATS];
-    for (int r = 0; r < REPEATS; r++) {
-        double t0 = now();
-        for (size_t i = 0; i < n; i++) a[i] = b[i] + 0.5f * c[i];
-        t[r] = now() - t0;
-        sink = a[r];
-    }
-    qsort(t, REPEATS, sizeof t[0], cmp);
-    printf("{\"what\": \"triad\", \"kernels\": \"-\", \"gbps\": %.3f, \"seconds\": %.5f}\n", 3.0 * (double)n * 4 / t[REPEATS / 2] / 1e9,
-           t[REPEATS / 2]);
+    triad(budget / 2, 1);
 
     const kernel_set *sets[] = { &kernels_scalar, kernels_select() };
     for (uint32_t dtype = 0; dtype < DTYPE_COUNT; dtype++) {

@@ -180,12 +180,19 @@ static int fetch_start_board(void *user, uint64_t offset, size_t bytes, void *ds
     return ((const link_state *)user)->io->fetch_start(offset, bytes, dst);
 }
 static int fetch_wait_board(void *user, void *dst) { return ((const link_state *)user)->io->fetch_wait(dst); }
+static void parallel_for_board(void *user, void (*fn)(void *arg, uint32_t part), void *arg, uint32_t parts) {
+    ((const link_state *)user)->io->parallel_for(fn, arg, parts);
+}
 
 /* OPEN [u32 expert cache slots, u32 expert policy] */
 static void do_open(link_state *l, uint8_t seq, uint32_t len) {
     const board_io *io = l->io;
     if (len != 0 && len != 8) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
     colibri_options opts = { .cycles = io->cycles, .trace = trace_layer, .user = l };
+    if (io->parallel_for && io->parallel_parts > 1) {
+        opts.parallel_for = parallel_for_board;
+        opts.parallel_parts = io->parallel_parts;
+    }
     if (len) {
         opts.expert_cache = get32(l->rx);
         opts.expert_policy = get32(l->rx + 4);

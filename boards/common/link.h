@@ -25,6 +25,10 @@ typedef struct {
     int (*fetch)(uint64_t offset, size_t bytes, void *dst);
     int (*fetch_start)(uint64_t offset, size_t bytes, void *dst);
     int (*fetch_wait)(void *dst);
+    /* Cores lent to the runtime (colibri_options.parallel_for): run fn for every part in [0, parts)
+     * and return when all have. NULL, or parallel_parts <= 1: one core, as on bare metal. */
+    void (*parallel_for)(void (*fn)(void *arg, uint32_t part), void *arg, uint32_t parts);
+    uint32_t parallel_parts;
 } board_io;
 
 /* Serve requests; returns the exit code QUIT asked for, or 0 at end of stream. */

@@ -1,6 +1,7 @@
 /* The hosted board: a Linux process that reads the image, takes its arena with one mmap, and speaks
  * the device side of the serial protocol over stdin/stdout.
- *   firmware.elf [IMAGE] [--stream] [--arena-bytes N] [--upload-bytes N]
+ *   firmware.elf [IMAGE] [--stream] [--threads N] [--arena-bytes N] [--upload-bytes N]
+ * With --threads N the runtime computes on N threads (pool.c), lent through its parallel_for hook.
  * Without --arena-bytes the arena is the image's plan plus room for an expert cache of every
  * streamed expert (anonymous memory: pages an OPEN does not use are never touched, so never resident).
  * With --upload-bytes the link accepts an image uploaded over it, as a board without a file system does.
@@ -29,6 +30,7 @@
 
 #include "colibri.h"
 #include "link.h"
+#include "pool.h"
 
 static uint8_t in_buf[1 << 16];
 static size_t in_len, in_pos;
@@ -128,12 +130,13 @@ static uint64_t monotonic_ns(void *user) {
 }
 
 static int usage(const char *argv0) {
-    fprintf(stderr, "usage: %s [IMAGE] [--stream] [--arena-bytes N] [--upload-bytes N]\n"
+    fprintf(stderr, "usage: %s [IMAGE] [--stream] [--threads N] [--arena-bytes N] [--upload-bytes N]\n"
                     "  IMAGE            image file to run (or upload one over the link)\n"
                     "  --stream         keep only the resident part in memory; OPEN must ask for an expert cache\n"
+                    "  --threads N      compute on N threads (1 to %u; default 1)\n"
                     "  --arena-bytes N  arena size (default: the image's plan plus a cache of every streamed\n"
                     "                   expert, or 64 MiB without an image)\n"
-                    "  --upload-bytes N give the link an upload region of N bytes\n", argv0);
+                    "  --upload-bytes N give the link an upload region of N bytes\n", argv0, COLIBRI_MAX_PARTS);
     return 2;
 }
 
@@ -166,9 +169,14 @@ int main(int argc, char **argv) {
     const char *path = 0;
     size_t arena_size = 0, upload_size = 0;
     int arena_given = 0, stream = 0;
+    unsigned long threads = 1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--stream") == 0) {
             stream = 1;
+        } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+            char *end;
+            threads = strtoul(argv[++i], &end, 10);
+            if (*end || threads < 1 || threads > COLIBRI_MAX_PARTS) return usage(argv[0]);
         } else if (strcmp(argv[i], "--arena-bytes") == 0 && i + 1 < argc) {
             arena_size = (size_t)strtoull(argv[++i], 0, 0);
             arena_given = 1;
@@ -223,6 +231,11 @@ int main(int argc, char **argv) {
     if (upload_size) {
         io.upload = map_anon(upload_size);
         io.upload_capacity = upload_size;
+    }
+    if (threads > 1) {
+        if (pool_start((uint32_t)threads) != 0) return 2;
+        io.parallel_for = pool_parallel_for;
+        io.parallel_parts = (uint32_t)threads;
     }
     io.arena = map_anon(arena_size);
     io.arena_size = arena_size;

@@ -116,7 +116,18 @@ typedef struct {
      * into dst has finished. The runtime waits for every started copy before a feed returns. */
     int (*fetch_start)(void *user, uint64_t offset, size_t bytes, void *dst);
     int (*fetch_wait)(void *user, void *dst);
+    /* Threads. The runtime never creates one; a board with cores to spare lends them through this hook:
+     * call fn(arg, part) once for every part in [0, parts), in any order, on any of its threads (the
+     * caller's included), and return when all have returned. parallel_parts is the most parts the runtime
+     * may ask for at once (0 or 1: it never calls the hook). The runtime splits a matrix's rows into
+     * fixed parts and every row is computed by the same code whichever thread runs it, so results are
+     * the same bits with or without threads, for any parallel_parts. */
+    void (*parallel_for)(void *user, void (*fn)(void *arg, uint32_t part), void *arg, uint32_t parts);
+    uint32_t parallel_parts;   /* at most COLIBRI_MAX_PARTS */
 } colibri_options;
+
+/* The most parts a parallel_for call is asked to run. */
+#define COLIBRI_MAX_PARTS 64u
 
 /* Counters since the last colibri_open()/colibri_reset(); cycles are 0 without a cycles hook. */
 typedef struct {

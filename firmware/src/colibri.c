@@ -6,6 +6,8 @@ _Static_assert(sizeof(struct colibri_ctx) <= ARENA_CTX_BYTES, "context must fit 
 /* The arena bytes this image and these options need: the plan, plus the expert cache. */
 static colibri_status arena_need(const colibri_image_info *info, const colibri_options *opts, uint64_t *need) {
     *need = info->arena_bytes;
+    if (opts && opts->parallel_parts > 1 && !opts->parallel_for) return COLIBRI_E_NULL;
+    if (opts && opts->parallel_parts > COLIBRI_MAX_PARTS) return COLIBRI_E_BAD_ARG;
     if (!opts || !opts->expert_cache) return COLIBRI_OK;
     if (!opts->fetch) return COLIBRI_E_NULL;
     if (opts->expert_cache > info->streamed_experts) return COLIBRI_E_BAD_ARG;

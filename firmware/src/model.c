@@ -58,34 +58,91 @@ static void norm_input(colibri_ctx *c, const float *weights) {
     c->xn_quantized = 0;
 }
 
-/* out[rows] = w x[cols], with this context's kernels (x quantized first for Q8_0/Q4_0 weights). */
-static void matvec(colibri_ctx *c, float *out, const weight *w, const float *x) {
-    const kernel_set *k = c->kernels;
+/* Up to three matrices that read one input, each part computing a fixed share of every matrix's rows
+ * (the same code for a row whichever thread runs it: results do not depend on the split), and what
+ * happens to each row once its part has it:
+ *   ROWS_SWIGLU     out[0][i] = silu(out[0][i]) * out[1][i]    (gate and up of one FFN)
+ *   ROWS_ACCUMULATE acc[i] += scale * out[0][i]                 (an FFN's down into moe_out) */
+enum rows_epilogue { ROWS_ONLY, ROWS_SWIGLU, ROWS_ACCUMULATE };
+typedef struct {
+    const kernel_set *k;
+    const float *x;      /* the input, f32 */
+    q8_vector xq;        /* and quantized, when a matrix is Q8_0/Q4_0 */
+    uint32_t n, parts;
+    float *out[3];
+    weight w[3];
+    enum rows_epilogue epilogue;
+    float scale;
+    float *acc;
+} rows_work;
+
+/* Below this many weights a matvec is not worth waking other threads for (a router, a gate vector). */
+#define PARALLEL_MIN_WEIGHTS 16384u
+
+/* out[r] = w[r] . x for r in [r0, r1), with kernel set k */
+static void matvec_rows(const kernel_set *k, float *out, const weight *w, const float *x, const q8_vector *xq,
+                        uint32_t r0, uint32_t r1) {
     const uint32_t cols = w->cols;
     if (w->dtype == DTYPE_Q8_0 || w->dtype == DTYPE_Q4_0) {
-        const q8_vector xq = quantized_input(c, x, cols);
         const size_t row_bytes = (size_t)w->blocks * (w->dtype == DTYPE_Q8_0 ? QBLOCK : QBLOCK / 2);
-        for (uint32_t r = 0; r < w->rows; r++) {
+        for (uint32_t r = r0; r < r1; r++) {
             const void *row = (const uint8_t *)w->data + r * row_bytes;
             const uint16_t *s = w->scales + (size_t)r * w->blocks;
-            out[r] = w->dtype == DTYPE_Q8_0 ? k->dot_q8_0(row, s, &xq, w->blocks) : k->dot_q4_0(row, s, &xq, w->blocks);
+            out[r] = w->dtype == DTYPE_Q8_0 ? k->dot_q8_0(row, s, xq, w->blocks) : k->dot_q4_0(row, s, xq, w->blocks);
         }
     } else if (w->dtype == DTYPE_F32) {
-        for (uint32_t r = 0; r < w->rows; r++) out[r] = k->dot_f32((const float *)w->data + (size_t)r * cols, x, cols);
+        for (uint32_t r = r0; r < r1; r++) out[r] = k->dot_f32((const float *)w->data + (size_t)r * cols, x, cols);
     } else {
         float (*dot16)(const uint16_t *, const float *, uint32_t) = w->dtype == DTYPE_F16 ? k->dot_f16 : k->dot_bf16;
-        for (uint32_t r = 0; r < w->rows; r++) out[r] = dot16((const uint16_t *)w->data + (size_t)r * cols, x, cols);
+        for (uint32_t r = r0; r < r1; r++) out[r] = dot16((const uint16_t *)w->data + (size_t)r * cols, x, cols);
     }
 }
 
-/* out = W x (+ b, when the image has that bias) */
-static void project(colibri_ctx *c, float *out, uint32_t layer, uint32_t w_role, uint32_t b_role, const float *x) {
-    weight w = matrix(c, layer_index(c, layer, w_role));
-    matvec(c, out, &w, x);
-    if (present(c, layer_index(c, layer, b_role))) {
-        const float *b = layer_w(c, layer, b_role);
-        for (uint32_t i = 0; i < w.rows; i++) out[i] += b[i];
+/* The first row of `part`: rows < 2^24 (IMG_MAX_DIM) and part <= COLIBRI_MAX_PARTS, so 32 bits hold the product. */
+static uint32_t part_start(uint32_t rows, uint32_t part, uint32_t parts) {
+    return rows * part / parts;
+}
+
+static void rows_part(void *arg, uint32_t part) {
+    const rows_work *m = arg;
+    for (uint32_t j = 0; j < m->n; j++)
+        matvec_rows(m->k, m->out[j], &m->w[j], m->x, &m->xq, part_start(m->w[j].rows, part, m->parts),
+                    part_start(m->w[j].rows, part + 1, m->parts));
+    const uint32_t r0 = part_start(m->w[0].rows, part, m->parts), r1 = part_start(m->w[0].rows, part + 1, m->parts);
+    float *a = m->out[0];
+    if (m->epilogue == ROWS_SWIGLU) {
+        for (uint32_t i = r0; i < r1; i++) a[i] = a[i] / (1.0f + colibri_expf(-a[i])) * m->out[1][i];
+    } else if (m->epilogue == ROWS_ACCUMULATE) {
+        for (uint32_t i = r0; i < r1; i++) m->acc[i] += m->scale * a[i];
     }
+}
+
+/* Run m: x quantized first if a matrix wants it, then every part, on the board's threads if it lends some. */
+static void run_rows(colibri_ctx *c, rows_work *m) {
+    uint64_t weights = 0;
+    int quantized = 0;
+    for (uint32_t j = 0; j < m->n; j++) {
+        weights += (uint64_t)m->w[j].rows * m->w[j].cols;
+        quantized |= m->w[j].dtype == DTYPE_Q8_0 || m->w[j].dtype == DTYPE_Q4_0;
+    }
+    m->k = c->kernels;
+    if (quantized) m->xq = quantized_input(c, m->x, m->w[0].cols);
+    m->parts = c->opts.parallel_parts > 1 && weights >= PARALLEL_MIN_WEIGHTS ? c->opts.parallel_parts : 1;
+    if (m->parts == 1) rows_part(m, 0);
+    else c->opts.parallel_for(c->opts.user, rows_part, m, m->parts);
+}
+
+/* out[rows] = w x[cols] */
+static void matvec(colibri_ctx *c, float *out, const weight *w, const float *x) {
+    rows_work m = { .x = x, .n = 1, .out = { out }, .w = { *w } };
+    run_rows(c, &m);
+}
+
+/* out += b, when the image has that bias */
+static void add_bias(const colibri_ctx *c, float *out, uint32_t n, uint32_t layer, uint32_t b_role) {
+    if (!present(c, layer_index(c, layer, b_role))) return;
+    const float *b = layer_w(c, layer, b_role);
+    for (uint32_t i = 0; i < n; i++) out[i] += b[i];
 }
 
 /* The KV cache holds f32 or f16 (rounded to nearest even) per the image's kv_dtype. */
@@ -132,9 +189,13 @@ static void attention(colibri_ctx *c, uint32_t layer) {
     float *k_cur = a->k_new, *v_cur = a->v_new; /* this position's k and v in f32, stored once final */
 
     norm_input(c, layer_w(c, layer, ROLE_ATTN_NORM));
-    project(c, a->q, layer, ROLE_WQ, ROLE_BQ, a->xn);
-    project(c, k_cur, layer, ROLE_WK, ROLE_BK, a->xn);
-    project(c, v_cur, layer, ROLE_WV, ROLE_BV, a->xn);
+    rows_work qkv = { .x = a->xn, .n = 3, .out = { a->q, k_cur, v_cur },
+                      .w = { matrix(c, layer_index(c, layer, ROLE_WQ)), matrix(c, layer_index(c, layer, ROLE_WK)),
+                             matrix(c, layer_index(c, layer, ROLE_WV)) } };
+    run_rows(c, &qkv);
+    add_bias(c, a->q, d->q_dim, layer, ROLE_BQ);
+    add_bias(c, k_cur, d->kv_dim, layer, ROLE_BK);
+    add_bias(c, v_cur, d->kv_dim, layer, ROLE_BV);
     if (d->flags & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) {
         qk_norm(c, a->q, d->n_heads, layer_w(c, layer, ROLE_Q_NORM));
         qk_norm(c, k_cur, d->n_kv_heads, layer_w(c, layer, ROLE_K_NORM));
@@ -161,7 +222,9 @@ static void attention(colibri_ctx *c, uint32_t layer) {
         for (uint32_t i = 0; i < hd; i++) out[i] = 0.0f;
         for (uint32_t t = 0; t <= pos; t++) kv_accumulate(c, out, att[t], a->v_cache, kv_off + (size_t)t * d->kv_dim, hd);
     }
-    project(c, a->moe_out, layer, ROLE_WO, ROLE_BO, a->attn_out);
+    weight wo = matrix(c, layer_index(c, layer, ROLE_WO));
+    matvec(c, a->moe_out, &wo, a->attn_out);
+    add_bias(c, a->moe_out, d->dim, layer, ROLE_BO);
     for (uint32_t i = 0; i < d->dim; i++) a->x[i] += a->moe_out[i];
 }
 
@@ -224,20 +287,18 @@ static void prefetch_next(colibri_ctx *c, uint32_t next) {
 /* moe_out += scale * down(silu(gate xn) * up xn): one expert, the shared expert or a dense MLP.
  * `gate_index` is the table index of the gate matrix; up and down follow it. The three matrices are
  * read from `block` (see matrix_in). */
-static void swiglu_ffn(colibri_ctx *c, uint32_t gate_index, uint32_t n_inter, float scale, const uint8_t *block,
+static void swiglu_ffn(colibri_ctx *c, uint32_t gate_index, float scale, const uint8_t *block,
                        uint64_t block_offset) {
-    const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
-    weight gate = matrix_in(c, gate_index, block, block_offset), up = matrix_in(c, gate_index + 1, block, block_offset),
-           down = matrix_in(c, gate_index + 2, block, block_offset);
-    matvec(c, a->ffn_gate, &gate, a->xn);
-    matvec(c, a->ffn_up, &up, a->xn);
-    for (uint32_t i = 0; i < n_inter; i++) {
-        float g = a->ffn_gate[i];
-        a->ffn_gate[i] = g / (1.0f + colibri_expf(-g)) * a->ffn_up[i];
-    }
-    matvec(c, a->ffn_out, &down, a->ffn_gate);
-    for (uint32_t r = 0; r < d->dim; r++) a->moe_out[r] += scale * a->ffn_out[r];
+    rows_work gate_up = { .x = a->xn, .n = 2, .out = { a->ffn_gate, a->ffn_up },
+                          .w = { matrix_in(c, gate_index, block, block_offset),
+                                 matrix_in(c, gate_index + 1, block, block_offset) },
+                          .epilogue = ROWS_SWIGLU };
+    run_rows(c, &gate_up);
+    rows_work down = { .x = a->ffn_gate, .n = 1, .out = { a->ffn_out },
+                       .w = { matrix_in(c, gate_index + 2, block, block_offset) },
+                       .epilogue = ROWS_ACCUMULATE, .scale = scale, .acc = a->moe_out };
+    run_rows(c, &down);
 }
 
 /* The FFN half of a layer: routed experts (+ shared expert), or the dense MLP. Fills `t`. */
@@ -267,7 +328,7 @@ static colibri_status ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_tr
                 st = expert_ready(c, slot[k], layer, expert, &block, &block_offset);
                 if (st) return st;
             }
-            swiglu_ffn(c, expert_tensor_index(d, layer, expert, ROLE_EXPERT_GATE), d->ffn, a->topk_weight[k], block,
+            swiglu_ffn(c, expert_tensor_index(d, layer, expert, ROLE_EXPERT_GATE), a->topk_weight[k], block,
                        block_offset);
             a->topk_cycles[k] = ctx_now(c) - e0;
             c->stats.expert_calls++;
@@ -276,12 +337,12 @@ static colibri_status ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_tr
             weight gate = matrix(c, layer_index(c, layer, ROLE_SHARED_EXPERT_GATE));
             float g;
             matvec(c, &g, &gate, a->xn);
-            swiglu_ffn(c, layer_index(c, layer, ROLE_SHARED_GATE), d->shared_ffn, 1.0f / (1.0f + colibri_expf(-g)),
+            swiglu_ffn(c, layer_index(c, layer, ROLE_SHARED_GATE), 1.0f / (1.0f + colibri_expf(-g)),
                        c->image, 0);
         }
         t->n_routed = d->top_k;
     } else {
-        swiglu_ffn(c, layer_index(c, layer, ROLE_DENSE_GATE), d->dense_ffn, 1.0f, c->image, 0);
+        swiglu_ffn(c, layer_index(c, layer, ROLE_DENSE_GATE), 1.0f, c->image, 0);
         t->n_routed = 0;
     }
     uint64_t t2 = ctx_now(c);
