@@ -140,8 +140,10 @@ def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sa
     `started` (time.perf_counter()) is when the board was started, for the time to open."""
     started = time.perf_counter() if started is None else started
     info = client.info()
-    data = image.read_bytes()
-    upload_crc = client.upload(data, upload_progress(len(data), progress)) if upload else None
+    upload_crc = None
+    if upload:
+        data = image.read_bytes()
+        upload_crc = client.upload(data, upload_progress(len(data), progress))
     opened = client.open(expert_cache, prefetch)
     open_s = time.perf_counter() - started
     if len(prompt) + max_new > opened.max_seq:
@@ -410,8 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.image.exists():
         ap.error(f"image {args.image} not found; make one with host/pack.py")
 
-    try:  # the image is checked here, before a board boots or an upload starts (mapped, not read into RAM)
-        open_image(args.image)
+    try:  # the image's structure is checked here, before a board boots or an upload starts (its CRCs are
+        open_image(args.image, check_crcs=False)  # the device's: it verifies every byte when it opens it)
     except ImageError as exc:
         print(f"flash: error: {args.image} is not a valid image ({exc}); make one with host/pack.py", file=sys.stderr)
         return 2
@@ -426,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     prompt: list[int] = args.prompt_tokens
     if args.chat == "":
         try:
-            text = Text(open_image(args.image).meta)
+            text = Text(open_image(args.image, check_crcs=False).meta)
             if not text.meta.get("chat_template"):
                 raise NoTokenizer("this image's checkpoint has no chat template: use --prompt")
         except NoTokenizer as exc:
@@ -441,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.prompt_tokens is None:
         try:
-            text = Text(open_image(args.image).meta)
+            text = Text(open_image(args.image, check_crcs=False).meta)
             prompt = (text.encode(args.prompt) if args.prompt is not None
                       else text.chat_tokens([{"role": "user", "content": args.chat}]))
         except NoTokenizer as exc:

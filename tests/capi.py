@@ -68,6 +68,7 @@ class Lib:
         self.so = C.CDLL(str(path))
         so = self.so
         so.colibri_image_verify.argtypes = [C.c_void_p, C.c_size_t, C.POINTER(ImageInfo)]
+        so.colibri_image_inspect.argtypes = [C.c_void_p, C.c_size_t, C.POINTER(ImageInfo)]
         so.colibri_open.argtypes = [C.c_void_p, C.c_size_t, C.c_void_p, C.c_size_t, C.c_void_p,
                                     C.POINTER(C.c_void_p), C.POINTER(C.c_uint64)]
         so.colibri_reset.argtypes = [C.c_void_p]
@@ -85,9 +86,11 @@ class Lib:
         so.colibri_expf.argtypes = [C.c_float]
         so.colibri_expf.restype = C.c_float
 
-    def verify(self, data: bytes) -> tuple[int, ImageInfo]:
+    def verify(self, data: bytes, inspect_only: bool = False) -> tuple[int, ImageInfo]:
+        """colibri_image_verify, or with inspect_only colibri_image_inspect (no CRCs over tensor bytes)."""
         buf, info = Aligned(data), ImageInfo()
-        return self.so.colibri_image_verify(C.c_void_p(buf.addr), buf.size, C.byref(info)), info
+        fn = self.so.colibri_image_inspect if inspect_only else self.so.colibri_image_verify
+        return fn(C.c_void_p(buf.addr), buf.size, C.byref(info)), info
 
 
 class Context:

@@ -270,10 +270,11 @@ def test_pinning_and_prefetch_raise_hits_where_the_trace_says(lib, hosted_build,
 
 
 def test_hosted_board_survives_its_image_file_changing(streaming_images, hosted_build, tmp_path):
-    """docs/STREAMING.md, hosted: what the runtime reads in place is a private copy, so a truncated file
-    changes nothing; with --stream the expert part is read from the file through the fetch hook, so a
-    truncation is COLIBRI_E_FETCH (the SIGBUS is caught) and a rewrite COLIBRI_E_EXPERT_CRC."""
-    from host.protocol import STATUS_NAMES, Client, DeviceError
+    """boards/hosted/main.c: by default the file is mapped, so a truncation ends the board with a message
+    and exit status 2 (the SIGBUS is caught), never a crash; with --copy what the runtime reads in place
+    is a private copy, so a truncated file changes nothing; with --stream the expert part is read from the
+    file through the fetch hook, so a truncation is COLIBRI_E_FETCH and a rewrite COLIBRI_E_EXPERT_CRC."""
+    from host.protocol import STATUS_NAMES, Client, DeviceError, LinkError
     from sim.boards import load_board
     from sim.launch import start_board
     image = streaming_images["base-q8_0"]
@@ -288,12 +289,15 @@ def test_hosted_board_survives_its_image_file_changing(streaming_images, hosted_
             change()
             try:
                 opened = client.open(expert_cache, prefetch=False)
-                return client.run(PROMPT, 2, Sampling(), vocab=opened.vocab_size)[1]
+                return client.run(PROMPT, 2, Sampling(), vocab=opened.vocab_size).logits
             finally:
                 client.quit()
 
     clean = session(None, lambda: None, 0)
-    assert session(None, lambda: path.write_bytes(b""), 0).tobytes() == clean.tobytes()
+    assert session(["--copy"], lambda: None, 0).tobytes() == clean.tobytes()
+    assert session(["--copy"], lambda: path.write_bytes(b""), 0).tobytes() == clean.tobytes()
+    with pytest.raises(LinkError, match="the image file shrank while the board was using it"):
+        session(None, lambda: path.write_bytes(b""), 0)
     assert session(["--stream"], lambda: None, 2).tobytes() == clean.tobytes()
 
     def code(err) -> str:

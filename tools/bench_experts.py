@@ -114,14 +114,15 @@ def sweep(build: Builder, board: str, tokens: int, bandwidths: dict[str, float])
              "resident_bytes": img.resident_bytes, "expert_block_bytes": img.expert_block_bytes}] + rows
 
 
-def hosted_memory(path: Path, slots: int, tokens: int) -> dict:
+def hosted_memory(path: Path, slots: int, tokens: int, copy: bool = False) -> dict:
     """The hosted board process's resident memory after a run (Linux /proc): with an expert cache the
     expert part is read through madvise'd copies, so what stays resident is the resident part, the
-    arena (plan + cache) and the program, not the image."""
+    arena (plan + cache) and the program, not the image. Without one the image is a mapping of the file
+    (file-backed), or with `copy` a private copy (anonymous)."""
     img = read_image(path.read_bytes())
     prompt = [1 + (7 * i) % (img.dims.vocab_size - 1) for i in range(8)]
     board = load_board("hosted")
-    with start_board(board, board.firmware(), path, streaming_args(board) if slots else None) as device:
+    with start_board(board, board.firmware(), path, streaming_args(board) if slots else ["--copy"] if copy else None) as device:
         client = Client(device.link)
         client.info()
         opened = client.open(slots, True)
@@ -129,7 +130,7 @@ def hosted_memory(path: Path, slots: int, tokens: int) -> dict:
         status = dict(line.split(":", 1) for line in Path(f"/proc/{device.proc.pid}/status").read_text().splitlines())
         client.quit()
     kib = {k: int(status[k].split()[0]) * 1024 for k in ("VmRSS", "RssAnon", "RssFile")}
-    return {"slots": slots, "image_bytes": len(path.read_bytes()), "resident_bytes": img.resident_bytes,
+    return {"slots": slots, "copy": copy, "image_bytes": len(path.read_bytes()), "resident_bytes": img.resident_bytes,
             "arena_bytes": opened.arena_bytes, "rss": kib["VmRSS"], "rss_anon": kib["RssAnon"],
             "rss_file": kib["RssFile"]}
 
@@ -179,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         builders = models(Path(tmp))
         results = {name: sweep(build, args.board, args.tokens, bandwidths) for name, build in builders.items()}
         large = builders["random 4x32 experts (q8_0)"](frozenset())
-        memory = [hosted_memory(large, slots, args.tokens) for slots in (0, 4, 16)]
+        memory = [hosted_memory(large, 0, args.tokens, copy=True)] + [hosted_memory(large, slots, args.tokens)
+                                                                       for slots in (0, 4, 16)]
     plot(results, args.plot)
     if args.json:
         print(json.dumps({"board": args.board, "bandwidths": bandwidths, "results": results,
@@ -200,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nhosted board process memory after the run, random 4x32 experts (q8_0):")
     print(f"{'slots':>5} {'image B':>12} {'resident B':>12} {'arena B':>12} {'RSS B':>12} {'file B':>12} {'anon B':>12}")
     for m in memory:
-        print(f"{m['slots'] or 'none':>5} {m['image_bytes']:>12,} {m['resident_bytes']:>12,} {m['arena_bytes']:>12,} "
+        print(f"{m['slots'] or ('copy' if m['copy'] else 'none'):>5} {m['image_bytes']:>12,} {m['resident_bytes']:>12,} {m['arena_bytes']:>12,} "
               f"{m['rss']:>12,} {m['rss_file']:>12,} {m['rss_anon']:>12,}")
     print(f"\nplot: {args.plot}")
     return 0

@@ -1,20 +1,24 @@
 /* The hosted board: a Linux process that reads the image, takes its arena with one mmap, and speaks
  * the device side of the serial protocol over stdin/stdout.
- *   firmware.elf [IMAGE] [--stream] [--threads N] [--arena-bytes N] [--upload-bytes N]
+ *   firmware.elf [IMAGE] [--copy | --stream] [--threads N] [--arena-bytes N] [--upload-bytes N]
  * With --threads N the runtime computes on N threads (pool.c), lent through its parallel_for hook.
  * Without --arena-bytes the arena is the image's plan plus room for an expert cache of every
  * streamed expert (anonymous memory: pages an OPEN does not use are never touched, so never resident).
  * With --upload-bytes the link accepts an image uploaded over it, as a board without a file system does.
  *
- * What the runtime reads in place is a private copy of the file, read once at start: a file rewritten
- * or truncated while the board runs changes nothing (mapping it instead would turn a truncation into
- * SIGBUS and a rewrite into silently different logits). Without --stream that is the whole image.
- * With --stream it is the resident part only, and OPEN needs an expert cache: the expert part stays a
- * read-only mapping of the file, reached only by the fetch hooks, which copy expert blocks out of it
- * and tell the kernel what is coming and what is done with (madvise WILLNEED when a fetch starts,
- * DONTNEED once it is copied), so resident memory stays near the resident part plus the cache. A
- * fetch from a file that shrank is a failed fetch (COLIBRI_E_FETCH: the SIGBUS is caught around the
- * copy), and a rewritten block fails its CRC (COLIBRI_E_EXPERT_CRC). */
+ * Where the runtime's image comes from, three ways:
+ * - by default the file is mapped read-only, its pages faulted in at once (MAP_POPULATE): open costs the
+ *   runtime's one verifying pass over page-cache memory, not a copy (docs/PERFORMANCE.md). The file must
+ *   not change while the board runs: a rewrite changes what the runtime reads, and a truncation ends the
+ *   board with a message and exit status 2 (the SIGBUS is caught), never a crash dump.
+ * - --copy reads the file into private memory once at start: a file rewritten or truncated while the
+ *   board runs changes nothing, at the price of a copy of the image (slower to open).
+ * - --stream reads the resident part only into private memory, and OPEN needs an expert cache: the expert
+ *   part stays a read-only mapping of the file, reached only by the fetch hooks, which copy expert blocks
+ *   out of it and tell the kernel what is coming and what is done with (madvise WILLNEED when a fetch
+ *   starts, DONTNEED once it is copied), so resident memory stays near the resident part plus the cache.
+ *   A fetch from a file that shrank is a failed fetch (COLIBRI_E_FETCH: the SIGBUS is caught around the
+ *   copy), and a rewritten block fails its CRC (COLIBRI_E_EXPERT_CRC). */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <errno.h>
 #include <fcntl.h>
@@ -79,9 +83,12 @@ static sigjmp_buf fetch_fault;
 static volatile sig_atomic_t fetching;
 
 static void on_sigbus(int sig) {
+    (void)sig;
     if (fetching) siglongjmp(fetch_fault, 1);
-    signal(sig, SIG_DFL); /* not ours: die as the signal says */
-    raise(sig);
+    /* the runtime read a mapped page past the end of a file that shrank: nothing can go on */
+    static const char msg[] = "colibri-hosted: the image file shrank while the board was using it\n";
+    if (write(2, msg, sizeof msg - 1) < 0) _exit(2);
+    _exit(2);
 }
 
 static int fetch_copy(uint64_t offset, size_t bytes, void *dst) {
@@ -132,6 +139,7 @@ static uint64_t monotonic_ns(void *user) {
 static int usage(const char *argv0) {
     fprintf(stderr, "usage: %s [IMAGE] [--stream] [--threads N] [--arena-bytes N] [--upload-bytes N]\n"
                     "  IMAGE            image file to run (or upload one over the link)\n"
+                    "  --copy           read the image into private memory (immune to the file changing; slower)\n"
                     "  --stream         keep only the resident part in memory; OPEN must ask for an expert cache\n"
                     "  --threads N      compute on N threads (1 to %u; default 1)\n"
                     "  --arena-bytes N  arena size (default: the image's plan plus a cache of every streamed\n"
@@ -140,8 +148,8 @@ static int usage(const char *argv0) {
     return 2;
 }
 
-static void *map_anon(size_t n) {
-    void *p = mmap(0, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+static void *map_anon(size_t n, int populate) {
+    void *p = mmap(0, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | (populate ? MAP_POPULATE : 0), -1, 0);
     if (p == MAP_FAILED) {
         fprintf(stderr, "colibri-hosted: cannot map %zu bytes\n", n);
         exit(2);
@@ -149,9 +157,10 @@ static void *map_anon(size_t n) {
     return p;
 }
 
-/* The first n bytes of the file in private, read-only memory (64-byte aligned: it is page aligned). */
+/* The first n bytes of the file in private, read-only memory (64-byte aligned: it is page aligned). Its
+ * pages are made at once: faulting them one by one inside read() is several times slower. */
 static const uint8_t *read_private(int fd, size_t n, const char *path) {
-    uint8_t *p = map_anon(n);
+    uint8_t *p = map_anon(n, 1);
     for (size_t done = 0; done < n;) {
         ssize_t r = pread(fd, p + done, n - done, (off_t)done);
         if (r < 0 && errno == EINTR) continue;
@@ -168,11 +177,13 @@ static const uint8_t *read_private(int fd, size_t n, const char *path) {
 int main(int argc, char **argv) {
     const char *path = 0;
     size_t arena_size = 0, upload_size = 0;
-    int arena_given = 0, stream = 0;
+    int arena_given = 0, stream = 0, copy = 0;
     unsigned long threads = 1;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--stream") == 0) {
+        if (strcmp(argv[i], "--stream") == 0 && !copy) {
             stream = 1;
+        } else if (strcmp(argv[i], "--copy") == 0 && !stream) {
+            copy = 1;
         } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
             char *end;
             threads = strtoul(argv[++i], &end, 10);
@@ -198,29 +209,34 @@ int main(int argc, char **argv) {
             return 2;
         }
         mapped_size = (size_t)st.st_size;
-        void *map = mmap(0, mapped_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        void *map = mmap(0, mapped_size, PROT_READ, MAP_PRIVATE | (stream || copy ? 0 : MAP_POPULATE), fd, 0);
         if (map == MAP_FAILED) {
             fprintf(stderr, "colibri-hosted: mmap %s: %s\n", path, strerror(errno));
             return 2;
         }
         mapped = map;
-        /* Size the arena from the image's plan; a corrupt image gets a small arena and OPEN says why. */
+        struct sigaction sa = { .sa_handler = on_sigbus };
+        sigaction(SIGBUS, &sa, 0);
+        /* Size the arena from the header and the table (OPEN verifies every byte, once); a broken image
+         * gets a small arena and OPEN says why. */
         colibri_image_info info = { 0 };
-        const int valid = colibri_image_verify(mapped, mapped_size, &info) == COLIBRI_OK;
+        const int valid = colibri_image_inspect(mapped, mapped_size, &info) == COLIBRI_OK;
         if (!arena_given)
             arena_size = valid ? (size_t)(info.arena_bytes + colibri_expert_cache_bytes(&info, info.streamed_experts))
                                : 4096;
-        io.image_size = stream && valid ? (size_t)info.resident_bytes : mapped_size;
-        io.image = read_private(fd, io.image_size, path);
+        if (stream || copy) {
+            io.image_size = stream && valid ? (size_t)info.resident_bytes : mapped_size;
+            io.image = read_private(fd, io.image_size, path);
+        } else {
+            io.image = mapped;
+            io.image_size = mapped_size;
+        }
         close(fd);
         if (stream) {
-            advise(mapped, mapped_size, MADV_DONTNEED); /* the check read every page: start from none resident */
-            struct sigaction sa = { .sa_handler = on_sigbus };
-            sigaction(SIGBUS, &sa, 0);
             io.fetch = fetch_copy;
             io.fetch_start = fetch_start;
             io.fetch_wait = fetch_wait;
-        } else {
+        } else if (copy) {
             munmap(map, mapped_size); /* everything is in the private copy */
             mapped = 0;
             mapped_size = 0;
@@ -229,7 +245,7 @@ int main(int argc, char **argv) {
         arena_size = 64u << 20;
     }
     if (upload_size) {
-        io.upload = map_anon(upload_size);
+        io.upload = map_anon(upload_size, 0);
         io.upload_capacity = upload_size;
     }
     if (threads > 1) {
@@ -237,7 +253,7 @@ int main(int argc, char **argv) {
         io.parallel_for = pool_parallel_for;
         io.parallel_parts = (uint32_t)threads;
     }
-    io.arena = map_anon(arena_size);
+    io.arena = map_anon(arena_size, 0);
     io.arena_size = arena_size;
     return link_serve(&io);
 }

@@ -165,6 +165,12 @@ typedef struct colibri_ctx colibri_ctx;
  * outside [image, image + size). */
 colibri_status colibri_image_verify(const void *image, size_t size, colibri_image_info *info);
 
+/* Every check colibri_image_verify() makes except the CRCs over tensor and metadata bytes (the header's
+ * own CRC is checked), and the same facts in `info`. It reads the header and the tensor table only, so it
+ * takes microseconds on any image: enough to size an arena before colibri_open(), which always verifies
+ * everything. A COLIBRI_OK here says nothing about the weights' bytes. */
+colibri_status colibri_image_inspect(const void *image, size_t size, colibri_image_info *info);
+
 /* The arena bytes an expert cache of `slots` slots adds to info.arena_bytes (0 for 0 slots). */
 uint64_t colibri_expert_cache_bytes(const colibri_image_info *info, uint32_t slots);
 

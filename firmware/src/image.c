@@ -257,7 +257,8 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
         !mul_ok(n_tensors, IMG_ENTRY_BYTES, &table_bytes) || !add_ok(table_offset, table_bytes, &table_end) ||
         table_end > data_offset || data_offset > resident)
         return COLIBRI_E_IMAGE_HEADER;
-    if (colibri_crc32(0, img + IMG_HEADER_BYTES, (size_t)(resident - IMG_HEADER_BYTES)) != rd32(img + H_PAYLOAD_CRC))
+    const int sums = !(mode & IMG_VERIFY_NO_CRC);
+    if (sums && colibri_crc32(0, img + IMG_HEADER_BYTES, (size_t)(resident - IMG_HEADER_BYTES)) != rd32(img + H_PAYLOAD_CRC))
         return COLIBRI_E_IMAGE_PAYLOAD_CRC;
     /* the host's metadata section (tokenizer, chat template): after every tensor, never read by the runtime */
     uint64_t meta_offset = rd64(img + H_META_OFFSET), meta_bytes = rd64(img + H_META_BYTES), meta_end;
@@ -266,7 +267,7 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
         if (meta_offset % IMG_ALIGN || meta_offset < resident || !add_ok(meta_offset, meta_bytes, &meta_end) ||
             meta_end > image_bytes)
             return COLIBRI_E_IMAGE_HEADER;
-        if (full && colibri_crc32(0, img + meta_offset, (size_t)meta_bytes) != rd32(img + H_META_CRC))
+        if (full && sums && colibri_crc32(0, img + meta_offset, (size_t)meta_bytes) != rd32(img + H_META_CRC))
             return COLIBRI_E_IMAGE_PAYLOAD_CRC;
         tensors_end = meta_offset;
     } else if (meta_offset || rd32(img + H_META_CRC)) {
@@ -314,7 +315,7 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
             if (!streamed && end > resident) return COLIBRI_E_IMAGE_BOUNDS;
             if (end - block_start > dims.expert_block_max) dims.expert_block_max = end - block_start;
             dims.streamed_experts += (uint32_t)streamed;
-            if (full || !streamed) { /* addressable now: check it now (a streamed one is checked when fetched) */
+            if (sums && (full || !streamed)) { /* addressable now: check it now (a streamed one is checked when fetched) */
                 uint32_t want = rd32(img + crc_offset + 4ull * ((uint64_t)s.layer * dims.n_experts + s.expert));
                 if (colibri_crc32(0, img + block_start, (size_t)(end - block_start)) != want) return COLIBRI_E_EXPERT_CRC;
             }
@@ -362,4 +363,8 @@ void expert_block(const colibri_ctx *c, uint32_t layer, uint32_t expert, uint64_
 
 colibri_status colibri_image_verify(const void *image, size_t size, colibri_image_info *info) {
     return image_verify(image, size, 0, 0, 0, info);
+}
+
+colibri_status colibri_image_inspect(const void *image, size_t size, colibri_image_info *info) {
+    return image_verify(image, size, IMG_VERIFY_NO_CRC, 0, 0, info);
 }

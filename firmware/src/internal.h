@@ -166,6 +166,7 @@ uint64_t rd64(const uint8_t *p);
  * addressable and is checked, expert blocks included. IMG_VERIFY_RESIDENT: only [0, resident_bytes)
  * must be; expert-part blocks are checked when fetched (experts.c). */
 #define IMG_VERIFY_RESIDENT 1u
+#define IMG_VERIFY_NO_CRC 2u /* every check but the CRCs over tensor and metadata bytes (colibri_image_inspect) */
 colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, model_dims *d, const uint8_t **table,
                             colibri_image_info *info);
 uint32_t layer_tensor_index(const model_dims *d, uint32_t layer, uint32_t role);

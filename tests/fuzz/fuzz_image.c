@@ -87,10 +87,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(image, data, size);
     if (seal) reseal(image, size);
 
-    colibri_image_info info;
+    colibri_image_info info, inspected;
+    memset(&info, 0, sizeof info); /* padding too: compared with memcmp below */
+    memset(&inspected, 0, sizeof inspected);
+    const colibri_status inspect = colibri_image_inspect(image, size, &inspected);
     if (streamed) {
         run_streamed(image, size);
     } else if (colibri_image_verify(image, size, &info) == COLIBRI_OK && info.arena_bytes <= MAX_ARENA) {
+        /* inspect checks a subset of what verify does: what verify passes, it passes with the same facts */
+        if (inspect != COLIBRI_OK || memcmp(&inspected, &info, sizeof info) != 0) abort();
         void *arena = 0;
         if (!posix_memalign(&arena, COLIBRI_ARENA_ALIGN, (size_t)info.arena_bytes)) {
             colibri_ctx *ctx = 0;
