@@ -20,7 +20,7 @@ class ImageInfo(C.Structure):
                     "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
                     "n_experts", "top_k", "max_seq")] + [
                 ("resident_bytes", C.c_uint64), ("expert_block_bytes", C.c_uint64), ("expert_cache_min", C.c_uint32),
-                ("streamed_experts", C.c_uint32)]
+                ("streamed_experts", C.c_uint32), ("prefill_token_bytes", C.c_uint64)]
 
 
 class Stats(C.Structure):
@@ -40,7 +40,7 @@ PARALLEL_FOR = C.CFUNCTYPE(None, C.c_void_p, PART, C.c_void_p, C.c_uint32)
 class Options(C.Structure):
     _fields_ = [("cycles", C.c_void_p), ("trace", C.c_void_p), ("user", C.c_void_p), ("expert_cache", C.c_uint32),
                 ("expert_policy", C.c_uint32), ("fetch", FETCH), ("fetch_start", FETCH_START), ("fetch_wait", FETCH_WAIT),
-                ("parallel_for", PARALLEL_FOR), ("parallel_parts", C.c_uint32)]
+                ("parallel_for", PARALLEL_FOR), ("parallel_parts", C.c_uint32), ("prefill_batch", C.c_uint32)]
 
 
 PREFETCH = 1  # COLIBRI_PREFETCH
@@ -83,6 +83,8 @@ class Lib:
         so.colibri_strerror.restype = C.c_char_p
         so.colibri_expert_cache_bytes.argtypes = [C.POINTER(ImageInfo), C.c_uint32]
         so.colibri_expert_cache_bytes.restype = C.c_uint64
+        so.colibri_prefill_bytes.argtypes = [C.POINTER(ImageInfo), C.c_uint32]
+        so.colibri_prefill_bytes.restype = C.c_uint64
         so.colibri_expf.argtypes = [C.c_float]
         so.colibri_expf.restype = C.c_float
 
@@ -108,6 +110,7 @@ class Context:
         self.options = options  # the callbacks must outlive the context
         if arena_bytes is None:
             arena_bytes = info.arena_bytes + (lib.so.colibri_expert_cache_bytes(C.byref(info), options.expert_cache)
+                                              + lib.so.colibri_prefill_bytes(C.byref(info), options.prefill_batch)
                                               if options else 0)
         self.arena = Aligned(arena_bytes)
         self.ctx = C.c_void_p()

@@ -118,6 +118,45 @@ def test_long_context_matches_transformers(name, hosted_build, tmp_path):
     assert err.max() <= TOLERANCE * scale, f"worst position {int(err.argmax())}: {err.max():.3g}"
 
 
+@pytest.mark.parametrize("name", [f[0] for f in FAMILIES])
+def test_prefill_batch_gives_the_bits_of_one_token_a_pass(name, family_images, hosted_build, tmp_path):
+    """colibri_options.prefill_batch: a prompt fed in passes of several tokens (5: uneven chunks, shared and
+    dense layers, every routing variant) gives the logits of feeding it one token a pass, bit for bit, for
+    float and quantized weights, on one thread or split into parts run last first; and the KV cache it
+    leaves is the same (the tokens fed after it agree too)."""
+    from capi import PARALLEL_FOR, Context, Lib, Options
+    from host.quant import DType
+    lib = Lib(hosted_build / "libcolibri.so")
+    ckpt, _ = family_images[name]
+    prompt = np.random.default_rng(7).integers(0, SMALL["vocab_size"], 23).tolist()
+    after = [3, 1, 4]
+
+    @PARALLEL_FOR
+    def reversed_parts(user, fn, arg, parts):
+        for part in reversed(range(parts)):
+            fn(arg, part)
+
+    for dtype in (DType.F32, DType.Q4_0):
+        image = tmp_path / f"{name}-{dtype.name}.img"
+        pack(ckpt, image, max_seq=32, expert_align=64, dtype=dtype, measure_quality=False)
+        data = image.read_bytes()
+        one = Context(lib, data)
+        rows = []
+        for tok in prompt + after:
+            assert one.feed([tok]) == 0
+            rows.append(one.logits().tobytes())
+        for opts in (Options(prefill_batch=5), Options(prefill_batch=5, parallel_for=reversed_parts, parallel_parts=3)):
+            batched = Context(lib, data, options=opts)
+            assert batched.open_status == 0
+            assert batched.needed == one.info.arena_bytes + 5 * one.info.prefill_token_bytes > one.info.arena_bytes
+            assert batched.feed(prompt) == 0
+            assert batched.logits().tobytes() == rows[len(prompt) - 1], dtype
+            for i, tok in enumerate(after):
+                assert batched.feed([tok]) == 0
+                assert batched.logits().tobytes() == rows[len(prompt) + i], (dtype, i)
+            assert batched.stats().tokens_fed == len(prompt) + len(after)
+
+
 @pytest.mark.parametrize("board", MODEL_BOARDS)
 def test_every_family_on_every_board(board, family_images, firmwares):
     for name, (_, image) in family_images.items():

@@ -46,6 +46,7 @@ typedef struct {
     colibri_sampler sampler;
     int tracing;
     uint32_t trace_len, trace_layers, trace_dropped; /* the last token's records */
+    uint32_t trace_pos;                              /* the position of the last token of this FEED or STEP */
     uint8_t trace[TRACE_BYTES];
     int have_last;         /* tx holds the response to the request (last_seq, last_crc) */
     uint8_t last_seq;
@@ -143,11 +144,16 @@ static void do_info(link_state *l, uint8_t seq) {
     send(l, RSP_INFO, seq, 64);
 }
 
-/* The runtime's trace hook: append one layer's record (a new token starts at layer 0). */
+/* The trace buffer keeps the layer records of the token at position pos, the last one a FEED or STEP feeds. */
+static void start_trace(link_state *l, uint32_t pos) {
+    l->trace_pos = pos;
+    l->trace_len = l->trace_layers = l->trace_dropped = 0;
+}
+
+/* The runtime's trace hook: append one layer's record of the traced token. */
 static void trace_layer(void *user, const colibri_layer_trace *t) {
     link_state *l = user;
-    if (!l->tracing) return;
-    if (t->layer == 0) l->trace_len = l->trace_layers = l->trace_dropped = 0;
+    if (!l->tracing || t->pos != l->trace_pos) return; /* a prefill batch calls it for all its tokens, layer by layer */
     uint32_t need = TRACE_LAYER_BYTES + TRACE_EXPERT_BYTES * t->n_routed;
     if (need > TRACE_BYTES - l->trace_len) { l->trace_dropped++; return; }
     uint8_t *p = l->trace + l->trace_len;
@@ -196,6 +202,9 @@ static void do_open(link_state *l, uint8_t seq, uint32_t len) {
     if (len) {
         opts.expert_cache = get32(l->rx);
         opts.expert_policy = get32(l->rx + 4);
+    }
+    if (!opts.expert_cache) opts.prefill_batch = io->prefill_batch;
+    if (opts.expert_cache) {
         opts.fetch = io->fetch ? fetch_board : fetch_region;
         if (io->fetch_start && io->fetch_wait) {
             opts.fetch_start = fetch_start_board;
@@ -210,6 +219,10 @@ static void do_open(link_state *l, uint8_t seq, uint32_t len) {
         return;
     }
     colibri_status st = colibri_open(l->image, l->image_size, io->arena, io->arena_size, &opts, &l->ctx, &needed);
+    if (st == COLIBRI_E_ARENA_TOO_SMALL && opts.prefill_batch > 1) { /* the batch is a speed-up: go without it */
+        opts.prefill_batch = 0;
+        st = colibri_open(l->image, l->image_size, io->arena, io->arena_size, &opts, &l->ctx, &needed);
+    }
     if (st) {
         send_error(l, seq, st, needed);
         return;
@@ -267,6 +280,7 @@ static void do_feed(link_state *l, uint8_t seq, uint32_t len) {
         if (get32(r + 4 + 4 * i) >= l->info.vocab_size) { send_error(l, seq, COLIBRI_E_TOKEN_RANGE, i); return; }
     for (uint32_t i = 0; i < n; i++) l->feed_tokens[i] = get32(r + 4 + 4 * i);
     uint64_t t0 = cycles_now(l->io);
+    start_trace(l, stats.tokens_fed + n - 1);
     colibri_status st = colibri_feed(l->ctx, l->feed_tokens, n); /* one call: only the last token runs the lm_head */
     if (st) {
         colibri_stats after;
@@ -284,6 +298,9 @@ static void do_feed(link_state *l, uint8_t seq, uint32_t len) {
 /* STEP: sample the next token from the current logits and feed it. */
 static void do_step(link_state *l, uint8_t seq) {
     uint32_t tok;
+    colibri_stats before;
+    colibri_get_stats(l->ctx, &before);
+    start_trace(l, before.tokens_fed);
     uint64_t t0 = cycles_now(l->io);
     colibri_status st = colibri_step(l->ctx, &l->sampler, &tok);
     if (st) { send_error(l, seq, st, 0); return; }

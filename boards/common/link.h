@@ -29,6 +29,9 @@ typedef struct {
      * and return when all have. NULL, or parallel_parts <= 1: one core, as on bare metal. */
     void (*parallel_for)(void (*fn)(void *arg, uint32_t part), void *arg, uint32_t parts);
     uint32_t parallel_parts;
+    /* Prompt tokens computed in one pass (colibri_options.prefill_batch) when OPEN asks for no expert
+     * cache; the arena must hold colibri_prefill_bytes() more. 0: one token a pass. */
+    uint32_t prefill_batch;
 } board_io;
 
 /* Serve requests; returns the exit code QUIT asked for, or 0 at end of stream. */

@@ -1,7 +1,8 @@
 /* The hosted board: a Linux process that reads the image, takes its arena with one mmap, and speaks
  * the device side of the serial protocol over stdin/stdout.
- *   firmware.elf [IMAGE] [--copy | --stream] [--threads N] [--arena-bytes N] [--upload-bytes N]
- * With --threads N the runtime computes on N threads (pool.c), lent through its parallel_for hook.
+ *   firmware.elf [IMAGE] [--copy | --stream] [--threads N] [--batch N] [--arena-bytes N] [--upload-bytes N]
+ * With --threads N the runtime computes on N threads (pool.c), lent through its parallel_for hook; it
+ * computes up to --batch prompt tokens in one pass (colibri_options.prefill_batch; default 32).
  * Without --arena-bytes the arena is the image's plan plus room for an expert cache of every
  * streamed expert (anonymous memory: pages an OPEN does not use are never touched, so never resident).
  * With --upload-bytes the link accepts an image uploaded over it, as a board without a file system does.
@@ -136,15 +137,19 @@ static uint64_t monotonic_ns(void *user) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+#define DEFAULT_BATCH 32u
+
 static int usage(const char *argv0) {
     fprintf(stderr, "usage: %s [IMAGE] [--stream] [--threads N] [--arena-bytes N] [--upload-bytes N]\n"
                     "  IMAGE            image file to run (or upload one over the link)\n"
                     "  --copy           read the image into private memory (immune to the file changing; slower)\n"
                     "  --stream         keep only the resident part in memory; OPEN must ask for an expert cache\n"
                     "  --threads N      compute on N threads (1 to %u; default 1)\n"
+                    "  --batch N        prompt tokens computed in one pass (1 to %u; default %u)\n"
                     "  --arena-bytes N  arena size (default: the image's plan plus a cache of every streamed\n"
                     "                   expert, or 64 MiB without an image)\n"
-                    "  --upload-bytes N give the link an upload region of N bytes\n", argv0, COLIBRI_MAX_PARTS);
+                    "  --upload-bytes N give the link an upload region of N bytes\n", argv0, COLIBRI_MAX_PARTS,
+            COLIBRI_MAX_BATCH, DEFAULT_BATCH);
     return 2;
 }
 
@@ -178,7 +183,7 @@ int main(int argc, char **argv) {
     const char *path = 0;
     size_t arena_size = 0, upload_size = 0;
     int arena_given = 0, stream = 0, copy = 0;
-    unsigned long threads = 1;
+    unsigned long threads = 1, batch = DEFAULT_BATCH;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--stream") == 0 && !copy) {
             stream = 1;
@@ -188,6 +193,10 @@ int main(int argc, char **argv) {
             char *end;
             threads = strtoul(argv[++i], &end, 10);
             if (*end || threads < 1 || threads > COLIBRI_MAX_PARTS) return usage(argv[0]);
+        } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
+            char *end;
+            batch = strtoul(argv[++i], &end, 10);
+            if (*end || batch < 1 || batch > COLIBRI_MAX_BATCH) return usage(argv[0]);
         } else if (strcmp(argv[i], "--arena-bytes") == 0 && i + 1 < argc) {
             arena_size = (size_t)strtoull(argv[++i], 0, 0);
             arena_given = 1;
@@ -221,9 +230,11 @@ int main(int argc, char **argv) {
          * gets a small arena and OPEN says why. */
         colibri_image_info info = { 0 };
         const int valid = colibri_image_inspect(mapped, mapped_size, &info) == COLIBRI_OK;
-        if (!arena_given)
-            arena_size = valid ? (size_t)(info.arena_bytes + colibri_expert_cache_bytes(&info, info.streamed_experts))
-                               : 4096;
+        if (!arena_given) { /* a cache and a batch are never both used: room for the larger */
+            const uint64_t cache = colibri_expert_cache_bytes(&info, info.streamed_experts),
+                           prefill = colibri_prefill_bytes(&info, (uint32_t)batch);
+            arena_size = valid ? (size_t)(info.arena_bytes + (cache > prefill ? cache : prefill)) : 4096;
+        }
         if (stream || copy) {
             io.image_size = stream && valid ? (size_t)info.resident_bytes : mapped_size;
             io.image = read_private(fd, io.image_size, path);
@@ -248,6 +259,7 @@ int main(int argc, char **argv) {
         io.upload = map_anon(upload_size, 0);
         io.upload_capacity = upload_size;
     }
+    io.prefill_batch = (uint32_t)batch;
     if (threads > 1) {
         if (pool_start((uint32_t)threads) != 0) return 2;
         io.parallel_for = pool_parallel_for;

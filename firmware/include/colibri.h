@@ -55,7 +55,8 @@ typedef enum {
     COLIBRI_E_SEQ_FULL = 18,           /* the sequence would exceed the image's max_seq */
     COLIBRI_E_NO_LOGITS = 19,          /* step/logits before any token was fed */
     COLIBRI_E_NONFINITE = 20,          /* a NaN or infinity reached the router or the logits; the tokens fed
-                                          before it stay fed, the logits are gone: colibri_reset() to go on */
+                                          before it stay fed (with a prefill batch: before its pass), the
+                                          logits are gone: colibri_reset() to go on */
     COLIBRI_E_CACHE_TOO_SMALL = 21,    /* expert cache below one layer's top-k (info.expert_cache_min slots) */
     COLIBRI_E_FETCH = 22,              /* the board's fetch hook failed; like E_NONFINITE, reset to go on */
     COLIBRI_E_EXPERT_CRC = 23,         /* an expert block does not match its CRC32 (when fetched, or at verify) */
@@ -81,6 +82,7 @@ typedef struct {
     uint64_t expert_block_bytes; /* the largest routed expert (gate, up, down, scales): one cache slot */
     uint32_t expert_cache_min;   /* the fewest cache slots colibri_open() accepts (top_k; 0 without experts) */
     uint32_t streamed_experts;   /* routed experts in the expert part (the most slots worth having) */
+    uint64_t prefill_token_bytes; /* arena bytes per token of a prefill batch (colibri_prefill_bytes) */
 } colibri_image_info;
 
 /* What one layer did for one token, passed to the trace hook. Pointers are valid only during the
@@ -100,7 +102,8 @@ typedef struct {
 typedef struct {
     /* A monotonic cycle (or tick) counter, used only for the per-phase stats and the trace. */
     uint64_t (*cycles)(void *user);
-    /* Called after every layer of every token, if set (flash.py --trace). */
+    /* Called after every layer of every token, if set (flash.py --trace). In a prefill batch the calls come
+     * layer by layer for all its tokens, and the last token carries the layer's cycles for all of them. */
     void (*trace)(void *user, const colibri_layer_trace *t);
     void *user;
     /* Expert streaming (docs/STREAMING.md). expert_cache = 0: every weight is read in place, so the
@@ -124,10 +127,16 @@ typedef struct {
      * the same bits with or without threads, for any parallel_parts. */
     void (*parallel_for)(void *user, void (*fn)(void *arg, uint32_t part), void *arg, uint32_t parts);
     uint32_t parallel_parts;   /* at most COLIBRI_MAX_PARTS */
+    /* Prefill batch: colibri_feed() computes up to this many tokens in one pass, each weight row read
+     * once for all of them (0 or 1: one token a pass). The arena needs colibri_prefill_bytes() more,
+     * after the expert cache. The same bits as one token a pass. Not with an expert cache (a fetch serves
+     * one token's experts), which feeds one token a pass whatever this says. */
+    uint32_t prefill_batch;    /* at most COLIBRI_MAX_BATCH */
 } colibri_options;
 
-/* The most parts a parallel_for call is asked to run. */
+/* The most parts a parallel_for call is asked to run, and the largest prefill batch. */
 #define COLIBRI_MAX_PARTS 64u
+#define COLIBRI_MAX_BATCH 1024u
 
 /* Counters since the last colibri_open()/colibri_reset(); cycles are 0 without a cycles hook. */
 typedef struct {
@@ -173,6 +182,9 @@ colibri_status colibri_image_inspect(const void *image, size_t size, colibri_ima
 
 /* The arena bytes an expert cache of `slots` slots adds to info.arena_bytes (0 for 0 slots). */
 uint64_t colibri_expert_cache_bytes(const colibri_image_info *info, uint32_t slots);
+
+/* The arena bytes a prefill batch of `tokens` adds (0 for 0 or 1: one token a pass needs none). */
+uint64_t colibri_prefill_bytes(const colibri_image_info *info, uint32_t tokens);
 
 /* Verify `image` and lay out the context in `arena` (aligned to COLIBRI_ARENA_ALIGN, at least
  * info.arena_bytes long, plus colibri_expert_cache_bytes() with an expert cache). The image must

@@ -59,3 +59,33 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
     *total = p.offset;
     return COLIBRI_OK;
 }
+
+uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_buffers *out) {
+    planner p = { 0, 0, base };
+    token_buffers b;
+    const uint64_t n = tokens;
+    b.n = tokens;
+    b.x = reserve(&p, n * d->dim);
+    b.xn = reserve(&p, n * d->dim);
+    b.q = reserve(&p, n * d->q_dim);
+    b.k = reserve(&p, n * d->kv_dim);
+    b.v = reserve(&p, n * d->kv_dim);
+    b.attn_out = reserve(&p, n * d->q_dim);
+    b.moe_out = reserve(&p, n * d->dim);
+    b.gate = reserve(&p, n * d->ffn_max);
+    b.up = reserve(&p, n * d->ffn_max);
+    b.ffn_out = reserve(&p, n * d->dim);
+    b.gx = reserve(&p, n * d->dim);
+    b.scalar = reserve(&p, n);
+    b.topk_index = reserve(&p, n * d->top_k);
+    b.topk_weight = reserve(&p, n * d->top_k);
+    b.group = reserve(&p, n);
+    b.xq = reserve_bytes(&p, n * d->in_blocks * QBLOCK, 1);
+    b.xq_scale = reserve(&p, n * d->in_blocks);
+    b.xq_sum = reserve(&p, n * d->in_blocks);
+    b.hq = reserve_bytes(&p, n * d->in_blocks * QBLOCK, 1);
+    b.hq_scale = reserve(&p, n * d->in_blocks);
+    b.hq_sum = reserve(&p, n * d->in_blocks);
+    if (out) *out = b;
+    return p.offset;
+}

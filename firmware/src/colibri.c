@@ -7,8 +7,15 @@ _Static_assert(sizeof(struct colibri_ctx) <= ARENA_CTX_BYTES, "context must fit 
 static colibri_status arena_need(const colibri_image_info *info, const colibri_options *opts, uint64_t *need) {
     *need = info->arena_bytes;
     if (opts && opts->parallel_parts > 1 && !opts->parallel_for) return COLIBRI_E_NULL;
-    if (opts && opts->parallel_parts > COLIBRI_MAX_PARTS) return COLIBRI_E_BAD_ARG;
-    if (!opts || !opts->expert_cache) return COLIBRI_OK;
+    if (opts && (opts->parallel_parts > COLIBRI_MAX_PARTS || opts->prefill_batch > COLIBRI_MAX_BATCH))
+        return COLIBRI_E_BAD_ARG;
+    if (!opts) return COLIBRI_OK;
+    if (!opts->expert_cache) {
+        const uint64_t batch = colibri_prefill_bytes(info, opts->prefill_batch);
+        if (batch > UINT64_MAX - *need) return COLIBRI_E_BAD_ARG;
+        *need += batch;
+        return COLIBRI_OK;
+    }
     if (!opts->fetch) return COLIBRI_E_NULL;
     if (opts->expert_cache > info->streamed_experts) return COLIBRI_E_BAD_ARG;
     const uint32_t slots = opts->expert_cache < info->expert_cache_min ? info->expert_cache_min : opts->expert_cache;
@@ -44,6 +51,8 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     tensors_resolve(table, d.n_tensors, a.tensors); /* the last read of the table */
     c->attn_scale = 1.0f / __builtin_sqrtf((float)d.head_dim);
     if (opts) c->opts = *opts;
+    const uint32_t batch = opts && !slots && opts->prefill_batch > 1 ? opts->prefill_batch : 0;
+    if (batch) batch_plan(&d, batch, (uint8_t *)arena + total, &c->batch); /* after the plan: no cache with a batch */
     if (slots) { /* the cache follows the plan: slot bookkeeping, then the slots */
         expert_cache *x = &c->cache;
         x->n_slots = slots;
@@ -55,6 +64,12 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     c->stats.arena_bytes = need;
     *ctx = c;
     return COLIBRI_OK;
+}
+
+uint64_t colibri_prefill_bytes(const colibri_image_info *info, uint32_t tokens) {
+    if (!info || tokens <= 1) return 0;
+    if (tokens > COLIBRI_MAX_BATCH) return UINT64_MAX; /* open refuses it */
+    return tokens * info->prefill_token_bytes;
 }
 
 colibri_status colibri_reset(colibri_ctx *c) {
@@ -74,7 +89,11 @@ colibri_status colibri_feed(colibri_ctx *c, const uint32_t *tokens, size_t n) {
         if (tokens[i] >= c->d.vocab) return COLIBRI_E_TOKEN_RANGE;
     uint64_t t0 = ctx_now(c);
     colibri_status st = COLIBRI_OK;
-    for (size_t i = 0; i < n && st == COLIBRI_OK; i++) st = model_forward(c, tokens[i], i + 1 == n);
+    const size_t per_pass = c->batch.n > 1 ? c->batch.n : 1;
+    for (size_t i = 0, m; i < n && st == COLIBRI_OK; i += m) {
+        m = n - i < per_pass ? n - i : per_pass;
+        st = model_forward(c, tokens + i, (uint32_t)m, i + m == n);
+    }
     c->stats.tokens_fed = c->pos;
     if (st) {
         experts_settle(c); /* a layer that failed may have left fetches in flight */

@@ -325,6 +325,7 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
     uint64_t arena;
     st = arena_plan(&dims, 0, 0, &arena);
     if (st) return st;
+    dims.prefill_token_bytes = batch_plan(&dims, 1, 0, 0);
     if (rd64(img + H_ARENA_BYTES) != arena) return COLIBRI_E_IMAGE_PLAN;
 
     if (d) *d = dims;
@@ -348,6 +349,7 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
         info->expert_block_bytes = dims.expert_block_max;
         info->streamed_experts = dims.streamed_experts;
         info->expert_cache_min = dims.top_k < dims.streamed_experts ? dims.top_k : dims.streamed_experts;
+        info->prefill_token_bytes = dims.prefill_token_bytes;
     }
     return COLIBRI_OK;
 }

@@ -57,6 +57,7 @@ typedef struct {
     uint64_t expert_block_max;      /* the largest routed expert block (gate, up, down and scales) */
     uint32_t streamed_experts;      /* routed experts past resident_bytes */
     uint64_t expert_crc_offset;     /* the expert CRC table: u32 per (layer, expert), layer-major */
+    uint64_t prefill_token_bytes;   /* batch_plan(d, 1) */
 } model_dims;
 
 /* ---- the work arena (mirrors arena_plan() in host/image.py) ---- */
@@ -93,6 +94,27 @@ typedef struct {
 /* Total arena bytes for `d` in *total; if base != NULL also point `out` into base. Returns
  * COLIBRI_E_IMAGE_DIMS if the plan overflows size_t. */
 colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out, uint64_t *total);
+
+/* The activations of the n tokens one forward pass computes together (model.c): the plan's buffers for
+ * one token, or the prefill batch region for up to colibri_options.prefill_batch. Token t's vector starts
+ * at t times the vector's length (dim, q_dim, kv_dim, ffn_max, top_k, in_blocks blocks). */
+typedef struct {
+    uint32_t n;
+    float *x, *xn, *q, *k, *v, *attn_out, *moe_out, *gate, *up, *ffn_out;
+    float *gx;                 /* the xn rows of one expert's tokens, gathered */
+    float *scalar;             /* one float per token (the shared expert's gate) */
+    uint32_t *topk_index;
+    float *topk_weight;
+    uint32_t *group;           /* the tokens gx holds, in order */
+    int8_t *xq, *hq;           /* xn quantized to Q8_0 (once per norm), and any other input */
+    float *xq_scale, *hq_scale;
+    int32_t *xq_sum, *hq_sum;
+} token_buffers;
+
+/* The prefill batch region's layout for `tokens` tokens: its bytes, and if base != NULL `out` pointed
+ * into it. Every buffer starts 64-byte aligned, so batch_plan(d, n) <= n * batch_plan(d, 1), the bytes
+ * colibri_prefill_bytes() asks for. */
+uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_buffers *out);
 
 /* ---- the expert cache (experts.c; docs/STREAMING.md) ---- */
 enum slot_state { SLOT_EMPTY = 0, SLOT_READY, SLOT_PENDING };
@@ -156,6 +178,8 @@ struct colibri_ctx {
     int have_logits;
     int xn_quantized;    /* a.xq holds a.xn quantized (reset whenever xn is written) */
     expert_cache cache;  /* n_slots 0: experts read in place */
+    token_buffers batch; /* the prefill batch region (n 0: none) */
+    uint32_t one_group[1];
     colibri_stats stats;
 };
 
@@ -270,11 +294,12 @@ colibri_status experts_settle(colibri_ctx *c);
 static inline uint64_t ctx_now(const colibri_ctx *c) { return c->opts.cycles ? c->opts.cycles(c->opts.user) : 0; }
 
 /* ---- model.c ---- */
-/* One token through the model; with want_logits also the final norm and lm_head (a prefill needs
- * them only after its last token). COLIBRI_E_NONFINITE (and the position not advanced) when a NaN or
- * infinity reaches a place where comparisons would silently absorb it: the router's probabilities (a
- * NaN never wins a '>' and expert 0 would be taken) or the logits (the sampler's argmax). */
-colibri_status model_forward(colibri_ctx *c, uint32_t token, int want_logits);
+/* n tokens through the model at the next positions, together (n > 1 needs the prefill batch region);
+ * with want_logits also the final norm and lm_head of the last one (a prefill needs no other).
+ * COLIBRI_E_NONFINITE (and the position not advanced: none of the n is fed) when a NaN or infinity
+ * reaches a place where comparisons would silently absorb it: the router's probabilities (a NaN never
+ * wins a '>' and expert 0 would be taken) or the logits (the sampler's argmax). */
+colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n, int want_logits);
 
 /* ---- sampler.c ---- */
 uint32_t sample_token(colibri_sampler *s, const float *logits, float *probs, uint32_t *index, uint32_t n);

@@ -1,5 +1,4 @@
-/* The forward pass for one token, following transformers' implementations of the supported
- * families (docs/MODELS.md):
+/* The forward pass, following transformers' implementations of the supported families (docs/MODELS.md):
  *   x = embed[token]
  *   per layer:  h = rmsnorm(x)
  *               q, k, v = Wq h (+bq), Wk h (+bk), Wv h (+bv); optional q/k RMSNorm (per head or
@@ -11,7 +10,10 @@
  *   logits = lm_head(rmsnorm(x))
  * Weights are read in place from the image, in their stored dtype (f32, f16, bf16, Q8_0, Q4_0), except
  * routed experts with an expert cache, which come through it (experts.c); the KV cache (f32 or f16)
- * and activations live in the arena. */
+ * and activations live in the arena.
+ * One pass computes one token (decode), or a run of prompt tokens together (a prefill batch,
+ * colibri_options.prefill_batch): every matrix row is then read once for all of them, and each token's
+ * value of a row is the same dot product, in the same order, as if it came alone, so the bits are too. */
 #include "internal.h"
 
 /* An f32 vector (norm weights, biases, RoPE rows): the verifier allows only f32 there. */
@@ -39,62 +41,58 @@ static weight matrix_in(const colibri_ctx *c, uint32_t index, const uint8_t *blo
 static weight matrix(const colibri_ctx *c, uint32_t index) { return matrix_in(c, index, c->image, 0); }
 
 
-/* x quantized to Q8_0 in the arena: the normed x once per norm (many matvecs read it), any other
- * input at every call. */
-static q8_vector quantized_input(colibri_ctx *c, const float *x, uint32_t n) {
-    arena_buffers *a = &c->a;
-    if (x == a->xn) {
-        if (!c->xn_quantized) quantize_q8_0(a->xq, a->xq_scale, a->xq_sum, x, n);
-        c->xn_quantized = 1;
-        return (q8_vector){ a->xq, a->xq_scale, a->xq_sum };
+/* ---- the tokens of one pass ---- */
+
+/* The pass's tokens' activations: the arena plan's single-token buffers, or the prefill batch region. */
+static token_buffers tokens_in(colibri_ctx *c, uint32_t n) {
+    if (n > 1) {
+        token_buffers tb = c->batch;
+        tb.n = n;
+        return tb;
     }
-    quantize_q8_0(a->hq, a->hq_scale, a->hq_sum, x, n);
-    return (q8_vector){ a->hq, a->hq_scale, a->hq_sum };
+    arena_buffers *a = &c->a;
+    return (token_buffers){ .n = 1, .x = a->x, .xn = a->xn, .q = a->q, .k = a->k_new, .v = a->v_new,
+                            .attn_out = a->attn_out, .moe_out = a->moe_out, .gate = a->ffn_gate, .up = a->ffn_up,
+                            .ffn_out = a->ffn_out, .gx = a->ffn_out, .scalar = a->router, .topk_index = a->topk_index,
+                            .topk_weight = a->topk_weight, .group = c->one_group, .xq = a->xq, .xq_scale = a->xq_scale,
+                            .xq_sum = a->xq_sum, .hq = a->hq, .hq_scale = a->hq_scale, .hq_sum = a->hq_sum };
 }
 
-/* x normed into xn, the input of the matvecs that follow */
-static void norm_input(colibri_ctx *c, const float *weights) {
-    rmsnorm(c->a.xn, c->a.x, weights, c->d.dim, c->d.eps);
-    c->xn_quantized = 0;
-}
+/* ---- matrices times the tokens' vectors ---- */
 
-/* Up to three matrices that read one input, each part computing a fixed share of every matrix's rows
- * (the same code for a row whichever thread runs it: results do not depend on the split), and what
- * happens to each row once its part has it:
- *   ROWS_SWIGLU     out[0][i] = silu(out[0][i]) * out[1][i]    (gate and up of one FFN)
- *   ROWS_ACCUMULATE acc[i] += scale * out[0][i]                 (an FFN's down into moe_out) */
-enum rows_epilogue { ROWS_ONLY, ROWS_SWIGLU, ROWS_ACCUMULATE };
+/* Up to three matrices that read the same tokens' vectors, each part computing a fixed share of every
+ * matrix's rows for every token (the same code for a row whichever thread runs it: results do not depend
+ * on the split). ROWS_SWIGLU: once a part has its rows of gate (out[0]) and up (out[1]), out[0][i] =
+ * silu(out[0][i]) * out[1][i] for them. */
+enum rows_epilogue { ROWS_ONLY, ROWS_SWIGLU };
 typedef struct {
     const kernel_set *k;
-    const float *x;      /* the input, f32 */
-    q8_vector xq;        /* and quantized, when a matrix is Q8_0/Q4_0 */
-    uint32_t n, parts;
-    float *out[3];
+    uint32_t n_tok, n, parts;
+    const float *x;          /* token t's input vector: x + t * x_stride */
+    uint32_t x_stride;
+    q8_vector xq;            /* and quantized (Q8_0/Q4_0 matrices): xq_blocks blocks per token */
+    uint32_t xq_blocks;
+    float *out[3];           /* token t's result of matrix j: out[j] + t * out_stride[j] */
+    uint32_t out_stride[3];
     weight w[3];
     enum rows_epilogue epilogue;
-    float scale;
-    float *acc;
 } rows_work;
 
-/* Below this many weights a matvec is not worth waking other threads for (a router, a gate vector). */
+/* Below this many weights a matrix is not worth waking other threads for (a router, a gate vector). */
 #define PARALLEL_MIN_WEIGHTS 16384u
 
-/* out[r] = w[r] . x for r in [r0, r1), with kernel set k */
-static void matvec_rows(const kernel_set *k, float *out, const weight *w, const float *x, const q8_vector *xq,
-                        uint32_t r0, uint32_t r1) {
-    const uint32_t cols = w->cols;
-    if (w->dtype == DTYPE_Q8_0 || w->dtype == DTYPE_Q4_0) {
-        const size_t row_bytes = (size_t)w->blocks * (w->dtype == DTYPE_Q8_0 ? QBLOCK : QBLOCK / 2);
-        for (uint32_t r = r0; r < r1; r++) {
-            const void *row = (const uint8_t *)w->data + r * row_bytes;
-            const uint16_t *s = w->scales + (size_t)r * w->blocks;
-            out[r] = w->dtype == DTYPE_Q8_0 ? k->dot_q8_0(row, s, xq, w->blocks) : k->dot_q4_0(row, s, xq, w->blocks);
-        }
-    } else if (w->dtype == DTYPE_F32) {
-        for (uint32_t r = r0; r < r1; r++) out[r] = k->dot_f32((const float *)w->data + (size_t)r * cols, x, cols);
-    } else {
-        float (*dot16)(const uint16_t *, const float *, uint32_t) = w->dtype == DTYPE_F16 ? k->dot_f16 : k->dot_bf16;
-        for (uint32_t r = r0; r < r1; r++) out[r] = dot16((const uint16_t *)w->data + (size_t)r * cols, x, cols);
+/* Row r of w times one vector (x, or xq for the quantized dtypes). */
+static float dot_row(const kernel_set *k, const weight *w, uint32_t r, const float *x, const q8_vector *xq) {
+    switch (w->dtype) {
+    case DTYPE_Q8_0:
+        return k->dot_q8_0((const int8_t *)w->data + (size_t)r * w->blocks * QBLOCK, w->scales + (size_t)r * w->blocks,
+                           xq, w->blocks);
+    case DTYPE_Q4_0:
+        return k->dot_q4_0((const uint8_t *)w->data + (size_t)r * w->blocks * (QBLOCK / 2),
+                           w->scales + (size_t)r * w->blocks, xq, w->blocks);
+    case DTYPE_F32: return k->dot_f32((const float *)w->data + (size_t)r * w->cols, x, w->cols);
+    case DTYPE_F16: return k->dot_f16((const uint16_t *)w->data + (size_t)r * w->cols, x, w->cols);
+    default: return k->dot_bf16((const uint16_t *)w->data + (size_t)r * w->cols, x, w->cols);
     }
 }
 
@@ -105,20 +103,30 @@ static uint32_t part_start(uint32_t rows, uint32_t part, uint32_t parts) {
 
 static void rows_part(void *arg, uint32_t part) {
     const rows_work *m = arg;
-    for (uint32_t j = 0; j < m->n; j++)
-        matvec_rows(m->k, m->out[j], &m->w[j], m->x, &m->xq, part_start(m->w[j].rows, part, m->parts),
-                    part_start(m->w[j].rows, part + 1, m->parts));
-    const uint32_t r0 = part_start(m->w[0].rows, part, m->parts), r1 = part_start(m->w[0].rows, part + 1, m->parts);
-    float *a = m->out[0];
+    for (uint32_t j = 0; j < m->n; j++) {
+        const weight *w = &m->w[j];
+        const uint32_t r1 = part_start(w->rows, part + 1, m->parts);
+        for (uint32_t r = part_start(w->rows, part, m->parts); r < r1; r++) {
+            for (uint32_t t = 0; t < m->n_tok; t++) { /* the row is read from memory once, for every token */
+                const q8_vector xq = { m->xq.q + (size_t)t * m->xq_blocks * QBLOCK, m->xq.scale + (size_t)t * m->xq_blocks,
+                                       m->xq.sum + (size_t)t * m->xq_blocks };
+                m->out[j][(size_t)t * m->out_stride[j] + r] = dot_row(m->k, w, r, m->x + (size_t)t * m->x_stride, &xq);
+            }
+        }
+    }
     if (m->epilogue == ROWS_SWIGLU) {
-        for (uint32_t i = r0; i < r1; i++) a[i] = a[i] / (1.0f + colibri_expf(-a[i])) * m->out[1][i];
-    } else if (m->epilogue == ROWS_ACCUMULATE) {
-        for (uint32_t i = r0; i < r1; i++) m->acc[i] += m->scale * a[i];
+        const uint32_t r0 = part_start(m->w[0].rows, part, m->parts), r1 = part_start(m->w[0].rows, part + 1, m->parts);
+        for (uint32_t t = 0; t < m->n_tok; t++) {
+            float *g = m->out[0] + (size_t)t * m->out_stride[0];
+            const float *u = m->out[1] + (size_t)t * m->out_stride[1];
+            for (uint32_t i = r0; i < r1; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
+        }
     }
 }
 
-/* Run m: x quantized first if a matrix wants it, then every part, on the board's threads if it lends some. */
-static void run_rows(colibri_ctx *c, rows_work *m) {
+/* Run m: the inputs quantized first if a matrix wants it (the normed xn once per norm, since many
+ * matrices read it), then every part, on the board's threads if it lends some. */
+static void run_rows(colibri_ctx *c, const token_buffers *tb, rows_work *m) {
     uint64_t weights = 0;
     int quantized = 0;
     for (uint32_t j = 0; j < m->n; j++) {
@@ -126,23 +134,46 @@ static void run_rows(colibri_ctx *c, rows_work *m) {
         quantized |= m->w[j].dtype == DTYPE_Q8_0 || m->w[j].dtype == DTYPE_Q4_0;
     }
     m->k = c->kernels;
-    if (quantized) m->xq = quantized_input(c, m->x, m->w[0].cols);
+    if (quantized) {
+        const int is_xn = m->x == tb->xn && m->n_tok == tb->n; /* all the tokens' xn: quantized once per norm */
+        const uint32_t blocks = c->d.in_blocks;
+        int8_t *q = is_xn ? tb->xq : tb->hq;
+        float *scale = is_xn ? tb->xq_scale : tb->hq_scale;
+        int32_t *sum = is_xn ? tb->xq_sum : tb->hq_sum;
+        if (!is_xn || !c->xn_quantized)
+            for (uint32_t t = 0; t < m->n_tok; t++)
+                quantize_q8_0(q + (size_t)t * blocks * QBLOCK, scale + (size_t)t * blocks, sum + (size_t)t * blocks,
+                              m->x + (size_t)t * m->x_stride, m->w[0].cols);
+        c->xn_quantized |= is_xn;
+        m->xq = (q8_vector){ q, scale, sum };
+        m->xq_blocks = blocks;
+    }
     m->parts = c->opts.parallel_parts > 1 && weights >= PARALLEL_MIN_WEIGHTS ? c->opts.parallel_parts : 1;
     if (m->parts == 1) rows_part(m, 0);
     else c->opts.parallel_for(c->opts.user, rows_part, m, m->parts);
 }
 
-/* out[rows] = w x[cols] */
-static void matvec(colibri_ctx *c, float *out, const weight *w, const float *x) {
-    rows_work m = { .x = x, .n = 1, .out = { out }, .w = { *w } };
-    run_rows(c, &m);
+/* out = w x for n_tok vectors x (strides: w's columns in, its rows out) */
+static void matmul(colibri_ctx *c, const token_buffers *tb, float *out, const weight *w, const float *x,
+                   uint32_t n_tok) {
+    rows_work m = { .n_tok = n_tok, .n = 1, .x = x, .x_stride = w->cols, .out = { out }, .out_stride = { w->rows },
+                    .w = { *w } };
+    run_rows(c, tb, &m);
 }
 
-/* out += b, when the image has that bias */
-static void add_bias(const colibri_ctx *c, float *out, uint32_t n, uint32_t layer, uint32_t b_role) {
+/* out += b for each of n vectors of len, when the image has that bias */
+static void add_bias(const colibri_ctx *c, float *out, uint32_t len, uint32_t n, uint32_t layer, uint32_t b_role) {
     if (!present(c, layer_index(c, layer, b_role))) return;
     const float *b = layer_w(c, layer, b_role);
-    for (uint32_t i = 0; i < n; i++) out[i] += b[i];
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t i = 0; i < len; i++) out[(size_t)t * len + i] += b[i];
+}
+
+/* Each token's x normed into its xn, the input of the matrices that follow. */
+static void norm_inputs(colibri_ctx *c, const token_buffers *tb, const float *weights) {
+    for (uint32_t t = 0; t < tb->n; t++)
+        rmsnorm(tb->xn + (size_t)t * c->d.dim, tb->x + (size_t)t * c->d.dim, weights, c->d.dim, c->d.eps);
+    c->xn_quantized = 0;
 }
 
 /* The KV cache holds f32 or f16 (rounded to nearest even) per the image's kv_dtype. */
@@ -181,51 +212,62 @@ static void clip(float *v, uint32_t n, float limit) {
     for (uint32_t i = 0; i < n; i++) v[i] = v[i] > limit ? limit : (v[i] < -limit ? -limit : v[i]);
 }
 
-static void attention(colibri_ctx *c, uint32_t layer) {
+/* Token t's attention at position pos: q/k norms, clipping, RoPE, its k and v into the cache, then
+ * softmax(q K^T / sqrt(d)) V over positions 0..pos into out. */
+static void attend(colibri_ctx *c, uint32_t layer, uint32_t pos, float *q_all, float *k_cur, float *v_cur, float *out_all) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
-    const uint32_t pos = c->pos, hd = d->head_dim, group = d->n_heads / d->n_kv_heads;
+    const uint32_t hd = d->head_dim, group = d->n_heads / d->n_kv_heads;
     const size_t layer_base = (size_t)layer * d->max_seq * d->kv_dim;
-    float *k_cur = a->k_new, *v_cur = a->v_new; /* this position's k and v in f32, stored once final */
-
-    norm_input(c, layer_w(c, layer, ROLE_ATTN_NORM));
-    rows_work qkv = { .x = a->xn, .n = 3, .out = { a->q, k_cur, v_cur },
-                      .w = { matrix(c, layer_index(c, layer, ROLE_WQ)), matrix(c, layer_index(c, layer, ROLE_WK)),
-                             matrix(c, layer_index(c, layer, ROLE_WV)) } };
-    run_rows(c, &qkv);
-    add_bias(c, a->q, d->q_dim, layer, ROLE_BQ);
-    add_bias(c, k_cur, d->kv_dim, layer, ROLE_BK);
-    add_bias(c, v_cur, d->kv_dim, layer, ROLE_BV);
     if (d->flags & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) {
-        qk_norm(c, a->q, d->n_heads, layer_w(c, layer, ROLE_Q_NORM));
+        qk_norm(c, q_all, d->n_heads, layer_w(c, layer, ROLE_Q_NORM));
         qk_norm(c, k_cur, d->n_kv_heads, layer_w(c, layer, ROLE_K_NORM));
     }
     if (d->clip_qkv > 0.0f) {
-        clip(a->q, d->q_dim, d->clip_qkv);
+        clip(q_all, d->q_dim, d->clip_qkv);
         clip(k_cur, d->kv_dim, d->clip_qkv);
         clip(v_cur, d->kv_dim, d->clip_qkv);
     }
     const float *cos = tensor(c, global_tensor_index(d, ROLE_ROPE_COS)) + (size_t)pos * (hd / 2);
     const float *sin = tensor(c, global_tensor_index(d, ROLE_ROPE_SIN)) + (size_t)pos * (hd / 2);
-    rope(a->q, d->n_heads, hd, cos, sin);
+    rope(q_all, d->n_heads, hd, cos, sin);
     rope(k_cur, d->n_kv_heads, hd, cos, sin);
     kv_store(c, a->k_cache, layer_base + (size_t)pos * d->kv_dim, k_cur, d->kv_dim);
     kv_store(c, a->v_cache, layer_base + (size_t)pos * d->kv_dim, v_cur, d->kv_dim);
 
     for (uint32_t h = 0; h < d->n_heads; h++) {
-        const float *q = a->q + (size_t)h * hd;
+        const float *q = q_all + (size_t)h * hd;
         const size_t kv_off = layer_base + (size_t)(h / group) * hd;
         float *att = a->att + (size_t)h * d->max_seq;
         for (uint32_t t = 0; t <= pos; t++) att[t] = kv_dot(c, a->k_cache, kv_off + (size_t)t * d->kv_dim, q, hd) * c->attn_scale;
         softmax(att, pos + 1);
-        float *out = a->attn_out + (size_t)h * hd;
+        float *out = out_all + (size_t)h * hd;
         for (uint32_t i = 0; i < hd; i++) out[i] = 0.0f;
         for (uint32_t t = 0; t <= pos; t++) kv_accumulate(c, out, att[t], a->v_cache, kv_off + (size_t)t * d->kv_dim, hd);
     }
+}
+
+/* The attention half of a layer for every token: x += Wo attention(Wq, Wk, Wv of rmsnorm(x)) (+ biases).
+ * Token t sits at position c->pos + t and sees the positions before it, its batch-mates included. */
+static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
+    const model_dims *d = &c->d;
+    const uint32_t n = tb->n;
+    norm_inputs(c, tb, layer_w(c, layer, ROLE_ATTN_NORM));
+    weight wq = matrix(c, layer_index(c, layer, ROLE_WQ)), wk = matrix(c, layer_index(c, layer, ROLE_WK)),
+           wv = matrix(c, layer_index(c, layer, ROLE_WV));
+    rows_work qkv = { .n_tok = n, .n = 3, .x = tb->xn, .x_stride = d->dim, .out = { tb->q, tb->k, tb->v },
+                      .out_stride = { d->q_dim, d->kv_dim, d->kv_dim }, .w = { wq, wk, wv } };
+    run_rows(c, tb, &qkv);
+    add_bias(c, tb->q, d->q_dim, n, layer, ROLE_BQ);
+    add_bias(c, tb->k, d->kv_dim, n, layer, ROLE_BK);
+    add_bias(c, tb->v, d->kv_dim, n, layer, ROLE_BV);
+    for (uint32_t t = 0; t < n; t++)
+        attend(c, layer, c->pos + t, tb->q + (size_t)t * d->q_dim, tb->k + (size_t)t * d->kv_dim,
+               tb->v + (size_t)t * d->kv_dim, tb->attn_out + (size_t)t * d->q_dim);
     weight wo = matrix(c, layer_index(c, layer, ROLE_WO));
-    matvec(c, a->moe_out, &wo, a->attn_out);
-    add_bias(c, a->moe_out, d->dim, layer, ROLE_BO);
-    for (uint32_t i = 0; i < d->dim; i++) a->x[i] += a->moe_out[i];
+    matmul(c, tb, tb->moe_out, &wo, tb->attn_out, n);
+    add_bias(c, tb->moe_out, d->dim, n, layer, ROLE_BO);
+    for (size_t i = 0; i < (size_t)n * d->dim; i++) tb->x[i] += tb->moe_out[i];
 }
 
 /* Whether all n values are finite (x - x is 0 for finite x, NaN for inf and NaN). */
@@ -235,10 +277,10 @@ static int all_finite(const float *v, uint32_t n) {
     return 1;
 }
 
-/* Layer's router probabilities for xn into a->router: softmax over all experts. */
-static colibri_status router_probs(colibri_ctx *c, uint32_t layer) {
+/* Layer's router probabilities for the normed vector xn into a->router: softmax over all experts. */
+static colibri_status router_probs(colibri_ctx *c, const token_buffers *tb, uint32_t layer, const float *xn) {
     weight router = matrix(c, layer_index(c, layer, ROLE_ROUTER));
-    matvec(c, c->a.router, &router, c->a.xn);
+    matmul(c, tb, c->a.router, &router, xn, 1);
     softmax(c->a.router, c->d.n_experts);
     return all_finite(c->a.router, c->d.n_experts) ? COLIBRI_OK : COLIBRI_E_NONFINITE;
 }
@@ -257,92 +299,139 @@ static uint32_t pick_expert(const colibri_ctx *c, float *p) {
     return best;
 }
 
-/* Keep the top_k experts and their weights, optionally renormalized. The router buffer is not read after this. */
-static colibri_status route_topk(colibri_ctx *c, uint32_t layer) {
+/* Each token's top_k experts and their weights (optionally renormalized), into tb's topk arrays. */
+static colibri_status route_topk(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
     const model_dims *d = &c->d;
-    const arena_buffers *a = &c->a;
-    colibri_status st = router_probs(c, layer);
-    if (st) return st;
-    float sum = 0.0f;
-    for (uint32_t k = 0; k < d->top_k; k++) {
-        a->topk_index[k] = pick_expert(c, &a->topk_weight[k]);
-        sum += a->topk_weight[k];
+    for (uint32_t t = 0; t < tb->n; t++) {
+        colibri_status st = router_probs(c, tb, layer, tb->xn + (size_t)t * d->dim);
+        if (st) return st;
+        uint32_t *index = tb->topk_index + (size_t)t * d->top_k;
+        float *gate_weight = tb->topk_weight + (size_t)t * d->top_k, sum = 0.0f;
+        for (uint32_t k = 0; k < d->top_k; k++) {
+            index[k] = pick_expert(c, &gate_weight[k]);
+            sum += gate_weight[k];
+        }
+        if (d->flags & IMG_FLAG_NORM_TOPK)
+            for (uint32_t k = 0; k < d->top_k; k++) gate_weight[k] /= sum;
     }
-    if (d->flags & IMG_FLAG_NORM_TOPK)
-        for (uint32_t k = 0; k < d->top_k; k++) a->topk_weight[k] /= sum;
     return COLIBRI_OK;
 }
 
 /* One-layer-ahead prefetch: the next layer's router applied to this layer's FFN input names the
  * experts to start fetching now. A wrong guess costs a fetch, never a result: the next layer routes
  * on its own input as always. */
-static void prefetch_next(colibri_ctx *c, uint32_t next) {
-    if (router_probs(c, next) != COLIBRI_OK) return; /* a non-finite guess: fetch nothing */
+static void prefetch_next(colibri_ctx *c, const token_buffers *tb, uint32_t next) {
+    if (router_probs(c, tb, next, tb->xn) != COLIBRI_OK) return; /* a non-finite guess: fetch nothing */
     for (uint32_t k = 0; k < c->d.top_k; k++) {
         float p;
         experts_fetch_ahead(c, next, pick_expert(c, &p));
     }
 }
 
-/* moe_out += scale * down(silu(gate xn) * up xn): one expert, the shared expert or a dense MLP.
- * `gate_index` is the table index of the gate matrix; up and down follow it. The three matrices are
- * read from `block` (see matrix_in). */
-static void swiglu_ffn(colibri_ctx *c, uint32_t gate_index, float scale, const uint8_t *block,
-                       uint64_t block_offset) {
-    const arena_buffers *a = &c->a;
-    rows_work gate_up = { .x = a->xn, .n = 2, .out = { a->ffn_gate, a->ffn_up },
+/* ffn_out = down(silu(gate x) * up x) for n vectors x (stride dim): one expert, the shared expert or a
+ * dense MLP. `gate_index` is the table index of the gate matrix; up and down follow it. The three
+ * matrices are read from `block` (see matrix_in). */
+static void swiglu_ffn(colibri_ctx *c, const token_buffers *tb, uint32_t gate_index, const uint8_t *block,
+                       uint64_t block_offset, const float *x, uint32_t n) {
+    const uint32_t dim = c->d.dim, ffn = c->d.ffn_max;
+    rows_work gate_up = { .n_tok = n, .n = 2, .x = x, .x_stride = dim, .out = { tb->gate, tb->up },
+                          .out_stride = { ffn, ffn },
                           .w = { matrix_in(c, gate_index, block, block_offset),
                                  matrix_in(c, gate_index + 1, block, block_offset) },
                           .epilogue = ROWS_SWIGLU };
-    run_rows(c, &gate_up);
-    rows_work down = { .x = a->ffn_gate, .n = 1, .out = { a->ffn_out },
-                       .w = { matrix_in(c, gate_index + 2, block, block_offset) },
-                       .epilogue = ROWS_ACCUMULATE, .scale = scale, .acc = a->moe_out };
-    run_rows(c, &down);
+    run_rows(c, tb, &gate_up);
+    rows_work down = { .n_tok = n, .n = 1, .x = tb->gate, .x_stride = ffn, .out = { tb->ffn_out }, .out_stride = { dim },
+                       .w = { matrix_in(c, gate_index + 2, block, block_offset) } };
+    run_rows(c, tb, &down);
 }
 
-/* The FFN half of a layer: routed experts (+ shared expert), or the dense MLP. Fills `t`. */
-static colibri_status ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_trace *t) {
+/* moe_out of token group[g] += s * ffn_out[g] for the n tokens just computed, s = w[group[g] * stride + at] */
+static void accumulate(const colibri_ctx *c, const token_buffers *tb, uint32_t n, const float *w, uint32_t stride,
+                       uint32_t at) {
+    const uint32_t dim = c->d.dim;
+    for (uint32_t g = 0; g < n; g++) {
+        float *acc = tb->moe_out + (size_t)tb->group[g] * dim;
+        const float *out = tb->ffn_out + (size_t)g * dim, s = w[(size_t)tb->group[g] * stride + at];
+        for (uint32_t r = 0; r < dim; r++) acc[r] += s * out[r];
+    }
+}
+
+/* The tokens whose rank-k expert is tokens[first]'s, from first on, into tb->group (none if an earlier
+ * token had that expert at rank k: it was done with that one). Returns how many; their xn rows are
+ * gathered into gx unless they are all the tokens in order. */
+static uint32_t expert_group(const colibri_ctx *c, const token_buffers *tb, uint32_t k, uint32_t first,
+                             const float **x) {
+    const uint32_t top_k = c->d.top_k, e = tb->topk_index[(size_t)first * top_k + k], dim = c->d.dim;
+    for (uint32_t t = 0; t < first; t++)
+        if (tb->topk_index[(size_t)t * top_k + k] == e) return 0;
+    uint32_t n = 0;
+    for (uint32_t t = first; t < tb->n; t++)
+        if (tb->topk_index[(size_t)t * top_k + k] == e) tb->group[n++] = t;
+    if (n == tb->n) {
+        *x = tb->xn;
+        return n;
+    }
+    for (uint32_t g = 0; g < n; g++)
+        for (uint32_t i = 0; i < dim; i++) tb->gx[(size_t)g * dim + i] = tb->xn[(size_t)tb->group[g] * dim + i];
+    *x = tb->gx;
+    return n;
+}
+
+/* The FFN half of a layer into moe_out: routed experts (+ shared expert), or the dense MLP. Each token
+ * adds its experts in rank order, as one token alone does: rank by rank, every expert of that rank
+ * reads its weights once for the tokens that chose it. Fills `t` (one token: per-expert cycles). */
+static colibri_status ffn_block(colibri_ctx *c, const token_buffers *tb, uint32_t layer, colibri_layer_trace *t) {
     const model_dims *d = &c->d;
-    const arena_buffers *a = &c->a;
+    const uint32_t n = tb->n;
     uint64_t t0 = ctx_now(c), t1 = t0;
+    for (size_t i = 0; i < (size_t)n * d->dim; i++) tb->moe_out[i] = 0.0f;
+    for (uint32_t g = 0; g < n; g++) tb->group[g] = g;
     if (present(c, layer_index(c, layer, ROLE_ROUTER))) {
-        colibri_status st = route_topk(c, layer);
+        colibri_status st = route_topk(c, tb, layer);
         if (st) return st;
         t1 = ctx_now(c);
-        uint32_t slot[IMG_MAX_TOP_K]; /* each routed expert's cache slot */
+        uint32_t slot[IMG_MAX_TOP_K]; /* one token's routed experts' cache slots (a cache means one token a pass) */
         if (c->cache.n_slots) {
             st = experts_load(c, layer, slot);
             if (st) return st;
             const uint32_t next = layer + 1;
             if ((c->opts.expert_policy & COLIBRI_PREFETCH) && next < d->n_layers &&
                 present(c, layer_index(c, next, ROLE_ROUTER)))
-                prefetch_next(c, next);
+                prefetch_next(c, tb, next);
         }
         for (uint32_t k = 0; k < d->top_k; k++) {
-            uint64_t e0 = ctx_now(c);
-            const uint32_t expert = a->topk_index[k];
-            const uint8_t *block = c->image;
-            uint64_t block_offset = 0;
-            if (c->cache.n_slots) {
-                st = expert_ready(c, slot[k], layer, expert, &block, &block_offset);
-                if (st) return st;
+            for (uint32_t first = 0; first < n; first++) {
+                const float *x;
+                const uint32_t members = expert_group(c, tb, k, first, &x);
+                if (!members) continue;
+                const uint64_t e0 = ctx_now(c);
+                const uint32_t expert = tb->topk_index[(size_t)first * d->top_k + k];
+                const uint8_t *block = c->image;
+                uint64_t block_offset = 0;
+                if (c->cache.n_slots) {
+                    st = expert_ready(c, slot[k], layer, expert, &block, &block_offset);
+                    if (st) return st;
+                }
+                swiglu_ffn(c, tb, expert_tensor_index(d, layer, expert, ROLE_EXPERT_GATE), block, block_offset, x,
+                           members);
+                accumulate(c, tb, members, tb->topk_weight, d->top_k, k);
+                if (n == 1) c->a.topk_cycles[k] = ctx_now(c) - e0;
+                c->stats.expert_calls += members;
             }
-            swiglu_ffn(c, expert_tensor_index(d, layer, expert, ROLE_EXPERT_GATE), a->topk_weight[k], block,
-                       block_offset);
-            a->topk_cycles[k] = ctx_now(c) - e0;
-            c->stats.expert_calls++;
+            for (uint32_t g = 0; g < n; g++) tb->group[g] = g;
         }
         if (d->flags & IMG_FLAG_SHARED_EXPERT) {
             weight gate = matrix(c, layer_index(c, layer, ROLE_SHARED_EXPERT_GATE));
-            float g;
-            matvec(c, &g, &gate, a->xn);
-            swiglu_ffn(c, layer_index(c, layer, ROLE_SHARED_GATE), 1.0f / (1.0f + colibri_expf(-g)),
-                       c->image, 0);
+            matmul(c, tb, tb->scalar, &gate, tb->xn, n);
+            for (uint32_t g = 0; g < n; g++) tb->scalar[g] = 1.0f / (1.0f + colibri_expf(-tb->scalar[g]));
+            swiglu_ffn(c, tb, layer_index(c, layer, ROLE_SHARED_GATE), c->image, 0, tb->xn, n);
+            accumulate(c, tb, n, tb->scalar, 1, 0);
         }
         t->n_routed = d->top_k;
     } else {
-        swiglu_ffn(c, layer_index(c, layer, ROLE_DENSE_GATE), 1.0f, c->image, 0);
+        static const float one = 1.0f;
+        swiglu_ffn(c, tb, layer_index(c, layer, ROLE_DENSE_GATE), c->image, 0, tb->xn, n);
+        accumulate(c, tb, n, &one, 0, 0);
         t->n_routed = 0;
     }
     uint64_t t2 = ctx_now(c);
@@ -353,35 +442,52 @@ static colibri_status ffn_block(colibri_ctx *c, uint32_t layer, colibri_layer_tr
     return COLIBRI_OK;
 }
 
-colibri_status model_forward(colibri_ctx *c, uint32_t token, int want_logits) {
+/* The trace hook for every token of the pass after `layer`. A batch's layer cycles are its tokens'
+ * together: the last token carries them, the others 0 (and no per-expert cycles). */
+static void trace_layer(colibri_ctx *c, const token_buffers *tb, const colibri_layer_trace *layer) {
+    if (!c->opts.trace) return;
+    const uint32_t n = tb->n;
+    if (n > 1)
+        for (uint32_t k = 0; k < c->d.top_k; k++) c->a.topk_cycles[k] = 0; /* no per-expert cycles in a batch */
+    for (uint32_t i = 0; i < n; i++) {
+        colibri_layer_trace t = *layer;
+        t.pos = c->pos + i;
+        t.experts = tb->topk_index + (size_t)i * c->d.top_k;
+        t.weights = tb->topk_weight + (size_t)i * c->d.top_k;
+        if (i + 1 < n) t.cycles_attention = t.cycles_router = t.cycles_ffn = 0;
+        c->opts.trace(c->opts.user, &t);
+    }
+}
+
+colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n, int want_logits) {
     const model_dims *d = &c->d;
-    const arena_buffers *a = &c->a;
+    const token_buffers tb = tokens_in(c, n);
     weight embd = matrix(c, global_tensor_index(d, ROLE_TOKEN_EMBD));
-    weight_row(a->x, &embd, token);
+    for (uint32_t t = 0; t < n; t++) weight_row(tb.x + (size_t)t * d->dim, &embd, tokens[t]);
 
     for (uint32_t layer = 0; layer < d->n_layers; layer++) {
-        colibri_layer_trace t = { .pos = c->pos, .layer = layer, .experts = a->topk_index,
-                                  .weights = a->topk_weight, .cycles_expert = a->topk_cycles };
+        colibri_layer_trace t = { .layer = layer, .cycles_expert = c->a.topk_cycles };
         uint64_t t0 = ctx_now(c);
-        attention(c, layer);
-        norm_input(c, layer_w(c, layer, ROLE_FFN_NORM));
+        attention(c, &tb, layer);
+        norm_inputs(c, &tb, layer_w(c, layer, ROLE_FFN_NORM));
         t.cycles_attention = ctx_now(c) - t0;
         c->stats.cycles_attention += t.cycles_attention;
-        for (uint32_t i = 0; i < d->dim; i++) a->moe_out[i] = 0.0f;
-        colibri_status st = ffn_block(c, layer, &t);
+        colibri_status st = ffn_block(c, &tb, layer, &t);
         if (st) return st;
-        for (uint32_t i = 0; i < d->dim; i++) a->x[i] += a->moe_out[i];
-        if (c->opts.trace) c->opts.trace(c->opts.user, &t);
+        for (size_t i = 0; i < (size_t)n * d->dim; i++) tb.x[i] += tb.moe_out[i];
+        trace_layer(c, &tb, &t);
     }
-    if (want_logits) {
+    if (want_logits) { /* the last token's only: a prefill wants no other */
         uint64_t t4 = ctx_now(c);
-        norm_input(c, tensor(c, global_tensor_index(d, ROLE_OUTPUT_NORM)));
+        float *xn = tb.xn + (size_t)(n - 1) * d->dim;
+        rmsnorm(xn, tb.x + (size_t)(n - 1) * d->dim, tensor(c, global_tensor_index(d, ROLE_OUTPUT_NORM)), d->dim, d->eps);
+        c->xn_quantized = 0;
         weight lm_head = matrix(c, global_tensor_index(d, ROLE_LM_HEAD));
-        matvec(c, a->logits, &lm_head, a->xn);
+        matmul(c, &tb, c->a.logits, &lm_head, xn, 1);
         c->stats.cycles_lm_head += ctx_now(c) - t4;
-        if (!all_finite(a->logits, d->vocab)) return COLIBRI_E_NONFINITE;
+        if (!all_finite(c->a.logits, d->vocab)) return COLIBRI_E_NONFINITE;
     }
-    c->pos++;
+    c->pos += n;
     c->have_logits = want_logits;
     return COLIBRI_OK;
 }
