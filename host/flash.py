@@ -91,6 +91,8 @@ class RunResult:
     traces: list | None = None  # per fed token: list[LayerTrace]
     expert_cache: int = 0  # cache slots (0: experts read in place)
     timing: dict | None = None  # prompt and decode tokens and seconds (device clock), open seconds (host clock)
+    prefill_batch: int = 0  # prompt tokens the device computed in one pass (0: one a pass)
+    threads: int = 1  # threads the device computed on
 
 
 def verify(image_bytes: bytes, prompt: list[int], result: RunResult, greedy: bool,
@@ -155,7 +157,8 @@ def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sa
     client.quit()
     return RunResult([e.token for e in gen.events], stats, gen.logits, info.board, upload_crc, traces=traces,
                      kernels=opened.kernels, expert_cache=opened.expert_cache,
-                     timing=timing(len(prompt), gen, info.cycle_hz, open_s))
+                     timing=timing(len(prompt), gen, info.cycle_hz, open_s), prefill_batch=opened.prefill_batch,
+                     threads=max(1, opened.parallel_parts))
 
 
 def timing(n_prompt: int, gen: Generation, cycle_hz: int, open_s: float) -> dict:
@@ -514,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         if not quiet:
             print_trace(traced)
     report: dict = {"board": result.board, "kernels": result.kernels, "prompt_tokens": prompt, "tokens": result.tokens,
-                    "stats": result.stats, "upload_crc32": result.upload_crc32, "timing": result.timing}
+                    "stats": result.stats, "upload_crc32": result.upload_crc32, "timing": result.timing,
+                    "threads": result.threads, "prefill_batch": result.prefill_batch}
     if text is not None:
         report["text"] = text.decode(result.tokens)
     status = 0

@@ -127,6 +127,8 @@ class OpenInfo:
     expert_block_bytes: int = 0   # one cache slot
     streamed_experts: int = 0     # routed experts in the expert part
     expert_cache_min: int = 0     # the smallest cache the device accepts
+    prefill_batch: int = 0        # prompt tokens computed in one pass (0: one a pass)
+    parallel_parts: int = 0       # threads lent to the runtime (0: one)
 
 
 STATS_FIELDS = ("tokens_fed", "arena_bytes", "cycles_total", "cycles_attention", "cycles_router",
@@ -285,12 +287,13 @@ class Client:
         hook (docs/STREAMING.md), and with `prefetch` the next layer's experts are guessed and fetched early."""
         request = struct.pack("<II", expert_cache, EXPERT_PREFETCH if prefetch else 0) if expert_cache else b""
         p = self.call(REQ_OPEN, request, RSP_OPENED)
-        if len(p) < 64:
-            raise LinkError(f"OPENED answer of {len(p)} bytes, expected 64")
+        if len(p) < 72:
+            raise LinkError(f"OPENED answer of {len(p)} bytes, expected 72")
         kernels = p[32:40].rstrip(b"\0").decode("ascii", "replace")
         image_bytes, arena, crc, vocab, max_seq, slots = struct.unpack_from("<QQIIII", p)
-        resident, block, streamed, cache_min = struct.unpack_from("<QQII", p, 40)
-        return OpenInfo(image_bytes, arena, crc, vocab, max_seq, slots, kernels, resident, block, streamed, cache_min)
+        resident, block, streamed, cache_min, batch, parts = struct.unpack_from("<QQIIII", p, 40)
+        return OpenInfo(image_bytes, arena, crc, vocab, max_seq, slots, kernels, resident, block, streamed, cache_min,
+                        batch, parts)
 
     def start(self, sampling: Sampling, trace: bool = False) -> None:
         self.call(REQ_START, START.pack(sampling.temperature, sampling.top_k, sampling.top_p,

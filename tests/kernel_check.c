@@ -12,12 +12,13 @@
 #define MAX_BLOCKS (MAX_N / QBLOCK + 1u)
 #define CASES 400u
 
-static float w32[MAX_N], x32[MAX_N];
-static uint16_t w16[MAX_N], scales[MAX_BLOCKS];
-static int8_t w8[MAX_BLOCKS * QBLOCK], xq[MAX_BLOCKS * QBLOCK];
-static uint8_t w4[MAX_BLOCKS * QBLOCK / 2];
-static float xq_scale[MAX_BLOCKS];
-static int32_t xq_sum[MAX_BLOCKS];
+/* Two rows of weights (a tile reads rows w and w + n) and two vectors; the dots use the first of each. */
+static float w32[2 * MAX_N], x32[2 * MAX_N];
+static uint16_t w16[2 * MAX_N], scales[2 * MAX_BLOCKS];
+static int8_t w8[2 * MAX_BLOCKS * QBLOCK], xq[2 * MAX_BLOCKS * QBLOCK];
+static uint8_t w4[2 * MAX_BLOCKS * QBLOCK / 2];
+static float xq_scale[2 * MAX_BLOCKS];
+static int32_t xq_sum[2 * MAX_BLOCKS];
 
 static uint64_t rng = 0x9E3779B97F4A7C15u;
 static uint32_t next(void) { /* xorshift64* */
@@ -59,7 +60,26 @@ static void check(const char *kernel, uint32_t n, float got, float want) {
     }
 }
 
+/* A tile's four results against four reference dots (rows w, w + n; vectors x, x + n). */
+static uint32_t tiles;
+static void check_tile(const char *kernel, uint32_t n, const float got[4], const float want[4]) {
+    for (int i = 0; i < 4; i++) check(kernel, n, got[i], want[i]);
+    tiles++;
+}
+static const float *ref_tile_float(float (*dot)(const float *, const float *, uint32_t), const float *w, const float *x,
+                                   uint32_t n, float want[4]) {
+    for (int i = 0; i < 4; i++) want[i] = dot(w + (i / 2) * n, x + (i % 2) * n, n);
+    return want;
+}
+static const float *ref_tile_half(float (*dot)(const uint16_t *, const float *, uint32_t), const uint16_t *w,
+                                  const float *x, uint32_t n, float want[4]) {
+    for (int i = 0; i < 4; i++) want[i] = dot(w + (i / 2) * n, x + (i % 2) * n, n);
+    return want;
+}
+
 static void fill(uint32_t n, uint32_t blocks) {
+    n *= 2; /* two rows, two vectors */
+    blocks *= 2;
     for (uint32_t i = 0; i < n; i++) {
         w32[i] = uniform();
         x32[i] = uniform() * 4.0f;
@@ -121,16 +141,49 @@ int link_serve(const board_io *io) {
         fill(n, blocks);
         check("dot_f32", n, fast->dot_f32(w32, x32, n), ref->dot_f32(w32, x32, n));
         check("dot_f16", n, fast->dot_f16(w16, x32, n), ref->dot_f16(w16, x32, n));
-        for (uint32_t i = 0; i < n; i++) w16[i] &= 0xC7FFu; /* bf16 magnitudes below 2^8: finite products */
-        check("dot_bf16", n, fast->dot_bf16(w16, x32, n), ref->dot_bf16(w16, x32, n));
-        const q8_vector xv = { xq, xq_scale, xq_sum };
+        const q8_vector xv = { xq, xq_scale, xq_sum },
+                        xv1 = { xq + blocks * QBLOCK, xq_scale + blocks, xq_sum + blocks };
         check("dot_q8_0", blocks, fast->dot_q8_0(w8, scales, &xv, blocks), ref->dot_q8_0(w8, scales, &xv, blocks));
         check("dot_q4_0", blocks, fast->dot_q4_0(w4, scales, &xv, blocks), ref->dot_q4_0(w4, scales, &xv, blocks));
-        cases += 5;
+        cases += 4;
+        float tile[4], want[4];
+        if (fast->tile_f32) {
+            fast->tile_f32(w32, x32, x32 + n, n, tile);
+            check_tile("tile_f32", n, tile, ref_tile_float(ref->dot_f32, w32, x32, n, want));
+        }
+        if (fast->tile_f16) {
+            fast->tile_f16(w16, x32, x32 + n, n, tile);
+            check_tile("tile_f16", n, tile, ref_tile_half(ref->dot_f16, w16, x32, n, want));
+        }
+        if (fast->tile_q8_0) {
+            fast->tile_q8_0(w8, scales, &xv, &xv1, blocks, tile);
+            want[0] = ref->dot_q8_0(w8, scales, &xv, blocks);
+            want[1] = ref->dot_q8_0(w8, scales, &xv1, blocks);
+            want[2] = ref->dot_q8_0(w8 + blocks * QBLOCK, scales + blocks, &xv, blocks);
+            want[3] = ref->dot_q8_0(w8 + blocks * QBLOCK, scales + blocks, &xv1, blocks);
+            check_tile("tile_q8_0", blocks, tile, want);
+        }
+        if (fast->tile_q4_0) {
+            fast->tile_q4_0(w4, scales, &xv, &xv1, blocks, tile);
+            want[0] = ref->dot_q4_0(w4, scales, &xv, blocks);
+            want[1] = ref->dot_q4_0(w4, scales, &xv1, blocks);
+            want[2] = ref->dot_q4_0(w4 + blocks * QBLOCK / 2, scales + blocks, &xv, blocks);
+            want[3] = ref->dot_q4_0(w4 + blocks * QBLOCK / 2, scales + blocks, &xv1, blocks);
+            check_tile("tile_q4_0", blocks, tile, want);
+        }
+        for (uint32_t i = 0; i < 2 * n; i++) w16[i] &= 0xC7FFu; /* bf16 magnitudes below 2^8: finite products */
+        check("dot_bf16", n, fast->dot_bf16(w16, x32, n), ref->dot_bf16(w16, x32, n));
+        cases++;
+        if (fast->tile_bf16) {
+            fast->tile_bf16(w16, x32, x32 + n, n, tile);
+            check_tile("tile_bf16", n, tile, ref_tile_half(ref->dot_bf16, w16, x32, n, want));
+        }
     }
     say("kernel_check: ");
     say_u32(cases);
     say(" cases, ");
+    say_u32(tiles);
+    say(" tiles, ");
     say_u32(mismatches);
     say(" mismatches\r\n");
     clock_check(io);

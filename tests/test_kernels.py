@@ -41,11 +41,16 @@ def run_kernel_check(board: str, elf: Path, extra_args: list[str] | None = None,
     return out.decode(errors="replace"), dev.guest_code
 
 
+# The kernel sets with prefill tiles (two rows by two tokens), and how many the check compares: 400 per dtype.
+TILE_DTYPES = {"avx2": 3}
+
+
 def check_report(text: str, code: int | None, kernels: str) -> None:
     assert f": kernels {kernels}" in text, text
-    m = re.search(r"kernel_check: (\d+) cases, (\d+) mismatches", text)
+    m = re.search(r"kernel_check: (\d+) cases, (\d+) tiles, (\d+) mismatches", text)
     assert m, text
-    assert int(m.group(1)) == 2000 and int(m.group(2)) == 0, text
+    assert int(m.group(1)) == 2000 and int(m.group(3)) == 0, text
+    assert int(m.group(2)) == 400 * TILE_DTYPES.get(kernels, 0), text
     assert code == 0, text
 
 

@@ -247,7 +247,9 @@ static void do_open(link_state *l, uint8_t seq, uint32_t len) {
     put64(p + 48, info.expert_block_bytes);
     put32(p + 56, info.streamed_experts);
     put32(p + 60, info.expert_cache_min);
-    send(l, RSP_OPENED, seq, 64);
+    put32(p + 64, opts.prefill_batch);
+    put32(p + 68, opts.parallel_parts);
+    send(l, RSP_OPENED, seq, 72);
 }
 
 static uint64_t cycles_now(const board_io *io) { return io->cycles ? io->cycles(0) : 0; }

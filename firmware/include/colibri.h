@@ -55,8 +55,7 @@ typedef enum {
     COLIBRI_E_SEQ_FULL = 18,           /* the sequence would exceed the image's max_seq */
     COLIBRI_E_NO_LOGITS = 19,          /* step/logits before any token was fed */
     COLIBRI_E_NONFINITE = 20,          /* a NaN or infinity reached the router or the logits; the tokens fed
-                                          before it stay fed (with a prefill batch: before its pass), the
-                                          logits are gone: colibri_reset() to go on */
+                                          before it stay fed, the logits are gone: colibri_reset() to go on */
     COLIBRI_E_CACHE_TOO_SMALL = 21,    /* expert cache below one layer's top-k (info.expert_cache_min slots) */
     COLIBRI_E_FETCH = 22,              /* the board's fetch hook failed; like E_NONFINITE, reset to go on */
     COLIBRI_E_EXPERT_CRC = 23,         /* an expert block does not match its CRC32 (when fetched, or at verify) */

@@ -93,6 +93,10 @@ colibri_status colibri_feed(colibri_ctx *c, const uint32_t *tokens, size_t n) {
     for (size_t i = 0, m; i < n && st == COLIBRI_OK; i += m) {
         m = n - i < per_pass ? n - i : per_pass;
         st = model_forward(c, tokens + i, (uint32_t)m, i + m == n);
+        /* A pass that met a NaN fed none of its tokens: again one at a time, so the ones before the
+         * culprit stay fed, as without a batch (the same bits fail at the same token). */
+        if (st == COLIBRI_E_NONFINITE && m > 1)
+            for (size_t j = 0; j < m && (st = model_forward(c, tokens + i + j, 1, i + j + 1 == n)) == COLIBRI_OK; j++) {}
     }
     c->stats.tokens_fed = c->pos;
     if (st) {

@@ -164,6 +164,17 @@ typedef struct {
     float (*dot_bf16)(const uint16_t *w, const float *x, uint32_t n);
     float (*dot_q8_0)(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks);
     float (*dot_q4_0)(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks);
+    /* Optional tiles for a prefill batch (NULL: the runtime makes four dots): two adjacent rows (the
+     * second starts where the first ends, its scales likewise) times two vectors, out = { row0.x0,
+     * row0.x1, row1.x0, row1.x1 }, each the same bits as the dot above. Each weight is loaded once for
+     * both tokens and each x once for both rows: half the loads of four dots. */
+    void (*tile_f32)(const float *w, const float *x0, const float *x1, uint32_t n, float out[4]);
+    void (*tile_f16)(const uint16_t *w, const float *x0, const float *x1, uint32_t n, float out[4]);
+    void (*tile_bf16)(const uint16_t *w, const float *x0, const float *x1, uint32_t n, float out[4]);
+    void (*tile_q8_0)(const int8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,
+                      uint32_t blocks, float out[4]);
+    void (*tile_q4_0)(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,
+                      uint32_t blocks, float out[4]);
 } kernel_set;
 
 struct colibri_ctx {
@@ -296,7 +307,8 @@ static inline uint64_t ctx_now(const colibri_ctx *c) { return c->opts.cycles ? c
 /* ---- model.c ---- */
 /* n tokens through the model at the next positions, together (n > 1 needs the prefill batch region);
  * with want_logits also the final norm and lm_head of the last one (a prefill needs no other).
- * COLIBRI_E_NONFINITE (and the position not advanced: none of the n is fed) when a NaN or infinity
+ * COLIBRI_E_NONFINITE (and the position not advanced: none of the n is fed; colibri_feed replays the
+ * pass one token at a time to feed the ones before the culprit) when a NaN or infinity
  * reaches a place where comparisons would silently absorb it: the router's probabilities (a NaN never
  * wins a '>' and expert 0 would be taken) or the logits (the sampler's argmax). */
 colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n, int want_logits);

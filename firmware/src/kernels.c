@@ -109,8 +109,8 @@ float dot_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const q8_vector
     return dot_blocks(w, w_scale, x, blocks, isum_q4_0);
 }
 
-const kernel_set kernels_scalar = { "scalar", dot_f32_scalar, dot_f16_scalar, dot_bf16_scalar, dot_q8_0_scalar,
-                                    dot_q4_0_scalar };
+const kernel_set kernels_scalar = { .name = "scalar", .dot_f32 = dot_f32_scalar, .dot_f16 = dot_f16_scalar,
+                                    .dot_bf16 = dot_bf16_scalar, .dot_q8_0 = dot_q8_0_scalar, .dot_q4_0 = dot_q4_0_scalar };
 
 /* v * inv as an int8: rounded to nearest, ties to even (adding 1.5 * 2^23 leaves no fraction bits).
  * Finite inputs give |v * inv| <= 127; a non-finite x (an inf or NaN that reached a matvec) must

@@ -52,5 +52,6 @@ static float dot_q4_0_dsp(const uint8_t *w, const uint16_t *w_scale, const q8_ve
     return dot_blocks(w, w_scale, x, blocks, isum_q4_0_dsp);
 }
 
-const kernel_set kernels_dsp = { "dsp", dot_f32_scalar, dot_f16_scalar, dot_bf16_scalar, dot_q8_0_dsp, dot_q4_0_dsp };
+const kernel_set kernels_dsp = { .name = "dsp", .dot_f32 = dot_f32_scalar, .dot_f16 = dot_f16_scalar,
+                                 .dot_bf16 = dot_bf16_scalar, .dot_q8_0 = dot_q8_0_dsp, .dot_q4_0 = dot_q4_0_dsp };
 #endif

@@ -78,5 +78,6 @@ static float dot_q4_0_mve(const uint8_t *w, const uint16_t *w_scale, const q8_ve
     return dot_blocks(w, w_scale, x, blocks, isum_q4_0_mve);
 }
 
-const kernel_set kernels_mve = { "mve", dot_f32_mve, dot_f16_mve, dot_bf16_mve, dot_q8_0_mve, dot_q4_0_mve };
+const kernel_set kernels_mve = { .name = "mve", .dot_f32 = dot_f32_mve, .dot_f16 = dot_f16_mve, .dot_bf16 = dot_bf16_mve,
+                                 .dot_q8_0 = dot_q8_0_mve, .dot_q4_0 = dot_q4_0_mve };
 #endif

@@ -117,5 +117,6 @@ static float dot_q4_0_rvv(const uint8_t *w, const uint16_t *w_scale, const q8_ve
     return dot_blocks(w, w_scale, x, blocks, isum_q4_0_rvv);
 }
 
-const kernel_set kernels_rvv = { "rvv", dot_f32_rvv, dot_f16_scalar, dot_bf16_rvv, dot_q8_0_rvv, dot_q4_0_rvv };
+const kernel_set kernels_rvv = { .name = "rvv", .dot_f32 = dot_f32_rvv, .dot_f16 = dot_f16_scalar, .dot_bf16 = dot_bf16_rvv,
+                                 .dot_q8_0 = dot_q8_0_rvv, .dot_q4_0 = dot_q4_0_rvv };
 #endif

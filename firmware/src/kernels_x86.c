@@ -50,7 +50,52 @@ AVX2 __attribute__((always_inline)) static inline float dot_lanes16(const void *
     return sum_lanes16(acc);
 }
 
+/* Two rows (w0, w1) times two vectors (x0, x1) in the same 16 lanes, so each of the four is dot_lanes16's
+ * bits: every weight and x register serves two products. out = { w0.x0, w0.x1, w1.x0, w1.x1 }. */
+AVX2 __attribute__((always_inline)) static inline void tile_lanes16(const void *w0, const void *w1, const float *x0,
+                                                                    const float *x1, uint32_t n, float out[4],
+                                                                    __m256 (*load8)(const void *, uint32_t),
+                                                                    float (*one)(const void *, uint32_t)) {
+    /* pair (w0x0, w0x1, w1x0, w1x1): lanes 0-7 in a*, 8-15 in b* (named: an array would live in memory) */
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, b00 = a00, b01 = a00, b10 = a00, b11 = a00;
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 r0 = load8(w0, i), r1 = load8(w1, i), u = _mm256_loadu_ps(x0 + i), v = _mm256_loadu_ps(x1 + i);
+        a00 = _mm256_add_ps(a00, _mm256_mul_ps(r0, u));
+        a01 = _mm256_add_ps(a01, _mm256_mul_ps(r0, v));
+        a10 = _mm256_add_ps(a10, _mm256_mul_ps(r1, u));
+        a11 = _mm256_add_ps(a11, _mm256_mul_ps(r1, v));
+        r0 = load8(w0, i + 8);
+        r1 = load8(w1, i + 8);
+        u = _mm256_loadu_ps(x0 + i + 8);
+        v = _mm256_loadu_ps(x1 + i + 8);
+        b00 = _mm256_add_ps(b00, _mm256_mul_ps(r0, u));
+        b01 = _mm256_add_ps(b01, _mm256_mul_ps(r0, v));
+        b10 = _mm256_add_ps(b10, _mm256_mul_ps(r1, u));
+        b11 = _mm256_add_ps(b11, _mm256_mul_ps(r1, v));
+    }
+    const __m256 acc[8] = { a00, b00, a01, b01, a10, b10, a11, b11 };
+    const void *w[2] = { w0, w1 };
+    const float *x[2] = { x0, x1 };
+    for (int p = 0; p < 4; p++) {
+        float lanes[16];
+        _mm256_storeu_ps(lanes, acc[2 * p]);
+        _mm256_storeu_ps(lanes + 8, acc[2 * p + 1]);
+        for (uint32_t j = i; j < n; j++) lanes[j % 16] += one(w[p / 2], j) * x[p % 2][j];
+        out[p] = sum_lanes16(lanes);
+    }
+}
+
 AVX2 static float dot_f32_avx2(const float *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load8_f32, one_f32); }
+AVX2 static void tile_f32_avx2(const float *w, const float *x0, const float *x1, uint32_t n, float out[4]) {
+    tile_lanes16(w, w + n, x0, x1, n, out, load8_f32, one_f32);
+}
+AVX2 static void tile_f16_avx2(const uint16_t *w, const float *x0, const float *x1, uint32_t n, float out[4]) {
+    tile_lanes16(w, w + n, x0, x1, n, out, load8_f16, one_f16);
+}
+AVX2 static void tile_bf16_avx2(const uint16_t *w, const float *x0, const float *x1, uint32_t n, float out[4]) {
+    tile_lanes16(w, w + n, x0, x1, n, out, load8_bf16, one_bf16);
+}
 AVX2 static float dot_f16_avx2(const uint16_t *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load8_f16, one_f16); }
 AVX2 static float dot_bf16_avx2(const uint16_t *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load8_bf16, one_bf16); }
 
@@ -150,7 +195,9 @@ AVX2 static float dot_q4_0_avx2(const uint8_t *w, const uint16_t *w_scale, const
     return sum_lanes8(acc);
 }
 
-static const kernel_set kernels_avx2 = { "avx2", dot_f32_avx2, dot_f16_avx2, dot_bf16_avx2, dot_q8_0_avx2, dot_q4_0_avx2 };
+static const kernel_set kernels_avx2 = { .name = "avx2", .dot_f32 = dot_f32_avx2, .dot_f16 = dot_f16_avx2,
+                                         .dot_bf16 = dot_bf16_avx2, .dot_q8_0 = dot_q8_0_avx2, .dot_q4_0 = dot_q4_0_avx2,
+                                         .tile_f32 = tile_f32_avx2, .tile_f16 = tile_f16_avx2, .tile_bf16 = tile_bf16_avx2 };
 
 /* AVX2 and F16C in the CPU, and YMM state enabled by the OS (or the bare-metal boot code): XCR0 bits 1, 2. */
 static int cpu_has_avx2(void) {

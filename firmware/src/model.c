@@ -101,19 +101,78 @@ static uint32_t part_start(uint32_t rows, uint32_t part, uint32_t parts) {
     return rows * part / parts;
 }
 
-static void rows_part(void *arg, uint32_t part) {
-    const rows_work *m = arg;
-    for (uint32_t j = 0; j < m->n; j++) {
-        const weight *w = &m->w[j];
-        const uint32_t r1 = part_start(w->rows, part + 1, m->parts);
-        for (uint32_t r = part_start(w->rows, part, m->parts); r < r1; r++) {
-            for (uint32_t t = 0; t < m->n_tok; t++) { /* the row is read from memory once, for every token */
-                const q8_vector xq = { m->xq.q + (size_t)t * m->xq_blocks * QBLOCK, m->xq.scale + (size_t)t * m->xq_blocks,
-                                       m->xq.sum + (size_t)t * m->xq_blocks };
-                m->out[j][(size_t)t * m->out_stride[j] + r] = dot_row(m->k, w, r, m->x + (size_t)t * m->x_stride, &xq);
-            }
+/* Rows r and r + 1 of w times two vectors with the kernel set's tile (docs/KERNELS.md); 0 if it has none
+ * for w's dtype. out = { r.x0, r.x1, (r + 1).x0, (r + 1).x1 }. */
+static int tile_rows(const kernel_set *k, const weight *w, uint32_t r, const float *x0, const float *x1,
+                     const q8_vector *q0, const q8_vector *q1, float out[4]) {
+    switch (w->dtype) {
+    case DTYPE_Q8_0:
+        if (!k->tile_q8_0) return 0;
+        k->tile_q8_0((const int8_t *)w->data + (size_t)r * w->blocks * QBLOCK, w->scales + (size_t)r * w->blocks, q0, q1,
+                     w->blocks, out);
+        return 1;
+    case DTYPE_Q4_0:
+        if (!k->tile_q4_0) return 0;
+        k->tile_q4_0((const uint8_t *)w->data + (size_t)r * w->blocks * (QBLOCK / 2), w->scales + (size_t)r * w->blocks,
+                     q0, q1, w->blocks, out);
+        return 1;
+    case DTYPE_F32:
+        if (!k->tile_f32) return 0;
+        k->tile_f32((const float *)w->data + (size_t)r * w->cols, x0, x1, w->cols, out);
+        return 1;
+    case DTYPE_F16:
+        if (!k->tile_f16) return 0;
+        k->tile_f16((const uint16_t *)w->data + (size_t)r * w->cols, x0, x1, w->cols, out);
+        return 1;
+    default:
+        if (!k->tile_bf16) return 0;
+        k->tile_bf16((const uint16_t *)w->data + (size_t)r * w->cols, x0, x1, w->cols, out);
+        return 1;
+    }
+}
+
+static const float *token_x(const rows_work *m, uint32_t t) { return m->x + (size_t)t * m->x_stride; }
+static q8_vector token_q(const rows_work *m, uint32_t t) {
+    if (!m->xq.q) return (q8_vector){ 0, 0, 0 }; /* float matrices only: nothing was quantized */
+    const size_t b = (size_t)t * m->xq_blocks;
+    return (q8_vector){ m->xq.q + b * QBLOCK, m->xq.scale + b, m->xq.sum + b };
+}
+
+/* Matrix j's rows [r0, r1) for every token: each row is read from memory once for all of them, in
+ * tiles of two rows and two tokens where the kernel set has them. */
+static void matrix_rows(const rows_work *m, uint32_t j, uint32_t r0, uint32_t r1) {
+    const weight *w = &m->w[j];
+    float *out = m->out[j];
+    const size_t os = m->out_stride[j];
+    uint32_t r = r0;
+    for (; r + 2 <= r1 && m->n_tok >= 2; r += 2) {
+        uint32_t t = 0;
+        for (; t + 2 <= m->n_tok; t += 2) {
+            const q8_vector q0 = token_q(m, t), q1 = token_q(m, t + 1);
+            float o[4];
+            if (!tile_rows(m->k, w, r, token_x(m, t), token_x(m, t + 1), &q0, &q1, o)) break;
+            out[t * os + r] = o[0];
+            out[(t + 1) * os + r] = o[1];
+            out[t * os + r + 1] = o[2];
+            out[(t + 1) * os + r + 1] = o[3];
+        }
+        for (; t < m->n_tok; t++) {
+            const q8_vector q = token_q(m, t);
+            out[t * os + r] = dot_row(m->k, w, r, token_x(m, t), &q);
+            out[t * os + r + 1] = dot_row(m->k, w, r + 1, token_x(m, t), &q);
         }
     }
+    for (; r < r1; r++)
+        for (uint32_t t = 0; t < m->n_tok; t++) {
+            const q8_vector q = token_q(m, t);
+            out[t * os + r] = dot_row(m->k, w, r, token_x(m, t), &q);
+        }
+}
+
+static void rows_part(void *arg, uint32_t part) {
+    const rows_work *m = arg;
+    for (uint32_t j = 0; j < m->n; j++)
+        matrix_rows(m, j, part_start(m->w[j].rows, part, m->parts), part_start(m->w[j].rows, part + 1, m->parts));
     if (m->epilogue == ROWS_SWIGLU) {
         const uint32_t r0 = part_start(m->w[0].rows, part, m->parts), r1 = part_start(m->w[0].rows, part + 1, m->parts);
         for (uint32_t t = 0; t < m->n_tok; t++) {
