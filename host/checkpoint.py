@@ -82,7 +82,7 @@ class UnsupportedModel(ValueError):
 @dataclass
 class Checkpoint:
     dims: ModelDims
-    tensors: dict[tuple[Role, int, int], np.ndarray]
+    tensors: dict[tuple[Role, int, int], np.ndarray | LazyTensor]  # a directory's are read when used
     family: str
     tied_embeddings: bool
     n_params: int
@@ -210,17 +210,35 @@ def _shard_files(path: Path) -> list[Path]:
     return files
 
 
-def _load_tensors(path: Path) -> dict[str, np.ndarray]:
-    import sys
+class LazyTensor:
+    """A checkpoint tensor read from its safetensors shard only when its values are asked for
+    (np.asarray), as float32: packing a checkpoint several times larger than RAM holds one tensor at a
+    time (host/quant.py Deferred). Shape and size are known without reading."""
 
-    from tqdm import tqdm
-    out: dict[str, np.ndarray] = {}
-    shards = _shard_files(path)
-    quiet = not sys.stderr.isatty()  # a bar only on an interactive terminal
-    for shard in tqdm(shards, desc="reading shards", unit="shard", disable=quiet or len(shards) < 2, leave=False):
+    def __init__(self, shard: Path, name: str, shape: tuple[int, ...]):
+        self.shard, self.name, self.shape = shard, name, tuple(shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        with safe_open(str(self.shard), framework="np") as f:
+            values = f.get_tensor(self.name).astype(np.float32)
+        return values if dtype is None else values.astype(dtype)
+
+
+def _load_tensors(path: Path) -> dict[str, LazyTensor]:
+    """Every tensor of the checkpoint's shards, by name, unread."""
+    out: dict[str, LazyTensor] = {}
+    for shard in _shard_files(path):
         with safe_open(str(shard), framework="np") as f:
-            for name in tqdm(list(f.keys()), desc=shard.name, unit="tensor", disable=quiet, leave=False):
-                out[name] = f.get_tensor(name).astype(np.float32)
+            for name in f.keys():
+                out[name] = LazyTensor(shard, name, f.get_slice(name).get_shape())
     return out
 
 

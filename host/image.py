@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import ml_dtypes
 import numpy as np
 
-from host.quant import QBLOCK, DType, Encoded, blocks, encode
+from host.quant import QBLOCK, Deferred, DType, Encoded, blocks, stored_bytes
 
 MAGIC = b"COLIBRI\0"
 VERSION = 3
@@ -402,7 +402,7 @@ class _Plan:
     """Where everything goes: the table in canonical order, and the stored bytes of each placed tensor."""
     dims: ModelDims
     entries: list[TensorEntry]
-    sources: list[tuple[TensorEntry, Encoded]]  # placed tensors (tied ones once)
+    sources: list[tuple[TensorEntry, Encoded | Deferred]]  # placed tensors (tied ones once)
     table_offset: int
     crc_offset: int
     data_offset: int
@@ -443,15 +443,16 @@ def _lay_out(dims: ModelDims, tensors: dict, expert_align: int, pinned: frozense
             entries[i] = TensorEntry(role, layer, expert, first.dtype, want, first.offset, first.nbytes,
                                      first.group_size, first.scales_offset, first.scales_bytes)
             return
-        enc = src if isinstance(src, Encoded) else encode(src, DType.F32)
+        enc = src if isinstance(src, (Encoded, Deferred)) else Deferred(DType.F32, want, src)
         if enc.dtype != DType.F32 and (len(want) != 2 or role in (Role.ROPE_COS, Role.ROPE_SIN)):
             raise ValueError(f"{tensor_name(role, layer, expert)} must be f32 (only matrices may be narrower)")
         if role == Role.EXPERT_GATE:
             cursor = align_up(cursor, expert_align)
-        entry = TensorEntry(role, layer, expert, enc.dtype, want, cursor, enc.values.nbytes)
+        values, scales = stored_bytes(enc)
+        entry = TensorEntry(role, layer, expert, enc.dtype, want, cursor, values)
         cursor = align_up(cursor + entry.nbytes)
         if enc.dtype.quantized:
-            entry.group_size, entry.scales_offset, entry.scales_bytes = QBLOCK, cursor, 2 * enc.scales.size
+            entry.group_size, entry.scales_offset, entry.scales_bytes = QBLOCK, cursor, 2 * scales
             cursor = align_up(cursor + entry.scales_bytes)
         entries[i] = entry
         placed[id(src)] = entry
@@ -476,7 +477,8 @@ def _fill(write: Callable[[int, bytes | np.ndarray], None], read: Callable[[int,
           plan: _Plan) -> None:
     """Write the planned image (into zeroed storage of plan.image_bytes) one tensor at a time through
     `write(offset, data)`, then the table, the CRCs (summed by reading back, a window at a time) and the header."""
-    for entry, enc in plan.sources:
+    for entry, src in plan.sources:  # one tensor in memory at a time: a Deferred one is encoded here
+        enc = src.encoded() if isinstance(src, Deferred) else src
         write(entry.offset, np.ascontiguousarray(enc.values).reshape(-1).view(np.uint8))
         if entry.scales_bytes:
             write(entry.scales_offset, np.ascontiguousarray(enc.scales, dtype="<f2").reshape(-1).view(np.uint8))

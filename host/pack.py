@@ -34,10 +34,10 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from host.checkpoint import UnsupportedModel, load_checkpoint  # noqa: E402
+from host.checkpoint import LazyTensor, UnsupportedModel, load_checkpoint  # noqa: E402
 from host.image import (KV_DTYPES, Role, arena_bytes, build_image, open_image, read_image,  # noqa: E402
                         tensor_name, write_image)
-from host.quant import DType, Encoded, convert  # noqa: E402
+from host.quant import Deferred, DType, Encoded, convert  # noqa: E402
 from host.reference import Reference  # noqa: E402
 from host.text import checkpoint_meta  # noqa: E402
 from sim.boards import board_names, fit_report, load_board  # noqa: E402
@@ -78,12 +78,14 @@ def choose_dtype(role: Role, layer: int, expert: int, dtype: DType, keep: list[t
 
 
 def convert_tensors(tensors: dict, dtype: DType, keep: list[tuple[str, DType]]) -> dict:
-    """Every tensor in its chosen dtype; tied tensors stay one object (the first key's choice wins)."""
-    done: dict[int, Encoded] = {}
+    """Every tensor in its chosen dtype; tied tensors stay one object (the first key's choice wins). A
+    tensor not yet read from its checkpoint (LazyTensor) is converted when the image is written."""
+    done: dict[int, Encoded | Deferred] = {}
     out = {}
     for key, t in tensors.items():
         if id(t) not in done:
-            done[id(t)] = convert(t, choose_dtype(*key, dtype, keep))
+            want = choose_dtype(*key, dtype, keep)
+            done[id(t)] = Deferred(want, t.shape, t) if isinstance(t, LazyTensor) else convert(t, want)
         out[key] = done[id(t)]
     return out
 

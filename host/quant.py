@@ -87,6 +87,34 @@ class Encoded:
         return Encoded(self.dtype, self.shape, fn(self.values), scales)
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """A tensor to be encoded in `dtype` only when its bytes are written (host/image.py write_image):
+    `source` is anything np.asarray turns into its float32 values (a checkpoint.LazyTensor reads its file
+    then), so packing holds one tensor at a time, never the model."""
+    dtype: DType
+    shape: tuple[int, ...]
+    source: object
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    def encoded(self) -> Encoded:
+        return encode(np.asarray(self.source), self.dtype)
+
+
+def stored_bytes(t: Encoded | Deferred) -> tuple[int, int]:
+    """(value bytes, f16 scales) of a tensor as the image stores it, without encoding a Deferred one."""
+    if isinstance(t, Encoded):
+        return t.values.nbytes, 0 if t.scales is None else t.scales.size
+    if not t.dtype.quantized:
+        return t.size * (4 if t.dtype == DType.F32 else 2), 0
+    rows = int(np.prod(t.shape[:-1]))
+    nb = blocks(t.shape[-1])
+    return rows * nb * VALUE_BYTES[t.dtype], rows * nb
+
+
 def encode(arr: np.ndarray, dtype: DType) -> Encoded:
     """A float array in `dtype` (round to nearest even for f16/bf16; GGUF's quantizers for Q8_0/Q4_0)."""
     arr = np.asarray(arr, dtype=np.float32)

@@ -53,3 +53,45 @@ def test_valgrind_memcheck_one_generation(images):
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     assert b"ERROR SUMMARY: 0 errors" in proc.stderr
     assert len(proc.stdout) > 1000  # it really answered: tokens and logits frames
+
+
+def test_no_allocation_after_open(images, hosted_build, tmp_path, monkeypatch):
+    """Zero allocations after open, counted: the hosted board (with its thread pool and a prefill batch)
+    under an LD_PRELOAD malloc counter (tests/malloc_count.c), read before and after a generation."""
+    import os
+    import signal
+    import time
+
+    from host.protocol import Client
+    from sim.boards import load_board
+    from sim.launch import start_board
+    counter = tmp_path / "malloc_count.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(counter), "tests/malloc_count.c"], check=True)
+    count_file = tmp_path / "count"
+    monkeypatch.setenv("LD_PRELOAD", str(counter))
+    monkeypatch.setenv("MALLOC_COUNT_FILE", str(count_file))
+
+    def allocations(pid: int) -> int:
+        count_file.unlink(missing_ok=True)
+        os.kill(pid, signal.SIGUSR1)
+        for _ in range(200):
+            if count_file.exists() and count_file.read_text().endswith("\n"):
+                return int(count_file.read_text())
+            time.sleep(0.01)
+        raise AssertionError("the counter did not answer")
+
+    image = images["top3_gqa4_tied"]
+    vocab = read_image(image.read_bytes()).dims.vocab_size
+    with start_board(load_board("hosted"), hosted_build / "firmware.elf", image, ["--threads", "2"]) as device:
+        client = Client(device.link, timeout=10)
+        client.info()
+        client.open()
+        before = allocations(device.proc.pid)
+        gen = client.run([1, 5, 9, 3, 7, 2, 8, 4], 12, Sampling(0.7, 5, 0.9, 11), vocab=vocab)  # one token a FEED
+        client.run([(7 * i) % vocab for i in range(30)], 4, Sampling())  # the prompt in one FEED: prefill batches
+        client.stats()
+        after = allocations(device.proc.pid)
+        client.quit()
+    assert len(gen.events) == 12
+    assert before > 0  # the counter counts: the C library allocated while the board started
+    assert after == before, f"{after - before} allocations during a generation"

@@ -159,6 +159,15 @@ class Run:
     open_s: float
     prefill_s: float
     decode_s: float
+    rss_bytes: int = 0         # colibri: the board process's VmRSS after decoding
+    image_arena_bytes: int = 0  # colibri: image + arena, what the resident memory is held against
+
+
+def vm_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def run_colibri(image: Path, threads: int, prompt: list[int], stream: list[int]) -> Run:
@@ -168,13 +177,14 @@ def run_colibri(image: Path, threads: int, prompt: list[int], stream: list[int])
     with start_board(board, board.firmware(), image, threads_args(board, threads)) as device:
         client = Client(device.link, timeout=600)
         hz = client.info().cycle_hz
-        client.open()
+        opened = client.open()
         open_s = time.perf_counter() - t0
         client.start(Sampling())
         prefill = client.feed(prompt)[1]
         decode = sum(client.feed([t])[1] for t in stream)
+        rss = vm_rss(device.proc.pid)
         client.quit()
-    return Run(open_s, prefill / hz, decode / hz)
+    return Run(open_s, prefill / hz, decode / hz, rss, opened.image_bytes + opened.arena_bytes)
 
 
 @functools.cache
@@ -294,17 +304,23 @@ def main(argv: list[str] | None = None) -> int:
             "bytes_per_token": bpt, "gbps": gbps,
             "triad_gbps": triads[n]["median"], "triad_fraction": gbps / triads[n]["median"],
             "prompt_tokens": args.prompt, "decode_tokens": args.decode, "reps": len(runs),
+            "rss_bytes": max(r.rss_bytes for r in runs) or None,
+            "rss_over_image_arena": (max(r.rss_bytes / r.image_arena_bytes for r in runs)
+                                     if runs[0].image_arena_bytes else None),
             "load_before": load_before, "load_after": load_after,
         })
     print(f"\ntriad: " + ", ".join(f"{n} thread{'s' if n > 1 else ''} {t['median']:.1f} GB/s" for n, t in triads.items())
           + f"; load average {load_before:.2f} before, {load_after:.2f} after")
-    print("| engine | dtype | threads | prefill tok/s | decode tok/s (min-max) | GB/s | of triad | open s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| engine | dtype | threads | prefill tok/s (min-max) | decode tok/s (min-max) | GB/s | of triad | open s | "
+          "RSS / (image + arena) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in sorted(records, key=lambda r: (DTYPES.index(r["dtype"]), r["threads"], r["engine"])):
         lo, hi = r["decode_tok_s_range"]
-        print(f"| {r['engine']} | {r['dtype']} | {r['threads']} | {r['prefill_tok_s']:.1f} | "
+        plo, phi = r["prefill_tok_s_range"]
+        rss = f"{r['rss_over_image_arena']:.3f}" if r["rss_over_image_arena"] else "-"
+        print(f"| {r['engine']} | {r['dtype']} | {r['threads']} | {r['prefill_tok_s']:.1f} ({plo:.1f}-{phi:.1f}) | "
               f"{r['decode_tok_s']:.2f} ({lo:.2f}-{hi:.2f}) | {r['gbps']:.1f} | {100 * r['triad_fraction']:.0f}% | "
-              f"{r['open_s']:.2f} |")
+              f"{r['open_s']:.2f} | {rss} |")
     if args.json:
         args.json.write_text(json.dumps(records, indent=1) + "\n")
     return 0

@@ -129,6 +129,17 @@ AVX2 static __m256 block_terms(__m256 acc, __m256i isum, const uint16_t *w_scale
     return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
 }
 
+/* The blocks [b, blocks) after the last multiple of 8 into lanes b % 8, one at a time (dot and tile alike). */
+AVX2 static float q8_0_tail(float acc[8], const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t b,
+                            uint32_t blocks) {
+    for (; b < blocks; b++) {
+        int32_t isum = block_total(block_products(_mm256_loadu_si256((const __m256i *)(const void *)(w + (size_t)b * QBLOCK)),
+                                                  _mm256_loadu_si256((const __m256i *)(const void *)(x->q + (size_t)b * QBLOCK))));
+        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * x->scale[b]);
+    }
+    return sum_lanes8(acc);
+}
+
 AVX2 static float dot_q8_0_avx2(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
     __m256 acc8 = _mm256_setzero_ps();
     uint32_t b = 0;
@@ -144,12 +155,62 @@ AVX2 static float dot_q8_0_avx2(const int8_t *w, const uint16_t *w_scale, const 
     }
     float acc[8];
     _mm256_storeu_ps(acc, acc8);
-    for (; b < blocks; b++) {
-        int32_t isum = block_total(block_products(_mm256_loadu_si256((const __m256i *)(const void *)(w + (size_t)b * QBLOCK)),
-                                                  _mm256_loadu_si256((const __m256i *)(const void *)(x->q + (size_t)b * QBLOCK))));
-        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * x->scale[b]);
+    return q8_0_tail(acc, w, w_scale, x, b, blocks);
+}
+
+/* Two rows by two vectors of Q8_0: each weight block is loaded and made unsigned once for both vectors,
+ * each x block once for both rows. Four blocks at a time are reduced as dot_q8_0_avx2's tree does (the
+ * integer sums are exact in any order), so each of the four results is that kernel's bits. */
+AVX2 static __m256i quad_totals(__m256i p0, __m256i p1, __m256i p2, __m256i p3) { /* block k's halves in lanes k, k+4 */
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+}
+AVX2 static __m256i octet_totals(__m256i lo4, __m256i hi4) { /* 8 blocks' sums, block k in lane k */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(lo4, hi4, 0x20), _mm256_permute2x128_si256(lo4, hi4, 0x31));
+}
+AVX2 static __m256i unsigned_products(__m256i abs_w, __m256i w, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+}
+
+AVX2 static void tile_q8_0_avx2(const int8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,
+                                uint32_t blocks, float out[4]) {
+    const int8_t *w1 = w + (size_t)blocks * QBLOCK;
+    const uint16_t *s1 = w_scale + blocks;
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
+    uint32_t b = 0;
+    for (; b + 8 <= blocks; b += 8) {
+        prefetch(w + (size_t)b * QBLOCK, 8 * QBLOCK);
+        prefetch(w1 + (size_t)b * QBLOCK, 8 * QBLOCK);
+        __m256i q[2][4]; /* per half (blocks b..b+3, b+4..b+7): the four pairs' quad totals */
+        for (uint32_t half = 0; half < 2; half++) {
+            __m256i p[4][4]; /* [pair][block of the quad] */
+            for (uint32_t k = 0; k < 4; k++) {
+                const size_t at = (size_t)(b + 4 * half + k) * QBLOCK;
+                const __m256i r0 = _mm256_loadu_si256((const __m256i *)(const void *)(w + at));
+                const __m256i r1 = _mm256_loadu_si256((const __m256i *)(const void *)(w1 + at));
+                const __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(x0->q + at));
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(x1->q + at));
+                const __m256i abs0 = _mm256_sign_epi8(r0, r0), abs1 = _mm256_sign_epi8(r1, r1);
+                p[0][k] = unsigned_products(abs0, r0, u);
+                p[1][k] = unsigned_products(abs0, r0, v);
+                p[2][k] = unsigned_products(abs1, r1, u);
+                p[3][k] = unsigned_products(abs1, r1, v);
+            }
+            for (uint32_t pair = 0; pair < 4; pair++) q[half][pair] = quad_totals(p[pair][0], p[pair][1], p[pair][2], p[pair][3]);
+        }
+        a00 = block_terms(a00, octet_totals(q[0][0], q[1][0]), w_scale + b, x0->scale + b);
+        a01 = block_terms(a01, octet_totals(q[0][1], q[1][1]), w_scale + b, x1->scale + b);
+        a10 = block_terms(a10, octet_totals(q[0][2], q[1][2]), s1 + b, x0->scale + b);
+        a11 = block_terms(a11, octet_totals(q[0][3], q[1][3]), s1 + b, x1->scale + b);
     }
-    return sum_lanes8(acc);
+    const __m256 acc8[4] = { a00, a01, a10, a11 };
+    const int8_t *rows[2] = { w, w1 };
+    const uint16_t *scales[2] = { w_scale, s1 };
+    const q8_vector *xs[2] = { x0, x1 };
+    for (int pair = 0; pair < 4; pair++) {
+        float acc[8];
+        _mm256_storeu_ps(acc, acc8[pair]);
+        out[pair] = q8_0_tail(acc, rows[pair / 2], scales[pair / 2], xs[pair % 2], b, blocks);
+    }
 }
 
 /* Q4_0, two blocks per 32-byte load: the low nibbles hold elements 0..15 of both blocks, the high
@@ -157,15 +218,32 @@ AVX2 static float dot_q8_0_avx2(const int8_t *w, const uint16_t *w_scale, const 
  * shuffling the weights. The nibbles are multiplied unsigned (0..15: maddubs cannot saturate, even
  * with both halves added in int16) and 8 * (the block's x sum) is subtracted afterwards. Lanes 0-3
  * of the result are block b's partial sums, lanes 4-7 block b+1's. */
-AVX2 static __m256i pair_products_q4(const uint8_t *w, const int8_t *x) {
-    const __m256i mask = _mm256_set1_epi8(0x0F);
-    __m256i bytes = _mm256_loadu_si256((const __m256i *)(const void *)w);
-    __m256i lo = _mm256_and_si256(bytes, mask), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+AVX2 static __m256i nibble_products(__m256i lo, __m256i hi, const int8_t *x) {
     __m256i x_lo = _mm256_loadu2_m128i((const __m128i_u *)(const void *)(x + QBLOCK), (const __m128i_u *)(const void *)x);
     __m256i x_hi = _mm256_loadu2_m128i((const __m128i_u *)(const void *)(x + QBLOCK + 16),
                                        (const __m128i_u *)(const void *)(x + 16));
     __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_lo), _mm256_maddubs_epi16(hi, x_hi));
     return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+AVX2 static __m256i pair_products_q4(const uint8_t *w, const int8_t *x) {
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    __m256i bytes = _mm256_loadu_si256((const __m256i *)(const void *)w);
+    return nibble_products(_mm256_and_si256(bytes, mask), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask), x);
+}
+
+/* The blocks [b, blocks) after the last multiple of 8, one at a time: nibbles in element order, minus 8. */
+AVX2 static float q4_0_tail(float acc[8], const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t b,
+                            uint32_t blocks) {
+    for (; b < blocks; b++) {
+        __m128i bytes = _mm_loadu_si128((const __m128i *)(const void *)(w + (size_t)b * (QBLOCK / 2)));
+        __m128i mask = _mm_set1_epi8(0x0F);
+        __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), _mm_and_si128(bytes, mask));
+        __m256i xq = _mm256_loadu_si256((const __m256i *)(const void *)(x->q + (size_t)b * QBLOCK));
+        int32_t isum = block_total(block_products(_mm256_sub_epi8(q, _mm256_set1_epi8(8)), xq));
+        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * x->scale[b]);
+    }
+    return sum_lanes8(acc);
 }
 
 AVX2 static float dot_q4_0_avx2(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
@@ -184,20 +262,59 @@ AVX2 static float dot_q4_0_avx2(const uint8_t *w, const uint16_t *w_scale, const
     }
     float acc[8];
     _mm256_storeu_ps(acc, acc8);
-    for (; b < blocks; b++) { /* one block: its nibbles in element order, minus 8 */
-        __m128i bytes = _mm_loadu_si128((const __m128i *)(const void *)(w + (size_t)b * (QBLOCK / 2)));
-        __m128i mask = _mm_set1_epi8(0x0F);
-        __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), _mm_and_si128(bytes, mask));
-        __m256i xq = _mm256_loadu_si256((const __m256i *)(const void *)(x->q + (size_t)b * QBLOCK));
-        int32_t isum = block_total(block_products(_mm256_sub_epi8(q, _mm256_set1_epi8(8)), xq));
-        acc[b % 8] += (float)isum * (f16_to_f32(w_scale[b]) * x->scale[b]);
+    return q4_0_tail(acc, w, w_scale, x, b, blocks);
+}
+
+/* Two rows by two vectors of Q4_0: each 32-byte load of nibbles (two blocks) is split once for both
+ * vectors, each x pair of blocks loaded once for both rows; reduced in dot_q4_0_avx2's tree, so each
+ * result is that kernel's bits. */
+AVX2 static void tile_q4_0_avx2(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,
+                                uint32_t blocks, float out[4]) {
+    const uint8_t *w1 = w + (size_t)blocks * (QBLOCK / 2);
+    const uint16_t *s1 = w_scale + blocks;
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* the hadd tree leaves blocks 0 2 4 6 1 3 5 7 */
+    __m256 acc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
+    const q8_vector *xs[2] = { x0, x1 };
+    uint32_t b = 0;
+    for (; b + 8 <= blocks; b += 8) {
+        prefetch(w + (size_t)b * (QBLOCK / 2), 8 * (QBLOCK / 2));
+        prefetch(w1 + (size_t)b * (QBLOCK / 2), 8 * (QBLOCK / 2));
+        __m256i h[2][4]; /* [half][pair]: hadd of the pair's products of blocks b + 4 half .. + 3 */
+        for (uint32_t half = 0; half < 2; half++) {
+            __m256i p[4][2];
+            for (uint32_t k = 0; k < 2; k++) {
+                const uint32_t at = b + 4 * half + 2 * k; /* blocks at, at + 1 */
+                const __m256i r0 = _mm256_loadu_si256((const __m256i *)(const void *)(w + (size_t)at * (QBLOCK / 2)));
+                const __m256i r1 = _mm256_loadu_si256((const __m256i *)(const void *)(w1 + (size_t)at * (QBLOCK / 2)));
+                const __m256i lo0 = _mm256_and_si256(r0, mask), hi0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), mask);
+                const __m256i lo1 = _mm256_and_si256(r1, mask), hi1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), mask);
+                p[0][k] = nibble_products(lo0, hi0, x0->q + (size_t)at * QBLOCK);
+                p[1][k] = nibble_products(lo0, hi0, x1->q + (size_t)at * QBLOCK);
+                p[2][k] = nibble_products(lo1, hi1, x0->q + (size_t)at * QBLOCK);
+                p[3][k] = nibble_products(lo1, hi1, x1->q + (size_t)at * QBLOCK);
+            }
+            for (uint32_t pair = 0; pair < 4; pair++) h[half][pair] = _mm256_hadd_epi32(p[pair][0], p[pair][1]);
+        }
+        for (uint32_t pair = 0; pair < 4; pair++) {
+            const q8_vector *x = xs[pair % 2];
+            __m256i eight_sums = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(x->sum + b)), 3);
+            __m256i isum = _mm256_sub_epi32(_mm256_permutevar8x32_epi32(_mm256_hadd_epi32(h[0][pair], h[1][pair]), order),
+                                            eight_sums);
+            acc[pair] = block_terms(acc[pair], isum, (pair < 2 ? w_scale : s1) + b, x->scale + b);
+        }
     }
-    return sum_lanes8(acc);
+    for (int pair = 0; pair < 4; pair++) {
+        float lanes[8];
+        _mm256_storeu_ps(lanes, acc[pair]);
+        out[pair] = q4_0_tail(lanes, pair < 2 ? w : w1, pair < 2 ? w_scale : s1, xs[pair % 2], b, blocks);
+    }
 }
 
 static const kernel_set kernels_avx2 = { .name = "avx2", .dot_f32 = dot_f32_avx2, .dot_f16 = dot_f16_avx2,
                                          .dot_bf16 = dot_bf16_avx2, .dot_q8_0 = dot_q8_0_avx2, .dot_q4_0 = dot_q4_0_avx2,
-                                         .tile_f32 = tile_f32_avx2, .tile_f16 = tile_f16_avx2, .tile_bf16 = tile_bf16_avx2 };
+                                         .tile_f32 = tile_f32_avx2, .tile_f16 = tile_f16_avx2, .tile_bf16 = tile_bf16_avx2,
+                                         .tile_q8_0 = tile_q8_0_avx2, .tile_q4_0 = tile_q4_0_avx2 };
 
 /* AVX2 and F16C in the CPU, and YMM state enabled by the OS (or the bare-metal boot code): XCR0 bits 1, 2. */
 static int cpu_has_avx2(void) {
