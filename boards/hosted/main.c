@@ -2,7 +2,7 @@
  * the device side of the serial protocol over stdin/stdout.
  *   firmware.elf [IMAGE] [--copy | --stream] [--threads N] [--batch N] [--arena-bytes N] [--upload-bytes N]
  * With --threads N the runtime computes on N threads (pool.c), lent through its parallel_for hook; it
- * computes up to --batch prompt tokens in one pass (colibri_options.prefill_batch; default 32).
+ * computes up to --batch prompt tokens in one pass (colibri_options.prefill_batch; default 64).
  * Without --arena-bytes the arena is the image's plan plus room for an expert cache of every
  * streamed expert (anonymous memory: pages an OPEN does not use are never touched, so never resident).
  * With --upload-bytes the link accepts an image uploaded over it, as a board without a file system does.
@@ -137,7 +137,7 @@ static uint64_t monotonic_ns(void *user) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-#define DEFAULT_BATCH 32u
+#define DEFAULT_BATCH 64u
 
 static int usage(const char *argv0) {
     fprintf(stderr, "usage: %s [IMAGE] [--stream] [--threads N] [--arena-bytes N] [--upload-bytes N]\n"

@@ -76,6 +76,7 @@ uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_b
     b.up = reserve(&p, n * d->ffn_max);
     b.ffn_out = reserve(&p, n * d->dim);
     b.gx = reserve(&p, n * d->dim);
+    b.expert_out = reserve(&p, n * d->top_k * d->dim);
     b.scalar = reserve(&p, n);
     b.topk_index = reserve(&p, n * d->top_k);
     b.topk_weight = reserve(&p, n * d->top_k);

@@ -102,10 +102,11 @@ typedef struct {
     uint32_t n;
     float *x, *xn, *q, *k, *v, *attn_out, *moe_out, *gate, *up, *ffn_out;
     float *gx;                 /* the xn rows of one expert's tokens, gathered */
+    float *expert_out;         /* a batch's routed expert outputs per (token, rank); NULL for one token */
     float *scalar;             /* one float per token (the shared expert's gate) */
     uint32_t *topk_index;
     float *topk_weight;
-    uint32_t *group;           /* the tokens gx holds, in order */
+    uint32_t *group;           /* the (token, rank) pairs gx holds, as token * top_k + rank */
     int8_t *xq, *hq;           /* xn quantized to Q8_0 (once per norm), and any other input */
     float *xq_scale, *hq_scale;
     int32_t *xq_sum, *hq_sum;

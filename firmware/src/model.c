@@ -53,7 +53,7 @@ static token_buffers tokens_in(colibri_ctx *c, uint32_t n) {
     arena_buffers *a = &c->a;
     return (token_buffers){ .n = 1, .x = a->x, .xn = a->xn, .q = a->q, .k = a->k_new, .v = a->v_new,
                             .attn_out = a->attn_out, .moe_out = a->moe_out, .gate = a->ffn_gate, .up = a->ffn_up,
-                            .ffn_out = a->ffn_out, .gx = a->ffn_out, .scalar = a->router, .topk_index = a->topk_index,
+                            .ffn_out = a->ffn_out, .gx = a->ffn_out, .expert_out = 0, .scalar = a->router, .topk_index = a->topk_index,
                             .topk_weight = a->topk_weight, .group = c->one_group, .xq = a->xq, .xq_scale = a->xq_scale,
                             .xq_sum = a->xq_sum, .hq = a->hq, .hq_scale = a->hq_scale, .hq_sum = a->hq_sum };
 }
@@ -404,47 +404,96 @@ static void swiglu_ffn(colibri_ctx *c, const token_buffers *tb, uint32_t gate_in
     run_rows(c, tb, &down);
 }
 
-/* moe_out of token group[g] += s * ffn_out[g] for the n tokens just computed, s = w[group[g] * stride + at] */
-static void accumulate(const colibri_ctx *c, const token_buffers *tb, uint32_t n, const float *w, uint32_t stride,
-                       uint32_t at) {
+/* moe_out[t] += w[t * stride] * ffn_out[t] for every token (the shared expert, the dense MLP) */
+static void accumulate(const colibri_ctx *c, const token_buffers *tb, const float *w, uint32_t stride) {
     const uint32_t dim = c->d.dim;
-    for (uint32_t g = 0; g < n; g++) {
-        float *acc = tb->moe_out + (size_t)tb->group[g] * dim;
-        const float *out = tb->ffn_out + (size_t)g * dim, s = w[(size_t)tb->group[g] * stride + at];
+    for (uint32_t t = 0; t < tb->n; t++) {
+        float *acc = tb->moe_out + (size_t)t * dim;
+        const float *out = tb->ffn_out + (size_t)t * dim, s = w[(size_t)t * stride];
         for (uint32_t r = 0; r < dim; r++) acc[r] += s * out[r];
     }
 }
 
-/* The tokens whose rank-k expert is tokens[first]'s, from first on, into tb->group (none if an earlier
- * token had that expert at rank k: it was done with that one). Returns how many; their xn rows are
- * gathered into gx unless they are all the tokens in order. */
-static uint32_t expert_group(const colibri_ctx *c, const token_buffers *tb, uint32_t k, uint32_t first,
-                             const float **x) {
-    const uint32_t top_k = c->d.top_k, e = tb->topk_index[(size_t)first * top_k + k], dim = c->d.dim;
-    for (uint32_t t = 0; t < first; t++)
-        if (tb->topk_index[(size_t)t * top_k + k] == e) return 0;
+/* Whether a (token, rank) pair before (first, k), rank by rank, chose expert e: it was computed then. */
+static int chosen_before(const colibri_ctx *c, const token_buffers *tb, uint32_t first, uint32_t k, uint32_t e) {
+    const uint32_t top_k = c->d.top_k;
+    for (uint32_t r = 0; r <= k; r++)
+        for (uint32_t t = 0; t < (r < k ? tb->n : first); t++)
+            if (tb->topk_index[(size_t)t * top_k + r] == e) return 1;
+    return 0;
+}
+
+/* Every token that chose expert e, at whatever rank, into tb->group as t * top_k + rank (a token picks
+ * an expert once). Returns how many; their xn rows are gathered into gx unless they are all the tokens. */
+static uint32_t expert_group(const colibri_ctx *c, const token_buffers *tb, uint32_t e, const float **x) {
+    const uint32_t top_k = c->d.top_k, dim = c->d.dim;
     uint32_t n = 0;
-    for (uint32_t t = first; t < tb->n; t++)
-        if (tb->topk_index[(size_t)t * top_k + k] == e) tb->group[n++] = t;
+    for (uint32_t t = 0; t < tb->n; t++)
+        for (uint32_t r = 0; r < top_k; r++)
+            if (tb->topk_index[(size_t)t * top_k + r] == e) tb->group[n++] = t * top_k + r;
     if (n == tb->n) {
         *x = tb->xn;
         return n;
     }
-    for (uint32_t g = 0; g < n; g++)
-        for (uint32_t i = 0; i < dim; i++) tb->gx[(size_t)g * dim + i] = tb->xn[(size_t)tb->group[g] * dim + i];
+    for (uint32_t g = 0; g < n; g++) {
+        const float *row = tb->xn + (size_t)(tb->group[g] / top_k) * dim;
+        for (uint32_t i = 0; i < dim; i++) tb->gx[(size_t)g * dim + i] = row[i];
+    }
     *x = tb->gx;
     return n;
 }
 
-/* The FFN half of a layer into moe_out: routed experts (+ shared expert), or the dense MLP. Each token
- * adds its experts in rank order, as one token alone does: rank by rank, every expert of that rank
- * reads its weights once for the tokens that chose it. Fills `t` (one token: per-expert cycles). */
+/* The routed experts into moe_out, each token adding its experts in rank order as one token alone does.
+ * Every expert reads its weights once for all the tokens that chose it, at any rank: a batch keeps its
+ * output per (token, rank) in expert_out and adds the ranks in order afterwards; one token (no
+ * expert_out) adds each as it comes, its experts being taken in rank order. slot: with an expert cache
+ * (one token), each rank's cache slot. */
+static colibri_status routed_experts(colibri_ctx *c, const token_buffers *tb, uint32_t layer, const uint32_t *slot) {
+    const model_dims *d = &c->d;
+    const uint32_t n = tb->n, top_k = d->top_k, dim = d->dim;
+    for (uint32_t k = 0; k < top_k; k++) {
+        for (uint32_t first = 0; first < n; first++) {
+            const uint32_t expert = tb->topk_index[(size_t)first * top_k + k];
+            if (chosen_before(c, tb, first, k, expert)) continue;
+            const uint64_t e0 = ctx_now(c);
+            const float *x;
+            const uint32_t members = expert_group(c, tb, expert, &x);
+            const uint8_t *block = c->image;
+            uint64_t block_offset = 0;
+            if (c->cache.n_slots) {
+                colibri_status st = expert_ready(c, slot[k], layer, expert, &block, &block_offset);
+                if (st) return st;
+            }
+            swiglu_ffn(c, tb, expert_tensor_index(d, layer, expert, ROLE_EXPERT_GATE), block, block_offset, x, members);
+            if (tb->expert_out) {
+                for (uint32_t g = 0; g < members; g++)
+                    for (uint32_t i = 0; i < dim; i++)
+                        tb->expert_out[(size_t)tb->group[g] * dim + i] = tb->ffn_out[(size_t)g * dim + i];
+            } else { /* one token, rank k */
+                const float w = tb->topk_weight[k];
+                for (uint32_t i = 0; i < dim; i++) tb->moe_out[i] += w * tb->ffn_out[i];
+                c->a.topk_cycles[k] = ctx_now(c) - e0;
+            }
+            c->stats.expert_calls += members;
+        }
+    }
+    if (tb->expert_out)
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t k = 0; k < top_k; k++) {
+                float *acc = tb->moe_out + (size_t)t * dim;
+                const float *out = tb->expert_out + ((size_t)t * top_k + k) * dim, w = tb->topk_weight[(size_t)t * top_k + k];
+                for (uint32_t i = 0; i < dim; i++) acc[i] += w * out[i];
+            }
+    return COLIBRI_OK;
+}
+
+/* The FFN half of a layer into moe_out: routed experts (+ shared expert), or the dense MLP. Fills `t`
+ * (one token: per-expert cycles). */
 static colibri_status ffn_block(colibri_ctx *c, const token_buffers *tb, uint32_t layer, colibri_layer_trace *t) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n;
     uint64_t t0 = ctx_now(c), t1 = t0;
     for (size_t i = 0; i < (size_t)n * d->dim; i++) tb->moe_out[i] = 0.0f;
-    for (uint32_t g = 0; g < n; g++) tb->group[g] = g;
     if (present(c, layer_index(c, layer, ROLE_ROUTER))) {
         colibri_status st = route_topk(c, tb, layer);
         if (st) return st;
@@ -458,39 +507,20 @@ static colibri_status ffn_block(colibri_ctx *c, const token_buffers *tb, uint32_
                 present(c, layer_index(c, next, ROLE_ROUTER)))
                 prefetch_next(c, tb, next);
         }
-        for (uint32_t k = 0; k < d->top_k; k++) {
-            for (uint32_t first = 0; first < n; first++) {
-                const float *x;
-                const uint32_t members = expert_group(c, tb, k, first, &x);
-                if (!members) continue;
-                const uint64_t e0 = ctx_now(c);
-                const uint32_t expert = tb->topk_index[(size_t)first * d->top_k + k];
-                const uint8_t *block = c->image;
-                uint64_t block_offset = 0;
-                if (c->cache.n_slots) {
-                    st = expert_ready(c, slot[k], layer, expert, &block, &block_offset);
-                    if (st) return st;
-                }
-                swiglu_ffn(c, tb, expert_tensor_index(d, layer, expert, ROLE_EXPERT_GATE), block, block_offset, x,
-                           members);
-                accumulate(c, tb, members, tb->topk_weight, d->top_k, k);
-                if (n == 1) c->a.topk_cycles[k] = ctx_now(c) - e0;
-                c->stats.expert_calls += members;
-            }
-            for (uint32_t g = 0; g < n; g++) tb->group[g] = g;
-        }
+        st = routed_experts(c, tb, layer, slot);
+        if (st) return st;
         if (d->flags & IMG_FLAG_SHARED_EXPERT) {
             weight gate = matrix(c, layer_index(c, layer, ROLE_SHARED_EXPERT_GATE));
             matmul(c, tb, tb->scalar, &gate, tb->xn, n);
             for (uint32_t g = 0; g < n; g++) tb->scalar[g] = 1.0f / (1.0f + colibri_expf(-tb->scalar[g]));
             swiglu_ffn(c, tb, layer_index(c, layer, ROLE_SHARED_GATE), c->image, 0, tb->xn, n);
-            accumulate(c, tb, n, tb->scalar, 1, 0);
+            accumulate(c, tb, tb->scalar, 1);
         }
         t->n_routed = d->top_k;
     } else {
         static const float one = 1.0f;
         swiglu_ffn(c, tb, layer_index(c, layer, ROLE_DENSE_GATE), c->image, 0, tb->xn, n);
-        accumulate(c, tb, n, &one, 0, 0);
+        accumulate(c, tb, &one, 0);
         t->n_routed = 0;
     }
     uint64_t t2 = ctx_now(c);
