@@ -87,6 +87,29 @@ def test_flash_cli_verify_json_and_dump(images, firmware, tmp_path, capsys):
     assert np.max(np.abs(logits - ref)) <= TOLERANCE
 
 
+def test_flash_cli_threads_and_timing(images, firmware, capsys):
+    """--threads N on the hosted board: the same tokens as one thread, and --json reports the threads, the
+    prefill batch and the timing (device-clock seconds for the prompt and the decode, host seconds to open).
+    A board with one core refuses --threads with one line and exit status 2."""
+    reports = []
+    for threads in ("1", "2"):
+        code = flash.main([str(images["top3_gqa4_tied"]), "--board", "hosted", "--firmware", str(firmware),
+                           "--prompt-tokens", "1,5,9,3,7,2,8", "--max-new-tokens", "5", "--threads", threads, "--json"])
+        assert code == 0
+        reports.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    one, two = reports
+    assert one["tokens"] == two["tokens"] and (one["threads"], two["threads"]) == (1, 2)
+    assert two["prefill_batch"] > 1  # the 7-token prompt went through in one pass
+    t = two["timing"]
+    assert (t["prompt_tokens"], t["decode_tokens"]) == (7, 5)
+    assert 0 < t["prompt_s"] < 60 and 0 < t["decode_s"] < 60 and 0 < t["open_s"] < 60
+    assert t["decode_tok_s"] == pytest.approx(5 / t["decode_s"])
+    with pytest.raises(SystemExit) as err:
+        flash.main([str(images["base"]), "--board", "cortex_m4", "--prompt-tokens", "1", "--threads", "2"])
+    assert err.value.code == 2
+    assert "board cortex_m4 computes on one core; --threads needs a board with threads (hosted)" in capsys.readouterr().err
+
+
 def test_flash_cli_default_board_streams_and_verifies(images, firmwares, capsys):
     """No --board: the default x86_64 bare-metal board under QEMU, firmware from build/."""
     code = flash.main([str(images["base"]), "--prompt-tokens", "2,3", "--max-new-tokens", "4", "--verify"])
