@@ -122,6 +122,7 @@ def make_seeds() -> None:
         (out / f"{name}-raw.img").write_bytes(b"\x00" + blob)
         if experts:
             (out / f"{name}-streamed.img").write_bytes(b"\x03" + blob)  # and streams the expert part
+        (out / f"{name}-batched.img").write_bytes(b"\x05" + blob)  # or feeds the prompt through a prefill batch
         if name == "mixtral":
             seed_image().write_bytes(blob)
 

@@ -4,7 +4,9 @@
  * and payload CRCs to match (bit 0: so mutations reach the checks behind them) or passes the bytes as
  * they are, and whether routed experts are streamed (bit 1): opened with the smallest expert cache,
  * the expert part reached only through a fetch hook that copies from the (hostile) bytes, so every
- * expert block is checked only when it arrives (docs/STREAMING.md).
+ * expert block is checked only when it arrives (docs/STREAMING.md), and whether the prompt goes through
+ * a prefill batch (bit 2: three tokens a pass, the matrices split into parts run last first by a
+ * parallel_for hook), four tokens in one feed.
  * Built with ASan + UBSan by tools/fuzz.py; any out-of-bounds access or UB aborts the run. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -41,14 +43,22 @@ static int fetch(void *user, uint64_t offset, size_t n, void *dst) {
     return 0;
 }
 
-/* one prefill step and one sampled decode step: a verified image may still hold NaN or infinite
+/* the parts of a parallel region, last first (any order must give the same result) */
+static void parts_reversed(void *user, void (*fn)(void *arg, uint32_t part), void *arg, uint32_t parts) {
+    (void)user;
+    while (parts--) fn(arg, parts);
+}
+
+/* a prefill step and one sampled decode step: a verified image may still hold NaN or infinite
  * weights, and a streamed block may be corrupt or out of reach: those are named errors, nothing else */
-static void run(colibri_ctx *ctx, uint32_t vocab) {
-    uint32_t tok = vocab - 1;
+static void run(colibri_ctx *ctx, uint32_t vocab, size_t n_prompt) {
+    uint32_t prompt[4] = { vocab - 1, 0, vocab / 2, vocab > 1 ? 1 : 0 }, tok;
     colibri_sampler s;
     colibri_sampler_init(&s, 0.8f, 3, 0.9f, 1);
-    colibri_status st = colibri_feed(ctx, &tok, 1);
-    if (st != COLIBRI_OK && st != COLIBRI_E_NONFINITE && st != COLIBRI_E_EXPERT_CRC && st != COLIBRI_E_FETCH) abort();
+    colibri_status st = colibri_feed(ctx, prompt, n_prompt);
+    if (st != COLIBRI_OK && st != COLIBRI_E_NONFINITE && st != COLIBRI_E_EXPERT_CRC && st != COLIBRI_E_FETCH &&
+        !(st == COLIBRI_E_SEQ_FULL && n_prompt > 1)) /* max_seq may be below the four tokens */
+        abort();
     if (st == COLIBRI_OK) {
         st = colibri_step(ctx, &s, &tok);
         if (st != COLIBRI_OK && st != COLIBRI_E_SEQ_FULL && st != COLIBRI_E_NONFINITE && st != COLIBRI_E_EXPERT_CRC &&
@@ -73,13 +83,13 @@ static void run_streamed(const uint8_t *image, size_t size) {
     if (colibri_open(image, size, arena, (size_t)needed, &opts, &ctx, &needed) != COLIBRI_OK) abort();
     colibri_image_info info;
     colibri_get_info(ctx, &info);
-    run(ctx, info.vocab_size);
+    run(ctx, info.vocab_size, 1);
     free(arena);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    const int seal = data[0] & 1, streamed = data[0] & 2;
+    const int seal = data[0] & 1, streamed = data[0] & 2, batched = data[0] & 4;
     data++;
     size--;
     void *image = 0;
@@ -96,12 +106,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else if (colibri_image_verify(image, size, &info) == COLIBRI_OK && info.arena_bytes <= MAX_ARENA) {
         /* inspect checks a subset of what verify does: what verify passes, it passes with the same facts */
         if (inspect != COLIBRI_OK || memcmp(&inspected, &info, sizeof info) != 0) abort();
+        const colibri_options opts = { .prefill_batch = 3, .parallel_for = parts_reversed, .parallel_parts = 2 };
+        const uint64_t bytes = info.arena_bytes + (batched ? colibri_prefill_bytes(&info, opts.prefill_batch) : 0);
         void *arena = 0;
-        if (!posix_memalign(&arena, COLIBRI_ARENA_ALIGN, (size_t)info.arena_bytes)) {
+        if (bytes <= MAX_ARENA && !posix_memalign(&arena, COLIBRI_ARENA_ALIGN, (size_t)bytes)) {
             colibri_ctx *ctx = 0;
             uint64_t needed = 0;
-            if (colibri_open(image, size, arena, (size_t)info.arena_bytes, 0, &ctx, &needed) != COLIBRI_OK) abort();
-            run(ctx, info.vocab_size);
+            if (colibri_open(image, size, arena, (size_t)bytes, batched ? &opts : 0, &ctx, &needed) != COLIBRI_OK)
+                abort();
+            run(ctx, info.vocab_size, batched ? 4 : 1);
             free(arena);
         }
     }
