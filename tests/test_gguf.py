@@ -1,6 +1,9 @@
 """GGUF input: the same checkpoint through llama.cpp's format packs to the same model."""
 from __future__ import annotations
 
+from collections import Counter
+from pathlib import Path
+
 import gguf
 import numpy as np
 import pytest
@@ -16,6 +19,10 @@ from test_families import FAMILIES
 
 Q = gguf.GGMLQuantizationType
 PROMPT = [1, 5, 9, 3, 0, 2]
+# GGUF files written by llama.cpp's own quantizer, one per common type (tools/make_gguf_fixtures.py)
+FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
+LLAMA_CPP_TYPES = sorted(p.stem.split("-", 1)[1] for p in FIXTURES.glob("mixtral-*.gguf"))
+NATIVE = {"F32", "F16", "BF16", "Q8_0", "Q4_0"}  # storage types an image holds as they are
 
 
 @pytest.fixture(scope="module")
@@ -112,11 +119,14 @@ def test_types_without_an_image_dtype_are_dequantized_exactly(qtype, sources, tm
     assert "quality" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("writer", ["project", "llama.cpp"])
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0], ids=lambda q: q.name)
-def test_quantized_gguf_tensors_land_in_the_image_unchanged(qtype, sources, tmp_path):
+def test_quantized_gguf_tensors_land_in_the_image_unchanged(qtype, writer, sources, tmp_path):
     """A GGUF Q8_0/Q4_0 tensor packed to the same dtype keeps its quantized values and scales bit for
-    bit (the q/k rows of a `llama` file are only reordered back); any other target dtype converts it."""
-    path = hf_to_gguf(sources["mixtral32"], tmp_path / "q.gguf", qtype)
+    bit (the q/k rows of a `llama` file are only reordered back); any other target dtype converts it.
+    On the project's writer's file and on llama.cpp's quantizer's (tests/fixtures/gguf)."""
+    path = (hf_to_gguf(sources["mixtral32"], tmp_path / "q.gguf", qtype) if writer == "project"
+            else FIXTURES / f"mixtral-{qtype.name.lower()}.gguf")
     dtype = DType[qtype.name]
     pack(path, tmp_path / "q.img", 32, 64, dtype=dtype, measure_quality=False)
     img = read_image((tmp_path / "q.img").read_bytes())
@@ -133,7 +143,8 @@ def test_quantized_gguf_tensors_land_in_the_image_unchanged(qtype, sources, tmp_
             raw = raw.map_rows(lambda a: unpermute(a, n_heads))
             stored = img.encoded(Role.WQ, 0)
         elif t.name == "blk.1.ffn_down_exps.weight":
-            raw, stored = raw[2], img.encoded(Role.EXPERT_DOWN, 1, 2)
+            last = img.dims.n_experts - 1
+            raw, stored = raw[last], img.encoded(Role.EXPERT_DOWN, 1, last)
         else:
             continue
         assert stored.dtype == dtype
@@ -141,6 +152,33 @@ def test_quantized_gguf_tensors_land_in_the_image_unchanged(qtype, sources, tmp_
         np.testing.assert_array_equal(stored.scales.view(np.uint16), raw.scales.view(np.uint16))
         checked += 1
     assert checked == 3
+
+
+@pytest.mark.parametrize("name", LLAMA_CPP_TYPES)
+def test_llama_cpp_quantized_files_match_transformers(name, firmwares, tmp_path):
+    """Every common type as llama.cpp's quantizer writes it (its K-quant mixes and IQ4 included): the
+    file packs, naming each type the image has no dtype for (dequantized to f32, exactly); on hosted and
+    x86_64 bare metal the logits are the same bits, and they match transformers run on the file's
+    dequantized weights within the f32 bound, with the same greedy tokens."""
+    from host.oracle import checkpoint_logits
+    from host.protocol import Sampling
+    from host import flash
+    src = FIXTURES / f"mixtral-{name}.gguf"
+    stored = Counter(gguf.GGMLQuantizationType(t.tensor_type).name for t in gguf.GGUFReader(str(src)).tensors)
+    assert len(stored) >= 2  # llama.cpp keeps the norms in F32 and quantizes the rest
+    image = tmp_path / "m.img"
+    report = pack(src, image, 32, 64, measure_quality=False)
+    assert report["converted"] == {t: n for t, n in stored.items() if t not in NATIVE}
+    prompt = [1, 5, 9, 3, 60, 2, 33]
+    runs = {board: flash.run_on_board(image, board, prompt, 6, Sampling(), True, firmware=firmwares[board])
+            for board in ("hosted", "x86_64_baremetal")}
+    assert runs["hosted"].logits.tobytes() == runs["x86_64_baremetal"].logits.tobytes()
+    tokens = runs["hosted"].tokens
+    assert tokens == runs["x86_64_baremetal"].tokens
+    hf = checkpoint_logits(src, prompt + tokens)
+    scale = max(1.0, float(np.abs(hf).max()))
+    assert float(np.abs(runs["hosted"].logits - hf).max()) <= 1e-4 * scale  # measured: 5-7e-7 of the scale
+    assert tokens == [int(hf[len(prompt) - 1 + i].argmax()) for i in range(len(tokens))]
 
 
 def test_gguf_errors_are_clear(sources, tmp_path):
