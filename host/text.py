@@ -17,10 +17,39 @@ class NoTokenizer(ValueError):
     """The image carries no tokenizer (or no chat template, for --chat)."""
 
 
+def gguf_meta(src: Path) -> dict | None:
+    """The metadata section for a GGUF file: its vocabulary (the tokenizer.ggml.* keys) as transformers
+    turns it into a tokenizers object, the chat template and the special tokens. None when the file has
+    no vocabulary, or transformers (which does the conversion) is not installed."""
+    import gguf
+    fields = gguf.GGUFReader(str(src)).fields
+
+    def value(key: str):
+        return fields[key].contents() if key in fields else None
+    if value("tokenizer.ggml.tokens") is None:
+        return None
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        return None
+    tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    meta: dict = {"tokenizer": json.loads(tok.backend_tokenizer.to_str())}
+    if isinstance(value("tokenizer.chat_template"), str):
+        meta["chat_template"] = value("tokenizer.chat_template")
+    for key in ("bos_token", "eos_token"):
+        if isinstance(getattr(tok, key), str):
+            meta[key] = getattr(tok, key)
+    eos = value("tokenizer.ggml.eos_token_id")
+    meta["eos_token_ids"] = [int(eos)] if eos is not None else []
+    return meta
+
+
 def checkpoint_meta(src: Path) -> dict | None:
-    """The metadata section for a checkpoint directory: its tokenizer, chat template and end-of-sequence
-    tokens (None when it has no tokenizer.json)."""
+    """The metadata section for a checkpoint: a directory's tokenizer, chat template and end-of-sequence
+    tokens (None when it has no tokenizer.json), or a GGUF file's (gguf_meta)."""
     src = Path(src)
+    if src.suffix == ".gguf" and src.is_file():
+        return gguf_meta(src)
     if not src.is_dir() or not (src / "tokenizer.json").exists():
         return None
     meta: dict = {"tokenizer": json.loads((src / "tokenizer.json").read_text())}

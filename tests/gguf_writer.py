@@ -49,8 +49,32 @@ def add_placeholder_vocab(w: gguf.GGUFWriter, n_vocab: int) -> None:
     w.add_eos_token_id(2)
 
 
+def add_bpe_tokenizer(w: gguf.GGUFWriter, src: Path) -> None:
+    """The checkpoint's byte-level BPE tokenizer (tokenizer.json) as llama.cpp's converter stores a `gpt2`
+    vocabulary: the tokens in id order, their types, the merges, the special token ids, the chat template."""
+    tok = json.loads((src / "tokenizer.json").read_text())
+    cfg = json.loads((src / "tokenizer_config.json").read_text())
+    vocab = tok["model"]["vocab"]
+    special = {t["content"] for t in tok.get("added_tokens", []) if t.get("special")}
+    tokens = sorted(vocab, key=vocab.get)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    w.add_bos_token_id(vocab[cfg["bos_token"]])
+    w.add_eos_token_id(vocab[cfg["eos_token"]])
+    w.add_add_bos_token(tok.get("post_processor") is not None)
+    template = cfg.get("chat_template")
+    if template is None and (src / "chat_template.jinja").exists():
+        template = (src / "chat_template.jinja").read_text()
+    if template:
+        w.add_chat_template(template)
+
+
 def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = True,
-               extra: dict[str, np.ndarray] | None = None, placeholder_vocab: bool = False) -> Path:
+               extra: dict[str, np.ndarray] | None = None, placeholder_vocab: bool = False,
+               tokenizer: bool = False) -> Path:
     cfg = json.loads((src / "config.json").read_text())
     hf_arch = cfg["architectures"][0]
     arch = ARCH[hf_arch]
@@ -68,6 +92,8 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     if placeholder_vocab:
         add_placeholder_vocab(w, cfg["vocab_size"])
+    if tokenizer:
+        add_bpe_tokenizer(w, src)
     rp = cfg.get("rope_parameters") or {}
     w.add_rope_freq_base(rp.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     if rp.get("rope_type", "default") in ("linear", "yarn"):

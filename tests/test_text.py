@@ -120,3 +120,27 @@ def test_interactive_chat_keeps_the_context_and_resets(text_image, hosted_build)
     fresh = flash.run_on_board(text_image, "hosted", text.chat_tokens(two[:3]), 6, Sampling(), False,
                                firmware=firmware, stop=text.eos_ids)
     assert two[3]["content"] == text.decode(fresh.tokens)
+
+
+def test_a_gguf_files_vocabulary_travels_too(text_checkpoint, hosted_build, tmp_path, capsys):
+    """A GGUF file's tokenizer.ggml.* vocabulary and chat template (written as llama.cpp's converter
+    stores a byte-level BPE vocabulary) land in the image: a prompt in words gives the ids the checkpoint's
+    own tokenizer gives, and the template renders as transformers renders the original."""
+    from transformers import AutoTokenizer
+
+    from gguf_writer import hf_to_gguf
+    src = hf_to_gguf(text_checkpoint, tmp_path / "t.gguf", tokenizer=True)
+    image = tmp_path / "t.img"
+    report = pack(src, image, 128, 64, measure_quality=False)
+    assert report["tokenizer"] and report["chat_template"]
+    prompt = "the lazy fox routes experts"
+    code = flash.main([str(image), "--board", "hosted", "--firmware", str(hosted_build / "firmware.elf"),
+                       "--prompt", prompt, "--max-new-tokens", "4", "--json"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    hf_tok = AutoTokenizer.from_pretrained(text_checkpoint)
+    assert code == 0 and out["prompt_tokens"] == hf_tok(prompt).input_ids
+    text = Text(read_image(image.read_bytes()).meta)
+    messages = [{"role": "user", "content": "what do tiny boards run?"}]
+    assert text.chat_prompt(messages) == hf_tok.apply_chat_template(messages, add_generation_prompt=True,
+                                                                    tokenize=False)
+    assert 1 in text.eos_ids  # </s>
