@@ -138,12 +138,37 @@ static q8_vector token_q(const rows_work *m, uint32_t t) {
     return (q8_vector){ m->xq.q + b * QBLOCK, m->xq.scale + b, m->xq.sum + b };
 }
 
+/* One token's rows [r0, r1) of w, the dtype chosen once for all of them: decode's path, where on a small
+ * model (rows of two or three blocks) choosing per row costs a sixth of a token's instructions. */
+static void token_rows(const kernel_set *k, const weight *w, const float *x, const q8_vector *xq, float *out,
+                       uint32_t r0, uint32_t r1) {
+    const uint32_t cols = w->cols;
+    if (w->dtype == DTYPE_Q8_0 || w->dtype == DTYPE_Q4_0) {
+        const size_t row_bytes = (size_t)w->blocks * (w->dtype == DTYPE_Q8_0 ? QBLOCK : QBLOCK / 2);
+        for (uint32_t r = r0; r < r1; r++) {
+            const void *row = (const uint8_t *)w->data + r * row_bytes;
+            const uint16_t *s = w->scales + (size_t)r * w->blocks;
+            out[r] = w->dtype == DTYPE_Q8_0 ? k->dot_q8_0(row, s, xq, w->blocks) : k->dot_q4_0(row, s, xq, w->blocks);
+        }
+    } else if (w->dtype == DTYPE_F32) {
+        for (uint32_t r = r0; r < r1; r++) out[r] = k->dot_f32((const float *)w->data + (size_t)r * cols, x, cols);
+    } else {
+        float (*dot16)(const uint16_t *, const float *, uint32_t) = w->dtype == DTYPE_F16 ? k->dot_f16 : k->dot_bf16;
+        for (uint32_t r = r0; r < r1; r++) out[r] = dot16((const uint16_t *)w->data + (size_t)r * cols, x, cols);
+    }
+}
+
 /* Matrix j's rows [r0, r1) for every token: each row is read from memory once for all of them, in
  * tiles of two rows and two tokens where the kernel set has them. */
 static void matrix_rows(const rows_work *m, uint32_t j, uint32_t r0, uint32_t r1) {
     const weight *w = &m->w[j];
     float *out = m->out[j];
     const size_t os = m->out_stride[j];
+    if (m->n_tok == 1) {
+        const q8_vector q = token_q(m, 0);
+        token_rows(m->k, w, m->x, &q, out, r0, r1);
+        return;
+    }
     uint32_t r = r0;
     for (; r + 2 <= r1 && m->n_tok >= 2; r += 2) {
         uint32_t t = 0;
