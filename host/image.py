@@ -211,6 +211,21 @@ def arena_bytes(d: ModelDims) -> int:
     return arena_plan(d)["total"][1]
 
 
+def prefill_bytes(d: ModelDims, tokens: int) -> int:
+    """Arena bytes a prefill batch of `tokens` adds after the plan (colibri_prefill_bytes(): tokens times
+    batch_plan() for one token in firmware/src/arena.c, each buffer 64-byte aligned); 0 for one token."""
+    if tokens <= 1:
+        return 0
+    ffn = max(d.ffn_size, d.dense_ffn_size, d.shared_ffn_size)
+    in_blocks = blocks(max(d.hidden_size, d.q_dim, ffn))
+    D, k = d.hidden_size, d.top_k
+    per_token = [4 * D, 4 * D, 4 * d.q_dim, 4 * d.kv_dim, 4 * d.kv_dim, 4 * d.q_dim, 4 * D,  # x .. moe_out
+                 4 * ffn, 4 * ffn, 4 * D, 4 * D, 4 * k * D,  # gate, up, ffn_out, gx, expert_out
+                 4, 4 * k, 4 * k, 4,  # scalar, topk_index, topk_weight, group
+                 in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks, in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks]
+    return tokens * sum(align_up(n) for n in per_token)
+
+
 EXPERT_SLOT_META_BYTES = 32  # per cache slot: layer, expert, state, prefetched, last use, padding
 
 

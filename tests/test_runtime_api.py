@@ -333,3 +333,16 @@ def test_crc32_matches_zlib_on_every_path(lib):
             init = int(rng.integers(0, 1 << 32))
             chunk = data[start:start + n]
             assert lib.so.colibri_crc32(init, chunk, len(chunk)) == zlib.crc32(chunk, init), (n, start)
+
+
+def test_host_mirror_of_the_prefill_batch_bytes(lib, images):
+    """host/image.py prefill_bytes (what footprint.py reports before flashing) equals the runtime's
+    colibri_prefill_bytes for every test image and a few batch sizes."""
+    from host.image import prefill_bytes
+    for path in images.values():
+        data = path.read_bytes()
+        status, info = lib.verify(data)
+        assert status == 0
+        dims = read_image(data).dims
+        for tokens in (0, 1, 2, 8, 64):
+            assert prefill_bytes(dims, tokens) == lib.so.colibri_prefill_bytes(C.byref(info), tokens), (path.name, tokens)

@@ -198,12 +198,16 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
             bars.append(usage_bar(region["name"], used, region["bytes"]))
             fits &= used <= region["bytes"]
         if image is not None:
-            from host.image import read_image
+            from host.image import prefill_bytes, read_image
             img = read_image(image.read_bytes())
             for label, used, cap in (("image", len(img.data), mem["image_capacity"]),
                                      ("arena (the image's exact plan)", img.header["arena_bytes"], mem["arena_capacity"])):
                 bars.append(usage_bar(label, used, cap))
                 fits &= used <= cap
+            batch = board.spec.get("prefill_batch", 0)
+            if batch > 1:  # optional: without room for it the board opens with none (the same results, slower prompts)
+                bars.append(usage_bar(f"arena with a prefill batch of {batch} (used when it fits)",
+                                      img.header["arena_bytes"] + prefill_bytes(img.dims, batch), mem["arena_capacity"]))
     stack = report.get("stack")
     if stack and stack["depth"] is not None:
         reserved = elf.sizes.get(".stack") or None

@@ -137,7 +137,7 @@ static uint64_t monotonic_ns(void *user) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-#define DEFAULT_BATCH 64u
+#define DEFAULT_BATCH PREFILL_BATCH /* board.toml's prefill_batch */
 
 static int usage(const char *argv0) {
     fprintf(stderr, "usage: %s [IMAGE] [--stream] [--threads N] [--arena-bytes N] [--upload-bytes N]\n"

@@ -70,7 +70,7 @@ void board_main(void) {
         /* QEMU's loader may have put an image here; if not, OPEN says "bad magic" until one is uploaded */
         .image = (const uint8_t *)(uintptr_t)IMAGE_BASE, .image_size = IMAGE_CAPACITY,
         .upload = (uint8_t *)(uintptr_t)IMAGE_BASE, .upload_capacity = IMAGE_CAPACITY,
-        .arena = __arena_start, .arena_size = (size_t)(__arena_end - __arena_start),
+        .arena = __arena_start, .arena_size = (size_t)(__arena_end - __arena_start), .prefill_batch = PREFILL_BATCH,
     };
     uart_puts("colibri riscv64_virt ready\r\n");
     board_exit((uint32_t)link_serve(&io));

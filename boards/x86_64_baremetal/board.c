@@ -112,7 +112,7 @@ void board_main(const struct mb_info *mbi) {
         .upload = (uint8_t *)(uintptr_t)UPLOAD_BASE,
         .upload_capacity = ram_end > ARENA_BASE ? ARENA_BASE - UPLOAD_BASE : 0,
         .arena = (void *)(uintptr_t)ARENA_BASE,
-        .arena_size = ram_end > ARENA_BASE ? (size_t)(ram_end - ARENA_BASE) : 0,
+        .arena_size = ram_end > ARENA_BASE ? (size_t)(ram_end - ARENA_BASE) : 0, .prefill_batch = PREFILL_BATCH,
     };
     if ((mbi->flags & (1u << 3)) && mbi->mods_count > 0) {
         const struct mb_module *m = (const struct mb_module *)(uintptr_t)mbi->mods_addr;
