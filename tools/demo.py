@@ -93,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         speed = f"{r['tokens_per_s']:9.0f}" if r["tokens_per_s"] else f"{'n/a':>9}"
         print(f"{r['problem']:>12}  {str(r['answer']):>11}  {'yes' if r['correct'] else 'NO':>6}  {speed}  "
               f"{r['cycles_per_token']:>12,}")
-    print(f"\nimage {packed['image_bytes']:,} bytes, arena {opened.arena_bytes:,} bytes (exact, planned by the packer)")
+    batch = (f" + a prefill batch of {opened.prefill_batch} tokens, {opened.arena_bytes - packed['arena_bytes']:,}"
+             if opened.prefill_batch else "")
+    print(f"\nimage {packed['image_bytes']:,} bytes, arena {opened.arena_bytes:,} bytes (exact: the packer's plan, "
+          f"{packed['arena_bytes']:,}{batch})")
     agree = sum(r["reference_agrees"] for r in rows)
     print(f"verify: max |device - reference| = {worst:.3g} (tolerance {TOLERANCE:g}); "
           f"greedy answers agree {agree}/{len(rows)}: {'PASS' if passed else 'FAIL'}")
