@@ -24,7 +24,7 @@ class ImageInfo(C.Structure):
 
 
 class Stats(C.Structure):
-    _fields_ = [("tokens_fed", C.c_uint32)] + [(n, C.c_uint64) for n in (
+    _fields_ = [("tokens_fed", C.c_uint32), ("prefill_batch", C.c_uint32)] + [(n, C.c_uint64) for n in (
         "arena_bytes", "cycles_total", "cycles_attention", "cycles_router", "cycles_experts", "cycles_lm_head",
         "cycles_sampling", "expert_calls", "expert_hits", "expert_misses", "expert_bytes_fetched", "prefetch_issued",
         "prefetch_used", "cycles_fetch_wait")]

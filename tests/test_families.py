@@ -148,7 +148,9 @@ def test_prefill_batch_gives_the_bits_of_one_token_a_pass(name, family_images, h
         for opts in (Options(prefill_batch=5), Options(prefill_batch=5, parallel_for=reversed_parts, parallel_parts=3)):
             batched = Context(lib, data, options=opts)
             assert batched.open_status == 0
-            assert batched.needed == one.info.arena_bytes + 5 * one.info.prefill_token_bytes > one.info.arena_bytes
+            stats = batched.stats()
+            assert stats.prefill_batch == 5
+            assert stats.arena_bytes == one.info.arena_bytes + 5 * one.info.prefill_token_bytes > one.info.arena_bytes
             assert batched.feed(prompt) == 0
             assert batched.logits().tobytes() == rows[len(prompt) - 1], dtype
             for i, tok in enumerate(after):

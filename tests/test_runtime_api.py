@@ -346,3 +346,21 @@ def test_host_mirror_of_the_prefill_batch_bytes(lib, images):
         dims = read_image(data).dims
         for tokens in (0, 1, 2, 8, 64):
             assert prefill_bytes(dims, tokens) == lib.so.colibri_prefill_bytes(C.byref(info), tokens), (path.name, tokens)
+
+
+def test_a_prefill_batch_takes_the_room_the_arena_has(lib, base):
+    """prefill_batch is a most, not a requirement: open takes the largest batch whose bytes fit after the
+    plan (none when two tokens do not fit) and says so in the stats; the logits are the same bits."""
+    from capi import Options
+    tokens = [3, 1, 4, 1, 5, 9, 2]
+    plain = Context(lib, base)
+    assert plain.feed(tokens) == 0
+    info = plain.info
+    for room, want in ((7 * info.prefill_token_bytes, 7), (3 * info.prefill_token_bytes + 5, 3),
+                       (2 * info.prefill_token_bytes - 1, 0), (0, 0)):
+        ctx = Context(lib, base, arena_bytes=info.arena_bytes + room, options=Options(prefill_batch=7))
+        assert ctx.open_status == 0 and ctx.needed == info.arena_bytes
+        stats = ctx.stats()
+        assert (stats.prefill_batch, stats.arena_bytes) == (want, info.arena_bytes + want * info.prefill_token_bytes)
+        assert ctx.feed(tokens) == 0
+        assert ctx.logits().tobytes() == plain.logits().tobytes(), room

@@ -206,7 +206,7 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
                 fits &= used <= cap
             batch = board.spec.get("prefill_batch", 0)
             if batch > 1:  # optional: without room for it the board opens with none (the same results, slower prompts)
-                bars.append(usage_bar(f"arena with a prefill batch of {batch} (used when it fits)",
+                bars.append(usage_bar(f"arena with a prefill batch of {batch} (open takes what fits)",
                                       img.header["arena_bytes"] + prefill_bytes(img.dims, batch), mem["arena_capacity"]))
     stack = report.get("stack")
     if stack and stack["depth"] is not None:

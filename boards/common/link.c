@@ -219,20 +219,18 @@ static void do_open(link_state *l, uint8_t seq, uint32_t len) {
         return;
     }
     colibri_status st = colibri_open(l->image, l->image_size, io->arena, io->arena_size, &opts, &l->ctx, &needed);
-    if (st == COLIBRI_E_ARENA_TOO_SMALL && opts.prefill_batch > 1) { /* the batch is a speed-up: go without it */
-        opts.prefill_batch = 0;
-        st = colibri_open(l->image, l->image_size, io->arena, io->arena_size, &opts, &l->ctx, &needed);
-    }
     if (st) {
         send_error(l, seq, st, needed);
         return;
     }
     colibri_get_info(l->ctx, &info); /* open verified the image: no second CRC pass */
+    colibri_stats stats;
+    colibri_get_stats(l->ctx, &stats);
     l->info = info;
     colibri_sampler_init(&l->sampler, 0.0f, 0, 1.0f, 0);
     uint8_t *p = payload(l);
     put64(p, info.image_bytes);
-    put64(p + 8, needed);
+    put64(p + 8, stats.arena_bytes);
     put32(p + 16, info.payload_crc32);
     put32(p + 20, info.vocab_size);
     put32(p + 24, info.max_seq);
@@ -247,7 +245,7 @@ static void do_open(link_state *l, uint8_t seq, uint32_t len) {
     put64(p + 48, info.expert_block_bytes);
     put32(p + 56, info.streamed_experts);
     put32(p + 60, info.expert_cache_min);
-    put32(p + 64, opts.prefill_batch);
+    put32(p + 64, stats.prefill_batch);
     put32(p + 68, opts.parallel_parts);
     send(l, RSP_OPENED, seq, 72);
 }

@@ -30,7 +30,7 @@ typedef struct {
     void (*parallel_for)(void (*fn)(void *arg, uint32_t part), void *arg, uint32_t parts);
     uint32_t parallel_parts;
     /* Prompt tokens computed in one pass (colibri_options.prefill_batch) when OPEN asks for no expert
-     * cache; the arena must hold colibri_prefill_bytes() more. 0: one token a pass. */
+     * cache: at most this many, as many as the arena has room for. 0: one token a pass. */
     uint32_t prefill_batch;
 } board_io;
 

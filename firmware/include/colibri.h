@@ -127,9 +127,10 @@ typedef struct {
     void (*parallel_for)(void *user, void (*fn)(void *arg, uint32_t part), void *arg, uint32_t parts);
     uint32_t parallel_parts;   /* at most COLIBRI_MAX_PARTS */
     /* Prefill batch: colibri_feed() computes up to this many tokens in one pass, each weight row read
-     * once for all of them (0 or 1: one token a pass). The arena needs colibri_prefill_bytes() more,
-     * after the expert cache. The same bits as one token a pass. Not with an expert cache (a fetch serves
-     * one token's experts), which feeds one token a pass whatever this says. */
+     * once for all of them (0 or 1: one token a pass). It is a speed-up, not a requirement: open takes the
+     * largest batch up to this whose colibri_prefill_bytes() fit in the arena after the plan (none when
+     * two do not; stats.prefill_batch says what it took). The same bits as one token a pass. Not with an
+     * expert cache (a fetch serves one token's experts), which feeds one token a pass. */
     uint32_t prefill_batch;    /* at most COLIBRI_MAX_BATCH */
 } colibri_options;
 
@@ -140,7 +141,8 @@ typedef struct {
 /* Counters since the last colibri_open()/colibri_reset(); cycles are 0 without a cycles hook. */
 typedef struct {
     uint32_t tokens_fed;       /* positions in the KV cache */
-    uint64_t arena_bytes;
+    uint32_t prefill_batch;    /* tokens a pass computes together, as open chose it (0: one a pass) */
+    uint64_t arena_bytes;      /* the arena used: the plan, plus the expert cache or the prefill batch */
     uint64_t cycles_total;     /* inside colibri_feed/colibri_step */
     uint64_t cycles_attention; /* norms, q/k/v/o projections, RoPE, attention */
     uint64_t cycles_router;    /* router matvec, softmax, top-k */
@@ -186,7 +188,8 @@ uint64_t colibri_expert_cache_bytes(const colibri_image_info *info, uint32_t slo
 uint64_t colibri_prefill_bytes(const colibri_image_info *info, uint32_t tokens);
 
 /* Verify `image` and lay out the context in `arena` (aligned to COLIBRI_ARENA_ALIGN, at least
- * info.arena_bytes long, plus colibri_expert_cache_bytes() with an expert cache). The image must
+ * info.arena_bytes long, plus colibri_expert_cache_bytes() with an expert cache; room beyond that goes to
+ * a prefill batch, if asked for). The image must
  * stay valid and unchanged while the context is used. With an expert cache only the resident part
  * is verified here; each expert block is checked when fetched.
  * Every tensor's place is decoded and bounds-checked here, once, into the arena: later calls never

@@ -3,19 +3,14 @@
 
 _Static_assert(sizeof(struct colibri_ctx) <= ARENA_CTX_BYTES, "context must fit its arena reservation");
 
-/* The arena bytes this image and these options need: the plan, plus the expert cache. */
+/* The arena bytes this image and these options need: the plan, plus the expert cache (a prefill batch is
+ * optional: it takes the room left, batch_fit). */
 static colibri_status arena_need(const colibri_image_info *info, const colibri_options *opts, uint64_t *need) {
     *need = info->arena_bytes;
     if (opts && opts->parallel_parts > 1 && !opts->parallel_for) return COLIBRI_E_NULL;
     if (opts && (opts->parallel_parts > COLIBRI_MAX_PARTS || opts->prefill_batch > COLIBRI_MAX_BATCH))
         return COLIBRI_E_BAD_ARG;
-    if (!opts) return COLIBRI_OK;
-    if (!opts->expert_cache) {
-        const uint64_t batch = colibri_prefill_bytes(info, opts->prefill_batch);
-        if (batch > UINT64_MAX - *need) return COLIBRI_E_BAD_ARG;
-        *need += batch;
-        return COLIBRI_OK;
-    }
+    if (!opts || !opts->expert_cache) return COLIBRI_OK; /* a prefill batch takes what room is left (batch_fit) */
     if (!opts->fetch) return COLIBRI_E_NULL;
     if (opts->expert_cache > info->streamed_experts) return COLIBRI_E_BAD_ARG;
     const uint32_t slots = opts->expert_cache < info->expert_cache_min ? info->expert_cache_min : opts->expert_cache;
@@ -23,6 +18,15 @@ static colibri_status arena_need(const colibri_image_info *info, const colibri_o
     if (!cache || cache > UINT64_MAX - *need) return COLIBRI_E_BAD_ARG;
     *need += cache;
     return opts->expert_cache < info->expert_cache_min ? COLIBRI_E_CACHE_TOO_SMALL : COLIBRI_OK;
+}
+
+/* The largest prefill batch, up to the one asked for, whose region fits in `room` arena bytes after the
+ * plan; 0 when not even two tokens fit (one token a pass needs no region). A loop, not a division: 64-bit
+ * division pulls libgcc into 32-bit boards, and it runs once, at open. */
+static uint32_t batch_fit(const colibri_image_info *info, uint32_t asked, uint64_t room) {
+    uint32_t batch = asked;
+    while (batch > 1 && colibri_prefill_bytes(info, batch) > room) batch--;
+    return batch > 1 ? batch : 0;
 }
 
 colibri_status colibri_open(const void *image, size_t image_size, void *arena, size_t arena_size,
@@ -40,6 +44,8 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     if (st) return st;
     if ((uintptr_t)arena % COLIBRI_ARENA_ALIGN) return COLIBRI_E_ARENA_ALIGN;
     if (arena_size < need) return COLIBRI_E_ARENA_TOO_SMALL;
+    const uint32_t batch = opts && !slots ? batch_fit(&info, opts->prefill_batch, arena_size - need) : 0;
+    need += colibri_prefill_bytes(&info, batch);
     const uintptr_t a0 = (uintptr_t)arena, i0 = (uintptr_t)image; /* sizes fit the address space: both are mapped */
     if (a0 < i0 + image_size && i0 < a0 + (uintptr_t)need) return COLIBRI_E_ARENA_OVERLAP;
 
@@ -51,7 +57,6 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     tensors_resolve(table, d.n_tensors, a.tensors); /* the last read of the table */
     c->attn_scale = 1.0f / __builtin_sqrtf((float)d.head_dim);
     if (opts) c->opts = *opts;
-    const uint32_t batch = opts && !slots && opts->prefill_batch > 1 ? opts->prefill_batch : 0;
     if (batch) batch_plan(&d, batch, (uint8_t *)arena + total, &c->batch); /* after the plan: no cache with a batch */
     if (slots) { /* the cache follows the plan: slot bookkeeping, then the slots */
         expert_cache *x = &c->cache;
@@ -61,6 +66,7 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
         x->slot_bytes = (d.expert_block_max + IMG_ALIGN - 1) & ~(uint64_t)(IMG_ALIGN - 1);
         for (uint32_t i = 0; i < slots; i++) x->slots[i] = (expert_slot){ .state = SLOT_EMPTY };
     }
+    c->stats.prefill_batch = batch;
     c->stats.arena_bytes = need;
     *ctx = c;
     return COLIBRI_OK;
@@ -77,7 +83,7 @@ colibri_status colibri_reset(colibri_ctx *c) {
     experts_settle(c); /* cached blocks stay: they are the image's, not the sequence's */
     c->pos = 0;
     c->have_logits = 0;
-    c->stats = (colibri_stats){ .arena_bytes = c->stats.arena_bytes };
+    c->stats = (colibri_stats){ .prefill_batch = c->stats.prefill_batch, .arena_bytes = c->stats.arena_bytes };
     return COLIBRI_OK;
 }
 

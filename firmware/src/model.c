@@ -81,21 +81,6 @@ typedef struct {
 /* Below this many weights a matrix is not worth waking other threads for (a router, a gate vector). */
 #define PARALLEL_MIN_WEIGHTS 16384u
 
-/* Row r of w times one vector (x, or xq for the quantized dtypes). */
-static float dot_row(const kernel_set *k, const weight *w, uint32_t r, const float *x, const q8_vector *xq) {
-    switch (w->dtype) {
-    case DTYPE_Q8_0:
-        return k->dot_q8_0((const int8_t *)w->data + (size_t)r * w->blocks * QBLOCK, w->scales + (size_t)r * w->blocks,
-                           xq, w->blocks);
-    case DTYPE_Q4_0:
-        return k->dot_q4_0((const uint8_t *)w->data + (size_t)r * w->blocks * (QBLOCK / 2),
-                           w->scales + (size_t)r * w->blocks, xq, w->blocks);
-    case DTYPE_F32: return k->dot_f32((const float *)w->data + (size_t)r * w->cols, x, w->cols);
-    case DTYPE_F16: return k->dot_f16((const uint16_t *)w->data + (size_t)r * w->cols, x, w->cols);
-    default: return k->dot_bf16((const uint16_t *)w->data + (size_t)r * w->cols, x, w->cols);
-    }
-}
-
 /* The first row of `part`: rows < 2^24 (IMG_MAX_DIM) and part <= COLIBRI_MAX_PARTS, so 32 bits hold the product. */
 static uint32_t part_start(uint32_t rows, uint32_t part, uint32_t parts) {
     return rows * part / parts;
@@ -138,8 +123,9 @@ static q8_vector token_q(const rows_work *m, uint32_t t) {
     return (q8_vector){ m->xq.q + b * QBLOCK, m->xq.scale + b, m->xq.sum + b };
 }
 
-/* One token's rows [r0, r1) of w, the dtype chosen once for all of them: decode's path, where on a small
- * model (rows of two or three blocks) choosing per row costs a sixth of a token's instructions. */
+/* One token's rows [r0, r1) of w (x, or xq for the quantized dtypes), the dtype chosen once for all of
+ * them: on a small model (rows of two or three blocks) choosing per row cost decode a sixth of a token's
+ * instructions. */
 static void token_rows(const kernel_set *k, const weight *w, const float *x, const q8_vector *xq, float *out,
                        uint32_t r0, uint32_t r1) {
     const uint32_t cols = w->cols;
@@ -170,7 +156,7 @@ static void matrix_rows(const rows_work *m, uint32_t j, uint32_t r0, uint32_t r1
         return;
     }
     uint32_t r = r0;
-    for (; r + 2 <= r1 && m->n_tok >= 2; r += 2) {
+    for (; r + 2 <= r1; r += 2) {
         uint32_t t = 0;
         for (; t + 2 <= m->n_tok; t += 2) {
             const q8_vector q0 = token_q(m, t), q1 = token_q(m, t + 1);
@@ -181,17 +167,15 @@ static void matrix_rows(const rows_work *m, uint32_t j, uint32_t r0, uint32_t r1
             out[t * os + r + 1] = o[2];
             out[(t + 1) * os + r + 1] = o[3];
         }
-        for (; t < m->n_tok; t++) {
+        for (; t < m->n_tok; t++) { /* no tile for this dtype, or the odd token */
             const q8_vector q = token_q(m, t);
-            out[t * os + r] = dot_row(m->k, w, r, token_x(m, t), &q);
-            out[t * os + r + 1] = dot_row(m->k, w, r + 1, token_x(m, t), &q);
+            token_rows(m->k, w, token_x(m, t), &q, out + t * os, r, r + 2);
         }
     }
-    for (; r < r1; r++)
-        for (uint32_t t = 0; t < m->n_tok; t++) {
-            const q8_vector q = token_q(m, t);
-            out[t * os + r] = dot_row(m->k, w, r, token_x(m, t), &q);
-        }
+    for (uint32_t t = 0; r < r1 && t < m->n_tok; t++) { /* the odd row */
+        const q8_vector q = token_q(m, t);
+        token_rows(m->k, w, token_x(m, t), &q, out + t * os, r, r1);
+    }
 }
 
 static void rows_part(void *arg, uint32_t part) {
@@ -429,14 +413,16 @@ static void swiglu_ffn(colibri_ctx *c, const token_buffers *tb, uint32_t gate_in
     run_rows(c, tb, &down);
 }
 
+/* acc += s * v: how an FFN's output joins moe_out, the same expression for every kind and order */
+static void add_scaled(float *acc, float s, const float *v, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) acc[i] += s * v[i];
+}
+
 /* moe_out[t] += w[t * stride] * ffn_out[t] for every token (the shared expert, the dense MLP) */
 static void accumulate(const colibri_ctx *c, const token_buffers *tb, const float *w, uint32_t stride) {
     const uint32_t dim = c->d.dim;
-    for (uint32_t t = 0; t < tb->n; t++) {
-        float *acc = tb->moe_out + (size_t)t * dim;
-        const float *out = tb->ffn_out + (size_t)t * dim, s = w[(size_t)t * stride];
-        for (uint32_t r = 0; r < dim; r++) acc[r] += s * out[r];
-    }
+    for (uint32_t t = 0; t < tb->n; t++)
+        add_scaled(tb->moe_out + (size_t)t * dim, w[(size_t)t * stride], tb->ffn_out + (size_t)t * dim, dim);
 }
 
 /* Whether a (token, rank) pair before (first, k), rank by rank, chose expert e: it was computed then. */
@@ -495,8 +481,7 @@ static colibri_status routed_experts(colibri_ctx *c, const token_buffers *tb, ui
                     for (uint32_t i = 0; i < dim; i++)
                         tb->expert_out[(size_t)tb->group[g] * dim + i] = tb->ffn_out[(size_t)g * dim + i];
             } else { /* one token, rank k */
-                const float w = tb->topk_weight[k];
-                for (uint32_t i = 0; i < dim; i++) tb->moe_out[i] += w * tb->ffn_out[i];
+                add_scaled(tb->moe_out, tb->topk_weight[k], tb->ffn_out, dim);
                 c->a.topk_cycles[k] = ctx_now(c) - e0;
             }
             c->stats.expert_calls += members;
@@ -504,11 +489,9 @@ static colibri_status routed_experts(colibri_ctx *c, const token_buffers *tb, ui
     }
     if (tb->expert_out)
         for (uint32_t t = 0; t < n; t++)
-            for (uint32_t k = 0; k < top_k; k++) {
-                float *acc = tb->moe_out + (size_t)t * dim;
-                const float *out = tb->expert_out + ((size_t)t * top_k + k) * dim, w = tb->topk_weight[(size_t)t * top_k + k];
-                for (uint32_t i = 0; i < dim; i++) acc[i] += w * out[i];
-            }
+            for (uint32_t k = 0; k < top_k; k++)
+                add_scaled(tb->moe_out + (size_t)t * dim, tb->topk_weight[(size_t)t * top_k + k],
+                           tb->expert_out + ((size_t)t * top_k + k) * dim, dim);
     return COLIBRI_OK;
 }
 
