@@ -37,7 +37,7 @@ from host.image import ImageError, expert_cache_bytes, open_image, read_image  #
 from host.protocol import STATUS_NAMES, Client, DeviceError, Generation, LinkError, Sampling, Transport  # noqa: E402
 from host.reference import Reference  # noqa: E402
 from host.text import NoTokenizer, Text, TextStream  # noqa: E402
-from sim.boards import DEFAULT_BOARD, load_board  # noqa: E402
+from sim.boards import DEFAULT_BOARD, board_names, load_board  # noqa: E402
 from sim.launch import open_port, start_board  # noqa: E402
 
 # --verify's default: max |device - reference| relative to max(1, max |logit|). The reference quantizes
@@ -183,7 +183,9 @@ def threads_args(board, threads: int) -> list[str]:
     if threads == 1:
         return []
     if "threads_arg" not in board.spec:
-        raise ValueError(f"board {board.name} computes on one core; --threads needs a board with threads (hosted)")
+        with_threads = [b for b in board_names() if "threads_arg" in load_board(b).spec]
+        raise ValueError(f"board {board.name} computes on one core; --threads needs a board with threads "
+                         f"({', '.join(with_threads)})")
     return [board.spec["threads_arg"], str(threads)]
 
 

@@ -15,8 +15,12 @@ class Board:
     name: str
     spec: dict
 
+    def program(self, name: str = "firmware", mode: str = "release") -> Path:
+        """A program `scons board=NAME` builds: firmware, or kernel_check (firmware.elf, or .exe on Windows)."""
+        return ROOT / "build" / self.name / mode / (name + self.spec.get("program_suffix", ".elf"))
+
     def firmware(self, mode: str = "release") -> Path:
-        return ROOT / "build" / self.name / mode / "firmware.elf"
+        return self.program("firmware", mode)
 
 
 def fit_report(board: Board, image_bytes: int, arena_bytes: int) -> tuple[bool, list[str]]:

@@ -1,6 +1,7 @@
 """Start a board with its firmware (and optionally an image) and hand back a byte-stream link.
 
-- `hosted`: the firmware is a Linux process speaking the protocol on stdin/stdout.
+- `hosted`: the firmware is a Linux process speaking the protocol on stdin/stdout; `hosted_windows`
+  is the same program built for Windows, run under Wine off Windows (sim/wine.py).
 - QEMU boards: QEMU runs the firmware with the board's arguments (boards/<name>/board.toml); its
   UART is a TCP server on a free loopback port (`-serial tcp:127.0.0.1:0,server=on,wait=on`, the
   port read back from QEMU's output, no race) reached through pyserial's `socket://`. QEMU waits
@@ -31,6 +32,7 @@ import serial
 
 from host.protocol import DeviceError, LinkClosed, LinkError, LinkTimeout
 from sim.boards import Board
+from sim.wine import wrap
 
 CONNECT_TIMEOUT = 15.0
 BOOT_TIMEOUT = 30.0
@@ -222,14 +224,15 @@ def start_board(board: Board, firmware: Path, image: Path | None, extra_args: li
             if image is None:
                 raise ValueError(f"board {board.name} needs an image file")
             argv = [a.format(firmware=firmware, image=image) for a in board.spec["run"]] + (extra_args or [])
+            argv, env = wrap(argv, board.spec.get("wrapper", []), board.spec.get("wrapper_package", ""))
         else:
             if shutil.which(board.spec["qemu"]) is None:
                 raise FileNotFoundError(f"{board.spec['qemu']} not found: apt-get install {board.spec['qemu_package']}")
-            argv = qemu_command(board, firmware, image, gdb) + (extra_args or [])
+            argv, env = qemu_command(board, firmware, image, gdb) + (extra_args or []), None
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE if board.spec["link"] == "stdio" else subprocess.DEVNULL,
                                     stdout=subprocess.PIPE if board.spec["link"] == "stdio" else log,
-                                    stderr=log, bufsize=0)
+                                    stderr=log, bufsize=0, env=env)
         device = None
         try:
             if board.spec["link"] == "stdio":

@@ -71,7 +71,9 @@ def make_checkpoint(cfg: TinyConfig, out: Path, max_shard_size: str | None = Non
 
 # Every board that runs models; each model test runs on each of them. "board@mode" is that board's
 # build in another mode: the hosted board also runs everything under ASan + UBSan.
-MODEL_BOARDS = ["hosted", "hosted@asan", "x86_64_baremetal", "cortex_m55", "cortex_m4", "riscv64_virt"]
+MODEL_BOARDS = ["hosted", "hosted@asan", "hosted_windows", "x86_64_baremetal", "cortex_m55", "cortex_m4", "riscv64_virt"]
+# The boards that are an operating-system process (the protocol on stdin/stdout, the image a file)
+OS_BOARDS = ["hosted", "hosted_windows"]
 RELEASE_BOARDS = [b for b in MODEL_BOARDS if "@" not in b]
 
 
@@ -114,7 +116,13 @@ def hosted_build() -> Path:
 @pytest.fixture(scope="session")
 def firmwares() -> dict[str, Path]:
     """Build every model board once per test session: board name -> firmware ELF."""
-    return {run: build(board_name(run), (run.split("@") + ["release"])[1]) / "firmware.elf" for run in MODEL_BOARDS}
+    from sim.boards import load_board
+    out = {}
+    for run in MODEL_BOARDS:
+        board, mode = (run.split("@") + ["release"])[:2]
+        build(board, mode)
+        out[run] = load_board(board).firmware(mode)
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from capi import Lib
-from conftest import CONFIGS, MODEL_BOARDS, board_name
+from conftest import CONFIGS, MODEL_BOARDS, OS_BOARDS, board_name
 from host import flash
 from host.image import read_image
 from host.protocol import DeviceError, Sampling
@@ -107,7 +107,7 @@ def test_flash_cli_threads_and_timing(images, firmware, capsys):
     with pytest.raises(SystemExit) as err:
         flash.main([str(images["base"]), "--board", "cortex_m4", "--prompt-tokens", "1", "--threads", "2"])
     assert err.value.code == 2
-    assert "board cortex_m4 computes on one core; --threads needs a board with threads (hosted)" in capsys.readouterr().err
+    assert "board cortex_m4 computes on one core; --threads needs a board with threads (hosted, hosted_windows)" in capsys.readouterr().err
 
 
 def test_flash_cli_default_board_streams_and_verifies(images, firmwares, capsys):
@@ -119,16 +119,19 @@ def test_flash_cli_default_board_streams_and_verifies(images, firmwares, capsys)
     assert "greedy tokens agree 4/4: PASS" in out
 
 
-def test_errors_are_named(images, firmware, tmp_path, capsys):
+@pytest.mark.parametrize("board", OS_BOARDS)
+def test_errors_are_named(board, images, firmwares, tmp_path, capsys):
+    """The same named errors from the Linux and the Windows program."""
+    firmware = firmwares[board]
     vocab = read_image(images["base"].read_bytes()).dims.vocab_size
     with pytest.raises(DeviceError) as err:
-        flash.run_on_board(images["base"], "hosted", [1, vocab], 2, Sampling(), False, firmware=firmware)
+        flash.run_on_board(images["base"], board, [1, vocab], 2, Sampling(), False, firmware=firmware)
     assert err.value.message == "token id out of range" and err.value.detail == 1
     with pytest.raises(ValueError, match="max_seq"):
-        flash.run_on_board(images["base"], "hosted", [1] * 40, 9, Sampling(), False, firmware=firmware)
+        flash.run_on_board(images["base"], board, [1] * 40, 9, Sampling(), False, firmware=firmware)
     plan = read_image(images["base"].read_bytes()).header["arena_bytes"]
     with pytest.raises(DeviceError) as err:
-        flash.run_on_board(images["base"], "hosted", [1], 1, Sampling(), False, firmware=firmware,
+        flash.run_on_board(images["base"], board, [1], 1, Sampling(), False, firmware=firmware,
                            board_args=["--arena-bytes", str(plan - 64)])
     assert err.value.message == "arena too small" and err.value.detail == plan
     clean = images["base"].read_bytes()
@@ -139,9 +142,9 @@ def test_errors_are_named(images, firmware, tmp_path, capsys):
         corrupt[at] ^= 1  # the last bytes of the resident part, then of the expert part
         (tmp_path / "corrupt.img").write_bytes(corrupt)
         with pytest.raises(DeviceError) as err:  # the device names it
-            flash.run_on_board(tmp_path / "corrupt.img", "hosted", [1], 1, Sampling(), False, firmware=firmware)
+            flash.run_on_board(tmp_path / "corrupt.img", board, [1], 1, Sampling(), False, firmware=firmware)
         assert status in str(err.value)
-        code = flash.main([str(tmp_path / "corrupt.img"), "--board", "hosted", "--firmware", str(firmware),
+        code = flash.main([str(tmp_path / "corrupt.img"), "--board", board, "--firmware", str(firmware),
                            "--prompt-tokens", "1"])
         assert code == 2  # and flash.py refuses it before booting anything
         assert host_says in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """Every weight dtype (and the f16 KV cache) on every board: the numpy reference as the oracle, and
 the same bytes everywhere, with each board's optimized kernels on, on an x86 CPU without AVX2, with
-the scalar kernels (`scons kernels=scalar`), and on the hosted board's threads."""
+the scalar kernels (`scons kernels=scalar`), and on the hosted boards' threads (Linux and Windows)."""
 from __future__ import annotations
 
 import numpy as np
@@ -48,13 +48,15 @@ def test_dtype_on_every_board(dtype, kv, tolerance, wide_checkpoint, firmwares, 
                                                      board_args=["-cpu", "Nehalem"])
     runs["hosted, kernels=scalar"] = flash.run_on_board(image, "hosted", PROMPT, NEW_TOKENS, Sampling(), True,
                                                         firmware=scalar_firmware)
-    for threads in (2, 3):  # every matrix of this model is split (3: unevenly), none below the runtime's threshold
-        runs[f"hosted, {threads} threads"] = flash.run_on_board(image, "hosted", PROMPT, NEW_TOKENS, Sampling(), True,
-                                                                firmware=firmwares["hosted"], threads=threads)
+    threaded = {"hosted": (2, 3), "hosted_windows": (3,)}  # every matrix of this model is split (3: unevenly)
+    for board, counts in threaded.items():
+        for threads in counts:
+            runs[f"{board}, {threads} threads"] = flash.run_on_board(image, board, PROMPT, NEW_TOKENS, Sampling(), True,
+                                                                     firmware=firmwares[board], threads=threads)
     from test_kernels import EXPECTED_KERNELS
     kernels = {**{board: EXPECTED_KERNELS[board_name(board)] for board in MODEL_BOARDS},
                "x86_64 without AVX2": "scalar", "hosted, kernels=scalar": "scalar",
-               "hosted, 2 threads": EXPECTED_KERNELS["hosted"], "hosted, 3 threads": EXPECTED_KERNELS["hosted"]}
+               **{f"{board}, {t} threads": EXPECTED_KERNELS[board] for board, counts in threaded.items() for t in counts}}
     assert {name: run.kernels for name, run in runs.items()} == kernels  # each board really used its own
     first = runs["hosted"]
     expected = ref.forward(PROMPT + first.tokens)  # the reference fed the device's tokens

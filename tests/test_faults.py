@@ -19,9 +19,9 @@ TIMEOUT, RETRIES = 0.4, 8
 BOUND = (RETRIES + 1) * TIMEOUT * 8 + 30  # per run: requests x attempts x timeout, generously
 
 
-@pytest.mark.parametrize("board", ["hosted", "cortex_m55"])
+@pytest.mark.parametrize("board", ["hosted", "hosted_windows", "cortex_m55"])
 def test_fault_sweep(board, images, firmwares, capsys):
-    """Over the hosted board's pipes and over a QEMU board's TCP serial socket."""
+    """Over the hosted boards' pipes (Linux, and Windows under Wine) and over a QEMU board's TCP serial socket."""
     image = images["base"]
     clean = flash.run_on_board(image, board, PROMPT, 12, Sampling(0.9, 0, 0.95, 5), True, firmware=firmwares[board])
     report = {}
@@ -56,16 +56,18 @@ def test_fault_sweep(board, images, firmwares, capsys):
     assert report[1e-3]["identical"] >= 6
 
 
-def test_cut_link_fails_in_bounded_time(images, firmwares):
+@pytest.mark.parametrize("board", ["hosted", "hosted_windows"])
+def test_cut_link_fails_in_bounded_time(board, images, firmwares):
     t0 = time.monotonic()
     with pytest.raises(LinkError, match="failed after 3 attempts"):
-        flash.run_on_board(images["base"], "hosted", PROMPT, 12, Sampling(), True, firmware=firmwares["hosted"],
+        flash.run_on_board(images["base"], board, PROMPT, 12, Sampling(), True, firmware=firmwares[board],
                            timeout=0.3, retries=2, wrap=lambda link: LossyTransport(link, 0.0, cut_after=600))
     assert time.monotonic() - t0 < 10
 
 
-def test_device_reset_mid_generation_is_reported(images, firmwares):
-    with start_board(load_board("hosted"), firmwares["hosted"], images["base"]) as device:
+@pytest.mark.parametrize("board", ["hosted", "hosted_windows"])
+def test_device_reset_mid_generation_is_reported(board, images, firmwares):
+    with start_board(load_board(board), firmwares[board], images["base"]) as device:
         client = Client(device.link, timeout=2, retries=2)
         client.open()
         client.start(Sampling())

@@ -6,21 +6,27 @@ import subprocess
 
 import pytest
 
-from conftest import RELEASE_BOARDS, ROOT
+from conftest import OS_BOARDS, RELEASE_BOARDS, ROOT
 from tools import footprint
 
 GATE = json.loads((ROOT / "tools" / "size_gate.json").read_text())
 
 
-def test_runtime_objects_are_pure(firmwares):
-    objs = footprint.runtime_objects("hosted", "release")
+@pytest.mark.parametrize("board", OS_BOARDS)
+def test_runtime_objects_are_pure(board, firmwares):
+    """The runtime inside a Linux or Windows process calls nothing of the OS (ELF objects read by pyelftools,
+    the Windows board's COFF objects by MinGW's nm)."""
+    objs = footprint.runtime_objects(board, "release")
     assert {o.name for o in objs} >= {"image.o", "model.o", "kernels.o", "sampler.o", "colibri.o", "arena.o"}
     reports = [footprint.inspect(o) for o in objs]
     assert all(not r.forbidden for r in reports), [(r.path, r.forbidden) for r in reports if r.forbidden]
-    assert footprint.main(["--board", "hosted"]) == 0
+    assert footprint.main(["--board", board]) == 0
+    board_code = footprint.inspect(ROOT / "build" / board / "release" / "board" / ("os_posix.o" if board == "hosted"
+                                                                                 else "os_win32.o"))
+    assert board_code.forbidden  # the check sees the OS calls where they are: the board's own code
 
 
-@pytest.mark.parametrize("board", [b for b in RELEASE_BOARDS if b != "hosted"])
+@pytest.mark.parametrize("board", [b for b in RELEASE_BOARDS if b not in OS_BOARDS])
 def test_bare_metal_firmware_is_pure_fits_and_is_gated(board, firmwares, images):
     """A bare-metal ELF links no C library: nothing in the whole program may allocate, thread or print."""
     r = footprint.board_report(board, "release", images["top3_gqa4_tied"])
@@ -97,11 +103,16 @@ def test_only_the_public_api_is_exported(board, firmwares):
     out = ROOT / "build" / board / "release"
     files = [(out / "colibri_runtime.o", ".symtab")] + ([(out / "libcolibri.so", ".dynsym")] if board == "hosted" else [])
     for path, table in files:
-        with open(path, "rb") as f:
-            symbols = ELFFile(f).get_section_by_name(table)
-            assert isinstance(symbols, SymbolTableSection)
-            exported = {s.name for s in symbols.iter_symbols()
-                        if s["st_info"]["bind"] in ("STB_GLOBAL", "STB_WEAK") and s["st_shndx"] != "SHN_UNDEF"}
+        if board == "hosted_windows":  # a COFF object: MinGW's nm lists its defined global symbols
+            nm = subprocess.run([footprint.COFF_TOOLS + "nm", "-g", "--defined-only", "-P", str(path)],
+                                capture_output=True, text=True, check=True).stdout
+            exported = {line.split()[0] for line in nm.splitlines()}
+        else:
+            with open(path, "rb") as f:
+                symbols = ELFFile(f).get_section_by_name(table)
+                assert isinstance(symbols, SymbolTableSection)
+                exported = {s.name for s in symbols.iter_symbols()
+                            if s["st_info"]["bind"] in ("STB_GLOBAL", "STB_WEAK") and s["st_shndx"] != "SHN_UNDEF"}
         assert exported and all(name.startswith("colibri_") for name in exported), sorted(exported)
         assert {"colibri_open", "colibri_feed", "colibri_get_kernels"} <= exported
 
@@ -110,4 +121,4 @@ def test_a_non_elf_is_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("not an ELF file")
     assert footprint.main([str(tmp_path / "notes.txt")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "is not a readable ELF file" in err
+    assert err.count("\n") == 1 and "is not a readable ELF or PE/COFF file" in err

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Footprint and purity of built firmware, proven from the ELF files (pyelftools).
+"""Footprint and purity of built firmware, proven from the ELF files (pyelftools), or for the Windows
+board from its PE/COFF objects (MinGW-w64's nm and objdump).
 
 For a board: the runtime's and the board's .text/.rodata/.data/.bss separately, the worst-case
 stack depth (static: the call graph and frame sizes gcc writes with -fcallgraph-info=su), and,
@@ -18,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
+import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,8 +41,12 @@ FORBIDDEN = re.compile(
     r"|pthread_\w+|thrd_\w+|mtx_\w+|cnd_\w+"
     r"|printf|fprintf|sprintf|snprintf|vprintf|vfprintf|vsprintf|vsnprintf|puts|fputs|putchar|fputc|putc"
     r"|scanf|fscanf|sscanf|fopen|fclose|fread|fwrite|fseek|ftell|fflush|fgets|getchar|perror"
-    r"|stdin|stdout|stderr|_IO_\w+|__printf_chk|__fprintf_chk|__sprintf_chk|__snprintf_chk|__vfprintf_chk)$"
+    r"|stdin|stdout|stderr|_IO_\w+|__printf_chk|__fprintf_chk|__sprintf_chk|__snprintf_chk|__vfprintf_chk"
+    # Windows: any call into a DLL (__imp_), its allocators and threads, MinGW's own stdio
+    r"|__imp_\w+|HeapAlloc|VirtualAlloc|LocalAlloc|GlobalAlloc|CreateThread|_beginthread\w*|__mingw_\w*printf)$"
 )
+COFF_TOOLS = "x86_64-w64-mingw32-"  # binutils for x86-64 PE/COFF (the hosted_windows board's toolchain)
+COFF_SECTIONS = {".rdata": ".rodata"}  # PE names for what ELF calls .rodata
 SECTIONS = (".text", ".rodata", ".data", ".bss", ".stack")
 SHF_ALLOC = 0x2
 
@@ -52,7 +59,11 @@ class ObjectReport:
 
 
 def inspect(path: Path) -> ObjectReport:
-    """Section sizes (by kind) and forbidden symbols of one ELF object or executable."""
+    """Section sizes (by kind) and forbidden symbols of one ELF or PE/COFF object or executable."""
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic[:2] == b"MZ" or magic[:2] == b"\x64\x86":  # a PE executable, or an x86-64 COFF object
+        return inspect_coff(path)
     rep = ObjectReport(str(path))
     with open(path, "rb") as f:
         elf = ELFFile(f)
@@ -67,6 +78,30 @@ def inspect(path: Path) -> ObjectReport:
                     name = sym.name.split("@")[0]
                     if name and FORBIDDEN.match(name) and name not in rep.forbidden:
                         rep.forbidden.append(name)
+    return rep
+
+
+def _coff_tool(tool: str, *args: str) -> str:
+    exe = shutil.which(COFF_TOOLS + tool)
+    if exe is None:
+        raise FileNotFoundError(f"{COFF_TOOLS}{tool} not found: apt-get install binutils-mingw-w64-x86-64")
+    return subprocess.run([exe, *args], capture_output=True, text=True, check=True).stdout
+
+
+def inspect_coff(path: Path) -> ObjectReport:
+    """inspect() for a PE/COFF file: section headers from objdump -h, every symbol from nm."""
+    rep = ObjectReport(str(path))
+    for line in _coff_tool("objdump", "-h", str(path)).splitlines():
+        fields = line.split()  # "Idx Name Size VMA LMA File-off Algn", flags on the next line
+        if len(fields) == 7 and fields[0].isdigit():
+            name = COFF_SECTIONS.get(fields[1], fields[1])
+            kind = next((k for k in SECTIONS if name == k or name.startswith(k + "$") or name.startswith(k + ".")), None)
+            if kind:
+                rep.sizes[kind] = rep.sizes.get(kind, 0) + int(fields[2], 16)
+    for line in _coff_tool("nm", "-P", str(path)).splitlines():
+        name = line.split()[0] if line.split() else ""
+        if name and FORBIDDEN.match(name) and name not in rep.forbidden:
+            rep.forbidden.append(name)
     return rep
 
 
@@ -174,17 +209,18 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
     board = load_board(board_name)
     out = ROOT / "build" / board_name / mode
     runtime = [inspect(o) for o in runtime_objects(board_name, mode)]
-    board_objs = sorted((out / "board").glob("*.o")) + sorted((out / "common").glob("*.o"))
+    board_objs = sorted(o for o in out.glob("*/*.o") if o.parent.name not in ("firmware", "tests", "tools"))
     board_parts = [inspect(o) for o in board_objs]
-    elf = inspect(out / "firmware.elf")
+    elf = inspect(board.firmware(mode))
+    os_process = board.spec["link"] == "stdio"  # the hosted boards: the board's own code uses the C library
     report = {
         "board": board_name, "mode": mode,
         "runtime": total(runtime), "board_code": total(board_parts), "firmware_elf": elf.sizes,
-        "forbidden": {r.path: r.forbidden for r in runtime + ([] if board_name == "hosted" else [elf]) if r.forbidden},
+        "forbidden": {r.path: r.forbidden for r in runtime + ([] if os_process else [elf]) if r.forbidden},
     }
     ci = sorted(out.glob("*/*.ci"))
     hook_files = sorted((out / "board").glob("*.ci")) + sorted((out / "common").glob("*.ci"))
-    if board_name != "hosted":  # a Linux process's stack is the C library's business
+    if not os_process:  # a process's stack is its operating system's business
         report["stack"] = asdict(stack_depth([c for c in ci if not c.name.endswith(".c.ci")], ROOTS, hook_files))
     mem = board.spec.get("memory")
     bars, fits = [], True
@@ -263,9 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.objects:
         try:
             reports.append(inspect(path))
-        except (OSError, ELFError) as exc:
-            print(f"footprint: error: {path} is not a readable ELF file ({exc}); give objects or executables such "
-                  "as build/<board>/release/firmware.elf", file=sys.stderr)
+        except (OSError, ELFError, subprocess.CalledProcessError) as exc:
+            print(f"footprint: error: {path} is not a readable ELF or PE/COFF file ({exc}); give objects or "
+                  "executables such as build/<board>/release/firmware.elf", file=sys.stderr)
             return 2
     if args.json:
         print(json.dumps([asdict(r) for r in reports]))

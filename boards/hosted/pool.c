@@ -2,30 +2,21 @@
  * never creates one). threads - 1 workers wait for work; the calling thread works too. A call hands
  * out parts one at a time from a shared counter, so a part never runs twice and the call returns only
  * when every part has returned. Workers spin while work comes often (between the matrices of a token
- * it comes every few microseconds, and a sleep and wake would cost more than the wait) and sleep on a
- * futex once none has come for a while, so an idle board (waiting for the host) burns no core. */
-#define _GNU_SOURCE /* syscall */
+ * it comes every few microseconds, and a sleep and wake would cost more than the wait) and sleep
+ * (os_wait: a futex, or WaitOnAddress on Windows) once none has come for a while, so an idle board
+ * (waiting for the host) burns no core. */
 #include "pool.h"
 
-#include <linux/futex.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define CPU_RELAX() _mm_pause()
-#else
-#define CPU_RELAX() ((void)0)
-#endif
+#include "os.h"
 
 /* About 100 microseconds of spinning before a worker sleeps. */
 #define SPINS_BEFORE_SLEEP 20000
 
 static struct {
-    _Atomic uint32_t generation;      /* one per call: a worker's cue, and the futex word */
+    _Atomic uint32_t generation;      /* one per call: a worker's cue, and the word os_wait sleeps on */
     _Atomic uint64_t ticket;          /* generation << 32 | the next part to hand out */
     _Atomic uint32_t parts, parts_done, sleepers;
     void (*fn)(void *arg, uint32_t part);
@@ -45,36 +36,31 @@ static void work(uint32_t gen) {
     }
 }
 
-static void *worker(void *unused) {
-    (void)unused;
+static void worker(void) {
     uint32_t seen = atomic_load(&pool.generation);
     for (;;) {
         uint32_t now;
         for (int spin = 0; (now = atomic_load(&pool.generation)) == seen; spin++) {
             if (spin < SPINS_BEFORE_SLEEP) {
-                CPU_RELAX();
+                os_relax();
                 continue;
             }
             atomic_fetch_add(&pool.sleepers, 1);
-            /* returns at once if the generation moved after the load above */
-            syscall(SYS_futex, &pool.generation, FUTEX_WAIT_PRIVATE, seen, 0, 0, 0);
+            os_wait(&pool.generation, seen); /* returns at once if the generation moved after the load above */
             atomic_fetch_sub(&pool.sleepers, 1);
             spin = 0;
         }
         seen = now;
         work(now);
     }
-    return 0;
 }
 
 int pool_start(uint32_t threads) {
     for (uint32_t i = 1; i < threads; i++) {
-        pthread_t t;
-        if (pthread_create(&t, 0, worker, 0) != 0) {
+        if (os_thread_start(worker) != 0) {
             fprintf(stderr, "colibri-hosted: cannot start thread %u of %u\n", i + 1, threads);
             return -1;
         }
-        pthread_detach(t);
     }
     return 0;
 }
@@ -87,7 +73,7 @@ void pool_parallel_for(void (*fn)(void *arg, uint32_t part), void *arg, uint32_t
     atomic_store(&pool.parts_done, 0);
     atomic_store(&pool.ticket, (uint64_t)gen << 32); /* sequentially consistent: publishes fn and arg */
     atomic_store(&pool.generation, gen);
-    if (atomic_load(&pool.sleepers)) syscall(SYS_futex, &pool.generation, FUTEX_WAKE_PRIVATE, 0x7FFFFFFF, 0, 0, 0);
+    if (atomic_load(&pool.sleepers)) os_wake_all(&pool.generation);
     work(gen);
-    while (atomic_load(&pool.parts_done) < parts) CPU_RELAX();
+    while (atomic_load(&pool.parts_done) < parts) os_relax();
 }

@@ -55,7 +55,7 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     arena_plan(&d, arena, &a, &total); /* cannot fail: image_verify() ran the same plan */
     *c = (colibri_ctx){ .kernels = kernels_select(), .image = image, .info = info, .d = d, .a = a };
     tensors_resolve(table, d.n_tensors, a.tensors); /* the last read of the table */
-    c->attn_scale = 1.0f / __builtin_sqrtf((float)d.head_dim);
+    c->attn_scale = 1.0f / SQRTF((float)d.head_dim);
     if (opts) c->opts = *opts;
     if (batch) batch_plan(&d, batch, (uint8_t *)arena + total, &c->batch); /* after the plan: no cache with a batch */
     if (slots) { /* the cache follows the plan: slot bookkeeping, then the slots */

@@ -5,6 +5,7 @@
  * crc32_table[0][i] is the CRC of byte i; crc32_table[k][i] = that of byte i followed by k zero bytes
  * (generated: t[k][i] = (t[k-1][i] >> 8) ^ t[0][t[k-1][i] & 255]). */
 #include "internal.h"
+#include "x86.h"
 
 static const uint32_t crc32_table[4][256] = {
     {
@@ -156,16 +157,14 @@ static uint32_t crc32_tables(uint32_t crc, const uint8_t *p, size_t n) {
     return crc;
 }
 
-#if defined(__x86_64__) && !defined(COLIBRI_KERNELS_SCALAR)
-#include <cpuid.h>
-#include <immintrin.h>
+#if defined(COLIBRI_X86_SIMD)
 
 /* Carry-less multiplication folding (Intel, "Fast CRC Computation for Generic Polynomials Using
  * PCLMULQDQ", 2009): four 128-bit lanes are each multiplied by x^512 mod P and added to the next 64
  * bytes, so the register stays congruent, mod P, to the message read so far; then one lane by x^128 mod
  * P per 16 bytes. The constants are those powers for the bit-reflected polynomial (the same as zlib's
  * and Linux's). What is left is 16 bytes that have the CRC of everything folded: the tables finish. */
-#define CLMUL __attribute__((target("pclmul,sse2")))
+#define CLMUL X86_TARGET("pclmul,sse2")
 CLMUL static __m128i fold(__m128i x, __m128i k, __m128i next) {
     return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11)), next);
 }
@@ -193,13 +192,14 @@ CLMUL static uint32_t crc32_clmul(uint32_t crc, const uint8_t *p, size_t n) { /*
 #define CLMUL_MIN_BYTES 4096u
 
 static int cpu_has_clmul(void) {
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_PCLMUL);
+    unsigned r[4];
+    x86_cpuid(1, 0, r);
+    return (r[2] & X86_1_ECX_PCLMUL) != 0;
 }
 #endif
 
 uint32_t colibri_crc32(uint32_t crc, const void *data, size_t n) {
-#if defined(__x86_64__) && !defined(COLIBRI_KERNELS_SCALAR)
+#if defined(COLIBRI_X86_SIMD)
     if (n >= CLMUL_MIN_BYTES && cpu_has_clmul()) return ~crc32_clmul(~crc, data, n);
 #endif
     return ~crc32_tables(~crc, data, n);

@@ -12,8 +12,12 @@ uint64_t expert_cache_bytes(uint64_t block_max, uint32_t slots) {
     if (slots == 0) return 0;
     const uint64_t slot = (block_max + IMG_ALIGN - 1) & ~(uint64_t)(IMG_ALIGN - 1); /* block_max < 2^52 */
     const uint64_t meta = ((uint64_t)slots * EXPERT_SLOT_META_BYTES + IMG_ALIGN - 1) & ~(uint64_t)(IMG_ALIGN - 1);
-    uint64_t data, total; /* no 64-bit division: that would pull in libgcc on 32-bit boards */
-    if (__builtin_mul_overflow(slot, (uint64_t)slots, &data) || __builtin_add_overflow(data, meta, &total)) return 0;
+    /* slot x slots in two 32-bit halves, each product exact in 64 bits; overflow is a high half past 32
+     * bits or a carry out of a sum (no 64-bit division: that would pull in libgcc on 32-bit boards) */
+    const uint64_t high = (slot >> 32) * slots, low = (slot & 0xFFFFFFFFu) * slots;
+    if (high >> 32) return 0;
+    const uint64_t data = (high << 32) + low, total = data + meta;
+    if (data < low || total < data) return 0;
     return total;
 }
 

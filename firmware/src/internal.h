@@ -250,10 +250,15 @@ float dot_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const q8_vector
 static inline void zero_lanes(float *acc, int n) {
     for (int i = 0; i < n; i++) acc[i] = 0.0f;
 }
-#if defined(__GNUC__)
+/* GCC's and Clang's spellings, and MSVC's beside them (docs/BOARDS.md, "With MSVC"). The square root is
+ * the instruction (sqrtss, vsqrt.f32, fsqrt.s): correctly rounded everywhere, no libm. */
+#if defined(__GNUC__) || defined(__clang__)
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
+#define SQRTF(x) __builtin_sqrtf(x)
 #else
+#include <xmmintrin.h>
 #define ALWAYS_INLINE static __forceinline
+#define SQRTF(x) _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(x)))
 #endif
 
 /* The fixed reduction trees every kernel ends with (docs/KERNELS.md): acc[i] + acc[i+4], then

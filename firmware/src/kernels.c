@@ -178,7 +178,7 @@ void weight_row(float *out, const weight *w, uint32_t row) {
 const kernel_set *kernels_select(void) {
 #if defined(COLIBRI_KERNELS_SCALAR)
     return &kernels_scalar;
-#elif defined(__x86_64__)
+#elif defined(__x86_64__) || defined(_M_X64)
     return kernels_x86_select();
 #elif defined(__ARM_FEATURE_MVE)
     return &kernels_mve;
@@ -194,7 +194,7 @@ const kernel_set *kernels_select(void) {
 void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps) {
     float ss = 0.0f;
     for (uint32_t i = 0; i < n; i++) ss += x[i] * x[i];
-    float scale = 1.0f / __builtin_sqrtf(ss / (float)n + eps);
+    float scale = 1.0f / SQRTF(ss / (float)n + eps);
     for (uint32_t i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
 }
 

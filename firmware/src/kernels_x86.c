@@ -3,12 +3,10 @@
  * in kernels.c computes (docs/KERNELS.md): float lanes i % 16 in two 8-wide registers, quantized
  * block terms in lane b % 8, products and sums rounded separately (no FMA), the same final tree. */
 #include "internal.h"
+#include "x86.h"
 
-#if defined(__x86_64__) && !defined(COLIBRI_KERNELS_SCALAR)
-#include <cpuid.h>
-#include <immintrin.h>
-
-#define AVX2 __attribute__((target("avx2,f16c")))
+#if defined(COLIBRI_X86_SIMD)
+#define AVX2 X86_TARGET("avx2,f16c")
 
 /* Quantized weights stream through once per token: asking for them this far ahead keeps more
  * cache-line fills in flight than the hardware prefetcher does for one stream (docs/PERFORMANCE.md:
@@ -34,7 +32,7 @@ static float one_bf16(const void *w, uint32_t i) { return bf16_to_f32(((const ui
 
 /* The 16-lane float dot: lanes 0-7 and 8-15 in two registers. Always inlined with constant loaders,
  * so each dtype gets its own loop with the loads in place. */
-AVX2 __attribute__((always_inline)) static inline float dot_lanes16(const void *w, const float *x, uint32_t n,
+AVX2 ALWAYS_INLINE float dot_lanes16(const void *w, const float *x, uint32_t n,
                                                                      __m256 (*load8)(const void *, uint32_t),
                                                                      float (*one)(const void *, uint32_t)) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
@@ -52,7 +50,7 @@ AVX2 __attribute__((always_inline)) static inline float dot_lanes16(const void *
 
 /* Two rows (w0, w1) times two vectors (x0, x1) in the same 16 lanes, so each of the four is dot_lanes16's
  * bits: every weight and x register serves two products. out = { w0.x0, w0.x1, w1.x0, w1.x1 }. */
-AVX2 __attribute__((always_inline)) static inline void tile_lanes16(const void *w0, const void *w1, const float *x0,
+AVX2 ALWAYS_INLINE void tile_lanes16(const void *w0, const void *w1, const float *x0,
                                                                     const float *x1, uint32_t n, float out[4],
                                                                     __m256 (*load8)(const void *, uint32_t),
                                                                     float (*one)(const void *, uint32_t)) {
@@ -318,14 +316,14 @@ static const kernel_set kernels_avx2 = { .name = "avx2", .dot_f32 = dot_f32_avx2
 
 /* AVX2 and F16C in the CPU, and YMM state enabled by the OS (or the bare-metal boot code): XCR0 bits 1, 2. */
 static int cpu_has_avx2(void) {
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE) || !(c & bit_AVX) || !(c & bit_F16C)) return 0;
-    unsigned xcr0_lo, xcr0_hi;
-    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-    (void)xcr0_hi;
-    if ((xcr0_lo & 6u) != 6u || __get_cpuid_max(0, 0) < 7) return 0;
-    __cpuid_count(7, 0, a, b, c, d);
-    return (b & bit_AVX2) != 0;
+    unsigned r[4];
+    x86_cpuid(1, 0, r);
+    const unsigned need = X86_1_ECX_OSXSAVE | X86_1_ECX_AVX | X86_1_ECX_F16C;
+    if ((r[2] & need) != need || (x86_xcr0() & 6u) != 6u) return 0;
+    x86_cpuid(0, 0, r);
+    if (r[0] < 7) return 0;
+    x86_cpuid(7, 0, r);
+    return (r[1] & X86_7_EBX_AVX2) != 0;
 }
 
 const kernel_set *kernels_x86_select(void) { return cpu_has_avx2() ? &kernels_avx2 : &kernels_scalar; }
