@@ -16,7 +16,8 @@ from safetensors import safe_open
 
 from host import rope
 from host.image import (EXPERT_ROLES, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
-                        FLAG_QKV_BIAS, FLAG_SHARED_EXPERT, LAYER_ROLES, NO_INDEX, ModelDims, Role)
+                        FLAG_QKV_BIAS, FLAG_SHARED_EXPERT, LAYER_ROLES, MAX_WINDOW_LAYERS, NO_INDEX, ModelDims,
+                        Role)
 
 DEFAULT_MAX_SEQ = 256
 MAX_EXPERTS, MAX_TOP_K = 1024, 64  # the verifier's caps (firmware/src/internal.h), which bound the router's work
@@ -117,14 +118,39 @@ def _moe_layers(cfg: dict, fam: Family, n_layers: int) -> tuple[bool, ...]:
     return tuple(layer not in dense and n_experts > 0 and (layer + 1) % step == 0 for layer in range(n_layers))
 
 
-def _check_window(cfg: dict, max_seq: int) -> None:
+WINDOWED_FAMILIES = ("MixtralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM",
+                     "Qwen3MoeForCausalLM")
+
+
+def _window_layers(cfg: dict, arch: str, n_layers: int) -> tuple[int, tuple[bool, ...]]:
+    """The sliding window W and which layers have it, as transformers decides them (W 0: no window).
+    A config that lists layer_types (transformers 5 writes it) says it per layer; otherwise each family's
+    configuration class derives it: Mixtral and Qwen3-MoE window every layer when sliding_window is set
+    (Qwen3-MoE only with use_sliding_window); Qwen2 and Qwen3 window the layers from max_window_layers on;
+    Qwen2-MoE the even-numbered layers (0, 2, ...) below max_window_layers."""
     window = cfg.get("sliding_window")
-    sliding_layers = [t for t in (cfg.get("layer_types") or []) if t == "sliding_attention"]
-    if "use_sliding_window" in cfg and not cfg["use_sliding_window"] and not sliding_layers:
-        return  # Qwen-style: the window is configured but switched off
-    if window and window < max_seq:
-        raise UnsupportedModel(f"config field sliding_window={window} is smaller than --max-seq {max_seq}; "
-                               "sliding-window attention is not implemented (use --max-seq <= sliding_window)")
+    use = arch == "MixtralForCausalLM" or cfg.get("use_sliding_window", False)  # Mixtral has no switch
+    types = cfg.get("layer_types")
+    if arch not in WINDOWED_FAMILIES or not window or not use:
+        layers = (False,) * n_layers  # (Llama and OLMoE have no window in transformers)
+    elif arch in ("MixtralForCausalLM", "Qwen3MoeForCausalLM"):  # these two do not read layer_types
+        layers = (True,) * n_layers
+    elif types is not None:
+        if len(types) != n_layers or set(types) - {"sliding_attention", "full_attention"}:
+            raise UnsupportedModel(f"config field layer_types={types!r}: need {n_layers} entries, each "
+                                   "'sliding_attention' or 'full_attention'")
+        layers = tuple(t == "sliding_attention" for t in types)
+    elif arch == "Qwen2MoeForCausalLM":
+        limit = int(cfg.get("max_window_layers", 28))
+        layers = tuple(layer % 2 == 0 and layer < limit for layer in range(n_layers))
+    else:
+        limit = int(cfg.get("max_window_layers", 28))
+        layers = tuple(layer >= limit for layer in range(n_layers))
+    if not any(layers):
+        return 0, layers
+    if int(window) < 1:
+        raise UnsupportedModel(f"config field sliding_window={window} must be at least 1")
+    return int(window), layers
 
 
 def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, dict]:
@@ -143,7 +169,6 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
         raise UnsupportedModel(f"config field hidden_act={cfg['hidden_act']!r} is not supported (only 'silu')")
     if cfg.get("mlp_bias"):
         raise UnsupportedModel("config field mlp_bias=true is not supported")
-    _check_window(cfg, max_seq)
 
     hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     head_dim = int(cfg.get("head_dim") or hidden // heads)
@@ -151,6 +176,12 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
         raise UnsupportedModel(f"config field head_dim={head_dim} is odd; rotate-half RoPE needs an even head_dim")
     n_layers = int(cfg["num_hidden_layers"])
     moe_layers = _moe_layers(cfg, fam, n_layers)
+    window, window_layers = _window_layers(cfg, arch, n_layers)
+    if window >= max_seq:  # the window never leaves anything out: plain attention, a cache of max_seq
+        window, window_layers = 0, (False,) * n_layers
+    if window and n_layers > MAX_WINDOW_LAYERS and any(window_layers[MAX_WINDOW_LAYERS:]):
+        raise UnsupportedModel(f"sliding-window layers past layer {MAX_WINDOW_LAYERS} (config field layer_types): "
+                               f"the image marks windowed layers among the first {MAX_WINDOW_LAYERS} only")
     any_moe, any_dense = any(moe_layers), not all(moe_layers)
     n_experts = _n_experts(cfg) if any_moe else 0
 
@@ -184,7 +215,7 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
         head_dim=head_dim, n_experts=n_experts, top_k=int(cfg["num_experts_per_tok"]) if any_moe else 0,
         max_seq=max_seq, rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(params["rope_theta"]),
         flags=flags, dense_ffn_size=int(cfg["intermediate_size"]) if any_dense else 0, shared_ffn_size=shared_ffn,
-        clip_qkv=float(clip or 0.0), moe_layers=moe_layers,
+        clip_qkv=float(clip or 0.0), moe_layers=moe_layers, sliding_window=window, window_layers=window_layers,
     )
     if dims.n_heads % dims.n_kv_heads:
         raise UnsupportedModel(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={dims.n_kv_heads}")

@@ -31,7 +31,7 @@ NO_INDEX = 0xFFFFFFFF
 ARCH_MOE = 1  # decoder-only transformer with a top-k routed MoE FFN (Mixtral family)
 
 # Header: everything up to `reserved` is packed little-endian, then zero padding to 256 bytes.
-HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI" + "QQ" + "QQI")
+HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI" + "QQ" + "QQI" + "I64s")
 HEADER_FIELDS = (
     "magic", "version", "header_bytes", "image_bytes", "header_crc32", "payload_crc32",
     "arch", "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads",
@@ -40,7 +40,9 @@ HEADER_FIELDS = (
     "tensor_table_offset", "n_tensors", "entry_bytes", "data_offset", "arena_bytes",
     "expert_align", "dense_ffn_size", "shared_ffn_size", "clip_qkv", "kv_dtype",
     "expert_offset", "expert_crc_offset", "meta_offset", "meta_bytes", "meta_crc32",
+    "sliding_window", "window_layers",
 )
+MAX_WINDOW_LAYERS = 512  # window_layers is a bitmap of 64 bytes: layers past it cannot have a window
 KV_DTYPES = {"f32": 0, "f16": 1}  # header kv_dtype: the KV cache's element type
 HEADER_CRC_OFFSET = 24
 ENTRY_STRUCT = struct.Struct("<HHIIIIIII" + "QQQQ")  # 64 bytes, see docs/FORMAT.md
@@ -110,6 +112,14 @@ class ModelDims:
     clip_qkv: float = 0.0        # clamp q, k, v to +-clip_qkv after the projections (0: off)
     kv_dtype: int = 0            # KV cache elements: 0 f32, 1 f16
     moe_layers: tuple[bool, ...] = ()  # per layer: routed experts (True) or a dense MLP (False)
+    # Sliding-window attention: a windowed layer's token at position p sees positions p - W + 1 .. p only,
+    # and its KV cache is a ring of W positions. 0: every layer sees every position before it.
+    sliding_window: int = 0
+    window_layers: tuple[bool, ...] = ()  # per layer: windowed (True); all False without a window
+
+    def kv_rows(self, layer: int) -> int:
+        """Positions layer `layer` keeps in its KV cache: the window for a windowed layer, else max_seq."""
+        return self.sliding_window if self.sliding_window and self.window_layers[layer] else self.max_seq
 
     @property
     def q_dim(self) -> int:
@@ -182,7 +192,7 @@ def expected_shape(d: ModelDims, role: Role) -> tuple[int, ...]:
 
 def arena_plan(d: ModelDims) -> dict[str, tuple[int, int]]:
     """The runtime's work arena: name -> (offset, bytes). Mirrors arena_plan() in firmware/src/arena.c."""
-    kv_cache = d.n_layers * d.max_seq * d.kv_dim
+    kv_cache = sum(d.kv_rows(layer) for layer in range(d.n_layers)) * d.kv_dim
     kv_size = 2 if d.kv_dtype == KV_DTYPES["f16"] else 4
     ffn = max(d.ffn_size, d.dense_ffn_size, d.shared_ffn_size)
     in_blocks = blocks(max(d.hidden_size, d.q_dim, ffn))
@@ -521,8 +531,18 @@ def _fill(write: Callable[[int, bytes | np.ndarray], None], read: Callable[[int,
         dense_ffn_size=d.dense_ffn_size, shared_ffn_size=d.shared_ffn_size, clip_qkv=d.clip_qkv,
         kv_dtype=d.kv_dtype, expert_offset=plan.expert_offset, expert_crc_offset=plan.crc_offset,
         meta_offset=plan.meta_offset, meta_bytes=len(plan.meta), meta_crc32=crc32(plan.meta) if plan.meta else 0,
+        sliding_window=d.sliding_window, window_layers=window_bitmap(d),
     )
     write(0, header_block(header))
+
+
+def window_bitmap(d: ModelDims) -> bytes:
+    """The header's window_layers: bit l % 8 of byte l // 8 set when layer l has the sliding window."""
+    bits = bytearray(64)
+    for layer, windowed in enumerate(d.window_layers if d.sliding_window else ()):
+        if windowed:
+            bits[layer // 8] |= 1 << (layer % 8)
+    return bytes(bits)
 
 
 def expert_blocks(entries: list[TensorEntry]) -> Iterator[tuple[TensorEntry, TensorEntry]]:
@@ -591,7 +611,9 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
     dims = ModelDims(**{k: h[k] for k in (
         "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
         "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "flags", "dense_ffn_size",
-        "shared_ffn_size", "clip_qkv", "kv_dtype")}, moe_layers=moe_layers)
+        "shared_ffn_size", "clip_qkv", "kv_dtype", "sliding_window")}, moe_layers=moe_layers,
+        window_layers=tuple(bool(h["window_layers"][layer // 8] >> (layer % 8) & 1) if layer < MAX_WINDOW_LAYERS
+                            else False for layer in range(n_layers)))
     entries = []
     for i, (role, layer, expert) in enumerate(canonical_order(dims)):
         role_, dtype, layer_, expert_, ndims, dim0, dim1, group, _, off, nbytes, s_off, s_bytes = raw_entry(i)

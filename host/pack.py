@@ -224,7 +224,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  tiers       resident {human(r['resident_bytes'])}, expert part {human(expert_part)}{pins} "
               "(flash.py --expert-cache streams the expert part)")
     kv = "f16" if d.kv_dtype else "f32"
-    print(f"  arena       {r['arena_bytes']:,} bytes ({human(r['arena_bytes'])}) for max_seq {d.max_seq}, {kv} KV cache")
+    kv_bytes = 2 * (2 if d.kv_dtype else 4) * d.kv_dim * sum(d.kv_rows(layer) for layer in range(d.n_layers))
+    print(f"  arena       {r['arena_bytes']:,} bytes ({human(r['arena_bytes'])}) for max_seq {d.max_seq}, {kv} KV cache "
+          f"of {human(kv_bytes)}")
+    if d.sliding_window:
+        windowed = sum(d.window_layers)
+        print(f"  window      {windowed} of {d.n_layers} layers attend over the last {d.sliding_window} positions: "
+              f"their KV cache is a ring of {d.sliding_window} positions, not {d.max_seq}")
     q = r["quality"]
     if q:
         print(f"  quality     vs the f32 image on {q['tokens']} calibration tokens: max |dlogit| {q['max_abs_dlogit']:.4g}, "

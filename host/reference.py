@@ -7,7 +7,8 @@ the two is float summation order, and `flash.py --verify` stays tight for every 
 
 It follows transformers' forward passes for the supported families (docs/MODELS.md): RMSNorm,
 GQA attention with optional q/k/v/o biases, optional q/k RMSNorm (per head or across the
-projection), optional clipping, rotate-half RoPE from the image's tables; then per layer either a
+projection), optional clipping, rotate-half RoPE from the image's tables, over every earlier position
+or, in a windowed layer, the last sliding_window of them; then per layer either a
 dense SwiGLU MLP or a MoE block (softmax router over all experts, top-k, optionally renormalized
 weights, SwiGLU experts, optional sigmoid-gated shared expert); final norm, lm_head. It is the
 oracle that device outputs are verified against. It reads the image, not the HF checkpoint, so it
@@ -131,7 +132,10 @@ class Reference:
         group = d.n_heads // d.n_kv_heads
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
         scores = np.einsum("qhd,khd->hqk", q, k) * np.float32(1.0 / np.sqrt(d.head_dim))
-        scores = np.where(np.tril(np.ones((n, n), bool))[None], scores, np.float32(-np.inf))
+        seen = np.tril(np.ones((n, n), bool))  # query i sees key j <= i, and with a window only j > i - W
+        if d.kv_rows(layer) < d.max_seq:
+            seen &= ~np.tril(np.ones((n, n), bool), -d.sliding_window)
+        scores = np.where(seen[None], scores, np.float32(-np.inf))
         out = np.einsum("hqk,khd->qhd", softmax(scores), v).reshape(n, d.q_dim)
         return self._proj(out, Role.WO, Role.BO, layer)
 

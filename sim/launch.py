@@ -16,12 +16,13 @@ session fails, kept in build/logs/.
 from __future__ import annotations
 
 import os
+import queue
 import re
-import select
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -74,27 +75,47 @@ class SerialTransport:
 
 
 class PipeTransport:
-    """The protocol's byte stream over a child process's stdin/stdout (the hosted board)."""
+    """The protocol's byte stream over a child process's stdin/stdout (the hosted boards). A thread reads
+    the pipe as bytes arrive, so a read with a timeout works the same on Windows, where select() does
+    not take pipes."""
 
     def __init__(self, proc: subprocess.Popen, describe: Callable[[], str]):
         self.proc = proc
         self.describe = describe
-        self.rfd = proc.stdout.fileno()
         self.buf = bytearray()
+        self.chunks: queue.Queue[bytes] = queue.Queue()
+        self.ended = False
+        threading.Thread(target=self._pump, args=(proc.stdout.fileno(),), daemon=True).start()
+
+    def _pump(self, fd: int) -> None:
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except OSError:
+                chunk = b""
+            self.chunks.put(chunk)
+            if not chunk:  # end of stream: the board closed its stdout
+                return
 
     def read(self, n: int, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
         while len(self.buf) < n:
+            if self.ended:
+                raise LinkClosed(f"device closed the link{self.describe()}")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise LinkTimeout(f"timed out after {timeout:.1f}s waiting for the device")
-            ready, _, _ = select.select([self.rfd], [], [], left)
-            if not ready:
+            try:
+                chunk = self.chunks.get(timeout=left)
+            except queue.Empty:
                 continue
-            chunk = os.read(self.rfd, 1 << 16)
             if not chunk:
-                self.proc.wait(timeout=5)
-                raise LinkClosed(f"device closed the link{self.describe()}")
+                self.ended = True
+                try:
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+                continue
             self.buf += chunk
         out = bytes(self.buf[:n])
         del self.buf[:n]
@@ -216,7 +237,8 @@ def start_board(board: Board, firmware: Path, image: Path | None, extra_args: li
         raise FileNotFoundError(f"firmware {firmware} not found: build it with `scons board={board.name}`")
     with tempfile.TemporaryDirectory(prefix="colibri-") as tmp:
         log_path = Path(tmp) / "board.log"
-        if image is not None and re.search(r"[, ]", str(image)):  # QEMU's -initrd splits on ',' and ' '
+        if image is not None and board.spec["link"] == "qemu" and re.search(r"[, ]", str(image)):
+            # QEMU's -initrd splits on ',' and ' '
             safe = Path(tmp) / "image.bin"
             os.symlink(image.resolve(), safe)
             image = safe

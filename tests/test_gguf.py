@@ -15,7 +15,7 @@ from host.gguf_input import unpermute
 from host.image import Role, read_image
 from host.pack import pack
 from host.quant import DType, Encoded, from_gguf_blocks
-from test_families import FAMILIES
+from test_families import FAMILIES, WINDOWED
 
 Q = gguf.GGMLQuantizationType
 PROMPT = [1, 5, 9, 3, 0, 2]
@@ -37,7 +37,10 @@ def sources(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name", ["mixtral"] + [f[0] for f in FAMILIES if f[0] != "llama_llama3_tied"])
+# (not the windowed ones: llama.cpp's converter writes no sliding window for these architectures, and
+# llama.cpp attends over every position, so a GGUF of them packs without a window, as llama.cpp runs it)
+@pytest.mark.parametrize("name", ["mixtral"] + [f[0] for f in FAMILIES if f[0] != "llama_llama3_tied"
+                                                and f[0] not in WINDOWED])
 def test_f32_gguf_packs_to_the_same_image(name, sources, tmp_path):
     """Same tensors after undoing llama.cpp's layout: the images are byte-identical."""
     from_st, from_gguf = tmp_path / "st.img", tmp_path / "gguf.img"

@@ -69,7 +69,7 @@ REFUSALS = [
     ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_scaling"),
     ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0, "partial_rotary_factor": 0.5}},
      "rope_parameters"),
-    ({"sliding_window": 16}, "sliding_window"),
+    ({"sliding_window": -3}, "sliding_window"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"max_position_embeddings": 32}, "max_position_embeddings"),
     ({"mlp_bias": True}, "mlp_bias"),
@@ -90,8 +90,18 @@ def test_refuses_what_it_cannot_run(checkpoints, tmp_path, changes, field):
 
 
 def test_sliding_window_beyond_max_seq_is_fine(checkpoints, tmp_path):
+    """A window at least as long as the image's max_seq never leaves a position out: plain attention, a full
+    KV cache. A shorter one windows every Mixtral layer and shrinks each layer's cache to the window."""
     ckpt = _edit_config(checkpoints["base"], tmp_path / "sw", sliding_window=4096)
     pack(ckpt, tmp_path / "x.img", 48, 64)
+    assert read_image((tmp_path / "x.img").read_bytes()).dims.sliding_window == 0
+    short = _edit_config(checkpoints["base"], tmp_path / "sw16", sliding_window=16)
+    pack(short, tmp_path / "y.img", 48, 64)
+    dims = read_image((tmp_path / "y.img").read_bytes()).dims
+    assert dims.sliding_window == 16 and all(dims.window_layers)
+    plain = read_image((tmp_path / "x.img").read_bytes())
+    kv_saved = 2 * 4 * dims.n_layers * (48 - 16) * dims.kv_dim  # k and v, f32, (max_seq - W) rows per layer
+    assert plain.header["arena_bytes"] - read_image((tmp_path / "y.img").read_bytes()).header["arena_bytes"] == kv_saved
 
 
 def test_unknown_tensor_refused(checkpoints, tmp_path):

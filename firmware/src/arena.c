@@ -24,7 +24,8 @@ static void *reserve(planner *p, uint64_t count) { return reserve_bytes(p, count
 colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out, uint64_t *total) {
     planner p = { ARENA_CTX_BYTES, 0, base };
     arena_buffers a;
-    uint64_t kv_cache = (uint64_t)d->n_layers * d->max_seq;
+    uint64_t kv_cache = 0; /* rows: every layer's positions (a windowed layer's ring holds W) */
+    for (uint32_t layer = 0; layer < d->n_layers; layer++) kv_cache += kv_rows(d, layer);
     if (kv_cache > IMG_MAX_DIM) return COLIBRI_E_IMAGE_DIMS; /* layers x positions, keeps the product below 2^48 */
     kv_cache *= d->kv_dim;
     a.tensors = reserve_bytes(&p, d->n_tensors, TENSOR_REF_BYTES);

@@ -36,7 +36,8 @@ enum {
     H_FLAGS = 76, H_EPS = 80, H_ROPE_THETA = 84, H_TABLE_OFFSET = 88, H_N_TENSORS = 96,
     H_ENTRY_BYTES = 100, H_DATA_OFFSET = 104, H_ARENA_BYTES = 112, H_EXPERT_ALIGN = 120,
     H_DENSE_FFN = 124, H_SHARED_FFN = 128, H_CLIP_QKV = 132, H_KV_DTYPE = 136, H_EXPERT_OFFSET = 140,
-    H_EXPERT_CRC_OFFSET = 148, H_META_OFFSET = 156, H_META_BYTES = 164, H_META_CRC = 172, H_RESERVED = 176
+    H_EXPERT_CRC_OFFSET = 148, H_META_OFFSET = 156, H_META_BYTES = 164, H_META_CRC = 172, H_SLIDING_WINDOW = 176,
+    H_WINDOW_LAYERS = 180, H_RESERVED = 244
 };
 /* Tensor table entry field offsets (docs/FORMAT.md, "Tensor table"). */
 enum {
@@ -119,6 +120,18 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     if ((d->flags & IMG_FLAG_QK_NORM_HEAD) && (d->flags & IMG_FLAG_QK_NORM_FULL)) return COLIBRI_E_UNSUPPORTED;
     if (!(d->flags & IMG_FLAG_SHARED_EXPERT) != !d->shared_ffn || (d->shared_ffn && !d->n_experts))
         return COLIBRI_E_IMAGE_DIMS;
+    /* a window: 1 <= W < max_seq and at least one windowed layer, no bit past the last layer; none: no bit */
+    d->window = rd32(h + H_SLIDING_WINDOW);
+    uint32_t windowed = 0;
+    for (uint32_t i = 0; i < IMG_WINDOW_LAYER_BYTES; i++) {
+        d->window_layers[i] = h[H_WINDOW_LAYERS + i];
+        for (uint32_t bit = 0; bit < 8; bit++) {
+            if (!((d->window_layers[i] >> bit) & 1u)) continue;
+            if (8 * i + bit >= d->n_layers) return COLIBRI_E_IMAGE_DIMS;
+            windowed++;
+        }
+    }
+    if (d->window ? (d->window >= d->max_seq || !windowed) : windowed != 0) return COLIBRI_E_IMAGE_DIMS;
     return COLIBRI_OK;
 }
 

@@ -19,6 +19,7 @@
 #define IMG_KNOWN_FLAGS 0x3Fu
 #define IMG_NO_INDEX 0xFFFFFFFFu
 #define IMG_MAX_DIM (1u << 24) /* any single dimension; keeps every product of two in 64 bits */
+#define IMG_WINDOW_LAYER_BYTES 64u /* the header's window_layers bitmap: layers 0..511 */
 #define IMG_MAX_EXPERTS 1024u  /* routed experts per layer (DeepSeek-V3 has 256): bounds the router's work */
 #define IMG_MAX_TOP_K 64u      /* experts per token */
 
@@ -49,6 +50,9 @@ typedef struct {
     uint32_t flags;
     uint32_t kv_dtype;              /* KV_F32 or KV_F16 */
     float eps, clip_qkv;            /* clip_qkv 0: no clipping */
+    uint32_t window;                /* sliding window W of the windowed layers (0: none), 1 <= W < max_seq */
+    uint8_t window_layers[IMG_WINDOW_LAYER_BYTES]; /* bit l % 8 of byte l / 8: layer l is windowed (a copy:
+                                                    * the KV plan must not follow an image that changes) */
     uint32_t q_dim, kv_dim, ffn_max;
     uint32_t in_blocks;             /* blocks of QBLOCK in the longest matvec input (for the quantized x) */
     uint32_t n_tensors;             /* table entries: 3 + n_layers * (LAYER_FIXED + 3 * n_experts) + 2 */
@@ -59,6 +63,15 @@ typedef struct {
     uint64_t expert_crc_offset;     /* the expert CRC table: u32 per (layer, expert), layer-major */
     uint64_t prefill_token_bytes;   /* batch_plan(d, 1) */
 } model_dims;
+
+/* Sliding-window attention: a windowed layer's token at position p sees positions p - W + 1 .. p, and its
+ * KV cache is a ring of W rows (position p in row p % W); every other layer keeps max_seq rows. */
+static inline int layer_windowed(const model_dims *d, uint32_t layer) {
+    return d->window && layer < 8u * IMG_WINDOW_LAYER_BYTES && ((d->window_layers[layer / 8u] >> (layer % 8u)) & 1u);
+}
+static inline uint32_t kv_rows(const model_dims *d, uint32_t layer) {
+    return layer_windowed(d, layer) ? d->window : d->max_seq;
+}
 
 /* ---- the work arena (mirrors arena_plan() in host/image.py) ---- */
 #define ARENA_CTX_BYTES 1024u

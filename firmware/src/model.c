@@ -280,13 +280,23 @@ static void clip(float *v, uint32_t n, float limit) {
     for (uint32_t i = 0; i < n; i++) v[i] = v[i] > limit ? limit : (v[i] < -limit ? -limit : v[i]);
 }
 
+/* Where layer `layer`'s rows start in the KV cache: after every earlier layer's rows. */
+static size_t kv_layer_base(const model_dims *d, uint32_t layer) {
+    size_t rows = 0;
+    for (uint32_t l = 0; l < layer; l++) rows += kv_rows(d, l);
+    return rows * d->kv_dim;
+}
+
 /* Token t's attention at position pos: q/k norms, clipping, RoPE, its k and v into the cache, then
- * softmax(q K^T / sqrt(d)) V over positions 0..pos into out. */
-static void attend(colibri_ctx *c, uint32_t layer, uint32_t pos, float *q_all, float *k_cur, float *v_cur, float *out_all) {
+ * softmax(q K^T / sqrt(d)) V over positions first..pos into out, oldest first: first is 0, or with a
+ * sliding window the oldest position the ring still holds. Tokens of a batch attend one after another,
+ * so a later token's row never overwrites one an earlier token still reads. */
+static void attend(colibri_ctx *c, uint32_t layer, size_t layer_base, uint32_t pos, float *q_all, float *k_cur,
+                   float *v_cur, float *out_all) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
-    const uint32_t hd = d->head_dim, group = d->n_heads / d->n_kv_heads;
-    const size_t layer_base = (size_t)layer * d->max_seq * d->kv_dim;
+    const uint32_t hd = d->head_dim, group = d->n_heads / d->n_kv_heads, rows = kv_rows(d, layer);
+    const uint32_t first = pos >= rows ? pos - rows + 1 : 0, seen = pos - first + 1, first_row = first % rows;
     if (d->flags & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) {
         qk_norm(c, q_all, d->n_heads, layer_w(c, layer, ROLE_Q_NORM));
         qk_norm(c, k_cur, d->n_kv_heads, layer_w(c, layer, ROLE_K_NORM));
@@ -300,18 +310,21 @@ static void attend(colibri_ctx *c, uint32_t layer, uint32_t pos, float *q_all, f
     const float *sin = tensor(c, global_tensor_index(d, ROLE_ROPE_SIN)) + (size_t)pos * (hd / 2);
     rope(q_all, d->n_heads, hd, cos, sin);
     rope(k_cur, d->n_kv_heads, hd, cos, sin);
-    kv_store(c, a->k_cache, layer_base + (size_t)pos * d->kv_dim, k_cur, d->kv_dim);
-    kv_store(c, a->v_cache, layer_base + (size_t)pos * d->kv_dim, v_cur, d->kv_dim);
+    const size_t row = (size_t)(pos % rows) * d->kv_dim;
+    kv_store(c, a->k_cache, layer_base + row, k_cur, d->kv_dim);
+    kv_store(c, a->v_cache, layer_base + row, v_cur, d->kv_dim);
 
     for (uint32_t h = 0; h < d->n_heads; h++) {
         const float *q = q_all + (size_t)h * hd;
         const size_t kv_off = layer_base + (size_t)(h / group) * hd;
         float *att = a->att + (size_t)h * d->max_seq;
-        for (uint32_t t = 0; t <= pos; t++) att[t] = kv_dot(c, a->k_cache, kv_off + (size_t)t * d->kv_dim, q, hd) * c->attn_scale;
-        softmax(att, pos + 1);
+        for (uint32_t t = 0, r = first_row; t < seen; t++, r = r + 1 == rows ? 0 : r + 1)
+            att[t] = kv_dot(c, a->k_cache, kv_off + (size_t)r * d->kv_dim, q, hd) * c->attn_scale;
+        softmax(att, seen);
         float *out = out_all + (size_t)h * hd;
         for (uint32_t i = 0; i < hd; i++) out[i] = 0.0f;
-        for (uint32_t t = 0; t <= pos; t++) kv_accumulate(c, out, att[t], a->v_cache, kv_off + (size_t)t * d->kv_dim, hd);
+        for (uint32_t t = 0, r = first_row; t < seen; t++, r = r + 1 == rows ? 0 : r + 1)
+            kv_accumulate(c, out, att[t], a->v_cache, kv_off + (size_t)r * d->kv_dim, hd);
     }
 }
 
@@ -329,8 +342,9 @@ static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
     add_bias(c, tb->q, d->q_dim, n, layer, ROLE_BQ);
     add_bias(c, tb->k, d->kv_dim, n, layer, ROLE_BK);
     add_bias(c, tb->v, d->kv_dim, n, layer, ROLE_BV);
+    const size_t layer_base = kv_layer_base(d, layer);
     for (uint32_t t = 0; t < n; t++)
-        attend(c, layer, c->pos + t, tb->q + (size_t)t * d->q_dim, tb->k + (size_t)t * d->kv_dim,
+        attend(c, layer, layer_base, c->pos + t, tb->q + (size_t)t * d->q_dim, tb->k + (size_t)t * d->kv_dim,
                tb->v + (size_t)t * d->kv_dim, tb->attn_out + (size_t)t * d->q_dim);
     weight wo = matrix(c, layer_index(c, layer, ROLE_WO));
     matmul(c, tb, tb->moe_out, &wo, tb->attn_out, n);
