@@ -29,8 +29,10 @@ EXACT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, ggu
 # llama.cpp architecture -> HF architecture (llama with experts is Mixtral)
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
                  "qwen3moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
-# architectures whose routing renormalization llama.cpp fixes in code rather than in the file
-NEEDS_NORM_TOPK_KEY = {"qwen2moe", "qwen3moe", "olmoe"}
+# Architectures whose routing renormalization llama.cpp fixes in code rather than in the file (the norm_w
+# argument of build_moe_ffn in its src/models/<arch>.cpp): its converter writes no expert_weights_norm
+# for them, so a file as found runs as llama.cpp runs it, unless the key or --norm-topk-prob says otherwise.
+LLAMA_CPP_NORM_TOPK = {"qwen2moe": False, "qwen3moe": True, "olmoe": False}
 
 
 class GGUFError(ValueError):
@@ -92,10 +94,8 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
         raise GGUFError(f"GGUF architecture {arch!r} is not supported; supported: llama, {', '.join(ARCHITECTURES)}")
 
     norm = field(k(Keys.LLM.EXPERT_WEIGHTS_NORM), None, required=False) if norm_topk_prob is None else norm_topk_prob
-    if n_experts and arch in NEEDS_NORM_TOPK_KEY and norm is None:
-        raise GGUFError(f"GGUF file lacks {k(Keys.LLM.EXPERT_WEIGHTS_NORM)}, so whether the top-k router "
-                        "weights are renormalized is unknown; pass --norm-topk-prob true or false "
-                        "(the source model's config.json says which)")
+    if norm is None:
+        norm = LLAMA_CPP_NORM_TOPK.get(arch)
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise GGUFError("GGUF tensor rope_freqs (llama3-style RoPE frequency factors) is not supported")
 
@@ -147,8 +147,8 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
         cfg["qkv_bias"] = has_bias
     elif arch not in ("qwen2",):
         cfg["attention_bias"] = has_bias
-    if n_experts:
-        cfg["num_local_experts"] = n_experts
+    if n_experts:  # under the name the family's transformers config takes (so --against builds the right model)
+        cfg["num_local_experts" if arch == "llama" else "num_experts"] = n_experts
         cfg["num_experts_per_tok"] = int(field(k(Keys.LLM.EXPERT_USED_COUNT)))
         expert_ff = field(k(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH), None, required=False)
         if arch in ("qwen2moe", "qwen3moe"):
@@ -158,7 +158,7 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
         shared_ff = field(k(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH), None, required=False)
         if shared_ff:
             cfg["shared_expert_intermediate_size"] = int(shared_ff)
-        if arch in NEEDS_NORM_TOPK_KEY:
+        if arch in LLAMA_CPP_NORM_TOPK:
             cfg["norm_topk_prob"] = bool(norm)
         # dense layers are the blocks without a router
         dense = [layer for layer in range(n_layers)

@@ -5,7 +5,7 @@ Examples:
   python host/pack.py path/to/mixtral-checkpoint -o model.img --max-seq 256
   python host/pack.py models/demo-adder -o demo.img --max-seq 64 --board x86_64_baremetal
   python host/pack.py path/to/checkpoint -o model.img --dtype q4_0 --keep output --keep 'blk.*.attn_*=q8_0'
-  python host/pack.py qwen2-moe-q8_0.gguf -o model.img --dtype q8_0 --norm-topk-prob false
+  python host/pack.py qwen2-moe-q8_0.gguf -o model.img --dtype q8_0
   python host/pack.py path/to/checkpoint -o model.img --dtype q4_0 --pin-from trace.json --pin 16
 
 --dtype sets the dtype of the large matrices (attention, experts, shared experts, dense MLPs, the token
@@ -179,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-quality", action="store_true",
                     help="skip the quality measurement (it runs the numpy reference twice on the calibration prompt)")
     ap.add_argument("--norm-topk-prob", choices=("true", "false"),
-                    help="whether the top-k router weights are renormalized; needed for a Qwen-MoE/OLMoE GGUF "
-                         "file that does not say")
+                    help="whether the top-k router weights are renormalized, for a Qwen-MoE/OLMoE GGUF file "
+                         "(default: its expert_weights_norm key, or else what llama.cpp does for the "
+                         "architecture: qwen3moe true, qwen2moe and olmoe false)")
     ap.add_argument("--pin-from", type=Path, metavar="TRACE.json",
                     help="a calibration trace (flash.py --trace-out): pin its most routed experts into the resident "
                          "part, so a board with an expert cache never fetches them (docs/STREAMING.md)")

@@ -12,7 +12,7 @@ from conftest import CONFIGS, TinyConfig, make_checkpoint, make_family_checkpoin
 from gguf_writer import hf_to_gguf
 from host.checkpoint import UnsupportedModel
 from host.gguf_input import unpermute
-from host.image import Role, read_image
+from host.image import FLAG_NORM_TOPK, Role, read_image
 from host.pack import pack
 from host.quant import DType, Encoded, from_gguf_blocks
 from test_families import FAMILIES, WINDOWED
@@ -21,7 +21,10 @@ Q = gguf.GGMLQuantizationType
 PROMPT = [1, 5, 9, 3, 0, 2]
 # GGUF files written by llama.cpp's own quantizer, one per common type (tools/make_gguf_fixtures.py)
 FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
-LLAMA_CPP_TYPES = sorted(p.stem.split("-", 1)[1] for p in FIXTURES.glob("mixtral-*.gguf"))
+# every file llama.cpp's tools wrote (tools/make_gguf_fixtures.py): mixtral-<type> from its quantizer,
+# converted-<family>-<type> from its converter (convert_hf_to_gguf.py), then its quantizer where needed
+LLAMA_CPP_FILES = sorted(p.stem for p in FIXTURES.glob("*.gguf"))
+CONVERTED = [f for f in LLAMA_CPP_FILES if f.startswith("converted-")]
 NATIVE = {"F32", "F16", "BF16", "Q8_0", "Q4_0"}  # storage types an image holds as they are
 
 
@@ -157,16 +160,17 @@ def test_quantized_gguf_tensors_land_in_the_image_unchanged(qtype, writer, sourc
     assert checked == 3
 
 
-@pytest.mark.parametrize("name", LLAMA_CPP_TYPES)
-def test_llama_cpp_quantized_files_match_transformers(name, firmwares, tmp_path):
-    """Every common type as llama.cpp's quantizer writes it (its K-quant mixes and IQ4 included): the
-    file packs, naming each type the image has no dtype for (dequantized to f32, exactly); on hosted and
-    x86_64 bare metal the logits are the same bits, and they match transformers run on the file's
-    dequantized weights within the f32 bound, with the same greedy tokens."""
+@pytest.mark.parametrize("name", LLAMA_CPP_FILES)
+def test_llama_cpp_files_match_transformers(name, firmwares, tmp_path):
+    """Every common type as llama.cpp's quantizer writes it (its K-quant mixes and IQ4 included), and each
+    MoE family as its converter writes it: the file packs, naming each type the image has no dtype for
+    (dequantized to f32, exactly); on hosted and x86_64 bare metal the logits are the same bits, and they
+    match transformers run on the file's dequantized weights within the f32 bound, with the same greedy
+    tokens."""
     from host.oracle import checkpoint_logits
     from host.protocol import Sampling
     from host import flash
-    src = FIXTURES / f"mixtral-{name}.gguf"
+    src = FIXTURES / f"{name}.gguf"
     stored = Counter(gguf.GGMLQuantizationType(t.tensor_type).name for t in gguf.GGUFReader(str(src)).tensors)
     assert len(stored) >= 2  # llama.cpp keeps the norms in F32 and quantizes the rest
     image = tmp_path / "m.img"
@@ -184,11 +188,35 @@ def test_llama_cpp_quantized_files_match_transformers(name, firmwares, tmp_path)
     assert tokens == [int(hf[len(prompt) - 1 + i].argmax()) for i in range(len(tokens))]
 
 
+def test_converter_files_are_as_llama_cpp_writes_them():
+    """What makes the converter's files worth testing apart from the project's writer: experts merged into
+    one 3-D tensor per layer, Qwen2-MoE's shared expert and its gate, a real tokenizer, the converter's q8_0."""
+    names = {f: {t.name for t in gguf.GGUFReader(str(FIXTURES / f"{f}.gguf")).tensors} for f in CONVERTED}
+    assert set(names) == {"converted-mixtral-q8_0", "converted-qwen2moe-q4_k_m"}
+    for tensors in names.values():
+        assert {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight", "blk.0.ffn_down_exps.weight"} <= tensors
+        assert "output.weight" not in tensors  # tied embeddings
+    assert {"blk.0.ffn_gate_shexp.weight", "blk.0.ffn_gate_inp_shexp.weight"} <= names["converted-qwen2moe-q4_k_m"]
+    reader = gguf.GGUFReader(str(FIXTURES / "converted-mixtral-q8_0.gguf"))
+    assert bytes(reader.fields["tokenizer.ggml.pre"].parts[-1]).decode() == "gpt-2"
+    types = Counter(gguf.GGMLQuantizationType(t.tensor_type).name for t in reader.tensors)
+    assert types["Q8_0"] >= 10 and set(types) <= {"Q8_0", "F32"}
+
+
+@pytest.mark.parametrize("family,llama_cpp_norm", [("qwen3moe", True), ("qwen2moe_sparse_step", False),
+                                                    ("olmoe_clip", False)])
+def test_a_file_without_the_norm_key_runs_as_llama_cpp_runs_it(family, llama_cpp_norm, sources, tmp_path):
+    """llama.cpp's converter writes no expert_weights_norm for these architectures (llama.cpp fixes it in
+    code: build_moe_ffn's norm_w in src/models/<arch>.cpp), so a file as found renormalizes as llama.cpp
+    does; --norm-topk-prob overrides it."""
+    path = hf_to_gguf(sources[family], tmp_path / "nonorm.gguf", write_norm_key=False)
+    for given, expected in ((None, llama_cpp_norm), (not llama_cpp_norm, not llama_cpp_norm)):
+        pack(path, tmp_path / "x.img", 32, 64, norm_topk_prob=given, measure_quality=False)
+        flags = read_image((tmp_path / "x.img").read_bytes()).dims.flags
+        assert bool(flags & FLAG_NORM_TOPK) == expected, given
+
+
 def test_gguf_errors_are_clear(sources, tmp_path):
-    path = hf_to_gguf(sources["qwen3moe"], tmp_path / "nonorm.gguf", write_norm_key=False)
-    with pytest.raises(UnsupportedModel, match="--norm-topk-prob"):
-        pack(path, tmp_path / "x.img", 32, 64)
-    pack(path, tmp_path / "x.img", 32, 64, norm_topk_prob=True)  # supplied on the command line
     (tmp_path / "junk.gguf").write_bytes(b"GGUF" + bytes(60))
     with pytest.raises(UnsupportedModel, match="not a readable GGUF"):
         pack(tmp_path / "junk.gguf", tmp_path / "y.img", 32, 64)

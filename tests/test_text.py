@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from conftest import ROOT
 from host import flash
 from host.image import read_image
 from host.pack import pack
@@ -120,6 +121,22 @@ def test_interactive_chat_keeps_the_context_and_resets(text_image, hosted_build)
     fresh = flash.run_on_board(text_image, "hosted", text.chat_tokens(two[:3]), 6, Sampling(), False,
                                firmware=firmware, stop=text.eos_ids)
     assert two[3]["content"] == text.decode(fresh.tokens)
+
+
+def test_the_converters_vocabulary_travels(hosted_build, tmp_path, capsys):
+    """A file written by llama.cpp's converter (tests/fixtures/gguf, GPT-2's vocabulary): prompt -> tokens ->
+    device -> text, the ids those transformers' tokenizer of the same file gives, and the text its decode gives."""
+    from transformers import AutoTokenizer
+    src = ROOT / "tests" / "fixtures" / "gguf" / "converted-mixtral-q8_0.gguf"
+    image = tmp_path / "c.img"
+    assert pack(src, image, 32, 64, measure_quality=False)["tokenizer"]
+    prompt = "Colibri runs mixtures of experts on tiny boards."
+    code = flash.main([str(image), "--board", "hosted", "--firmware", str(hosted_build / "firmware.elf"),
+                       "--prompt", prompt, "--max-new-tokens", "5", "--json"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    hf_tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    assert code == 0 and out["prompt_tokens"] == hf_tok(prompt).input_ids and len(out["prompt_tokens"]) > 5
+    assert out["text"] == hf_tok.decode(out["tokens"])
 
 
 def test_a_gguf_files_vocabulary_travels_too(text_checkpoint, hosted_build, tmp_path, capsys):

@@ -1,20 +1,31 @@
 #!/usr/bin/env python3
-"""Write the GGUF test fixtures in tests/fixtures/gguf/: one small Mixtral-architecture model in every
-common storage type, each file written by llama.cpp's own quantizer (llama_model_quantize, from
-llama-cpp-python built from its PyPI sdist: tools/bench.py's docstring says how). The tests read them
-as users' files; they need neither llama.cpp nor this script.
+"""Write the GGUF test fixtures in tests/fixtures/gguf/, each file written by llama.cpp's own tools (from
+llama-cpp-python's PyPI sdist: tools/bench.py's docstring says how to build it). The tests read them as
+users' files; they need neither llama.cpp nor this script.
 
-  python tools/make_gguf_fixtures.py            # rewrites tests/fixtures/gguf/*.gguf
+  python tools/make_gguf_fixtures.py                 # rewrites tests/fixtures/gguf/*.gguf
+  python tools/make_gguf_fixtures.py --sdist DIR     # the llama-cpp-python sdist, unpacked or .tar.gz
 
-The model: random seeded weights made with transformers (hidden 256 so the K-quants' 256-element blocks
-fit a row, 2 layers, 4 heads / 2 KV heads, 2 experts top-1, intermediate 256, vocab 64), written as
-F32 GGUF by tests/gguf_writer.py (llama.cpp's names and layout, a placeholder vocabulary), then
-quantized by llama.cpp into each type below. The F32 file is the quantizer's input and not kept.
+Two sets:
+- mixtral-<type>.gguf: one small Mixtral-architecture model in every common storage type, written by
+  llama.cpp's quantizer (llama_model_quantize). Random seeded weights made with transformers (hidden 256
+  so the K-quants' 256-element blocks fit a row, 2 layers, 4 heads / 2 KV heads, 2 experts top-1,
+  intermediate 256, vocab 64), written as F32 GGUF by tests/gguf_writer.py (llama.cpp's names and layout,
+  a placeholder vocabulary): the quantizer's input, not kept.
+- converted-<family>-<type>.gguf: a small model of each MoE family as llama.cpp's converter writes it
+  (convert_hf_to_gguf.py from the sdist: merged ffn_*_exps experts, ffn_*_shexp shared experts, its
+  metadata keys, its own q8_0, and a real tokenizer: GPT-2's, rebuilt by transformers from the sdist's
+  models/ggml-vocab-gpt-2.gguf, so the converter recognizes it), then quantized by llama.cpp where the
+  type is not one the converter writes (vocab 50,257, hidden 32, tied embeddings: about 3.4 MB each,
+  half of it the vocabulary). The converter needs sentencepiece installed.
 """
 from __future__ import annotations
 
 import argparse
+import shutil
+import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -35,6 +46,58 @@ def make_source(out: Path) -> Path:
     return out
 
 
+# (family, HF class, config, what the converter writes, the type llama.cpp's quantizer makes of it or None)
+CONVERTED = [
+    ("mixtral", "MixtralForCausalLM", dict(hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2), "q8_0", None),
+    ("qwen2moe", "Qwen2MoeForCausalLM", dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+     shared_expert_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+     num_experts=4, num_experts_per_tok=2), "f16", "Q4_K_M"),
+]
+
+
+def llama_cpp_sources(sdist: Path | None, tmp: Path) -> Path:
+    """vendor/llama.cpp of the llama-cpp-python sdist (downloaded from PyPI when not given)."""
+    if sdist is None:
+        import llama_cpp
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                        f"llama-cpp-python=={llama_cpp.__version__}", "-d", str(tmp)], check=True)
+        sdist = next(tmp.glob("llama_cpp_python-*.tar.gz"))
+    if sdist.is_file():
+        with tarfile.open(sdist) as tar:
+            tar.extractall(tmp, filter="data")
+        sdist = next(tmp.glob("llama_cpp_python-*/"))
+    return sdist / "vendor" / "llama.cpp"
+
+
+def convert(llama_cpp_dir: Path, family: str, arch: str, config: dict, outtype: str, ftype: str | None,
+            tmp: Path) -> Path:
+    import torch
+    import transformers
+    tokenizer = transformers.AutoTokenizer.from_pretrained(llama_cpp_dir / "models", gguf_file="ggml-vocab-gpt-2.gguf")
+    torch.manual_seed(21)
+    cfg = getattr(transformers, arch.replace("ForCausalLM", "Config"))(
+        vocab_size=len(tokenizer), max_position_embeddings=64, tie_word_embeddings=True, initializer_range=0.25,
+        rms_norm_eps=1e-5, **config)
+    model = getattr(transformers, arch)(cfg).eval()
+    with torch.no_grad():  # random norm weights too, so a mixed-up norm tensor cannot go unnoticed
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+    checkpoint = tmp / f"converted-{family}"
+    model.save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    written = tmp / f"{family}-{outtype}.gguf"
+    subprocess.run([sys.executable, str(llama_cpp_dir / "convert_hf_to_gguf.py"), str(checkpoint), "--outfile",
+                    str(written), "--outtype", outtype], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    dst = OUT / f"converted-{family}-{(ftype or outtype).lower()}.gguf"
+    if ftype:
+        quantize(written, dst, ftype)
+    else:
+        shutil.copy(written, dst)
+    return dst
+
+
 def quantize(src: Path, dst: Path, ftype_name: str) -> None:
     import llama_cpp
     params = llama_cpp.llama_model_quantize_default_params()
@@ -46,7 +109,9 @@ def quantize(src: Path, dst: Path, ftype_name: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.parse_args(argv)
+    ap.add_argument("--sdist", type=Path, help="llama-cpp-python's sdist (.tar.gz or unpacked; default: "
+                                                "pip download of the installed version)")
+    args = ap.parse_args(argv)
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
@@ -61,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in TYPES:
             dst = OUT / f"mixtral-{name.lower()}.gguf"
             quantize(f32, dst, name)
+            print(f"{dst.relative_to(ROOT)}: {dst.stat().st_size:,} bytes")
+        llama_cpp_dir = llama_cpp_sources(args.sdist, Path(tmp))
+        for family, arch, config, outtype, ftype in CONVERTED:
+            dst = convert(llama_cpp_dir, family, arch, config, outtype, ftype, Path(tmp))
             print(f"{dst.relative_to(ROOT)}: {dst.stat().st_size:,} bytes")
     return 0
 
