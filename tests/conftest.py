@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from host.pack import pack  # noqa: E402
+from colibri.pack import pack  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def hosted_build() -> Path:
 @pytest.fixture(scope="session")
 def firmwares() -> dict[str, Path]:
     """Build every model board once per test session: board name -> firmware ELF."""
-    from sim.boards import load_board
+    from colibri.sim.boards import load_board
     out = {}
     for run in MODEL_BOARDS:
         board, mode = (run.split("@") + ["release"])[:2]

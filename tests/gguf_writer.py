@@ -1,6 +1,6 @@
 """Write a Hugging Face checkpoint as a GGUF file the way llama.cpp's converter does (for tests).
 
-Independent of host/gguf_input.py, which reads it back: llama.cpp's tensor names and metadata keys
+Independent of colibri/gguf_input.py, which reads it back: llama.cpp's tensor names and metadata keys
 (from the `gguf` package), experts stacked into one 3-D tensor per layer, q/k rows permuted for the
 `llama` architecture, and the chosen storage type for matrices (1-D tensors stay F32, as in
 llama.cpp).

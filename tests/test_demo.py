@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from conftest import RELEASE_BOARDS, ROOT
-from host.demo_task import ANSWER_LEN, VOCAB, decode_answer, encode_problem, held_out, held_out_problems
-from host.image import read_image
-from host.pack import pack
-from host.reference import Reference
+from colibri.demo_task import ANSWER_LEN, VOCAB, decode_answer, encode_problem, held_out, held_out_problems
+from colibri.image import read_image
+from colibri.pack import pack
+from colibri.reference import Reference
 from tools import demo
 
 MODEL = ROOT / "models" / "demo-adder"

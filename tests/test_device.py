@@ -11,10 +11,10 @@ import pytest
 
 from capi import Lib
 from conftest import CONFIGS, MODEL_BOARDS, OS_BOARDS, board_name
-from host import flash
-from host.image import read_image
-from host.protocol import DeviceError, Sampling
-from host.reference import Reference
+from colibri import flash
+from colibri.image import read_image
+from colibri.protocol import DeviceError, Sampling
+from colibri.reference import Reference
 
 TOLERANCE = 1e-4
 PROMPT = [1, 5, 9, 3]
@@ -171,7 +171,7 @@ def test_flash_over_a_serial_port(images, firmwares, capsys):
 
 def test_missing_qemu_names_the_package(images, firmwares, monkeypatch):
     """A user without QEMU is told which Debian package to install."""
-    from sim import boards
+    from colibri.sim import boards
     real = boards.load_board("x86_64_baremetal")
     fake = boards.Board(real.name, {**real.spec, "qemu": "qemu-system-nonexistent"})
     monkeypatch.setattr(flash, "load_board", lambda name: fake)
@@ -186,7 +186,7 @@ def test_nonfinite_values_are_a_named_error_on_the_device(board, images, firmwar
     the FEED request), never as tokens computed from a silently absorbed NaN."""
     import struct
 
-    from host.image import Role
+    from colibri.image import Role
     from test_verifier import reseal
     data = bytearray(images["base"].read_bytes())
     img = read_image(bytes(data))
@@ -207,7 +207,7 @@ def test_against_transformers_catches_what_verify_cannot(checkpoints, firmware, 
 
     from conftest import make_checkpoint
     from gguf_writer import hf_to_gguf
-    from host.pack import pack
+    from colibri.pack import pack
     src = checkpoints["base"]
     image = tmp_path / "base.img"
     pack(src, image, 32, 64)

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from conftest import MODEL_BOARDS, WIDE, board_name, build, make_checkpoint
-from host import flash
-from host.image import read_image
-from host.pack import pack
-from host.protocol import Sampling
-from host.quant import DType
-from host.reference import Reference
+from colibri import flash
+from colibri.image import read_image
+from colibri.pack import pack
+from colibri.protocol import Sampling
+from colibri.quant import DType
+from colibri.reference import Reference
 
 PROMPT = [1, 5, 9, 3, 40, 77]
 NEW_TOKENS = 10

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from conftest import MODEL_BOARDS, board_name, make_family_checkpoint
-from host import flash
-from host.image import FLAG_NORM_TOPK, FLAG_SHARED_EXPERT, read_image
-from host.pack import pack
-from host.protocol import Sampling
-from host.reference import Reference
+from colibri import flash
+from colibri.image import FLAG_NORM_TOPK, FLAG_SHARED_EXPERT, read_image
+from colibri.pack import pack
+from colibri.protocol import Sampling
+from colibri.reference import Reference
 
 TOLERANCE = 1e-4
 PROMPT = [1, 5, 9, 3, 0, 2]
@@ -141,7 +141,7 @@ def test_prefill_batch_gives_the_bits_of_one_token_a_pass(name, family_images, h
     float and quantized weights, on one thread or split into parts run last first; and the KV cache it
     leaves is the same (the tokens fed after it agree too)."""
     from capi import PARALLEL_FOR, Context, Lib, Options
-    from host.quant import DType
+    from colibri.quant import DType
     lib = Lib(hosted_build / "libcolibri.so")
     ckpt, _ = family_images[name]
     prompt = np.random.default_rng(7).integers(0, SMALL["vocab_size"], 23).tolist()
@@ -196,7 +196,7 @@ def test_rope_frequencies_match_transformers(params):
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from host import rope
+    from colibri import rope
     cfg = LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=512, rope_parameters=params)
     hf_inv, hf_scale = ROPE_INIT_FUNCTIONS[params["rope_type"]](cfg, "cpu")
     inv, scale = rope.frequencies(rope.rope_parameters(cfg.to_dict()), 16, 512)

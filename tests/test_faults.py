@@ -8,11 +8,11 @@ import zlib
 import numpy as np
 import pytest
 
-from host import flash
-from host.protocol import Client, LinkClosed, LinkError, Sampling
-from sim.boards import load_board
-from sim.faults import LossyTransport
-from sim.launch import start_board
+from colibri import flash
+from colibri.protocol import Client, LinkClosed, LinkError, Sampling
+from colibri.sim.boards import load_board
+from colibri.sim.faults import LossyTransport
+from colibri.sim.launch import start_board
 
 PROMPT = [1, 5, 9, 3]
 TIMEOUT, RETRIES = 0.4, 8

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from conftest import OS_BOARDS, RELEASE_BOARDS, ROOT
-from tools import footprint
+from colibri import footprint
 
 GATE = json.loads((ROOT / "tools" / "size_gate.json").read_text())
 

@@ -10,11 +10,11 @@ import pytest
 
 from conftest import CONFIGS, TinyConfig, make_checkpoint, make_family_checkpoint
 from gguf_writer import hf_to_gguf
-from host.checkpoint import UnsupportedModel
-from host.gguf_input import unpermute
-from host.image import FLAG_NORM_TOPK, Role, read_image
-from host.pack import pack
-from host.quant import DType, Encoded, from_gguf_blocks
+from colibri.checkpoint import UnsupportedModel
+from colibri.gguf_input import unpermute
+from colibri.image import FLAG_NORM_TOPK, Role, read_image
+from colibri.pack import pack
+from colibri.quant import DType, Encoded, from_gguf_blocks
 from test_families import FAMILIES, WINDOWED
 
 Q = gguf.GGMLQuantizationType
@@ -79,7 +79,7 @@ def _bound(orig: np.ndarray, qtype: Q) -> np.ndarray:
 
 @pytest.mark.parametrize("qtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0], ids=lambda q: q.name)
 def test_quantized_gguf_dequantizes_within_the_format_error(qtype, tmp_path):
-    from host.checkpoint import load_checkpoint
+    from colibri.checkpoint import load_checkpoint
     src = make_family_checkpoint("Qwen2MoeForCausalLM", dict(
         vocab_size=64, num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=96, moe_intermediate_size=64, shared_expert_intermediate_size=32, num_experts=4,
@@ -108,7 +108,7 @@ def test_types_without_an_image_dtype_are_dequantized_exactly(qtype, sources, tm
     """A GGUF type the image has no dtype for (here written by the gguf package's port of llama.cpp's
     quantizer) packs: each tensor is dequantized to f32 with nothing lost, the report names what was
     converted, and the device computes exactly what the dequantized weights give."""
-    from host import pack as pack_cli
+    from colibri import pack as pack_cli
     path = hf_to_gguf(sources["mixtral32"], tmp_path / "q.gguf", qtype)
     out = tmp_path / "q.img"
     assert pack_cli.main([str(path), "-o", str(out), "--max-seq", "32"]) == 0
@@ -167,9 +167,9 @@ def test_llama_cpp_files_match_transformers(name, firmwares, tmp_path):
     (dequantized to f32, exactly); on hosted and x86_64 bare metal the logits are the same bits, and they
     match transformers run on the file's dequantized weights within the f32 bound, with the same greedy
     tokens."""
-    from host.oracle import checkpoint_logits
-    from host.protocol import Sampling
-    from host import flash
+    from colibri.oracle import checkpoint_logits
+    from colibri.protocol import Sampling
+    from colibri import flash
     src = FIXTURES / f"{name}.gguf"
     stored = Counter(gguf.GGMLQuantizationType(t.tensor_type).name for t in gguf.GGUFReader(str(src)).tensors)
     assert len(stored) >= 2  # llama.cpp keeps the norms in F32 and quantizes the rest

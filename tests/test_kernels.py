@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from conftest import RELEASE_BOARDS, build
-from host.protocol import LinkClosed, LinkTimeout
-from sim.boards import load_board
-from sim.launch import start_board
+from colibri.protocol import LinkClosed, LinkTimeout
+from colibri.sim.boards import load_board
+from colibri.sim.launch import start_board
 
 def host_has_avx2() -> bool:
     flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")

@@ -8,10 +8,10 @@ import pytest
 
 from capi import Lib
 from conftest import CONFIGS, ROOT, make_checkpoint
-from host import pack as pack_cli
-from host.checkpoint import UnsupportedModel
-from host.image import NO_INDEX, Role, read_image
-from host.pack import pack
+from colibri import pack as pack_cli
+from colibri.checkpoint import UnsupportedModel
+from colibri.image import NO_INDEX, Role, read_image
+from colibri.pack import pack
 
 
 def test_sharded_checkpoint_packs_identically(checkpoints, tmp_path):
@@ -125,7 +125,7 @@ def test_cli_report_and_errors(checkpoints, tmp_path, capsys):
 
 
 def test_board_fit_is_checked(checkpoints, tmp_path, capsys):
-    from sim.boards import Board, fit_report
+    from colibri.sim.boards import Board, fit_report
     tight = Board("tight", {"memory": {"image_capacity": 50_000, "arena_capacity": 1_000_000}})
     ok, lines = fit_report(tight, 72_000, 9_000)
     assert not ok and "22,000 bytes over" in "\n".join(lines)
@@ -137,8 +137,8 @@ def test_board_fit_is_checked(checkpoints, tmp_path, capsys):
 def test_dtype_choice_keep_globs_and_what_stays_f32(checkpoints, tmp_path):
     """--dtype narrows the large matrices; --keep keeps matches wider (first match wins); norms, biases and
     routers stay f32 whatever is asked."""
-    from host.pack import parse_keep
-    from host.quant import DType
+    from colibri.pack import parse_keep
+    from colibri.quant import DType
     keep = [parse_keep("output"), parse_keep("blk.0.*=f16")]
     pack(checkpoints["base"], tmp_path / "m.img", 48, 64, dtype=DType.Q4_0, keep=keep, measure_quality=False)
     img = read_image((tmp_path / "m.img").read_bytes())
@@ -158,7 +158,7 @@ def test_dtype_choice_keep_globs_and_what_stays_f32(checkpoints, tmp_path):
 def test_narrow_images_keep_their_values(checkpoints, tmp_path, dtype):
     """Each dtype stores what its definition says: f16/bf16 round to nearest, Q8_0/Q4_0 are GGUF's
     quantizers; the decoded values are within the format's rounding of the f32 weights."""
-    from host.quant import DType
+    from colibri.quant import DType
     pack(checkpoints["base"], tmp_path / "f32.img", 48, 64)
     pack(checkpoints["base"], tmp_path / "n.img", 48, 64, dtype=DType.parse(dtype), measure_quality=False)
     f32, narrow = read_image((tmp_path / "f32.img").read_bytes()), read_image((tmp_path / "n.img").read_bytes())
@@ -192,7 +192,7 @@ def test_cli_reports_sizes_by_dtype_and_quality(checkpoints, tmp_path, capsys):
 
 
 def test_older_image_is_refused_with_its_version(images, tmp_path):
-    from host.image import ImageError, write_header
+    from colibri.image import ImageError, write_header
     old = bytearray(images["base"].read_bytes())
     header = read_image(bytes(old)).header
     write_header(old, {**header, "version": 2})
@@ -221,10 +221,10 @@ def test_pin_from_a_trace_puts_the_hot_experts_in_the_resident_part(checkpoints,
 def test_write_image_streams_the_same_bytes_build_image_returns(checkpoints, tmp_path):
     """pack.py writes through a memory map (the image never a second copy of the model in RAM): the file
     must be exactly the bytes build_image assembles in memory."""
-    from host.checkpoint import load_checkpoint
-    from host.image import build_image, write_image
-    from host.pack import convert_tensors
-    from host.quant import DType
+    from colibri.checkpoint import load_checkpoint
+    from colibri.image import build_image, write_image
+    from colibri.pack import convert_tensors
+    from colibri.quant import DType
     ckpt = load_checkpoint(checkpoints["top3_gqa4_tied"], 24)
     tensors = convert_tensors(ckpt.tensors, DType.Q8_0, [("blk.0.*", DType.F16)])
     pinned = frozenset({(1, 2)})

@@ -6,10 +6,10 @@ import struct
 import pytest
 
 from conftest import MODEL_BOARDS, board_name
-from host.protocol import (REQ_INFO, REQ_UPLOAD_BEGIN, REQ_UPLOAD_CHUNK, REQ_UPLOAD_END, RSP_ERROR, RSP_INFO,
+from colibri.protocol import (REQ_INFO, REQ_UPLOAD_BEGIN, REQ_UPLOAD_CHUNK, REQ_UPLOAD_END, RSP_ERROR, RSP_INFO,
                            RSP_UPLOAD_ACK, Client, DeviceError, LinkError, encode_frame, read_frame)
-from sim.boards import load_board
-from sim.launch import start_board
+from colibri.sim.boards import load_board
+from colibri.sim.launch import start_board
 
 
 class BytesTransport:

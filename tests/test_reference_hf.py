@@ -7,8 +7,8 @@ import torch
 from transformers import MixtralForCausalLM
 
 from conftest import CONFIGS
-from host.image import read_image
-from host.reference import Reference
+from colibri.image import read_image
+from colibri.reference import Reference
 
 TOLERANCE = 1e-4  # max abs logit error, f32
 PROMPT = [1, 5, 9, 3, 0, 2]
@@ -41,8 +41,8 @@ def dequantized_checkpoint(src, image, dst):
 
     from safetensors.numpy import load_file, save_file
 
-    from host.checkpoint import FAMILIES, hf_name
-    from host.image import Role
+    from colibri.checkpoint import FAMILIES, hf_name
+    from colibri.image import Role
     shutil.copytree(src, dst)
     tensors = load_file(src / "model.safetensors")
     fam = FAMILIES["MixtralForCausalLM"]
@@ -68,8 +68,8 @@ NARROW = [("f16", 1e-4), ("bf16", 1e-4), ("q8_0", 3e-2), ("q4_0", 3e-2)]
 
 @pytest.mark.parametrize("dtype,bound", NARROW, ids=[n[0] for n in NARROW])
 def test_narrow_dtypes_against_transformers_on_the_same_weights(dtype, bound, checkpoints, tmp_path):
-    from host.pack import pack
-    from host.quant import DType
+    from colibri.pack import pack
+    from colibri.quant import DType
     name = "base"
     pack(checkpoints[name], tmp_path / "n.img", 48, 64, dtype=DType.parse(dtype), measure_quality=False)
     image = read_image((tmp_path / "n.img").read_bytes())

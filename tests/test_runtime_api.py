@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from capi import STATUS, Context, ImageInfo, Lib, Sampler
-from host.image import read_image
-from host.reference import Reference
+from colibri.image import read_image
+from colibri.reference import Reference
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +207,7 @@ def test_nonfinite_router_or_logits_is_named_and_reset_recovers(lib, images):
     one in the logits by the argmax: both stop the feed with COLIBRI_E_NONFINITE, the tokens before stay
     fed, and after colibri_reset the context works again."""
     import struct
-    from host.image import Role
+    from colibri.image import Role
     from test_verifier import reseal
     data = bytearray(images["base"].read_bytes())
     img = read_image(bytes(data))
@@ -235,7 +235,7 @@ def test_top_k_keeps_ties_with_the_kth_as_transformers_does(lib, images):
     import torch
     from transformers.generation.logits_process import TopKLogitsWarper
 
-    from host.image import Role
+    from colibri.image import Role
     from test_verifier import reseal
     data = bytearray(images["base"].read_bytes())
     img = read_image(bytes(data))
@@ -258,7 +258,7 @@ def test_top_k_keeps_ties_with_the_kth_as_transformers_does(lib, images):
 def test_tensor_places_are_resolved_once_at_open(lib, base):
     """After open the runtime never reads the image's table again: a table rewritten under a live context
     (every offset pointed far outside the image) changes nothing, and the logits stay the same bits."""
-    from host.image import ENTRY_BYTES, HEADER_BYTES
+    from colibri.image import ENTRY_BYTES, HEADER_BYTES
     ctx = Context(lib, base)
     assert ctx.feed([1, 2, 3]) == 0
     want = ctx.logits()
@@ -291,7 +291,7 @@ def test_parallel_for_hook_gives_the_same_bits_in_any_part_order(lib, tmp_path):
     COLIBRI_MAX_PARTS (64) E_BAD_ARG."""
     from capi import PARALLEL_FOR, Options
     from conftest import WIDE, make_checkpoint
-    from host.pack import pack
+    from colibri.pack import pack
     pack(make_checkpoint(WIDE, tmp_path / "wide"), tmp_path / "wide.img", max_seq=16, expert_align=64,
          measure_quality=False)  # matrices above the runtime's threshold for splitting
     data = (tmp_path / "wide.img").read_bytes()
@@ -336,9 +336,9 @@ def test_crc32_matches_zlib_on_every_path(lib):
 
 
 def test_host_mirror_of_the_prefill_batch_bytes(lib, images):
-    """host/image.py prefill_bytes (what footprint.py reports before flashing) equals the runtime's
+    """colibri/image.py prefill_bytes (what footprint.py reports before flashing) equals the runtime's
     colibri_prefill_bytes for every test image and a few batch sizes."""
-    from host.image import prefill_bytes
+    from colibri.image import prefill_bytes
     for path in images.values():
         data = path.read_bytes()
         status, info = lib.verify(data)

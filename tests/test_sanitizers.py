@@ -10,8 +10,8 @@ import subprocess
 import pytest
 
 from conftest import build
-from host.image import read_image
-from host.protocol import Sampling, encode_frame, scripted_session
+from colibri.image import read_image
+from colibri.protocol import Sampling, encode_frame, scripted_session
 
 PROMPT = [1, 5, 9, 3]
 
@@ -23,9 +23,9 @@ def asan_firmware():
 
 def test_sanitized_build_survives_bad_requests(images, asan_firmware):
     """Malformed and out-of-order requests under the sanitizers: named errors, no report."""
-    from sim.boards import load_board
-    from sim.launch import start_board
-    from host.protocol import Client, DeviceError
+    from colibri.sim.boards import load_board
+    from colibri.sim.launch import start_board
+    from colibri.protocol import Client, DeviceError
     with start_board(load_board("hosted"), asan_firmware, images["base"]) as device:
         client = Client(device.link, timeout=10)
         with pytest.raises(DeviceError, match="LINK_NOT_OPEN"):
@@ -62,9 +62,9 @@ def test_no_allocation_after_open(images, hosted_build, tmp_path, monkeypatch):
     import signal
     import time
 
-    from host.protocol import Client
-    from sim.boards import load_board
-    from sim.launch import start_board
+    from colibri.protocol import Client
+    from colibri.sim.boards import load_board
+    from colibri.sim.launch import start_board
     counter = tmp_path / "malloc_count.so"
     subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(counter), "tests/malloc_count.c"], check=True)
     count_file = tmp_path / "count"

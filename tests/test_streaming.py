@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from capi import FETCH, PREFETCH, STATUS, Context, Lib, Options
-from host.flash import run_on_board
-from host.image import build_image, expert_cache_bytes, read_image
-from host.checkpoint import load_checkpoint
-from host.pack import convert_tensors
-from host.protocol import Sampling
-from host.quant import DType
+from colibri.flash import run_on_board
+from colibri.image import build_image, expert_cache_bytes, read_image
+from colibri.checkpoint import load_checkpoint
+from colibri.pack import convert_tensors
+from colibri.protocol import Sampling
+from colibri.quant import DType
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 
@@ -182,7 +182,7 @@ def test_bare_metal_streaming_gives_the_resident_bits(board, streaming_images, f
 def big_expert_image(board_arena: int) -> bytes:
     """A Q8_0 model whose routed experts take more than 4x `board_arena` (random weights: a transformers
     checkpoint of this size would take longer to write than to run)."""
-    from host.synthetic import moe_dims, random_image
+    from colibri.synthetic import moe_dims, random_image
     blob = random_image(moe_dims(hidden=256, ffn=512, experts=40, layers=2, max_seq=16), DType.Q8_0, seed=12)
     img = read_image(blob)
     assert len(blob) - img.resident_bytes > 4 * board_arena
@@ -192,8 +192,8 @@ def big_expert_image(board_arena: int) -> bytes:
 def test_cortex_m55_runs_a_model_whose_experts_are_4x_its_arena(firmwares, tmp_path):
     """docs/BOARDS.md: the M55's arena is 4 MiB of ISRAM; the experts live in DDR (standing in for external
     flash) and reach the arena only through the fetch hook, four slots at a time."""
-    from host.flash import verify
-    from sim.boards import load_board
+    from colibri.flash import verify
+    from colibri.sim.boards import load_board
     arena_capacity = load_board("cortex_m55").spec["memory"]["arena_capacity"]
     blob = big_expert_image(arena_capacity)
     path = tmp_path / "big.img"
@@ -214,8 +214,8 @@ def hot_routing_image(pinned: frozenset = frozenset()) -> bytes:
     hardly changes from layer to layer, and every layer has the same router, which favours experts 0
     and 1 (a shared direction in every embedding). So the next layer's router on this layer's input
     names the next layer's experts (prefetch pays), and a trace finds a hot set (pinning pays)."""
-    from host import image as im
-    from host.rope import tables
+    from colibri import image as im
+    from colibri.rope import tables
     rng = np.random.default_rng(5)
     dims = im.ModelDims(vocab_size=32, hidden_size=32, ffn_size=16, n_layers=3, n_heads=2, n_kv_heads=1,
                         head_dim=16, n_experts=8, top_k=2, max_seq=16, rms_norm_eps=1e-5, rope_theta=10000.0,
@@ -243,8 +243,8 @@ def hot_routing_image(pinned: frozenset = frozenset()) -> bytes:
 
 
 def test_pinning_and_prefetch_raise_hits_where_the_trace_says(lib, hosted_build, tmp_path):
-    from host.flash import trace_report
-    from host.pack import hot_experts
+    from colibri.flash import trace_report
+    from colibri.pack import hot_experts
     prompt = list(range(0, 30, 3))
     plain = hot_routing_image()
     path = tmp_path / "hot.img"
@@ -277,9 +277,9 @@ def test_hosted_board_survives_its_image_file_changing(board_name, streaming_ima
     --stream the expert part is read from the file through the fetch hook, so a rewrite is
     COLIBRI_E_EXPERT_CRC, and a truncation COLIBRI_E_FETCH on Linux. Windows refuses to truncate a mapped
     file; under Wine a Linux process can, and the Windows board then ends as it does without --stream."""
-    from host.protocol import STATUS_NAMES, Client, DeviceError, LinkError
-    from sim.boards import load_board
-    from sim.launch import start_board
+    from colibri.protocol import STATUS_NAMES, Client, DeviceError, LinkError
+    from colibri.sim.boards import load_board
+    from colibri.sim.launch import start_board
     image = streaming_images["base-q8_0"]
     img = read_image(image)
     board, firmware, path = load_board(board_name), firmwares[board_name], tmp_path / "live.img"

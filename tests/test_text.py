@@ -1,4 +1,4 @@
-"""Text in, text out (host/text.py): a real byte-level BPE tokenizer and a chat template travel in the
+"""Text in, text out (colibri/text.py): a real byte-level BPE tokenizer and a chat template travel in the
 image, and a prompt in words gives the token ids, the tokens and the text transformers gives."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 import pytest
 
 from conftest import ROOT
-from host import flash
-from host.image import read_image
-from host.pack import pack
-from host.text import Text
+from colibri import flash
+from colibri.image import read_image
+from colibri.pack import pack
+from colibri.text import Text
 
 CHAT_TEMPLATE = ("{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + '</s>\\n' }}{% endfor %}"
                  "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
@@ -102,7 +102,7 @@ def test_chat_runs_and_an_image_without_a_tokenizer_says_so(text_image, images, 
 def test_interactive_chat_keeps_the_context_and_resets(text_image, hosted_build):
     """Turn two feeds only what the conversation added (the KV cache is kept): its answer is the one a
     fresh context fed the whole conversation gives; /reset starts over."""
-    from host.protocol import Sampling
+    from colibri.protocol import Sampling
     text = Text(read_image(text_image.read_bytes()).meta)
     lines = iter(["hello there", "and the experts?", "/reset", "hello there", "/quit"])
     out: list[str] = []

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from conftest import board_name, make_family_checkpoint
-from host import flash
-from host.image import read_image
-from host.pack import pack
-from host.protocol import Sampling
-from host.reference import Reference
-from tools import routing_report
+from colibri import flash
+from colibri.image import read_image
+from colibri.pack import pack
+from colibri.protocol import Sampling
+from colibri.reference import Reference
+from colibri import routing_report
 
 PROMPT = [1, 5, 9, 3]
 

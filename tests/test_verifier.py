@@ -6,7 +6,7 @@ import struct
 import pytest
 
 from capi import STATUS, Lib
-from host.image import ENTRY_BYTES, HEADER_BYTES, HEADER_CRC_OFFSET, crc32, read_image
+from colibri.image import ENTRY_BYTES, HEADER_BYTES, HEADER_CRC_OFFSET, crc32, read_image
 
 TABLE = HEADER_BYTES  # the packer puts the tensor table right after the header
 
@@ -175,8 +175,8 @@ Q8_CASES = [
 
 @pytest.fixture(scope="module")
 def q8_image(checkpoints, tmp_path_factory):
-    from host.pack import pack
-    from host.quant import DType
+    from colibri.pack import pack
+    from colibri.quant import DType
     path = tmp_path_factory.mktemp("q8") / "base-q8_0.img"
     pack(checkpoints["base"], path, 48, 64, dtype=DType.Q8_0, measure_quality=False)
     return path.read_bytes()
@@ -197,7 +197,7 @@ def test_statuses_are_distinct():
     assert len({c[2] for c in CASES}) >= 12
 
 
-# An image with a metadata section (tokenizer, chat template: host/text.py) at its end
+# An image with a metadata section (tokenizer, chat template: colibri/text.py) at its end
 META_CASES = [
     ("metadata byte flipped", lambda b: flip(len(b) - 3)(b), "E_IMAGE_PAYLOAD_CRC"),
     ("metadata misaligned", lambda b: put("<Q", 156, struct.unpack_from("<Q", b, 156)[0] + 8)(b), "E_IMAGE_HEADER"),
@@ -210,8 +210,8 @@ META_CASES = [
 
 @pytest.fixture(scope="module")
 def meta_image(checkpoints):
-    from host.checkpoint import load_checkpoint
-    from host.image import build_image
+    from colibri.checkpoint import load_checkpoint
+    from colibri.image import build_image
     ckpt = load_checkpoint(checkpoints["base"], 24)
     return build_image(ckpt.dims, ckpt.tensors, meta={"tokenizer": {"model": {"type": "WordLevel"}}})
 

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT, build
-from tools import footprint
+from colibri import footprint
 
 # What every Windows 8 or later has: the C runtime that ships with Windows, the kernel, and the API set
 # that WaitOnAddress lives in.

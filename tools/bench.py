@@ -48,12 +48,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from host.image import Role, open_image  # noqa: E402
-from host.protocol import Sampling  # noqa: E402
-from host.flash import threads_args  # noqa: E402
-from host.protocol import Client  # noqa: E402
-from sim.boards import load_board  # noqa: E402
-from sim.launch import start_board  # noqa: E402
+from colibri.image import Role, open_image  # noqa: E402
+from colibri.protocol import Sampling  # noqa: E402
+from colibri.flash import threads_args  # noqa: E402
+from colibri.protocol import Client  # noqa: E402
+from colibri.sim.boards import load_board  # noqa: E402
+from colibri.sim.launch import start_board  # noqa: E402
 
 DTYPES = ("f32", "f16", "q8_0", "q4_0")
 FAMILIES = {
@@ -91,8 +91,8 @@ def make_checkpoint(path: Path, family: str) -> Path:
 
 
 def make_images(ckpt: Path, work: Path, dtypes: list[str]) -> dict[str, Path]:
-    from host.pack import pack
-    from host.quant import DType
+    from colibri.pack import pack
+    from colibri.quant import DType
     out = {}
     for dt in dtypes:
         img = work / f"colibri-{dt}.img"

@@ -25,14 +25,14 @@ from typing import Callable
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from host.flash import run_on_board, streaming_args, trace_report  # noqa: E402
-from host.image import read_image  # noqa: E402
-from host.pack import hot_experts, pack  # noqa: E402
-from host.protocol import Client, Sampling  # noqa: E402
-from sim.boards import load_board  # noqa: E402
-from sim.launch import start_board  # noqa: E402
-from host.quant import DType  # noqa: E402
-from host.synthetic import moe_dims, random_image  # noqa: E402
+from colibri.flash import run_on_board, streaming_args, trace_report  # noqa: E402
+from colibri.image import read_image  # noqa: E402
+from colibri.pack import hot_experts, pack  # noqa: E402
+from colibri.protocol import Client, Sampling  # noqa: E402
+from colibri.sim.boards import load_board  # noqa: E402
+from colibri.sim.launch import start_board  # noqa: E402
+from colibri.quant import DType  # noqa: E402
+from colibri.synthetic import moe_dims, random_image  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BANDWIDTHS = {"QSPI 50 MB/s": 50e6, "SD 20 MB/s": 20e6}

@@ -68,8 +68,8 @@ def make_images(tmp: Path) -> dict[str, Path]:
     """The demo model and a larger random Mixtral, packed in each dtype."""
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import TinyConfig, make_checkpoint
-    from host.pack import pack
-    from host.quant import DType
+    from colibri.pack import pack
+    from colibri.quant import DType
 
     sources = {"demo": ROOT / "models" / "demo-adder",
                # 10.5 MB in f32: fits every board's image region (the M4's is 16 MiB)
@@ -85,8 +85,8 @@ def make_images(tmp: Path) -> dict[str, Path]:
 
 
 def icount(tokens: int) -> list[dict]:
-    from host import flash
-    from host.protocol import Sampling
+    from colibri import flash
+    from colibri.protocol import Sampling
 
     records = []
     with tempfile.TemporaryDirectory(prefix="colibri-bench-") as tmp:

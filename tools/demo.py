@@ -24,14 +24,14 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from host.demo_task import ANSWER_LEN, answer_from_text, held_out_problems, problem_text  # noqa: E402
-from host.image import read_image  # noqa: E402
-from host.pack import pack  # noqa: E402
-from host.protocol import Client, DeviceError, LinkError, Sampling  # noqa: E402
-from host.reference import Reference  # noqa: E402
-from host.text import Text  # noqa: E402
-from sim.boards import DEFAULT_BOARD, board_names, load_board  # noqa: E402
-from sim.launch import start_board  # noqa: E402
+from colibri.demo_task import ANSWER_LEN, answer_from_text, held_out_problems, problem_text  # noqa: E402
+from colibri.image import read_image  # noqa: E402
+from colibri.pack import pack  # noqa: E402
+from colibri.protocol import Client, DeviceError, LinkError, Sampling  # noqa: E402
+from colibri.reference import Reference  # noqa: E402
+from colibri.text import Text  # noqa: E402
+from colibri.sim.boards import DEFAULT_BOARD, board_names, load_board  # noqa: E402
+from colibri.sim.launch import start_board  # noqa: E402
 
 MODEL = ROOT / "models" / "demo-adder"
 TOLERANCE = 1e-4

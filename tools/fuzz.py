@@ -79,11 +79,11 @@ def make_seeds() -> None:
     """Seed corpus: small images of every model variant, and protocol sessions against one of them."""
     import numpy as np
 
-    from host import image as im
-    from host.protocol import (REQ_OPEN, REQ_UPLOAD_BEGIN, REQ_UPLOAD_CHUNK, REQ_UPLOAD_END, Sampling,
+    from colibri import image as im
+    from colibri.protocol import (REQ_OPEN, REQ_UPLOAD_BEGIN, REQ_UPLOAD_CHUNK, REQ_UPLOAD_END, Sampling,
                                encode_frame, scripted_session)
-    from host.quant import DType, convert
-    from host.rope import tables
+    from colibri.quant import DType, convert
+    from colibri.rope import tables
 
     rng = np.random.default_rng(0)
     variants = {

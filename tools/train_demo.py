@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from host.demo_task import (ANSWER_LEN, PROMPT_LEN, VOCAB, encode_problem, held_out,  # noqa: E402
+from colibri.demo_task import (ANSWER_LEN, PROMPT_LEN, VOCAB, encode_problem, held_out,  # noqa: E402
                             tokenizer_json)
 
 

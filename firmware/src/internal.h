@@ -73,7 +73,7 @@ static inline uint32_t kv_rows(const model_dims *d, uint32_t layer) {
     return layer_windowed(d, layer) ? d->window : d->max_seq;
 }
 
-/* ---- the work arena (mirrors arena_plan() in host/image.py) ---- */
+/* ---- the work arena (mirrors arena_plan() in colibri/image.py) ---- */
 #define ARENA_CTX_BYTES 1024u
 
 /* One table entry as open() decoded and bounds-checked it: the forward pass reads these, never the

@@ -3,7 +3,7 @@
 `flash.py --verify` compares the device with the numpy reference built from the same image, so it
 catches runtime and board bugs but not a packing mistake (a wrong tensor mapping would be in both).
 This runs transformers on the original weights instead: a Hugging Face checkpoint directory as it
-is, or a GGUF file's tensors (dequantized, names and layout undone by host/gguf_input.py) loaded
+is, or a GGUF file's tensors (dequantized, names and layout undone by colibri/gguf_input.py) loaded
 into the transformers class of its architecture.
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ def _gguf_as_checkpoint(src: Path, out: Path) -> Path:
     import transformers
     from safetensors.numpy import save_file
 
-    from host.gguf_input import read_gguf
-    from host.quant import Encoded
+    from colibri.gguf_input import read_gguf
+    from colibri.quant import Encoded
     cfg, tensors, _ = read_gguf(src)
     arch = getattr(transformers, cfg["architectures"][0])
     cfg = dict(cfg, model_type=arch.config_class.model_type)

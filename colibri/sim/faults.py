@@ -11,7 +11,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from host.protocol import LinkTimeout, Transport
+from colibri.protocol import LinkTimeout, Transport
 
 
 @dataclass

@@ -5,7 +5,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from colibri.paths import ROOT
+
 BOARDS_DIR = ROOT / "boards"
 DEFAULT_BOARD = "x86_64_baremetal"
 
@@ -45,6 +46,8 @@ def board_names() -> list[str]:
 
 def load_board(name: str) -> Board:
     path = BOARDS_DIR / name / "board.toml"
+    if not BOARDS_DIR.is_dir():
+        raise ValueError(f"no boards/ here ({ROOT}): run inside a Colibri checkout, or set COLIBRI_ROOT to one")
     if not path.exists():
         raise ValueError(f"unknown board {name!r}; boards: {', '.join(board_names())}")
     return Board(name, tomllib.loads(path.read_text()))

@@ -1,6 +1,6 @@
 """Read a GGUF file (llama.cpp's format) into the same config + tensors a Hugging Face checkpoint gives.
 
-The packer then maps both the same way (host/checkpoint.py), so GGUF and safetensors inputs
+The packer then maps both the same way (colibri/checkpoint.py), so GGUF and safetensors inputs
 cannot drift apart. What this module undoes:
 - llama.cpp's names and metadata keys (taken from the `gguf` package's constants);
 - experts stored as one 3-D tensor per layer (split back into one matrix per expert);
@@ -21,7 +21,7 @@ import gguf
 import numpy as np
 from gguf.constants import MODEL_TENSOR, TENSOR_NAMES, Keys
 
-from host.quant import DType, Encoded, from_gguf_blocks
+from colibri.quant import DType, Encoded, from_gguf_blocks
 
 KEPT_TYPES = {gguf.GGMLQuantizationType.Q8_0: DType.Q8_0, gguf.GGMLQuantizationType.Q4_0: DType.Q4_0}
 # widened to f32 with nothing lost: not worth naming in the conversion report

@@ -12,7 +12,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from colibri.paths import ROOT
+
 PREFIX = ROOT / "build" / "wine"
 
 

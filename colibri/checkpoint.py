@@ -14,8 +14,8 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy so safetensors ca
 import numpy as np
 from safetensors import safe_open
 
-from host import rope
-from host.image import (EXPERT_ROLES, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
+from colibri import rope
+from colibri.image import (EXPERT_ROLES, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
                         FLAG_QKV_BIAS, FLAG_SHARED_EXPERT, LAYER_ROLES, MAX_WINDOW_LAYERS, NO_INDEX, ModelDims,
                         Role)
 
@@ -244,7 +244,7 @@ def _shard_files(path: Path) -> list[Path]:
 class LazyTensor:
     """A checkpoint tensor read from its safetensors shard only when its values are asked for
     (np.asarray), as float32: packing a checkpoint several times larger than RAM holds one tensor at a
-    time (host/quant.py Deferred). Shape and size are known without reading."""
+    time (colibri/quant.py Deferred). Shape and size are known without reading."""
 
     def __init__(self, shard: Path, name: str, shape: tuple[int, ...]):
         self.shard, self.name, self.shape = shard, name, tuple(shape)
@@ -300,7 +300,7 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
     `norm_topk_prob` overrides (or supplies, for a GGUF file that lacks it) the routing renormalization."""
     path = Path(path)
     if path.suffix == ".gguf" and path.is_file():
-        from host.gguf_input import GGUFError, read_gguf
+        from colibri.gguf_input import GGUFError, read_gguf
         try:
             cfg, raw, converted = read_gguf(path, norm_topk_prob)
         except GGUFError as exc:

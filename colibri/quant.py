@@ -89,7 +89,7 @@ class Encoded:
 
 @dataclass(frozen=True)
 class Deferred:
-    """A tensor to be encoded in `dtype` only when its bytes are written (host/image.py write_image):
+    """A tensor to be encoded in `dtype` only when its bytes are written (colibri/image.py write_image):
     `source` is anything np.asarray turns into its float32 values (a checkpoint.LazyTensor reads its file
     then), so packing holds one tensor at a time, never the model."""
     dtype: DType

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from host import image as im
-from host.quant import DType, convert
-from host.rope import tables
+from colibri import image as im
+from colibri.quant import DType, convert
+from colibri.rope import tables
 
 
 def random_image(dims: im.ModelDims, dtype: DType = DType.Q8_0, seed: int = 0, expert_align: int = 4096,

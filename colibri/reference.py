@@ -2,7 +2,7 @@
 
 Weights are used exactly as the runtime decodes them (f16/bf16 widened, Q8_0/Q4_0 dequantized);
 a matrix product with Q8_0/Q4_0 weights quantizes its input to Q8_0 first, as the runtime does
-(host/quant.py), and an f16 KV cache rounds k and v to f16. So the only difference left between
+(colibri/quant.py), and an f16 KV cache rounds k and v to f16. So the only difference left between
 the two is float summation order, and `flash.py --verify` stays tight for every dtype.
 
 It follows transformers' forward passes for the supported families (docs/MODELS.md): RMSNorm,
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from host.image import (FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_SHARED_EXPERT, KV_DTYPES, NO_INDEX,
+from colibri.image import (FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_SHARED_EXPERT, KV_DTYPES, NO_INDEX,
                         Image, Role)
-from host.quant import Encoded, quantized_matmul
+from colibri.quant import Encoded, quantized_matmul
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import ml_dtypes
 import numpy as np
 
-from host.quant import QBLOCK, Deferred, DType, Encoded, blocks, stored_bytes
+from colibri.quant import QBLOCK, Deferred, DType, Encoded, blocks, stored_bytes
 
 MAGIC = b"COLIBRI\0"
 VERSION = 3
@@ -299,7 +299,7 @@ class Image:
     header: dict
     entries: list[TensorEntry]
     data: bytes | memoryview = field(repr=False)
-    meta: dict | None = None  # the metadata section: tokenizer, chat template (host/text.py)
+    meta: dict | None = None  # the metadata section: tokenizer, chat template (colibri/text.py)
 
     def entry(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> TensorEntry:
         for e in self.entries:
@@ -389,7 +389,7 @@ def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray
     page-granular madvise or a DMA burst cover exactly one expert) and has its CRC in the expert CRC
     table. If two keys map to the same object (tied embeddings: LM_HEAD is TOKEN_EMBD), the second
     entry points at the first one's bytes instead of a copy. `meta` (the tokenizer, the chat template:
-    host/text.py) goes into the metadata section after everything, as JSON.
+    colibri/text.py) goes into the metadata section after everything, as JSON.
     """
     plan = _lay_out(dims, tensors, expert_align, pinned, meta)
     buf = bytearray(plan.image_bytes)

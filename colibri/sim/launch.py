@@ -1,7 +1,7 @@
 """Start a board with its firmware (and optionally an image) and hand back a byte-stream link.
 
 - `hosted`: the firmware is a Linux process speaking the protocol on stdin/stdout; `hosted_windows`
-  is the same program built for Windows, run under Wine off Windows (sim/wine.py).
+  is the same program built for Windows, run under Wine off Windows (colibri/sim/wine.py).
 - QEMU boards: QEMU runs the firmware with the board's arguments (boards/<name>/board.toml); its
   UART is a TCP server on a free loopback port (`-serial tcp:127.0.0.1:0,server=on,wait=on`, the
   port read back from QEMU's output, no race) reached through pyserial's `socket://`. QEMU waits
@@ -31,9 +31,10 @@ from typing import Callable, Iterator
 
 import serial
 
-from host.protocol import DeviceError, LinkClosed, LinkError, LinkTimeout
-from sim.boards import Board
-from sim.wine import wrap
+from colibri.protocol import DeviceError, LinkClosed, LinkError, LinkTimeout
+from colibri.paths import ROOT
+from colibri.sim.boards import Board
+from colibri.sim.wine import wrap
 
 CONNECT_TIMEOUT = 15.0
 BOOT_TIMEOUT = 30.0
@@ -213,7 +214,7 @@ def _wait_for_port(proc: subprocess.Popen, log_path: Path, timeout: float) -> in
     raise LinkError(f"QEMU did not open its serial port (status {proc.poll()}):\n{log_path.read_text(errors='replace')}")
 
 
-LOG_DIR = Path(__file__).resolve().parent.parent / "build" / "logs"
+LOG_DIR = ROOT / "build" / "logs"
 
 
 def keep_log(board: Board, log_path: Path, device: Device | None) -> Path | None:

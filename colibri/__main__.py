@@ -1,0 +1,6 @@
+"""`python -m colibri ...`: the `colibri` command."""
+import sys
+
+from colibri.cli import main
+
+sys.exit(main())

@@ -1,0 +1,553 @@
+#!/usr/bin/env python3
+"""Run an image on a board: boot it, get the image onto it, run a prompt, stream the tokens, verify.
+
+Examples:
+  python host/flash.py model.img --prompt-tokens 1,5,9,3 --max-new-tokens 16 --verify   # x86_64 under QEMU
+  python host/flash.py model.img --board hosted --prompt-tokens 1,5,9,3 --verify
+  python host/flash.py model.img --upload --prompt-tokens 1,5 --verify        # image over the serial link
+  python host/flash.py model.img --port /dev/ttyUSB0 --baud 921600 --prompt-tokens 1,5 --verify
+  python host/flash.py model.img --board hosted --prompt-tokens 1,2 --temperature 0.8 --top-p 0.9 --seed 7
+  python host/flash.py model.img --board hosted --prompt-tokens 1,2 --dump-logits logits.npy --json
+  python host/flash.py model.img --prompt-tokens 1,2,3 --trace --trace-out trace.json   # then tools/routing_report.py
+  python host/flash.py model.img --board cortex_m55 --expert-cache 4 --prompt-tokens 1,2 --verify  # stream experts
+  python host/flash.py model.img --board hosted --prompt-tokens 1,2,3 --against path/to/checkpoint  # vs transformers
+  python host/flash.py model.img --board hosted --prompt "The capital of France is" --max-new-tokens 20
+  python host/flash.py model.img --board hosted --chat "Write a haiku about flash memory"
+
+--verify compares the device with the numpy reference built from the same image: it catches runtime and
+board bugs. --against compares with transformers on the source checkpoint: it also catches packing
+mistakes (a tensor mapped wrongly is in the image and so in the reference, but not in transformers).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from colibri.image import ImageError, expert_cache_bytes, open_image, read_image
+from colibri.protocol import STATUS_NAMES, Client, DeviceError, Generation, LinkError, Sampling, Transport
+from colibri.reference import Reference
+from colibri.text import NoTokenizer, Text, TextStream
+from colibri.sim.boards import DEFAULT_BOARD, board_names, load_board
+from colibri.sim.launch import open_port, start_board
+
+# --verify's default: max |device - reference| relative to max(1, max |logit|). The reference quantizes
+# activations as the device does, so only float summation order differs... except with an f16 KV cache,
+# where a last-bit difference can flip an f16 rounding (2^-11) and the model amplifies it.
+DEFAULT_TOLERANCE = {0: 1e-4, 1: 5e-2}  # by the image's kv_dtype
+
+
+@dataclass
+class Verification:
+    """The device's logits against an oracle's (the numpy reference, or transformers with --against)."""
+    max_abs_error: float
+    rows: int
+    greedy_checked: int
+    greedy_agree: int
+    tolerance: float
+    error_bounded: bool = True  # the error must be within the tolerance (not for --against: it reports it)
+
+    @property
+    def passed(self) -> bool:
+        return (not self.error_bounded or self.max_abs_error <= self.tolerance) and \
+            self.greedy_agree == self.greedy_checked
+
+
+def compare(expected: np.ndarray, device: np.ndarray | None, prompt: list[int], tokens: list[int], greedy: bool,
+            tolerance: float, error_bounded: bool = True) -> Verification:
+    """The largest logit error, and whether each greedy token is the oracle's first choice or within
+    `tolerance` of it (a near tie)."""
+    if device is None or device.shape != expected.shape:
+        raise ValueError(f"device returned logits of shape {None if device is None else device.shape}, "
+                         f"the oracle gives {expected.shape}")
+    checked = agree = 0
+    if greedy:
+        for i, tok in enumerate(tokens):
+            row = expected[len(prompt) - 1 + i]
+            checked += 1
+            agree += int(row[tok] >= row.max() - tolerance)
+    return Verification(float(np.max(np.abs(device - expected))), expected.shape[0], checked, agree, tolerance,
+                        error_bounded)
+
+
+@dataclass
+class RunResult:
+    tokens: list[int]
+    stats: dict[str, int]
+    logits: np.ndarray | None
+    board: str
+    upload_crc32: int | None = None
+    guest_code: int | None = None
+    kernels: str = ""  # the kernel set the device computed with
+    traces: list | None = None  # per fed token: list[LayerTrace]
+    expert_cache: int = 0  # cache slots (0: experts read in place)
+    timing: dict | None = None  # prompt and decode tokens and seconds (device clock), open seconds (host clock)
+    prefill_batch: int = 0  # prompt tokens the device computed in one pass (0: one a pass)
+    threads: int = 1  # threads the device computed on
+
+
+def verify(image_bytes: bytes, prompt: list[int], result: RunResult, greedy: bool,
+           tolerance: float | None = None) -> Verification:
+    """Compare the device's logits with the numpy reference run on the same tokens. Without a tolerance,
+    the default for the image's KV cache, scaled by max(1, max |logit|)."""
+    image = read_image(image_bytes)
+    ref = Reference(image).forward(prompt + result.tokens)
+    if tolerance is None:
+        tolerance = DEFAULT_TOLERANCE[image.dims.kv_dtype] * max(1.0, float(np.abs(ref).max()))
+    return compare(ref, result.logits, prompt, result.tokens, greedy, tolerance)
+
+
+def against(checkpoint: Path, image_bytes: bytes | memoryview, prompt: list[int], result: RunResult, greedy: bool,
+            tolerance: float | None = None) -> Verification:
+    """Compare the device's logits with transformers run on the checkpoint the image was packed from
+    (colibri/oracle.py). The error says how far packing (narrower dtypes, the KV cache) and the runtime moved
+    the logits; it passes when every greedy token agrees. Without a tolerance for near ties: 1e-3 x
+    max(1, max |logit|) for an all-f32 image, 5e-2 x that when weights or the KV cache are narrower."""
+    from colibri.oracle import checkpoint_logits
+    image = read_image(image_bytes)
+    hf = checkpoint_logits(checkpoint, prompt + result.tokens)
+    narrow = image.dims.kv_dtype != 0 or any(e.shape and e.dtype != 0 for e in image.entries)
+    if tolerance is None:
+        tolerance = (5e-2 if narrow else 1e-3) * max(1.0, float(np.abs(hf).max()))
+    try:
+        return compare(hf, result.logits, prompt, result.tokens, greedy, tolerance, error_bounded=False)
+    except ValueError as exc:
+        raise ValueError(f"{exc}: is {checkpoint} the checkpoint this image was packed from?") from None
+
+
+def upload_progress(total: int, enabled: bool):
+    """A tqdm bar for an image upload on an interactive terminal; None (quiet) otherwise."""
+    if not enabled or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="upload", leave=False)
+    return lambda received: bar.update(received - bar.n)
+
+
+def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sampling: Sampling,
+                want_logits: bool, upload: bool, on_token=None, trace: bool = False,
+                progress: bool = False, expert_cache: int = 0, prefetch: bool = True,
+                stop: frozenset[int] = frozenset(), started: float | None = None) -> RunResult:
+    """The host's side of one session: INFO, optional upload, OPEN (with an expert cache of
+    `expert_cache` slots, if not 0), the generation (ending early after a token in `stop`), STATS, QUIT.
+    `started` (time.perf_counter()) is when the board was started, for the time to open."""
+    started = time.perf_counter() if started is None else started
+    info = client.info()
+    upload_crc = None
+    if upload:
+        data = image.read_bytes()
+        upload_crc = client.upload(data, upload_progress(len(data), progress))
+    opened = client.open(expert_cache, prefetch)
+    open_s = time.perf_counter() - started
+    if len(prompt) + max_new > opened.max_seq:
+        raise ValueError(f"{len(prompt)} prompt + {max_new} new tokens exceed the image's max_seq "
+                         f"{opened.max_seq}; repack with a larger --max-seq or ask for fewer tokens")
+    traces: list | None = [] if trace else None
+    gen = client.run(prompt, max_new, sampling, opened.vocab_size if want_logits else None, on_token, traces, stop)
+    stats = client.stats()
+    client.quit()
+    return RunResult([e.token for e in gen.events], stats, gen.logits, info.board, upload_crc, traces=traces,
+                     kernels=opened.kernels, expert_cache=opened.expert_cache,
+                     timing=timing(len(prompt), gen, info.cycle_hz, open_s), prefill_batch=opened.prefill_batch,
+                     threads=max(1, opened.parallel_parts))
+
+
+def timing(n_prompt: int, gen: Generation, cycle_hz: int, open_s: float) -> dict:
+    """Prompt and decode throughput on the device's own clock (None where the board has no clock), and the
+    host's wall time from starting the board to the answer of OPEN (reading the image and verifying it)."""
+    def seconds(cycles: int) -> float | None:
+        return cycles / cycle_hz if cycle_hz else None
+    prompt_s, decode_s = seconds(gen.prefill_cycles), seconds(sum(e.cycles for e in gen.events))
+    return {"open_s": open_s, "prompt_tokens": n_prompt, "prompt_s": prompt_s, "decode_tokens": len(gen.events),
+            "decode_s": decode_s,
+            "prompt_tok_s": n_prompt / prompt_s if prompt_s else None,
+            "decode_tok_s": len(gen.events) / decode_s if decode_s and gen.events else None}
+
+
+def streaming_args(board) -> list[str]:
+    """What tells a board to keep the expert part out of memory, for an OPEN with an expert cache (board.toml)."""
+    return list(board.spec.get("stream_args", []))
+
+
+def threads_args(board, threads: int) -> list[str]:
+    """What asks a board to compute on `threads` threads (board.toml's threads_arg); one needs nothing."""
+    if threads == 1:
+        return []
+    if "threads_arg" not in board.spec:
+        with_threads = [b for b in board_names() if "threads_arg" in load_board(b).spec]
+        raise ValueError(f"board {board.name} computes on one core; --threads needs a board with threads "
+                         f"({', '.join(with_threads)})")
+    return [board.spec["threads_arg"], str(threads)]
+
+
+def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, sampling: Sampling,
+                 want_logits: bool, firmware: Path | None = None, on_token=None, board_args: list[str] | None = None,
+                 timeout: float = 60.0, upload: bool = False, gdb: bool = False, retries: int = 4,
+                 wrap: Callable[[Transport], Transport] | None = None, trace: bool = False,
+                 progress: bool = False, expert_cache: int = 0, prefetch: bool = True,
+                 stop: frozenset[int] = frozenset(), threads: int = 1) -> RunResult:
+    """Boot `board_name` (QEMU or hosted), load the image (QEMU's loader, or `upload` over the link), run.
+    `wrap` may put something between host and device (the fault injector of colibri/sim/faults.py)."""
+    board = load_board(board_name)
+    if expert_cache and not upload:
+        board_args = (board_args or []) + streaming_args(board)
+    board_args = (board_args or []) + threads_args(board, threads)
+    started = time.perf_counter()
+    with start_board(board, firmware or board.firmware(), None if upload else image, board_args, gdb) as device:
+        link = wrap(device.link) if wrap else device.link
+        result = run_session(Client(link, timeout=timeout, retries=retries), image, prompt, max_new, sampling,
+                             want_logits, upload, on_token, trace, progress, expert_cache, prefetch, stop, started)
+    result.guest_code = device.guest_code
+    if result.guest_code != 0:
+        raise LinkError(f"board ended badly after the run: {device.describe()}")
+    return result
+
+
+def emit(s: str) -> None:
+    print(s, end="", flush=True)
+
+
+def chat_turns(client: Client, text: Text, sampling: Sampling, max_new: int, max_seq: int,
+               read: Callable[[str], str] = input, write: Callable[[str], None] = emit) -> list[dict[str, str]]:
+    """An interactive chat over one open context. Each turn feeds only what the conversation added since
+    the last (the KV cache is kept), unless the template tokenizes the conversation differently from
+    what was fed, when the context starts over with all of it. /reset clears the conversation and the
+    context; /quit or the end of input ends. Returns the conversation."""
+    messages: list[dict[str, str]] = []
+    fed: list[int] = []
+    client.start(sampling)
+    while True:
+        try:
+            line = read("you> ").strip()
+        except EOFError:
+            break
+        if line == "/quit":
+            break
+        if line == "/reset":
+            messages, fed = [], []
+            client.start(sampling)
+            write("[conversation and KV cache cleared]\n")
+            continue
+        if not line:
+            continue
+        want = text.chat_tokens(messages + [{"role": "user", "content": line}])
+        if len(want) + max_new > max_seq:
+            write(f"[the conversation would pass the image's max_seq {max_seq}: /reset to start over]\n")
+            continue
+        if want[:len(fed)] != fed:  # re-tokenized differently: start over with the whole conversation
+            client.start(sampling)
+            fed = []
+        client.feed_all(want[len(fed):])
+        fed = list(want)
+        messages.append({"role": "user", "content": line})
+        reply = TextStream(text)
+        for _ in range(max_new):
+            token = client.step().token
+            fed.append(token)
+            write(reply.push(token))
+            if token in text.eos_ids:
+                break
+        write(reply.finish() + "\n")
+        messages.append({"role": "assistant", "content": text.decode(reply.ids)})
+    return messages
+
+
+def run_chat(image: Path, board_name: str, firmware: Path | None, text: Text, sampling: Sampling, max_new: int,
+             timeout: float = 60.0, retries: int = 4, expert_cache: int = 0, prefetch: bool = True,
+             read: Callable[[str], str] = input, write: Callable[[str], None] = emit,
+             threads: int = 1) -> list[dict[str, str]]:
+    """Boot the board with the image and chat on it (chat_turns)."""
+    board = load_board(board_name)
+    board_args = (streaming_args(board) if expert_cache else []) + threads_args(board, threads)
+    with start_board(board, firmware or board.firmware(), image, board_args) as device:
+        client = Client(device.link, timeout=timeout, retries=retries)
+        client.info()
+        opened = client.open(expert_cache, prefetch)
+        messages = chat_turns(client, text, sampling, max_new, opened.max_seq, read, write)
+        client.quit()
+    return messages
+
+
+def trace_report(result: RunResult, prompt: list[int], image: Path) -> dict:
+    """The traced run as JSON-ready data (tools/routing_report.py reads it)."""
+    dims = read_image(image.read_bytes()).dims
+    fed = prompt + result.tokens
+    return {"board": result.board, "cycle_hz": result.stats["cycle_hz"], "n_layers": dims.n_layers,
+            "n_experts": dims.n_experts, "top_k": dims.top_k, "prompt": prompt, "tokens": result.tokens,
+            "trace": [{"pos": i, "token": fed[i], "layers": [asdict(t) for t in layers]}
+                      for i, layers in enumerate(result.traces or [])]}
+
+
+def print_trace(report: dict) -> None:
+    for tok in report["trace"]:
+        print(f"pos {tok['pos']:>4} token {tok['token']:>6}")
+        for t in tok["layers"]:
+            routed = "  ".join(f"e{e}:{w:.3f} ({c:,} cyc)" for e, w, c in
+                               zip(t["experts"], t["weights"], t["cycles_expert"])) or "dense MLP"
+            print(f"  layer {t['layer']:>3}  attention {t['cycles_attention']:>10,}  routing {t['cycles_router']:>8,}  "
+                  f"ffn {t['cycles_ffn']:>10,}  | {routed}")
+
+
+def parse_tokens(text: str) -> list[int]:
+    try:
+        tokens = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {text!r}") from None
+    if not tokens or min(tokens) < 0:
+        raise argparse.ArgumentTypeError("need at least one non-negative token id")
+    return tokens
+
+
+def stats_line(stats: dict[str, int]) -> str:
+    hz, n = stats["cycle_hz"], max(stats["tokens_fed"], 1)
+    per_tok = stats["cycles_total"] / n
+    speed = f", {hz / per_tok:.1f} tokens/s" if hz and per_tok else ""
+    return (f"{stats['tokens_fed']} tokens fed, {per_tok:,.0f} cycles/token{speed} "
+            f"(attention {stats['cycles_attention'] / n:,.0f}, router {stats['cycles_router'] / n:,.0f}, "
+            f"experts {stats['cycles_experts'] / n:,.0f}, lm_head {stats['cycles_lm_head'] / n:,.0f}), "
+            f"arena {stats['arena_bytes']:,} bytes")
+
+
+def cache_line(stats: dict[str, int], slots: int) -> str:
+    n = max(stats["tokens_fed"], 1)
+    routed = stats["expert_hits"] + stats["expert_misses"]
+    hit_rate = stats["expert_hits"] / routed if routed else 0.0
+    prefetch = (f", prefetch guesses used {stats['prefetch_used']}/{stats['prefetch_issued']}"
+                if stats["prefetch_issued"] else "")
+    return (f"expert cache {slots} slots: hit rate {hit_rate:.1%} ({stats['expert_hits']} hits, "
+            f"{stats['expert_misses']} misses), {stats['expert_bytes_fetched'] / n:,.0f} bytes fetched/token, "
+            f"{stats['cycles_fetch_wait'] / n:,.0f} cycles/token waiting{prefetch}")
+
+
+def cache_slots(spec: str, image: Path) -> int:
+    """--expert-cache: a slot count, `all`, or a byte budget (512KiB, 4MiB, 1000000B) turned into slots."""
+    text = spec.strip().lower()
+    if text.isdigit():
+        return int(text)
+    img = open_image(image)
+    streamed = len(img.streamed_experts())
+    if text == "all":
+        return streamed
+    for suffix, scale in (("gib", 1 << 30), ("mib", 1 << 20), ("kib", 1 << 10), ("b", 1)):
+        if text.endswith(suffix) and text[:-len(suffix)].strip().isdigit():
+            budget = int(text[:-len(suffix)]) * scale
+            slots = 0
+            while slots < streamed and expert_cache_bytes(img.expert_block_bytes, slots + 1) <= budget:
+                slots += 1
+            if slots == 0:
+                raise ValueError(f"--expert-cache {spec}: one slot needs "
+                                 f"{expert_cache_bytes(img.expert_block_bytes, 1):,} bytes")
+            return slots
+    raise ValueError(f"--expert-cache {spec!r}: give a slot count, 'all', or bytes such as 512KiB or 4MiB")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("image", type=Path, help="image file made by host/pack.py")
+    ap.add_argument("--board", default=DEFAULT_BOARD, help=f"board to run on (default {DEFAULT_BOARD})")
+    ap.add_argument("--firmware", type=Path, help="firmware ELF (default build/<board>/release/firmware.elf)")
+    ap.add_argument("--upload", action="store_true",
+                    help="send the image over the serial link in checksummed chunks instead of QEMU's loader")
+    ap.add_argument("--port", help="a real board's serial port (e.g. /dev/ttyUSB0); implies --upload")
+    ap.add_argument("--baud", type=int, default=921600, help="baud rate for --port (default 921600)")
+    ap.add_argument("--gdb", action="store_true", help="start QEMU halted with a GDB stub and print how to attach")
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--prompt", metavar="TEXT", help="a prompt in words, encoded with the image's tokenizer; the "
+                      "answer streams as text and stops at the end-of-sequence token")
+    what.add_argument("--chat", metavar="MESSAGE", nargs="?", const="",
+                      help="a user message, put through the image's chat template; without one, an interactive "
+                           "chat that keeps the KV cache across turns (/reset clears it, /quit or end of input ends)")
+    what.add_argument("--prompt-tokens", type=parse_tokens, help="comma-separated token ids")
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    ap.add_argument("--top-k", type=int, default=0, help="0 = no top-k cut")
+    ap.add_argument("--top-p", type=float, default=1.0, help="1 = no nucleus cut")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--verify", action="store_true", help="compare the device's logits with the numpy reference")
+    ap.add_argument("--tolerance", type=float,
+                    help="max abs logit error for --verify (default: 1e-4 x max(1, max |logit|); 5e-2 x that "
+                         "with an f16 KV cache)")
+    ap.add_argument("--against", type=Path, metavar="CHECKPOINT",
+                    help="also compare with transformers run on the checkpoint the image was packed from (a directory "
+                         "or a .gguf file): catches packing mistakes that --verify, which rebuilds the model from the "
+                         "image, cannot")
+    ap.add_argument("--dump-logits", type=Path, metavar="FILE.npy",
+                    help="save the device's logits: row i = after the i-th token fed, prompt first")
+    ap.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    ap.add_argument("--trace", action="store_true",
+                    help="per token and layer: the routed experts, their gate weights, and the cycles spent in "
+                         "attention, routing and each expert")
+    ap.add_argument("--trace-out", type=Path, metavar="FILE.json",
+                    help="save the trace (implies --trace) for tools/routing_report.py")
+    ap.add_argument("--timeout", type=float, default=60.0,
+                    help="seconds to wait for an answer before sending a request again (default 60)")
+    ap.add_argument("--retries", type=int, default=4, help="retransmissions of a request before giving up (default 4)")
+    ap.add_argument("--fault-rate", type=float, default=0.0, metavar="R",
+                    help="testing: drop/flip/duplicate/delay each byte with probability R in both directions")
+    ap.add_argument("--fault-seed", type=int, default=0, help="seed of --fault-rate")
+    ap.add_argument("--expert-cache", metavar="N|BYTES|all",
+                    help="stream routed experts through the board's fetch hook into a cache of N slots (or as many "
+                         "as BYTES such as 2MiB hold); at least top_k (docs/STREAMING.md)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="compute on N threads (the hosted board; bare-metal boards have one core). The same bits "
+                         "for any N: each thread computes fixed rows")
+    ap.add_argument("--no-prefetch", action="store_true",
+                    help="with --expert-cache: do not guess and fetch the next layer's experts early")
+    args = ap.parse_args(argv)
+    if args.max_new_tokens < 0:
+        ap.error("--max-new-tokens must be >= 0")
+    if not 1 <= args.threads <= 64:
+        ap.error("--threads takes 1 to 64")
+    if args.threads > 1:
+        try:
+            threads_args(load_board(args.board), args.threads)
+            if args.port:
+                raise ValueError("--threads applies to a board flash.py starts, not one on a serial port")
+        except ValueError as exc:
+            ap.error(str(exc))
+    if not args.image.exists():
+        ap.error(f"image {args.image} not found; make one with host/pack.py")
+
+    try:  # the image's structure is checked here, before a board boots or an upload starts (its CRCs are
+        open_image(args.image, check_crcs=False)  # the device's: it verifies every byte when it opens it)
+    except ImageError as exc:
+        print(f"flash: error: {args.image} is not a valid image ({exc}); make one with host/pack.py", file=sys.stderr)
+        return 2
+    try:
+        slots = cache_slots(args.expert_cache, args.image) if args.expert_cache else 0
+    except (ValueError, ImageError) as exc:
+        ap.error(str(exc))
+    quiet = args.json
+    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
+    greedy = args.temperature <= 0 or args.top_k == 1
+    text: Text | None = None
+    prompt: list[int] = args.prompt_tokens
+    if args.chat == "":
+        try:
+            text = Text(open_image(args.image, check_crcs=False).meta)
+            if not text.meta.get("chat_template"):
+                raise NoTokenizer("this image's checkpoint has no chat template: use --prompt")
+        except NoTokenizer as exc:
+            print(f"flash: error: {exc}", file=sys.stderr)
+            return 2
+        try:
+            run_chat(args.image, args.board, args.firmware, text, sampling, args.max_new_tokens, args.timeout,
+                     args.retries, slots, not args.no_prefetch, threads=args.threads)
+        except (DeviceError, LinkError, ValueError) as exc:
+            print(f"\nflash: error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if args.prompt_tokens is None:
+        try:
+            text = Text(open_image(args.image, check_crcs=False).meta)
+            prompt = (text.encode(args.prompt) if args.prompt is not None
+                      else text.chat_tokens([{"role": "user", "content": args.chat}]))
+        except NoTokenizer as exc:
+            print(f"flash: error: {exc}", file=sys.stderr)
+            return 2
+        if not prompt:
+            ap.error("the prompt encodes to no tokens")
+    stream = TextStream(text) if text else None
+
+    def on_token(ev) -> None:
+        if not quiet:
+            emit(stream.push(ev.token) if stream else f"{ev.token} ")
+
+    if not quiet:
+        asked = f"prompt {prompt}" if text is None else repr(args.prompt if args.prompt is not None else args.chat)
+        print(f"[{args.port or args.board}] {asked} -> ", end="", flush=True)
+    want_logits = args.verify or args.dump_logits is not None or args.against is not None
+    trace = args.trace or args.trace_out is not None
+    wrap = None
+    if args.fault_rate > 0:
+        from colibri.sim.faults import LossyTransport
+        wrap = lambda link: LossyTransport(link, args.fault_rate, args.fault_seed)  # noqa: E731
+    try:
+        if args.port:
+            with open_port(args.port, args.baud) as port_link:
+                link = wrap(port_link) if wrap else port_link
+                result = run_session(Client(link, timeout=args.timeout, retries=args.retries), args.image,
+                                     prompt, args.max_new_tokens, sampling, want_logits, True, on_token,
+                                     trace, progress=not quiet, expert_cache=slots, prefetch=not args.no_prefetch,
+                                     stop=text.eos_ids if text else frozenset())
+        else:
+            result = run_on_board(args.image, args.board, prompt, args.max_new_tokens, sampling,
+                                  want_logits, args.firmware, on_token, timeout=args.timeout, upload=args.upload,
+                                  gdb=args.gdb, retries=args.retries, wrap=wrap, trace=trace, progress=not quiet,
+                                  expert_cache=slots, prefetch=not args.no_prefetch,
+                                  stop=text.eos_ids if text else frozenset(), threads=args.threads)
+    except DeviceError as exc:
+        hint = ""
+        if exc.message == "arena too small":
+            hint = f": the image needs a {exc.detail:,}-byte arena"
+            if slots:
+                hint += f" with {slots} expert cache slots; ask for fewer with --expert-cache"
+        elif exc.code == STATUS_NAMES.index("E_CACHE_TOO_SMALL"):
+            top_k = read_image(args.image.read_bytes()).dims.top_k
+            hint = (f": one layer routes to {top_k} experts, so --expert-cache needs at least {top_k} slots "
+                    f"({exc.detail:,} arena bytes)")
+        elif exc.code == STATUS_NAMES.index("E_BAD_ARG") and slots:
+            hint = f": --expert-cache {slots} is more slots than the image streams experts (try --expert-cache all)"
+        print(f"\nflash: {exc}{hint}", file=sys.stderr)
+        return 2
+    except (LinkError, ValueError, FileNotFoundError, ImageError) as exc:
+        print(f"\nflash: error: {exc}", file=sys.stderr)
+        return 2
+    if not quiet:
+        if stream:
+            emit(stream.finish())
+        if result.upload_crc32 is not None:
+            print(f"\n[{result.board}] image uploaded, device CRC-32 {result.upload_crc32:08x} matches", end="")
+        print(f"\n[{result.board}, {result.kernels} kernels] {stats_line(result.stats)}")
+        if result.expert_cache:
+            print(f"[{result.board}] {cache_line(result.stats, result.expert_cache)}")
+    if args.dump_logits:
+        np.save(args.dump_logits, result.logits)
+    if trace:
+        traced = trace_report(result, prompt, args.image)
+        if args.trace_out:
+            args.trace_out.write_text(json.dumps(traced))
+        if not quiet:
+            print_trace(traced)
+    report: dict = {"board": result.board, "kernels": result.kernels, "prompt_tokens": prompt, "tokens": result.tokens,
+                    "stats": result.stats, "upload_crc32": result.upload_crc32, "timing": result.timing,
+                    "threads": result.threads, "prefill_batch": result.prefill_batch}
+    if text is not None:
+        report["text"] = text.decode(result.tokens)
+    status = 0
+    if args.verify:
+        v = verify(args.image.read_bytes(), prompt, result, greedy, args.tolerance)
+        report["verify"] = {**asdict(v), "passed": v.passed}
+        status = 0 if v.passed else 1
+        if not quiet:
+            greedy_txt = (f"greedy tokens agree {v.greedy_agree}/{v.greedy_checked}" if greedy
+                          else "greedy agreement n/a (sampling)")
+            print(f"verify: max |device - reference| = {v.max_abs_error:.3g} over {v.rows} logits rows "
+                  f"(tolerance {v.tolerance:g}); {greedy_txt}: {'PASS' if v.passed else 'FAIL'}")
+    if args.against:
+        from colibri.oracle import OracleUnavailable
+        try:
+            a = against(args.against, open_image(args.image).data, prompt, result, greedy, args.tolerance)
+        except (OracleUnavailable, ValueError, OSError) as exc:
+            print(f"flash: error: --against {args.against}: {exc}", file=sys.stderr)
+            return 2
+        report["against"] = {**asdict(a), "checkpoint": str(args.against), "passed": a.passed}
+        status = status or (0 if a.passed else 1)
+        if not quiet:
+            greedy_txt = (f"greedy tokens agree {a.greedy_agree}/{a.greedy_checked} (near ties within {a.tolerance:g})"
+                          if greedy else "greedy agreement n/a (sampling)")
+            print(f"against transformers on {args.against}: max |device - transformers| = {a.max_abs_error:.3g} over "
+                  f"{a.rows} logits rows; {greedy_txt}: {'PASS' if a.passed else 'FAIL'}")
+    if args.json:
+        print(json.dumps(report))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

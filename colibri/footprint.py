@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""Footprint and purity of built firmware, proven from the ELF files (pyelftools), or for the Windows
+board from its PE/COFF objects (MinGW-w64's nm and objdump).
+
+For a board: the runtime's and the board's .text/.rodata/.data/.bss separately, the worst-case
+stack depth (static: the call graph and frame sizes gcc writes with -fcallgraph-info=su), and,
+given an image, whether image + arena + firmware + stack fit each memory region of the board.
+Always: proof that nothing defines or references a forbidden symbol (malloc family, pthread_*,
+C11 threads, stdio, FILE I/O).
+
+Examples:
+  python tools/footprint.py --board cortex_m4 --image model.img   # full report with usage bars
+  python tools/footprint.py --board hosted --json
+  python tools/footprint.py some.o other.o                         # purity and sizes of objects
+Exit status 1 if a forbidden symbol is found or something does not fit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+from colibri.paths import ROOT
+from colibri.sim.boards import board_names, load_board
+
+FORBIDDEN = re.compile(
+    r"^(malloc|calloc|realloc|free|aligned_alloc|posix_memalign|memalign|valloc|pvalloc|reallocarray"
+    r"|_Znw.*|_Zna.*|_Zdl.*|_Zda.*"
+    r"|pthread_\w+|thrd_\w+|mtx_\w+|cnd_\w+"
+    r"|printf|fprintf|sprintf|snprintf|vprintf|vfprintf|vsprintf|vsnprintf|puts|fputs|putchar|fputc|putc"
+    r"|scanf|fscanf|sscanf|fopen|fclose|fread|fwrite|fseek|ftell|fflush|fgets|getchar|perror"
+    r"|stdin|stdout|stderr|_IO_\w+|__printf_chk|__fprintf_chk|__sprintf_chk|__snprintf_chk|__vfprintf_chk"
+    # Windows: any call into a DLL (__imp_), its allocators and threads, MinGW's own stdio
+    r"|__imp_\w+|HeapAlloc|VirtualAlloc|LocalAlloc|GlobalAlloc|CreateThread|_beginthread\w*|__mingw_\w*printf)$"
+)
+COFF_TOOLS = "x86_64-w64-mingw32-"  # binutils for x86-64 PE/COFF (the hosted_windows board's toolchain)
+COFF_SECTIONS = {".rdata": ".rodata"}  # PE names for what ELF calls .rodata
+SECTIONS = (".text", ".rodata", ".data", ".bss", ".stack")
+SHF_ALLOC = 0x2
+
+
+@dataclass
+class ObjectReport:
+    path: str
+    sizes: dict[str, int] = field(default_factory=dict)
+    forbidden: list[str] = field(default_factory=list)
+
+
+def inspect(path: Path) -> ObjectReport:
+    """Section sizes (by kind) and forbidden symbols of one ELF or PE/COFF object or executable."""
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic[:2] == b"MZ" or magic[:2] == b"\x64\x86":  # a PE executable, or an x86-64 COFF object
+        return inspect_coff(path)
+    rep = ObjectReport(str(path))
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        for sec in elf.iter_sections():
+            kind = next((s for s in SECTIONS if sec.name == s or sec.name.startswith(s + ".")), None)
+            if kind is None and sec.name in (".sdata", ".srodata", ".sbss"):
+                kind = {".sdata": ".data", ".srodata": ".rodata", ".sbss": ".bss"}[sec.name]
+            if kind and sec["sh_flags"] & SHF_ALLOC:
+                rep.sizes[kind] = rep.sizes.get(kind, 0) + sec["sh_size"]
+            if isinstance(sec, SymbolTableSection):
+                for sym in sec.iter_symbols():
+                    name = sym.name.split("@")[0]
+                    if name and FORBIDDEN.match(name) and name not in rep.forbidden:
+                        rep.forbidden.append(name)
+    return rep
+
+
+def _coff_tool(tool: str, *args: str) -> str:
+    exe = shutil.which(COFF_TOOLS + tool)
+    if exe is None:
+        raise FileNotFoundError(f"{COFF_TOOLS}{tool} not found: apt-get install binutils-mingw-w64-x86-64")
+    return subprocess.run([exe, *args], capture_output=True, text=True, check=True).stdout
+
+
+def inspect_coff(path: Path) -> ObjectReport:
+    """inspect() for a PE/COFF file: section headers from objdump -h, every symbol from nm."""
+    rep = ObjectReport(str(path))
+    for line in _coff_tool("objdump", "-h", str(path)).splitlines():
+        fields = line.split()  # "Idx Name Size VMA LMA File-off Algn", flags on the next line
+        if len(fields) == 7 and fields[0].isdigit():
+            name = COFF_SECTIONS.get(fields[1], fields[1])
+            kind = next((k for k in SECTIONS if name == k or name.startswith(k + "$") or name.startswith(k + ".")), None)
+            if kind:
+                rep.sizes[kind] = rep.sizes.get(kind, 0) + int(fields[2], 16)
+    for line in _coff_tool("nm", "-P", str(path)).splitlines():
+        name = line.split()[0] if line.split() else ""
+        if name and FORBIDDEN.match(name) and name not in rep.forbidden:
+            rep.forbidden.append(name)
+    return rep
+
+
+def total(reports: list[ObjectReport]) -> dict[str, int]:
+    return {s: sum(r.sizes.get(s, 0) for r in reports) for s in SECTIONS}
+
+
+# ---- worst-case stack depth from gcc's -fcallgraph-info=su output ----
+
+NODE = re.compile(r'node: \{ title: "([^"]+)" label: "([^"]*)"')
+EDGE = re.compile(r'edge: \{ sourcename: "([^"]+)" targetname: "([^"]+)"')
+FRAME = re.compile(r"(\d+) bytes \(([\w,]+)\)")
+INDIRECT = "__indirect_call"
+
+
+@dataclass
+class StackReport:
+    depth: int | None          # bytes on the deepest path from the roots; None if unbounded
+    path: list[str]
+    unknown: list[str]         # called but not compiled here (libgcc, assembly): counted as 0 bytes
+    problems: list[str]        # recursion or dynamic frames
+
+
+def stack_depth(ci_files: list[Path], roots: list[str], hook_files: list[Path]) -> StackReport:
+    """Deepest stack from `roots`. An indirect call (a board hook: UART, cycle counter) costs the
+    deepest function defined in `hook_files` that makes no indirect call itself."""
+    frames: dict[str, int] = {}
+    dynamic: list[str] = []
+    edges: dict[str, list[str]] = {}
+    defined_in: dict[str, Path] = {}
+    for ci in ci_files:
+        text = ci.read_text()
+        for title, label in NODE.findall(text):
+            m = FRAME.search(label)
+            if m:
+                frames[title] = int(m.group(1))
+                defined_in[title] = ci
+                if m.group(2) == "dynamic":  # "dynamic,bounded" gives an upper bound, which is fine
+                    dynamic.append(title)
+        for src, dst in EDGE.findall(text):
+            edges.setdefault(src, []).append(dst)
+
+    unknown: set[str] = set()
+    problems = [f"{f}: dynamic stack frame" for f in dynamic]
+    memo: dict[str, tuple[int, list[str]]] = {}
+    active: set[str] = set()
+
+    def reaches_indirect(f: str, seen: set[str]) -> bool:
+        if f == INDIRECT:
+            return True
+        seen.add(f)
+        return any(g not in seen and reaches_indirect(g, seen) for g in edges.get(f, []))
+
+    def deepest(f: str) -> tuple[int, list[str]]:
+        if f in memo:
+            return memo[f]
+        if f in active:
+            problems.append(f"recursion through {f}")
+            return 0, [f]
+        if f == INDIRECT:
+            return indirect_cost
+        if f not in frames:
+            unknown.add(f)
+            return 0, [f]
+        active.add(f)
+        best = (0, [])
+        for g in edges.get(f, []):
+            d, p = deepest(g)
+            if d > best[0]:
+                best = (d, p)
+        active.discard(f)
+        memo[f] = (frames[f] + best[0], [f] + best[1])
+        return memo[f]
+
+    indirect_cost = (0, ["(indirect: no hook)"])
+    hooks = [f for f, ci in defined_in.items() if ci in hook_files and not reaches_indirect(f, set())]
+    for h in hooks:
+        d, p = deepest(h)
+        if d > indirect_cost[0]:
+            indirect_cost = (d, [f"(indirect) {p[0]}"] + p[1:])
+    memo.clear()
+    depth, path = max((deepest(r) for r in roots if r in frames), default=(0, []))
+    return StackReport(None if problems else depth, path, sorted(unknown), problems)
+
+
+# ---- a board's whole report ----
+
+ROOTS = ["reset_handler", "board_main", "main"]
+
+
+def runtime_objects(board: str, mode: str) -> list[Path]:
+    objs = sorted((ROOT / "build" / board / mode / "firmware").glob("*.o"))
+    if not objs:
+        raise FileNotFoundError(f"no runtime objects under build/{board}/{mode}: run `scons board={board} mode={mode}`")
+    return objs
+
+
+def usage_bar(label: str, used: int, capacity: int) -> str:
+    frac = used / capacity if capacity else float("inf")
+    filled = min(30, round(30 * frac))
+    return f"{label:<48} [{'=' * filled}{' ' * (30 - filled)}] {100 * frac:5.1f}% (used {used:,} of {capacity:,} bytes)"
+
+
+def board_report(board_name: str, mode: str, image: Path | None) -> dict:
+    board = load_board(board_name)
+    out = ROOT / "build" / board_name / mode
+    runtime = [inspect(o) for o in runtime_objects(board_name, mode)]
+    board_objs = sorted(o for o in out.glob("*/*.o") if o.parent.name not in ("firmware", "tests", "tools"))
+    board_parts = [inspect(o) for o in board_objs]
+    elf = inspect(board.firmware(mode))
+    os_process = board.spec["link"] == "stdio"  # the hosted boards: the board's own code uses the C library
+    report = {
+        "board": board_name, "mode": mode,
+        "runtime": total(runtime), "board_code": total(board_parts), "firmware_elf": elf.sizes,
+        "forbidden": {r.path: r.forbidden for r in runtime + ([] if os_process else [elf]) if r.forbidden},
+    }
+    ci = sorted(out.glob("*/*.ci"))
+    hook_files = sorted((out / "board").glob("*.ci")) + sorted((out / "common").glob("*.ci"))
+    if not os_process:  # a process's stack is its operating system's business
+        report["stack"] = asdict(stack_depth([c for c in ci if not c.name.endswith(".c.ci")], ROOTS, hook_files))
+    mem = board.spec.get("memory")
+    bars, fits = [], True
+    if mem:
+        code = elf.sizes.get(".text", 0) + elf.sizes.get(".rodata", 0) + elf.sizes.get(".data", 0)
+        data = elf.sizes.get(".data", 0) + elf.sizes.get(".bss", 0) + elf.sizes.get(".stack", 0)
+        if "code" in mem["regions"][0]["holds"] and "data" in mem["regions"][0]["holds"]:
+            code, data = code + data - elf.sizes.get(".data", 0), 0  # one region: count .data once
+        for region in mem["regions"]:
+            used = (code if "code" in region["holds"] else 0) + (data if "data" in region["holds"] else 0)
+            bars.append(usage_bar(region["name"], used, region["bytes"]))
+            fits &= used <= region["bytes"]
+        if image is not None:
+            from colibri.image import prefill_bytes, read_image
+            img = read_image(image.read_bytes())
+            for label, used, cap in (("image", len(img.data), mem["image_capacity"]),
+                                     ("arena (the image's exact plan)", img.header["arena_bytes"], mem["arena_capacity"])):
+                bars.append(usage_bar(label, used, cap))
+                fits &= used <= cap
+            batch = board.spec.get("prefill_batch", 0)
+            if batch > 1:  # optional: without room for it the board opens with none (the same results, slower prompts)
+                bars.append(usage_bar(f"arena with a prefill batch of {batch} (open takes what fits)",
+                                      img.header["arena_bytes"] + prefill_bytes(img.dims, batch), mem["arena_capacity"]))
+    stack = report.get("stack")
+    if stack and stack["depth"] is not None:
+        reserved = elf.sizes.get(".stack") or None
+        if reserved:
+            bars.append(usage_bar("stack (worst case vs reserved)", stack["depth"], reserved))
+            fits &= stack["depth"] <= reserved
+    report["memory"] = bars
+    report["fits"] = fits
+    return report
+
+
+def print_board_report(r: dict) -> None:
+    print(f"{r['board']} ({r['mode']})")
+    print(f"  {'':<14}" + "".join(f"{s:>10}" for s in SECTIONS))
+    for label, sizes in (("runtime", r["runtime"]), ("board + link", r["board_code"]), ("firmware.elf", r["firmware_elf"])):
+        print(f"  {label:<14}" + "".join(f"{sizes.get(s, 0):>10,}" for s in SECTIONS))
+    stack = r.get("stack")
+    if stack:
+        if stack["depth"] is None:
+            print(f"  stack: unbounded ({'; '.join(stack['problems'])})")
+        else:
+            print(f"  stack: worst case {stack['depth']:,} bytes (static, gcc -fcallgraph-info call graph): "
+                  f"{' > '.join(stack['path'][:8])}")
+        if stack["unknown"]:
+            print(f"         not compiled here, counted as 0: {', '.join(stack['unknown'])}")
+    for bar in r["memory"]:
+        print(f"  {bar}")
+    for path, syms in r["forbidden"].items():
+        print(f"FORBIDDEN in {path}: {', '.join(syms)}", file=sys.stderr)
+    if not r["forbidden"]:
+        print("  purity: no allocation, thread or stdio symbol defined or referenced")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("objects", nargs="*", type=Path, help="ELF objects or executables to inspect")
+    ap.add_argument("--board", choices=board_names(), help="report on build/<board>/<mode>")
+    ap.add_argument("--mode", default="release")
+    ap.add_argument("--image", type=Path, help="with --board: check this image and its arena against the board")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.board:
+        try:
+            r = board_report(args.board, args.mode, args.image)
+        except FileNotFoundError as exc:
+            print(f"footprint: error: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(r)) if args.json else print_board_report(r)
+        return 1 if r["forbidden"] or not r["fits"] else 0
+    if not args.objects:
+        ap.error("give object files or --board")
+    reports = []
+    for path in args.objects:
+        try:
+            reports.append(inspect(path))
+        except (OSError, ELFError, subprocess.CalledProcessError) as exc:
+            print(f"footprint: error: {path} is not a readable ELF or PE/COFF file ({exc}); give objects or "
+                  "executables such as build/<board>/release/firmware.elf", file=sys.stderr)
+            return 2
+    if args.json:
+        print(json.dumps([asdict(r) for r in reports]))
+    else:
+        print(f"{'object':<40}" + "".join(f"{s:>9}" for s in SECTIONS))
+        for r in reports:
+            print(f"{Path(r.path).name:<40}" + "".join(f"{r.sizes.get(s, 0):>9}" for s in SECTIONS))
+        for r in reports:
+            if r.forbidden:
+                print(f"FORBIDDEN in {r.path}: {', '.join(r.forbidden)}", file=sys.stderr)
+    return 1 if any(r.forbidden for r in reports) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

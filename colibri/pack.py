@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Pack a Hugging Face checkpoint (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Llama, Qwen2, Qwen3) into a Colibri image.
+
+Examples:
+  python host/pack.py path/to/mixtral-checkpoint -o model.img --max-seq 256
+  python host/pack.py models/demo-adder -o demo.img --max-seq 64 --board x86_64_baremetal
+  python host/pack.py path/to/checkpoint -o model.img --dtype q4_0 --keep output --keep 'blk.*.attn_*=q8_0'
+  python host/pack.py qwen2-moe-q8_0.gguf -o model.img --dtype q8_0
+  python host/pack.py path/to/checkpoint -o model.img --dtype q4_0 --pin-from trace.json --pin 16
+
+--dtype sets the dtype of the large matrices (attention, experts, shared experts, dense MLPs, the token
+embedding and the output matrix); norms, biases, routers and the shared-expert gate stay f32.
+--keep NAME_GLOB[=DTYPE] keeps the matching tensors wider (f32 unless a dtype is given); names are
+llama.cpp's: token_embd, output, blk.N.attn_q, blk.N.ffn_gate_exps.E (expert E), blk.N.ffn_down_shexp.
+When some tensor is not f32 (or --kv f16), the report shows what that costs on a calibration prompt
+against the f32 image of the same checkpoint.
+
+The image has two tiers (docs/FORMAT.md): a resident part (everything but the routed experts) and an
+expert part that a board can stream from slow memory (flash.py --expert-cache). --pin-from/--pin move the
+experts a calibration trace routed to most into the resident part.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import sys
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from colibri.checkpoint import LazyTensor, UnsupportedModel, load_checkpoint
+from colibri.image import (KV_DTYPES, Role, arena_bytes, build_image, open_image, read_image,
+                        tensor_name, write_image)
+from colibri.quant import Deferred, DType, Encoded, convert
+from colibri.reference import Reference
+from colibri.text import checkpoint_meta
+from colibri.sim.boards import board_names, fit_report, load_board
+
+# The matrices --dtype applies to; everything else (norms, biases, routers, the shared-expert gate) stays f32.
+LARGE = {Role.TOKEN_EMBD, Role.LM_HEAD, Role.WQ, Role.WK, Role.WV, Role.WO, Role.DENSE_GATE, Role.DENSE_UP,
+         Role.DENSE_DOWN, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, Role.EXPERT_GATE, Role.EXPERT_UP,
+         Role.EXPERT_DOWN}
+CALIBRATION_TOKENS = 32  # the quality report's prompt: this many seeded random token ids (fewer if max_seq is)
+
+
+def human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    raise AssertionError
+
+
+class DoesNotFit(ValueError):
+    """The image or its arena is larger than the board's memory for it."""
+
+
+def parse_keep(spec: str) -> tuple[str, DType]:
+    """'GLOB' or 'GLOB=DTYPE' (default f32)."""
+    glob, _, dtype = spec.partition("=")
+    return glob, DType.parse(dtype) if dtype else DType.F32
+
+
+def choose_dtype(role: Role, layer: int, expert: int, dtype: DType, keep: list[tuple[str, DType]]) -> DType:
+    if role not in LARGE:
+        return DType.F32
+    name = tensor_name(role, layer, expert)
+    for glob, kept in keep:
+        if fnmatch.fnmatchcase(name, glob):
+            return kept
+    return dtype
+
+
+def convert_tensors(tensors: dict, dtype: DType, keep: list[tuple[str, DType]]) -> dict:
+    """Every tensor in its chosen dtype; tied tensors stay one object (the first key's choice wins). A
+    tensor not yet read from its checkpoint (LazyTensor) is converted when the image is written."""
+    done: dict[int, Encoded | Deferred] = {}
+    out = {}
+    for key, t in tensors.items():
+        if id(t) not in done:
+            want = choose_dtype(*key, dtype, keep)
+            done[id(t)] = Deferred(want, t.shape, t) if isinstance(t, LazyTensor) else convert(t, want)
+        out[key] = done[id(t)]
+    return out
+
+
+def quality(f32_image: bytes | memoryview, image: bytes | memoryview) -> dict:
+    """What the narrower dtypes cost: logits of both images on the calibration prompt (numpy reference)."""
+    ref32, ref = Reference(read_image(f32_image)), Reference(read_image(image))
+    n = min(CALIBRATION_TOKENS, ref.d.max_seq)
+    prompt = np.random.default_rng(0).integers(0, ref.d.vocab_size, n)
+    a, b = ref32.forward(prompt).astype(np.float64), ref.forward(prompt).astype(np.float64)
+    delta = np.abs(a - b)
+
+    def log_softmax(z: np.ndarray) -> np.ndarray:
+        z = z - z.max(axis=-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    la, lb = log_softmax(a), log_softmax(b)
+    kl = float(np.mean(np.sum(np.exp(la) * (la - lb), axis=-1)))
+    return {"tokens": int(n), "max_abs_dlogit": float(delta.max()), "mean_abs_dlogit": float(delta.mean()),
+            "kl_divergence": kl, "top1_agreement": float(np.mean(a.argmax(-1) == b.argmax(-1)))}
+
+
+def hot_experts(trace: dict, count: int) -> frozenset[tuple[int, int]]:
+    """The `count` (layer, expert) pairs a calibration trace (flash.py --trace-out) routed to most often;
+    ties go to the lower layer, then the lower expert."""
+    uses: Counter[tuple[int, int]] = Counter()
+    for token in trace.get("trace", []):
+        for layer in token["layers"]:
+            uses.update((layer["layer"], e) for e in layer["experts"])
+    ranked = sorted(uses, key=lambda le: (-uses[le], le))
+    return frozenset(ranked[:count])
+
+
+def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, board: str | None = None,
+         norm_topk_prob: bool | None = None, dtype: DType = DType.F32, keep: list[tuple[str, DType]] | None = None,
+         kv: str = "f32", measure_quality: bool = True, pinned: frozenset[tuple[int, int]] = frozenset()) -> dict:
+    ckpt = load_checkpoint(src, max_seq, norm_topk_prob)
+    dims = replace(ckpt.dims, kv_dtype=KV_DTYPES[kv])
+    for layer, expert in pinned:
+        if not (0 <= layer < dims.n_layers and dims.moe_layers[layer] and 0 <= expert < dims.n_experts):
+            raise ValueError(f"cannot pin expert {expert} of layer {layer}: the model has no such routed expert "
+                             "(was the trace made with another model?)")
+    tensors = convert_tensors(ckpt.tensors, dtype, keep or [])
+    # written straight to disk (a memory map), then renamed: never a second copy of the model in RAM,
+    # and never a half-written image under the output name
+    part = out.with_name(out.name + ".part")
+    meta = checkpoint_meta(src)  # the tokenizer and chat template, for flash.py --prompt/--chat
+    size = write_image(part, dims, tensors, expert_align=expert_align, pinned=pinned, meta=meta)
+    try:
+        fit_lines: list[str] = []
+        if board:
+            fits, fit_lines = fit_report(load_board(board), size, arena_bytes(dims))
+            if not fits:
+                raise DoesNotFit("\n".join(fit_lines) + "\n  a smaller --max-seq shrinks the arena (KV cache); "
+                                 "a smaller model shrinks the image")
+        img = open_image(part, check_crcs=False)  # just written: only its table is read back
+        narrowed = kv != "f32" or any(t.dtype != DType.F32 for t in tensors.values())
+        cost = None
+        if narrowed and measure_quality:
+            cost = quality(build_image(ckpt.dims, convert_tensors(ckpt.tensors, DType.F32, []), expert_align), img.data)
+        report = {
+            "image": str(out), "image_bytes": size, "arena_bytes": arena_bytes(dims),
+            "params": ckpt.n_params, "active_params_per_token": ckpt.n_active_params,
+            "tied_embeddings": ckpt.tied_embeddings, "dims": dims, "fit": fit_lines, "family": ckpt.family,
+            "bytes_by_dtype": img.bytes_by_dtype(), "quality": cost,
+            "resident_bytes": img.resident_bytes, "pinned": sorted(pinned), "converted": ckpt.converted,
+            "tokenizer": bool(meta), "chat_template": bool(meta and meta.get("chat_template")),
+        }
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    part.replace(out)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoint", type=Path,
+                    help="Hugging Face checkpoint directory (config.json + *.safetensors), or a .gguf file")
+    ap.add_argument("-o", "--output", type=Path, required=True, help="image file to write")
+    ap.add_argument("--max-seq", type=int,
+                    help="longest sequence (prompt + generated) the image supports; sizes the KV cache "
+                         "(default: 256, or the model's max_position_embeddings if smaller)")
+    ap.add_argument("--expert-align", type=int, default=64,
+                    help="byte alignment of each expert block, e.g. 4096 for page-granular prefetch (default 64)")
+    ap.add_argument("--board", choices=board_names(), help="check that image + arena fit this board's memory")
+    ap.add_argument("--dtype", default="f32", choices=[d.name.lower() for d in DType],
+                    help="dtype of the large matrices (default f32)")
+    ap.add_argument("--keep", action="append", default=[], metavar="NAME_GLOB[=DTYPE]",
+                    help="keep matching tensors wider: f32, or the dtype given (repeatable; first match wins)")
+    ap.add_argument("--kv", default="f32", choices=sorted(KV_DTYPES), help="KV cache element type (default f32)")
+    ap.add_argument("--no-quality", action="store_true",
+                    help="skip the quality measurement (it runs the numpy reference twice on the calibration prompt)")
+    ap.add_argument("--norm-topk-prob", choices=("true", "false"),
+                    help="whether the top-k router weights are renormalized, for a Qwen-MoE/OLMoE GGUF file "
+                         "(default: its expert_weights_norm key, or else what llama.cpp does for the "
+                         "architecture: qwen3moe true, qwen2moe and olmoe false)")
+    ap.add_argument("--pin-from", type=Path, metavar="TRACE.json",
+                    help="a calibration trace (flash.py --trace-out): pin its most routed experts into the resident "
+                         "part, so a board with an expert cache never fetches them (docs/STREAMING.md)")
+    ap.add_argument("--pin", type=int, default=0, metavar="N", help="how many experts --pin-from pins")
+    args = ap.parse_args(argv)
+    if args.max_seq is not None and args.max_seq < 1:
+        ap.error("--max-seq must be at least 1")
+    if (args.pin > 0) != (args.pin_from is not None) or args.pin < 0:
+        ap.error("--pin-from TRACE.json and --pin N (N >= 1) go together")
+    pinned: frozenset[tuple[int, int]] = frozenset()
+    if args.pin_from:
+        try:
+            pinned = hot_experts(json.loads(args.pin_from.read_text()), args.pin)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            ap.error(f"--pin-from {args.pin_from}: not a trace written by flash.py --trace-out ({exc})")
+    try:
+        norm = None if args.norm_topk_prob is None else args.norm_topk_prob == "true"
+        keep = [parse_keep(k) for k in args.keep]
+        r = pack(args.checkpoint, args.output, args.max_seq, args.expert_align, args.board, norm,
+                 DType.parse(args.dtype), keep, args.kv, not args.no_quality, pinned)
+    except (UnsupportedModel, FileNotFoundError, ValueError) as exc:
+        print(f"pack: error: {exc}", file=sys.stderr)
+        return 2
+    d = r["dims"]
+    print(f"packed {args.checkpoint} -> {r['image']}")
+    n_moe = sum(d.moe_layers)
+    ffn = (f"{d.n_experts} experts top-{d.top_k} in {n_moe} of {d.n_layers} layers" if n_moe else "dense MLP")
+    print(f"  model       {r['family']}: {d.n_layers} layers, hidden {d.hidden_size}, {d.n_heads} heads "
+          f"({d.n_kv_heads} kv, head_dim {d.head_dim}), {ffn}, vocab {d.vocab_size}")
+    print(f"  parameters  {r['params']:,} total, {r['active_params_per_token']:,} active per token")
+    if r["converted"]:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(r["converted"].items()))
+        print(f"  converted   {kinds} tensors: no image dtype holds them, so they were dequantized to f32 "
+              f"exactly and stored as {args.dtype} (--dtype q8_0 or q4_0 requantizes them; the quality line "
+              "shows what that costs)")
+    by_dtype = ", ".join(f"{k} {human(v)}" for k, v in sorted(r["bytes_by_dtype"].items()))
+    print(f"  image       {r['image_bytes']:,} bytes ({human(r['image_bytes'])}): {by_dtype}")
+    if n_moe:
+        expert_part = r["image_bytes"] - r["resident_bytes"]
+        pins = f", {len(r['pinned'])} hot experts pinned resident" if r["pinned"] else ""
+        print(f"  tiers       resident {human(r['resident_bytes'])}, expert part {human(expert_part)}{pins} "
+              "(flash.py --expert-cache streams the expert part)")
+    kv = "f16" if d.kv_dtype else "f32"
+    kv_bytes = 2 * (2 if d.kv_dtype else 4) * d.kv_dim * sum(d.kv_rows(layer) for layer in range(d.n_layers))
+    print(f"  arena       {r['arena_bytes']:,} bytes ({human(r['arena_bytes'])}) for max_seq {d.max_seq}, {kv} KV cache "
+          f"of {human(kv_bytes)}")
+    if d.sliding_window:
+        windowed = sum(d.window_layers)
+        print(f"  window      {windowed} of {d.n_layers} layers attend over the last {d.sliding_window} positions: "
+              f"their KV cache is a ring of {d.sliding_window} positions, not {d.max_seq}")
+    q = r["quality"]
+    if q:
+        print(f"  quality     vs the f32 image on {q['tokens']} calibration tokens: max |dlogit| {q['max_abs_dlogit']:.4g}, "
+              f"mean {q['mean_abs_dlogit']:.4g}, KL {q['kl_divergence']:.3g}, top-1 agreement {q['top1_agreement']:.1%}")
+    if r["tokenizer"]:
+        chat = ", chat template" if r["chat_template"] else ", no chat template"
+        print(f"  text        tokenizer{chat} (flash.py --prompt \"...\"{' or --chat' if r['chat_template'] else ''})")
+    else:
+        print("  text        no tokenizer carried (a checkpoint directory with tokenizer.json has one): "
+              "flash.py takes --prompt-tokens")
+    for line in r["fit"]:
+        print(f"  {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
