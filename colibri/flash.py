@@ -187,7 +187,7 @@ def threads_args(board, threads: int) -> list[str]:
 
 
 def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, sampling: Sampling,
-                 want_logits: bool, firmware: Path | None = None, on_token=None, board_args: list[str] | None = None,
+                 want_logits: bool, *, firmware: Path | None = None, on_token=None, board_args: list[str] | None = None,
                  timeout: float = 60.0, upload: bool = False, gdb: bool = False, retries: int = 4,
                  wrap: Callable[[Transport], Transport] | None = None, trace: bool = False,
                  progress: bool = False, expert_cache: int = 0, prefetch: bool = True,
@@ -258,7 +258,7 @@ def chat_turns(client: Client, text: Text, sampling: Sampling, max_new: int, max
     return messages
 
 
-def run_chat(image: Path, board_name: str, firmware: Path | None, text: Text, sampling: Sampling, max_new: int,
+def run_chat(image: Path, board_name: str, firmware: Path | None, text: Text, sampling: Sampling, max_new: int, *,
              timeout: float = 60.0, retries: int = 4, expert_cache: int = 0, prefetch: bool = True,
              read: Callable[[str], str] = input, write: Callable[[str], None] = emit,
              threads: int = 1) -> list[dict[str, str]]:
@@ -413,6 +413,12 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(str(exc))
     if not args.image.exists():
         ap.error(f"image {args.image} not found; make one with host/pack.py")
+    if not args.port:
+        try:  # an unknown board, or no checkout to find boards in: said before anything is printed or started
+            load_board(args.board)
+        except ValueError as exc:
+            print(f"flash: error: {exc}", file=sys.stderr)
+            return 2
 
     try:  # the image's structure is checked here, before a board boots or an upload starts (its CRCs are
         open_image(args.image, check_crcs=False)  # the device's: it verifies every byte when it opens it)
@@ -437,8 +443,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"flash: error: {exc}", file=sys.stderr)
             return 2
         try:
-            run_chat(args.image, args.board, args.firmware, text, sampling, args.max_new_tokens, args.timeout,
-                     args.retries, slots, not args.no_prefetch, threads=args.threads)
+            run_chat(args.image, args.board, args.firmware, text, sampling, args.max_new_tokens, timeout=args.timeout,
+                     retries=args.retries, expert_cache=slots, prefetch=not args.no_prefetch, threads=args.threads)
         except (DeviceError, LinkError, ValueError) as exc:
             print(f"\nflash: error: {exc}", file=sys.stderr)
             return 2
@@ -478,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
                                      stop=text.eos_ids if text else frozenset())
         else:
             result = run_on_board(args.image, args.board, prompt, args.max_new_tokens, sampling,
-                                  want_logits, args.firmware, on_token, timeout=args.timeout, upload=args.upload,
+                                  want_logits, firmware=args.firmware, on_token=on_token, timeout=args.timeout,
+                                  upload=args.upload,
                                   gdb=args.gdb, retries=args.retries, wrap=wrap, trace=trace, progress=not quiet,
                                   expert_cache=slots, prefetch=not args.no_prefetch,
                                   stop=text.eos_ids if text else frozenset(), threads=args.threads)

@@ -115,7 +115,7 @@ def hot_experts(trace: dict, count: int) -> frozenset[tuple[int, int]]:
     return frozenset(ranked[:count])
 
 
-def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, board: str | None = None,
+def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, *, board: str | None = None,
          norm_topk_prob: bool | None = None, dtype: DType = DType.F32, keep: list[tuple[str, DType]] | None = None,
          kv: str = "f32", measure_quality: bool = True, pinned: frozenset[tuple[int, int]] = frozenset()) -> dict:
     ckpt = load_checkpoint(src, max_seq, norm_topk_prob)
@@ -197,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         norm = None if args.norm_topk_prob is None else args.norm_topk_prob == "true"
         keep = [parse_keep(k) for k in args.keep]
-        r = pack(args.checkpoint, args.output, args.max_seq, args.expert_align, args.board, norm,
-                 DType.parse(args.dtype), keep, args.kv, not args.no_quality, pinned)
+        r = pack(args.checkpoint, args.output, args.max_seq, args.expert_align, board=args.board, norm_topk_prob=norm,
+                 dtype=DType.parse(args.dtype), keep=keep, kv=args.kv, measure_quality=not args.no_quality,
+                 pinned=pinned)
     except (UnsupportedModel, FileNotFoundError, ValueError) as exc:
         print(f"pack: error: {exc}", file=sys.stderr)
         return 2

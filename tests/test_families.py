@@ -46,8 +46,8 @@ FAMILIES = [
     ("qwen3_yarn", "Qwen3ForCausalLM", dict(SMALL, hidden_size=18, num_attention_heads=3, num_key_value_heads=1,
      head_dim=6, intermediate_size=14, rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
                                                                original_max_position_embeddings=32))),
-    # sliding windows shorter than the prompt: every layer (Mixtral), the layers from max_window_layers on
-    # (Qwen2), the even layers below it (Qwen2-MoE)
+    # sliding windows shorter than the prompt: every layer (Mixtral, Qwen3-MoE), the layers from
+    # max_window_layers on (Qwen2), the even layers below it (Qwen2-MoE)
     ("mixtral_window", "MixtralForCausalLM", dict(SMALL, hidden_size=24, num_attention_heads=4, num_key_value_heads=2,
      intermediate_size=14, num_local_experts=4, num_experts_per_tok=2, sliding_window=4)),
     ("qwen2_window", "Qwen2ForCausalLM", dict(SMALL, num_hidden_layers=3, hidden_size=24, num_attention_heads=4,
@@ -55,8 +55,11 @@ FAMILIES = [
     ("qwen2moe_window", "Qwen2MoeForCausalLM", dict(SMALL, num_hidden_layers=3, hidden_size=24, num_attention_heads=4,
      num_key_value_heads=2, intermediate_size=20, moe_intermediate_size=10, shared_expert_intermediate_size=12,
      num_experts=4, num_experts_per_tok=2, use_sliding_window=True, sliding_window=5, max_window_layers=2)),
+    ("qwen3moe_window", "Qwen3MoeForCausalLM", dict(SMALL, hidden_size=20, num_attention_heads=2, num_key_value_heads=1,
+     head_dim=8, moe_intermediate_size=9, num_experts=3, num_experts_per_tok=2, use_sliding_window=True,
+     sliding_window=4, norm_topk_prob=True)),
 ]
-WINDOWED = {"mixtral_window", "qwen2_window", "qwen2moe_window"}
+WINDOWED = {"mixtral_window", "qwen2_window", "qwen2moe_window", "qwen3moe_window"}
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +84,7 @@ def test_families_cover_the_variants(family_images):
     assert dims["llama_llama3_tied"].n_experts == 0
     windows = {name: (d.sliding_window, d.window_layers) for name, d in dims.items() if d.sliding_window}
     assert windows == {"mixtral_window": (4, (True, True)), "qwen2_window": (3, (False, True, True)),
-                       "qwen2moe_window": (5, (True, False, False))}
+                       "qwen2moe_window": (5, (True, False, False)), "qwen3moe_window": (4, (True, True))}
     # a windowed layer's KV cache is a ring of the window: the plan holds W rows for it, not max_seq
     d = dims["qwen2_window"]
     assert [d.kv_rows(layer) for layer in range(3)] == [32, 3, 3]

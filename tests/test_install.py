@@ -66,10 +66,13 @@ def test_pip_install_gives_the_command_and_the_package(tmp_path):
     assert ran.returncode == 0 and "greedy tokens agree 5/5: PASS" in ran.stdout, ran.stderr
 
     # user errors: one line, exit 2, no traceback
-    for cmd, says in (([colibri, "bogus"], "unknown subcommand 'bogus'"),
-                      ([colibri, "run", image, "--board", "hosted", "--prompt-tokens", "1"], "Colibri checkout"),
-                      ([colibri, "pack", tmp_path / "missing", "-o", tmp_path / "x.img"], "missing")):
-        out = run(cmd, elsewhere)
+    for cmd, cwd, says in (([colibri, "bogus"], elsewhere, "unknown subcommand 'bogus'"),
+                           ([colibri, "run", image, "--board", "hosted", "--prompt-tokens", "1"], elsewhere,
+                            "Colibri checkout"),
+                           ([colibri, "run", image, "--board", "nope", "--prompt-tokens", "1"], ROOT,
+                            "unknown board 'nope'"),
+                           ([colibri, "pack", tmp_path / "missing", "-o", tmp_path / "x.img"], elsewhere, "missing")):
+        out = run(cmd, cwd)
         assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, (cmd, out.stderr)
         assert out.stderr.strip().count("\n") == 0, out.stderr
 

@@ -169,7 +169,7 @@ def test_bare_metal_streaming_gives_the_resident_bits(board, streaming_images, f
     path = tmp_path / "stream.img"
     path.write_bytes(streaming_images["base-q8_0"])
     greedy = Sampling()
-    runs = {slots: run_on_board(path, board, PROMPT, 4, greedy, True, firmwares[board], expert_cache=slots,
+    runs = {slots: run_on_board(path, board, PROMPT, 4, greedy, True, firmware=firmwares[board], expert_cache=slots,
                                 prefetch=slots == 2) for slots in (0, 2, 8)}
     for slots in (2, 8):
         assert runs[slots].tokens == runs[0].tokens
@@ -201,9 +201,9 @@ def test_cortex_m55_runs_a_model_whose_experts_are_4x_its_arena(firmwares, tmp_p
     img = read_image(blob)
     assert img.header["arena_bytes"] + expert_cache_bytes(img.expert_block_bytes, 4) <= arena_capacity
     prompt = [5, 17, 33]
-    streamed_run = run_on_board(path, "cortex_m55", prompt, 3, Sampling(), True, firmwares["cortex_m55"],
+    streamed_run = run_on_board(path, "cortex_m55", prompt, 3, Sampling(), True, firmware=firmwares["cortex_m55"],
                                 expert_cache=4, prefetch=True)
-    resident_run = run_on_board(path, "cortex_m55", prompt, 3, Sampling(), True, firmwares["cortex_m55"])
+    resident_run = run_on_board(path, "cortex_m55", prompt, 3, Sampling(), True, firmware=firmwares["cortex_m55"])
     assert streamed_run.logits.tobytes() == resident_run.logits.tobytes()
     assert streamed_run.stats["expert_misses"] > 0 and streamed_run.stats["arena_bytes"] <= arena_capacity
     assert verify(blob, prompt, streamed_run, greedy=True).passed  # and both agree with the numpy reference
@@ -249,7 +249,7 @@ def test_pinning_and_prefetch_raise_hits_where_the_trace_says(lib, hosted_build,
     plain = hot_routing_image()
     path = tmp_path / "hot.img"
     path.write_bytes(plain)
-    traced = run_on_board(path, "hosted", prompt, 0, Sampling(), False, hosted_build / "firmware.elf", trace=True)
+    traced = run_on_board(path, "hosted", prompt, 0, Sampling(), False, firmware=hosted_build / "firmware.elf", trace=True)
     hot = hot_experts(trace_report(traced, prompt, path), 4)
     assert {e for _, e in hot} <= {0, 1}  # the trace sees the pattern the router was built with
 
