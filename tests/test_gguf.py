@@ -176,8 +176,10 @@ def test_llama_cpp_files_match_transformers(name, firmwares, tmp_path):
     image = tmp_path / "m.img"
     report = pack(src, image, 32, 64, measure_quality=False)
     assert report["converted"] == {t: n for t, n in stored.items() if t not in NATIVE}
-    prompt = [1, 5, 9, 3, 60, 2, 33]
-    runs = {board: flash.run_on_board(image, board, prompt, 6, Sampling(), True, firmware=firmwares[board])
+    # the converter's files have GPT-2's 50,257-token vocabulary: every logits row is 200 KB over QEMU's
+    # UART, so they run a shorter sequence ("Hello world," and three tokens)
+    prompt, new = ([1, 5, 9, 3, 60, 2, 33], 6) if name.startswith("mixtral-") else ([15496, 995, 11], 3)
+    runs = {board: flash.run_on_board(image, board, prompt, new, Sampling(), True, firmware=firmwares[board])
             for board in ("hosted", "x86_64_baremetal")}
     assert runs["hosted"].logits.tobytes() == runs["x86_64_baremetal"].logits.tobytes()
     tokens = runs["hosted"].tokens
