@@ -15,6 +15,7 @@ multi-GB file is immediate.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import gguf
@@ -63,12 +64,24 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+@functools.lru_cache(maxsize=2)
+def _reader(path: str, mtime_ns: int, size: int) -> gguf.GGUFReader:
+    return gguf.GGUFReader(path)
+
+
+def open_gguf(path: Path) -> gguf.GGUFReader:
+    """The file's reader, parsed once while the file stays the same: parsing a vocabulary's keys takes
+    seconds (GPT-2's 50k tokens and merges: 4 s), and packing reads them for the model and for the text."""
+    st = Path(path).stat()
+    return _reader(str(path), st.st_mtime_ns, st.st_size)
+
+
 def read_gguf(path: Path, norm_topk_prob: bool | None = None
               ) -> tuple[dict, dict[str, np.ndarray | Encoded], dict[str, int]]:
     """(HF-style config dict, HF-named tensors: f32 arrays, or Q8_0/Q4_0 as stored, and how many tensors
     of each storage type the image has no dtype for were dequantized to f32) from a GGUF file."""
     try:
-        reader = gguf.GGUFReader(str(path))
+        reader = open_gguf(path)
     except (ValueError, OSError) as exc:
         raise GGUFError(f"{path} is not a readable GGUF file: {exc}") from None
 

@@ -21,8 +21,8 @@ def gguf_meta(src: Path) -> dict | None:
     """The metadata section for a GGUF file: its vocabulary (the tokenizer.ggml.* keys) as transformers
     turns it into a tokenizers object, the chat template and the special tokens. None when the file has
     no vocabulary, or transformers (which does the conversion) is not installed."""
-    import gguf
-    fields = gguf.GGUFReader(str(src)).fields
+    from colibri.gguf_input import open_gguf
+    fields = open_gguf(src).fields
 
     def value(key: str):
         return fields[key].contents() if key in fields else None
