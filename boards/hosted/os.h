@@ -23,8 +23,8 @@ const uint8_t *os_map_image(const char *path, size_t *size, int populate);
 void os_unmap_image(const uint8_t *image, size_t size);
 /* The first n bytes of the file in private, read-only, page-aligned memory. */
 const uint8_t *os_read_image(const char *path, size_t n);
-/* Copy n bytes out of the mapped image; nonzero if the file shrank under the copy (Linux: the SIGBUS
- * is caught). From then on the board fails the fetch instead of ending. */
+/* Copy n bytes out of the mapped image; nonzero if the file shrank under the copy, so the fetch fails
+ * and the board goes on (Linux: the SIGBUS is caught; Windows ends the board instead, see os_win32.c). */
 int os_copy_from_image(void *dst, const uint8_t *src, size_t n);
 /* Tell the OS a range of the mapping is about to be read (willneed) or is done with. Only a hint. */
 void os_advise(const uint8_t *p, size_t n, int willneed);

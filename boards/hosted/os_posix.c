@@ -40,12 +40,26 @@ void os_write_stdout(const uint8_t *p, size_t n) {
 static int open_image(const char *path, size_t *size) {
     int fd = open(path, O_RDONLY);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0) {
-        fprintf(stderr, "colibri-hosted: cannot read image %s: %s\n", path, fd < 0 || errno ? strerror(errno) : "empty file");
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        fprintf(stderr, "colibri-hosted: cannot read image %s: %s\n", path, strerror(errno));
+        exit(2);
+    }
+    if (st.st_size <= 0) {
+        fprintf(stderr, "colibri-hosted: cannot read image %s: empty file\n", path);
         exit(2);
     }
     *size = (size_t)st.st_size;
     return fd;
+}
+
+/* n bytes of zeroed private memory; with populate its pages are made now, not at first touch */
+static void *map_anon(size_t n, int populate) {
+    void *p = mmap(0, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | (populate ? MAP_POPULATE : 0), -1, 0);
+    if (p == MAP_FAILED) {
+        fprintf(stderr, "colibri-hosted: cannot map %zu bytes\n", n);
+        exit(2);
+    }
+    return p;
 }
 
 /* A read of a mapped page past the end of a file that shrank since it was mapped raises SIGBUS. Inside
@@ -76,24 +90,12 @@ const uint8_t *os_map_image(const char *path, size_t *size, int populate) {
 
 void os_unmap_image(const uint8_t *image, size_t size) { munmap((void *)image, size); }
 
-void *os_alloc(size_t n) {
-    void *p = mmap(0, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        fprintf(stderr, "colibri-hosted: cannot map %zu bytes\n", n);
-        exit(2);
-    }
-    return p;
-}
+void *os_alloc(size_t n) { return map_anon(n, 0); }
 
 const uint8_t *os_read_image(const char *path, size_t n) {
     size_t size;
     int fd = open_image(path, &size);
-    /* its pages made at once: faulting them one by one inside read() is several times slower */
-    uint8_t *p = mmap(0, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (p == MAP_FAILED) {
-        fprintf(stderr, "colibri-hosted: cannot map %zu bytes\n", n);
-        exit(2);
-    }
+    uint8_t *p = map_anon(n, 1); /* faulting its pages one by one inside read() is several times slower */
     for (size_t done = 0; done < n;) {
         ssize_t r = pread(fd, p + done, n - done, (off_t)done);
         if (r < 0 && errno == EINTR) continue;

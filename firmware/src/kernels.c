@@ -1,6 +1,7 @@
 /* Scalar reference kernels. Built with -ffp-contract=off and without fast-math, so every board
  * rounds the same way and the scalar path gives bit-identical results everywhere. */
 #include "internal.h"
+#include "x86.h" /* COLIBRI_X86_SIMD: x86-64 under GCC, Clang or MSVC */
 
 static float from_bits(uint32_t u) {
     union { uint32_t u; float f; } v = { u };
@@ -178,7 +179,7 @@ void weight_row(float *out, const weight *w, uint32_t row) {
 const kernel_set *kernels_select(void) {
 #if defined(COLIBRI_KERNELS_SCALAR)
     return &kernels_scalar;
-#elif defined(__x86_64__) || defined(_M_X64)
+#elif defined(COLIBRI_X86_SIMD)
     return kernels_x86_select();
 #elif defined(__ARM_FEATURE_MVE)
     return &kernels_mve;
