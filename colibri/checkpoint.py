@@ -16,8 +16,8 @@ from safetensors import safe_open
 
 from colibri import rope
 from colibri.image import (EXPERT_ROLES, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
-                        FLAG_QKV_BIAS, FLAG_SHARED_EXPERT, LAYER_ROLES, MAX_WINDOW_LAYERS, NO_INDEX, ModelDims,
-                        Role)
+                           FLAG_QKV_BIAS, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_SHARED_EXPERT,
+                           FLAG_SHARED_PLAIN, LAYER_ROLES, MAX_WINDOW_LAYERS, NO_INDEX, ModelDims, Role)
 
 DEFAULT_MAX_SEQ = 256
 MAX_EXPERTS, MAX_TOP_K = 1024, 64  # the verifier's caps (firmware/src/internal.h), which bound the router's work
@@ -38,10 +38,14 @@ class Family:
     bias_default: bool = False
     bias_on_o: bool = True
     clip_qkv: bool = False      # the family's modeling file clamps q, k, v (after the q/k norms) by clip_qkv
+    deepseek: int = 0           # 2 or 3: DeepSeek-V2/V3 (multi-head latent attention, their routers)
+    shared_prefix: str = "shared_expert"  # the shared expert's module under mlp.
 
 
 QWEN_MOE = dict(expert_ffn_key="moe_intermediate_size", moe_prefix="mlp",
                 expert_names=("gate_proj", "up_proj", "down_proj"), sparse_layer_rule=True)
+DEEPSEEK = dict(expert_ffn_key="moe_intermediate_size", moe_prefix="mlp",
+                expert_names=("gate_proj", "up_proj", "down_proj"), shared_prefix="shared_experts")
 DENSE = dict(moe=False, expert_ffn_key="", moe_prefix="", expert_names=("", "", ""))
 FAMILIES = {
     "MixtralForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size",
@@ -56,6 +60,8 @@ FAMILIES = {
     "LlamaForCausalLM": Family(**DENSE),
     "Qwen2ForCausalLM": Family(**DENSE, bias_key="", bias_default=True, bias_on_o=False),
     "Qwen3ForCausalLM": Family(**DENSE, qk_norm=FLAG_QK_NORM_HEAD),
+    "DeepseekV2ForCausalLM": Family(moe=True, **DEEPSEEK, deepseek=2),
+    "DeepseekV3ForCausalLM": Family(moe=True, **DEEPSEEK, deepseek=3),
 }
 
 # Fields read by the mapping below.
@@ -66,13 +72,20 @@ HANDLED = {
     "rope_parameters", "rope_scaling", "tie_word_embeddings", "hidden_act", "sliding_window",
     "use_sliding_window", "layer_types", "attention_bias", "qkv_bias", "mlp_bias", "clip_qkv", "norm_topk_prob",
     "decoder_sparse_step", "mlp_only_layers", "max_window_layers", "architectures", "model_type",
+    *("n_routed_experts", "first_k_dense_replace", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
+      "qk_rope_head_dim", "qk_head_dim", "v_head_dim", "n_group", "topk_group", "topk_method", "routed_scaling_factor",
+      "n_shared_experts", "rope_interleave", "scoring_func", "moe_layer_freq"),  # DeepSeek's (_deepseek)
 }
+DEEPSEEK_ONLY = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "n_group", "topk_group",
+                 "topk_method", "routed_scaling_factor", "n_shared_experts", "first_k_dense_replace", "scoring_func",
+                 "moe_layer_freq")
 # Fields that do not change inference math (training-only, generation defaults, bookkeeping).
 HARMLESS = {
     "transformers_version", "torch_dtype", "dtype", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id",
     "initializer_range", "attention_dropout", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
     "_name_or_path", "pretraining_tp", "tokenizer_class", "output_attentions", "output_hidden_states",
-    "return_dict", "id2label", "label2id", "problem_type", "rope_interleave", "use_return_dict",
+    "return_dict", "id2label", "label2id", "problem_type", "use_return_dict",
+    "num_nextn_predict_layers", "num_mtp_layers", "aux_loss_alpha", "seq_aux", "ep_size",  # DeepSeek's training and MTP
 }
 
 
@@ -103,13 +116,17 @@ def _family(cfg: dict) -> tuple[str, Family]:
 
 def _n_experts(cfg: dict) -> int:
     """The routed expert count; transformers 5 writes num_local_experts where older configs say num_experts."""
-    n = cfg.get("num_local_experts")
-    return int(n if n is not None else cfg.get("num_experts") or 0)
+    for key in ("num_local_experts", "n_routed_experts"):
+        if cfg.get(key) is not None:
+            return int(cfg[key])
+    return int(cfg.get("num_experts") or 0)
 
 
 def _moe_layers(cfg: dict, fam: Family, n_layers: int) -> tuple[bool, ...]:
     if not fam.moe:
         return (False,) * n_layers
+    if fam.deepseek:
+        return tuple(layer >= int(cfg.get("first_k_dense_replace") or 0) for layer in range(n_layers))
     if not fam.sparse_layer_rule:
         return (True,) * n_layers
     dense = set(cfg.get("mlp_only_layers") or [])
@@ -153,6 +170,61 @@ def _window_layers(cfg: dict, arch: str, n_layers: int) -> tuple[int, tuple[bool
     return int(window), layers
 
 
+def _deepseek(cfg: dict, fam: Family, any_moe: bool, n_experts: int, top_k: int) -> tuple[dict, int]:
+    """DeepSeek-V2/V3's attention and routing as ModelDims fields, and their flags (docs/MODELS.md)."""
+    arch = f"DeepSeek-V{fam.deepseek}"
+    if cfg.get("attention_bias"):
+        raise UnsupportedModel(f"config field attention_bias=true: the runtime's multi-head latent attention has no biases")
+    if int(cfg.get("moe_layer_freq", 1) or 1) != 1:
+        raise UnsupportedModel(f"config field moe_layer_freq={cfg['moe_layer_freq']}: transformers' {arch} makes every "
+                               "layer from first_k_dense_replace on a MoE layer (moe_layer_freq 1)")
+    scoring = cfg.get("scoring_func")
+    want = "sigmoid" if fam.deepseek == 3 else "softmax"
+    if scoring is not None and scoring != want:
+        raise UnsupportedModel(f"config field scoring_func={scoring!r}: transformers' {arch} router uses {want}")
+    nope, rope_dim, lat = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"]), int(cfg["kv_lora_rank"])
+    if nope < 1 or rope_dim < 2 or rope_dim % 2 or lat < 1 or int(cfg["v_head_dim"]) < 1:
+        raise UnsupportedModel(f"config fields qk_nope_head_dim={nope}, qk_rope_head_dim={rope_dim}, kv_lora_rank={lat}, "
+                               f"v_head_dim={cfg['v_head_dim']}: each must be positive, qk_rope_head_dim even")
+    fields = dict(q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=lat, rope_dim=rope_dim,
+                  v_head_dim=int(cfg["v_head_dim"]), routed_scale=float(cfg.get("routed_scaling_factor", 1.0)))
+    flags = FLAG_ROPE_PAIRS if fam.deepseek == 2 or cfg.get("rope_interleave", True) else 0
+    shared = int(cfg.get("n_shared_experts") or 0) * int(cfg["moe_intermediate_size"]) if any_moe else 0
+    if shared:
+        flags |= FLAG_SHARED_PLAIN
+    fields["shared_ffn_size"] = shared
+    if not any_moe:
+        return fields, flags
+    if fam.deepseek == 2:
+        if cfg.get("norm_topk_prob"):
+            raise UnsupportedModel("config field norm_topk_prob=true: transformers' DeepSeek-V2 router ignores it "
+                                   "(DeepSeek's own code renormalizes), so what it means is ambiguous; refusing")
+        method = cfg.get("topk_method", "greedy")
+        if method not in ("greedy", "group_limited_greedy"):
+            raise UnsupportedModel(f"config field topk_method={method!r}: transformers' DeepSeek-V2 router knows "
+                                   "'greedy' and 'group_limited_greedy'")
+        grouped, group_top = method == "group_limited_greedy", 1  # a group scores its best expert
+    else:
+        if cfg.get("topk_method", "noaux_tc") != "noaux_tc":
+            raise UnsupportedModel(f"config field topk_method={cfg['topk_method']!r}: DeepSeek-V3 routes by 'noaux_tc'")
+        flags |= FLAG_ROUTER_SIGMOID | FLAG_ROUTER_BIAS
+        if cfg.get("norm_topk_prob"):
+            flags |= FLAG_NORM_TOPK
+        grouped, group_top = True, 2  # a group scores the sum of its best two
+    if grouped:
+        n_group, topk_group = int(cfg.get("n_group") or 0), int(cfg.get("topk_group") or 0)
+        per = n_experts // n_group if n_group else 0
+        if not (n_group >= 1 and n_experts % n_group == 0 and 1 <= topk_group <= n_group and group_top <= per
+                and top_k <= topk_group * per):
+            raise UnsupportedModel(f"config fields n_group={n_group}, topk_group={topk_group}: need n_group to divide the "
+                                   f"{n_experts} experts into groups of at least {group_top}, 1 <= topk_group <= "
+                                   f"n_group, and num_experts_per_tok={top_k} of the kept groups' experts at most")
+        if n_group > MAX_TOP_K:
+            raise UnsupportedModel(f"config field n_group={n_group}: the runtime takes at most {MAX_TOP_K} groups")
+        fields.update(n_group=n_group, topk_group=topk_group, group_top=group_top)
+    return fields, flags
+
+
 def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, dict]:
     """The model description for an image of `max_seq` positions (None: 256, or the model's limit if smaller)."""
     arch, fam = _family(cfg)
@@ -170,8 +242,15 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
     if cfg.get("mlp_bias"):
         raise UnsupportedModel("config field mlp_bias=true is not supported")
 
+    if not fam.deepseek:
+        for key in DEEPSEEK_ONLY:
+            if cfg.get(key) is not None:
+                raise UnsupportedModel(f"config field {key}={cfg[key]!r} belongs to DeepSeek's architectures; {arch} "
+                                       "does not read it in transformers, so the runtime will not either")
     hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     head_dim = int(cfg.get("head_dim") or hidden // heads)
+    if fam.deepseek:  # config.head_dim is the rope part there; a q/k head is qk_nope_head_dim + qk_rope_head_dim
+        head_dim = int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"])
     if head_dim % 2:
         raise UnsupportedModel(f"config field head_dim={head_dim} is odd; rotate-half RoPE needs an even head_dim")
     n_layers = int(cfg["num_hidden_layers"])
@@ -186,11 +265,14 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
     n_experts = _n_experts(cfg) if any_moe else 0
 
     flags = fam.qk_norm
-    bias = cfg.get(fam.bias_key, fam.bias_default) if fam.bias_key else fam.bias_default
+    top_k = int(cfg["num_experts_per_tok"]) if any_moe else 0
+    mla, mla_flags = _deepseek(cfg, fam, any_moe, n_experts, top_k) if fam.deepseek else ({}, 0)
+    flags |= mla_flags
+    bias = cfg.get(fam.bias_key, fam.bias_default) if fam.bias_key and not fam.deepseek else fam.bias_default
     if bias:
         flags |= FLAG_QKV_BIAS | (FLAG_O_BIAS if fam.bias_on_o else 0)
     norm_topk = fam.norm_topk_default if fam.norm_topk_default is not None else bool(cfg.get("norm_topk_prob", False))
-    if any_moe and norm_topk:
+    if any_moe and norm_topk and not fam.deepseek:
         flags |= FLAG_NORM_TOPK
     shared_ffn = int(cfg.get("shared_expert_intermediate_size") or 0) if fam.shared_expert and any_moe else 0
     if shared_ffn:
@@ -204,18 +286,22 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
 
     try:
         params = rope.rope_parameters(cfg)
-        inv_freq, attention_factor = rope.frequencies(params, head_dim, limit)
+        inv_freq, attention_factor = rope.frequencies(params, mla.get("rope_dim", head_dim), limit)
     except (rope.UnsupportedRope, KeyError) as exc:
         raise UnsupportedModel(f"config field rope_parameters/rope_scaling: {exc}") from None
+    if fam.deepseek:  # the softmax scale: 1/sqrt(q/k head), times YaRN's mscale(factor, mscale_all_dim) squared
+        mla["attn_scale"] = head_dim ** -0.5 * rope.deepseek_mscale(params) ** 2
 
     dims = ModelDims(
         vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
         ffn_size=int(cfg[fam.expert_ffn_key]) if any_moe else 0,
-        n_layers=n_layers, n_heads=heads, n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=head_dim, n_experts=n_experts, top_k=int(cfg["num_experts_per_tok"]) if any_moe else 0,
+        n_layers=n_layers, n_heads=heads,
+        n_kv_heads=1 if fam.deepseek else int(cfg.get("num_key_value_heads") or heads),  # MLA: one shared latent
+        head_dim=head_dim, n_experts=n_experts, top_k=top_k,
         max_seq=max_seq, rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(params["rope_theta"]),
-        flags=flags, dense_ffn_size=int(cfg["intermediate_size"]) if any_dense else 0, shared_ffn_size=shared_ffn,
-        clip_qkv=float(clip or 0.0), moe_layers=moe_layers, sliding_window=window, window_layers=window_layers,
+        flags=flags, dense_ffn_size=int(cfg["intermediate_size"]) if any_dense else 0,
+        shared_ffn_size=mla.pop("shared_ffn_size", shared_ffn),
+        clip_qkv=float(clip or 0.0), moe_layers=moe_layers, sliding_window=window, window_layers=window_layers, **mla,
     )
     if dims.n_heads % dims.n_kv_heads:
         raise UnsupportedModel(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={dims.n_kv_heads}")
@@ -277,6 +363,7 @@ def hf_name(fam: Family, role: Role, layer: int, expert: int) -> str:
     """The Hugging Face tensor name of a runtime tensor in this family."""
     p, a, m = f"model.layers.{layer}.", f"model.layers.{layer}.self_attn.", f"model.layers.{layer}.{fam.moe_prefix}."
     g, u, d = fam.expert_names
+    sh = f"{p}mlp.{fam.shared_prefix}."
     return {
         Role.TOKEN_EMBD: "model.embed_tokens.weight", Role.OUTPUT_NORM: "model.norm.weight",
         Role.LM_HEAD: "lm_head.weight",
@@ -285,14 +372,62 @@ def hf_name(fam: Family, role: Role, layer: int, expert: int) -> str:
         Role.BK: a + "k_proj.bias", Role.WV: a + "v_proj.weight", Role.BV: a + "v_proj.bias",
         Role.WO: a + "o_proj.weight", Role.BO: a + "o_proj.bias",
         Role.Q_NORM: a + "q_norm.weight", Role.K_NORM: a + "k_norm.weight",
+        Role.WQ_A: a + "q_a_proj.weight", Role.Q_A_NORM: a + "q_a_layernorm.weight", Role.WQ_B: a + "q_b_proj.weight",
+        Role.WKV_A: a + "kv_a_proj_with_mqa.weight", Role.KV_A_NORM: a + "kv_a_layernorm.weight",
+        Role.WK_B: a + "kv_b_proj.weight", Role.WV_B: a + "kv_b_proj.weight",  # split by kv_b_part
+        Role.ROUTER_BIAS: m + "gate.e_score_correction_bias",
         Role.DENSE_GATE: p + "mlp.gate_proj.weight", Role.DENSE_UP: p + "mlp.up_proj.weight",
         Role.DENSE_DOWN: p + "mlp.down_proj.weight",
         Role.ROUTER: m + "gate.weight",
-        Role.SHARED_GATE: p + "mlp.shared_expert.gate_proj.weight", Role.SHARED_UP: p + "mlp.shared_expert.up_proj.weight",
-        Role.SHARED_DOWN: p + "mlp.shared_expert.down_proj.weight", Role.SHARED_EXPERT_GATE: p + "mlp.shared_expert_gate.weight",
+        Role.SHARED_GATE: sh + "gate_proj.weight", Role.SHARED_UP: sh + "up_proj.weight",
+        Role.SHARED_DOWN: sh + "down_proj.weight", Role.SHARED_EXPERT_GATE: p + "mlp.shared_expert_gate.weight",
         Role.EXPERT_GATE: m + f"experts.{expert}.{g}.weight", Role.EXPERT_UP: m + f"experts.{expert}.{u}.weight",
         Role.EXPERT_DOWN: m + f"experts.{expert}.{d}.weight",
     }[role]
+
+
+class KvBPart(LazyTensor):
+    """One part of a kv_b_proj tensor in the runtime's layout, read when used (kv_b_part)."""
+
+    def __init__(self, source: LazyTensor, dims: ModelDims, role: Role):
+        self.source, self.dims, self.role = source, dims, role
+        shape = kv_b_shape(dims, role)
+        super().__init__(source.shard, source.name, shape)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        values = kv_b_split(np.asarray(self.source), self.dims, self.role)
+        return values if dtype is None else values.astype(dtype)
+
+
+def kv_b_shape(d: ModelDims, role: Role) -> tuple[int, int]:
+    nope, lat = d.head_dim - d.rope_width, d.kv_lora_rank
+    return (d.n_heads * lat, nope) if role == Role.WK_B else (d.n_heads * d.v_dim, lat)
+
+
+def kv_b_split(kv_b: np.ndarray, d: ModelDims, role: Role) -> np.ndarray:
+    """kv_b_proj [H * (nope + v_head), kv_lora] as WK_B (every head's W_UK transposed, stacked: [H * kv_lora,
+    nope]) or WV_B (every head's W_UV: [H * v_head, kv_lora]): the absorbed form's matrices (docs/MODELS.md)."""
+    nope, lat = d.head_dim - d.rope_width, d.kv_lora_rank
+    heads = kv_b.reshape(d.n_heads, nope + d.v_dim, lat)
+    if role == Role.WK_B:
+        return np.ascontiguousarray(heads[:, :nope, :].transpose(0, 2, 1)).reshape(d.n_heads * lat, nope)
+    return np.ascontiguousarray(heads[:, nope:, :]).reshape(d.n_heads * d.v_dim, lat)
+
+
+def kv_b_join(k_b: np.ndarray, v_b: np.ndarray, n_heads: int) -> np.ndarray:
+    """kv_b_proj [H * (nope + v_head), kv_lora] from its two parts (kv_b_split's inverse: a GGUF file's
+    attn_k_b and attn_v_b back into the matrix transformers loads)."""
+    lat = k_b.shape[0] // n_heads
+    k_heads = k_b.reshape(n_heads, lat, -1).transpose(0, 2, 1)  # [H, nope, lat]
+    v_heads = v_b.reshape(n_heads, -1, lat)                      # [H, v_head, lat]
+    return np.concatenate([k_heads, v_heads], axis=1).reshape(-1, lat)
+
+
+def kv_b_part(t: np.ndarray | LazyTensor, d: ModelDims, role: Role) -> np.ndarray | LazyTensor:
+    """WK_B or WV_B of a kv_b_proj tensor: computed now from values in memory, or when read from a file."""
+    if isinstance(t, LazyTensor):
+        return KvBPart(t, d, role)
+    return kv_b_split(np.asarray(t, dtype=np.float32), d, role)
 
 
 def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool | None = None) -> Checkpoint:
@@ -324,14 +459,20 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
     if not tied or "lm_head.weight" in raw:
         keys.append(lm_head)
     tensors: dict[tuple[Role, int, int], np.ndarray] = {}
+    used = set()
     for key in keys:
         name = hf_name(fam, *key)
+        split = key[0] in (Role.WK_B, Role.WV_B)
+        if split and name not in raw:  # a GGUF file: llama.cpp's converter split kv_b_proj already, as the runtime does
+            name, split = name.replace("kv_b_proj", "k_b_proj" if key[0] == Role.WK_B else "v_b_proj"), False
         if name not in raw:
             raise UnsupportedModel(f"checkpoint is missing tensor {name}")
-        tensors[key] = raw[name]
+        tensors[key] = kv_b_part(raw[name], dims, key[0]) if split else raw[name]
+        used.add(name)
     if lm_head not in tensors:
         tensors[lm_head] = tensors[(Role.TOKEN_EMBD, NO_INDEX, NO_INDEX)]  # same object: stored once
-    unused = sorted(set(raw) - {hf_name(fam, *k) for k in keys})
+    unused = sorted(name for name, t in raw.items() if name not in used and t.size)  # empty ones add nothing
+
     if unused:
         raise UnsupportedModel(f"checkpoint has tensors the runtime would ignore: {', '.join(unused[:5])}"
                                + (" ..." if len(unused) > 5 else ""))

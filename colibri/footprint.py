@@ -221,6 +221,11 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
         report["stack"] = asdict(stack_depth([c for c in ci if not c.name.endswith(".c.ci")], ROOTS, hook_files))
     mem = board.spec.get("memory")
     bars, fits = [], True
+    if image is not None:
+        from colibri.image import read_image
+        d = read_image(image.read_bytes(), check_crcs=False).dims
+        report["kv_cache"] = {"bytes": d.kv_cache_bytes(), "per_position": d.kv_position_bytes(),
+                              "per_position_expanded": d.kv_position_bytes(expanded=True) if d.mla else None}
     if mem:
         code = elf.sizes.get(".text", 0) + elf.sizes.get(".rodata", 0) + elf.sizes.get(".data", 0)
         data = elf.sizes.get(".data", 0) + elf.sizes.get(".bss", 0) + elf.sizes.get(".stack", 0)
@@ -268,6 +273,11 @@ def print_board_report(r: dict) -> None:
             print(f"         not compiled here, counted as 0: {', '.join(stack['unknown'])}")
     for bar in r["memory"]:
         print(f"  {bar}")
+    kv = r.get("kv_cache")
+    if kv:
+        expanded = (f" (multi-head latent attention: keys and values per head would take {kv['per_position_expanded']:,})"
+                    if kv["per_position_expanded"] else "")
+        print(f"  KV cache: {kv['bytes']:,} bytes in the arena, {kv['per_position']:,} per position{expanded}")
     for path, syms in r["forbidden"].items():
         print(f"FORBIDDEN in {path}: {', '.join(syms)}", file=sys.stderr)
     if not r["forbidden"]:

@@ -6,6 +6,8 @@ cannot drift apart. What this module undoes:
 - experts stored as one 3-D tensor per layer (split back into one matrix per expert);
 - the q/k row permutation llama.cpp's converter applies for the `llama` architecture (Llama and
   Mixtral), so that its interleaved RoPE matches; the runtime uses rotate-half;
+- `deepseek2` (DeepSeek-V2/V3): kv_b_proj arrives already split into attn_k_b (transposed per head) and
+  attn_v_b, the runtime's own WK_B and WV_B layout, so they are kept as they are;
 - storage types: Q8_0 and Q4_0 tensors are kept as they are (host.quant.Encoded), so packing them to
   the same dtype carries them over bit for bit; every other type the `gguf` package can dequantize
   (F16, BF16, Q4_1, Q5_0, Q5_1, the K-quants, the IQ types, ...) is widened to f32 exactly, and the
@@ -34,6 +36,15 @@ ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen
 # argument of build_moe_ffn in its src/models/<arch>.cpp): its converter writes no expert_weights_norm
 # for them, so a file as found runs as llama.cpp runs it, unless the key or --norm-topk-prob says otherwise.
 LLAMA_CPP_NORM_TOPK = {"qwen2moe": False, "qwen3moe": True, "olmoe": False}
+# deepseek2 tensors -> HF name suffix after "model.layers.N." (k_b/v_b: the runtime's WK_B/WV_B, checkpoint.py)
+DEEPSEEK_TENSORS = {
+    MODEL_TENSOR.ATTN_Q_A: "self_attn.q_a_proj", MODEL_TENSOR.ATTN_Q_A_NORM: "self_attn.q_a_layernorm",
+    MODEL_TENSOR.ATTN_Q_B: "self_attn.q_b_proj", MODEL_TENSOR.ATTN_KV_A_MQA: "self_attn.kv_a_proj_with_mqa",
+    MODEL_TENSOR.ATTN_KV_A_NORM: "self_attn.kv_a_layernorm", MODEL_TENSOR.ATTN_KV_B: "self_attn.kv_b_proj",
+    MODEL_TENSOR.ATTN_K_B: "self_attn.k_b_proj", MODEL_TENSOR.ATTN_V_B: "self_attn.v_b_proj",
+    MODEL_TENSOR.FFN_GATE_SHEXP: "mlp.shared_experts.gate_proj", MODEL_TENSOR.FFN_UP_SHEXP: "mlp.shared_experts.up_proj",
+    MODEL_TENSOR.FFN_DOWN_SHEXP: "mlp.shared_experts.down_proj",
+}
 
 
 class GGUFError(ValueError):
@@ -103,8 +114,11 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
         hf_arch = "MixtralForCausalLM" if n_experts else "LlamaForCausalLM"
     elif arch in ARCHITECTURES:
         hf_arch = ARCHITECTURES[arch]
+    elif arch == "deepseek2":
+        hf_arch = "DeepseekV2ForCausalLM"  # or V3: _deepseek2 decides by the gating function
     else:
-        raise GGUFError(f"GGUF architecture {arch!r} is not supported; supported: llama, {', '.join(ARCHITECTURES)}")
+        raise GGUFError(f"GGUF architecture {arch!r} is not supported; supported: llama, deepseek2, "
+                        f"{', '.join(ARCHITECTURES)}")
 
     norm = field(k(Keys.LLM.EXPERT_WEIGHTS_NORM), None, required=False) if norm_topk_prob is None else norm_topk_prob
     if norm is None:
@@ -144,7 +158,7 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     if ff:
         cfg["intermediate_size"] = int(ff)
     head_dim = field(k(Keys.Attention.KEY_LENGTH), None, required=False)
-    if head_dim:
+    if head_dim and arch != "deepseek2":  # there key_length is the latent's (kv_lora_rank + rope)
         cfg["head_dim"] = int(head_dim)
     scaling = field(k(Keys.Rope.SCALING_TYPE), None, required=False)
     if scaling and scaling != "none":
@@ -155,6 +169,9 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     clamp = field(k(Keys.Attention.CLAMP_KQV), None, required=False)
     if clamp:
         cfg["clip_qkv"] = float(clamp)
+    if arch == "deepseek2":
+        cfg.update(_deepseek2(field, k, n_layers, n_head, tensors))
+        return cfg, _hf_tensors(tensors, arch, n_layers, n_head, n_head_kv), converted
     has_bias = _name(MODEL_TENSOR.ATTN_Q, 0) + ".bias" in tensors
     if arch == "qwen2moe":
         cfg["qkv_bias"] = has_bias
@@ -181,6 +198,66 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     return cfg, _hf_tensors(tensors, arch, n_layers, n_head, n_head_kv), converted
 
 
+def _deepseek2(field, k, n_layers: int, n_head: int, tensors: dict) -> dict:
+    """The DeepSeek-V2/V3 config fields of a deepseek2 file, as llama.cpp runs it: the gating function
+    the file names (llama.cpp's default, softmax, when it names none), groups scored by their best two
+    experts (llama.cpp's build_moe_ffn does so for any gating function: transformers' V3, never its V2),
+    RoPE on adjacent pairs."""
+    gating = field(k(Keys.LLM.EXPERT_GATING_FUNC), None, required=False)
+    sigmoid = gating == gguf.ExpertGatingFuncType.SIGMOID
+    if gating not in (None, gguf.ExpertGatingFuncType.SOFTMAX, gguf.ExpertGatingFuncType.SIGMOID):
+        raise GGUFError(f"GGUF key {k(Keys.LLM.EXPERT_GATING_FUNC)}={gating} is neither softmax nor sigmoid")
+    has_bias = any(_name(MODEL_TENSOR.FFN_EXP_PROBS_B, layer) + ".bias" in tensors for layer in range(n_layers))
+    if has_bias != sigmoid:
+        raise GGUFError("GGUF deepseek2 file with " + ("a router bias (exp_probs_b) but no sigmoid gating function "
+                        f"({k(Keys.LLM.EXPERT_GATING_FUNC)}): DeepSeek-V3 scores by sigmoid, and llama.cpp would "
+                        "use softmax here; convert it from a config.json with scoring_func \"sigmoid\"" if has_bias
+                        else "sigmoid gating but no router bias (exp_probs_b): neither DeepSeek-V2 nor V3"))
+    n_group = int(field(k(Keys.LLM.EXPERT_GROUP_COUNT), 1, required=False))
+    topk_group = int(field(k(Keys.LLM.EXPERT_GROUP_USED_COUNT), n_group, required=False))
+    if n_group > 1 and not sigmoid:
+        raise GGUFError(f"GGUF key {k(Keys.LLM.EXPERT_GROUP_COUNT)}={n_group} with softmax gating: llama.cpp scores a "
+                        "group by its best two experts, transformers' DeepSeek-V2 by its best one; refusing to pick")
+    scaling = field(k(Keys.Rope.SCALING_TYPE), None, required=False)
+    if scaling and scaling != "none":
+        raise GGUFError(f"GGUF key {k(Keys.Rope.SCALING_TYPE)}={scaling!r}: RoPE scaling of a deepseek2 file is not "
+                        "read yet (llama.cpp folds YaRN's mscale into its own keys); pack the safetensors checkpoint")
+    rope = int(field(k(Keys.Rope.DIMENSION_COUNT)))
+    key_mla, value_mla = field(k(Keys.Attention.KEY_LENGTH_MLA), None), field(k(Keys.Attention.VALUE_LENGTH_MLA), None)
+    ff = field(k(Keys.LLM.FEED_FORWARD_LENGTH), 0, required=False)
+    q_lora = field(k(Keys.Attention.Q_LORA_RANK), None, required=False)
+    cfg = {
+        "architectures": ["DeepseekV3ForCausalLM" if sigmoid else "DeepseekV2ForCausalLM"],
+        "num_key_value_heads": n_head,  # the file says 1: MLA's latent, which the runtime's image says too
+        "q_lora_rank": int(q_lora) if q_lora else None, "kv_lora_rank": int(field(k(Keys.Attention.KV_LORA_RANK))),
+        "qk_rope_head_dim": rope, "qk_nope_head_dim": int(key_mla) - rope, "v_head_dim": int(value_mla),
+        "first_k_dense_replace": int(field(k(Keys.LLM.LEADING_DENSE_BLOCK_COUNT), 0, required=False)),
+        "intermediate_size": int(ff), "n_shared_experts": int(field(k(Keys.LLM.EXPERT_SHARED_COUNT), 0, required=False)),
+        "routed_scaling_factor": float(field(k(Keys.LLM.EXPERT_WEIGHTS_SCALE), 1.0, required=False)),
+        "norm_topk_prob": bool(field(k(Keys.LLM.EXPERT_WEIGHTS_NORM), False, required=False)),
+        "n_group": n_group, "topk_group": topk_group,
+    }
+    if sigmoid:
+        cfg["rope_interleave"] = True  # llama.cpp rotates adjacent pairs
+    else:
+        cfg["topk_method"] = "greedy"
+    n_experts = int(field(k(Keys.LLM.EXPERT_COUNT), 0, required=False))
+    if n_experts:
+        cfg["n_routed_experts"] = n_experts
+        cfg["num_experts_per_tok"] = int(field(k(Keys.LLM.EXPERT_USED_COUNT)))
+        cfg["moe_intermediate_size"] = int(field(k(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)))
+    return cfg
+
+
+def _heads_stacked(t: np.ndarray | Encoded) -> np.ndarray | Encoded:
+    """A per-head [H, rows, cols] tensor (attn_k_b, attn_v_b) as one matrix [H * rows, cols]."""
+    if isinstance(t, Encoded):
+        h, rows = t.shape[0], t.shape[1]
+        return Encoded(t.dtype, (h * rows, t.shape[2]), t.values.reshape(h * rows, *t.values.shape[2:]),
+                       t.scales.reshape(h * rows, -1))
+    return t.reshape(-1, t.shape[-1])
+
+
 def _hf_tensors(tensors: dict[str, np.ndarray | Encoded], arch: str, n_layers: int, n_head: int,
                 n_head_kv: int) -> dict[str, np.ndarray | Encoded]:
     out: dict[str, np.ndarray | Encoded] = {}
@@ -196,9 +273,13 @@ def _hf_tensors(tensors: dict[str, np.ndarray | Encoded], arch: str, n_layers: i
     mixtral = arch == "llama"
     for layer in range(n_layers):
         p = f"model.layers.{layer}."
-        for t, hf in LAYER_TENSORS.items():
+        for t, hf in {**LAYER_TENSORS, **(DEEPSEEK_TENSORS if arch == "deepseek2" else {})}.items():
             for kind in ("weight", "bias"):
                 take(f"{_name(t, layer)}.{kind}", f"{p}{hf}.{kind}")
+        take(_name(MODEL_TENSOR.FFN_EXP_PROBS_B, layer) + ".bias", p + "mlp.gate.e_score_correction_bias")
+        for which in ("k_b_proj", "v_b_proj"):
+            if f"{p}self_attn.{which}.weight" in out:
+                out[f"{p}self_attn.{which}.weight"] = _heads_stacked(out[f"{p}self_attn.{which}.weight"])
         router = _name(MODEL_TENSOR.FFN_GATE_INP, layer) + ".weight"
         if router in pending:
             out[p + ("block_sparse_moe.gate.weight" if mixtral else "mlp.gate.weight")] = pending.pop(router)

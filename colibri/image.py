@@ -1,4 +1,4 @@
-"""The Colibri image, format v3: constants, the memory plan, a writer and a reader.
+"""The Colibri image, format v4: constants, the memory plan, a writer and a reader.
 
 The byte layout is specified in docs/FORMAT.md; this module and firmware/src/image.c
 are the two implementations of it and are tested against each other.
@@ -20,18 +20,18 @@ import numpy as np
 from colibri.quant import QBLOCK, Deferred, DType, Encoded, blocks, stored_bytes
 
 MAGIC = b"COLIBRI\0"
-VERSION = 3
-HEADER_BYTES = 256
+VERSION = 4
+HEADER_BYTES = 384
 ENTRY_BYTES = 64
 ALIGN = 64
-ARENA_CTX_BYTES = 1024  # reserved at the start of the arena for the runtime's context struct
+ARENA_CTX_BYTES = 1280  # reserved at the start of the arena for the runtime's context struct
 TENSOR_REF_BYTES = 32   # one decoded table entry in the arena (tensor_ref in firmware/src/internal.h)
 NO_INDEX = 0xFFFFFFFF
 
 ARCH_MOE = 1  # decoder-only transformer with a top-k routed MoE FFN (Mixtral family)
 
-# Header: everything up to `reserved` is packed little-endian, then zero padding to 256 bytes.
-HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI" + "QQ" + "QQI" + "I64s")
+# Header: everything up to `reserved` is packed little-endian, then zero padding to 384 bytes.
+HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI" + "QQ" + "QQI" + "I64s" + "IIIIf" + "IIIf")
 HEADER_FIELDS = (
     "magic", "version", "header_bytes", "image_bytes", "header_crc32", "payload_crc32",
     "arch", "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads",
@@ -41,6 +41,8 @@ HEADER_FIELDS = (
     "expert_align", "dense_ffn_size", "shared_ffn_size", "clip_qkv", "kv_dtype",
     "expert_offset", "expert_crc_offset", "meta_offset", "meta_bytes", "meta_crc32",
     "sliding_window", "window_layers",
+    "q_lora_rank", "kv_lora_rank", "rope_dim", "v_head_dim", "attn_scale",
+    "n_group", "topk_group", "group_top", "routed_scale",
 )
 MAX_WINDOW_LAYERS = 512  # window_layers is a bitmap of 64 bytes: layers past it cannot have a window
 KV_DTYPES = {"f32": 0, "f16": 1}  # header kv_dtype: the KV cache's element type
@@ -53,6 +55,10 @@ FLAG_O_BIAS = 1 << 2         # the output projection has a bias
 FLAG_QK_NORM_HEAD = 1 << 3   # RMSNorm on each head of q and k (weights [head_dim]) before RoPE
 FLAG_QK_NORM_FULL = 1 << 4   # RMSNorm across the whole q and k projections (weights [H*hd], [KV*hd])
 FLAG_SHARED_EXPERT = 1 << 5  # MoE layers add a shared expert scaled by sigmoid(shared_expert_gate . x)
+FLAG_ROUTER_SIGMOID = 1 << 6  # router scores are sigmoid(logits), not a softmax over the experts
+FLAG_ROUTER_BIAS = 1 << 7    # a per-expert bias (ROUTER_BIAS) is added to the scores to choose, not to weigh
+FLAG_SHARED_PLAIN = 1 << 8   # MoE layers add an ungated shared expert (DeepSeek's shared experts)
+FLAG_ROPE_PAIRS = 1 << 9     # RoPE rotates adjacent pairs (x0, x1), (x2, x3), ... instead of the two halves
 
 
 class Role(enum.IntEnum):
@@ -71,21 +77,30 @@ class Role(enum.IntEnum):
     BO = 12
     Q_NORM = 13
     K_NORM = 14
-    FFN_NORM = 15
-    DENSE_GATE = 16
-    DENSE_UP = 17
-    DENSE_DOWN = 18
-    ROUTER = 19
-    SHARED_GATE = 20
-    SHARED_UP = 21
-    SHARED_DOWN = 22
-    SHARED_EXPERT_GATE = 23
+    # multi-head latent attention (kv_lora_rank > 0)
+    WQ_A = 15
+    Q_A_NORM = 16
+    WQ_B = 17
+    WKV_A = 18
+    KV_A_NORM = 19
+    WK_B = 20
+    WV_B = 21
+    FFN_NORM = 22
+    DENSE_GATE = 23
+    DENSE_UP = 24
+    DENSE_DOWN = 25
+    ROUTER = 26
+    ROUTER_BIAS = 27
+    SHARED_GATE = 28
+    SHARED_UP = 29
+    SHARED_DOWN = 30
+    SHARED_EXPERT_GATE = 31
     # per expert of a layer (EXPERT_ROLES)
-    EXPERT_GATE = 24
-    EXPERT_UP = 25
-    EXPERT_DOWN = 26
-    OUTPUT_NORM = 27
-    LM_HEAD = 28
+    EXPERT_GATE = 32
+    EXPERT_UP = 33
+    EXPERT_DOWN = 34
+    OUTPUT_NORM = 35
+    LM_HEAD = 36
 
 
 LAYER_ROLES = tuple(Role(r) for r in range(Role.ATTN_NORM, Role.SHARED_EXPERT_GATE + 1))
@@ -116,10 +131,70 @@ class ModelDims:
     # and its KV cache is a ring of W positions. 0: every layer sees every position before it.
     sliding_window: int = 0
     window_layers: tuple[bool, ...] = ()  # per layer: windowed (True); all False without a window
+    # Multi-head latent attention (DeepSeek-V2/V3) when kv_lora_rank > 0: head_dim is the q/k head
+    # (nope + rope_dim), the KV cache holds kv_lora_rank + rope_dim per position, values are v_head_dim.
+    q_lora_rank: int = 0         # q = WQ_B norm(WQ_A x); 0: q = WQ x
+    kv_lora_rank: int = 0
+    rope_dim: int = 0            # the dims of each head RoPE rotates (the last ones); 0: head_dim
+    v_head_dim: int = 0          # 0: head_dim
+    attn_scale: float = 0.0      # the softmax scale; 0: 1/sqrt(head_dim) rounded to f32
+    # Routing: experts in n_group groups, a group scored by the sum of its best group_top choice scores,
+    # the best topk_group groups kept; the chosen weights times routed_scale.
+    n_group: int = 1
+    topk_group: int = 1
+    group_top: int = 1
+    routed_scale: float = 1.0
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def rope_width(self) -> int:
+        return self.rope_dim or self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def scale(self) -> float:
+        """The softmax scale as stored (f32)."""
+        if self.attn_scale:
+            return float(np.float32(self.attn_scale))
+        return float(np.float32(1.0) / np.sqrt(np.float32(self.head_dim)))
+
+    @property
+    def att_dim(self) -> int:
+        """Per head, the width of what attention dots: the latent and the rope part (MLA), or a head."""
+        return self.kv_lora_rank + self.rope_width if self.mla else self.head_dim
+
+    @property
+    def val_dim(self) -> int:
+        """Per head, the width attention sums: the latent (MLA), or a head."""
+        return self.kv_lora_rank if self.mla else self.head_dim
+
+    @property
+    def o_dim(self) -> int:
+        """The output projection's input: every head's value."""
+        return self.n_heads * self.v_dim
 
     def kv_rows(self, layer: int) -> int:
         """Positions layer `layer` keeps in its KV cache: the window for a windowed layer, else max_seq."""
         return self.sliding_window if self.sliding_window and self.window_layers[layer] else self.max_seq
+
+    def kv_position_bytes(self, expanded: bool = False) -> int:
+        """KV cache bytes one position takes over all layers: K and V rows, or MLA's one latent row. With
+        `expanded`, what keys and values a head each would take (MLA's saving: docs/MODELS.md)."""
+        elem = 2 if self.kv_dtype == KV_DTYPES["f16"] else 4
+        if expanded:
+            return elem * self.n_layers * self.n_heads * (self.head_dim + self.v_dim)
+        return (1 if self.mla else 2) * elem * self.kv_dim * self.n_layers
+
+    def kv_cache_bytes(self) -> int:
+        """The arena's KV cache: every layer's rows (a windowed layer's ring holds W)."""
+        rows = sum(self.kv_rows(layer) for layer in range(self.n_layers))
+        return self.kv_position_bytes() // self.n_layers * rows
 
     @property
     def q_dim(self) -> int:
@@ -127,21 +202,25 @@ class ModelDims:
 
     @property
     def kv_dim(self) -> int:
-        return self.n_kv_heads * self.head_dim
+        """One position's row of a layer's K cache (and V cache; MLA has no V cache: values are the latent)."""
+        return self.att_dim if self.mla else self.n_kv_heads * self.head_dim
 
     def present(self, role: Role, layer: int) -> bool:
         """Whether this image holds a tensor for `role` in `layer` (absent slots are empty entries)."""
-        moe = self.moe_layers[layer]
+        moe, mla = self.moe_layers[layer], self.mla
+        shared = moe and bool(self.flags & (FLAG_SHARED_EXPERT | FLAG_SHARED_PLAIN))
         return {
+            Role.WQ: not (mla and self.q_lora_rank), Role.WK: not mla, Role.WV: not mla,
+            Role.WQ_A: mla and self.q_lora_rank > 0, Role.Q_A_NORM: mla and self.q_lora_rank > 0,
+            Role.WQ_B: mla and self.q_lora_rank > 0, Role.WKV_A: mla, Role.KV_A_NORM: mla, Role.WK_B: mla,
+            Role.WV_B: mla, Role.ROUTER_BIAS: moe and bool(self.flags & FLAG_ROUTER_BIAS),
             Role.BQ: bool(self.flags & FLAG_QKV_BIAS), Role.BK: bool(self.flags & FLAG_QKV_BIAS),
             Role.BV: bool(self.flags & FLAG_QKV_BIAS), Role.BO: bool(self.flags & FLAG_O_BIAS),
             Role.Q_NORM: bool(self.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)),
             Role.K_NORM: bool(self.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)),
             Role.DENSE_GATE: not moe, Role.DENSE_UP: not moe, Role.DENSE_DOWN: not moe,
             Role.ROUTER: moe, Role.EXPERT_GATE: moe, Role.EXPERT_UP: moe, Role.EXPERT_DOWN: moe,
-            Role.SHARED_GATE: moe and bool(self.flags & FLAG_SHARED_EXPERT),
-            Role.SHARED_UP: moe and bool(self.flags & FLAG_SHARED_EXPERT),
-            Role.SHARED_DOWN: moe and bool(self.flags & FLAG_SHARED_EXPERT),
+            Role.SHARED_GATE: shared, Role.SHARED_UP: shared, Role.SHARED_DOWN: shared,
             Role.SHARED_EXPERT_GATE: moe and bool(self.flags & FLAG_SHARED_EXPERT),
         }.get(role, True)
 
@@ -170,18 +249,22 @@ def expected_shape(d: ModelDims, role: Role) -> tuple[int, ...]:
     head_norm = bool(d.flags & FLAG_QK_NORM_HEAD)
     return {
         Role.TOKEN_EMBD: (d.vocab_size, D),
-        Role.ROPE_COS: (d.max_seq, d.head_dim // 2),
-        Role.ROPE_SIN: (d.max_seq, d.head_dim // 2),
+        Role.ROPE_COS: (d.max_seq, d.rope_width // 2),
+        Role.ROPE_SIN: (d.max_seq, d.rope_width // 2),
         Role.ATTN_NORM: (D,),
         Role.WQ: (d.q_dim, D), Role.BQ: (d.q_dim,),
         Role.WK: (d.kv_dim, D), Role.BK: (d.kv_dim,),
         Role.WV: (d.kv_dim, D), Role.BV: (d.kv_dim,),
-        Role.WO: (D, d.q_dim), Role.BO: (D,),
+        Role.WO: (D, d.o_dim), Role.BO: (D,),
+        Role.WQ_A: (d.q_lora_rank, D), Role.Q_A_NORM: (d.q_lora_rank,), Role.WQ_B: (d.q_dim, d.q_lora_rank),
+        Role.WKV_A: (d.kv_lora_rank + d.rope_width, D), Role.KV_A_NORM: (d.kv_lora_rank,),
+        Role.WK_B: (d.n_heads * d.kv_lora_rank, d.head_dim - d.rope_width),
+        Role.WV_B: (d.n_heads * d.v_dim, d.kv_lora_rank),
         Role.Q_NORM: (d.head_dim,) if head_norm else (d.q_dim,),
         Role.K_NORM: (d.head_dim,) if head_norm else (d.kv_dim,),
         Role.FFN_NORM: (D,),
         Role.DENSE_GATE: (FD, D), Role.DENSE_UP: (FD, D), Role.DENSE_DOWN: (D, FD),
-        Role.ROUTER: (d.n_experts, D),
+        Role.ROUTER: (d.n_experts, D), Role.ROUTER_BIAS: (d.n_experts,),
         Role.SHARED_GATE: (FS, D), Role.SHARED_UP: (FS, D), Role.SHARED_DOWN: (D, FS),
         Role.SHARED_EXPERT_GATE: (1, D),
         Role.EXPERT_GATE: (F, D), Role.EXPERT_UP: (F, D), Role.EXPERT_DOWN: (D, F),
@@ -190,24 +273,40 @@ def expected_shape(d: ModelDims, role: Role) -> tuple[int, ...]:
     }[role]
 
 
+def _attention_widths(d: ModelDims) -> list[tuple[str, int]]:
+    """One token's attention buffers (floats), in plan order: q, q_a (the q-LoRA's rank), k_new, v_new,
+    q_att (MLA: each head's query against the latent), attn_out (what attention sums), o_in (MLA: the
+    output projection's input)."""
+    mla = d.mla
+    return [("q", d.q_dim), ("q_a", d.q_lora_rank), ("k_new", d.kv_dim), ("v_new", 0 if mla else d.kv_dim),
+            ("q_att", d.n_heads * d.att_dim if mla else 0), ("attn_out", d.n_heads * d.val_dim),
+            ("o_in", d.o_dim if mla else 0)]
+
+
+def _in_blocks(d: ModelDims) -> int:
+    """Q8_0 blocks of the longest input a matrix reads (the quantized activation buffers)."""
+    ffn = max(d.ffn_size, d.dense_ffn_size, d.shared_ffn_size)
+    return blocks(max(d.hidden_size, d.q_dim, ffn, d.q_lora_rank, d.kv_lora_rank, d.o_dim))
+
+
 def arena_plan(d: ModelDims) -> dict[str, tuple[int, int]]:
     """The runtime's work arena: name -> (offset, bytes). Mirrors arena_plan() in firmware/src/arena.c."""
     kv_cache = sum(d.kv_rows(layer) for layer in range(d.n_layers)) * d.kv_dim
     kv_size = 2 if d.kv_dtype == KV_DTYPES["f16"] else 4
     ffn = max(d.ffn_size, d.dense_ffn_size, d.shared_ffn_size)
-    in_blocks = blocks(max(d.hidden_size, d.q_dim, ffn))
+    in_blocks = _in_blocks(d)
     D = d.hidden_size
     n_tensors = 3 + d.n_layers * (len(LAYER_ROLES) + len(EXPERT_ROLES) * d.n_experts) + 2
     buffers = [  # (name, bytes), in arena order
         ("tensors", TENSOR_REF_BYTES * n_tensors),  # the table, decoded by colibri_open
-        ("x", 4 * D), ("xn", 4 * D), ("q", 4 * d.q_dim), ("k_new", 4 * d.kv_dim), ("v_new", 4 * d.kv_dim),
-        ("attn_out", 4 * d.q_dim), ("att", 4 * d.n_heads * d.max_seq), ("ffn_gate", 4 * ffn), ("ffn_up", 4 * ffn),
-        ("ffn_out", 4 * D), ("moe_out", 4 * D), ("router", 4 * d.n_experts), ("topk_weight", 4 * d.top_k),
+        ("x", 4 * D), ("xn", 4 * D), *((name, 4 * n) for name, n in _attention_widths(d)),
+        ("att", 4 * d.n_heads * d.max_seq), ("ffn_gate", 4 * ffn), ("ffn_up", 4 * ffn),
+        ("ffn_out", 4 * D), ("moe_out", 4 * D), ("router", 4 * (2 * d.n_experts + d.n_group)), ("topk_weight", 4 * d.top_k),
         ("topk_index", 4 * d.top_k), ("topk_cycles", 8 * d.top_k), ("logits", 4 * d.vocab_size),
         ("probs", 4 * d.vocab_size), ("sample_index", 4 * d.vocab_size),
         ("xq", in_blocks * QBLOCK), ("xq_scale", 4 * in_blocks), ("xq_sum", 4 * in_blocks),
         ("hq", in_blocks * QBLOCK), ("hq_scale", 4 * in_blocks), ("hq_sum", 4 * in_blocks),
-        ("k_cache", kv_size * kv_cache), ("v_cache", kv_size * kv_cache),
+        ("k_cache", kv_size * kv_cache), ("v_cache", 0 if d.mla else kv_size * kv_cache),
     ]
     plan, offset = {}, ARENA_CTX_BYTES
     for name, nbytes in buffers:
@@ -227,9 +326,9 @@ def prefill_bytes(d: ModelDims, tokens: int) -> int:
     if tokens <= 1:
         return 0
     ffn = max(d.ffn_size, d.dense_ffn_size, d.shared_ffn_size)
-    in_blocks = blocks(max(d.hidden_size, d.q_dim, ffn))
+    in_blocks = _in_blocks(d)
     D, k = d.hidden_size, d.top_k
-    per_token = [4 * D, 4 * D, 4 * d.q_dim, 4 * d.kv_dim, 4 * d.kv_dim, 4 * d.q_dim, 4 * D,  # x .. moe_out
+    per_token = [4 * D, 4 * D, *(4 * n for _, n in _attention_widths(d)), 4 * D,  # x .. o_in, moe_out
                  4 * ffn, 4 * ffn, 4 * D, 4 * D, 4 * k * D,  # gate, up, ffn_out, gx, expert_out
                  4, 4 * k, 4 * k, 4,  # scalar, topk_index, topk_weight, group
                  in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks, in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks]
@@ -282,6 +381,9 @@ def tensor_name(role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> st
         Role.ATTN_NORM: "attn_norm", Role.WQ: "attn_q", Role.BQ: "attn_q.bias", Role.WK: "attn_k",
         Role.BK: "attn_k.bias", Role.WV: "attn_v", Role.BV: "attn_v.bias", Role.WO: "attn_output",
         Role.BO: "attn_output.bias", Role.Q_NORM: "attn_q_norm", Role.K_NORM: "attn_k_norm", Role.FFN_NORM: "ffn_norm",
+        Role.WQ_A: "attn_q_a", Role.Q_A_NORM: "attn_q_a_norm", Role.WQ_B: "attn_q_b", Role.WKV_A: "attn_kv_a_mqa",
+        Role.KV_A_NORM: "attn_kv_a_norm", Role.WK_B: "attn_k_b", Role.WV_B: "attn_v_b",
+        Role.ROUTER_BIAS: "exp_probs_b.bias",
         Role.DENSE_GATE: "ffn_gate", Role.DENSE_UP: "ffn_up", Role.DENSE_DOWN: "ffn_down", Role.ROUTER: "ffn_gate_inp",
         Role.SHARED_GATE: "ffn_gate_shexp", Role.SHARED_UP: "ffn_up_shexp", Role.SHARED_DOWN: "ffn_down_shexp",
         Role.SHARED_EXPERT_GATE: "ffn_gate_inp_shexp",
@@ -532,6 +634,9 @@ def _fill(write: Callable[[int, bytes | np.ndarray], None], read: Callable[[int,
         kv_dtype=d.kv_dtype, expert_offset=plan.expert_offset, expert_crc_offset=plan.crc_offset,
         meta_offset=plan.meta_offset, meta_bytes=len(plan.meta), meta_crc32=crc32(plan.meta) if plan.meta else 0,
         sliding_window=d.sliding_window, window_layers=window_bitmap(d),
+        q_lora_rank=d.q_lora_rank, kv_lora_rank=d.kv_lora_rank, rope_dim=d.rope_width, v_head_dim=d.v_dim,
+        attn_scale=d.scale, n_group=d.n_group, topk_group=d.topk_group, group_top=d.group_top,
+        routed_scale=d.routed_scale,
     )
     write(0, header_block(header))
 
@@ -611,7 +716,8 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
     dims = ModelDims(**{k: h[k] for k in (
         "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
         "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "flags", "dense_ffn_size",
-        "shared_ffn_size", "clip_qkv", "kv_dtype", "sliding_window")}, moe_layers=moe_layers,
+        "shared_ffn_size", "clip_qkv", "kv_dtype", "sliding_window", "q_lora_rank", "kv_lora_rank", "rope_dim",
+        "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale")}, moe_layers=moe_layers,
         window_layers=tuple(bool(h["window_layers"][layer // 8] >> (layer % 8) & 1) if layer < MAX_WINDOW_LAYERS
                             else False for layer in range(n_layers)))
     entries = []

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Pack a Hugging Face checkpoint (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Llama, Qwen2, Qwen3) into a Colibri image.
+"""Pack a Hugging Face checkpoint (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Llama, Qwen2, Qwen3, DeepSeek-V2/V3) into a Colibri image.
 
 Examples:
   python host/pack.py path/to/mixtral-checkpoint -o model.img --max-seq 256
@@ -40,7 +40,8 @@ from colibri.text import checkpoint_meta
 from colibri.sim.boards import board_names, fit_report, load_board
 
 # The matrices --dtype applies to; everything else (norms, biases, routers, the shared-expert gate) stays f32.
-LARGE = {Role.TOKEN_EMBD, Role.LM_HEAD, Role.WQ, Role.WK, Role.WV, Role.WO, Role.DENSE_GATE, Role.DENSE_UP,
+LARGE = {Role.TOKEN_EMBD, Role.LM_HEAD, Role.WQ, Role.WK, Role.WV, Role.WO, Role.WQ_A, Role.WQ_B, Role.WKV_A,
+         Role.WK_B, Role.WV_B, Role.DENSE_GATE, Role.DENSE_UP,
          Role.DENSE_DOWN, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, Role.EXPERT_GATE, Role.EXPERT_UP,
          Role.EXPERT_DOWN}
 CALIBRATION_TOKENS = 32  # the quality report's prompt: this many seeded random token ids (fewer if max_seq is)
@@ -223,9 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  tiers       resident {human(r['resident_bytes'])}, expert part {human(expert_part)}{pins} "
               "(flash.py --expert-cache streams the expert part)")
     kv = "f16" if d.kv_dtype else "f32"
-    kv_bytes = 2 * (2 if d.kv_dtype else 4) * d.kv_dim * sum(d.kv_rows(layer) for layer in range(d.n_layers))
     print(f"  arena       {r['arena_bytes']:,} bytes ({human(r['arena_bytes'])}) for max_seq {d.max_seq}, {kv} KV cache "
-          f"of {human(kv_bytes)}")
+          f"of {human(d.kv_cache_bytes())}")
+    if d.mla:
+        print(f"  latent KV   {d.kv_position_bytes():,} bytes per position (latent {d.kv_lora_rank} + rope {d.rope_width} "
+              f"per layer); keys and values per head would take {d.kv_position_bytes(expanded=True):,}")
     if d.sliding_window:
         windowed = sum(d.window_layers)
         print(f"  window      {windowed} of {d.n_layers} layers attend over the last {d.sliding_window} positions: "

@@ -9,8 +9,10 @@ It follows transformers' forward passes for the supported families (docs/MODELS.
 GQA attention with optional q/k/v/o biases, optional q/k RMSNorm (per head or across the
 projection), optional clipping, rotate-half RoPE from the image's tables, over every earlier position
 or, in a windowed layer, the last sliding_window of them; then per layer either a
-dense SwiGLU MLP or a MoE block (softmax router over all experts, top-k, optionally renormalized
-weights, SwiGLU experts, optional sigmoid-gated shared expert); final norm, lm_head. It is the
+dense SwiGLU MLP or a MoE block (softmax or sigmoid router scores, an optional choice bias and
+group-limited choice, top-k, optionally renormalized and scaled weights, SwiGLU experts, an optional
+shared expert, sigmoid-gated or plain); final norm, lm_head. DeepSeek's multi-head latent attention
+is computed in the runtime's absorbed form (docs/MODELS.md). It is the
 oracle that device outputs are verified against. It reads the image, not the HF checkpoint, so it
 checks the packer too.
 """
@@ -18,8 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri.image import (FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_SHARED_EXPERT, KV_DTYPES, NO_INDEX,
-                        Image, Role)
+from colibri.image import (FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS,
+                           FLAG_ROUTER_SIGMOID, FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN, KV_DTYPES, NO_INDEX, Image,
+                           ModelDims, Role)
 from colibri.quant import Encoded, quantized_matmul
 
 
@@ -37,22 +40,46 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
-def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate-half RoPE. x: [seq, heads, head_dim]; cos/sin: [seq, head_dim/2]."""
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, pairs: bool = False) -> np.ndarray:
+    """RoPE on x [seq, heads, dim] with cos/sin [seq, dim/2]: the two halves rotated together, or with
+    `pairs` adjacent elements (x0, x1), (x2, x3), ... (in place of their pair)."""
+    c, s = cos[:, None, :], sin[:, None, :]
+    if pairs:
+        out = np.empty_like(x)
+        a, b = x[..., 0::2], x[..., 1::2]
+        out[..., 0::2], out[..., 1::2] = a * c - b * s, b * c + a * s
+        return out
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
-def route_topk(router_logits: np.ndarray, top_k: int, renormalize: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Softmax over all experts, keep the top_k (ties: lower index first). Returns (indices, weights)."""
-    probs = softmax(router_logits)
-    idx = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k]
-    w = np.take_along_axis(probs, idx, axis=-1)
-    if renormalize:
-        w = w / np.sum(w, axis=-1, keepdims=True)
-    return idx, w
+def route_topk(router_logits: np.ndarray, d: ModelDims, bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The runtime's routing (ties: lower index first): scores (softmax over the experts, or sigmoids), the
+    choice scores (scores + bias), with groups only the best topk_group groups' experts (a group scores the
+    sum of its group_top best choice scores), the top_k by choice weighted by their scores, optionally
+    renormalized, times routed_scale. Returns (indices, weights), best first."""
+    if d.flags & FLAG_ROUTER_SIGMOID:
+        scores = (np.float32(1) / (np.float32(1) + np.exp(-router_logits))).astype(np.float32)
+    else:
+        scores = softmax(router_logits)
+    choice = scores + bias if bias is not None else scores.copy()
+    if d.n_group > 1:
+        n, per = choice.shape[0], d.n_experts // d.n_group
+        grouped = choice.reshape(n, d.n_group, per)
+        top = -np.sort(-grouped, axis=-1)[..., :d.group_top]
+        group_score = np.zeros((n, d.n_group), np.float32)
+        for j in range(d.group_top):  # best first, in float32, as the runtime sums them
+            group_score = (group_score + top[..., j]).astype(np.float32)
+        keep = np.argsort(-group_score, axis=-1, kind="stable")[:, :d.topk_group]
+        mask = np.zeros((n, d.n_group), bool)
+        np.put_along_axis(mask, keep, True, axis=-1)
+        choice = np.where(np.repeat(mask, per, axis=-1), choice, -np.inf).astype(np.float32)
+    idx = np.argsort(-choice, axis=-1, kind="stable")[:, :d.top_k]
+    w = np.take_along_axis(scores, idx, axis=-1)
+    if d.flags & FLAG_NORM_TOPK:
+        w = w / (np.sum(w, axis=-1, keepdims=True) + np.float32(1e-20))
+    return idx, (w * np.float32(d.routed_scale)).astype(np.float32)
 
 
 class Reference:
@@ -79,6 +106,24 @@ class Reference:
             return quantized_matmul(x, enc)
         return x @ self._t(role, layer, expert).T
 
+    def per_head(self, x: np.ndarray, role: Role, layer: int) -> np.ndarray:
+        """x [n, H, cols] through a per-head projection (head h owns the h-th H-th of the matrix's rows):
+        [n, H, rows]. As the runtime does it: one matrix product per head."""
+        key = (role, layer, NO_INDEX)
+        if key not in self._encoded:
+            self._encoded[key] = self.img.encoded(role, layer)
+        enc, H = self._encoded[key], self.d.n_heads
+        rows = enc.shape[0] // H
+        out = []
+        for h in range(H):
+            part = slice(h * rows, (h + 1) * rows)
+            if enc.dtype.quantized:
+                out.append(quantized_matmul(x[:, h], Encoded(enc.dtype, (rows, enc.shape[1]), enc.values[part],
+                                                             enc.scales[part])))
+            else:
+                out.append(x[:, h] @ self._t(role, layer)[part].T)
+        return np.stack(out, axis=1)
+
     def swiglu(self, x: np.ndarray, gate: Role, up: Role, down: Role, layer: int, expert: int = NO_INDEX) -> np.ndarray:
         g = self.linear(x, gate, layer, expert)
         u = self.linear(x, up, layer, expert)
@@ -86,7 +131,8 @@ class Reference:
 
     def moe(self, x: np.ndarray, layer: int) -> np.ndarray:
         d = self.d
-        idx, w = route_topk(self.linear(x, Role.ROUTER, layer), d.top_k, bool(d.flags & FLAG_NORM_TOPK))
+        bias = self._t(Role.ROUTER_BIAS, layer) if d.flags & FLAG_ROUTER_BIAS else None
+        idx, w = route_topk(self.linear(x, Role.ROUTER, layer), d, bias)
         if self.routes is not None:
             self.routes[layer] = (idx, w)
         out = np.zeros_like(x)
@@ -98,6 +144,8 @@ class Reference:
         if d.flags & FLAG_SHARED_EXPERT:
             gate = 1.0 / (1.0 + np.exp(-self.linear(x, Role.SHARED_EXPERT_GATE, layer)))
             out += gate * self.swiglu(x, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, layer)
+        elif d.flags & FLAG_SHARED_PLAIN:
+            out += self.swiglu(x, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, layer)
         return out
 
     def ffn(self, x: np.ndarray, layer: int) -> np.ndarray:
@@ -109,8 +157,44 @@ class Reference:
         y = self.linear(x, w, layer)
         return y + self._t(b, layer) if self.d.present(b, layer) else y
 
+    def _seen(self, n: int, layer: int) -> np.ndarray:
+        """[query, key]: query i sees key j <= i, and with a window only j > i - W."""
+        seen = np.tril(np.ones((n, n), bool))
+        if self.d.kv_rows(layer) < self.d.max_seq:
+            seen &= ~np.tril(np.ones((n, n), bool), -self.d.sliding_window)
+        return seen
+
+    def _cache(self, t: np.ndarray) -> np.ndarray:
+        """What the KV cache gives back: t, or t rounded to f16 with an f16 cache."""
+        return t.astype(np.float16).astype(np.float32) if self.d.kv_dtype == KV_DTYPES["f16"] else t
+
+    def mla(self, x: np.ndarray, layer: int) -> np.ndarray:
+        """Multi-head latent attention, absorbed as the runtime computes it: the output projection's input."""
+        d = self.d
+        n, H, hd, lat = x.shape[0], d.n_heads, d.head_dim, d.kv_lora_rank
+        nope, pairs = hd - d.rope_width, bool(d.flags & FLAG_ROPE_PAIRS)
+        if d.q_lora_rank:
+            q = self.linear(rms_norm(self.linear(x, Role.WQ_A, layer), self._t(Role.Q_A_NORM, layer), d.rms_norm_eps),
+                            Role.WQ_B, layer)
+        else:
+            q = self.linear(x, Role.WQ, layer)
+        kv = self.linear(x, Role.WKV_A, layer)
+        latent = rms_norm(kv[:, :lat], self._t(Role.KV_A_NORM, layer), d.rms_norm_eps)
+        cos, sin = self._t(Role.ROPE_COS)[:n], self._t(Role.ROPE_SIN)[:n]
+        q = q.reshape(n, H, hd)
+        q_rope = rope(q[..., nope:], cos, sin, pairs)
+        k_rope = rope(kv[:, None, lat:], cos, sin, pairs)[:, 0]
+        q_att = np.concatenate([self.per_head(q[..., :nope], Role.WK_B, layer), q_rope], axis=-1)  # [n, H, lat + rope]
+        key = self._cache(np.concatenate([latent, k_rope], axis=-1))  # [n, lat + rope]: one row per position
+        scores = np.einsum("qhd,kd->hqk", q_att, key) * np.float32(d.scale)
+        scores = np.where(self._seen(n, layer)[None], scores, np.float32(-np.inf))
+        summed = np.einsum("hqk,kd->qhd", softmax(scores), key[:, :lat])  # [n, H, lat]
+        return self.per_head(summed, Role.WV_B, layer).reshape(n, d.o_dim)
+
     def attention(self, x: np.ndarray, layer: int) -> np.ndarray:
         d = self.d
+        if d.mla:
+            return self._proj(self.mla(x, layer), Role.WO, Role.BO, layer)
         n = x.shape[0]
         q, k, v = self._proj(x, Role.WQ, Role.BQ, layer), self._proj(x, Role.WK, Role.BK, layer), \
             self._proj(x, Role.WV, Role.BV, layer)
@@ -126,16 +210,13 @@ class Reference:
         if d.clip_qkv:  # after either kind of q/k norm, as the runtime (and OLMoE, the family that has it) does
             q, k, v = (np.clip(t, -d.clip_qkv, d.clip_qkv) for t in (q, k, v))
         cos, sin = self._t(Role.ROPE_COS)[:n], self._t(Role.ROPE_SIN)[:n]
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        if d.kv_dtype == KV_DTYPES["f16"]:  # the cache keeps k and v rounded to f16
-            k, v = (t.astype(np.float16).astype(np.float32) for t in (k, v))
+        pairs = bool(d.flags & FLAG_ROPE_PAIRS)
+        q, k = rope(q, cos, sin, pairs), rope(k, cos, sin, pairs)
+        k, v = self._cache(k), self._cache(v)
         group = d.n_heads // d.n_kv_heads
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-        scores = np.einsum("qhd,khd->hqk", q, k) * np.float32(1.0 / np.sqrt(d.head_dim))
-        seen = np.tril(np.ones((n, n), bool))  # query i sees key j <= i, and with a window only j > i - W
-        if d.kv_rows(layer) < d.max_seq:
-            seen &= ~np.tril(np.ones((n, n), bool), -d.sliding_window)
-        scores = np.where(seen[None], scores, np.float32(-np.inf))
+        scores = np.einsum("qhd,khd->hqk", q, k) * np.float32(d.scale)
+        scores = np.where(self._seen(n, layer)[None], scores, np.float32(-np.inf))
         out = np.einsum("hqk,khd->qhd", softmax(scores), v).reshape(n, d.q_dim)
         return self._proj(out, Role.WO, Role.BO, layer)
 

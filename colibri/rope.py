@@ -33,21 +33,31 @@ def _llama3(inv: np.ndarray, p: dict) -> np.ndarray:
     return np.where(medium, smoothed, scaled)
 
 
+def _mscale(scale: float, m: float = 1.0) -> float:
+    """YaRN's magnitude scale (transformers' get_mscale / yarn_get_mscale)."""
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
+def deepseek_mscale(params: dict) -> float:
+    """The factor DeepSeek's attention multiplies its softmax scale by twice (transformers' yarn_apply_mscale):
+    mscale(factor, mscale_all_dim) for any non-default rope type that sets mscale_all_dim, else 1."""
+    if params.get("rope_type", "default") != "default" and params.get("mscale_all_dim"):
+        return _mscale(params["factor"], params["mscale_all_dim"])
+    return 1.0
+
+
 def _yarn(theta: float, head_dim: int, p: dict, max_pos: int | None) -> tuple[np.ndarray, float]:
     factor = p.get("factor")
     orig = p["original_max_position_embeddings"]
     if factor is None:
         factor = max_pos / orig
 
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     attention = p.get("attention_factor")
     if attention is None:
         if p.get("mscale") and p.get("mscale_all_dim"):
-            attention = mscale(factor, p["mscale"]) / mscale(factor, p["mscale_all_dim"])
+            attention = _mscale(factor, p["mscale"]) / _mscale(factor, p["mscale_all_dim"])
         else:
-            attention = mscale(factor)
+            attention = _mscale(factor)
     beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
 
     def correction_dim(rotations: float) -> float:

@@ -29,10 +29,16 @@ def gguf_meta(src: Path) -> dict | None:
     if value("tokenizer.ggml.tokens") is None:
         return None
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+        from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
     except ImportError:
         return None
-    tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    except ValueError:  # transformers reads no config of this architecture (deepseek2): the vocabulary alone
+        architecture, tokenizer, special = get_gguf_tokenizer(str(src))
+        tok = PreTrainedTokenizerFast(tokenizer_object=convert_gguf_tokenizer(architecture, tokenizer)[0],
+                                      **{k: v for k, v in special.items() if v is not None})
     meta: dict = {"tokenizer": json.loads(tok.backend_tokenizer.to_str())}
     if isinstance(value("tokenizer.chat_template"), str):
         meta["chat_template"] = value("tokenizer.chat_template")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+GATE_FILE = ROOT / "tools" / "size_gate.json"  # the runtime size limits per board
 sys.path.insert(0, str(ROOT))
 
 from colibri.pack import pack  # noqa: E402
@@ -82,10 +83,10 @@ def board_name(run: str) -> str:
     return run.split("@")[0]
 
 
-def build(board: str, mode: str = "release", kernels: str = "auto") -> Path:
-    subprocess.run([sys.executable, "-m", "SCons", "-Q", f"board={board}", f"mode={mode}", f"kernels={kernels}"],
-                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    return ROOT / "build" / board / (mode + ("-scalar" if kernels == "scalar" else ""))
+def build(board: str, mode: str = "release", kernels: str = "auto", deepseek: bool = True) -> Path:
+    subprocess.run([sys.executable, "-m", "SCons", "-Q", f"board={board}", f"mode={mode}", f"kernels={kernels}",
+                    f"deepseek={'yes' if deepseek else 'no'}"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    return ROOT / "build" / board / (mode + ("-scalar" if kernels == "scalar" else "") + ("" if deepseek else "-nodeepseek"))
 
 
 def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path, max_positions: int = 128) -> Path:
@@ -103,6 +104,9 @@ def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path, max_po
                 p.copy_(1.0 + 0.3 * torch.randn_like(p))
             elif name.endswith(".bias"):
                 p.copy_(0.3 * torch.randn_like(p))
+        for name, b in model.named_buffers():  # DeepSeek-V3's router bias chooses experts: make it matter
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.5 * torch.randn_like(b))
     model.save_pretrained(out)
     return out
 

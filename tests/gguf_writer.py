@@ -2,8 +2,8 @@
 
 Independent of colibri/gguf_input.py, which reads it back: llama.cpp's tensor names and metadata keys
 (from the `gguf` package), experts stacked into one 3-D tensor per layer, q/k rows permuted for the
-`llama` architecture, and the chosen storage type for matrices (1-D tensors stay F32, as in
-llama.cpp).
+`llama` architecture, kv_b_proj split per head into attn_k_b (transposed) and attn_v_b for `deepseek2`,
+and the chosen storage type for matrices (1-D tensors stay F32, as in llama.cpp).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from safetensors.numpy import load_file
 
 ARCH = {"MixtralForCausalLM": "llama", "LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
         "Qwen3ForCausalLM": "qwen3", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe",
-        "OlmoeForCausalLM": "olmoe"}
+        "OlmoeForCausalLM": "olmoe", "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2"}
 Q = gguf.GGMLQuantizationType
 
 
@@ -72,6 +72,28 @@ def add_bpe_tokenizer(w: gguf.GGUFWriter, src: Path) -> None:
         w.add_chat_template(template)
 
 
+def add_deepseek_keys(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """deepseek2's attention and routing keys, as llama.cpp's converter writes them (the gating function as
+    a released V3 config's scoring_func would give it)."""
+    rope, lat = cfg["qk_rope_head_dim"], cfg["kv_lora_rank"]
+    if cfg.get("q_lora_rank"):
+        w.add_q_lora_rank(cfg["q_lora_rank"])
+    w.add_kv_lora_rank(lat)
+    w.add_key_length(lat + rope)
+    w.add_value_length(lat)
+    w.add_key_length_mla(cfg["qk_nope_head_dim"] + rope)
+    w.add_value_length_mla(cfg["v_head_dim"])
+    w.add_rope_dimension_count(rope)
+    w.add_leading_dense_block_count(cfg.get("first_k_dense_replace") or 0)
+    w.add_expert_shared_count(cfg.get("n_shared_experts") or 0)
+    w.add_expert_weights_scale(cfg.get("routed_scaling_factor", 1.0))
+    v3 = cfg["architectures"][0] == "DeepseekV3ForCausalLM"
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if v3 else gguf.ExpertGatingFuncType.SOFTMAX)
+    if v3 and cfg.get("n_group"):
+        w.add_expert_group_count(cfg["n_group"])
+        w.add_expert_group_used_count(cfg["topk_group"])
+
+
 def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = True,
                extra: dict[str, np.ndarray] | None = None, placeholder_vocab: bool = False,
                tokenizer: bool = False) -> Path:
@@ -81,14 +103,15 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
     t = {k: v for f in sorted(src.glob("*.safetensors")) for k, v in load_file(f).items()}
     n_layers, n_head = cfg["num_hidden_layers"], cfg["num_attention_heads"]
     n_kv = cfg.get("num_key_value_heads") or n_head
-    n_experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    n_experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
+    deepseek = arch == "deepseek2"
     w = gguf.GGUFWriter(str(out), arch)
     w.add_block_count(n_layers)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg.get("intermediate_size", 0))
     w.add_head_count(n_head)
-    w.add_head_count_kv(n_kv)
+    w.add_head_count_kv(1 if deepseek else n_kv)  # MLA as MQA over the latent, as llama.cpp's converter writes it
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     if placeholder_vocab:
         add_placeholder_vocab(w, cfg["vocab_size"])
@@ -101,7 +124,9 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
         w.add_rope_scaling_factor(rp["factor"])
         if "original_max_position_embeddings" in rp:
             w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
-    if cfg.get("head_dim"):
+    if deepseek:
+        add_deepseek_keys(w, cfg)
+    elif cfg.get("head_dim"):
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
     if cfg.get("clip_qkv"):
@@ -143,10 +168,24 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
             "mlp.shared_expert.up_proj.weight": name(MODEL_TENSOR.FFN_UP_SHEXP, layer),
             "mlp.shared_expert.down_proj.weight": name(MODEL_TENSOR.FFN_DOWN_SHEXP, layer),
             "mlp.shared_expert_gate.weight": name(MODEL_TENSOR.FFN_GATE_INP_SHEXP, layer),
+            "self_attn.q_a_proj.weight": name(MODEL_TENSOR.ATTN_Q_A, layer),
+            "self_attn.q_a_layernorm.weight": name(MODEL_TENSOR.ATTN_Q_A_NORM, layer),
+            "self_attn.q_b_proj.weight": name(MODEL_TENSOR.ATTN_Q_B, layer),
+            "self_attn.kv_a_proj_with_mqa.weight": name(MODEL_TENSOR.ATTN_KV_A_MQA, layer),
+            "self_attn.kv_a_layernorm.weight": name(MODEL_TENSOR.ATTN_KV_A_NORM, layer),
+            "mlp.gate.e_score_correction_bias": name(MODEL_TENSOR.FFN_EXP_PROBS_B, layer, "bias"),
+            "mlp.shared_experts.gate_proj.weight": name(MODEL_TENSOR.FFN_GATE_SHEXP, layer),
+            "mlp.shared_experts.up_proj.weight": name(MODEL_TENSOR.FFN_UP_SHEXP, layer),
+            "mlp.shared_experts.down_proj.weight": name(MODEL_TENSOR.FFN_DOWN_SHEXP, layer),
         }
         for hf, g in direct.items():
             if p + hf in t:
                 _add(w, g, t[p + hf], qtype)
+        if p + "self_attn.kv_b_proj.weight" in t:  # per head [nope + v, lat]: k_b transposed, v_b as it is
+            nope = cfg["qk_nope_head_dim"]
+            kv_b = t[p + "self_attn.kv_b_proj.weight"].reshape(n_head, nope + cfg["v_head_dim"], -1)
+            _add(w, name(MODEL_TENSOR.ATTN_K_B, layer), kv_b[:, :nope].transpose(0, 2, 1), qtype)
+            _add(w, name(MODEL_TENSOR.ATTN_V_B, layer), kv_b[:, nope:], qtype)
         for proj, heads, tensor in (("q_proj", n_head, MODEL_TENSOR.ATTN_Q), ("k_proj", n_kv, MODEL_TENSOR.ATTN_K)):
             for kind in ("weight", "bias"):
                 key = f"{p}self_attn.{proj}.{kind}"

@@ -1,6 +1,7 @@
 """Every supported family, exactly as transformers defines it: reference vs transformers, device vs reference."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -58,6 +59,25 @@ FAMILIES = [
     ("qwen3moe_window", "Qwen3MoeForCausalLM", dict(SMALL, hidden_size=20, num_attention_heads=2, num_key_value_heads=1,
      head_dim=8, moe_intermediate_size=9, num_experts=3, num_experts_per_tok=2, use_sliding_window=True,
      sliding_window=4, norm_topk_prob=True)),
+]
+DEEPSEEK = dict(SMALL, hidden_size=32, num_attention_heads=4, num_key_value_heads=4, intermediate_size=40,
+                moe_intermediate_size=14, kv_lora_rank=20, qk_nope_head_dim=10, qk_rope_head_dim=6, v_head_dim=12)
+FAMILIES += [
+    # MLA with a q-LoRA and without; DeepSeek-V2's greedy and group-limited softmax routing, V3's sigmoid
+    # routing with a nonzero correction bias and groups scored by their best two; dense layers first;
+    # shared experts; YaRN with mscale_all_dim (the softmax scale's factor); rope pairs and halves
+    ("deepseek_v2", "DeepseekV2ForCausalLM", dict(DEEPSEEK, num_hidden_layers=3, q_lora_rank=24, n_routed_experts=5,
+     num_experts_per_tok=2, first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=1.5)),
+    ("deepseek_v2_groups_yarn", "DeepseekV2ForCausalLM", dict(DEEPSEEK, q_lora_rank=None, n_routed_experts=6,
+     num_experts_per_tok=2, topk_method="group_limited_greedy", n_group=3, topk_group=2, n_shared_experts=2,
+     rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32,
+                          mscale=0.707, mscale_all_dim=0.707, beta_fast=32, beta_slow=1))),
+    ("deepseek_v3", "DeepseekV3ForCausalLM", dict(DEEPSEEK, num_hidden_layers=3, q_lora_rank=24, n_routed_experts=8,
+     num_experts_per_tok=3, n_group=4, topk_group=2, first_k_dense_replace=1, norm_topk_prob=True,
+     routed_scaling_factor=2.5)),
+    ("deepseek_v3_halves", "DeepseekV3ForCausalLM", dict(DEEPSEEK, q_lora_rank=None, n_routed_experts=4,
+     num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=0, norm_topk_prob=False,
+     rope_interleave=False, n_shared_experts=0)),
 ]
 WINDOWED = {"mixtral_window", "qwen2_window", "qwen2moe_window", "qwen3moe_window"}
 
@@ -205,3 +225,47 @@ def test_rope_frequencies_match_transformers(params):
     inv, scale = rope.frequencies(rope.rope_parameters(cfg.to_dict()), 16, 512)
     np.testing.assert_allclose(inv, hf_inv.double().numpy(), rtol=1e-6)
     assert math.isclose(scale, hf_scale, rel_tol=1e-9)
+
+
+def test_mla_cache_holds_the_latent(family_images, hosted_build, capsys):
+    """MLA's memory saving, as the footprint report states it: a DeepSeek image's KV cache holds the latent
+    and the rope key per position and layer (one row for every head, no V cache), against the keys and values
+    per head a standard-attention model of the same shapes keeps; the arena plan holds exactly that."""
+    from colibri import footprint
+    from colibri.image import arena_plan
+    _, image = family_images["deepseek_v2"]
+    d = read_image(image.read_bytes()).dims
+    assert footprint.main(["--board", "hosted", "--image", str(image), "--json"]) == 0
+    kv = json.loads(capsys.readouterr().out)["kv_cache"]
+    assert kv["per_position"] == 4 * d.n_layers * (20 + 6)                    # kv_lora_rank + qk_rope_head_dim
+    assert kv["per_position_expanded"] == 4 * d.n_layers * 4 * (10 + 6 + 12)  # heads x (nope + rope + v_head_dim)
+    plan = arena_plan(d)
+    assert plan["k_cache"][1] == kv["bytes"] == d.max_seq * kv["per_position"] and plan["v_cache"][1] == 0
+    assert footprint.main(["--board", "hosted", "--image", str(image)]) == 0
+    assert "keys and values per head would take 1,344" in capsys.readouterr().out
+    _, standard = family_images["qwen2moe_mixed"]
+    sd = read_image(standard.read_bytes()).dims
+    assert sd.kv_position_bytes() == 2 * 4 * sd.n_layers * sd.n_kv_heads * sd.head_dim  # K and V rows
+
+
+def test_cortex_m4_without_deepseek_fits_16_kib(family_images, firmwares):
+    """`scons deepseek=no` leaves DeepSeek's mechanisms out: on the Cortex-M4 that runtime is issue 10's 16 KiB
+    (-Os, every dtype; tools/size_gate.json's cortex_m4_nodeepseek), gives a standard image the bits of the
+    full build, and refuses a DeepSeek image by name instead of computing something else."""
+    from conftest import GATE_FILE, build
+    from colibri import footprint
+    from colibri.protocol import DeviceError
+    out = build("cortex_m4", deepseek=False)
+    sizes = footprint.total([footprint.inspect(o) for o in footprint.runtime_objects("cortex_m4", out.name)])
+    gate = json.loads(GATE_FILE.read_text())["cortex_m4_nodeepseek"]
+    assert sizes[".text"] <= gate["runtime_text"] <= 16 * 1024, sizes
+    assert sizes[".rodata"] <= gate["runtime_rodata"] and sizes[".data"] <= gate["runtime_data"]
+    for name in ("qwen2moe_mixed", "mixtral_window"):
+        _, image = family_images[name]
+        lean = flash.run_on_board(image, "cortex_m4", PROMPT, 4, Sampling(), True, firmware=out / "firmware.elf")
+        full = flash.run_on_board(image, "cortex_m4", PROMPT, 4, Sampling(), True, firmware=firmwares["cortex_m4"])
+        assert lean.tokens == full.tokens and lean.logits.tobytes() == full.logits.tobytes(), name
+    with pytest.raises(DeviceError) as err:
+        flash.run_on_board(family_images["deepseek_v3"][1], "cortex_m4", PROMPT, 1, Sampling(), False,
+                           firmware=out / "firmware.elf")
+    assert "COLIBRI_E_UNSUPPORTED" in str(err.value)

@@ -6,10 +6,10 @@ import subprocess
 
 import pytest
 
-from conftest import OS_BOARDS, RELEASE_BOARDS, ROOT
+from conftest import GATE_FILE, OS_BOARDS, RELEASE_BOARDS, ROOT
 from colibri import footprint
 
-GATE = json.loads((ROOT / "tools" / "size_gate.json").read_text())
+GATE = json.loads(GATE_FILE.read_text())
 
 
 @pytest.mark.parametrize("board", OS_BOARDS)
@@ -37,8 +37,6 @@ def test_bare_metal_firmware_is_pure_fits_and_is_gated(board, firmwares, images)
     assert r["runtime"][".text"] <= gate["runtime_text"], f"runtime .text grew past tools/size_gate.json: {r['runtime']}"
     assert r["runtime"][".rodata"] <= gate["runtime_rodata"]
     assert r["runtime"][".data"] <= gate["runtime_data"]
-    if board == "cortex_m4":
-        assert r["runtime"][".text"] <= 16 * 1024  # issue 10: every dtype within 16 KiB at -Os
 
 
 def test_check_catches_forbidden_symbols(tmp_path):

@@ -26,6 +26,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
 LLAMA_CPP_FILES = sorted(p.stem for p in FIXTURES.glob("*.gguf"))
 CONVERTED = [f for f in LLAMA_CPP_FILES if f.startswith("converted-")]
 NATIVE = {"F32", "F16", "BF16", "Q8_0", "Q4_0"}  # storage types an image holds as they are
+NOT_IN_GGUF = {"deepseek_v3_halves", "deepseek_v2_groups_yarn"}
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +43,9 @@ def sources(tmp_path_factory):
 
 # (not the windowed ones: llama.cpp's converter writes no sliding window for these architectures, and
 # llama.cpp attends over every position, so a GGUF of them packs without a window, as llama.cpp runs it)
+# (nor the DeepSeek variants a deepseek2 file cannot hold: RoPE on halves, YaRN, softmax groups)
 @pytest.mark.parametrize("name", ["mixtral"] + [f[0] for f in FAMILIES if f[0] != "llama_llama3_tied"
-                                                and f[0] not in WINDOWED])
+                                                and f[0] not in WINDOWED and f[0] not in NOT_IN_GGUF])
 def test_f32_gguf_packs_to_the_same_image(name, sources, tmp_path):
     """Same tensors after undoing llama.cpp's layout: the images are byte-identical."""
     from_st, from_gguf = tmp_path / "st.img", tmp_path / "gguf.img"
@@ -194,15 +196,42 @@ def test_converter_files_are_as_llama_cpp_writes_them():
     """What makes the converter's files worth testing apart from the project's writer: experts merged into
     one 3-D tensor per layer, Qwen2-MoE's shared expert and its gate, a real tokenizer, the converter's q8_0."""
     names = {f: {t.name for t in gguf.GGUFReader(str(FIXTURES / f"{f}.gguf")).tensors} for f in CONVERTED}
-    assert set(names) == {"converted-mixtral-q8_0", "converted-qwen2moe-q4_k_m"}
+    assert set(names) == {"converted-mixtral-q8_0", "converted-qwen2moe-q4_k_m", "converted-deepseek3-q8_0"}
+    assert {"blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight", "blk.1.exp_probs_b.bias"} <= names["converted-deepseek3-q8_0"]
+    assert "blk.0.ffn_gate_exps.weight" not in names["converted-deepseek3-q8_0"]  # its first layer is dense
     for tensors in names.values():
-        assert {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight", "blk.0.ffn_down_exps.weight"} <= tensors
+        moe = 1 if "blk.1.exp_probs_b.bias" in tensors else 0
+        assert {f"blk.{moe}.ffn_gate_exps.weight", f"blk.{moe}.ffn_up_exps.weight", f"blk.{moe}.ffn_down_exps.weight"} <= tensors
         assert "output.weight" not in tensors  # tied embeddings
     assert {"blk.0.ffn_gate_shexp.weight", "blk.0.ffn_gate_inp_shexp.weight"} <= names["converted-qwen2moe-q4_k_m"]
     reader = gguf.GGUFReader(str(FIXTURES / "converted-mixtral-q8_0.gguf"))
     assert bytes(reader.fields["tokenizer.ggml.pre"].parts[-1]).decode() == "gpt-2"
     types = Counter(gguf.GGMLQuantizationType(t.tensor_type).name for t in reader.tensors)
     assert types["Q8_0"] >= 10 and set(types) <= {"Q8_0", "F32"}
+
+
+def test_deepseek_gguf_lands_as_llama_cpp_split_it(tmp_path):
+    """llama.cpp's converter splits kv_b_proj into attn_k_b (each head's W_UK transposed) and attn_v_b: the
+    image's WK_B and WV_B, so packed to q8_0 their blocks land unchanged; the router bias, the groups (scored by
+    their best two, as llama.cpp does), the scaling, the renormalization and the sigmoid arrive as DeepSeek-V3's."""
+    from colibri.image import FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_SHARED_PLAIN
+    src = FIXTURES / "converted-deepseek3-q8_0.gguf"
+    pack(src, tmp_path / "q.img", 32, 64, dtype=DType.Q8_0, measure_quality=False)
+    img = read_image((tmp_path / "q.img").read_bytes())
+    d = img.dims
+    assert (d.kv_lora_rank, d.q_lora_rank, d.rope_width, d.head_dim, d.v_dim) == (32, 32, 16, 48, 32)
+    assert (d.n_group, d.topk_group, d.group_top, d.routed_scale, d.moe_layers) == (2, 1, 2, 2.5, (False, True))
+    want = FLAG_ROUTER_SIGMOID | FLAG_ROUTER_BIAS | FLAG_NORM_TOPK | FLAG_SHARED_PLAIN | FLAG_ROPE_PAIRS
+    assert d.flags & want == want
+    stored = {t.name: t for t in gguf.GGUFReader(str(src)).tensors}
+    for layer in (0, 1):
+        for name, role in ((f"blk.{layer}.attn_k_b.weight", Role.WK_B), (f"blk.{layer}.attn_v_b.weight", Role.WV_B)):
+            t = stored[name]
+            raw = from_gguf_blocks(t.data, DType.Q8_0, tuple(int(n) for n in reversed(t.shape)))
+            enc = img.encoded(role, layer)
+            np.testing.assert_array_equal(enc.values, raw.values.reshape(enc.values.shape))
+            np.testing.assert_array_equal(enc.scales.view(np.uint16), raw.scales.reshape(enc.scales.shape).view(np.uint16))
+    np.testing.assert_array_equal(img.tensor(Role.ROUTER_BIAS, 1), np.asarray(stored["blk.1.exp_probs_b.bias"].data))
 
 
 @pytest.mark.parametrize("family,llama_cpp_norm", [("qwen3moe", True), ("qwen2moe_sparse_step", False),

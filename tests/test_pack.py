@@ -192,11 +192,11 @@ def test_cli_reports_sizes_by_dtype_and_quality(checkpoints, tmp_path, capsys):
 
 
 def test_older_image_is_refused_with_its_version(images, tmp_path):
-    from colibri.image import ImageError, write_header
+    from colibri.image import VERSION, ImageError, write_header
     old = bytearray(images["base"].read_bytes())
     header = read_image(bytes(old)).header
     write_header(old, {**header, "version": 2})
-    with pytest.raises(ImageError, match="format version 2; this host reads version 3 only: pack the checkpoint again"):
+    with pytest.raises(ImageError, match=f"format version 2; this host reads version {VERSION} only: pack the checkpoint again"):
         read_image(bytes(old))
 
 

@@ -32,7 +32,7 @@ def entry(i: int, field_offset: int) -> int:
     return TABLE + i * ENTRY_BYTES + field_offset
 
 
-FIRST_UP = 3 + 20 + 1  # entries: embd, rope cos, rope sin, 20 per-layer slots, then expert 0 gate, up, down
+FIRST_UP = 3 + 28 + 1  # entries: embd, rope cos, rope sin, 28 per-layer slots, then expert 0 gate, up, down
 
 
 def swap_entries(b: bytearray) -> bytearray:
@@ -62,7 +62,8 @@ CASES = [
     ("bad magic", flip(0), "E_IMAGE_MAGIC"),
     ("version 1", put("<I", 8, 1), "E_IMAGE_VERSION"),
     ("version 2", put("<I", 8, 2), "E_IMAGE_VERSION"),
-    ("version 4", put("<I", 8, 4, seal=False), "E_IMAGE_VERSION"),
+    ("version 3", put("<I", 8, 3), "E_IMAGE_VERSION"),
+    ("version 5", put("<I", 8, 5, seal=False), "E_IMAGE_VERSION"),
     ("header byte flipped", flip(40), "E_IMAGE_HEADER_CRC"),
     ("resident byte flipped", lambda b: flip(struct.unpack_from("<Q", b, 104)[0] + 5)(b), "E_IMAGE_PAYLOAD_CRC"),
     ("expert byte flipped", lambda b: flip(len(b) - 5)(b), "E_EXPERT_CRC"),  # the last expert's down matrix
@@ -73,7 +74,25 @@ CASES = [
     ("resident tensor in the expert part", lambda b: put("<Q", entry(0, 32), struct.unpack_from("<Q", b, 140)[0])(b),
      "E_IMAGE_BOUNDS"),
     ("table byte flipped", flip(TABLE + 33), "E_IMAGE_PAYLOAD_CRC"),
-    ("reserved header byte", put("<B", 250, 1), "E_IMAGE_HEADER"),
+    ("reserved header byte", put("<B", 300, 1), "E_IMAGE_HEADER"),
+    # attention (244..263) and routing (264..279) fields; the base image: 4 heads of 6, 2 KV heads, 4 experts, top-2
+    ("q-LoRA without latent attention", put("<I", 244, 8), "E_IMAGE_DIMS"),
+    ("latent attention with two KV heads", put("<I", 248, 8), "E_IMAGE_DIMS"),
+    ("RoPE over part of a standard head", put("<I", 252, 4), "E_IMAGE_DIMS"),
+    ("odd rope_dim", put("<I", 252, 5), "E_IMAGE_DIMS"),
+    ("values narrower than a standard head", put("<I", 256, 4), "E_IMAGE_DIMS"),
+    ("softmax scale NaN", put("<f", 260, float("nan")), "E_IMAGE_DIMS"),
+    ("softmax scale zero", put("<f", 260, 0.0), "E_IMAGE_DIMS"),
+    ("routed scale negative", put("<f", 276, -1.0), "E_IMAGE_DIMS"),
+    ("no groups", put("<I", 264, 0), "E_IMAGE_DIMS"),
+    ("groups that do not divide the experts", put("<I", 264, 3), "E_IMAGE_DIMS"),
+    ("more kept groups than groups", put("<I", 268, 2), "E_IMAGE_DIMS"),
+    ("a group scored by more experts than it has", lambda b: put("<I", 272, 3)(put("<I", 264, 2, seal=False)(b)),
+     "E_IMAGE_DIMS"),
+    ("kept groups too small for top_k", lambda b: put("<I", 264, 4)(b), "E_IMAGE_DIMS"),
+    ("both shared-expert kinds", put("<I", 76, (1 << 5) | (1 << 8)), "E_UNSUPPORTED"),
+    ("plain shared expert without a size", put("<I", 76, 1 << 8), "E_IMAGE_DIMS"),
+    ("router bias the table lacks", put("<I", 76, 1 | 1 << 7), "E_IMAGE_TABLE"),
     # the sliding window (176) and its layers (bitmap at 180); the base images have 2 layers, max_seq 48
     ("window without a windowed layer", put("<I", 176, 3), "E_IMAGE_DIMS"),
     ("windowed layer without a window", put("<B", 180, 1), "E_IMAGE_DIMS"),
@@ -96,7 +115,7 @@ CASES = [
     ("eps NaN", put("<f", 80, float("nan")), "E_IMAGE_DIMS"),
     ("eps zero", put("<f", 80, 0.0), "E_IMAGE_DIMS"),
     ("unknown arch", put("<I", 32, 2), "E_UNSUPPORTED"),
-    ("unknown flag", put("<I", 76, 1 << 9), "E_UNSUPPORTED"),
+    ("unknown flag", put("<I", 76, 1 << 10), "E_UNSUPPORTED"),
     ("both q/k norm kinds", put("<I", 76, (1 << 3) | (1 << 4)), "E_UNSUPPORTED"),
     ("tensor count", put("<I", 96, 10), "E_IMAGE_TABLE"),
     ("entries out of order", swap_entries, "E_IMAGE_TABLE"),

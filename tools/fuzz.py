@@ -97,22 +97,29 @@ def make_seeds() -> None:
         "mixtral-q4_0": dict(flags=im.FLAG_NORM_TOPK, moe=(True, False), dense=10, dtype=DType.Q4_0),
         "mixtral-f16": dict(flags=im.FLAG_NORM_TOPK, moe=(True, True), dtype=DType.F16, kv=1),
         "mixtral-bf16": dict(flags=im.FLAG_NORM_TOPK, moe=(True, True), dtype=DType.BF16),
+        # multi-head latent attention, a sigmoid router with a bias and groups, a plain shared expert
+        "deepseek": dict(flags=im.FLAG_NORM_TOPK | im.FLAG_ROUTER_SIGMOID | im.FLAG_ROUTER_BIAS | im.FLAG_SHARED_PLAIN
+                         | im.FLAG_ROPE_PAIRS, moe=(False, True), dense=10, shared=5, experts=4,
+                         mla=dict(head_dim=6, q_lora_rank=4, kv_lora_rank=5, rope_dim=2, v_head_dim=3, n_group=2,
+                                  topk_group=1, group_top=2, routed_scale=2.5, attn_scale=0.3)),
+        "deepseek-q4_0": dict(flags=im.FLAG_ROPE_PAIRS, moe=(True, True), dtype=DType.Q4_0, kv=1,
+                              mla=dict(head_dim=6, kv_lora_rank=5, rope_dim=2, v_head_dim=7)),
     }
     out = FUZZ / "corpus" / "image"
     out.mkdir(parents=True, exist_ok=True)
     for name, v in variants.items():
         experts = v.get("experts", 3)
-        dims = im.ModelDims(vocab_size=11, hidden_size=8, ffn_size=6 if experts else 0, n_layers=2, n_heads=2,
-                            n_kv_heads=1, head_dim=4, n_experts=experts, top_k=2 if experts else 0, max_seq=6,
-                            rms_norm_eps=1e-5, rope_theta=10000.0, flags=v["flags"], dense_ffn_size=v.get("dense", 0),
-                            shared_ffn_size=v.get("shared", 0), clip_qkv=v.get("clip", 0.0), moe_layers=v["moe"],
-                            kv_dtype=v.get("kv", 0))
+        dims = im.ModelDims(**{**dict(
+            vocab_size=11, hidden_size=8, ffn_size=6 if experts else 0, n_layers=2, n_heads=2, n_kv_heads=1,
+            head_dim=4, n_experts=experts, top_k=2 if experts else 0, max_seq=6, rms_norm_eps=1e-5, rope_theta=10000.0,
+            flags=v["flags"], dense_ffn_size=v.get("dense", 0), shared_ffn_size=v.get("shared", 0),
+            clip_qkv=v.get("clip", 0.0), moe_layers=v["moe"], kv_dtype=v.get("kv", 0)), **v.get("mla", {})})
         tensors = {}
         for role, layer, expert in im.canonical_order(dims):
             if layer == im.NO_INDEX or dims.present(role, layer):
                 t = rng.normal(0, 0.5, im.expected_shape(dims, role)).astype(np.float32)
                 tensors[(role, layer, expert)] = convert(t, v.get("dtype", DType.F32) if t.ndim == 2 else DType.F32)
-        inv = 1.0 / (10000.0 ** (np.arange(0, 4, 2) / 4))
+        inv = 1.0 / (10000.0 ** (np.arange(0, dims.rope_width, 2) / dims.rope_width))
         cos, sin = tables(inv, 1.0, dims.max_seq)
         tensors[(im.Role.ROPE_COS, im.NO_INDEX, im.NO_INDEX)] = cos
         tensors[(im.Role.ROPE_SIN, im.NO_INDEX, im.NO_INDEX)] = sin

@@ -5,6 +5,7 @@ users' files; they need neither llama.cpp nor this script.
 
   python tools/make_gguf_fixtures.py                 # rewrites tests/fixtures/gguf/*.gguf
   python tools/make_gguf_fixtures.py --sdist DIR     # the llama-cpp-python sdist, unpacked or .tar.gz
+  python tools/make_gguf_fixtures.py --only deepseek3 # rewrite only the files whose names contain this
 
 Two sets:
 - mixtral-<type>.gguf: one small Mixtral-architecture model in every common storage type, written by
@@ -53,6 +54,13 @@ CONVERTED = [
     ("qwen2moe", "Qwen2MoeForCausalLM", dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
      shared_expert_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
      num_experts=4, num_experts_per_tok=2), "f16", "Q4_K_M"),
+    # DeepSeek-V3 as its released config states it (scoring_func, topk_method: the converter writes the
+    # gating function only from scoring_func), MLA with a q-LoRA, grouped routing, a dense first layer
+    ("deepseek3", "DeepseekV3ForCausalLM", dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4, num_experts_per_tok=2,
+     n_group=2, topk_group=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32,
+     qk_rope_head_dim=16, v_head_dim=32, n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+     scoring_func="sigmoid", topk_method="noaux_tc"), "q8_0", None),
 ]
 
 
@@ -84,6 +92,9 @@ def convert(llama_cpp_dir: Path, family: str, arch: str, config: dict, outtype: 
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.3 * torch.randn_like(p))
+        for name, b in model.named_buffers():  # and a router bias that changes which experts are chosen
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.5 * torch.randn_like(b))
     checkpoint = tmp / f"converted-{family}"
     model.save_pretrained(checkpoint)
     tokenizer.save_pretrained(checkpoint)
@@ -111,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sdist", type=Path, help="llama-cpp-python's sdist (.tar.gz or unpacked; default: "
                                                 "pip download of the installed version)")
+    ap.add_argument("--only", metavar="TEXT", help="write only the fixtures whose names contain TEXT")
     args = ap.parse_args(argv)
+    wanted = lambda name: args.only is None or args.only in name  # noqa: E731
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
@@ -125,10 +138,14 @@ def main(argv: list[str] | None = None) -> int:
         f32 = hf_to_gguf(make_source(Path(tmp) / "checkpoint"), Path(tmp) / "f32.gguf", placeholder_vocab=True)
         for name in TYPES:
             dst = OUT / f"mixtral-{name.lower()}.gguf"
+            if not wanted(dst.name):
+                continue
             quantize(f32, dst, name)
             print(f"{dst.relative_to(ROOT)}: {dst.stat().st_size:,} bytes")
         llama_cpp_dir = llama_cpp_sources(args.sdist, Path(tmp))
         for family, arch, config, outtype, ftype in CONVERTED:
+            if not wanted(f"converted-{family}"):
+                continue
             dst = convert(llama_cpp_dir, family, arch, config, outtype, ftype, Path(tmp))
             print(f"{dst.relative_to(ROOT)}: {dst.stat().st_size:,} bytes")
     return 0

@@ -31,16 +31,20 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
     a.tensors = reserve_bytes(&p, d->n_tensors, TENSOR_REF_BYTES);
     a.x = reserve(&p, d->dim);
     a.xn = reserve(&p, d->dim);
+    const int mla = COLIBRI_DEEPSEEK && d->kv_lora != 0;
     a.q = reserve(&p, d->q_dim);
+    a.q_a = mla ? reserve(&p, d->q_lora) : 0; /* MLA's buffers: none for standard attention */
     a.k_new = reserve(&p, d->kv_dim);
-    a.v_new = reserve(&p, d->kv_dim);
-    a.attn_out = reserve(&p, d->q_dim);
+    a.v_new = mla ? 0 : reserve(&p, d->kv_dim);
+    a.q_att = mla ? reserve(&p, (uint64_t)d->n_heads * d->att_dim) : 0;
+    a.attn_out = reserve(&p, (uint64_t)d->n_heads * d->val_dim);
+    a.o_in = mla ? reserve(&p, d->o_dim) : 0;
     a.att = reserve(&p, (uint64_t)d->n_heads * d->max_seq);
     a.ffn_gate = reserve(&p, d->ffn_max);
     a.ffn_up = reserve(&p, d->ffn_max);
     a.ffn_out = reserve(&p, d->dim);
     a.moe_out = reserve(&p, d->dim);
-    a.router = reserve(&p, d->n_experts);
+    a.router = reserve(&p, 2ull * d->n_experts + d->n_group); /* scores, choice scores, group scores */
     a.topk_weight = reserve(&p, d->top_k);
     a.topk_index = reserve(&p, d->top_k);
     a.topk_cycles = reserve(&p, 2ull * d->top_k); /* u64s; every buffer starts 64-byte aligned */
@@ -54,7 +58,7 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
     a.hq_scale = reserve(&p, d->in_blocks);
     a.hq_sum = reserve(&p, d->in_blocks);
     a.k_cache = reserve_bytes(&p, kv_cache, d->kv_dtype == KV_F16 ? 2 : 4);
-    a.v_cache = reserve_bytes(&p, kv_cache, d->kv_dtype == KV_F16 ? 2 : 4);
+    a.v_cache = mla ? 0 : reserve_bytes(&p, kv_cache, d->kv_dtype == KV_F16 ? 2 : 4);
     if (p.overflow || p.offset > (uint64_t)SIZE_MAX) return COLIBRI_E_IMAGE_DIMS;
     if (out) *out = a;
     *total = p.offset;
@@ -68,10 +72,14 @@ uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_b
     b.n = tokens;
     b.x = reserve(&p, n * d->dim);
     b.xn = reserve(&p, n * d->dim);
+    const int mla = COLIBRI_DEEPSEEK && d->kv_lora != 0;
     b.q = reserve(&p, n * d->q_dim);
+    b.q_a = mla ? reserve(&p, n * d->q_lora) : 0; /* MLA's buffers: none for standard attention */
     b.k = reserve(&p, n * d->kv_dim);
-    b.v = reserve(&p, n * d->kv_dim);
-    b.attn_out = reserve(&p, n * d->q_dim);
+    b.v = mla ? 0 : reserve(&p, n * d->kv_dim);
+    b.q_att = mla ? reserve(&p, n * d->n_heads * d->att_dim) : 0;
+    b.attn_out = reserve(&p, n * d->n_heads * d->val_dim);
+    b.o_in = mla ? reserve(&p, n * d->o_dim) : 0;
     b.moe_out = reserve(&p, n * d->dim);
     b.gate = reserve(&p, n * d->ffn_max);
     b.up = reserve(&p, n * d->ffn_max);

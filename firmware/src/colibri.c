@@ -55,7 +55,6 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     arena_plan(&d, arena, &a, &total); /* cannot fail: image_verify() ran the same plan */
     *c = (colibri_ctx){ .kernels = kernels_select(), .image = image, .info = info, .d = d, .a = a };
     tensors_resolve(table, d.n_tensors, a.tensors); /* the last read of the table */
-    c->attn_scale = 1.0f / SQRTF((float)d.head_dim);
     if (opts) c->opts = *opts;
     if (batch) batch_plan(&d, batch, (uint8_t *)arena + total, &c->batch); /* after the plan: no cache with a batch */
     if (slots) { /* the cache follows the plan: slot bookkeeping, then the slots */
@@ -182,7 +181,7 @@ const char *colibri_strerror(colibri_status s) {
         [COLIBRI_E_IMAGE_BOUNDS] = "tensor out of bounds or misaligned",
         [COLIBRI_E_IMAGE_DTYPE] = "tensor dtype not supported by this build",
         [COLIBRI_E_IMAGE_PLAN] = "image arena plan disagrees with runtime",
-        [COLIBRI_E_UNSUPPORTED] = "unsupported architecture or flag",
+        [COLIBRI_E_UNSUPPORTED] = "unsupported architecture or feature (or one this build leaves out)",
         [COLIBRI_E_TOKEN_RANGE] = "token id out of range",
         [COLIBRI_E_SEQ_FULL] = "sequence longer than the image's max_seq",
         [COLIBRI_E_NO_LOGITS] = "no logits yet: feed a token first",

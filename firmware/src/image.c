@@ -37,7 +37,8 @@ enum {
     H_ENTRY_BYTES = 100, H_DATA_OFFSET = 104, H_ARENA_BYTES = 112, H_EXPERT_ALIGN = 120,
     H_DENSE_FFN = 124, H_SHARED_FFN = 128, H_CLIP_QKV = 132, H_KV_DTYPE = 136, H_EXPERT_OFFSET = 140,
     H_EXPERT_CRC_OFFSET = 148, H_META_OFFSET = 156, H_META_BYTES = 164, H_META_CRC = 172, H_SLIDING_WINDOW = 176,
-    H_WINDOW_LAYERS = 180, H_RESERVED = 244
+    H_WINDOW_LAYERS = 180, H_Q_LORA = 244, H_KV_LORA = 248, H_ROPE_DIM = 252, H_V_HEAD_DIM = 256, H_ATTN_SCALE = 260,
+    H_N_GROUP = 264, H_TOPK_GROUP = 268, H_GROUP_TOP = 272, H_ROUTED_SCALE = 276, H_RESERVED = 280
 };
 /* Tensor table entry field offsets (docs/FORMAT.md, "Tensor table"). */
 enum {
@@ -75,6 +76,57 @@ void tensors_resolve(const uint8_t *table, uint32_t n_tensors, tensor_ref *refs)
     }
 }
 
+/* A scale the math multiplies by: finite and positive (rejects NaN). */
+static int scale_ok(float s) { return s > 0.0f && s < 3.0e38f; }
+
+/* The attention's widths. Standard attention: RoPE over the whole head, values a head wide. MLA: one
+ * latent shared by every head (n_kv_heads 1), RoPE on the last rope_dim dims of a q/k head, none of the
+ * options standard attention has (biases, q/k norms, clipping). Nonzero: the dimensions are invalid. */
+static int attention_dims(const uint8_t *h, model_dims *d) {
+    d->q_lora = rd32(h + H_Q_LORA);
+    d->kv_lora = rd32(h + H_KV_LORA);
+    d->rope_dim = rd32(h + H_ROPE_DIM);
+    d->v_head_dim = rd32(h + H_V_HEAD_DIM);
+    d->attn_scale = rdf32(h + H_ATTN_SCALE);
+    const uint32_t hd = d->head_dim, H = d->n_heads;
+    if (!scale_ok(d->attn_scale) || (uint64_t)H * hd > IMG_MAX_DIM) return 1;
+    d->q_dim = H * hd;
+    d->o_dim = H * d->v_head_dim; /* checked below */
+    if (!COLIBRI_DEEPSEEK || d->kv_lora == 0) { /* without them, read_dims refuses kv_lora > 0 */
+        d->kv_dim = d->n_kv_heads * hd; /* <= n_heads * hd */
+        d->att_dim = d->val_dim = hd;
+        return d->q_lora || d->rope_dim != hd || d->v_head_dim != hd;
+    }
+    const uint32_t options = IMG_FLAG_QKV_BIAS | IMG_FLAG_O_BIAS | IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL;
+    if (d->n_kv_heads != 1 || (d->flags & options) || d->clip_qkv != 0.0f || d->rope_dim % 2 || d->rope_dim == 0 ||
+        d->rope_dim >= hd || d->q_lora > IMG_MAX_DIM || d->kv_lora > IMG_MAX_DIM || d->v_head_dim == 0 ||
+        d->v_head_dim > IMG_MAX_DIM)
+        return 1;
+    d->kv_dim = d->att_dim = d->kv_lora + d->rope_dim; /* both <= 2^24: no wrap */
+    d->val_dim = d->kv_lora;
+    const uint64_t widths[] = { (uint64_t)H * d->att_dim, (uint64_t)H * d->v_head_dim, d->kv_dim };
+    for (unsigned i = 0; i < sizeof widths / sizeof widths[0]; i++)
+        if (widths[i] > IMG_MAX_DIM) return 1;
+    return 0;
+}
+
+/* Group-limited routing: n_group equal groups (at most 64: the router ranks them pairwise), topk_group of
+ * them kept, a group scored by its best group_top scores, and enough experts kept for top_k. Without
+ * experts: all 1. Nonzero: invalid. */
+static int routing_dims(const uint8_t *h, model_dims *d) {
+    d->n_group = rd32(h + H_N_GROUP);
+    d->topk_group = rd32(h + H_TOPK_GROUP);
+    d->group_top = rd32(h + H_GROUP_TOP);
+    d->routed_scale = rdf32(h + H_ROUTED_SCALE);
+    if (!COLIBRI_DEEPSEEK) return d->topk_group != 1 || d->group_top != 1 || d->routed_scale != 1.0f; /* n_group 1 */
+    if (!scale_ok(d->routed_scale) || d->n_group == 0 || d->n_group > IMG_MAX_TOP_K || d->topk_group == 0 || d->topk_group > d->n_group)
+        return 1;
+    if (!d->n_experts) return d->n_group != 1 || d->topk_group != 1 || d->group_top != 1;
+    if (d->n_experts % d->n_group) return 1;
+    const uint32_t per_group = d->n_experts / d->n_group;
+    return d->group_top == 0 || d->group_top > per_group || d->top_k > d->topk_group * per_group;
+}
+
 static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     if (rd32(h + H_ARCH) != IMG_ARCH_MOE) return COLIBRI_E_UNSUPPORTED;
     d->vocab = rd32(h + H_VOCAB);
@@ -107,19 +159,25 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     if (d->n_experts > IMG_MAX_EXPERTS || d->top_k > IMG_MAX_TOP_K) return COLIBRI_E_IMAGE_DIMS;
     if (!(d->eps > 0.0f && d->eps < 1.0f) || !(d->clip_qkv >= 0.0f && d->clip_qkv < 3.0e38f)) /* rejects NaN */
         return COLIBRI_E_IMAGE_DIMS;
-    uint64_t q_dim = (uint64_t)d->n_heads * d->head_dim, kv_dim = (uint64_t)d->n_kv_heads * d->head_dim;
-    if (q_dim > IMG_MAX_DIM || kv_dim > IMG_MAX_DIM) return COLIBRI_E_IMAGE_DIMS;
-    d->q_dim = (uint32_t)q_dim;
-    d->kv_dim = (uint32_t)kv_dim;
+    if (d->flags & ~IMG_KNOWN_FLAGS) return COLIBRI_E_UNSUPPORTED;
+    if (!COLIBRI_DEEPSEEK && (rd32(h + H_KV_LORA) || rd32(h + H_N_GROUP) != 1 ||
+                              (d->flags & (IMG_FLAG_ROUTER_SIGMOID | IMG_FLAG_ROUTER_BIAS | IMG_FLAG_ROPE_PAIRS))))
+        return COLIBRI_E_UNSUPPORTED; /* a build without DeepSeek's mechanisms */
+    if (attention_dims(h, d) || routing_dims(h, d)) return COLIBRI_E_IMAGE_DIMS;
     d->ffn_max = d->ffn > d->dense_ffn ? d->ffn : d->dense_ffn;
     if (d->shared_ffn > d->ffn_max) d->ffn_max = d->shared_ffn;
-    uint32_t in_max = d->dim > d->q_dim ? d->dim : d->q_dim;
+    uint32_t in_max = d->dim > d->q_dim ? d->dim : d->q_dim; /* the longest row: every matrix's columns */
     if (d->ffn_max > in_max) in_max = d->ffn_max;
+    if (COLIBRI_DEEPSEEK) {
+        const uint32_t mla_inputs[] = { d->q_lora, d->kv_lora, d->o_dim };
+        for (unsigned i = 0; i < sizeof mla_inputs / sizeof mla_inputs[0]; i++)
+            if (mla_inputs[i] > in_max) in_max = mla_inputs[i];
+    }
     d->in_blocks = (in_max + QBLOCK - 1) / QBLOCK;
-    if (d->flags & ~IMG_KNOWN_FLAGS) return COLIBRI_E_UNSUPPORTED;
     if ((d->flags & IMG_FLAG_QK_NORM_HEAD) && (d->flags & IMG_FLAG_QK_NORM_FULL)) return COLIBRI_E_UNSUPPORTED;
-    if (!(d->flags & IMG_FLAG_SHARED_EXPERT) != !d->shared_ffn || (d->shared_ffn && !d->n_experts))
-        return COLIBRI_E_IMAGE_DIMS;
+    const uint32_t shared = d->flags & (IMG_FLAG_SHARED_EXPERT | IMG_FLAG_SHARED_PLAIN);
+    if (shared == (IMG_FLAG_SHARED_EXPERT | IMG_FLAG_SHARED_PLAIN)) return COLIBRI_E_UNSUPPORTED;
+    if (!shared != !d->shared_ffn || (d->shared_ffn && !d->n_experts)) return COLIBRI_E_IMAGE_DIMS;
     /* a window: 1 <= W < max_seq and at least one windowed layer, no bit past the last layer; none: no bit */
     d->window = rd32(h + H_SLIDING_WINDOW);
     uint32_t windowed = 0;
@@ -138,6 +196,20 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
 /* The (role, layer, expert) the canonical table order puts at index i, and its shape; ndims 0
  * means the slot must be empty. `moe` says whether layer s->layer has routed experts. */
 typedef struct { uint32_t role, layer, expert, ndims, dim0, dim1; } tensor_spec;
+
+/* An MLA slot's shape (cols stays 0 for a vector); whether the model has it: the q-LoRA's three only with
+ * a q_lora_rank. */
+static int mla_shape(const model_dims *d, uint32_t role, uint32_t *rows, uint32_t *cols) {
+    switch (role) {
+    case ROLE_WQ_A: *rows = d->q_lora; *cols = d->dim; return d->q_lora != 0;
+    case ROLE_Q_A_NORM: *rows = d->q_lora; return d->q_lora != 0;
+    case ROLE_WQ_B: *rows = d->q_dim; *cols = d->q_lora; return d->q_lora != 0;
+    case ROLE_WKV_A: *rows = d->kv_dim; *cols = d->dim; return 1;
+    case ROLE_KV_A_NORM: *rows = d->kv_lora; return 1;
+    case ROLE_WK_B: *rows = d->n_heads * d->kv_lora; *cols = d->head_dim - d->rope_dim; return 1;
+    default: *rows = d->o_dim; *cols = d->kv_lora; return 1; /* ROLE_WV_B */
+    }
+}
 
 static void spec_for(const model_dims *d, uint32_t i, int moe, tensor_spec *s) {
     const uint32_t per_layer = LAYER_FIXED + TENSORS_PER_EXPERT * d->n_experts;
@@ -158,16 +230,19 @@ static void spec_for(const model_dims *d, uint32_t i, int moe, tensor_spec *s) {
         s->role = ROLE_OUTPUT_NORM + (i - TENSORS_BEFORE_LAYERS - per_layer * d->n_layers);
     }
     const uint32_t D = d->dim, f = d->flags;
-    const int shared = moe && (f & IMG_FLAG_SHARED_EXPERT), qk_norm = (f & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) != 0;
+    const int mla = COLIBRI_DEEPSEEK && d->kv_lora != 0, q_lora = mla && d->q_lora != 0;
+    const int shared = moe && (f & (IMG_FLAG_SHARED_EXPERT | IMG_FLAG_SHARED_PLAIN)), qk_norm = (f & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) != 0;
     const int head_norm = (f & IMG_FLAG_QK_NORM_HEAD) != 0;
     uint32_t rows = 0, cols = 0, present = 1; /* cols 0: a vector (norm weights, biases) */
     switch (s->role) {
     case ROLE_TOKEN_EMBD: case ROLE_LM_HEAD: rows = d->vocab; cols = D; break;
-    case ROLE_ROPE_COS: case ROLE_ROPE_SIN: rows = d->max_seq; cols = d->head_dim / 2; break;
+    case ROLE_ROPE_COS: case ROLE_ROPE_SIN: rows = d->max_seq; cols = d->rope_dim / 2; break;
     case ROLE_ATTN_NORM: case ROLE_FFN_NORM: case ROLE_OUTPUT_NORM: rows = D; break;
-    case ROLE_WQ: rows = d->q_dim; cols = D; break;
-    case ROLE_WK: case ROLE_WV: rows = d->kv_dim; cols = D; break;
-    case ROLE_WO: rows = D; cols = d->q_dim; break;
+    case ROLE_WQ: rows = d->q_dim; cols = D; present = !q_lora; break;
+    case ROLE_WK: case ROLE_WV: rows = d->kv_dim; cols = D; present = !mla; break;
+    case ROLE_WO: rows = D; cols = d->o_dim; break;
+    case ROLE_WQ_A: case ROLE_Q_A_NORM: case ROLE_WQ_B: case ROLE_WKV_A: case ROLE_KV_A_NORM: case ROLE_WK_B:
+    case ROLE_WV_B: present = mla && mla_shape(d, s->role, &rows, &cols); break;
     case ROLE_BQ: rows = d->q_dim; present = (f & IMG_FLAG_QKV_BIAS) != 0; break;
     case ROLE_BK: case ROLE_BV: rows = d->kv_dim; present = (f & IMG_FLAG_QKV_BIAS) != 0; break;
     case ROLE_BO: rows = D; present = (f & IMG_FLAG_O_BIAS) != 0; break;
@@ -176,9 +251,10 @@ static void spec_for(const model_dims *d, uint32_t i, int moe, tensor_spec *s) {
     case ROLE_DENSE_GATE: case ROLE_DENSE_UP: rows = d->dense_ffn; cols = D; present = !moe; break;
     case ROLE_DENSE_DOWN: rows = D; cols = d->dense_ffn; present = !moe; break;
     case ROLE_ROUTER: rows = d->n_experts; cols = D; present = moe; break;
+    case ROLE_ROUTER_BIAS: rows = d->n_experts; present = COLIBRI_DEEPSEEK && moe && (f & IMG_FLAG_ROUTER_BIAS); break;
     case ROLE_SHARED_GATE: case ROLE_SHARED_UP: rows = d->shared_ffn; cols = D; present = shared; break;
     case ROLE_SHARED_DOWN: rows = D; cols = d->shared_ffn; present = shared; break;
-    case ROLE_SHARED_EXPERT_GATE: rows = 1; cols = D; present = shared; break;
+    case ROLE_SHARED_EXPERT_GATE: rows = 1; cols = D; present = moe && (f & IMG_FLAG_SHARED_EXPERT); break;
     case ROLE_EXPERT_GATE: case ROLE_EXPERT_UP: rows = d->ffn; cols = D; present = moe; break;
     case ROLE_EXPERT_DOWN: rows = D; cols = d->ffn; present = moe; break;
     default: break;

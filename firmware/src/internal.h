@@ -4,9 +4,9 @@
 
 #include "colibri.h"
 
-/* ---- image format v3 (docs/FORMAT.md) ---- */
-#define IMG_VERSION 3u
-#define IMG_HEADER_BYTES 256u
+/* ---- image format v4 (docs/FORMAT.md) ---- */
+#define IMG_VERSION 4u
+#define IMG_HEADER_BYTES 384u
 #define IMG_ENTRY_BYTES 64u
 #define IMG_ALIGN 64u
 #define IMG_ARCH_MOE 1u
@@ -16,19 +16,31 @@
 #define IMG_FLAG_QK_NORM_HEAD (1u << 3)  /* RMSNorm per head of q and k */
 #define IMG_FLAG_QK_NORM_FULL (1u << 4)  /* RMSNorm across the whole q and k projections */
 #define IMG_FLAG_SHARED_EXPERT (1u << 5) /* sigmoid-gated shared expert in MoE layers */
-#define IMG_KNOWN_FLAGS 0x3Fu
+#define IMG_FLAG_ROUTER_SIGMOID (1u << 6) /* router scores are sigmoid(logits), not a softmax */
+#define IMG_FLAG_ROUTER_BIAS (1u << 7)    /* ROUTER_BIAS added to the scores to choose experts, not to weigh them */
+#define IMG_FLAG_SHARED_PLAIN (1u << 8)   /* ungated shared expert in MoE layers */
+#define IMG_FLAG_ROPE_PAIRS (1u << 9)     /* RoPE rotates adjacent pairs, not the two halves of a head */
+#define IMG_KNOWN_FLAGS 0x3FFu
 #define IMG_NO_INDEX 0xFFFFFFFFu
 #define IMG_MAX_DIM (1u << 24) /* any single dimension; keeps every product of two in 64 bits */
 #define IMG_WINDOW_LAYER_BYTES 64u /* the header's window_layers bitmap: layers 0..511 */
 #define IMG_MAX_EXPERTS 1024u  /* routed experts per layer (DeepSeek-V3 has 256): bounds the router's work */
 #define IMG_MAX_TOP_K 64u      /* experts per token */
 
+/* DeepSeek's mechanisms: multi-head latent attention and the sigmoid, biased, group-limited router. On by
+ * default; `scons deepseek=no` defines it 0, which leaves their code out (2.3 KiB on a Cortex-M4: the
+ * runtime fits 16 KiB again) and refuses an image that needs them (COLIBRI_E_UNSUPPORTED). Plain `if`s
+ * on it, not #if: both builds compile every line. */
+#ifndef COLIBRI_DEEPSEEK
+#define COLIBRI_DEEPSEEK 1
+#endif
+
 enum tensor_role {
     ROLE_TOKEN_EMBD = 1, ROLE_ROPE_COS, ROLE_ROPE_SIN,
     /* per layer, in table order */
     ROLE_ATTN_NORM, ROLE_WQ, ROLE_BQ, ROLE_WK, ROLE_BK, ROLE_WV, ROLE_BV, ROLE_WO, ROLE_BO,
-    ROLE_Q_NORM, ROLE_K_NORM, ROLE_FFN_NORM, ROLE_DENSE_GATE, ROLE_DENSE_UP, ROLE_DENSE_DOWN,
-    ROLE_ROUTER, ROLE_SHARED_GATE, ROLE_SHARED_UP, ROLE_SHARED_DOWN, ROLE_SHARED_EXPERT_GATE,
+    ROLE_Q_NORM, ROLE_K_NORM, ROLE_WQ_A, ROLE_Q_A_NORM, ROLE_WQ_B, ROLE_WKV_A, ROLE_KV_A_NORM, ROLE_WK_B, ROLE_WV_B,
+    ROLE_FFN_NORM, ROLE_DENSE_GATE, ROLE_DENSE_UP, ROLE_DENSE_DOWN, ROLE_ROUTER, ROLE_ROUTER_BIAS, ROLE_SHARED_GATE, ROLE_SHARED_UP, ROLE_SHARED_DOWN, ROLE_SHARED_EXPERT_GATE,
     /* per expert of a layer */
     ROLE_EXPERT_GATE, ROLE_EXPERT_UP, ROLE_EXPERT_DOWN,
     ROLE_OUTPUT_NORM, ROLE_LM_HEAD
@@ -53,7 +65,14 @@ typedef struct {
     uint32_t window;                /* sliding window W of the windowed layers (0: none), 1 <= W < max_seq */
     uint8_t window_layers[IMG_WINDOW_LAYER_BYTES]; /* bit l % 8 of byte l / 8: layer l is windowed (a copy:
                                                     * the KV plan must not follow an image that changes) */
-    uint32_t q_dim, kv_dim, ffn_max;
+    /* Multi-head latent attention when kv_lora > 0 (DeepSeek): head_dim is a q/k head (nope + rope_dim), the
+     * KV cache holds the normed latent and the rotated rope part per position, and values are the latent. */
+    uint32_t q_lora, kv_lora, rope_dim, v_head_dim; /* q_lora 0: q = Wq x; rope_dim: the last dims of a head */
+    float attn_scale;                               /* the softmax scale, as the host computed it */
+    uint32_t n_group, topk_group, group_top;        /* group-limited routing (n_group 1: none) */
+    float routed_scale;                             /* times the routed experts' weights */
+    uint32_t q_dim, kv_dim, ffn_max;                /* kv_dim: one position's K cache row */
+    uint32_t att_dim, val_dim, o_dim;               /* per head: what attention dots and sums; Wo's input */
     uint32_t in_blocks;             /* blocks of QBLOCK in the longest matvec input (for the quantized x) */
     uint32_t n_tensors;             /* table entries: 3 + n_layers * (LAYER_FIXED + 3 * n_experts) + 2 */
     /* the two tiers: set by image_verify() from the header and the table */
@@ -74,7 +93,7 @@ static inline uint32_t kv_rows(const model_dims *d, uint32_t layer) {
 }
 
 /* ---- the work arena (mirrors arena_plan() in colibri/image.py) ---- */
-#define ARENA_CTX_BYTES 1024u
+#define ARENA_CTX_BYTES 1280u
 
 /* One table entry as open() decoded and bounds-checked it: the forward pass reads these, never the
  * image's table, so an image that changes after open can change values but never where reads go.
@@ -90,7 +109,8 @@ typedef struct {
 
 typedef struct {
     tensor_ref *tensors; /* every table entry, decoded at open */
-    float *x, *xn, *q, *k_new, *v_new, *attn_out, *att, *ffn_gate, *ffn_up, *ffn_out, *moe_out, *router, *topk_weight;
+    float *x, *xn, *q, *q_a, *k_new, *v_new, *q_att, *attn_out, *o_in, *att, *ffn_gate, *ffn_up, *ffn_out, *moe_out;
+    float *router, *topk_weight; /* router: the experts' scores, then their choice scores */
     uint32_t *topk_index;
     uint64_t *topk_cycles; /* for the trace hook */
     float *logits, *probs;
@@ -101,7 +121,7 @@ typedef struct {
     int8_t *xq, *hq;
     float *xq_scale, *hq_scale;
     int32_t *xq_sum, *hq_sum;
-    void *k_cache, *v_cache; /* f32 or f16 (the image's kv_dtype) */
+    void *k_cache, *v_cache; /* f32 or f16 (the image's kv_dtype); MLA has no v_cache */
 } arena_buffers;
 
 /* Total arena bytes for `d` in *total; if base != NULL also point `out` into base. Returns
@@ -113,7 +133,7 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
  * at t times the vector's length (dim, q_dim, kv_dim, ffn_max, top_k, in_blocks blocks). */
 typedef struct {
     uint32_t n;
-    float *x, *xn, *q, *k, *v, *attn_out, *moe_out, *gate, *up, *ffn_out;
+    float *x, *xn, *q, *q_a, *k, *v, *q_att, *attn_out, *o_in, *moe_out, *gate, *up, *ffn_out;
     float *gx;                 /* the xn rows of one expert's tokens, gathered */
     float *expert_out;         /* a batch's routed expert outputs per (token, rank); NULL for one token */
     float *scalar;             /* one float per token (the shared expert's gate) */
@@ -196,7 +216,6 @@ struct colibri_ctx {
     const uint8_t *image;
     colibri_image_info info;
     model_dims d;
-    float attn_scale;
     arena_buffers a;
     colibri_options opts;
     uint32_t pos;        /* tokens in the KV cache */
@@ -302,7 +321,6 @@ ALWAYS_INLINE float dot_blocks(const void *w, const uint16_t *w_scale, const q8_
 }
 void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
 void softmax(float *x, uint32_t n);
-void rope(float *v, uint32_t n_heads, uint32_t head_dim, const float *cos, const float *sin);
 
 /* Where routed expert (layer, expert)'s block starts in the image, and its bytes (gate to end of down). */
 void expert_block(const colibri_ctx *c, uint32_t layer, uint32_t expert, uint64_t *offset, uint64_t *bytes);

@@ -210,16 +210,3 @@ void softmax(float *x, uint32_t n) {
     }
     for (uint32_t i = 0; i < n; i++) x[i] /= sum;
 }
-
-/* Rotate-half RoPE on n_heads vectors of head_dim, with this position's cos/sin rows. */
-void rope(float *v, uint32_t n_heads, uint32_t head_dim, const float *cos, const float *sin) {
-    uint32_t half = head_dim / 2;
-    for (uint32_t h = 0; h < n_heads; h++) {
-        float *x = v + (size_t)h * head_dim;
-        for (uint32_t i = 0; i < half; i++) {
-            float a = x[i], b = x[i + half];
-            x[i] = a * cos[i] - b * sin[i];
-            x[i + half] = b * cos[i] + a * sin[i];
-        }
-    }
-}

@@ -40,6 +40,18 @@ static weight matrix_in(const colibri_ctx *c, uint32_t index, const uint8_t *blo
 }
 static weight matrix(const colibri_ctx *c, uint32_t index) { return matrix_in(c, index, c->image, 0); }
 
+/* Rows [r0, r0 + n) of w, as a matrix of their own (one head's part of a per-head projection). */
+static weight weight_rows(const weight *w, uint32_t r0, uint32_t n) {
+    static const uint8_t elem_bytes[DTYPE_COUNT] = { 4, 2, 2, 1, 0 }; /* Q4_0: half a byte, below */
+    const size_t row_bytes = w->dtype == DTYPE_Q4_0 ? (size_t)w->blocks * (QBLOCK / 2)
+                             : w->dtype == DTYPE_Q8_0 ? (size_t)w->blocks * QBLOCK : (size_t)w->cols * elem_bytes[w->dtype];
+    weight part = *w;
+    part.rows = n;
+    part.data = (const uint8_t *)w->data + r0 * row_bytes;
+    if (w->scales) part.scales = w->scales + (size_t)r0 * w->blocks;
+    return part;
+}
+
 
 /* ---- the tokens of one pass ---- */
 
@@ -51,8 +63,8 @@ static token_buffers tokens_in(colibri_ctx *c, uint32_t n) {
         return tb;
     }
     arena_buffers *a = &c->a;
-    return (token_buffers){ .n = 1, .x = a->x, .xn = a->xn, .q = a->q, .k = a->k_new, .v = a->v_new,
-                            .attn_out = a->attn_out, .moe_out = a->moe_out, .gate = a->ffn_gate, .up = a->ffn_up,
+    return (token_buffers){ .n = 1, .x = a->x, .xn = a->xn, .q = a->q, .q_a = a->q_a, .k = a->k_new, .v = a->v_new,
+                            .q_att = a->q_att, .attn_out = a->attn_out, .o_in = a->o_in, .moe_out = a->moe_out, .gate = a->ffn_gate, .up = a->ffn_up,
                             .ffn_out = a->ffn_out, .gx = a->ffn_out, .expert_out = 0, .scalar = a->router, .topk_index = a->topk_index,
                             .topk_weight = a->topk_weight, .group = c->one_group, .xq = a->xq, .xq_scale = a->xq_scale,
                             .xq_sum = a->xq_sum, .hq = a->hq, .hq_scale = a->hq_scale, .hq_sum = a->hq_sum };
@@ -287,53 +299,56 @@ static size_t kv_layer_base(const model_dims *d, uint32_t layer) {
     return rows * d->kv_dim;
 }
 
-/* Token t's attention at position pos: q/k norms, clipping, RoPE, its k and v into the cache, then
- * softmax(q K^T / sqrt(d)) V over positions first..pos into out, oldest first: first is 0, or with a
- * sliding window the oldest position the ring still holds. Tokens of a batch attend one after another,
- * so a later token's row never overwrites one an earlier token still reads. */
-static void attend(colibri_ctx *c, uint32_t layer, size_t layer_base, uint32_t pos, float *q_all, float *k_cur,
-                   float *v_cur, float *out_all) {
+/* softmax(q K^T * scale) V for every head of the token at position pos, over the positions its layer's
+ * cache still holds, oldest first (with a sliding window the ring's oldest row comes first). Head h's
+ * query (att_dim wide, at q_all + h * att_dim) meets its KV head's key rows; its output is val_dim wide.
+ * MLA has one KV head whose key row starts with the latent, and the latent is the value (no V cache). */
+static void attend_heads(colibri_ctx *c, uint32_t layer, size_t layer_base, uint32_t pos, const float *q_all,
+                         float *out_all) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
-    const uint32_t hd = d->head_dim, group = d->n_heads / d->n_kv_heads, rows = kv_rows(d, layer);
+    const uint32_t kd = d->att_dim, vd = d->val_dim, group = d->n_heads / d->n_kv_heads, rows = kv_rows(d, layer);
     const uint32_t first = pos >= rows ? pos - rows + 1 : 0, seen = pos - first + 1, first_row = first % rows;
-    if (d->flags & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) {
-        qk_norm(c, q_all, d->n_heads, layer_w(c, layer, ROLE_Q_NORM));
-        qk_norm(c, k_cur, d->n_kv_heads, layer_w(c, layer, ROLE_K_NORM));
-    }
-    if (d->clip_qkv > 0.0f) {
-        clip(q_all, d->q_dim, d->clip_qkv);
-        clip(k_cur, d->kv_dim, d->clip_qkv);
-        clip(v_cur, d->kv_dim, d->clip_qkv);
-    }
-    const float *cos = tensor(c, global_tensor_index(d, ROLE_ROPE_COS)) + (size_t)pos * (hd / 2);
-    const float *sin = tensor(c, global_tensor_index(d, ROLE_ROPE_SIN)) + (size_t)pos * (hd / 2);
-    rope(q_all, d->n_heads, hd, cos, sin);
-    rope(k_cur, d->n_kv_heads, hd, cos, sin);
-    const size_t row = (size_t)(pos % rows) * d->kv_dim;
-    kv_store(c, a->k_cache, layer_base + row, k_cur, d->kv_dim);
-    kv_store(c, a->v_cache, layer_base + row, v_cur, d->kv_dim);
-
+    const void *values = COLIBRI_DEEPSEEK && d->kv_lora ? a->k_cache : a->v_cache;
     for (uint32_t h = 0; h < d->n_heads; h++) {
-        const float *q = q_all + (size_t)h * hd;
-        const size_t kv_off = layer_base + (size_t)(h / group) * hd;
+        const float *q = q_all + (size_t)h * kd;
+        const size_t kv_off = layer_base + (size_t)(h / group) * kd;
         float *att = a->att + (size_t)h * d->max_seq;
         for (uint32_t t = 0, r = first_row; t < seen; t++, r = r + 1 == rows ? 0 : r + 1)
-            att[t] = kv_dot(c, a->k_cache, kv_off + (size_t)r * d->kv_dim, q, hd) * c->attn_scale;
+            att[t] = kv_dot(c, a->k_cache, kv_off + (size_t)r * d->kv_dim, q, kd) * d->attn_scale;
         softmax(att, seen);
-        float *out = out_all + (size_t)h * hd;
-        for (uint32_t i = 0; i < hd; i++) out[i] = 0.0f;
+        float *out = out_all + (size_t)h * vd;
+        for (uint32_t i = 0; i < vd; i++) out[i] = 0.0f;
         for (uint32_t t = 0, r = first_row; t < seen; t++, r = r + 1 == rows ? 0 : r + 1)
-            kv_accumulate(c, out, att[t], a->v_cache, kv_off + (size_t)r * d->kv_dim, hd);
+            kv_accumulate(c, out, att[t], values, kv_off + (size_t)r * d->kv_dim, vd);
     }
 }
 
-/* The attention half of a layer for every token: x += Wo attention(Wq, Wk, Wv of rmsnorm(x)) (+ biases).
- * Token t sits at position c->pos + t and sees the positions before it, its batch-mates included. */
-static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
+/* RoPE on n vectors of dim (the rotated part of each head, `stride` apart) with this position's cos/sin
+ * rows: the two halves rotated together, or with `pairs` adjacent elements (DeepSeek's layout). */
+static void rope(float *v, uint32_t n, uint32_t stride, uint32_t dim, int pairs, const float *cos, const float *sin) {
+    const uint32_t half = dim / 2, second = pairs ? 1 : half, step = pairs ? 2 : 1;
+    for (uint32_t h = 0; h < n; h++) {
+        float *x = v + (size_t)h * stride;
+        for (uint32_t i = 0; i < half; i++) {
+            float *p = x + i * step, a = p[0], b = p[second];
+            p[0] = a * cos[i] - b * sin[i];
+            p[second] = b * cos[i] + a * sin[i];
+        }
+    }
+}
+
+/* Position pos's cos and sin rows of the RoPE tables. */
+static const float *rope_row(const colibri_ctx *c, uint32_t role, uint32_t pos) {
+    return tensor(c, global_tensor_index(&c->d, role)) + (size_t)pos * (c->d.rope_dim / 2);
+}
+
+/* Standard attention's q, k, v for every token, then each token in turn: q/k norms, clipping, RoPE, its k
+ * and v into the cache, its heads. Tokens of a batch attend one after another, so a later token's row
+ * never overwrites one an earlier token still reads. Returns the output projection's input. */
+static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
     const model_dims *d = &c->d;
-    const uint32_t n = tb->n;
-    norm_inputs(c, tb, layer_w(c, layer, ROLE_ATTN_NORM));
+    const uint32_t n = tb->n, hd = d->head_dim, pairs = COLIBRI_DEEPSEEK && (d->flags & IMG_FLAG_ROPE_PAIRS);
     weight wq = matrix(c, layer_index(c, layer, ROLE_WQ)), wk = matrix(c, layer_index(c, layer, ROLE_WK)),
            wv = matrix(c, layer_index(c, layer, ROLE_WV));
     rows_work qkv = { .n_tok = n, .n = 3, .x = tb->xn, .x_stride = d->dim, .out = { tb->q, tb->k, tb->v },
@@ -343,11 +358,95 @@ static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
     add_bias(c, tb->k, d->kv_dim, n, layer, ROLE_BK);
     add_bias(c, tb->v, d->kv_dim, n, layer, ROLE_BV);
     const size_t layer_base = kv_layer_base(d, layer);
+    for (uint32_t t = 0; t < n; t++) {
+        const uint32_t pos = c->pos + t;
+        float *q = tb->q + (size_t)t * d->q_dim, *k = tb->k + (size_t)t * d->kv_dim, *v = tb->v + (size_t)t * d->kv_dim;
+        if (d->flags & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) {
+            qk_norm(c, q, d->n_heads, layer_w(c, layer, ROLE_Q_NORM));
+            qk_norm(c, k, d->n_kv_heads, layer_w(c, layer, ROLE_K_NORM));
+        }
+        if (d->clip_qkv > 0.0f) {
+            clip(q, d->q_dim, d->clip_qkv);
+            clip(k, d->kv_dim, d->clip_qkv);
+            clip(v, d->kv_dim, d->clip_qkv);
+        }
+        const float *cos = rope_row(c, ROLE_ROPE_COS, pos), *sin = rope_row(c, ROLE_ROPE_SIN, pos);
+        rope(q, d->n_heads, hd, hd, pairs, cos, sin);
+        rope(k, d->n_kv_heads, hd, hd, pairs, cos, sin);
+        const size_t row = layer_base + (size_t)(pos % kv_rows(d, layer)) * d->kv_dim;
+        kv_store(c, c->a.k_cache, row, k, d->kv_dim);
+        kv_store(c, c->a.v_cache, row, v, d->kv_dim);
+        attend_heads(c, layer, layer_base, pos, q, tb->attn_out + (size_t)t * d->q_dim);
+    }
+    return tb->attn_out;
+}
+
+/* A per-head projection for every token: out[h] = w[h] x[h], where head h owns w's rows h * rows ..
+ * and reads w.cols values at x + h * x_head, writing at out + h * out_head (strides: one token's). */
+static void per_head(colibri_ctx *c, const token_buffers *tb, const weight *w, uint32_t rows, const float *x,
+                     uint32_t x_head, uint32_t x_stride, float *out, uint32_t out_head, uint32_t out_stride) {
+    for (uint32_t h = 0; h < c->d.n_heads; h++) {
+        rows_work m = { .n_tok = tb->n, .n = 1, .x = x + (size_t)h * x_head, .x_stride = x_stride,
+                        .out = { out + (size_t)h * out_head }, .out_stride = { out_stride },
+                        .w = { weight_rows(w, h * rows, rows) } };
+        run_rows(c, tb, &m);
+    }
+}
+
+/* Multi-head latent attention (DeepSeek-V2/V3, docs/MODELS.md) in the absorbed form: the cache holds each
+ * position's normed latent c (kv_lora) and rotated rope key, shared by every head. Head h's score is
+ * q_nope . (W_UK[h] c) + q_rope . k_rope = (W_UK[h]^T q_nope) . c + q_rope . k_rope, so its query is
+ * W_UK[h]^T q_nope (WK_B holds every W_UK[h]^T) followed by q_rope; its value W_UV[h] c summed over
+ * positions is W_UV[h] (the latent summed): WV_B after attention. Returns the output projection's input. */
+static const float *attention_mla(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
+    const model_dims *d = &c->d;
+    const uint32_t n = tb->n, H = d->n_heads, hd = d->head_dim, rope_dim = d->rope_dim, nope = hd - rope_dim;
+    const uint32_t lat = d->kv_lora, kd = d->att_dim, pairs = (d->flags & IMG_FLAG_ROPE_PAIRS) != 0;
+    weight wkv_a = matrix(c, layer_index(c, layer, ROLE_WKV_A));
+    if (d->q_lora) { /* q = WQ_B rmsnorm(WQ_A x) */
+        rows_work a = { .n_tok = n, .n = 2, .x = tb->xn, .x_stride = d->dim, .out = { tb->q_a, tb->k },
+                        .out_stride = { d->q_lora, d->kv_dim }, .w = { matrix(c, layer_index(c, layer, ROLE_WQ_A)), wkv_a } };
+        run_rows(c, tb, &a);
+        for (uint32_t t = 0; t < n; t++)
+            rmsnorm(tb->q_a + (size_t)t * d->q_lora, tb->q_a + (size_t)t * d->q_lora, layer_w(c, layer, ROLE_Q_A_NORM),
+                    d->q_lora, d->eps);
+        weight wq_b = matrix(c, layer_index(c, layer, ROLE_WQ_B));
+        matmul(c, tb, tb->q, &wq_b, tb->q_a, n);
+    } else {
+        rows_work a = { .n_tok = n, .n = 2, .x = tb->xn, .x_stride = d->dim, .out = { tb->q, tb->k },
+                        .out_stride = { d->q_dim, d->kv_dim }, .w = { matrix(c, layer_index(c, layer, ROLE_WQ)), wkv_a } };
+        run_rows(c, tb, &a);
+    }
     for (uint32_t t = 0; t < n; t++)
-        attend(c, layer, layer_base, c->pos + t, tb->q + (size_t)t * d->q_dim, tb->k + (size_t)t * d->kv_dim,
-               tb->v + (size_t)t * d->kv_dim, tb->attn_out + (size_t)t * d->q_dim);
+        rmsnorm(tb->k + (size_t)t * d->kv_dim, tb->k + (size_t)t * d->kv_dim, layer_w(c, layer, ROLE_KV_A_NORM), lat, d->eps);
+    weight wk_b = matrix(c, layer_index(c, layer, ROLE_WK_B));
+    per_head(c, tb, &wk_b, lat, tb->q, hd, d->q_dim, tb->q_att, kd, H * kd); /* head h's q_nope: wk_b.cols = nope */
+    const size_t layer_base = kv_layer_base(d, layer);
+    for (uint32_t t = 0; t < n; t++) {
+        const uint32_t pos = c->pos + t;
+        float *q = tb->q + (size_t)t * d->q_dim, *q_att = tb->q_att + (size_t)t * H * kd, *k = tb->k + (size_t)t * d->kv_dim;
+        const float *cos = rope_row(c, ROLE_ROPE_COS, pos), *sin = rope_row(c, ROLE_ROPE_SIN, pos);
+        rope(q + nope, H, hd, rope_dim, pairs, cos, sin);
+        rope(k + lat, 1, 0, rope_dim, pairs, cos, sin);
+        for (uint32_t h = 0; h < H; h++)
+            for (uint32_t i = 0; i < rope_dim; i++) q_att[(size_t)h * kd + lat + i] = q[(size_t)h * hd + nope + i];
+        kv_store(c, c->a.k_cache, layer_base + (size_t)(pos % kv_rows(d, layer)) * d->kv_dim, k, d->kv_dim);
+        attend_heads(c, layer, layer_base, pos, q_att, tb->attn_out + (size_t)t * H * lat);
+    }
+    weight wv_b = matrix(c, layer_index(c, layer, ROLE_WV_B));
+    per_head(c, tb, &wv_b, d->v_head_dim, tb->attn_out, lat, H * lat, tb->o_in, d->v_head_dim, d->o_dim);
+    return tb->o_in;
+}
+
+/* The attention half of a layer for every token: x += Wo attention(rmsnorm(x)) (+ bo). Token t sits at
+ * position c->pos + t and sees the positions before it, its batch-mates included. */
+static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
+    const model_dims *d = &c->d;
+    const uint32_t n = tb->n;
+    norm_inputs(c, tb, layer_w(c, layer, ROLE_ATTN_NORM));
+    const float *o_in = COLIBRI_DEEPSEEK && d->kv_lora ? attention_mla(c, tb, layer) : attention_mha(c, tb, layer);
     weight wo = matrix(c, layer_index(c, layer, ROLE_WO));
-    matmul(c, tb, tb->moe_out, &wo, tb->attn_out, n);
+    matmul(c, tb, tb->moe_out, &wo, o_in, n);
     add_bias(c, tb->moe_out, d->dim, n, layer, ROLE_BO);
     for (size_t i = 0; i < (size_t)n * d->dim; i++) tb->x[i] += tb->moe_out[i];
 }
@@ -359,33 +458,80 @@ static int all_finite(const float *v, uint32_t n) {
     return 1;
 }
 
-/* Layer's router probabilities for the normed vector xn into a->router: softmax over all experts. */
-static colibri_status router_probs(colibri_ctx *c, const token_buffers *tb, uint32_t layer, const float *xn) {
-    weight router = matrix(c, layer_index(c, layer, ROLE_ROUTER));
-    matmul(c, tb, c->a.router, &router, xn, 1);
-    softmax(c->a.router, c->d.n_experts);
-    return all_finite(c->a.router, c->d.n_experts) ? COLIBRI_OK : COLIBRI_E_NONFINITE;
+/* Below every choice score: an expert taken or left out (the scores are checked finite first). */
+static float not_chosen(void) { return f32_from_bits(0xFF800000u); } /* -infinity */
+
+/* The sum of the `top` best of n scores (best first; ties: the lower index), without reordering them. */
+static float best_sum(const float *score, uint32_t n, uint32_t top) {
+    float sum = 0.0f, prev = 0.0f;
+    uint32_t prev_i = 0;
+    for (uint32_t r = 0; r < top; r++) {
+        uint32_t best = n;
+        for (uint32_t i = 0; i < n; i++) {
+            const int after_prev = !r || score[i] < prev || (score[i] == prev && i > prev_i);
+            if (after_prev && (best == n || score[i] > score[best])) best = i;
+        }
+        prev = score[best];
+        prev_i = best;
+        sum += prev;
+    }
+    return sum;
 }
 
-/* The most probable expert left in a->router (ties: lower index), marked taken below any probability;
- * *p gets its probability. One scan, so top_k picks cost top_k * n_experts (the verifier caps both:
- * docs/SECURITY.md). */
-static uint32_t pick_expert(const colibri_ctx *c, float *p) {
-    float *probs = c->a.router;
+/* Where the choice scores are: after the scores, or without DeepSeek's mechanisms the scores themselves. */
+static float *choice_scores(const colibri_ctx *c) { return c->a.router + (COLIBRI_DEEPSEEK ? c->d.n_experts : 0); }
+
+/* Layer's routing of the normed vector xn: its experts' scores (softmax over the experts, or each one's
+ * sigmoid) into a->router[0, E), their choice scores (plus the router bias, which chooses but never weighs)
+ * into a->router[E, 2E), and with groups only the best topk_group groups' experts left to choose: a group
+ * scores the sum of its group_top best choice scores (a->router[2E, 2E + n_group)). */
+static colibri_status router_choice(colibri_ctx *c, const token_buffers *tb, uint32_t layer, const float *xn) {
+    const model_dims *d = &c->d;
+    const uint32_t E = d->n_experts, per_group = E / d->n_group;
+    float *score = c->a.router, *choice = choice_scores(c), *group = score + 2 * E;
+    weight router = matrix(c, layer_index(c, layer, ROLE_ROUTER));
+    matmul(c, tb, score, &router, xn, 1);
+    if (COLIBRI_DEEPSEEK && (d->flags & IMG_FLAG_ROUTER_SIGMOID)) {
+        for (uint32_t e = 0; e < E; e++) score[e] = 1.0f / (1.0f + colibri_expf(-score[e]));
+    } else {
+        softmax(score, E);
+    }
+    if (COLIBRI_DEEPSEEK) {
+        const float *bias = (d->flags & IMG_FLAG_ROUTER_BIAS) ? layer_w(c, layer, ROLE_ROUTER_BIAS) : 0;
+        for (uint32_t e = 0; e < E; e++) choice[e] = bias ? score[e] + bias[e] : score[e];
+    }
+    if (!all_finite(choice, E)) return COLIBRI_E_NONFINITE; /* a NaN never wins a '>': expert 0 would be taken */
+    if (!COLIBRI_DEEPSEEK || d->n_group == 1) return COLIBRI_OK;
+    for (uint32_t g = 0; g < d->n_group; g++) group[g] = best_sum(choice + g * per_group, per_group, d->group_top);
+    for (uint32_t g = 0; g < d->n_group; g++) {
+        uint32_t ahead = 0; /* groups ranked before g: a better sum, or the same and a lower index */
+        for (uint32_t o = 0; o < d->n_group; o++) ahead += group[o] > group[g] || (group[o] == group[g] && o < g);
+        if (ahead >= d->topk_group)
+            for (uint32_t e = g * per_group; e < (g + 1) * per_group; e++) choice[e] = not_chosen();
+    }
+    return COLIBRI_OK;
+}
+
+/* The best choice left (ties: the lower index), then taken; *score gets its score first. router_choice
+ * leaves at least top_k to choose (the verifier checks top_k <= topk_group * per_group), so there is one.
+ * One scan: top_k picks cost top_k * n_experts (the verifier caps both: docs/SECURITY.md). */
+static uint32_t pick_expert(const colibri_ctx *c, float *score) {
+    float *choice = choice_scores(c);
     uint32_t best = 0;
-    float best_p = -1.0f;
-    for (uint32_t e = 0; e < c->d.n_experts; e++)
-        if (probs[e] > best_p) { best = e; best_p = probs[e]; }
-    probs[best] = -2.0f; /* taken: below the -1 every pick starts from */
-    *p = best_p;
+    for (uint32_t e = 1; e < c->d.n_experts; e++)
+        if (choice[e] > choice[best]) best = e;
+    *score = c->a.router[best];
+    choice[best] = not_chosen();
     return best;
 }
 
-/* Each token's top_k experts and their weights (optionally renormalized), into tb's topk arrays. */
+/* Each token's top_k experts and their weights into tb's topk arrays: the chosen experts' scores,
+ * optionally renormalized (the 1e-20 is DeepSeek-V3's; below a sum's rounding for softmax scores), times
+ * routed_scale. */
 static colibri_status route_topk(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
     const model_dims *d = &c->d;
     for (uint32_t t = 0; t < tb->n; t++) {
-        colibri_status st = router_probs(c, tb, layer, tb->xn + (size_t)t * d->dim);
+        colibri_status st = router_choice(c, tb, layer, tb->xn + (size_t)t * d->dim);
         if (st) return st;
         uint32_t *index = tb->topk_index + (size_t)t * d->top_k;
         float *gate_weight = tb->topk_weight + (size_t)t * d->top_k, sum = 0.0f;
@@ -393,8 +539,11 @@ static colibri_status route_topk(colibri_ctx *c, const token_buffers *tb, uint32
             index[k] = pick_expert(c, &gate_weight[k]);
             sum += gate_weight[k];
         }
-        if (d->flags & IMG_FLAG_NORM_TOPK)
-            for (uint32_t k = 0; k < d->top_k; k++) gate_weight[k] /= sum;
+        const float norm = sum + 1e-20f;
+        for (uint32_t k = 0; k < d->top_k; k++) {
+            if (d->flags & IMG_FLAG_NORM_TOPK) gate_weight[k] /= norm;
+            if (COLIBRI_DEEPSEEK) gate_weight[k] *= d->routed_scale; /* 1 without DeepSeek */
+        }
     }
     return COLIBRI_OK;
 }
@@ -403,10 +552,10 @@ static colibri_status route_topk(colibri_ctx *c, const token_buffers *tb, uint32
  * experts to start fetching now. A wrong guess costs a fetch, never a result: the next layer routes
  * on its own input as always. */
 static void prefetch_next(colibri_ctx *c, const token_buffers *tb, uint32_t next) {
-    if (router_probs(c, tb, next, tb->xn) != COLIBRI_OK) return; /* a non-finite guess: fetch nothing */
+    if (router_choice(c, tb, next, tb->xn) != COLIBRI_OK) return; /* a non-finite guess: fetch nothing */
     for (uint32_t k = 0; k < c->d.top_k; k++) {
-        float p;
-        experts_fetch_ahead(c, next, pick_expert(c, &p));
+        float score;
+        experts_fetch_ahead(c, next, pick_expert(c, &score));
     }
 }
 
@@ -426,6 +575,8 @@ static void swiglu_ffn(colibri_ctx *c, const token_buffers *tb, uint32_t gate_in
                        .w = { matrix_in(c, gate_index + 2, block, block_offset) } };
     run_rows(c, tb, &down);
 }
+
+static const float one = 1.0f; /* the weight of an FFN that is not gated: the dense MLP, a plain shared expert */
 
 /* acc += s * v: how an FFN's output joins moe_out, the same expression for every kind and order */
 static void add_scaled(float *acc, float s, const float *v, uint32_t n) {
@@ -531,16 +682,19 @@ static colibri_status ffn_block(colibri_ctx *c, const token_buffers *tb, uint32_
         }
         st = routed_experts(c, tb, layer, slot);
         if (st) return st;
-        if (d->flags & IMG_FLAG_SHARED_EXPERT) {
-            weight gate = matrix(c, layer_index(c, layer, ROLE_SHARED_EXPERT_GATE));
-            matmul(c, tb, tb->scalar, &gate, tb->xn, n);
-            for (uint32_t g = 0; g < n; g++) tb->scalar[g] = 1.0f / (1.0f + colibri_expf(-tb->scalar[g]));
+        if (d->flags & (IMG_FLAG_SHARED_EXPERT | IMG_FLAG_SHARED_PLAIN)) {
+            const float *scale = &one; /* ungated: each token's weight 1 (stride 0) */
+            if (d->flags & IMG_FLAG_SHARED_EXPERT) { /* gated by sigmoid(g . x) */
+                weight gate = matrix(c, layer_index(c, layer, ROLE_SHARED_EXPERT_GATE));
+                matmul(c, tb, tb->scalar, &gate, tb->xn, n);
+                for (uint32_t g = 0; g < n; g++) tb->scalar[g] = 1.0f / (1.0f + colibri_expf(-tb->scalar[g]));
+                scale = tb->scalar;
+            }
             swiglu_ffn(c, tb, layer_index(c, layer, ROLE_SHARED_GATE), c->image, 0, tb->xn, n);
-            accumulate(c, tb, tb->scalar, 1);
+            accumulate(c, tb, scale, scale == &one ? 0 : 1);
         }
         t->n_routed = d->top_k;
     } else {
-        static const float one = 1.0f;
         swiglu_ffn(c, tb, layer_index(c, layer, ROLE_DENSE_GATE), c->image, 0, tb->xn, n);
         accumulate(c, tb, &one, 0);
         t->n_routed = 0;
