@@ -15,9 +15,10 @@ import numpy as np
 from safetensors import safe_open
 
 from colibri import rope
+from colibri.quant import mxfp4_dequantize
 from colibri.image import (EXPERT_ROLES, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
                            FLAG_QKV_BIAS, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_SHARED_EXPERT,
-                           FLAG_SHARED_PLAIN, LAYER_ROLES, MAX_WINDOW_LAYERS, NO_INDEX, ModelDims, Role)
+                           FLAG_SHARED_PLAIN, FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_ROUTER_TOPK_SOFTMAX, LAYER_ROLES, MAX_WINDOW_LAYERS, NO_INDEX, ModelDims, Role)
 
 DEFAULT_MAX_SEQ = 256
 MAX_EXPERTS, MAX_TOP_K = 1024, 64  # the verifier's caps (firmware/src/internal.h), which bound the router's work
@@ -39,6 +40,7 @@ class Family:
     bias_on_o: bool = True
     clip_qkv: bool = False      # the family's modeling file clamps q, k, v (after the q/k norms) by clip_qkv
     deepseek: int = 0           # 2 or 3: DeepSeek-V2/V3 (multi-head latent attention, their routers)
+    gpt_oss: bool = False       # sinks, a top-k-then-softmax router, experts fused with biases, clamped SwiGLU
     shared_prefix: str = "shared_expert"  # the shared expert's module under mlp.
 
 
@@ -60,6 +62,8 @@ FAMILIES = {
     "LlamaForCausalLM": Family(**DENSE),
     "Qwen2ForCausalLM": Family(**DENSE, bias_key="", bias_default=True, bias_on_o=False),
     "Qwen3ForCausalLM": Family(**DENSE, qk_norm=FLAG_QK_NORM_HEAD),
+    "GptOssForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size", moe_prefix="mlp",
+                                expert_names=("", "", ""), bias_default=True, gpt_oss=True),
     "DeepseekV2ForCausalLM": Family(moe=True, **DEEPSEEK, deepseek=2),
     "DeepseekV3ForCausalLM": Family(moe=True, **DEEPSEEK, deepseek=3),
 }
@@ -75,6 +79,7 @@ HANDLED = {
     *("n_routed_experts", "first_k_dense_replace", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
       "qk_rope_head_dim", "qk_head_dim", "v_head_dim", "n_group", "topk_group", "topk_method", "routed_scaling_factor",
       "n_shared_experts", "rope_interleave", "scoring_func", "moe_layer_freq"),  # DeepSeek's (_deepseek)
+    "swiglu_alpha", "swiglu_limit", "quantization_config",  # gpt-oss's (quantization_config: MXFP4 experts only)
 }
 DEEPSEEK_ONLY = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "n_group", "topk_group",
                  "topk_method", "routed_scaling_factor", "n_shared_experts", "first_k_dense_replace", "scoring_func",
@@ -135,7 +140,7 @@ def _moe_layers(cfg: dict, fam: Family, n_layers: int) -> tuple[bool, ...]:
     return tuple(layer not in dense and n_experts > 0 and (layer + 1) % step == 0 for layer in range(n_layers))
 
 
-WINDOWED_FAMILIES = ("MixtralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM",
+WINDOWED_FAMILIES = ("GptOssForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM",
                      "Qwen3MoeForCausalLM")
 
 
@@ -144,9 +149,9 @@ def _window_layers(cfg: dict, arch: str, n_layers: int) -> tuple[int, tuple[bool
     A config that lists layer_types (transformers 5 writes it) says it per layer; otherwise each family's
     configuration class derives it: Mixtral and Qwen3-MoE window every layer when sliding_window is set
     (Qwen3-MoE only with use_sliding_window); Qwen2 and Qwen3 window the layers from max_window_layers on;
-    Qwen2-MoE the even-numbered layers (0, 2, ...) below max_window_layers."""
+    Qwen2-MoE the even-numbered layers (0, 2, ...) below max_window_layers; gpt-oss the even-numbered layers."""
     window = cfg.get("sliding_window")
-    use = arch == "MixtralForCausalLM" or cfg.get("use_sliding_window", False)  # Mixtral has no switch
+    use = arch in ("MixtralForCausalLM", "GptOssForCausalLM") or cfg.get("use_sliding_window", False)  # no switch
     types = cfg.get("layer_types")
     if arch not in WINDOWED_FAMILIES or not window or not use:
         layers = (False,) * n_layers  # (Llama and OLMoE have no window in transformers)
@@ -157,6 +162,8 @@ def _window_layers(cfg: dict, arch: str, n_layers: int) -> tuple[int, tuple[bool
             raise UnsupportedModel(f"config field layer_types={types!r}: need {n_layers} entries, each "
                                    "'sliding_attention' or 'full_attention'")
         layers = tuple(t == "sliding_attention" for t in types)
+    elif arch == "GptOssForCausalLM":  # its configuration class: the even layers (0, 2, ...) windowed
+        layers = tuple(layer % 2 == 0 for layer in range(n_layers))
     elif arch == "Qwen2MoeForCausalLM":
         limit = int(cfg.get("max_window_layers", 28))
         layers = tuple(layer % 2 == 0 and layer < limit for layer in range(n_layers))
@@ -225,6 +232,20 @@ def _deepseek(cfg: dict, fam: Family, any_moe: bool, n_experts: int, top_k: int)
     return fields, flags
 
 
+def _gpt_oss(cfg: dict) -> tuple[dict, int]:
+    """gpt-oss's mechanisms as ModelDims fields and flags: attention sinks, the router's bias and softmax over its
+    top-k logits, the experts' biases and clamped SwiGLU (docs/MODELS.md)."""
+    quant = cfg.get("quantization_config")
+    if quant is not None and quant.get("quant_method") != "mxfp4":
+        raise UnsupportedModel(f"config field quantization_config: quant_method={quant.get('quant_method')!r}; only "
+                               "gpt-oss's mxfp4 experts are read")
+    alpha, limit = float(cfg.get("swiglu_alpha", 1.702)), float(cfg.get("swiglu_limit", 7.0))
+    if not (alpha > 0 and limit > 0):
+        raise UnsupportedModel(f"config fields swiglu_alpha={alpha}, swiglu_limit={limit} must be positive")
+    flags = FLAG_ATTN_SINKS | FLAG_ROUTER_BIAS | FLAG_ROUTER_TOPK_SOFTMAX | FLAG_EXPERT_BIAS
+    return {"swiglu_alpha": alpha, "swiglu_limit": limit}, flags
+
+
 def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, dict]:
     """The model description for an image of `max_seq` positions (None: 256, or the model's limit if smaller)."""
     arch, fam = _family(cfg)
@@ -242,6 +263,10 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
     if cfg.get("mlp_bias"):
         raise UnsupportedModel("config field mlp_bias=true is not supported")
 
+    for key in ("swiglu_alpha", "swiglu_limit", "quantization_config"):
+        if cfg.get(key) is not None and not fam.gpt_oss:
+            raise UnsupportedModel(f"config field {key} is not understood for {arch} (only gpt-oss's MXFP4 experts and "
+                                   "clamped SwiGLU are); refusing rather than ignoring it")
     if not fam.deepseek:
         for key in DEEPSEEK_ONLY:
             if cfg.get(key) is not None:
@@ -267,12 +292,17 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
     flags = fam.qk_norm
     top_k = int(cfg["num_experts_per_tok"]) if any_moe else 0
     mla, mla_flags = _deepseek(cfg, fam, any_moe, n_experts, top_k) if fam.deepseek else ({}, 0)
+    if fam.gpt_oss:
+        mla, mla_flags = _gpt_oss(cfg)
     flags |= mla_flags
     bias = cfg.get(fam.bias_key, fam.bias_default) if fam.bias_key and not fam.deepseek else fam.bias_default
     if bias:
         flags |= FLAG_QKV_BIAS | (FLAG_O_BIAS if fam.bias_on_o else 0)
     norm_topk = fam.norm_topk_default if fam.norm_topk_default is not None else bool(cfg.get("norm_topk_prob", False))
-    if any_moe and norm_topk and not fam.deepseek:
+    if fam.gpt_oss and cfg.get("norm_topk_prob"):
+        raise UnsupportedModel("config field norm_topk_prob=true: transformers' gpt-oss router takes a softmax over the "
+                               "top-k logits and reads no norm_topk_prob")
+    if any_moe and norm_topk and not (fam.deepseek or fam.gpt_oss):
         flags |= FLAG_NORM_TOPK
     shared_ffn = int(cfg.get("shared_expert_intermediate_size") or 0) if fam.shared_expert and any_moe else 0
     if shared_ffn:
@@ -348,6 +378,11 @@ class LazyTensor:
             values = f.get_tensor(self.name).astype(np.float32)
         return values if dtype is None else values.astype(dtype)
 
+    def expert(self, index: int) -> np.ndarray:
+        """Row `index` of the first axis (one expert of a stacked tensor) as stored, reading only it."""
+        with safe_open(str(self.shard), framework="np") as f:
+            return f.get_slice(self.name)[index]
+
 
 def _load_tensors(path: Path) -> dict[str, LazyTensor]:
     """Every tensor of the checkpoint's shards, by name, unread."""
@@ -375,10 +410,11 @@ def hf_name(fam: Family, role: Role, layer: int, expert: int) -> str:
         Role.WQ_A: a + "q_a_proj.weight", Role.Q_A_NORM: a + "q_a_layernorm.weight", Role.WQ_B: a + "q_b_proj.weight",
         Role.WKV_A: a + "kv_a_proj_with_mqa.weight", Role.KV_A_NORM: a + "kv_a_layernorm.weight",
         Role.WK_B: a + "kv_b_proj.weight", Role.WV_B: a + "kv_b_proj.weight",  # split by kv_b_part
-        Role.ROUTER_BIAS: m + "gate.e_score_correction_bias",
+        Role.ROUTER_BIAS: m + ("router.bias" if fam.gpt_oss else "gate.e_score_correction_bias"),
+        Role.SINKS: a + "sinks",
         Role.DENSE_GATE: p + "mlp.gate_proj.weight", Role.DENSE_UP: p + "mlp.up_proj.weight",
         Role.DENSE_DOWN: p + "mlp.down_proj.weight",
-        Role.ROUTER: m + "gate.weight",
+        Role.ROUTER: m + ("router.weight" if fam.gpt_oss else "gate.weight"),
         Role.SHARED_GATE: sh + "gate_proj.weight", Role.SHARED_UP: sh + "up_proj.weight",
         Role.SHARED_DOWN: sh + "down_proj.weight", Role.SHARED_EXPERT_GATE: p + "mlp.shared_expert_gate.weight",
         Role.EXPERT_GATE: m + f"experts.{expert}.{g}.weight", Role.EXPERT_UP: m + f"experts.{expert}.{u}.weight",
@@ -386,16 +422,16 @@ def hf_name(fam: Family, role: Role, layer: int, expert: int) -> str:
     }[role]
 
 
-class KvBPart(LazyTensor):
-    """One part of a kv_b_proj tensor in the runtime's layout, read when used (kv_b_part)."""
+class Derived(LazyTensor):
+    """A tensor in the runtime's layout computed from checkpoint tensors only when its values are asked for
+    (kv_b_proj's parts, one expert of gpt-oss's fused experts): packing reads one tensor at a time."""
 
-    def __init__(self, source: LazyTensor, dims: ModelDims, role: Role):
-        self.source, self.dims, self.role = source, dims, role
-        shape = kv_b_shape(dims, role)
-        super().__init__(source.shard, source.name, shape)
+    def __init__(self, origin: LazyTensor, shape: tuple[int, ...], compute):
+        super().__init__(origin.shard, origin.name, shape)
+        self.compute = compute
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        values = kv_b_split(np.asarray(self.source), self.dims, self.role)
+        values = np.asarray(self.compute(), dtype=np.float32)
         return values if dtype is None else values.astype(dtype)
 
 
@@ -426,8 +462,45 @@ def kv_b_join(k_b: np.ndarray, v_b: np.ndarray, n_heads: int) -> np.ndarray:
 def kv_b_part(t: np.ndarray | LazyTensor, d: ModelDims, role: Role) -> np.ndarray | LazyTensor:
     """WK_B or WV_B of a kv_b_proj tensor: computed now from values in memory, or when read from a file."""
     if isinstance(t, LazyTensor):
-        return KvBPart(t, d, role)
+        return Derived(t, kv_b_shape(d, role), lambda: kv_b_split(np.asarray(t), d, role))
     return kv_b_split(np.asarray(t, dtype=np.float32), d, role)
+
+
+GPT_OSS_EXPERTS = (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS,
+                   Role.EXPERT_DOWN_BIAS)
+
+
+def gpt_oss_expert_tensor(raw: dict, d: ModelDims, role: Role, layer: int, expert: int) -> tuple[list[str], object]:
+    """(checkpoint names read, tensor) for a routed expert's matrix or a layer's expert bias table, from gpt-oss's
+    fused experts: gate_up_proj [E, D, 2F] (gate and up interleaved by column), down_proj [E, F, D], or their
+    MXFP4 blocks and scales ([E, out, in / 32, 16] and [E, out, in / 32], not transposed), and the biases
+    gate_up_proj_bias [E, 2F], down_proj_bias [E, D]."""
+    p = f"model.layers.{layer}.mlp.experts."
+    if role in (Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS):
+        t = raw[p + "gate_up_proj_bias"]
+        first = 0 if role == Role.EXPERT_GATE_BIAS else 1
+        return [p + "gate_up_proj_bias"], np.ascontiguousarray(np.asarray(t, np.float32)[:, first::2])
+    if role == Role.EXPERT_DOWN_BIAS:
+        return [p + "down_proj_bias"], raw[p + "down_proj_bias"]
+    fused = "down_proj" if role == Role.EXPERT_DOWN else "gate_up_proj"
+    rows = slice(None) if role == Role.EXPERT_DOWN else slice(0 if role == Role.EXPERT_GATE else 1, None, 2)
+    shape = (d.hidden_size, d.ffn_size) if role == Role.EXPERT_DOWN else (d.ffn_size, d.hidden_size)
+    if p + fused + "_blocks" in raw:  # MXFP4: [E, out, in] once dequantized
+        blocks, scales = raw[p + fused + "_blocks"], raw[p + fused + "_scales"]
+        compute = lambda: mxfp4_dequantize(_expert_of(blocks, expert), _expert_of(scales, expert))[rows]  # noqa: E731
+        return [p + fused + "_blocks", p + fused + "_scales"], _derived(blocks, shape, compute)
+    source = raw[p + fused]
+    compute = lambda: np.asarray(_expert_of(source, expert), np.float32).T[rows]  # noqa: E731
+    return [p + fused], _derived(source, shape, compute)
+
+
+def _expert_of(t, expert: int) -> np.ndarray:
+    """Expert `expert` of a tensor stacked by expert, reading only its bytes from a file."""
+    return t.expert(expert) if isinstance(t, LazyTensor) else np.asarray(t)[expert]
+
+
+def _derived(origin, shape: tuple[int, ...], compute):
+    return Derived(origin, shape, compute) if isinstance(origin, LazyTensor) else np.ascontiguousarray(compute())
 
 
 def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool | None = None) -> Checkpoint:
@@ -461,6 +534,13 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
     tensors: dict[tuple[Role, int, int], np.ndarray] = {}
     used = set()
     for key in keys:
+        if fam.gpt_oss and key[0] in GPT_OSS_EXPERTS:
+            try:
+                names, tensors[key] = gpt_oss_expert_tensor(raw, dims, *key)
+            except KeyError as exc:
+                raise UnsupportedModel(f"checkpoint is missing tensor {exc.args[0]}") from None
+            used.update(names)
+            continue
         name = hf_name(fam, *key)
         split = key[0] in (Role.WK_B, Role.WV_B)
         if split and name not in raw:  # a GGUF file: llama.cpp's converter split kv_b_proj already, as the runtime does

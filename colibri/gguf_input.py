@@ -6,6 +6,8 @@ cannot drift apart. What this module undoes:
 - experts stored as one 3-D tensor per layer (split back into one matrix per expert);
 - the q/k row permutation llama.cpp's converter applies for the `llama` architecture (Llama and
   Mixtral), so that its interleaved RoPE matches; the runtime uses rotate-half;
+- `gpt-oss`: experts as separate gate, up and down stacks (MXFP4 in llama.cpp's converter's files, dequantized
+  exactly like any other type the image has no dtype for) fused back into transformers' layout;
 - `deepseek2` (DeepSeek-V2/V3): kv_b_proj arrives already split into attn_k_b (transposed per head) and
   attn_v_b, the runtime's own WK_B and WV_B layout, so they are kept as they are;
 - storage types: Q8_0 and Q4_0 tensors are kept as they are (host.quant.Encoded), so packing them to
@@ -116,9 +118,11 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
         hf_arch = ARCHITECTURES[arch]
     elif arch == "deepseek2":
         hf_arch = "DeepseekV2ForCausalLM"  # or V3: _deepseek2 decides by the gating function
+    elif arch == "gpt-oss":
+        hf_arch = "GptOssForCausalLM"
     else:
         raise GGUFError(f"GGUF architecture {arch!r} is not supported; supported: llama, deepseek2, "
-                        f"{', '.join(ARCHITECTURES)}")
+                        f"gpt-oss, {', '.join(ARCHITECTURES)}")
 
     norm = field(k(Keys.LLM.EXPERT_WEIGHTS_NORM), None, required=False) if norm_topk_prob is None else norm_topk_prob
     if norm is None:
@@ -172,6 +176,9 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     if arch == "deepseek2":
         cfg.update(_deepseek2(field, k, n_layers, n_head, tensors))
         return cfg, _hf_tensors(tensors, arch, n_layers, n_head, n_head_kv), converted
+    if arch == "gpt-oss":
+        cfg.update(_gpt_oss(field, k, n_layers, n_experts, tensors))
+        return cfg, _gpt_oss_tensors(tensors, n_layers), converted
     has_bias = _name(MODEL_TENSOR.ATTN_Q, 0) + ".bias" in tensors
     if arch == "qwen2moe":
         cfg["qkv_bias"] = has_bias
@@ -247,6 +254,78 @@ def _deepseek2(field, k, n_layers: int, n_head: int, tensors: dict) -> dict:
         cfg["num_experts_per_tok"] = int(field(k(Keys.LLM.EXPERT_USED_COUNT)))
         cfg["moe_intermediate_size"] = int(field(k(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)))
     return cfg
+
+
+# llama.cpp's expert activation for gpt-oss (src/llama-graph.cpp, LLM_FFN_SWIGLU_OAI_MOE): constants, not keys
+LLAMA_CPP_SWIGLU_ALPHA, LLAMA_CPP_SWIGLU_LIMIT = 1.702, 7.0
+
+
+def _gpt_oss(field, k, n_layers: int, n_experts: int, tensors: dict) -> dict:
+    """The gpt-oss config fields of a gpt-oss file, as llama.cpp runs it: the sliding window on the even
+    layers (its swa pattern 2), its constant SwiGLU alpha and limit, YaRN with the correction range rounded
+    to whole dimensions (ggml's rope_yarn_corr_dims floors and ceils)."""
+    if field(k(Keys.Attention.SLIDING_WINDOW_PATTERN), None, required=False) is not None:
+        raise GGUFError(f"GGUF key {k(Keys.Attention.SLIDING_WINDOW_PATTERN)} is not read; llama.cpp's gpt-oss "
+                        "files window the even layers")
+    cfg = {
+        "sliding_window": int(field(k(Keys.Attention.SLIDING_WINDOW))),
+        "layer_types": ["sliding_attention" if layer % 2 == 0 else "full_attention" for layer in range(n_layers)],
+        "swiglu_alpha": LLAMA_CPP_SWIGLU_ALPHA, "swiglu_limit": LLAMA_CPP_SWIGLU_LIMIT,
+        "attention_bias": _name(MODEL_TENSOR.ATTN_Q, 0) + ".bias" in tensors,
+        "num_local_experts": n_experts, "num_experts_per_tok": int(field(k(Keys.LLM.EXPERT_USED_COUNT))),
+        "intermediate_size": int(field(k(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH))),
+    }
+    scaling = field(k(Keys.Rope.SCALING_TYPE), None, required=False)
+    if scaling == "yarn":
+        cfg["rope_scaling"] = {
+            "rope_type": "yarn", "factor": float(field(k(Keys.Rope.SCALING_FACTOR))), "truncate": True,
+            "original_max_position_embeddings": int(field(k(Keys.Rope.SCALING_ORIG_CTX_LEN))),
+            "beta_fast": float(field(k(Keys.Rope.SCALING_YARN_BETA_FAST), 32.0, required=False)),
+            "beta_slow": float(field(k(Keys.Rope.SCALING_YARN_BETA_SLOW), 1.0, required=False)),
+        }
+    return cfg
+
+
+def _gpt_oss_tensors(tensors: dict, n_layers: int) -> dict[str, np.ndarray]:
+    """A gpt-oss file's tensors under transformers' names and in its layout: every layer's experts fused
+    (gate_up_proj [E, D, 2F], gate and up interleaved by column; down_proj [E, F, D]), as GptOssExperts holds them."""
+    pending = {name: (t.decode() if isinstance(t, Encoded) else t) for name, t in tensors.items()}
+    out: dict[str, np.ndarray] = {}
+
+    def take(gguf_name: str) -> np.ndarray:
+        if gguf_name not in pending:
+            raise GGUFError(f"GGUF file lacks tensor {gguf_name}")
+        return pending.pop(gguf_name)
+
+    out["model.embed_tokens.weight"] = take(_name(MODEL_TENSOR.TOKEN_EMBD) + ".weight")
+    out["model.norm.weight"] = take(_name(MODEL_TENSOR.OUTPUT_NORM) + ".weight")
+    if _name(MODEL_TENSOR.OUTPUT) + ".weight" in pending:
+        out["lm_head.weight"] = take(_name(MODEL_TENSOR.OUTPUT) + ".weight")
+    for layer in range(n_layers):
+        p = f"model.layers.{layer}."
+        name = lambda t, kind="weight": f"{_name(t, layer)}.{kind}"  # noqa: E731
+        out[p + "input_layernorm.weight"] = take(name(MODEL_TENSOR.ATTN_NORM))
+        out[p + "post_attention_layernorm.weight"] = take(name(MODEL_TENSOR.ATTN_POST_NORM))
+        out[p + "self_attn.sinks"] = take(name(MODEL_TENSOR.ATTN_SINKS))
+        for t, proj in ((MODEL_TENSOR.ATTN_Q, "q_proj"), (MODEL_TENSOR.ATTN_K, "k_proj"), (MODEL_TENSOR.ATTN_V, "v_proj"),
+                        (MODEL_TENSOR.ATTN_OUT, "o_proj")):
+            for kind in ("weight", "bias"):
+                if name(t, kind) in pending:
+                    out[f"{p}self_attn.{proj}.{kind}"] = take(name(t, kind))
+        out[p + "mlp.router.weight"] = take(name(MODEL_TENSOR.FFN_GATE_INP))
+        out[p + "mlp.router.bias"] = take(name(MODEL_TENSOR.FFN_GATE_INP, "bias"))
+        gate, up = take(name(MODEL_TENSOR.FFN_GATE_EXP)), take(name(MODEL_TENSOR.FFN_UP_EXP))  # [E, F, D]
+        gate_up = np.empty((gate.shape[0], 2 * gate.shape[1], gate.shape[2]), np.float32)
+        gate_up[:, 0::2], gate_up[:, 1::2] = gate, up
+        out[p + "mlp.experts.gate_up_proj"] = np.ascontiguousarray(gate_up.transpose(0, 2, 1))
+        bias = np.empty((gate.shape[0], 2 * gate.shape[1]), np.float32)
+        bias[:, 0::2], bias[:, 1::2] = take(name(MODEL_TENSOR.FFN_GATE_EXP, "bias")), take(name(MODEL_TENSOR.FFN_UP_EXP, "bias"))
+        out[p + "mlp.experts.gate_up_proj_bias"] = bias
+        out[p + "mlp.experts.down_proj"] = np.ascontiguousarray(take(name(MODEL_TENSOR.FFN_DOWN_EXP)).transpose(0, 2, 1))
+        out[p + "mlp.experts.down_proj_bias"] = take(name(MODEL_TENSOR.FFN_DOWN_EXP, "bias"))
+    if pending:
+        raise GGUFError(f"GGUF tensors the runtime would not use: {', '.join(sorted(pending)[:5])}")
+    return out
 
 
 def _heads_stacked(t: np.ndarray | Encoded) -> np.ndarray | Encoded:

@@ -31,7 +31,7 @@ NO_INDEX = 0xFFFFFFFF
 ARCH_MOE = 1  # decoder-only transformer with a top-k routed MoE FFN (Mixtral family)
 
 # Header: everything up to `reserved` is packed little-endian, then zero padding to 384 bytes.
-HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI" + "QQ" + "QQI" + "I64s" + "IIIIf" + "IIIf")
+HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI" + "QQ" + "QQI" + "I64s" + "IIIIf" + "IIIf" + "ff")
 HEADER_FIELDS = (
     "magic", "version", "header_bytes", "image_bytes", "header_crc32", "payload_crc32",
     "arch", "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads",
@@ -42,7 +42,7 @@ HEADER_FIELDS = (
     "expert_offset", "expert_crc_offset", "meta_offset", "meta_bytes", "meta_crc32",
     "sliding_window", "window_layers",
     "q_lora_rank", "kv_lora_rank", "rope_dim", "v_head_dim", "attn_scale",
-    "n_group", "topk_group", "group_top", "routed_scale",
+    "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha", "swiglu_limit",
 )
 MAX_WINDOW_LAYERS = 512  # window_layers is a bitmap of 64 bytes: layers past it cannot have a window
 KV_DTYPES = {"f32": 0, "f16": 1}  # header kv_dtype: the KV cache's element type
@@ -59,6 +59,9 @@ FLAG_ROUTER_SIGMOID = 1 << 6  # router scores are sigmoid(logits), not a softmax
 FLAG_ROUTER_BIAS = 1 << 7    # a per-expert bias (ROUTER_BIAS) is added to the scores to choose, not to weigh
 FLAG_SHARED_PLAIN = 1 << 8   # MoE layers add an ungated shared expert (DeepSeek's shared experts)
 FLAG_ROPE_PAIRS = 1 << 9     # RoPE rotates adjacent pairs (x0, x1), (x2, x3), ... instead of the two halves
+FLAG_ATTN_SINKS = 1 << 10    # a learned logit per head (SINKS) joins each softmax's denominator (gpt-oss)
+FLAG_EXPERT_BIAS = 1 << 11   # routed experts' gate, up and down have biases (EXPERT_*_BIAS, per layer)
+FLAG_ROUTER_TOPK_SOFTMAX = 1 << 12  # top-k of the router logits (plus ROUTER_BIAS), then a softmax over them
 
 
 class Role(enum.IntEnum):
@@ -77,32 +80,38 @@ class Role(enum.IntEnum):
     BO = 12
     Q_NORM = 13
     K_NORM = 14
+    SINKS = 15
     # multi-head latent attention (kv_lora_rank > 0)
-    WQ_A = 15
-    Q_A_NORM = 16
-    WQ_B = 17
-    WKV_A = 18
-    KV_A_NORM = 19
-    WK_B = 20
-    WV_B = 21
-    FFN_NORM = 22
-    DENSE_GATE = 23
-    DENSE_UP = 24
-    DENSE_DOWN = 25
-    ROUTER = 26
-    ROUTER_BIAS = 27
-    SHARED_GATE = 28
-    SHARED_UP = 29
-    SHARED_DOWN = 30
-    SHARED_EXPERT_GATE = 31
+    WQ_A = 16
+    Q_A_NORM = 17
+    WQ_B = 18
+    WKV_A = 19
+    KV_A_NORM = 20
+    WK_B = 21
+    WV_B = 22
+    FFN_NORM = 23
+    DENSE_GATE = 24
+    DENSE_UP = 25
+    DENSE_DOWN = 26
+    ROUTER = 27
+    ROUTER_BIAS = 28
+    EXPERT_GATE_BIAS = 29
+    EXPERT_UP_BIAS = 30
+    EXPERT_DOWN_BIAS = 31
+    SHARED_GATE = 32
+    SHARED_UP = 33
+    SHARED_DOWN = 34
+    SHARED_EXPERT_GATE = 35
     # per expert of a layer (EXPERT_ROLES)
-    EXPERT_GATE = 32
-    EXPERT_UP = 33
-    EXPERT_DOWN = 34
-    OUTPUT_NORM = 35
-    LM_HEAD = 36
+    EXPERT_GATE = 36
+    EXPERT_UP = 37
+    EXPERT_DOWN = 38
+    OUTPUT_NORM = 39
+    LM_HEAD = 40
 
 
+# tables the runtime reads as floats, 2-D though they are
+F32_TABLES = (Role.ROPE_COS, Role.ROPE_SIN, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS)
 LAYER_ROLES = tuple(Role(r) for r in range(Role.ATTN_NORM, Role.SHARED_EXPERT_GATE + 1))
 EXPERT_ROLES = (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN)
 
@@ -144,6 +153,10 @@ class ModelDims:
     topk_group: int = 1
     group_top: int = 1
     routed_scale: float = 1.0
+    # gpt-oss's expert activation when swiglu_limit > 0: gate clamped above, up to +-limit,
+    # (up + 1) * gate * sigmoid(swiglu_alpha * gate); 0: SwiGLU, silu(gate) * up
+    swiglu_alpha: float = 0.0
+    swiglu_limit: float = 0.0
 
     @property
     def mla(self) -> bool:
@@ -214,6 +227,9 @@ class ModelDims:
             Role.WQ_A: mla and self.q_lora_rank > 0, Role.Q_A_NORM: mla and self.q_lora_rank > 0,
             Role.WQ_B: mla and self.q_lora_rank > 0, Role.WKV_A: mla, Role.KV_A_NORM: mla, Role.WK_B: mla,
             Role.WV_B: mla, Role.ROUTER_BIAS: moe and bool(self.flags & FLAG_ROUTER_BIAS),
+            Role.SINKS: bool(self.flags & FLAG_ATTN_SINKS), Role.EXPERT_GATE_BIAS: moe and bool(self.flags & FLAG_EXPERT_BIAS),
+            Role.EXPERT_UP_BIAS: moe and bool(self.flags & FLAG_EXPERT_BIAS),
+            Role.EXPERT_DOWN_BIAS: moe and bool(self.flags & FLAG_EXPERT_BIAS),
             Role.BQ: bool(self.flags & FLAG_QKV_BIAS), Role.BK: bool(self.flags & FLAG_QKV_BIAS),
             Role.BV: bool(self.flags & FLAG_QKV_BIAS), Role.BO: bool(self.flags & FLAG_O_BIAS),
             Role.Q_NORM: bool(self.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)),
@@ -264,7 +280,8 @@ def expected_shape(d: ModelDims, role: Role) -> tuple[int, ...]:
         Role.K_NORM: (d.head_dim,) if head_norm else (d.kv_dim,),
         Role.FFN_NORM: (D,),
         Role.DENSE_GATE: (FD, D), Role.DENSE_UP: (FD, D), Role.DENSE_DOWN: (D, FD),
-        Role.ROUTER: (d.n_experts, D), Role.ROUTER_BIAS: (d.n_experts,),
+        Role.ROUTER: (d.n_experts, D), Role.ROUTER_BIAS: (d.n_experts,), Role.SINKS: (d.n_heads,),
+        Role.EXPERT_GATE_BIAS: (d.n_experts, F), Role.EXPERT_UP_BIAS: (d.n_experts, F), Role.EXPERT_DOWN_BIAS: (d.n_experts, D),
         Role.SHARED_GATE: (FS, D), Role.SHARED_UP: (FS, D), Role.SHARED_DOWN: (D, FS),
         Role.SHARED_EXPERT_GATE: (1, D),
         Role.EXPERT_GATE: (F, D), Role.EXPERT_UP: (F, D), Role.EXPERT_DOWN: (D, F),
@@ -383,7 +400,8 @@ def tensor_name(role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> st
         Role.BO: "attn_output.bias", Role.Q_NORM: "attn_q_norm", Role.K_NORM: "attn_k_norm", Role.FFN_NORM: "ffn_norm",
         Role.WQ_A: "attn_q_a", Role.Q_A_NORM: "attn_q_a_norm", Role.WQ_B: "attn_q_b", Role.WKV_A: "attn_kv_a_mqa",
         Role.KV_A_NORM: "attn_kv_a_norm", Role.WK_B: "attn_k_b", Role.WV_B: "attn_v_b",
-        Role.ROUTER_BIAS: "exp_probs_b.bias",
+        Role.ROUTER_BIAS: "exp_probs_b.bias", Role.SINKS: "attn_sinks", Role.EXPERT_GATE_BIAS: "ffn_gate_exps.bias",
+        Role.EXPERT_UP_BIAS: "ffn_up_exps.bias", Role.EXPERT_DOWN_BIAS: "ffn_down_exps.bias",
         Role.DENSE_GATE: "ffn_gate", Role.DENSE_UP: "ffn_up", Role.DENSE_DOWN: "ffn_down", Role.ROUTER: "ffn_gate_inp",
         Role.SHARED_GATE: "ffn_gate_shexp", Role.SHARED_UP: "ffn_up_shexp", Role.SHARED_DOWN: "ffn_down_shexp",
         Role.SHARED_EXPERT_GATE: "ffn_gate_inp_shexp",
@@ -571,7 +589,7 @@ def _lay_out(dims: ModelDims, tensors: dict, expert_align: int, pinned: frozense
                                      first.group_size, first.scales_offset, first.scales_bytes)
             return
         enc = src if isinstance(src, (Encoded, Deferred)) else Deferred(DType.F32, want, src)
-        if enc.dtype != DType.F32 and (len(want) != 2 or role in (Role.ROPE_COS, Role.ROPE_SIN)):
+        if enc.dtype != DType.F32 and (len(want) != 2 or role in F32_TABLES):
             raise ValueError(f"{tensor_name(role, layer, expert)} must be f32 (only matrices may be narrower)")
         if role == Role.EXPERT_GATE:
             cursor = align_up(cursor, expert_align)
@@ -636,7 +654,7 @@ def _fill(write: Callable[[int, bytes | np.ndarray], None], read: Callable[[int,
         sliding_window=d.sliding_window, window_layers=window_bitmap(d),
         q_lora_rank=d.q_lora_rank, kv_lora_rank=d.kv_lora_rank, rope_dim=d.rope_width, v_head_dim=d.v_dim,
         attn_scale=d.scale, n_group=d.n_group, topk_group=d.topk_group, group_top=d.group_top,
-        routed_scale=d.routed_scale,
+        routed_scale=d.routed_scale, swiglu_alpha=d.swiglu_alpha, swiglu_limit=d.swiglu_limit,
     )
     write(0, header_block(header))
 
@@ -717,7 +735,8 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
         "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
         "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "flags", "dense_ffn_size",
         "shared_ffn_size", "clip_qkv", "kv_dtype", "sliding_window", "q_lora_rank", "kv_lora_rank", "rope_dim",
-        "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale")}, moe_layers=moe_layers,
+        "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha",
+        "swiglu_limit")}, moe_layers=moe_layers,
         window_layers=tuple(bool(h["window_layers"][layer // 8] >> (layer % 8) & 1) if layer < MAX_WINDOW_LAYERS
                             else False for layer in range(n_layers)))
     entries = []

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Pack a Hugging Face checkpoint (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Llama, Qwen2, Qwen3, DeepSeek-V2/V3) into a Colibri image.
+"""Pack a Hugging Face checkpoint (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Llama, Qwen2, Qwen3, DeepSeek-V2/V3, gpt-oss) into a Colibri image.
 
 Examples:
   python host/pack.py path/to/mixtral-checkpoint -o model.img --max-seq 256

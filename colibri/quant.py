@@ -144,6 +144,20 @@ def convert(t: np.ndarray | Encoded, dtype: DType) -> Encoded:
     return encode(t, dtype)
 
 
+# OCP MXFP4's E2M1 values by 4-bit code (sign bit 3)
+FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
+
+
+def mxfp4_dequantize(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """MXFP4 as gpt-oss's checkpoints store it: blocks [..., G, 16] of packed E2M1 codes (element 2j in the low
+    nibble of byte j, 2j + 1 in the high one), scales [..., G] E8M0 (2^(s - 127)): values [..., G * 32], exact."""
+    blocks, scales = np.asarray(blocks, np.uint8), np.asarray(scales, np.uint8)
+    values = np.empty((*blocks.shape[:-1], 32), np.float32)
+    values[..., 0::2], values[..., 1::2] = FP4_VALUES[blocks & 0xF], FP4_VALUES[blocks >> 4]
+    values = np.ldexp(values, scales.astype(np.int32)[..., None] - 127)
+    return values.reshape(*blocks.shape[:-2], -1)
+
+
 def from_gguf_blocks(raw: np.ndarray, dtype: DType, shape: tuple[int, ...]) -> Encoded:
     """Split GGUF blocks (f16 scale, then the values) of a tensor of `shape` (rows last) into the
     image's values and scales, unchanged."""

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri.image import (FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS,
-                           FLAG_ROUTER_SIGMOID, FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN, KV_DTYPES, NO_INDEX, Image,
-                           ModelDims, Role)
+from colibri.image import (FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
+                           FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_ROUTER_TOPK_SOFTMAX,
+                           FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN, KV_DTYPES, NO_INDEX, Image, ModelDims, Role)
 from colibri.quant import Encoded, quantized_matmul
 
 
@@ -33,6 +33,19 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (np.float32(1) + np.exp(-x))
+
+
+def clamped_glu(g: np.ndarray, u: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """gpt-oss's expert activation: gate clamped above, up to +-limit, (up + 1) * gate * sigmoid(alpha * gate)."""
+    g, u = np.minimum(g, np.float32(limit)), np.clip(u, np.float32(-limit), np.float32(limit))
+    return (u + np.float32(1)) * (g / (np.float32(1) + np.exp(-(np.float32(alpha) * g))))
+
+
+def softmax_sink(x: np.ndarray, sink: np.ndarray) -> np.ndarray:
+    """softmax over the last axis with one more logit per head (x [heads, q, k], sink [heads]) in the
+    denominator only."""
+    s = np.broadcast_to(sink[:, None, None], (*x.shape[:-1], 1)).astype(np.float32)
+    return softmax(np.concatenate([x, s], axis=-1))[..., :-1]
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -59,7 +72,10 @@ def route_topk(router_logits: np.ndarray, d: ModelDims, bias: np.ndarray | None 
     choice scores (scores + bias), with groups only the best topk_group groups' experts (a group scores the
     sum of its group_top best choice scores), the top_k by choice weighted by their scores, optionally
     renormalized, times routed_scale. Returns (indices, weights), best first."""
-    if d.flags & FLAG_ROUTER_SIGMOID:
+    if d.flags & FLAG_ROUTER_TOPK_SOFTMAX:  # gpt-oss: the logits with the Linear's bias choose
+        scores = router_logits + bias if bias is not None else router_logits
+        bias = None
+    elif d.flags & FLAG_ROUTER_SIGMOID:
         scores = (np.float32(1) / (np.float32(1) + np.exp(-router_logits))).astype(np.float32)
     else:
         scores = softmax(router_logits)
@@ -77,6 +93,8 @@ def route_topk(router_logits: np.ndarray, d: ModelDims, bias: np.ndarray | None 
         choice = np.where(np.repeat(mask, per, axis=-1), choice, -np.inf).astype(np.float32)
     idx = np.argsort(-choice, axis=-1, kind="stable")[:, :d.top_k]
     w = np.take_along_axis(scores, idx, axis=-1)
+    if d.flags & FLAG_ROUTER_TOPK_SOFTMAX:
+        w = softmax(w)
     if d.flags & FLAG_NORM_TOPK:
         w = w / (np.sum(w, axis=-1, keepdims=True) + np.float32(1e-20))
     return idx, (w * np.float32(d.routed_scale)).astype(np.float32)
@@ -129,6 +147,17 @@ class Reference:
         u = self.linear(x, up, layer, expert)
         return self.linear(silu(g) * u, down, layer, expert)
 
+    def routed_expert(self, x: np.ndarray, layer: int, e: int) -> np.ndarray:
+        d = self.d
+        if not d.flags & FLAG_EXPERT_BIAS and not d.swiglu_limit:
+            return self.swiglu(x, Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN, layer, e)
+        g, u = self.linear(x, Role.EXPERT_GATE, layer, e), self.linear(x, Role.EXPERT_UP, layer, e)
+        if d.flags & FLAG_EXPERT_BIAS:
+            g, u = g + self._t(Role.EXPERT_GATE_BIAS, layer)[e], u + self._t(Role.EXPERT_UP_BIAS, layer)[e]
+        h = clamped_glu(g, u, d.swiglu_alpha, d.swiglu_limit) if d.swiglu_limit else silu(g) * u
+        y = self.linear(h, Role.EXPERT_DOWN, layer, e)
+        return y + self._t(Role.EXPERT_DOWN_BIAS, layer)[e] if d.flags & FLAG_EXPERT_BIAS else y
+
     def moe(self, x: np.ndarray, layer: int) -> np.ndarray:
         d = self.d
         bias = self._t(Role.ROUTER_BIAS, layer) if d.flags & FLAG_ROUTER_BIAS else None
@@ -139,8 +168,7 @@ class Reference:
         for e in range(d.n_experts):
             rows, slot = np.nonzero(idx == e)
             if rows.size:
-                expert = self.swiglu(x[rows], Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN, layer, e)
-                out[rows] += w[rows, slot][:, None] * expert
+                out[rows] += w[rows, slot][:, None] * self.routed_expert(x[rows], layer, e)
         if d.flags & FLAG_SHARED_EXPERT:
             gate = 1.0 / (1.0 + np.exp(-self.linear(x, Role.SHARED_EXPERT_GATE, layer)))
             out += gate * self.swiglu(x, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, layer)
@@ -188,7 +216,8 @@ class Reference:
         key = self._cache(np.concatenate([latent, k_rope], axis=-1))  # [n, lat + rope]: one row per position
         scores = np.einsum("qhd,kd->hqk", q_att, key) * np.float32(d.scale)
         scores = np.where(self._seen(n, layer)[None], scores, np.float32(-np.inf))
-        summed = np.einsum("hqk,kd->qhd", softmax(scores), key[:, :lat])  # [n, H, lat]
+        probs = softmax_sink(scores, self._t(Role.SINKS, layer)) if d.flags & FLAG_ATTN_SINKS else softmax(scores)
+        summed = np.einsum("hqk,kd->qhd", probs, key[:, :lat])  # [n, H, lat]
         return self.per_head(summed, Role.WV_B, layer).reshape(n, d.o_dim)
 
     def attention(self, x: np.ndarray, layer: int) -> np.ndarray:
@@ -217,7 +246,8 @@ class Reference:
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
         scores = np.einsum("qhd,khd->hqk", q, k) * np.float32(d.scale)
         scores = np.where(self._seen(n, layer)[None], scores, np.float32(-np.inf))
-        out = np.einsum("hqk,khd->qhd", softmax(scores), v).reshape(n, d.q_dim)
+        probs = softmax_sink(scores, self._t(Role.SINKS, layer)) if d.flags & FLAG_ATTN_SINKS else softmax(scores)
+        out = np.einsum("hqk,khd->qhd", probs, v).reshape(n, d.q_dim)
         return self._proj(out, Role.WO, Role.BO, layer)
 
     def forward(self, tokens: list[int] | np.ndarray) -> np.ndarray:

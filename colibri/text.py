@@ -35,7 +35,8 @@ def gguf_meta(src: Path) -> dict | None:
         return None
     try:
         tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
-    except ValueError:  # transformers reads no config of this architecture (deepseek2): the vocabulary alone
+    except (ValueError, TypeError):  # transformers cannot read this architecture's config (deepseek2, gpt-oss as
+        # llama.cpp writes it): the vocabulary alone
         architecture, tokenizer, special = get_gguf_tokenizer(str(src))
         tok = PreTrainedTokenizerFast(tokenizer_object=convert_gguf_tokenizer(architecture, tokenizer)[0],
                                       **{k: v for k, v in special.items() if v is not None})

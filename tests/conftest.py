@@ -83,10 +83,10 @@ def board_name(run: str) -> str:
     return run.split("@")[0]
 
 
-def build(board: str, mode: str = "release", kernels: str = "auto", deepseek: bool = True) -> Path:
+def build(board: str, mode: str = "release", kernels: str = "auto", lean: bool = False) -> Path:
     subprocess.run([sys.executable, "-m", "SCons", "-Q", f"board={board}", f"mode={mode}", f"kernels={kernels}",
-                    f"deepseek={'yes' if deepseek else 'no'}"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    return ROOT / "build" / board / (mode + ("-scalar" if kernels == "scalar" else "") + ("" if deepseek else "-nodeepseek"))
+                    f"lean={'yes' if lean else 'no'}"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    return ROOT / "build" / board / (mode + ("-scalar" if kernels == "scalar" else "") + ("-lean" if lean else ""))
 
 
 def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path, max_positions: int = 128) -> Path:
@@ -102,7 +102,7 @@ def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path, max_po
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.3 * torch.randn_like(p))
-            elif name.endswith(".bias"):
+            elif name.endswith((".bias", "_bias")):  # gpt-oss's experts' biases too
                 p.copy_(0.3 * torch.randn_like(p))
         for name, b in model.named_buffers():  # DeepSeek-V3's router bias chooses experts: make it matter
             if name.endswith("e_score_correction_bias"):

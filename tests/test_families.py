@@ -79,7 +79,19 @@ FAMILIES += [
      num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=0, norm_topk_prob=False,
      rope_interleave=False, n_shared_experts=0)),
 ]
-WINDOWED = {"mixtral_window", "qwen2_window", "qwen2moe_window", "qwen3moe_window"}
+GPT_OSS = dict(SMALL, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=24,
+               num_local_experts=4, num_experts_per_tok=2)
+FAMILIES += [
+    # attention sinks, sliding layers alternating with full ones (windows shorter than the prompt), q/k/v/o
+    # biases, the router's bias and softmax over its top-k logits, experts with biases and the clamped SwiGLU
+    # (a limit low enough that the clamps bite), YaRN without truncation
+    ("gpt_oss", "GptOssForCausalLM", dict(GPT_OSS, num_hidden_layers=3, sliding_window=4, swiglu_limit=1.0,
+     rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=4.0, original_max_position_embeddings=32,
+                          beta_fast=32.0, beta_slow=1.0, truncate=False))),
+    ("gpt_oss_full", "GptOssForCausalLM", dict(GPT_OSS, num_experts_per_tok=3, sliding_window=3, swiglu_alpha=2.5,
+     layer_types=["full_attention", "sliding_attention"], rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+]
+WINDOWED = {"gpt_oss", "gpt_oss_full", "mixtral_window", "qwen2_window", "qwen2moe_window", "qwen3moe_window"}
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +115,8 @@ def test_families_cover_the_variants(family_images):
     assert dims["qwen2moe_sparse_step"].flags & FLAG_NORM_TOPK
     assert dims["llama_llama3_tied"].n_experts == 0
     windows = {name: (d.sliding_window, d.window_layers) for name, d in dims.items() if d.sliding_window}
-    assert windows == {"mixtral_window": (4, (True, True)), "qwen2_window": (3, (False, True, True)),
+    assert windows == {"gpt_oss": (4, (True, False, True)), "gpt_oss_full": (3, (False, True)),
+                       "mixtral_window": (4, (True, True)), "qwen2_window": (3, (False, True, True)),
                        "qwen2moe_window": (5, (True, False, False)), "qwen3moe_window": (4, (True, True))}
     # a windowed layer's KV cache is a ring of the window: the plan holds W rows for it, not max_seq
     d = dims["qwen2_window"]
@@ -248,16 +261,17 @@ def test_mla_cache_holds_the_latent(family_images, hosted_build, capsys):
     assert sd.kv_position_bytes() == 2 * 4 * sd.n_layers * sd.n_kv_heads * sd.head_dim  # K and V rows
 
 
-def test_cortex_m4_without_deepseek_fits_16_kib(family_images, firmwares):
-    """`scons deepseek=no` leaves DeepSeek's mechanisms out: on the Cortex-M4 that runtime is issue 10's 16 KiB
-    (-Os, every dtype; tools/size_gate.json's cortex_m4_nodeepseek), gives a standard image the bits of the
-    full build, and refuses a DeepSeek image by name instead of computing something else."""
+def test_lean_cortex_m4_fits_16_kib(family_images, firmwares):
+    """`scons lean=yes` leaves the newer families' mechanisms out (DeepSeek's, gpt-oss's): on the Cortex-M4 that
+    runtime is issue 10's 16 KiB (-Os, every dtype; tools/size_gate.json's cortex_m4_lean), gives the other
+    families' images the bits of the full build, and refuses a DeepSeek or gpt-oss image by name instead of
+    computing something else."""
     from conftest import GATE_FILE, build
     from colibri import footprint
     from colibri.protocol import DeviceError
-    out = build("cortex_m4", deepseek=False)
+    out = build("cortex_m4", lean=True)
     sizes = footprint.total([footprint.inspect(o) for o in footprint.runtime_objects("cortex_m4", out.name)])
-    gate = json.loads(GATE_FILE.read_text())["cortex_m4_nodeepseek"]
+    gate = json.loads(GATE_FILE.read_text())["cortex_m4_lean"]
     assert sizes[".text"] <= gate["runtime_text"] <= 16 * 1024, sizes
     assert sizes[".rodata"] <= gate["runtime_rodata"] and sizes[".data"] <= gate["runtime_data"]
     for name in ("qwen2moe_mixed", "mixtral_window"):
@@ -265,7 +279,41 @@ def test_cortex_m4_without_deepseek_fits_16_kib(family_images, firmwares):
         lean = flash.run_on_board(image, "cortex_m4", PROMPT, 4, Sampling(), True, firmware=out / "firmware.elf")
         full = flash.run_on_board(image, "cortex_m4", PROMPT, 4, Sampling(), True, firmware=firmwares["cortex_m4"])
         assert lean.tokens == full.tokens and lean.logits.tobytes() == full.logits.tobytes(), name
-    with pytest.raises(DeviceError) as err:
-        flash.run_on_board(family_images["deepseek_v3"][1], "cortex_m4", PROMPT, 1, Sampling(), False,
-                           firmware=out / "firmware.elf")
-    assert "COLIBRI_E_UNSUPPORTED" in str(err.value)
+    for name in ("deepseek_v3", "deepseek_v2", "gpt_oss"):
+        with pytest.raises(DeviceError) as err:
+            flash.run_on_board(family_images[name][1], "cortex_m4", PROMPT, 1, Sampling(), False,
+                               firmware=out / "firmware.elf")
+        assert "COLIBRI_E_UNSUPPORTED" in str(err.value), name
+
+
+def test_gpt_oss_mxfp4_experts_read_as_transformers_dequantizes_them(tmp_path):
+    """gpt-oss's released checkpoints store the experts as MXFP4 (E2M1 codes in blocks of 32 with an E8M0
+    scale, [E, out, in/32, 16], quantization_config mxfp4): they pack to the image the same experts give as
+    transformers' own dequantization (integrations.mxfp4.convert_moe_packed_tensors) stored in f32."""
+    from safetensors.numpy import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    arch, cfg = next((a, c) for n, a, c in FAMILIES if n == "gpt_oss")
+    src = make_family_checkpoint(arch, cfg, 77, tmp_path / "plain")
+    tensors = load_file(src / "model.safetensors")
+    rng = np.random.default_rng(3)
+    packed = dict(tensors)
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        experts, n_in, n_out = tensors[name].shape  # transformers' layout: [E, in, out]
+        blocks = rng.integers(0, 256, (experts, n_out, n_in // 32, 16), dtype=np.uint8)
+        scales = rng.integers(120, 130, (experts, n_out, n_in // 32), dtype=np.uint8)
+        tensors[name] = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales),
+                                                   dtype=torch.float32).numpy()  # back in transformers' [E, in, out]
+        del packed[name]
+        packed[name + "_blocks"], packed[name + "_scales"] = blocks, scales
+    save_file(tensors, str(src / "model.safetensors"))  # the plain checkpoint holds transformers' dequantization
+    mx = tmp_path / "mxfp4"
+    mx.mkdir()
+    config = json.loads((src / "config.json").read_text())
+    (mx / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "mxfp4"}}))
+    save_file(packed, str(mx / "model.safetensors"))
+    pack(src, tmp_path / "plain.img", max_seq=32, expert_align=64)
+    pack(mx, tmp_path / "mx.img", max_seq=32, expert_align=64)
+    assert (tmp_path / "mx.img").read_bytes() == (tmp_path / "plain.img").read_bytes()
+    with pytest.raises(Exception, match="quant_method='fp8'"):
+        (mx / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "fp8"}}))
+        pack(mx, tmp_path / "fp8.img", max_seq=32, expert_align=64)

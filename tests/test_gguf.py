@@ -196,7 +196,12 @@ def test_converter_files_are_as_llama_cpp_writes_them():
     """What makes the converter's files worth testing apart from the project's writer: experts merged into
     one 3-D tensor per layer, Qwen2-MoE's shared expert and its gate, a real tokenizer, the converter's q8_0."""
     names = {f: {t.name for t in gguf.GGUFReader(str(FIXTURES / f"{f}.gguf")).tensors} for f in CONVERTED}
-    assert set(names) == {"converted-mixtral-q8_0", "converted-qwen2moe-q4_k_m", "converted-deepseek3-q8_0"}
+    assert set(names) == {"converted-mixtral-q8_0", "converted-qwen2moe-q4_k_m", "converted-deepseek3-q8_0",
+                          "converted-gpt-oss-q8_0"}
+    assert {"blk.0.attn_sinks.weight", "blk.0.ffn_gate_exps.bias", "blk.0.ffn_gate_inp.bias"} <= names["converted-gpt-oss-q8_0"]
+    oss = {t.name: gguf.GGMLQuantizationType(t.tensor_type).name
+           for t in gguf.GGUFReader(str(FIXTURES / "converted-gpt-oss-q8_0.gguf")).tensors}
+    assert oss["blk.1.ffn_gate_exps.weight"] == oss["blk.1.ffn_down_exps.weight"] == "MXFP4"  # repacked by the converter
     assert {"blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight", "blk.1.exp_probs_b.bias"} <= names["converted-deepseek3-q8_0"]
     assert "blk.0.ffn_gate_exps.weight" not in names["converted-deepseek3-q8_0"]  # its first layer is dense
     for tensors in names.values():

@@ -32,7 +32,7 @@ def entry(i: int, field_offset: int) -> int:
     return TABLE + i * ENTRY_BYTES + field_offset
 
 
-FIRST_UP = 3 + 28 + 1  # entries: embd, rope cos, rope sin, 28 per-layer slots, then expert 0 gate, up, down
+FIRST_UP = 3 + 32 + 1  # entries: embd, rope cos, rope sin, 32 per-layer slots, then expert 0 gate, up, down
 
 
 def swap_entries(b: bytearray) -> bytearray:
@@ -75,6 +75,13 @@ CASES = [
      "E_IMAGE_BOUNDS"),
     ("table byte flipped", flip(TABLE + 33), "E_IMAGE_PAYLOAD_CRC"),
     ("reserved header byte", put("<B", 300, 1), "E_IMAGE_HEADER"),
+    # gpt-oss's expert activation (280, 284) and flags 10..12
+    ("SwiGLU limit without alpha", put("<f", 284, 7.0), "E_IMAGE_DIMS"),
+    ("SwiGLU alpha NaN", lambda b: put("<f", 280, float("nan"))(put("<f", 284, 7.0, seal=False)(b)), "E_IMAGE_DIMS"),
+    ("SwiGLU limit negative", lambda b: put("<f", 280, 1.7)(put("<f", 284, -1.0, seal=False)(b)), "E_IMAGE_DIMS"),
+    ("top-k softmax with renormalization", put("<I", 76, 1 | 1 << 12), "E_IMAGE_DIMS"),
+    ("sinks the table lacks", put("<I", 76, 1 | 1 << 10), "E_IMAGE_TABLE"),
+    ("expert biases the table lacks", put("<I", 76, 1 | 1 << 11), "E_IMAGE_TABLE"),
     # attention (244..263) and routing (264..279) fields; the base image: 4 heads of 6, 2 KV heads, 4 experts, top-2
     ("q-LoRA without latent attention", put("<I", 244, 8), "E_IMAGE_DIMS"),
     ("latent attention with two KV heads", put("<I", 248, 8), "E_IMAGE_DIMS"),
@@ -115,7 +122,7 @@ CASES = [
     ("eps NaN", put("<f", 80, float("nan")), "E_IMAGE_DIMS"),
     ("eps zero", put("<f", 80, 0.0), "E_IMAGE_DIMS"),
     ("unknown arch", put("<I", 32, 2), "E_UNSUPPORTED"),
-    ("unknown flag", put("<I", 76, 1 << 10), "E_UNSUPPORTED"),
+    ("unknown flag", put("<I", 76, 1 << 13), "E_UNSUPPORTED"),
     ("both q/k norm kinds", put("<I", 76, (1 << 3) | (1 << 4)), "E_UNSUPPORTED"),
     ("tensor count", put("<I", 96, 10), "E_IMAGE_TABLE"),
     ("entries out of order", swap_entries, "E_IMAGE_TABLE"),

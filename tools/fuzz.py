@@ -102,6 +102,10 @@ def make_seeds() -> None:
                          | im.FLAG_ROPE_PAIRS, moe=(False, True), dense=10, shared=5, experts=4,
                          mla=dict(head_dim=6, q_lora_rank=4, kv_lora_rank=5, rope_dim=2, v_head_dim=3, n_group=2,
                                   topk_group=1, group_top=2, routed_scale=2.5, attn_scale=0.3)),
+        # attention sinks, a top-k-then-softmax router with a bias, expert biases and the clamped SwiGLU
+        "gpt-oss": dict(flags=im.FLAG_QKV_BIAS | im.FLAG_O_BIAS | im.FLAG_ATTN_SINKS | im.FLAG_ROUTER_BIAS
+                        | im.FLAG_ROUTER_TOPK_SOFTMAX | im.FLAG_EXPERT_BIAS, moe=(True, True), dtype=DType.Q8_0,
+                        mla=dict(swiglu_alpha=1.702, swiglu_limit=0.5)),
         "deepseek-q4_0": dict(flags=im.FLAG_ROPE_PAIRS, moe=(True, True), dtype=DType.Q4_0, kv=1,
                               mla=dict(head_dim=6, kv_lora_rank=5, rope_dim=2, v_head_dim=7)),
     }
@@ -118,7 +122,8 @@ def make_seeds() -> None:
         for role, layer, expert in im.canonical_order(dims):
             if layer == im.NO_INDEX or dims.present(role, layer):
                 t = rng.normal(0, 0.5, im.expected_shape(dims, role)).astype(np.float32)
-                tensors[(role, layer, expert)] = convert(t, v.get("dtype", DType.F32) if t.ndim == 2 else DType.F32)
+                narrow = t.ndim == 2 and role not in im.F32_TABLES
+                tensors[(role, layer, expert)] = convert(t, v.get("dtype", DType.F32) if narrow else DType.F32)
         inv = 1.0 / (10000.0 ** (np.arange(0, dims.rope_width, 2) / dims.rope_width))
         cos, sin = tables(inv, 1.0, dims.max_seq)
         tensors[(im.Role.ROPE_COS, im.NO_INDEX, im.NO_INDEX)] = cos

@@ -61,6 +61,11 @@ CONVERTED = [
      n_group=2, topk_group=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32,
      qk_rope_head_dim=16, v_head_dim=32, n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True,
      scoring_func="sigmoid", topk_method="noaux_tc"), "q8_0", None),
+    # gpt-oss with its experts in MXFP4, as the released checkpoints store them (random codes and scales), which
+    # the converter repacks into GGUF's MXFP4 blocks; the rest in q8_0
+    ("gpt-oss", "GptOssForCausalLM", dict(hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+     num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
+     sliding_window=4), "q8_0", None),
 ]
 
 
@@ -97,6 +102,8 @@ def convert(llama_cpp_dir: Path, family: str, arch: str, config: dict, outtype: 
                 b.copy_(0.5 * torch.randn_like(b))
     checkpoint = tmp / f"converted-{family}"
     model.save_pretrained(checkpoint)
+    if arch == "GptOssForCausalLM":
+        to_mxfp4(checkpoint)
     tokenizer.save_pretrained(checkpoint)
     written = tmp / f"{family}-{outtype}.gguf"
     subprocess.run([sys.executable, str(llama_cpp_dir / "convert_hf_to_gguf.py"), str(checkpoint), "--outfile",
@@ -107,6 +114,25 @@ def convert(llama_cpp_dir: Path, family: str, arch: str, config: dict, outtype: 
     else:
         shutil.copy(written, dst)
     return dst
+
+
+def to_mxfp4(checkpoint: Path) -> None:
+    """Rewrite a gpt-oss checkpoint's expert matrices as MXFP4 blocks and scales (random, seeded), with the
+    quantization_config the released checkpoints carry: what llama.cpp's converter repacks into GGUF's MXFP4."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+    tensors = load_file(checkpoint / "model.safetensors")
+    rng = np.random.default_rng(31)
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        experts, n_in, n_out = tensors.pop(name).shape
+        tensors[name + "_blocks"] = rng.integers(0, 256, (experts, n_out, n_in // 32, 16), dtype=np.uint8)
+        tensors[name + "_scales"] = rng.integers(122, 128, (experts, n_out, n_in // 32), dtype=np.uint8)
+    save_file(tensors, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (checkpoint / "config.json").write_text(json.dumps(config))
 
 
 def quantize(src: Path, dst: Path, ftype_name: str) -> None:

@@ -31,7 +31,7 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
     a.tensors = reserve_bytes(&p, d->n_tensors, TENSOR_REF_BYTES);
     a.x = reserve(&p, d->dim);
     a.xn = reserve(&p, d->dim);
-    const int mla = COLIBRI_DEEPSEEK && d->kv_lora != 0;
+    const int mla = !COLIBRI_LEAN && d->kv_lora != 0;
     a.q = reserve(&p, d->q_dim);
     a.q_a = mla ? reserve(&p, d->q_lora) : 0; /* MLA's buffers: none for standard attention */
     a.k_new = reserve(&p, d->kv_dim);
@@ -72,7 +72,7 @@ uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_b
     b.n = tokens;
     b.x = reserve(&p, n * d->dim);
     b.xn = reserve(&p, n * d->dim);
-    const int mla = COLIBRI_DEEPSEEK && d->kv_lora != 0;
+    const int mla = !COLIBRI_LEAN && d->kv_lora != 0;
     b.q = reserve(&p, n * d->q_dim);
     b.q_a = mla ? reserve(&p, n * d->q_lora) : 0; /* MLA's buffers: none for standard attention */
     b.k = reserve(&p, n * d->kv_dim);

@@ -38,7 +38,8 @@ enum {
     H_DENSE_FFN = 124, H_SHARED_FFN = 128, H_CLIP_QKV = 132, H_KV_DTYPE = 136, H_EXPERT_OFFSET = 140,
     H_EXPERT_CRC_OFFSET = 148, H_META_OFFSET = 156, H_META_BYTES = 164, H_META_CRC = 172, H_SLIDING_WINDOW = 176,
     H_WINDOW_LAYERS = 180, H_Q_LORA = 244, H_KV_LORA = 248, H_ROPE_DIM = 252, H_V_HEAD_DIM = 256, H_ATTN_SCALE = 260,
-    H_N_GROUP = 264, H_TOPK_GROUP = 268, H_GROUP_TOP = 272, H_ROUTED_SCALE = 276, H_RESERVED = 280
+    H_N_GROUP = 264, H_TOPK_GROUP = 268, H_GROUP_TOP = 272, H_ROUTED_SCALE = 276, H_SWIGLU_ALPHA = 280,
+    H_SWIGLU_LIMIT = 284, H_RESERVED = 288
 };
 /* Tensor table entry field offsets (docs/FORMAT.md, "Tensor table"). */
 enum {
@@ -92,7 +93,7 @@ static int attention_dims(const uint8_t *h, model_dims *d) {
     if (!scale_ok(d->attn_scale) || (uint64_t)H * hd > IMG_MAX_DIM) return 1;
     d->q_dim = H * hd;
     d->o_dim = H * d->v_head_dim; /* checked below */
-    if (!COLIBRI_DEEPSEEK || d->kv_lora == 0) { /* without them, read_dims refuses kv_lora > 0 */
+    if (COLIBRI_LEAN || d->kv_lora == 0) { /* without them, read_dims refuses kv_lora > 0 */
         d->kv_dim = d->n_kv_heads * hd; /* <= n_heads * hd */
         d->att_dim = d->val_dim = hd;
         return d->q_lora || d->rope_dim != hd || d->v_head_dim != hd;
@@ -118,7 +119,17 @@ static int routing_dims(const uint8_t *h, model_dims *d) {
     d->topk_group = rd32(h + H_TOPK_GROUP);
     d->group_top = rd32(h + H_GROUP_TOP);
     d->routed_scale = rdf32(h + H_ROUTED_SCALE);
-    if (!COLIBRI_DEEPSEEK) return d->topk_group != 1 || d->group_top != 1 || d->routed_scale != 1.0f; /* n_group 1 */
+    if (COLIBRI_LEAN) return d->topk_group != 1 || d->group_top != 1 || d->routed_scale != 1.0f; /* n_group 1; the
+                                                                                                    * lean build reads no swiglu_* */
+    d->swiglu_alpha = rdf32(h + H_SWIGLU_ALPHA);
+    d->swiglu_limit = rdf32(h + H_SWIGLU_LIMIT);
+    /* gpt-oss's expert activation: limit and alpha finite and positive, with experts; else both 0 */
+    if (d->swiglu_limit != 0.0f || d->swiglu_alpha != 0.0f)
+        if (!scale_ok(d->swiglu_limit) || !scale_ok(d->swiglu_alpha) || !d->n_experts) return 1;
+    /* top-k then softmax: its own weights, no sigmoid, renormalization or groups */
+    if ((d->flags & IMG_FLAG_ROUTER_TOPK_SOFTMAX) &&
+        ((d->flags & (IMG_FLAG_ROUTER_SIGMOID | IMG_FLAG_NORM_TOPK)) || rd32(h + H_N_GROUP) != 1))
+        return 1;
     if (!scale_ok(d->routed_scale) || d->n_group == 0 || d->n_group > IMG_MAX_TOP_K || d->topk_group == 0 || d->topk_group > d->n_group)
         return 1;
     if (!d->n_experts) return d->n_group != 1 || d->topk_group != 1 || d->group_top != 1;
@@ -159,16 +170,17 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     if (d->n_experts > IMG_MAX_EXPERTS || d->top_k > IMG_MAX_TOP_K) return COLIBRI_E_IMAGE_DIMS;
     if (!(d->eps > 0.0f && d->eps < 1.0f) || !(d->clip_qkv >= 0.0f && d->clip_qkv < 3.0e38f)) /* rejects NaN */
         return COLIBRI_E_IMAGE_DIMS;
-    if (d->flags & ~IMG_KNOWN_FLAGS) return COLIBRI_E_UNSUPPORTED;
-    if (!COLIBRI_DEEPSEEK && (rd32(h + H_KV_LORA) || rd32(h + H_N_GROUP) != 1 ||
-                              (d->flags & (IMG_FLAG_ROUTER_SIGMOID | IMG_FLAG_ROUTER_BIAS | IMG_FLAG_ROPE_PAIRS))))
-        return COLIBRI_E_UNSUPPORTED; /* a build without DeepSeek's mechanisms */
+    /* the lean build knows none of the newer families' mechanisms: their flags and fields are unsupported there */
+    if (d->flags & ~(COLIBRI_LEAN ? IMG_LEAN_FLAGS : IMG_KNOWN_FLAGS)) return COLIBRI_E_UNSUPPORTED;
+    if (COLIBRI_LEAN && (rd32(h + H_KV_LORA) || rd32(h + H_N_GROUP) != 1 || rd32(h + H_SWIGLU_LIMIT) ||
+                         rd32(h + H_SWIGLU_ALPHA)))
+        return COLIBRI_E_UNSUPPORTED;
     if (attention_dims(h, d) || routing_dims(h, d)) return COLIBRI_E_IMAGE_DIMS;
     d->ffn_max = d->ffn > d->dense_ffn ? d->ffn : d->dense_ffn;
     if (d->shared_ffn > d->ffn_max) d->ffn_max = d->shared_ffn;
     uint32_t in_max = d->dim > d->q_dim ? d->dim : d->q_dim; /* the longest row: every matrix's columns */
     if (d->ffn_max > in_max) in_max = d->ffn_max;
-    if (COLIBRI_DEEPSEEK) {
+    if (!COLIBRI_LEAN) {
         const uint32_t mla_inputs[] = { d->q_lora, d->kv_lora, d->o_dim };
         for (unsigned i = 0; i < sizeof mla_inputs / sizeof mla_inputs[0]; i++)
             if (mla_inputs[i] > in_max) in_max = mla_inputs[i];
@@ -197,17 +209,25 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
  * means the slot must be empty. `moe` says whether layer s->layer has routed experts. */
 typedef struct { uint32_t role, layer, expert, ndims, dim0, dim1; } tensor_spec;
 
-/* An MLA slot's shape (cols stays 0 for a vector); whether the model has it: the q-LoRA's three only with
- * a q_lora_rank. */
-static int mla_shape(const model_dims *d, uint32_t role, uint32_t *rows, uint32_t *cols) {
+/* The shape of a slot only the newer families use (MLA's, the router bias, sinks, expert biases; cols stays 0
+ * for a vector), and whether this model has it. */
+static int newer_shape(const model_dims *d, uint32_t role, int moe, uint32_t *rows, uint32_t *cols) {
+    const uint32_t f = d->flags;
+    const int mla = d->kv_lora != 0, q_lora = mla && d->q_lora != 0;
     switch (role) {
-    case ROLE_WQ_A: *rows = d->q_lora; *cols = d->dim; return d->q_lora != 0;
-    case ROLE_Q_A_NORM: *rows = d->q_lora; return d->q_lora != 0;
-    case ROLE_WQ_B: *rows = d->q_dim; *cols = d->q_lora; return d->q_lora != 0;
-    case ROLE_WKV_A: *rows = d->kv_dim; *cols = d->dim; return 1;
-    case ROLE_KV_A_NORM: *rows = d->kv_lora; return 1;
-    case ROLE_WK_B: *rows = d->n_heads * d->kv_lora; *cols = d->head_dim - d->rope_dim; return 1;
-    default: *rows = d->o_dim; *cols = d->kv_lora; return 1; /* ROLE_WV_B */
+    case ROLE_WQ_A: *rows = d->q_lora; *cols = d->dim; return q_lora;
+    case ROLE_Q_A_NORM: *rows = d->q_lora; return q_lora;
+    case ROLE_WQ_B: *rows = d->q_dim; *cols = d->q_lora; return q_lora;
+    case ROLE_WKV_A: *rows = d->kv_dim; *cols = d->dim; return mla;
+    case ROLE_KV_A_NORM: *rows = d->kv_lora; return mla;
+    case ROLE_WK_B: *rows = d->n_heads * d->kv_lora; *cols = d->head_dim - d->rope_dim; return mla;
+    case ROLE_WV_B: *rows = d->o_dim; *cols = d->kv_lora; return mla;
+    case ROLE_SINKS: *rows = d->n_heads; return (f & IMG_FLAG_ATTN_SINKS) != 0;
+    case ROLE_ROUTER_BIAS: *rows = d->n_experts; return moe && (f & IMG_FLAG_ROUTER_BIAS);
+    default: /* ROLE_EXPERT_GATE_BIAS, ROLE_EXPERT_UP_BIAS, ROLE_EXPERT_DOWN_BIAS */
+        *rows = d->n_experts;
+        *cols = role == ROLE_EXPERT_DOWN_BIAS ? d->dim : d->ffn;
+        return moe && (f & IMG_FLAG_EXPERT_BIAS);
     }
 }
 
@@ -230,7 +250,7 @@ static void spec_for(const model_dims *d, uint32_t i, int moe, tensor_spec *s) {
         s->role = ROLE_OUTPUT_NORM + (i - TENSORS_BEFORE_LAYERS - per_layer * d->n_layers);
     }
     const uint32_t D = d->dim, f = d->flags;
-    const int mla = COLIBRI_DEEPSEEK && d->kv_lora != 0, q_lora = mla && d->q_lora != 0;
+    const int mla = !COLIBRI_LEAN && d->kv_lora != 0, q_lora = mla && d->q_lora != 0; /* WQ, WK, WV go with them */
     const int shared = moe && (f & (IMG_FLAG_SHARED_EXPERT | IMG_FLAG_SHARED_PLAIN)), qk_norm = (f & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) != 0;
     const int head_norm = (f & IMG_FLAG_QK_NORM_HEAD) != 0;
     uint32_t rows = 0, cols = 0, present = 1; /* cols 0: a vector (norm weights, biases) */
@@ -242,7 +262,8 @@ static void spec_for(const model_dims *d, uint32_t i, int moe, tensor_spec *s) {
     case ROLE_WK: case ROLE_WV: rows = d->kv_dim; cols = D; present = !mla; break;
     case ROLE_WO: rows = D; cols = d->o_dim; break;
     case ROLE_WQ_A: case ROLE_Q_A_NORM: case ROLE_WQ_B: case ROLE_WKV_A: case ROLE_KV_A_NORM: case ROLE_WK_B:
-    case ROLE_WV_B: present = mla && mla_shape(d, s->role, &rows, &cols); break;
+    case ROLE_WV_B: case ROLE_SINKS: case ROLE_ROUTER_BIAS: case ROLE_EXPERT_GATE_BIAS: case ROLE_EXPERT_UP_BIAS:
+    case ROLE_EXPERT_DOWN_BIAS: present = !COLIBRI_LEAN && newer_shape(d, s->role, moe, &rows, &cols); break;
     case ROLE_BQ: rows = d->q_dim; present = (f & IMG_FLAG_QKV_BIAS) != 0; break;
     case ROLE_BK: case ROLE_BV: rows = d->kv_dim; present = (f & IMG_FLAG_QKV_BIAS) != 0; break;
     case ROLE_BO: rows = D; present = (f & IMG_FLAG_O_BIAS) != 0; break;
@@ -251,7 +272,6 @@ static void spec_for(const model_dims *d, uint32_t i, int moe, tensor_spec *s) {
     case ROLE_DENSE_GATE: case ROLE_DENSE_UP: rows = d->dense_ffn; cols = D; present = !moe; break;
     case ROLE_DENSE_DOWN: rows = D; cols = d->dense_ffn; present = !moe; break;
     case ROLE_ROUTER: rows = d->n_experts; cols = D; present = moe; break;
-    case ROLE_ROUTER_BIAS: rows = d->n_experts; present = COLIBRI_DEEPSEEK && moe && (f & IMG_FLAG_ROUTER_BIAS); break;
     case ROLE_SHARED_GATE: case ROLE_SHARED_UP: rows = d->shared_ffn; cols = D; present = shared; break;
     case ROLE_SHARED_DOWN: rows = D; cols = d->shared_ffn; present = shared; break;
     case ROLE_SHARED_EXPERT_GATE: rows = 1; cols = D; present = moe && (f & IMG_FLAG_SHARED_EXPERT); break;
@@ -293,8 +313,10 @@ static colibri_status check_entry(const uint8_t *e, const tensor_spec *s, uint64
                rd64(e + E_SCALES_BYTES) == 0 ? COLIBRI_OK : COLIBRI_E_IMAGE_TABLE;
     }
     if (dtype >= DTYPE_COUNT) return COLIBRI_E_IMAGE_DTYPE;
-    /* vectors and the RoPE tables are f32; any matrix may be narrower */
-    if (dtype != DTYPE_F32 && (s->ndims != 2 || s->role == ROLE_ROPE_COS || s->role == ROLE_ROPE_SIN))
+    /* vectors and the tables read as floats (RoPE, expert biases) are f32; any matrix may be narrower */
+    const int table = s->role == ROLE_ROPE_COS || s->role == ROLE_ROPE_SIN ||
+                      (!COLIBRI_LEAN && s->role >= ROLE_EXPERT_GATE_BIAS && s->role <= ROLE_EXPERT_DOWN_BIAS);
+    if (dtype != DTYPE_F32 && (s->ndims != 2 || table))
         return COLIBRI_E_IMAGE_DTYPE;
     const int quantized = dtype == DTYPE_Q8_0 || dtype == DTYPE_Q4_0;
     uint64_t bytes, scales;

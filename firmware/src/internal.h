@@ -20,27 +20,33 @@
 #define IMG_FLAG_ROUTER_BIAS (1u << 7)    /* ROUTER_BIAS added to the scores to choose experts, not to weigh them */
 #define IMG_FLAG_SHARED_PLAIN (1u << 8)   /* ungated shared expert in MoE layers */
 #define IMG_FLAG_ROPE_PAIRS (1u << 9)     /* RoPE rotates adjacent pairs, not the two halves of a head */
-#define IMG_KNOWN_FLAGS 0x3FFu
+#define IMG_FLAG_ATTN_SINKS (1u << 10)   /* a learned logit per head joins each softmax's denominator */
+#define IMG_FLAG_EXPERT_BIAS (1u << 11)  /* routed experts' gate, up and down have biases */
+#define IMG_FLAG_ROUTER_TOPK_SOFTMAX (1u << 12) /* top-k of the logits (+ ROUTER_BIAS), softmax over those */
+#define IMG_KNOWN_FLAGS 0x1FFFu
+#define IMG_LEAN_FLAGS 0x13Fu /* the lean build's (COLIBRI_LEAN): bits 0-5 and SHARED_PLAIN */
 #define IMG_NO_INDEX 0xFFFFFFFFu
 #define IMG_MAX_DIM (1u << 24) /* any single dimension; keeps every product of two in 64 bits */
 #define IMG_WINDOW_LAYER_BYTES 64u /* the header's window_layers bitmap: layers 0..511 */
 #define IMG_MAX_EXPERTS 1024u  /* routed experts per layer (DeepSeek-V3 has 256): bounds the router's work */
 #define IMG_MAX_TOP_K 64u      /* experts per token */
 
-/* DeepSeek's mechanisms: multi-head latent attention and the sigmoid, biased, group-limited router. On by
- * default; `scons deepseek=no` defines it 0, which leaves their code out (2.3 KiB on a Cortex-M4: the
- * runtime fits 16 KiB again) and refuses an image that needs them (COLIBRI_E_UNSUPPORTED). Plain `if`s
- * on it, not #if: both builds compile every line. */
-#ifndef COLIBRI_DEEPSEEK
-#define COLIBRI_DEEPSEEK 1
+/* The mechanisms of the newer families (DeepSeek's latent attention and sigmoid, biased, group-limited router;
+ * gpt-oss's sinks, top-k-then-softmax router, expert biases and clamped SwiGLU) are in by default; `scons
+ * lean=yes` defines COLIBRI_LEAN 1, which leaves their code out (the Cortex-M4 runtime fits 16 KiB again) and
+ * refuses an image that needs them (COLIBRI_E_UNSUPPORTED). Plain `if`s on it, not #if: both builds compile
+ * every line. */
+#ifndef COLIBRI_LEAN
+#define COLIBRI_LEAN 0
 #endif
 
 enum tensor_role {
     ROLE_TOKEN_EMBD = 1, ROLE_ROPE_COS, ROLE_ROPE_SIN,
     /* per layer, in table order */
     ROLE_ATTN_NORM, ROLE_WQ, ROLE_BQ, ROLE_WK, ROLE_BK, ROLE_WV, ROLE_BV, ROLE_WO, ROLE_BO,
-    ROLE_Q_NORM, ROLE_K_NORM, ROLE_WQ_A, ROLE_Q_A_NORM, ROLE_WQ_B, ROLE_WKV_A, ROLE_KV_A_NORM, ROLE_WK_B, ROLE_WV_B,
-    ROLE_FFN_NORM, ROLE_DENSE_GATE, ROLE_DENSE_UP, ROLE_DENSE_DOWN, ROLE_ROUTER, ROLE_ROUTER_BIAS, ROLE_SHARED_GATE, ROLE_SHARED_UP, ROLE_SHARED_DOWN, ROLE_SHARED_EXPERT_GATE,
+    ROLE_Q_NORM, ROLE_K_NORM, ROLE_SINKS, ROLE_WQ_A, ROLE_Q_A_NORM, ROLE_WQ_B, ROLE_WKV_A, ROLE_KV_A_NORM, ROLE_WK_B, ROLE_WV_B,
+    ROLE_FFN_NORM, ROLE_DENSE_GATE, ROLE_DENSE_UP, ROLE_DENSE_DOWN, ROLE_ROUTER, ROLE_ROUTER_BIAS,
+    ROLE_EXPERT_GATE_BIAS, ROLE_EXPERT_UP_BIAS, ROLE_EXPERT_DOWN_BIAS, ROLE_SHARED_GATE, ROLE_SHARED_UP, ROLE_SHARED_DOWN, ROLE_SHARED_EXPERT_GATE,
     /* per expert of a layer */
     ROLE_EXPERT_GATE, ROLE_EXPERT_UP, ROLE_EXPERT_DOWN,
     ROLE_OUTPUT_NORM, ROLE_LM_HEAD
@@ -71,6 +77,7 @@ typedef struct {
     float attn_scale;                               /* the softmax scale, as the host computed it */
     uint32_t n_group, topk_group, group_top;        /* group-limited routing (n_group 1: none) */
     float routed_scale;                             /* times the routed experts' weights */
+    float swiglu_alpha, swiglu_limit;               /* limit > 0: the experts' clamped SwiGLU (gpt-oss) */
     uint32_t q_dim, kv_dim, ffn_max;                /* kv_dim: one position's K cache row */
     uint32_t att_dim, val_dim, o_dim;               /* per head: what attention dots and sums; Wo's input */
     uint32_t in_blocks;             /* blocks of QBLOCK in the longest matvec input (for the quantized x) */
@@ -320,7 +327,9 @@ ALWAYS_INLINE float dot_blocks(const void *w, const uint16_t *w_scale, const q8_
     return sum_lanes8(acc);
 }
 void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
-void softmax(float *x, uint32_t n);
+/* softmax over x[0, n); with a sink (gpt-oss: the head's learned logit) one more logit in the denominator only,
+ * so the n probabilities may sum to less than 1. */
+void softmax(float *x, uint32_t n, const float *sink);
 
 /* Where routed expert (layer, expert)'s block starts in the image, and its bytes (gate to end of down). */
 void expert_block(const colibri_ctx *c, uint32_t layer, uint32_t expert, uint64_t *offset, uint64_t *bytes);

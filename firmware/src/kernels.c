@@ -199,14 +199,17 @@ void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps) 
     for (uint32_t i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
 }
 
-void softmax(float *x, uint32_t n) {
+void softmax(float *x, uint32_t n, const float *sink) {
+    if (COLIBRI_LEAN) sink = 0; /* no sinks in the lean build */
     float max = x[0];
     for (uint32_t i = 1; i < n; i++)
         if (x[i] > max) max = x[i];
+    if (sink && *sink > max) max = *sink;
     float sum = 0.0f;
     for (uint32_t i = 0; i < n; i++) {
         x[i] = colibri_expf(x[i] - max);
         sum += x[i];
     }
+    if (sink) sum += colibri_expf(*sink - max); /* after the positions, as transformers concatenates it */
     for (uint32_t i = 0; i < n; i++) x[i] /= sum;
 }

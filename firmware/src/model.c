@@ -3,10 +3,12 @@
  *   per layer:  h = rmsnorm(x)
  *               q, k, v = Wq h (+bq), Wk h (+bk), Wv h (+bv); optional q/k RMSNorm (per head or
  *               across the projection) and clipping; rotate-half RoPE on q and k
- *               x += Wo attention(q, K cache, V cache) (+bo)
+ *               x += Wo attention(q, K cache, V cache) (+bo), with optional per-head sinks; or DeepSeek's
+ *               multi-head latent attention (attention_mla)
  *               h = rmsnorm(x)
  *               x += dense SwiGLU MLP(h), or in a MoE layer
- *                    sum over the top-k experts of w_k * expert_k(h) (+ sigmoid(g . h) * shared(h))
+ *                    sum over the top-k experts of w_k * expert_k(h) (+ sigmoid(g . h) * shared(h), or
+ *                    + shared(h)); the routers of route_topk; gpt-oss's expert biases and clamped SwiGLU
  *   logits = lm_head(rmsnorm(x))
  * Weights are read in place from the image, in their stored dtype (f32, f16, bf16, Q8_0, Q4_0), except
  * routed experts with an expert cache, which come through it (experts.c); the KV cache (f32 or f16)
@@ -72,10 +74,17 @@ static token_buffers tokens_in(colibri_ctx *c, uint32_t n) {
 
 /* ---- matrices times the tokens' vectors ---- */
 
+/* A routed expert's extras in gpt-oss: biases after its gate, up and down matrices, and the clamped
+ * activation when limit > 0. NULL for every other FFN. */
+typedef struct {
+    const float *bias[3];
+    float alpha, limit;
+} ffn_extras;
+
 /* Up to three matrices that read the same tokens' vectors, each part computing a fixed share of every
  * matrix's rows for every token (the same code for a row whichever thread runs it: results do not depend
  * on the split). ROWS_SWIGLU: once a part has its rows of gate (out[0]) and up (out[1]), out[0][i] =
- * silu(out[0][i]) * out[1][i] for them. */
+ * silu(out[0][i]) * out[1][i] for them, or with `extras` gpt-oss's form of it. */
 enum rows_epilogue { ROWS_ONLY, ROWS_SWIGLU };
 typedef struct {
     const kernel_set *k;
@@ -88,6 +97,7 @@ typedef struct {
     uint32_t out_stride[3];
     weight w[3];
     enum rows_epilogue epilogue;
+    const ffn_extras *extras;
 } rows_work;
 
 /* Below this many weights a matrix is not worth waking other threads for (a router, a gate vector). */
@@ -190,6 +200,19 @@ static void matrix_rows(const rows_work *m, uint32_t j, uint32_t r0, uint32_t r1
     }
 }
 
+/* gpt-oss's expert activation of element i (transformers' GptOssExperts._apply_gate): the biases added, then
+ * with a limit the gate clamped above and up to +-limit, (up + 1) * gate * sigmoid(alpha * gate). */
+static float clamped_glu(const ffn_extras *e, float g, float u, uint32_t i) {
+    if (e->bias[0]) {
+        g += e->bias[0][i];
+        u += e->bias[1][i];
+    }
+    if (!(e->limit > 0.0f)) return g / (1.0f + colibri_expf(-g)) * u;
+    g = g > e->limit ? e->limit : g;
+    u = u > e->limit ? e->limit : (u < -e->limit ? -e->limit : u);
+    return (u + 1.0f) * (g / (1.0f + colibri_expf(-(e->alpha * g))));
+}
+
 static void rows_part(void *arg, uint32_t part) {
     const rows_work *m = arg;
     for (uint32_t j = 0; j < m->n; j++)
@@ -199,7 +222,12 @@ static void rows_part(void *arg, uint32_t part) {
         for (uint32_t t = 0; t < m->n_tok; t++) {
             float *g = m->out[0] + (size_t)t * m->out_stride[0];
             const float *u = m->out[1] + (size_t)t * m->out_stride[1];
-            for (uint32_t i = r0; i < r1; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
+            if (!COLIBRI_LEAN && m->extras) {
+                const ffn_extras *e = m->extras;
+                for (uint32_t i = r0; i < r1; i++) g[i] = clamped_glu(e, g[i], u[i], i);
+            } else {
+                for (uint32_t i = r0; i < r1; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
+            }
         }
     }
 }
@@ -309,14 +337,15 @@ static void attend_heads(colibri_ctx *c, uint32_t layer, size_t layer_base, uint
     const arena_buffers *a = &c->a;
     const uint32_t kd = d->att_dim, vd = d->val_dim, group = d->n_heads / d->n_kv_heads, rows = kv_rows(d, layer);
     const uint32_t first = pos >= rows ? pos - rows + 1 : 0, seen = pos - first + 1, first_row = first % rows;
-    const void *values = COLIBRI_DEEPSEEK && d->kv_lora ? a->k_cache : a->v_cache;
+    const void *values = !COLIBRI_LEAN && d->kv_lora ? a->k_cache : a->v_cache;
+    const float *sinks = !COLIBRI_LEAN && (d->flags & IMG_FLAG_ATTN_SINKS) ? layer_w(c, layer, ROLE_SINKS) : 0;
     for (uint32_t h = 0; h < d->n_heads; h++) {
         const float *q = q_all + (size_t)h * kd;
         const size_t kv_off = layer_base + (size_t)(h / group) * kd;
         float *att = a->att + (size_t)h * d->max_seq;
         for (uint32_t t = 0, r = first_row; t < seen; t++, r = r + 1 == rows ? 0 : r + 1)
             att[t] = kv_dot(c, a->k_cache, kv_off + (size_t)r * d->kv_dim, q, kd) * d->attn_scale;
-        softmax(att, seen);
+        softmax(att, seen, sinks ? sinks + h : 0);
         float *out = out_all + (size_t)h * vd;
         for (uint32_t i = 0; i < vd; i++) out[i] = 0.0f;
         for (uint32_t t = 0, r = first_row; t < seen; t++, r = r + 1 == rows ? 0 : r + 1)
@@ -348,7 +377,7 @@ static const float *rope_row(const colibri_ctx *c, uint32_t role, uint32_t pos) 
  * never overwrites one an earlier token still reads. Returns the output projection's input. */
 static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
     const model_dims *d = &c->d;
-    const uint32_t n = tb->n, hd = d->head_dim, pairs = COLIBRI_DEEPSEEK && (d->flags & IMG_FLAG_ROPE_PAIRS);
+    const uint32_t n = tb->n, hd = d->head_dim, pairs = !COLIBRI_LEAN && (d->flags & IMG_FLAG_ROPE_PAIRS);
     weight wq = matrix(c, layer_index(c, layer, ROLE_WQ)), wk = matrix(c, layer_index(c, layer, ROLE_WK)),
            wv = matrix(c, layer_index(c, layer, ROLE_WV));
     rows_work qkv = { .n_tok = n, .n = 3, .x = tb->xn, .x_stride = d->dim, .out = { tb->q, tb->k, tb->v },
@@ -444,7 +473,7 @@ static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n;
     norm_inputs(c, tb, layer_w(c, layer, ROLE_ATTN_NORM));
-    const float *o_in = COLIBRI_DEEPSEEK && d->kv_lora ? attention_mla(c, tb, layer) : attention_mha(c, tb, layer);
+    const float *o_in = !COLIBRI_LEAN && d->kv_lora ? attention_mla(c, tb, layer) : attention_mha(c, tb, layer);
     weight wo = matrix(c, layer_index(c, layer, ROLE_WO));
     matmul(c, tb, tb->moe_out, &wo, o_in, n);
     add_bias(c, tb->moe_out, d->dim, n, layer, ROLE_BO);
@@ -478,8 +507,8 @@ static float best_sum(const float *score, uint32_t n, uint32_t top) {
     return sum;
 }
 
-/* Where the choice scores are: after the scores, or without DeepSeek's mechanisms the scores themselves. */
-static float *choice_scores(const colibri_ctx *c) { return c->a.router + (COLIBRI_DEEPSEEK ? c->d.n_experts : 0); }
+/* Where the choice scores are: after the scores, or in the lean build the scores themselves. */
+static float *choice_scores(const colibri_ctx *c) { return c->a.router + (COLIBRI_LEAN ? 0 : c->d.n_experts); }
 
 /* Layer's routing of the normed vector xn: its experts' scores (softmax over the experts, or each one's
  * sigmoid) into a->router[0, E), their choice scores (plus the router bias, which chooses but never weighs)
@@ -491,17 +520,19 @@ static colibri_status router_choice(colibri_ctx *c, const token_buffers *tb, uin
     float *score = c->a.router, *choice = choice_scores(c), *group = score + 2 * E;
     weight router = matrix(c, layer_index(c, layer, ROLE_ROUTER));
     matmul(c, tb, score, &router, xn, 1);
-    if (COLIBRI_DEEPSEEK && (d->flags & IMG_FLAG_ROUTER_SIGMOID)) {
+    const float *bias = !COLIBRI_LEAN && (d->flags & IMG_FLAG_ROUTER_BIAS) ? layer_w(c, layer, ROLE_ROUTER_BIAS) : 0;
+    if (!COLIBRI_LEAN && (d->flags & IMG_FLAG_ROUTER_TOPK_SOFTMAX)) { /* the logits (plus the Linear's bias) */
+        for (uint32_t e = 0; bias && e < E; e++) score[e] += bias[e];
+        bias = 0;
+    } else if (!COLIBRI_LEAN && (d->flags & IMG_FLAG_ROUTER_SIGMOID)) {
         for (uint32_t e = 0; e < E; e++) score[e] = 1.0f / (1.0f + colibri_expf(-score[e]));
     } else {
-        softmax(score, E);
+        softmax(score, E, 0);
     }
-    if (COLIBRI_DEEPSEEK) {
-        const float *bias = (d->flags & IMG_FLAG_ROUTER_BIAS) ? layer_w(c, layer, ROLE_ROUTER_BIAS) : 0;
+    if (!COLIBRI_LEAN)
         for (uint32_t e = 0; e < E; e++) choice[e] = bias ? score[e] + bias[e] : score[e];
-    }
     if (!all_finite(choice, E)) return COLIBRI_E_NONFINITE; /* a NaN never wins a '>': expert 0 would be taken */
-    if (!COLIBRI_DEEPSEEK || d->n_group == 1) return COLIBRI_OK;
+    if (COLIBRI_LEAN || d->n_group == 1) return COLIBRI_OK;
     for (uint32_t g = 0; g < d->n_group; g++) group[g] = best_sum(choice + g * per_group, per_group, d->group_top);
     for (uint32_t g = 0; g < d->n_group; g++) {
         uint32_t ahead = 0; /* groups ranked before g: a better sum, or the same and a lower index */
@@ -539,10 +570,11 @@ static colibri_status route_topk(colibri_ctx *c, const token_buffers *tb, uint32
             index[k] = pick_expert(c, &gate_weight[k]);
             sum += gate_weight[k];
         }
+        if (!COLIBRI_LEAN && (d->flags & IMG_FLAG_ROUTER_TOPK_SOFTMAX)) softmax(gate_weight, d->top_k, 0); /* gpt-oss */
         const float norm = sum + 1e-20f;
         for (uint32_t k = 0; k < d->top_k; k++) {
             if (d->flags & IMG_FLAG_NORM_TOPK) gate_weight[k] /= norm;
-            if (COLIBRI_DEEPSEEK) gate_weight[k] *= d->routed_scale; /* 1 without DeepSeek */
+            if (!COLIBRI_LEAN) gate_weight[k] *= d->routed_scale; /* 1 in the lean build */
         }
     }
     return COLIBRI_OK;
@@ -561,19 +593,23 @@ static void prefetch_next(colibri_ctx *c, const token_buffers *tb, uint32_t next
 
 /* ffn_out = down(silu(gate x) * up x) for n vectors x (stride dim): one expert, the shared expert or a
  * dense MLP. `gate_index` is the table index of the gate matrix; up and down follow it. The three
- * matrices are read from `block` (see matrix_in). */
+ * matrices are read from `block` (see matrix_in). A routed expert's `extras` (gpt-oss; else NULL) add its
+ * biases and its activation. */
 static void swiglu_ffn(colibri_ctx *c, const token_buffers *tb, uint32_t gate_index, const uint8_t *block,
-                       uint64_t block_offset, const float *x, uint32_t n) {
+                       uint64_t block_offset, const float *x, uint32_t n, const ffn_extras *extras) {
     const uint32_t dim = c->d.dim, ffn = c->d.ffn_max;
     rows_work gate_up = { .n_tok = n, .n = 2, .x = x, .x_stride = dim, .out = { tb->gate, tb->up },
                           .out_stride = { ffn, ffn },
                           .w = { matrix_in(c, gate_index, block, block_offset),
                                  matrix_in(c, gate_index + 1, block, block_offset) },
-                          .epilogue = ROWS_SWIGLU };
+                          .epilogue = ROWS_SWIGLU, .extras = extras };
     run_rows(c, tb, &gate_up);
     rows_work down = { .n_tok = n, .n = 1, .x = tb->gate, .x_stride = ffn, .out = { tb->ffn_out }, .out_stride = { dim },
                        .w = { matrix_in(c, gate_index + 2, block, block_offset) } };
     run_rows(c, tb, &down);
+    if (!COLIBRI_LEAN && extras && extras->bias[2])
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t i = 0; i < dim; i++) tb->ffn_out[(size_t)t * dim + i] += extras->bias[2][i];
 }
 
 static const float one = 1.0f; /* the weight of an FFN that is not gated: the dense MLP, a plain shared expert */
@@ -640,7 +676,15 @@ static colibri_status routed_experts(colibri_ctx *c, const token_buffers *tb, ui
                 colibri_status st = expert_ready(c, slot[k], layer, expert, &block, &block_offset);
                 if (st) return st;
             }
-            swiglu_ffn(c, tb, expert_tensor_index(d, layer, expert, ROLE_EXPERT_GATE), block, block_offset, x, members);
+            ffn_extras extras = { .alpha = d->swiglu_alpha, .limit = d->swiglu_limit };
+            if (!COLIBRI_LEAN && (d->flags & IMG_FLAG_EXPERT_BIAS)) {
+                extras.bias[0] = layer_w(c, layer, ROLE_EXPERT_GATE_BIAS) + (size_t)expert * d->ffn;
+                extras.bias[1] = layer_w(c, layer, ROLE_EXPERT_UP_BIAS) + (size_t)expert * d->ffn;
+                extras.bias[2] = layer_w(c, layer, ROLE_EXPERT_DOWN_BIAS) + (size_t)expert * d->dim;
+            }
+            const int plain = COLIBRI_LEAN || (!extras.bias[0] && !(extras.limit > 0.0f));
+            swiglu_ffn(c, tb, expert_tensor_index(d, layer, expert, ROLE_EXPERT_GATE), block, block_offset, x, members,
+                       plain ? 0 : &extras);
             if (tb->expert_out) {
                 for (uint32_t g = 0; g < members; g++)
                     for (uint32_t i = 0; i < dim; i++)
@@ -690,12 +734,12 @@ static colibri_status ffn_block(colibri_ctx *c, const token_buffers *tb, uint32_
                 for (uint32_t g = 0; g < n; g++) tb->scalar[g] = 1.0f / (1.0f + colibri_expf(-tb->scalar[g]));
                 scale = tb->scalar;
             }
-            swiglu_ffn(c, tb, layer_index(c, layer, ROLE_SHARED_GATE), c->image, 0, tb->xn, n);
+            swiglu_ffn(c, tb, layer_index(c, layer, ROLE_SHARED_GATE), c->image, 0, tb->xn, n, 0);
             accumulate(c, tb, scale, scale == &one ? 0 : 1);
         }
         t->n_routed = d->top_k;
     } else {
-        swiglu_ffn(c, tb, layer_index(c, layer, ROLE_DENSE_GATE), c->image, 0, tb->xn, n);
+        swiglu_ffn(c, tb, layer_index(c, layer, ROLE_DENSE_GATE), c->image, 0, tb->xn, n, 0);
         accumulate(c, tb, &one, 0);
         t->n_routed = 0;
     }
