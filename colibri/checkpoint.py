@@ -503,6 +503,22 @@ def _derived(origin, shape: tuple[int, ...], compute):
     return Derived(origin, shape, compute) if isinstance(origin, LazyTensor) else np.ascontiguousarray(compute())
 
 
+def checkpoint_tensor(raw: dict, fam: Family, d: ModelDims, key: tuple[Role, int, int]) -> tuple[list[str], object]:
+    """(the checkpoint names read, the tensor) for a runtime tensor: as stored, or in the runtime's layout from what
+    the family stores instead (gpt-oss's fused experts; DeepSeek's kv_b_proj, which a GGUF file holds split
+    already). KeyError names a missing tensor."""
+    role = key[0]
+    if fam.gpt_oss and role in GPT_OSS_EXPERTS:
+        return gpt_oss_expert_tensor(raw, d, *key)
+    name = hf_name(fam, *key)
+    if role in (Role.WK_B, Role.WV_B):
+        split = name.replace("kv_b_proj", "k_b_proj" if role == Role.WK_B else "v_b_proj")
+        if split in raw:  # llama.cpp's converter split it as the runtime does
+            return [split], raw[split]
+        return [name], kv_b_part(raw[name], d, role)
+    return [name], raw[name]
+
+
 def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool | None = None) -> Checkpoint:
     """A Hugging Face checkpoint directory or a .gguf file, mapped to the runtime's description.
     `norm_topk_prob` overrides (or supplies, for a GGUF file that lacks it) the routing renormalization."""
@@ -534,25 +550,14 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
     tensors: dict[tuple[Role, int, int], np.ndarray] = {}
     used = set()
     for key in keys:
-        if fam.gpt_oss and key[0] in GPT_OSS_EXPERTS:
-            try:
-                names, tensors[key] = gpt_oss_expert_tensor(raw, dims, *key)
-            except KeyError as exc:
-                raise UnsupportedModel(f"checkpoint is missing tensor {exc.args[0]}") from None
-            used.update(names)
-            continue
-        name = hf_name(fam, *key)
-        split = key[0] in (Role.WK_B, Role.WV_B)
-        if split and name not in raw:  # a GGUF file: llama.cpp's converter split kv_b_proj already, as the runtime does
-            name, split = name.replace("kv_b_proj", "k_b_proj" if key[0] == Role.WK_B else "v_b_proj"), False
-        if name not in raw:
-            raise UnsupportedModel(f"checkpoint is missing tensor {name}")
-        tensors[key] = kv_b_part(raw[name], dims, key[0]) if split else raw[name]
-        used.add(name)
+        try:
+            names, tensors[key] = checkpoint_tensor(raw, fam, dims, key)
+        except KeyError as exc:
+            raise UnsupportedModel(f"checkpoint is missing tensor {exc.args[0]}") from None
+        used.update(names)
     if lm_head not in tensors:
         tensors[lm_head] = tensors[(Role.TOKEN_EMBD, NO_INDEX, NO_INDEX)]  # same object: stored once
     unused = sorted(name for name, t in raw.items() if name not in used and t.size)  # empty ones add nothing
-
     if unused:
         raise UnsupportedModel(f"checkpoint has tensors the runtime would ignore: {', '.join(unused[:5])}"
                                + (" ..." if len(unused) > 5 else ""))
