@@ -288,14 +288,19 @@ def _gpt_oss(field, k, n_layers: int, n_experts: int, tensors: dict) -> dict:
 
 def _gpt_oss_tensors(tensors: dict, n_layers: int) -> dict[str, np.ndarray]:
     """A gpt-oss file's tensors under transformers' names and in its layout: every layer's experts fused
-    (gate_up_proj [E, D, 2F], gate and up interleaved by column; down_proj [E, F, D]), as GptOssExperts holds them."""
-    pending = {name: (t.decode() if isinstance(t, Encoded) else t) for name, t in tensors.items()}
-    out: dict[str, np.ndarray] = {}
+    (gate_up_proj [E, D, 2F], gate and up interleaved by column; down_proj [E, F, D]), as GptOssExperts holds them.
+    The other tensors stay as stored (a Q8_0/Q4_0 one carries over unchanged)."""
+    pending = dict(tensors)
+    out: dict[str, np.ndarray | Encoded] = {}
 
-    def take(gguf_name: str) -> np.ndarray:
+    def take(gguf_name: str) -> np.ndarray | Encoded:
         if gguf_name not in pending:
             raise GGUFError(f"GGUF file lacks tensor {gguf_name}")
         return pending.pop(gguf_name)
+
+    def take_floats(gguf_name: str) -> np.ndarray:  # the experts, to be fused: Q8_0/Q4_0 widened exactly
+        t = take(gguf_name)
+        return t.decode() if isinstance(t, Encoded) else t
 
     out["model.embed_tokens.weight"] = take(_name(MODEL_TENSOR.TOKEN_EMBD) + ".weight")
     out["model.norm.weight"] = take(_name(MODEL_TENSOR.OUTPUT_NORM) + ".weight")
@@ -314,14 +319,14 @@ def _gpt_oss_tensors(tensors: dict, n_layers: int) -> dict[str, np.ndarray]:
                     out[f"{p}self_attn.{proj}.{kind}"] = take(name(t, kind))
         out[p + "mlp.router.weight"] = take(name(MODEL_TENSOR.FFN_GATE_INP))
         out[p + "mlp.router.bias"] = take(name(MODEL_TENSOR.FFN_GATE_INP, "bias"))
-        gate, up = take(name(MODEL_TENSOR.FFN_GATE_EXP)), take(name(MODEL_TENSOR.FFN_UP_EXP))  # [E, F, D]
+        gate, up = take_floats(name(MODEL_TENSOR.FFN_GATE_EXP)), take_floats(name(MODEL_TENSOR.FFN_UP_EXP))  # [E, F, D]
         gate_up = np.empty((gate.shape[0], 2 * gate.shape[1], gate.shape[2]), np.float32)
         gate_up[:, 0::2], gate_up[:, 1::2] = gate, up
         out[p + "mlp.experts.gate_up_proj"] = np.ascontiguousarray(gate_up.transpose(0, 2, 1))
         bias = np.empty((gate.shape[0], 2 * gate.shape[1]), np.float32)
         bias[:, 0::2], bias[:, 1::2] = take(name(MODEL_TENSOR.FFN_GATE_EXP, "bias")), take(name(MODEL_TENSOR.FFN_UP_EXP, "bias"))
         out[p + "mlp.experts.gate_up_proj_bias"] = bias
-        out[p + "mlp.experts.down_proj"] = np.ascontiguousarray(take(name(MODEL_TENSOR.FFN_DOWN_EXP)).transpose(0, 2, 1))
+        out[p + "mlp.experts.down_proj"] = np.ascontiguousarray(take_floats(name(MODEL_TENSOR.FFN_DOWN_EXP)).transpose(0, 2, 1))
         out[p + "mlp.experts.down_proj_bias"] = take(name(MODEL_TENSOR.FFN_DOWN_EXP, "bias"))
     if pending:
         raise GGUFError(f"GGUF tensors the runtime would not use: {', '.join(sorted(pending)[:5])}")

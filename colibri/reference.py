@@ -12,7 +12,8 @@ or, in a windowed layer, the last sliding_window of them; then per layer either 
 dense SwiGLU MLP or a MoE block (softmax or sigmoid router scores, an optional choice bias and
 group-limited choice, top-k, optionally renormalized and scaled weights, SwiGLU experts, an optional
 shared expert, sigmoid-gated or plain); final norm, lm_head. DeepSeek's multi-head latent attention
-is computed in the runtime's absorbed form (docs/MODELS.md). It is the
+is computed in the runtime's absorbed form; gpt-oss adds attention sinks, a softmax over the top-k
+router logits, expert biases and its clamped SwiGLU (docs/MODELS.md). It is the
 oracle that device outputs are verified against. It reads the image, not the HF checkpoint, so it
 checks the packer too.
 """

@@ -119,8 +119,8 @@ static int routing_dims(const uint8_t *h, model_dims *d) {
     d->topk_group = rd32(h + H_TOPK_GROUP);
     d->group_top = rd32(h + H_GROUP_TOP);
     d->routed_scale = rdf32(h + H_ROUTED_SCALE);
-    if (COLIBRI_LEAN) return d->topk_group != 1 || d->group_top != 1 || d->routed_scale != 1.0f; /* n_group 1; the
-                                                                                                    * lean build reads no swiglu_* */
+    /* the lean build (n_group 1 already checked) neither reads nor uses swiglu_* */
+    if (COLIBRI_LEAN) return d->topk_group != 1 || d->group_top != 1 || d->routed_scale != 1.0f;
     d->swiglu_alpha = rdf32(h + H_SWIGLU_ALPHA);
     d->swiglu_limit = rdf32(h + H_SWIGLU_LIMIT);
     /* gpt-oss's expert activation: limit and alpha finite and positive, with experts; else both 0 */
@@ -128,7 +128,7 @@ static int routing_dims(const uint8_t *h, model_dims *d) {
         if (!scale_ok(d->swiglu_limit) || !scale_ok(d->swiglu_alpha) || !d->n_experts) return 1;
     /* top-k then softmax: its own weights, no sigmoid, renormalization or groups */
     if ((d->flags & IMG_FLAG_ROUTER_TOPK_SOFTMAX) &&
-        ((d->flags & (IMG_FLAG_ROUTER_SIGMOID | IMG_FLAG_NORM_TOPK)) || rd32(h + H_N_GROUP) != 1))
+        ((d->flags & (IMG_FLAG_ROUTER_SIGMOID | IMG_FLAG_NORM_TOPK)) || d->n_group != 1))
         return 1;
     if (!scale_ok(d->routed_scale) || d->n_group == 0 || d->n_group > IMG_MAX_TOP_K || d->topk_group == 0 || d->topk_group > d->n_group)
         return 1;

@@ -432,19 +432,17 @@ static const float *attention_mla(colibri_ctx *c, const token_buffers *tb, uint3
     const uint32_t n = tb->n, H = d->n_heads, hd = d->head_dim, rope_dim = d->rope_dim, nope = hd - rope_dim;
     const uint32_t lat = d->kv_lora, kd = d->att_dim, pairs = (d->flags & IMG_FLAG_ROPE_PAIRS) != 0;
     weight wkv_a = matrix(c, layer_index(c, layer, ROLE_WKV_A));
-    if (d->q_lora) { /* q = WQ_B rmsnorm(WQ_A x) */
-        rows_work a = { .n_tok = n, .n = 2, .x = tb->xn, .x_stride = d->dim, .out = { tb->q_a, tb->k },
-                        .out_stride = { d->q_lora, d->kv_dim }, .w = { matrix(c, layer_index(c, layer, ROLE_WQ_A)), wkv_a } };
-        run_rows(c, tb, &a);
+    const int lora = d->q_lora != 0; /* q = WQ_B rmsnorm(WQ_A x), or WQ x */
+    rows_work a = { .n_tok = n, .n = 2, .x = tb->xn, .x_stride = d->dim, .out = { lora ? tb->q_a : tb->q, tb->k },
+                    .out_stride = { lora ? d->q_lora : d->q_dim, d->kv_dim },
+                    .w = { matrix(c, layer_index(c, layer, lora ? ROLE_WQ_A : ROLE_WQ)), wkv_a } };
+    run_rows(c, tb, &a);
+    if (lora) {
         for (uint32_t t = 0; t < n; t++)
             rmsnorm(tb->q_a + (size_t)t * d->q_lora, tb->q_a + (size_t)t * d->q_lora, layer_w(c, layer, ROLE_Q_A_NORM),
                     d->q_lora, d->eps);
         weight wq_b = matrix(c, layer_index(c, layer, ROLE_WQ_B));
         matmul(c, tb, tb->q, &wq_b, tb->q_a, n);
-    } else {
-        rows_work a = { .n_tok = n, .n = 2, .x = tb->xn, .x_stride = d->dim, .out = { tb->q, tb->k },
-                        .out_stride = { d->q_dim, d->kv_dim }, .w = { matrix(c, layer_index(c, layer, ROLE_WQ)), wkv_a } };
-        run_rows(c, tb, &a);
     }
     for (uint32_t t = 0; t < n; t++)
         rmsnorm(tb->k + (size_t)t * d->kv_dim, tb->k + (size_t)t * d->kv_dim, layer_w(c, layer, ROLE_KV_A_NORM), lat, d->eps);
