@@ -41,12 +41,17 @@ if ! $PY -c "import torch" 2>/dev/null; then
     $PY -m pip install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "^WARNING" || true
     $PY -c "import torch" || { echo "setup: torch did not install"; exit 1; }
 fi
+# every requirement installed at a version its specifier allows (an older one is upgraded, not kept)
 if ! $PY - <<'CHECK' 2>/dev/null
-import importlib.metadata as md, re
+import importlib.metadata as md
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # pip carries its own copy
+    from pip._vendor.packaging.requirements import Requirement
 for line in open("requirements.txt"):
-    name = re.split(r"[<>=\s#]", line.strip(), maxsplit=1)[0]
-    if name:
-        md.version(name)
+    line = line.split("#")[0].strip()
+    if line and md.version(Requirement(line).name) not in Requirement(line).specifier:
+        raise SystemExit(1)
 CHECK
 then
     echo "setup: installing Python packages from requirements.txt"
