@@ -18,7 +18,9 @@ from colibri import rope
 from colibri.quant import mxfp4_dequantize
 from colibri.image import (EXPERT_ROLES, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
                            FLAG_QKV_BIAS, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_SHARED_EXPERT,
-                           FLAG_SHARED_PLAIN, FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_ROUTER_TOPK_SOFTMAX, LAYER_ROLES, MAX_WINDOW_LAYERS, NO_INDEX, ModelDims, Role)
+                           FLAG_SHARED_PLAIN, FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_ROUTER_TOPK_SOFTMAX, FLAG_GEMMA4_LAYER,
+                           FLAG_GELU_TANH, FLAG_V_NORM, FLAG_K_EQ_V, FLAG_GLOBAL_ROPE, LAYER_ROLES, MAX_WINDOW_LAYERS,
+                           NO_INDEX, ModelDims, Role)
 
 DEFAULT_MAX_SEQ = 256
 MAX_EXPERTS, MAX_TOP_K = 1024, 64  # the verifier's caps (firmware/src/internal.h), which bound the router's work
@@ -41,6 +43,7 @@ class Family:
     clip_qkv: bool = False      # the family's modeling file clamps q, k, v (after the q/k norms) by clip_qkv
     deepseek: int = 0           # 2 or 3: DeepSeek-V2/V3 (multi-head latent attention, their routers)
     gpt_oss: bool = False       # sinks, a top-k-then-softmax router, experts fused with biases, clamped SwiGLU
+    gemma4: bool = False        # Gemma 4's layer, attention and rope per layer type (_gemma4)
     shared_prefix: str = "shared_expert"  # the shared expert's module under mlp.
 
 
@@ -66,8 +69,13 @@ FAMILIES = {
                                 expert_names=("", "", ""), bias_default=True, gpt_oss=True),
     "DeepseekV2ForCausalLM": Family(moe=True, **DEEPSEEK, deepseek=2),
     "DeepseekV3ForCausalLM": Family(moe=True, **DEEPSEEK, deepseek=3),
+    "Gemma4ForCausalLM": Family(moe=True, expert_ffn_key="moe_intermediate_size", moe_prefix="",
+                                expert_names=("", "", ""), qk_norm=FLAG_QK_NORM_HEAD, gemma4=True),
 }
 
+GEMMA4_ONLY = ("hidden_activation", "enable_moe_block", "top_k_experts", "final_logit_softcapping", "per_layer_config",
+               "global_head_dim", "num_global_key_value_heads", "attention_k_eq_v", "use_bidirectional_attention",
+               "hidden_size_per_layer_input", "vocab_size_per_layer_input", "num_kv_shared_layers", "use_double_wide_mlp")
 # Fields read by the mapping below.
 HANDLED = {
     "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
@@ -80,6 +88,7 @@ HANDLED = {
       "qk_rope_head_dim", "qk_head_dim", "v_head_dim", "n_group", "topk_group", "topk_method", "routed_scaling_factor",
       "n_shared_experts", "rope_interleave", "scoring_func", "moe_layer_freq"),  # DeepSeek's (_deepseek)
     "swiglu_alpha", "swiglu_limit", "quantization_config",  # gpt-oss's (quantization_config: MXFP4 experts only)
+    *GEMMA4_ONLY,
 }
 DEEPSEEK_ONLY = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "n_group", "topk_group",
                  "topk_method", "routed_scaling_factor", "n_shared_experts", "first_k_dense_replace", "scoring_func",
@@ -132,6 +141,8 @@ def _moe_layers(cfg: dict, fam: Family, n_layers: int) -> tuple[bool, ...]:
         return (False,) * n_layers
     if fam.deepseek:
         return tuple(layer >= int(cfg.get("first_k_dense_replace") or 0) for layer in range(n_layers))
+    if fam.gemma4:  # every layer, beside its dense MLP
+        return (bool(cfg.get("enable_moe_block")),) * n_layers
     if not fam.sparse_layer_rule:
         return (True,) * n_layers
     dense = set(cfg.get("mlp_only_layers") or [])
@@ -246,6 +257,86 @@ def _gpt_oss(cfg: dict) -> tuple[dict, int]:
     return {"swiglu_alpha": alpha, "swiglu_limit": limit}, flags
 
 
+def _gemma4_layer_types(cfg: dict, n_layers: int) -> list[str]:
+    """Gemma4TextConfig's layer types: as listed, or its default (every sixth layer global), the last layer global
+    whatever the list says."""
+    types = cfg.get("layer_types")
+    if types is None:
+        types = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n_layers)]
+    types = list(types)
+    if len(types) != n_layers or set(types) - {"sliding_attention", "full_attention"}:
+        raise UnsupportedModel(f"config field layer_types={types!r}: need {n_layers} entries, each "
+                               "'sliding_attention' or 'full_attention'")
+    types[-1] = "full_attention"
+    return types
+
+
+def _gemma4(cfg: dict, n_layers: int, head_dim: int, max_seq: int) -> tuple[dict, int, dict]:
+    """Gemma 4's mechanisms as ModelDims fields and flags, and its two RoPE settings (docs/MODELS.md): the layer with
+    its extra norms and scalar, the dense MLP beside the experts, the router's norm and per-expert scales; sliding
+    layers of head_dim and global layers of their own head size, KV heads and RoPE; v from k on global layers with
+    attention_k_eq_v; the embedding scale and the final logit soft-capping."""
+    refused = {"use_bidirectional_attention": None, "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0}
+    for key, want in refused.items():
+        if (cfg.get(key) or want) != want:
+            raise UnsupportedModel(f"config field {key}={cfg[key]!r}: the runtime has no "
+                                   + {"use_bidirectional_attention": "bidirectional attention",
+                                      "hidden_size_per_layer_input": "per-layer input embeddings",
+                                      "num_kv_shared_layers": "KV sharing between layers"}[key]
+                                   + f"; Gemma 4's MoE checkpoints use none (set it to {want})")
+    act = cfg.get("hidden_activation", "gelu_pytorch_tanh")
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise UnsupportedModel(f"config field hidden_activation={act!r}: only 'gelu_pytorch_tanh' (GeGLU) is supported")
+    types = _gemma4_layer_types(cfg, n_layers)
+    # the global layers' geometry: per_layer_config as transformers saves it (what differs from the base), or the
+    # fields its configuration class derives it from (a released config.json's global_head_dim, 512 if absent)
+    overrides = {int(k): v for k, v in (cfg.get("per_layer_config") or {}).items()}
+    if "per_layer_config" not in cfg:
+        g = {"head_dim": int(cfg.get("global_head_dim", 512))}
+        if cfg.get("attention_k_eq_v", False) and cfg.get("num_global_key_value_heads") is not None:
+            g["num_key_value_heads"] = int(cfg["num_global_key_value_heads"])
+        overrides = {layer: g for layer, t in enumerate(types) if t == "full_attention"}
+    kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+    base = {"head_dim": head_dim, "num_key_value_heads": kv_heads}
+    geometry = {t: set() for t in ("sliding_attention", "full_attention")}
+    for layer, t in enumerate(types):
+        o = overrides.get(layer, {})
+        if set(o) - set(base):
+            raise UnsupportedModel(f"config field per_layer_config: layer {layer} overrides {sorted(set(o) - set(base))}; "
+                                   "only head_dim and num_key_value_heads are read")
+        geometry[t].add((int(o.get("head_dim", head_dim)), int(o.get("num_key_value_heads", kv_heads))))
+    if geometry["sliding_attention"] - {(head_dim, kv_heads)} or len(geometry["full_attention"]) != 1:
+        raise UnsupportedModel(f"config field per_layer_config: the sliding layers must keep head_dim={head_dim} and "
+                               f"num_key_value_heads={kv_heads}, and the full-attention layers share one geometry")
+    (g_head, g_kv), = geometry["full_attention"]
+    if g_head % 2 or cfg["num_attention_heads"] % g_kv:
+        raise UnsupportedModel(f"per_layer_config: global head_dim={g_head} must be even and num_key_value_heads={g_kv} "
+                               "divide num_attention_heads")
+    window = int(cfg.get("sliding_window") or 0)
+    sliding = tuple(t == "sliding_attention" for t in types)
+    if any(sliding) and window < 1:
+        raise UnsupportedModel(f"config field sliding_window={window} must be at least 1")
+    flags = FLAG_GEMMA4_LAYER | FLAG_GELU_TANH | FLAG_V_NORM | FLAG_GLOBAL_ROPE
+    if cfg.get("enable_moe_block"):  # its router always renormalizes the top-k
+        flags |= FLAG_NORM_TOPK
+    if cfg.get("attention_k_eq_v"):
+        flags |= FLAG_K_EQ_V
+    softcap = cfg.get("final_logit_softcapping")
+    if softcap is not None and not softcap > 0:
+        raise UnsupportedModel(f"config field final_logit_softcapping={softcap} must be positive or null")
+    fields = dict(global_head_dim=g_head, global_kv_heads=g_kv, attn_scale=1.0, logit_softcap=float(softcap or 0.0),
+                  embed_scale=float(np.float32(cfg["hidden_size"] ** 0.5)),
+                  # a window the sequence never outgrows is kept (at max_seq): the layer kinds differ in more than it
+                  sliding_window=min(window, max_seq) if any(sliding) else 0, window_layers=sliding)
+    params = cfg.get("rope_parameters") or {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
+    if set(params) != {"sliding_attention", "full_attention"}:
+        raise UnsupportedModel(f"config field rope_parameters={params!r}: Gemma 4 gives one per layer type "
+                               "(sliding_attention, full_attention)")
+    return fields, flags, params
+
+
 def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, dict]:
     """The model description for an image of `max_seq` positions (None: 256, or the model's limit if smaller)."""
     arch, fam = _family(cfg)
@@ -267,10 +358,10 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
         if cfg.get(key) is not None and not fam.gpt_oss:
             raise UnsupportedModel(f"config field {key} is not understood for {arch} (only gpt-oss's MXFP4 experts and "
                                    "clamped SwiGLU are); refusing rather than ignoring it")
-    if not fam.deepseek:
-        for key in DEEPSEEK_ONLY:
+    for owner, keys, mine in (("DeepSeek's architectures", DEEPSEEK_ONLY, fam.deepseek), ("Gemma 4", GEMMA4_ONLY, fam.gemma4)):
+        for key in keys if not mine else ():
             if cfg.get(key) is not None:
-                raise UnsupportedModel(f"config field {key}={cfg[key]!r} belongs to DeepSeek's architectures; {arch} "
+                raise UnsupportedModel(f"config field {key}={cfg[key]!r} belongs to {owner}; {arch} "
                                        "does not read it in transformers, so the runtime will not either")
     hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     head_dim = int(cfg.get("head_dim") or hidden // heads)
@@ -280,8 +371,10 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
         raise UnsupportedModel(f"config field head_dim={head_dim} is odd; rotate-half RoPE needs an even head_dim")
     n_layers = int(cfg["num_hidden_layers"])
     moe_layers = _moe_layers(cfg, fam, n_layers)
-    window, window_layers = _window_layers(cfg, arch, n_layers)
-    if window >= max_seq:  # the window never leaves anything out: plain attention, a cache of max_seq
+    gemma, gemma_flags, gemma_rope = _gemma4(cfg, n_layers, head_dim, max_seq) if fam.gemma4 else ({}, 0, {})
+    window, window_layers = (gemma.pop("sliding_window"), gemma.pop("window_layers")) if fam.gemma4 else \
+        _window_layers(cfg, arch, n_layers)
+    if window >= max_seq and not fam.gemma4:  # the window never leaves anything out: plain attention, a cache of max_seq
         window, window_layers = 0, (False,) * n_layers
     if window and n_layers > MAX_WINDOW_LAYERS and any(window_layers[MAX_WINDOW_LAYERS:]):
         raise UnsupportedModel(f"sliding-window layers past layer {MAX_WINDOW_LAYERS} (config field layer_types): "
@@ -289,12 +382,13 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
     any_moe, any_dense = any(moe_layers), not all(moe_layers)
     n_experts = _n_experts(cfg) if any_moe else 0
 
-    flags = fam.qk_norm
-    top_k = int(cfg["num_experts_per_tok"]) if any_moe else 0
+    flags = fam.qk_norm | gemma_flags
+    top_k = int(cfg["top_k_experts" if fam.gemma4 else "num_experts_per_tok"]) if any_moe else 0
     mla, mla_flags = _deepseek(cfg, fam, any_moe, n_experts, top_k) if fam.deepseek else ({}, 0)
     if fam.gpt_oss:
         mla, mla_flags = _gpt_oss(cfg)
     flags |= mla_flags
+    mla.update(gemma)
     bias = cfg.get(fam.bias_key, fam.bias_default) if fam.bias_key and not fam.deepseek else fam.bias_default
     if bias:
         flags |= FLAG_QKV_BIAS | (FLAG_O_BIAS if fam.bias_on_o else 0)
@@ -302,7 +396,7 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
     if fam.gpt_oss and cfg.get("norm_topk_prob"):
         raise UnsupportedModel("config field norm_topk_prob=true: transformers' gpt-oss router takes a softmax over the "
                                "top-k logits and reads no norm_topk_prob")
-    if any_moe and norm_topk and not (fam.deepseek or fam.gpt_oss):
+    if any_moe and norm_topk and not (fam.deepseek or fam.gpt_oss or fam.gemma4):
         flags |= FLAG_NORM_TOPK
     shared_ffn = int(cfg.get("shared_expert_intermediate_size") or 0) if fam.shared_expert and any_moe else 0
     if shared_ffn:
@@ -314,9 +408,12 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
     if clip is not None and not clip > 0:
         raise UnsupportedModel(f"config field clip_qkv={clip} must be positive or null")
 
+    extra = {}
     try:
-        params = rope.rope_parameters(cfg)
+        params = gemma_rope.get("sliding_attention") or rope.rope_parameters(cfg)
         inv_freq, attention_factor = rope.frequencies(params, mla.get("rope_dim", head_dim), limit)
+        if fam.gemma4:
+            extra["global_rope"] = rope.frequencies(gemma_rope["full_attention"], gemma["global_head_dim"], limit)
     except (rope.UnsupportedRope, KeyError) as exc:
         raise UnsupportedModel(f"config field rope_parameters/rope_scaling: {exc}") from None
     if fam.deepseek:  # the softmax scale: 1/sqrt(q/k head), times YaRN's mscale(factor, mscale_all_dim) squared
@@ -329,7 +426,7 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
         n_kv_heads=1 if fam.deepseek else int(cfg.get("num_key_value_heads") or heads),  # MLA: one shared latent
         head_dim=head_dim, n_experts=n_experts, top_k=top_k,
         max_seq=max_seq, rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(params["rope_theta"]),
-        flags=flags, dense_ffn_size=int(cfg["intermediate_size"]) if any_dense else 0,
+        flags=flags, dense_ffn_size=int(cfg["intermediate_size"]) if any_dense or fam.gemma4 else 0,
         shared_ffn_size=mla.pop("shared_ffn_size", shared_ffn),
         clip_qkv=float(clip or 0.0), moe_layers=moe_layers, sliding_window=window, window_layers=window_layers, **mla,
     )
@@ -342,8 +439,8 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
                                f"per layer and top-{MAX_TOP_K} (config fields num_local_experts/num_experts_per_tok)")
     if not 0.0 < dims.rms_norm_eps < 1.0:
         raise UnsupportedModel(f"config field rms_norm_eps={dims.rms_norm_eps} must be in (0, 1)")
-    extra = {"inv_freq": inv_freq, "attention_factor": attention_factor}
-    return dims, bool(cfg.get("tie_word_embeddings", False)), arch, extra
+    extra.update(inv_freq=inv_freq, attention_factor=attention_factor)
+    return dims, bool(cfg.get("tie_word_embeddings", fam.gemma4)), arch, extra
 
 
 def _shard_files(path: Path) -> list[Path]:
@@ -503,6 +600,32 @@ def _derived(origin, shape: tuple[int, ...], compute):
     return Derived(origin, shape, compute) if isinstance(origin, LazyTensor) else np.ascontiguousarray(compute())
 
 
+GEMMA4_NAMES = {Role.FFN_NORM: "pre_feedforward_layernorm.weight", Role.POST_ATTN_NORM: "post_attention_layernorm.weight",
+                Role.POST_FFN_NORM: "post_feedforward_layernorm.weight",
+                Role.DENSE_POST_NORM: "post_feedforward_layernorm_1.weight",
+                Role.MOE_NORM: "pre_feedforward_layernorm_2.weight", Role.MOE_POST_NORM: "post_feedforward_layernorm_2.weight",
+                Role.ROUTER: "router.proj.weight", Role.EXPERT_SCALE: "router.per_expert_scale",
+                Role.LAYER_SCALE: "layer_scalar"}
+
+
+def gemma4_tensor(raw: dict, d: ModelDims, role: Role, layer: int, expert: int) -> tuple[list[str], object]:
+    """(checkpoint names read, tensor) for a Gemma 4 tensor stored other than the common names say: its norms and
+    router parts; ROUTER_NORM is router.scale times hidden_size^-0.5 (the router multiplies its weightless norm by
+    both, rounded once here); the experts fused as gate_up_proj [E, 2F, D] (gate rows first) and down_proj [E, D, F]."""
+    p = f"model.layers.{layer}."
+    if role == Role.ROUTER_NORM:
+        t = raw[p + "router.scale"]
+        return [p + "router.scale"], np.asarray(t, np.float32) * np.float32(d.hidden_size ** -0.5)
+    if role in EXPERT_ROLES:
+        fused = p + ("experts.down_proj" if role == Role.EXPERT_DOWN else "experts.gate_up_proj")
+        F = d.ffn_size
+        rows = {Role.EXPERT_GATE: slice(0, F), Role.EXPERT_UP: slice(F, 2 * F), Role.EXPERT_DOWN: slice(None)}[role]
+        shape = (d.hidden_size, F) if role == Role.EXPERT_DOWN else (F, d.hidden_size)
+        source = raw[fused]
+        return [fused], _derived(source, shape, lambda: np.asarray(_expert_of(source, expert), np.float32)[rows])
+    return [p + GEMMA4_NAMES[role]], raw[p + GEMMA4_NAMES[role]]
+
+
 def checkpoint_tensor(raw: dict, fam: Family, d: ModelDims, key: tuple[Role, int, int]) -> tuple[list[str], object]:
     """(the checkpoint names read, the tensor) for a runtime tensor: as stored, or in the runtime's layout from what
     the family stores instead (gpt-oss's fused experts; DeepSeek's kv_b_proj, which a GGUF file holds split
@@ -510,6 +633,8 @@ def checkpoint_tensor(raw: dict, fam: Family, d: ModelDims, key: tuple[Role, int
     role = key[0]
     if fam.gpt_oss and role in GPT_OSS_EXPERTS:
         return gpt_oss_expert_tensor(raw, d, *key)
+    if fam.gemma4 and (role in GEMMA4_NAMES or role in EXPERT_ROLES or role == Role.ROUTER_NORM):
+        return gemma4_tensor(raw, d, *key)
     name = hf_name(fam, *key)
     if role in (Role.WK_B, Role.WV_B):
         split = name.replace("kv_b_proj", "k_b_proj" if role == Role.WK_B else "v_b_proj")
@@ -564,8 +689,13 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
     cos, sin = rope.tables(extra["inv_freq"], extra["attention_factor"], dims.max_seq)
     tensors[(Role.ROPE_COS, NO_INDEX, NO_INDEX)] = cos
     tensors[(Role.ROPE_SIN, NO_INDEX, NO_INDEX)] = sin
+    if "global_rope" in extra:
+        cos, sin = rope.tables(*extra["global_rope"], dims.max_seq)
+        tensors[(Role.GLOBAL_ROPE_COS, NO_INDEX, NO_INDEX)] = cos
+        tensors[(Role.GLOBAL_ROPE_SIN, NO_INDEX, NO_INDEX)] = sin
+    tables = (Role.ROPE_COS, Role.ROPE_SIN, Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN)
 
-    weights = {id(a): a for k, a in tensors.items() if k[0] not in (Role.ROPE_COS, Role.ROPE_SIN)}
+    weights = {id(a): a for k, a in tensors.items() if k[0] not in tables}
     n_params = sum(a.size for a in weights.values())
     idle_experts = sum(dims.n_experts - dims.top_k for moe in dims.moe_layers if moe)
     n_active = n_params - idle_experts * 3 * dims.hidden_size * dims.ffn_size

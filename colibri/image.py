@@ -1,4 +1,4 @@
-"""The Colibri image, format v4: constants, the memory plan, a writer and a reader.
+"""The Colibri image, format v5: constants, the memory plan, a writer and a reader.
 
 The byte layout is specified in docs/FORMAT.md; this module and firmware/src/image.c
 are the two implementations of it and are tested against each other.
@@ -20,7 +20,7 @@ import numpy as np
 from colibri.quant import QBLOCK, Deferred, DType, Encoded, blocks, stored_bytes
 
 MAGIC = b"COLIBRI\0"
-VERSION = 4
+VERSION = 5
 HEADER_BYTES = 384
 ENTRY_BYTES = 64
 ALIGN = 64
@@ -31,7 +31,7 @@ NO_INDEX = 0xFFFFFFFF
 ARCH_MOE = 1  # decoder-only transformer with a top-k routed MoE FFN (Mixtral family)
 
 # Header: everything up to `reserved` is packed little-endian, then zero padding to 384 bytes.
-HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI" + "QQ" + "QQI" + "I64s" + "IIIIf" + "IIIf" + "ff")
+HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI" + "QQ" + "QQI" + "I64s" + "IIIIf" + "IIIf" + "ff" + "IIff")
 HEADER_FIELDS = (
     "magic", "version", "header_bytes", "image_bytes", "header_crc32", "payload_crc32",
     "arch", "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads",
@@ -43,6 +43,7 @@ HEADER_FIELDS = (
     "sliding_window", "window_layers",
     "q_lora_rank", "kv_lora_rank", "rope_dim", "v_head_dim", "attn_scale",
     "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha", "swiglu_limit",
+    "global_head_dim", "global_kv_heads", "embed_scale", "logit_softcap",
 )
 MAX_WINDOW_LAYERS = 512  # window_layers is a bitmap of 64 bytes: layers past it cannot have a window
 KV_DTYPES = {"f32": 0, "f16": 1}  # header kv_dtype: the KV cache's element type
@@ -62,6 +63,14 @@ FLAG_ROPE_PAIRS = 1 << 9     # RoPE rotates adjacent pairs (x0, x1), (x2, x3), .
 FLAG_ATTN_SINKS = 1 << 10    # a learned logit per head (SINKS) joins each softmax's denominator (gpt-oss)
 FLAG_EXPERT_BIAS = 1 << 11   # routed experts' gate, up and down have biases (EXPERT_*_BIAS, per layer)
 FLAG_ROUTER_TOPK_SOFTMAX = 1 << 12  # top-k of the router logits (plus ROUTER_BIAS), then a softmax over them
+# Gemma 4's layer: norms after attention and after the FFN, a scalar per layer; a MoE layer runs the dense MLP
+# beside the experts, each part with its own norms, the router reads the residual normed by ROUTER_NORM, and
+# each chosen expert's weight is times its EXPERT_SCALE
+FLAG_GEMMA4_LAYER = 1 << 13
+FLAG_GELU_TANH = 1 << 14     # FFN activation gelu (tanh approximation) instead of silu
+FLAG_V_NORM = 1 << 15        # RMSNorm without weights on each head of v
+FLAG_K_EQ_V = 1 << 16        # global layers' values are their keys' projection (no WV); the norms differ
+FLAG_GLOBAL_ROPE = 1 << 17   # global layers rotate with their own tables GLOBAL_ROPE_COS/SIN
 
 
 class Role(enum.IntEnum):
@@ -102,17 +111,29 @@ class Role(enum.IntEnum):
     SHARED_UP = 33
     SHARED_DOWN = 34
     SHARED_EXPERT_GATE = 35
+    # Gemma 4's layer (FLAG_GEMMA4_LAYER)
+    POST_ATTN_NORM = 36
+    POST_FFN_NORM = 37
+    DENSE_POST_NORM = 38
+    MOE_NORM = 39
+    MOE_POST_NORM = 40
+    ROUTER_NORM = 41
+    EXPERT_SCALE = 42
+    LAYER_SCALE = 43
     # per expert of a layer (EXPERT_ROLES)
-    EXPERT_GATE = 36
-    EXPERT_UP = 37
-    EXPERT_DOWN = 38
-    OUTPUT_NORM = 39
-    LM_HEAD = 40
+    EXPERT_GATE = 44
+    EXPERT_UP = 45
+    EXPERT_DOWN = 46
+    OUTPUT_NORM = 47
+    LM_HEAD = 48
+    GLOBAL_ROPE_COS = 49
+    GLOBAL_ROPE_SIN = 50
 
 
 # tables the runtime reads as floats, 2-D though they are
-F32_TABLES = (Role.ROPE_COS, Role.ROPE_SIN, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS)
-LAYER_ROLES = tuple(Role(r) for r in range(Role.ATTN_NORM, Role.SHARED_EXPERT_GATE + 1))
+F32_TABLES = (Role.ROPE_COS, Role.ROPE_SIN, Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS)
+LAYER_ROLES = tuple(Role(r) for r in range(Role.ATTN_NORM, Role.LAYER_SCALE + 1))
+GLOBAL_ROLES_AFTER = (Role.OUTPUT_NORM, Role.LM_HEAD, Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN)  # after the layers
 EXPERT_ROLES = (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN)
 
 
@@ -157,6 +178,11 @@ class ModelDims:
     # (up + 1) * gate * sigmoid(swiglu_alpha * gate); 0: SwiGLU, silu(gate) * up
     swiglu_alpha: float = 0.0
     swiglu_limit: float = 0.0
+    # Gemma 4: the global (not windowed) layers' head size and KV heads; 0: head_dim and n_kv_heads
+    global_head_dim: int = 0
+    global_kv_heads: int = 0
+    embed_scale: float = 0.0     # times each embedding row (Gemma: sqrt(hidden_size), rounded to f32); 0: none
+    logit_softcap: float = 0.0   # logits = cap * tanh(logits / cap); 0: none
 
     @property
     def mla(self) -> bool:
@@ -177,15 +203,36 @@ class ModelDims:
             return float(np.float32(self.attn_scale))
         return float(np.float32(1.0) / np.sqrt(np.float32(self.head_dim)))
 
+    def windowed(self, layer: int) -> bool:
+        return bool(self.sliding_window) and self.window_layers[layer]
+
+    def layer_head_dim(self, layer: int) -> int:
+        """A head's size in `layer`: Gemma 4's global layers have their own."""
+        return self.head_dim if self.windowed(layer) else self.global_head_dim or self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        return self.n_kv_heads if self.windowed(layer) else self.global_kv_heads or self.n_kv_heads
+
+    def layer_q_dim(self, layer: int) -> int:
+        return self.n_heads * self.layer_head_dim(layer)
+
+    def layer_kv_dim(self, layer: int) -> int:
+        """One position's row of the layer's K cache (and V cache)."""
+        return self.att_dim if self.mla else self.layer_kv_heads(layer) * self.layer_head_dim(layer)
+
+    @property
+    def max_head_dim(self) -> int:
+        return max(self.head_dim, self.global_head_dim)
+
     @property
     def att_dim(self) -> int:
-        """Per head, the width of what attention dots: the latent and the rope part (MLA), or a head."""
-        return self.kv_lora_rank + self.rope_width if self.mla else self.head_dim
+        """Per head, the widest of what attention dots: the latent and the rope part (MLA), or a head."""
+        return self.kv_lora_rank + self.rope_width if self.mla else self.max_head_dim
 
     @property
     def val_dim(self) -> int:
-        """Per head, the width attention sums: the latent (MLA), or a head."""
-        return self.kv_lora_rank if self.mla else self.head_dim
+        """Per head, the widest of what attention sums: the latent (MLA), or a head."""
+        return self.kv_lora_rank if self.mla else self.max_head_dim
 
     @property
     def o_dim(self) -> int:
@@ -194,7 +241,7 @@ class ModelDims:
 
     def kv_rows(self, layer: int) -> int:
         """Positions layer `layer` keeps in its KV cache: the window for a windowed layer, else max_seq."""
-        return self.sliding_window if self.sliding_window and self.window_layers[layer] else self.max_seq
+        return self.sliding_window if self.windowed(layer) else self.max_seq
 
     def kv_position_bytes(self, expanded: bool = False) -> int:
         """KV cache bytes one position takes over all layers: K and V rows, or MLA's one latent row. With
@@ -202,28 +249,40 @@ class ModelDims:
         elem = 2 if self.kv_dtype == KV_DTYPES["f16"] else 4
         if expanded:
             return elem * self.n_layers * self.n_heads * (self.head_dim + self.v_dim)
-        return (1 if self.mla else 2) * elem * self.kv_dim * self.n_layers
+        return (1 if self.mla else 2) * elem * sum(self.layer_kv_dim(layer) for layer in range(self.n_layers))
 
     def kv_cache_bytes(self) -> int:
         """The arena's KV cache: every layer's rows (a windowed layer's ring holds W)."""
-        rows = sum(self.kv_rows(layer) for layer in range(self.n_layers))
-        return self.kv_position_bytes() // self.n_layers * rows
+        elem = 2 if self.kv_dtype == KV_DTYPES["f16"] else 4
+        return (1 if self.mla else 2) * elem * self.kv_cache_elements()
+
+    def kv_cache_elements(self) -> int:
+        """Elements of the K cache (the V cache has as many): each layer's rows of its row width."""
+        return sum(self.kv_rows(layer) * self.layer_kv_dim(layer) for layer in range(self.n_layers))
 
     @property
     def q_dim(self) -> int:
-        return self.n_heads * self.head_dim
+        """The widest q projection of any layer."""
+        return self.n_heads * self.max_head_dim
 
     @property
     def kv_dim(self) -> int:
-        """One position's row of a layer's K cache (and V cache; MLA has no V cache: values are the latent)."""
-        return self.att_dim if self.mla else self.n_kv_heads * self.head_dim
+        """The widest K row of any layer (MLA has no V cache: values are the latent)."""
+        return self.att_dim if self.mla else max(self.layer_kv_dim(layer) for layer in range(self.n_layers))
 
-    def present(self, role: Role, layer: int) -> bool:
+    def present(self, role: Role, layer: int = NO_INDEX) -> bool:
         """Whether this image holds a tensor for `role` in `layer` (absent slots are empty entries)."""
+        if layer == NO_INDEX:
+            return role not in (Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN) or bool(self.flags & FLAG_GLOBAL_ROPE)
         moe, mla = self.moe_layers[layer], self.mla
         shared = moe and bool(self.flags & (FLAG_SHARED_EXPERT | FLAG_SHARED_PLAIN))
+        gemma, gemma_moe = bool(self.flags & FLAG_GEMMA4_LAYER), moe and bool(self.flags & FLAG_GEMMA4_LAYER)
+        k_is_v = bool(self.flags & FLAG_K_EQ_V) and not self.windowed(layer)
         return {
-            Role.WQ: not (mla and self.q_lora_rank), Role.WK: not mla, Role.WV: not mla,
+            Role.POST_ATTN_NORM: gemma, Role.POST_FFN_NORM: gemma, Role.LAYER_SCALE: gemma,
+            Role.DENSE_POST_NORM: gemma_moe, Role.MOE_NORM: gemma_moe, Role.MOE_POST_NORM: gemma_moe,
+            Role.ROUTER_NORM: gemma_moe, Role.EXPERT_SCALE: gemma_moe,
+            Role.WQ: not (mla and self.q_lora_rank), Role.WK: not mla, Role.WV: not mla and not k_is_v,
             Role.WQ_A: mla and self.q_lora_rank > 0, Role.Q_A_NORM: mla and self.q_lora_rank > 0,
             Role.WQ_B: mla and self.q_lora_rank > 0, Role.WKV_A: mla, Role.KV_A_NORM: mla, Role.WK_B: mla,
             Role.WV_B: mla, Role.ROUTER_BIAS: moe and bool(self.flags & FLAG_ROUTER_BIAS),
@@ -231,14 +290,19 @@ class ModelDims:
             Role.EXPERT_UP_BIAS: moe and bool(self.flags & FLAG_EXPERT_BIAS),
             Role.EXPERT_DOWN_BIAS: moe and bool(self.flags & FLAG_EXPERT_BIAS),
             Role.BQ: bool(self.flags & FLAG_QKV_BIAS), Role.BK: bool(self.flags & FLAG_QKV_BIAS),
-            Role.BV: bool(self.flags & FLAG_QKV_BIAS), Role.BO: bool(self.flags & FLAG_O_BIAS),
+            Role.BV: bool(self.flags & FLAG_QKV_BIAS) and not k_is_v, Role.BO: bool(self.flags & FLAG_O_BIAS),
             Role.Q_NORM: bool(self.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)),
             Role.K_NORM: bool(self.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)),
-            Role.DENSE_GATE: not moe, Role.DENSE_UP: not moe, Role.DENSE_DOWN: not moe,
+            Role.DENSE_GATE: not moe or gemma, Role.DENSE_UP: not moe or gemma, Role.DENSE_DOWN: not moe or gemma,
             Role.ROUTER: moe, Role.EXPERT_GATE: moe, Role.EXPERT_UP: moe, Role.EXPERT_DOWN: moe,
             Role.SHARED_GATE: shared, Role.SHARED_UP: shared, Role.SHARED_DOWN: shared,
             Role.SHARED_EXPERT_GATE: moe and bool(self.flags & FLAG_SHARED_EXPERT),
         }.get(role, True)
+
+
+def table_entries(n_layers: int, n_experts: int) -> int:
+    """The tensor table's length: 3 global tensors, each layer's slots and its experts', 4 more globals."""
+    return 3 + n_layers * (len(LAYER_ROLES) + len(EXPERT_ROLES) * n_experts) + len(GLOBAL_ROLES_AFTER)
 
 
 def align_up(n: int, a: int = ALIGN) -> int:
@@ -256,28 +320,34 @@ def canonical_order(d: ModelDims) -> Iterator[tuple[Role, int, int]]:
         for expert in range(d.n_experts):
             for role in EXPERT_ROLES:
                 yield role, layer, expert
-    yield Role.OUTPUT_NORM, NO_INDEX, NO_INDEX
-    yield Role.LM_HEAD, NO_INDEX, NO_INDEX
+    for role in GLOBAL_ROLES_AFTER:
+        yield role, NO_INDEX, NO_INDEX
 
 
-def expected_shape(d: ModelDims, role: Role) -> tuple[int, ...]:
+def expected_shape(d: ModelDims, role: Role, layer: int = NO_INDEX) -> tuple[int, ...]:
     D, F, FD, FS = d.hidden_size, d.ffn_size, d.dense_ffn_size, d.shared_ffn_size
     head_norm = bool(d.flags & FLAG_QK_NORM_HEAD)
+    hd, q_dim, kv_dim = (d.head_dim, d.q_dim, d.kv_dim) if layer == NO_INDEX else \
+        (d.layer_head_dim(layer), d.layer_q_dim(layer), d.layer_kv_dim(layer))
     return {
         Role.TOKEN_EMBD: (d.vocab_size, D),
         Role.ROPE_COS: (d.max_seq, d.rope_width // 2),
         Role.ROPE_SIN: (d.max_seq, d.rope_width // 2),
+        Role.GLOBAL_ROPE_COS: (d.max_seq, d.global_head_dim // 2),
+        Role.GLOBAL_ROPE_SIN: (d.max_seq, d.global_head_dim // 2),
         Role.ATTN_NORM: (D,),
-        Role.WQ: (d.q_dim, D), Role.BQ: (d.q_dim,),
-        Role.WK: (d.kv_dim, D), Role.BK: (d.kv_dim,),
-        Role.WV: (d.kv_dim, D), Role.BV: (d.kv_dim,),
-        Role.WO: (D, d.o_dim), Role.BO: (D,),
+        Role.WQ: (q_dim, D), Role.BQ: (q_dim,),
+        Role.WK: (kv_dim, D), Role.BK: (kv_dim,),
+        Role.WV: (kv_dim, D), Role.BV: (kv_dim,),
+        Role.WO: (D, d.o_dim if d.mla else q_dim), Role.BO: (D,),
+        Role.POST_ATTN_NORM: (D,), Role.POST_FFN_NORM: (D,), Role.DENSE_POST_NORM: (D,), Role.MOE_NORM: (D,),
+        Role.MOE_POST_NORM: (D,), Role.ROUTER_NORM: (D,), Role.EXPERT_SCALE: (d.n_experts,), Role.LAYER_SCALE: (1,),
         Role.WQ_A: (d.q_lora_rank, D), Role.Q_A_NORM: (d.q_lora_rank,), Role.WQ_B: (d.q_dim, d.q_lora_rank),
         Role.WKV_A: (d.kv_lora_rank + d.rope_width, D), Role.KV_A_NORM: (d.kv_lora_rank,),
         Role.WK_B: (d.n_heads * d.kv_lora_rank, d.head_dim - d.rope_width),
         Role.WV_B: (d.n_heads * d.v_dim, d.kv_lora_rank),
-        Role.Q_NORM: (d.head_dim,) if head_norm else (d.q_dim,),
-        Role.K_NORM: (d.head_dim,) if head_norm else (d.kv_dim,),
+        Role.Q_NORM: (hd,) if head_norm else (q_dim,),
+        Role.K_NORM: (hd,) if head_norm else (kv_dim,),
         Role.FFN_NORM: (D,),
         Role.DENSE_GATE: (FD, D), Role.DENSE_UP: (FD, D), Role.DENSE_DOWN: (D, FD),
         Role.ROUTER: (d.n_experts, D), Role.ROUTER_BIAS: (d.n_experts,), Role.SINKS: (d.n_heads,),
@@ -308,12 +378,12 @@ def _in_blocks(d: ModelDims) -> int:
 
 def arena_plan(d: ModelDims) -> dict[str, tuple[int, int]]:
     """The runtime's work arena: name -> (offset, bytes). Mirrors arena_plan() in firmware/src/arena.c."""
-    kv_cache = sum(d.kv_rows(layer) for layer in range(d.n_layers)) * d.kv_dim
+    kv_cache = d.kv_cache_elements()
     kv_size = 2 if d.kv_dtype == KV_DTYPES["f16"] else 4
     ffn = max(d.ffn_size, d.dense_ffn_size, d.shared_ffn_size)
     in_blocks = _in_blocks(d)
     D = d.hidden_size
-    n_tensors = 3 + d.n_layers * (len(LAYER_ROLES) + len(EXPERT_ROLES) * d.n_experts) + 2
+    n_tensors = table_entries(d.n_layers, d.n_experts)
     buffers = [  # (name, bytes), in arena order
         ("tensors", TENSOR_REF_BYTES * n_tensors),  # the table, decoded by colibri_open
         ("x", 4 * D), ("xn", 4 * D), *((name, 4 * n) for name, n in _attention_widths(d)),
@@ -406,6 +476,11 @@ def tensor_name(role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> st
         Role.SHARED_GATE: "ffn_gate_shexp", Role.SHARED_UP: "ffn_up_shexp", Role.SHARED_DOWN: "ffn_down_shexp",
         Role.SHARED_EXPERT_GATE: "ffn_gate_inp_shexp",
         Role.EXPERT_GATE: "ffn_gate_exps", Role.EXPERT_UP: "ffn_up_exps", Role.EXPERT_DOWN: "ffn_down_exps",
+        Role.POST_ATTN_NORM: "post_attention_norm", Role.POST_FFN_NORM: "post_ffw_norm",
+        Role.DENSE_POST_NORM: "post_ffw_norm_1", Role.MOE_NORM: "pre_ffw_norm_2", Role.MOE_POST_NORM: "post_ffw_norm_2",
+        Role.ROUTER_NORM: "ffn_gate_inp_norm", Role.EXPERT_SCALE: "ffn_gate_inp.expert_scale",
+        Role.LAYER_SCALE: "layer_output_scale", Role.GLOBAL_ROPE_COS: "rope_cos_global",
+        Role.GLOBAL_ROPE_SIN: "rope_sin_global",
     }
     name = names[role]
     if layer != NO_INDEX:
@@ -576,11 +651,11 @@ def _lay_out(dims: ModelDims, tensors: dict, expert_align: int, pinned: frozense
 
     def place(i: int, role: Role, layer: int, expert: int) -> None:
         nonlocal cursor
-        if layer != NO_INDEX and not dims.present(role, layer):
+        if not dims.present(role, layer):
             entries[i] = TensorEntry(role, layer, expert, DType.F32, (), 0, 0)
             return
         src = tensors[(role, layer, expert)]
-        want = expected_shape(dims, role)
+        want = expected_shape(dims, role, layer)
         if tuple(src.shape) != want:
             raise ValueError(f"{role.name} layer={layer} expert={expert}: shape {src.shape}, expected {want}")
         if id(src) in placed:
@@ -655,6 +730,8 @@ def _fill(write: Callable[[int, bytes | np.ndarray], None], read: Callable[[int,
         q_lora_rank=d.q_lora_rank, kv_lora_rank=d.kv_lora_rank, rope_dim=d.rope_width, v_head_dim=d.v_dim,
         attn_scale=d.scale, n_group=d.n_group, topk_group=d.topk_group, group_top=d.group_top,
         routed_scale=d.routed_scale, swiglu_alpha=d.swiglu_alpha, swiglu_limit=d.swiglu_limit,
+        global_head_dim=d.global_head_dim, global_kv_heads=d.global_kv_heads, embed_scale=d.embed_scale,
+        logit_softcap=d.logit_softcap,
     )
     write(0, header_block(header))
 
@@ -723,8 +800,8 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
             raise ImageError(f"metadata section is not JSON: {exc}") from None
     n_layers, n_experts = h["n_layers"], h["n_experts"]
     per_layer = len(LAYER_ROLES) + len(EXPERT_ROLES) * n_experts
-    if h["n_tensors"] != 3 + n_layers * per_layer + 2:
-        raise ImageError(f"{h['n_tensors']} tensors, the dimensions need {3 + n_layers * per_layer + 2}")
+    if h["n_tensors"] != table_entries(n_layers, n_experts):
+        raise ImageError(f"{h['n_tensors']} tensors, the dimensions need {table_entries(n_layers, n_experts)}")
 
     def raw_entry(i: int) -> tuple:
         return ENTRY_STRUCT.unpack_from(data, h["tensor_table_offset"] + i * ENTRY_BYTES)
@@ -736,7 +813,7 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
         "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "flags", "dense_ffn_size",
         "shared_ffn_size", "clip_qkv", "kv_dtype", "sliding_window", "q_lora_rank", "kv_lora_rank", "rope_dim",
         "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha",
-        "swiglu_limit")}, moe_layers=moe_layers,
+        "swiglu_limit", "global_head_dim", "global_kv_heads", "embed_scale", "logit_softcap")}, moe_layers=moe_layers,
         window_layers=tuple(bool(h["window_layers"][layer // 8] >> (layer % 8) & 1) if layer < MAX_WINDOW_LAYERS
                             else False for layer in range(n_layers)))
     entries = []
@@ -749,8 +826,7 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
             raise ImageError(f"table entry {i}: {exc}") from None
         if (e.role, e.layer, e.expert) != (role, layer, expert):
             raise ImageError(f"table entry {i} is {e.role.name}/{e.layer}/{e.expert}, expected {role.name}/{layer}/{expert}")
-        present = layer == NO_INDEX or dims.present(role, layer)
-        if e.shape != (expected_shape(dims, role) if present else ()):
+        if e.shape != (expected_shape(dims, role, layer) if dims.present(role, layer) else ()):
             raise ImageError(f"table entry {i} ({role.name}) has shape {e.shape}")
         if e.offset % ALIGN or e.end > h["image_bytes"]:
             raise ImageError(f"table entry {i} ({role.name}) is misaligned or out of bounds")

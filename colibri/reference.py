@@ -13,7 +13,10 @@ dense SwiGLU MLP or a MoE block (softmax or sigmoid router scores, an optional c
 group-limited choice, top-k, optionally renormalized and scaled weights, SwiGLU experts, an optional
 shared expert, sigmoid-gated or plain); final norm, lm_head. DeepSeek's multi-head latent attention
 is computed in the runtime's absorbed form; gpt-oss adds attention sinks, a softmax over the top-k
-router logits, expert biases and its clamped SwiGLU (docs/MODELS.md). It is the
+router logits, expert biases and its clamped SwiGLU; Gemma 4 its layer (norms after attention and the
+FFN, the dense MLP beside the experts, a normed router with per-expert scales, a scalar per layer), GeGLU,
+v norms, keys as values and a head size and RoPE of their own in global layers, the embedding scale and
+logit soft-capping (docs/MODELS.md). It is the
 oracle that device outputs are verified against. It reads the image, not the HF checkpoint, so it
 checks the packer too.
 """
@@ -21,9 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri.image import (FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
-                           FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_ROUTER_TOPK_SOFTMAX,
-                           FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN, KV_DTYPES, NO_INDEX, Image, ModelDims, Role)
+from colibri.image import (FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_GELU_TANH, FLAG_GEMMA4_LAYER, FLAG_GLOBAL_ROPE,
+                           FLAG_K_EQ_V, FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_ROPE_PAIRS,
+                           FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_ROUTER_TOPK_SOFTMAX, FLAG_SHARED_EXPERT,
+                           FLAG_SHARED_PLAIN, FLAG_V_NORM, KV_DTYPES, NO_INDEX, Image, ModelDims, Role)
 from colibri.quant import Encoded, quantized_matmul
 
 
@@ -34,6 +38,18 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (np.float32(1) + np.exp(-x))
+
+
+def tanh(x: np.ndarray) -> np.ndarray:
+    """tanh as the runtime computes it: 1 - 2 / (exp(2x) + 1) (exp overflowing to infinity gives 1)."""
+    with np.errstate(over="ignore"):
+        return np.float32(1) - np.float32(2) / (np.exp(np.float32(2) * x) + np.float32(1))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """gelu's tanh approximation (transformers' gelu_pytorch_tanh): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    inner = np.float32(0.7978845608028654) * (x + np.float32(0.044715) * (x * x * x))
+    return np.float32(0.5) * x * (np.float32(1) + tanh(inner))
 
 
 def clamped_glu(g: np.ndarray, u: np.ndarray, alpha: float, limit: float) -> np.ndarray:
@@ -144,9 +160,11 @@ class Reference:
         return np.stack(out, axis=1)
 
     def swiglu(self, x: np.ndarray, gate: Role, up: Role, down: Role, layer: int, expert: int = NO_INDEX) -> np.ndarray:
+        """down(act(gate x) * up x): SwiGLU, or GeGLU with FLAG_GELU_TANH."""
         g = self.linear(x, gate, layer, expert)
         u = self.linear(x, up, layer, expert)
-        return self.linear(silu(g) * u, down, layer, expert)
+        act = gelu_tanh if self.d.flags & FLAG_GELU_TANH else silu
+        return self.linear(act(g) * u, down, layer, expert)
 
     def routed_expert(self, x: np.ndarray, layer: int, e: int) -> np.ndarray:
         d = self.d
@@ -159,10 +177,13 @@ class Reference:
         y = self.linear(h, Role.EXPERT_DOWN, layer, e)
         return y + self._t(Role.EXPERT_DOWN_BIAS, layer)[e] if d.flags & FLAG_EXPERT_BIAS else y
 
-    def moe(self, x: np.ndarray, layer: int) -> np.ndarray:
+    def moe(self, x: np.ndarray, layer: int, router_x: np.ndarray | None = None) -> np.ndarray:
+        """The routed experts (and shared expert) on x, routed on router_x (Gemma 4's own norm) or x."""
         d = self.d
         bias = self._t(Role.ROUTER_BIAS, layer) if d.flags & FLAG_ROUTER_BIAS else None
-        idx, w = route_topk(self.linear(x, Role.ROUTER, layer), d, bias)
+        idx, w = route_topk(self.linear(x if router_x is None else router_x, Role.ROUTER, layer), d, bias)
+        if d.flags & FLAG_GEMMA4_LAYER:
+            w = w * self._t(Role.EXPERT_SCALE, layer)[idx]
         if self.routes is not None:
             self.routes[layer] = (idx, w)
         out = np.zeros_like(x)
@@ -181,6 +202,19 @@ class Reference:
         if self.d.moe_layers[layer]:
             return self.moe(x, layer)
         return self.swiglu(x, Role.DENSE_GATE, Role.DENSE_UP, Role.DENSE_DOWN, layer)
+
+    def gemma4_ffn(self, x: np.ndarray, layer: int) -> np.ndarray:
+        """Gemma 4's FFN half on the residual x, its post norm included: the dense MLP, and in a MoE layer beside
+        it the experts, each normed before and after on its own."""
+        d, eps = self.d, self.d.rms_norm_eps
+        h = self.swiglu(rms_norm(x, self._t(Role.FFN_NORM, layer), eps), Role.DENSE_GATE, Role.DENSE_UP, Role.DENSE_DOWN,
+                        layer)
+        if d.moe_layers[layer]:
+            experts = self.moe(rms_norm(x, self._t(Role.MOE_NORM, layer), eps), layer,
+                               router_x=rms_norm(x, self._t(Role.ROUTER_NORM, layer), eps))
+            h = rms_norm(h, self._t(Role.DENSE_POST_NORM, layer), eps) + \
+                rms_norm(experts, self._t(Role.MOE_POST_NORM, layer), eps)
+        return rms_norm(h, self._t(Role.POST_FFN_NORM, layer), eps)
 
     def _proj(self, x: np.ndarray, w: Role, b: Role, layer: int) -> np.ndarray:
         y = self.linear(x, w, layer)
@@ -225,30 +259,34 @@ class Reference:
         d = self.d
         if d.mla:
             return self._proj(self.mla(x, layer), Role.WO, Role.BO, layer)
-        n = x.shape[0]
-        q, k, v = self._proj(x, Role.WQ, Role.BQ, layer), self._proj(x, Role.WK, Role.BK, layer), \
-            self._proj(x, Role.WV, Role.BV, layer)
+        n, hd, kv_heads = x.shape[0], d.layer_head_dim(layer), d.layer_kv_heads(layer)
+        q, k = self._proj(x, Role.WQ, Role.BQ, layer), self._proj(x, Role.WK, Role.BK, layer)
+        v = k if not d.present(Role.WV, layer) else self._proj(x, Role.WV, Role.BV, layer)  # FLAG_K_EQ_V
         if d.flags & FLAG_QK_NORM_FULL:
             q = rms_norm(q, self._t(Role.Q_NORM, layer), d.rms_norm_eps)
             k = rms_norm(k, self._t(Role.K_NORM, layer), d.rms_norm_eps)
-        q = q.reshape(n, d.n_heads, d.head_dim)
-        k = k.reshape(n, d.n_kv_heads, d.head_dim)
-        v = v.reshape(n, d.n_kv_heads, d.head_dim)
+        q = q.reshape(n, d.n_heads, hd)
+        k = k.reshape(n, kv_heads, hd)
+        v = v.reshape(n, kv_heads, hd)
         if d.flags & FLAG_QK_NORM_HEAD:
             q = rms_norm(q, self._t(Role.Q_NORM, layer), d.rms_norm_eps)
             k = rms_norm(k, self._t(Role.K_NORM, layer), d.rms_norm_eps)
+        if d.flags & FLAG_V_NORM:
+            v = rms_norm(v, np.float32(1), d.rms_norm_eps)
         if d.clip_qkv:  # after either kind of q/k norm, as the runtime (and OLMoE, the family that has it) does
             q, k, v = (np.clip(t, -d.clip_qkv, d.clip_qkv) for t in (q, k, v))
-        cos, sin = self._t(Role.ROPE_COS)[:n], self._t(Role.ROPE_SIN)[:n]
+        global_rope = d.flags & FLAG_GLOBAL_ROPE and not d.windowed(layer)
+        cos = self._t(Role.GLOBAL_ROPE_COS if global_rope else Role.ROPE_COS)[:n]
+        sin = self._t(Role.GLOBAL_ROPE_SIN if global_rope else Role.ROPE_SIN)[:n]
         pairs = bool(d.flags & FLAG_ROPE_PAIRS)
         q, k = rope(q, cos, sin, pairs), rope(k, cos, sin, pairs)
         k, v = self._cache(k), self._cache(v)
-        group = d.n_heads // d.n_kv_heads
+        group = d.n_heads // kv_heads
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
         scores = np.einsum("qhd,khd->hqk", q, k) * np.float32(d.scale)
         scores = np.where(self._seen(n, layer)[None], scores, np.float32(-np.inf))
         probs = softmax_sink(scores, self._t(Role.SINKS, layer)) if d.flags & FLAG_ATTN_SINKS else softmax(scores)
-        out = np.einsum("hqk,khd->qhd", probs, v).reshape(n, d.q_dim)
+        out = np.einsum("hqk,khd->qhd", probs, v).reshape(n, d.n_heads * hd)
         return self._proj(out, Role.WO, Role.BO, layer)
 
     def forward(self, tokens: list[int] | np.ndarray) -> np.ndarray:
@@ -260,11 +298,22 @@ class Reference:
         if tokens.min() < 0 or tokens.max() >= d.vocab_size:
             raise ValueError(f"token ids must be in [0, {d.vocab_size})")
         x = self._t(Role.TOKEN_EMBD)[tokens].astype(np.float32)
+        if d.embed_scale:
+            x = x * np.float32(d.embed_scale)
+        gemma = d.flags & FLAG_GEMMA4_LAYER
         for layer in range(d.n_layers):
-            x = x + self.attention(rms_norm(x, self._t(Role.ATTN_NORM, layer), d.rms_norm_eps), layer)
-            x = x + self.ffn(rms_norm(x, self._t(Role.FFN_NORM, layer), d.rms_norm_eps), layer)
+            h = self.attention(rms_norm(x, self._t(Role.ATTN_NORM, layer), d.rms_norm_eps), layer)
+            x = x + (rms_norm(h, self._t(Role.POST_ATTN_NORM, layer), d.rms_norm_eps) if gemma else h)
+            if gemma:
+                x = (x + self.gemma4_ffn(x, layer)) * self._t(Role.LAYER_SCALE, layer)[0]
+            else:
+                x = x + self.ffn(rms_norm(x, self._t(Role.FFN_NORM, layer), d.rms_norm_eps), layer)
         x = rms_norm(x, self._t(Role.OUTPUT_NORM), d.rms_norm_eps)
-        return self.linear(x, Role.LM_HEAD).astype(np.float32)
+        logits = self.linear(x, Role.LM_HEAD).astype(np.float32)
+        if d.logit_softcap:
+            cap = np.float32(d.logit_softcap)
+            logits = cap * tanh(logits / cap)
+        return logits
 
     def routing(self, tokens: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """For each MoE layer: the experts chosen for each position (best first) and their weights."""

@@ -2,8 +2,9 @@
 
 The runtime never computes a transcendental for RoPE: the host writes cos(pos * f_i) * s and
 sin(pos * f_i) * s for every position and frequency, where the rope type decides the
-frequencies f_i and the attention factor s. Supported: default, linear, llama3, yarn. Anything
-else (dynamic NTK, longrope, partial rotary) is refused by name.
+frequencies f_i and the attention factor s. Supported: default, linear, llama3, yarn, and Gemma 4's
+proportional (the first partial_rotary_factor of the frequencies, the rest 0: those dims are not
+rotated). Anything else (dynamic NTK, longrope, partial rotary elsewhere) is refused by name.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import math
 
 import numpy as np
 
-SUPPORTED = ("default", "linear", "llama3", "yarn")
+SUPPORTED = ("default", "linear", "llama3", "yarn", "proportional")
 
 
 class UnsupportedRope(ValueError):
@@ -93,6 +94,11 @@ def frequencies(params: dict, head_dim: int, max_position_embeddings: int | None
     kind, theta = params["rope_type"], float(params["rope_theta"])
     if kind not in SUPPORTED:
         raise UnsupportedRope(f"rope type {kind!r} is not supported (supported: {', '.join(SUPPORTED)})")
+    if kind == "proportional":  # transformers' _compute_proportional_rope_parameters
+        angles = int(params.get("partial_rotary_factor", 1.0) * head_dim // 2)
+        inv = np.zeros(head_dim // 2)
+        inv[:angles] = 1.0 / (theta ** (np.arange(0, 2 * angles, 2, dtype=np.float64) / head_dim))
+        return inv / params.get("factor", 1.0), 1.0
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise UnsupportedRope(f"partial_rotary_factor={params['partial_rotary_factor']} is not supported")
     inv = _base_inv_freq(theta, head_dim)

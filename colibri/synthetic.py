@@ -17,8 +17,8 @@ def random_image(dims: im.ModelDims, dtype: DType = DType.Q8_0, seed: int = 0, e
     rng = np.random.default_rng(seed)
     tensors: dict = {}
     for role, layer, expert in im.canonical_order(dims):
-        if layer == im.NO_INDEX or dims.present(role, layer):
-            shape = im.expected_shape(dims, role)
+        if dims.present(role, layer):
+            shape = im.expected_shape(dims, role, layer)
             if role in (im.Role.ROPE_COS, im.Role.ROPE_SIN):
                 continue
             if len(shape) == 1:

@@ -96,7 +96,8 @@ def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path, max_po
 
     torch.manual_seed(seed)
     model_cls = getattr(transformers, arch)
-    config_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
+    config_cls = getattr(transformers, "Gemma4TextConfig" if arch == "Gemma4ForCausalLM" else
+                         arch.replace("ForCausalLM", "Config"))
     model = model_cls(config_cls(initializer_range=0.25, max_position_embeddings=max_positions, **config)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -104,9 +105,13 @@ def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path, max_po
                 p.copy_(1.0 + 0.3 * torch.randn_like(p))
             elif name.endswith((".bias", "_bias")):  # gpt-oss's experts' biases too
                 p.copy_(0.3 * torch.randn_like(p))
+            elif name.endswith(("router.scale", "per_expert_scale")):  # Gemma 4's router
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
         for name, b in model.named_buffers():  # DeepSeek-V3's router bias chooses experts: make it matter
             if name.endswith("e_score_correction_bias"):
                 b.copy_(0.5 * torch.randn_like(b))
+            elif name.endswith("layer_scalar"):  # Gemma 4's scalar per layer
+                b.copy_(0.5 + torch.rand_like(b))
     model.save_pretrained(out)
     return out
 

@@ -91,7 +91,23 @@ FAMILIES += [
     ("gpt_oss_full", "GptOssForCausalLM", dict(GPT_OSS, num_experts_per_tok=3, sliding_window=3, swiglu_alpha=2.5,
      layer_types=["full_attention", "sliding_attention"], rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
 ]
-WINDOWED = {"gpt_oss", "gpt_oss_full", "mixtral_window", "qwen2_window", "qwen2moe_window", "qwen3moe_window"}
+GEMMA4 = dict(SMALL, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=24,
+              enable_moe_block=True, moe_intermediate_size=12, hidden_size_per_layer_input=0)
+FAMILIES += [
+    # Gemma 4's MoE layer (the dense MLP beside the experts, the normed router with per-expert scales, every extra
+    # norm, a scalar per layer), GeGLU, q/k/v norms, sliding layers (windows shorter than the prompt) and global
+    # ones with their own head size, KV heads and proportional RoPE; keys as values with one global KV head and the
+    # logit cap; or biases, a v projection and no cap
+    ("gemma4", "Gemma4ForCausalLM", dict(GEMMA4, num_hidden_layers=3, num_experts=5, top_k_experts=2, sliding_window=4,
+     global_head_dim=16, num_global_key_value_heads=1, attention_k_eq_v=True, final_logit_softcapping=3.0,
+     layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
+    ("gemma4_bias", "Gemma4ForCausalLM", dict(GEMMA4, num_experts=4, top_k_experts=3, sliding_window=3, global_head_dim=12,
+     attention_bias=True, layer_types=["sliding_attention", "full_attention"],
+     rope_parameters=dict(sliding_attention=dict(rope_type="default", rope_theta=1000.0),
+                          full_attention=dict(rope_type="proportional", partial_rotary_factor=0.5, rope_theta=1e5)))),
+]
+WINDOWED = {"gpt_oss", "gpt_oss_full", "mixtral_window", "qwen2_window", "qwen2moe_window", "qwen3moe_window", "gemma4",
+            "gemma4_bias"}
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +133,12 @@ def test_families_cover_the_variants(family_images):
     windows = {name: (d.sliding_window, d.window_layers) for name, d in dims.items() if d.sliding_window}
     assert windows == {"gpt_oss": (4, (True, False, True)), "gpt_oss_full": (3, (False, True)),
                        "mixtral_window": (4, (True, True)), "qwen2_window": (3, (False, True, True)),
-                       "qwen2moe_window": (5, (True, False, False)), "qwen3moe_window": (4, (True, True))}
+                       "qwen2moe_window": (5, (True, False, False)), "qwen3moe_window": (4, (True, True)),
+                       "gemma4": (4, (True, True, False)), "gemma4_bias": (3, (True, False))}
+    # Gemma 4's global layers have their own widths: the KV cache plan follows each layer's
+    g = dims["gemma4"]
+    assert [g.layer_kv_dim(layer) for layer in range(3)] == [2 * 8, 2 * 8, 1 * 16]
+    assert g.kv_cache_elements() == 4 * 16 + 4 * 16 + 32 * 16
     # a windowed layer's KV cache is a ring of the window: the plan holds W rows for it, not max_seq
     d = dims["qwen2_window"]
     assert [d.kv_rows(layer) for layer in range(3)] == [32, 3, 3]
@@ -262,9 +283,9 @@ def test_mla_cache_holds_the_latent(family_images, hosted_build, capsys):
 
 
 def test_lean_cortex_m4_fits_16_kib(family_images, firmwares):
-    """`scons lean=yes` leaves the newer families' mechanisms out (DeepSeek's, gpt-oss's): on the Cortex-M4 that
+    """`scons lean=yes` leaves the newer families' mechanisms out (DeepSeek's, gpt-oss's, Gemma 4's): on the Cortex-M4 that
     runtime is issue 10's 16 KiB (-Os, every dtype; tools/size_gate.json's cortex_m4_lean), gives the other
-    families' images the bits of the full build, and refuses a DeepSeek or gpt-oss image by name instead of
+    families' images the bits of the full build, and refuses a DeepSeek, gpt-oss or Gemma 4 image by name instead of
     computing something else."""
     from conftest import GATE_FILE, build
     from colibri import footprint
@@ -279,7 +300,7 @@ def test_lean_cortex_m4_fits_16_kib(family_images, firmwares):
         lean = flash.run_on_board(image, "cortex_m4", PROMPT, 4, Sampling(), True, firmware=out / "firmware.elf")
         full = flash.run_on_board(image, "cortex_m4", PROMPT, 4, Sampling(), True, firmware=firmwares["cortex_m4"])
         assert lean.tokens == full.tokens and lean.logits.tobytes() == full.logits.tobytes(), name
-    for name in ("deepseek_v3", "deepseek_v2", "gpt_oss"):
+    for name in ("deepseek_v3", "deepseek_v2", "gpt_oss", "gemma4"):
         with pytest.raises(DeviceError) as err:
             flash.run_on_board(family_images[name][1], "cortex_m4", PROMPT, 1, Sampling(), False,
                                firmware=out / "firmware.elf")

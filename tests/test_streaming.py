@@ -235,8 +235,8 @@ def hot_routing_image(pinned: frozenset = frozenset()) -> bytes:
     router[1] += 0.8 * common
     tensors = {}
     for role, layer, expert in im.canonical_order(dims):
-        if layer == im.NO_INDEX or dims.present(role, layer):
-            shape = im.expected_shape(dims, role)
+        if dims.present(role, layer):
+            shape = im.expected_shape(dims, role, layer)
             t = 0.01 * rng.standard_normal(shape).astype(np.float32)
             if len(shape) == 1:
                 t = np.ones(shape, np.float32)

@@ -32,7 +32,7 @@ def entry(i: int, field_offset: int) -> int:
     return TABLE + i * ENTRY_BYTES + field_offset
 
 
-FIRST_UP = 3 + 32 + 1  # entries: embd, rope cos, rope sin, 32 per-layer slots, then expert 0 gate, up, down
+FIRST_UP = 3 + 40 + 1  # entries: embd, rope cos, rope sin, 40 per-layer slots, then expert 0 gate, up, down
 
 
 def swap_entries(b: bytearray) -> bytearray:
@@ -63,7 +63,8 @@ CASES = [
     ("version 1", put("<I", 8, 1), "E_IMAGE_VERSION"),
     ("version 2", put("<I", 8, 2), "E_IMAGE_VERSION"),
     ("version 3", put("<I", 8, 3), "E_IMAGE_VERSION"),
-    ("version 5", put("<I", 8, 5, seal=False), "E_IMAGE_VERSION"),
+    ("version 4", put("<I", 8, 4), "E_IMAGE_VERSION"),
+    ("version 6", put("<I", 8, 6, seal=False), "E_IMAGE_VERSION"),
     ("header byte flipped", flip(40), "E_IMAGE_HEADER_CRC"),
     ("resident byte flipped", lambda b: flip(struct.unpack_from("<Q", b, 104)[0] + 5)(b), "E_IMAGE_PAYLOAD_CRC"),
     ("expert byte flipped", lambda b: flip(len(b) - 5)(b), "E_EXPERT_CRC"),  # the last expert's down matrix
@@ -74,7 +75,16 @@ CASES = [
     ("resident tensor in the expert part", lambda b: put("<Q", entry(0, 32), struct.unpack_from("<Q", b, 140)[0])(b),
      "E_IMAGE_BOUNDS"),
     ("table byte flipped", flip(TABLE + 33), "E_IMAGE_PAYLOAD_CRC"),
-    ("reserved header byte", put("<B", 300, 1), "E_IMAGE_HEADER"),
+    ("reserved header byte", put("<B", 310, 1), "E_IMAGE_HEADER"),
+    # Gemma 4's fields (288..303) and flags 13..17
+    ("odd global head size", put("<I", 288, 7), "E_IMAGE_DIMS"),
+    ("global KV heads that do not divide the heads", put("<I", 292, 3), "E_IMAGE_DIMS"),
+    ("global head size the table lacks", put("<I", 288, 12), "E_IMAGE_TABLE"),
+    ("embedding scale NaN", put("<f", 296, float("nan")), "E_IMAGE_DIMS"),
+    ("logit cap negative", put("<f", 300, -30.0), "E_IMAGE_DIMS"),
+    ("Gemma 4 layer without a dense MLP", put("<I", 76, 1 | 1 << 13), "E_IMAGE_DIMS"),
+    ("keys as values, yet a WV", put("<I", 76, 1 | 1 << 16), "E_IMAGE_TABLE"),
+    ("global RoPE tables the table lacks", put("<I", 76, 1 | 1 << 17), "E_IMAGE_TABLE"),
     # gpt-oss's expert activation (280, 284) and flags 10..12
     ("SwiGLU limit without alpha", put("<f", 284, 7.0), "E_IMAGE_DIMS"),
     ("SwiGLU alpha NaN", lambda b: put("<f", 280, float("nan"))(put("<f", 284, 7.0, seal=False)(b)), "E_IMAGE_DIMS"),
@@ -104,7 +114,7 @@ CASES = [
     ("window without a windowed layer", put("<I", 176, 3), "E_IMAGE_DIMS"),
     ("windowed layer without a window", put("<B", 180, 1), "E_IMAGE_DIMS"),
     ("windowed layer past the last", lambda b: put("<B", 180, 4)(put("<I", 176, 3, seal=False)(b)), "E_IMAGE_DIMS"),
-    ("window as long as max_seq", lambda b: put("<B", 180, 1)(put("<I", 176, 48, seal=False)(b)), "E_IMAGE_DIMS"),
+    ("window longer than max_seq", lambda b: put("<B", 180, 1)(put("<I", 176, 49, seal=False)(b)), "E_IMAGE_DIMS"),
     ("window the plan does not know", lambda b: put("<B", 180, 1)(put("<I", 176, 3, seal=False)(b)), "E_IMAGE_PLAN"),
     ("table offset past data", put("<Q", 88, 1 << 40), "E_IMAGE_HEADER"),
     ("entry size", put("<I", 100, 32), "E_IMAGE_HEADER"),
@@ -122,7 +132,7 @@ CASES = [
     ("eps NaN", put("<f", 80, float("nan")), "E_IMAGE_DIMS"),
     ("eps zero", put("<f", 80, 0.0), "E_IMAGE_DIMS"),
     ("unknown arch", put("<I", 32, 2), "E_UNSUPPORTED"),
-    ("unknown flag", put("<I", 76, 1 << 13), "E_UNSUPPORTED"),
+    ("unknown flag", put("<I", 76, 1 << 18), "E_UNSUPPORTED"),
     ("both q/k norm kinds", put("<I", 76, (1 << 3) | (1 << 4)), "E_UNSUPPORTED"),
     ("tensor count", put("<I", 96, 10), "E_IMAGE_TABLE"),
     ("entries out of order", swap_entries, "E_IMAGE_TABLE"),

@@ -108,6 +108,13 @@ def make_seeds() -> None:
                         mla=dict(swiglu_alpha=1.702, swiglu_limit=0.5)),
         "deepseek-q4_0": dict(flags=im.FLAG_ROPE_PAIRS, moe=(True, True), dtype=DType.Q4_0, kv=1,
                               mla=dict(head_dim=6, kv_lora_rank=5, rope_dim=2, v_head_dim=7)),
+        # Gemma 4: its layer (the dense MLP beside the experts), GeGLU, v norms, a windowed layer and a global one
+        # of its own head size, KV heads (values its keys) and RoPE, the embedding scale and the logit cap
+        "gemma4": dict(flags=im.FLAG_NORM_TOPK | im.FLAG_QK_NORM_HEAD | im.FLAG_GEMMA4_LAYER | im.FLAG_GELU_TANH
+                       | im.FLAG_V_NORM | im.FLAG_K_EQ_V | im.FLAG_GLOBAL_ROPE, moe=(True, True), dense=10,
+                       dtype=DType.Q4_0, mla=dict(global_head_dim=8, global_kv_heads=1, embed_scale=2.8,
+                                                  logit_softcap=30.0, attn_scale=1.0, sliding_window=3,
+                                                  window_layers=(True, False))),
     }
     out = FUZZ / "corpus" / "image"
     out.mkdir(parents=True, exist_ok=True)
@@ -120,8 +127,8 @@ def make_seeds() -> None:
             clip_qkv=v.get("clip", 0.0), moe_layers=v["moe"], kv_dtype=v.get("kv", 0)), **v.get("mla", {})})
         tensors = {}
         for role, layer, expert in im.canonical_order(dims):
-            if layer == im.NO_INDEX or dims.present(role, layer):
-                t = rng.normal(0, 0.5, im.expected_shape(dims, role)).astype(np.float32)
+            if dims.present(role, layer):
+                t = rng.normal(0, 0.5, im.expected_shape(dims, role, layer)).astype(np.float32)
                 narrow = t.ndim == 2 and role not in im.F32_TABLES
                 tensors[(role, layer, expert)] = convert(t, v.get("dtype", DType.F32) if narrow else DType.F32)
         inv = 1.0 / (10000.0 ** (np.arange(0, dims.rope_width, 2) / dims.rope_width))

@@ -24,10 +24,12 @@ static void *reserve(planner *p, uint64_t count) { return reserve_bytes(p, count
 colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out, uint64_t *total) {
     planner p = { ARENA_CTX_BYTES, 0, base };
     arena_buffers a;
-    uint64_t kv_cache = 0; /* rows: every layer's positions (a windowed layer's ring holds W) */
-    for (uint32_t layer = 0; layer < d->n_layers; layer++) kv_cache += kv_rows(d, layer);
-    if (kv_cache > IMG_MAX_DIM) return COLIBRI_E_IMAGE_DIMS; /* layers x positions, keeps the product below 2^48 */
-    kv_cache *= d->kv_dim;
+    uint64_t rows = 0, kv_cache = 0; /* every layer's positions (a windowed layer's ring holds W) of its row width */
+    for (uint32_t layer = 0; layer < d->n_layers; layer++) {
+        rows += kv_rows(d, layer);
+        kv_cache += (uint64_t)kv_rows(d, layer) * layer_kv_dim(d, layer);
+    }
+    if (rows > IMG_MAX_DIM) return COLIBRI_E_IMAGE_DIMS; /* layers x positions: keeps kv_cache below 2^48 */
     a.tensors = reserve_bytes(&p, d->n_tensors, TENSOR_REF_BYTES);
     a.x = reserve(&p, d->dim);
     a.xn = reserve(&p, d->dim);

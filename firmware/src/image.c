@@ -39,7 +39,8 @@ enum {
     H_EXPERT_CRC_OFFSET = 148, H_META_OFFSET = 156, H_META_BYTES = 164, H_META_CRC = 172, H_SLIDING_WINDOW = 176,
     H_WINDOW_LAYERS = 180, H_Q_LORA = 244, H_KV_LORA = 248, H_ROPE_DIM = 252, H_V_HEAD_DIM = 256, H_ATTN_SCALE = 260,
     H_N_GROUP = 264, H_TOPK_GROUP = 268, H_GROUP_TOP = 272, H_ROUTED_SCALE = 276, H_SWIGLU_ALPHA = 280,
-    H_SWIGLU_LIMIT = 284, H_RESERVED = 288
+    H_SWIGLU_LIMIT = 284, H_GLOBAL_HEAD_DIM = 288, H_GLOBAL_KV_HEADS = 292, H_EMBED_SCALE = 296, H_LOGIT_SOFTCAP = 300,
+    H_RESERVED = 304
 };
 /* Tensor table entry field offsets (docs/FORMAT.md, "Tensor table"). */
 enum {
@@ -90,16 +91,26 @@ static int attention_dims(const uint8_t *h, model_dims *d) {
     d->v_head_dim = rd32(h + H_V_HEAD_DIM);
     d->attn_scale = rdf32(h + H_ATTN_SCALE);
     const uint32_t hd = d->head_dim, H = d->n_heads;
-    if (!scale_ok(d->attn_scale) || (uint64_t)H * hd > IMG_MAX_DIM) return 1;
-    d->q_dim = H * hd;
+    /* Gemma 4's global layers: a head size and KV heads of their own (0: the others'; the lean build has none) */
+    const uint32_t global_hd = COLIBRI_LEAN ? 0 : rd32(h + H_GLOBAL_HEAD_DIM);
+    const uint32_t global_kv = COLIBRI_LEAN ? 0 : rd32(h + H_GLOBAL_KV_HEADS);
+    d->global_head_dim = global_hd ? global_hd : hd;
+    d->global_kv_heads = global_kv ? global_kv : d->n_kv_heads;
+    const uint32_t widest = hd > d->global_head_dim ? hd : d->global_head_dim;
+    if (!scale_ok(d->attn_scale) || (uint64_t)H * widest > IMG_MAX_DIM || d->global_head_dim % 2 ||
+        H % d->global_kv_heads)
+        return 1;
+    d->q_dim = H * widest;
     d->o_dim = H * d->v_head_dim; /* checked below */
     if (COLIBRI_LEAN || d->kv_lora == 0) { /* without them, read_dims refuses kv_lora > 0 */
-        d->kv_dim = d->n_kv_heads * hd; /* <= n_heads * hd */
-        d->att_dim = d->val_dim = hd;
+        const uint32_t global_kv_dim = d->global_kv_heads * d->global_head_dim; /* both <= n_heads * widest */
+        d->kv_dim = d->n_kv_heads * hd > global_kv_dim ? d->n_kv_heads * hd : global_kv_dim;
+        d->att_dim = d->val_dim = widest;
         return d->q_lora || d->rope_dim != hd || d->v_head_dim != hd;
     }
-    const uint32_t options = IMG_FLAG_QKV_BIAS | IMG_FLAG_O_BIAS | IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL;
-    if (d->n_kv_heads != 1 || (d->flags & options) || d->clip_qkv != 0.0f || d->rope_dim % 2 || d->rope_dim == 0 ||
+    const uint32_t options = IMG_FLAG_QKV_BIAS | IMG_FLAG_O_BIAS | IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL |
+                             IMG_FLAG_V_NORM | IMG_FLAG_K_EQ_V | IMG_FLAG_GLOBAL_ROPE;
+    if (d->n_kv_heads != 1 || (d->flags & options) || global_hd || global_kv || d->clip_qkv != 0.0f || d->rope_dim % 2 || d->rope_dim == 0 ||
         d->rope_dim >= hd || d->q_lora > IMG_MAX_DIM || d->kv_lora > IMG_MAX_DIM || d->v_head_dim == 0 ||
         d->v_head_dim > IMG_MAX_DIM)
         return 1;
@@ -176,6 +187,13 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
                          rd32(h + H_SWIGLU_ALPHA)))
         return COLIBRI_E_UNSUPPORTED;
     if (attention_dims(h, d) || routing_dims(h, d)) return COLIBRI_E_IMAGE_DIMS;
+    if (!COLIBRI_LEAN) { /* Gemma 4's: 0 or a scale; its layer has a dense MLP everywhere */
+        d->embed_scale = rdf32(h + H_EMBED_SCALE);
+        d->logit_softcap = rdf32(h + H_LOGIT_SOFTCAP);
+        if (!(d->embed_scale == 0.0f || scale_ok(d->embed_scale)) || !(d->logit_softcap == 0.0f || scale_ok(d->logit_softcap)) ||
+            ((d->flags & IMG_FLAG_GEMMA4_LAYER) && !d->dense_ffn))
+            return COLIBRI_E_IMAGE_DIMS;
+    }
     d->ffn_max = d->ffn > d->dense_ffn ? d->ffn : d->dense_ffn;
     if (d->shared_ffn > d->ffn_max) d->ffn_max = d->shared_ffn;
     uint32_t in_max = d->dim > d->q_dim ? d->dim : d->q_dim; /* the longest row: every matrix's columns */
@@ -190,7 +208,8 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     const uint32_t shared = d->flags & (IMG_FLAG_SHARED_EXPERT | IMG_FLAG_SHARED_PLAIN);
     if (shared == (IMG_FLAG_SHARED_EXPERT | IMG_FLAG_SHARED_PLAIN)) return COLIBRI_E_UNSUPPORTED;
     if (!shared != !d->shared_ffn || (d->shared_ffn && !d->n_experts)) return COLIBRI_E_IMAGE_DIMS;
-    /* a window: 1 <= W < max_seq and at least one windowed layer, no bit past the last layer; none: no bit */
+    /* a window: 1 <= W <= max_seq (Gemma 4 keeps a window its sequence never outgrows: its layer kinds differ in
+     * more than it) and at least one windowed layer, no bit past the last layer; none: no bit */
     d->window = rd32(h + H_SLIDING_WINDOW);
     uint32_t windowed = 0;
     for (uint32_t i = 0; i < IMG_WINDOW_LAYER_BYTES; i++) {
@@ -201,7 +220,7 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
             windowed++;
         }
     }
-    if (d->window ? (d->window >= d->max_seq || !windowed) : windowed != 0) return COLIBRI_E_IMAGE_DIMS;
+    if (d->window ? (d->window > d->max_seq || !windowed) : windowed != 0) return COLIBRI_E_IMAGE_DIMS;
     return COLIBRI_OK;
 }
 
@@ -224,6 +243,16 @@ static int newer_shape(const model_dims *d, uint32_t role, int moe, uint32_t *ro
     case ROLE_WV_B: *rows = d->o_dim; *cols = d->kv_lora; return mla;
     case ROLE_SINKS: *rows = d->n_heads; return (f & IMG_FLAG_ATTN_SINKS) != 0;
     case ROLE_ROUTER_BIAS: *rows = d->n_experts; return moe && (f & IMG_FLAG_ROUTER_BIAS);
+    case ROLE_POST_ATTN_NORM: case ROLE_POST_FFN_NORM: *rows = d->dim; return (f & IMG_FLAG_GEMMA4_LAYER) != 0;
+    case ROLE_LAYER_SCALE: *rows = 1; return (f & IMG_FLAG_GEMMA4_LAYER) != 0;
+    case ROLE_DENSE_POST_NORM: case ROLE_MOE_NORM: case ROLE_MOE_POST_NORM: case ROLE_ROUTER_NORM:
+        *rows = d->dim;
+        return moe && (f & IMG_FLAG_GEMMA4_LAYER);
+    case ROLE_EXPERT_SCALE: *rows = d->n_experts; return moe && (f & IMG_FLAG_GEMMA4_LAYER);
+    case ROLE_GLOBAL_ROPE_COS: case ROLE_GLOBAL_ROPE_SIN:
+        *rows = d->max_seq;
+        *cols = d->global_head_dim / 2;
+        return (f & IMG_FLAG_GLOBAL_ROPE) != 0;
     default: /* ROLE_EXPERT_GATE_BIAS, ROLE_EXPERT_UP_BIAS, ROLE_EXPERT_DOWN_BIAS */
         *rows = d->n_experts;
         *cols = role == ROLE_EXPERT_DOWN_BIAS ? d->dim : d->ffn;
@@ -253,24 +282,32 @@ static void spec_for(const model_dims *d, uint32_t i, int moe, tensor_spec *s) {
     const int mla = !COLIBRI_LEAN && d->kv_lora != 0, q_lora = mla && d->q_lora != 0; /* WQ, WK, WV go with them */
     const int shared = moe && (f & (IMG_FLAG_SHARED_EXPERT | IMG_FLAG_SHARED_PLAIN)), qk_norm = (f & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) != 0;
     const int head_norm = (f & IMG_FLAG_QK_NORM_HEAD) != 0;
+    /* the layer's attention widths (Gemma 4's global layers have their own; MLA's WK, WV and their norms are absent) */
+    const uint32_t hd = layer_head_dim(d, s->layer), q_dim = d->n_heads * hd, kv_dim = layer_kv_dim(d, s->layer);
+    const int k_is_v = !COLIBRI_LEAN && (f & IMG_FLAG_K_EQ_V) && !layer_windowed(d, s->layer); /* no WV, no BV */
+    const int dense = !moe || (!COLIBRI_LEAN && (f & IMG_FLAG_GEMMA4_LAYER)); /* Gemma 4's MoE layers have it too */
     uint32_t rows = 0, cols = 0, present = 1; /* cols 0: a vector (norm weights, biases) */
     switch (s->role) {
     case ROLE_TOKEN_EMBD: case ROLE_LM_HEAD: rows = d->vocab; cols = D; break;
     case ROLE_ROPE_COS: case ROLE_ROPE_SIN: rows = d->max_seq; cols = d->rope_dim / 2; break;
     case ROLE_ATTN_NORM: case ROLE_FFN_NORM: case ROLE_OUTPUT_NORM: rows = D; break;
-    case ROLE_WQ: rows = d->q_dim; cols = D; present = !q_lora; break;
-    case ROLE_WK: case ROLE_WV: rows = d->kv_dim; cols = D; present = !mla; break;
-    case ROLE_WO: rows = D; cols = d->o_dim; break;
+    case ROLE_WQ: rows = q_dim; cols = D; present = !q_lora; break;
+    case ROLE_WK: case ROLE_WV: rows = kv_dim; cols = D; present = !mla && !(s->role == ROLE_WV && k_is_v); break;
+    case ROLE_WO: rows = D; cols = mla ? d->o_dim : q_dim; break;
     case ROLE_WQ_A: case ROLE_Q_A_NORM: case ROLE_WQ_B: case ROLE_WKV_A: case ROLE_KV_A_NORM: case ROLE_WK_B:
     case ROLE_WV_B: case ROLE_SINKS: case ROLE_ROUTER_BIAS: case ROLE_EXPERT_GATE_BIAS: case ROLE_EXPERT_UP_BIAS:
-    case ROLE_EXPERT_DOWN_BIAS: present = !COLIBRI_LEAN && newer_shape(d, s->role, moe, &rows, &cols); break;
-    case ROLE_BQ: rows = d->q_dim; present = (f & IMG_FLAG_QKV_BIAS) != 0; break;
-    case ROLE_BK: case ROLE_BV: rows = d->kv_dim; present = (f & IMG_FLAG_QKV_BIAS) != 0; break;
+    case ROLE_EXPERT_DOWN_BIAS: case ROLE_POST_ATTN_NORM: case ROLE_POST_FFN_NORM: case ROLE_DENSE_POST_NORM:
+    case ROLE_MOE_NORM: case ROLE_MOE_POST_NORM: case ROLE_ROUTER_NORM: case ROLE_EXPERT_SCALE: case ROLE_LAYER_SCALE:
+    case ROLE_GLOBAL_ROPE_COS: case ROLE_GLOBAL_ROPE_SIN:
+        present = !COLIBRI_LEAN && newer_shape(d, s->role, moe, &rows, &cols);
+        break;
+    case ROLE_BQ: rows = q_dim; present = (f & IMG_FLAG_QKV_BIAS) != 0; break;
+    case ROLE_BK: case ROLE_BV: rows = kv_dim; present = (f & IMG_FLAG_QKV_BIAS) && !(s->role == ROLE_BV && k_is_v); break;
     case ROLE_BO: rows = D; present = (f & IMG_FLAG_O_BIAS) != 0; break;
-    case ROLE_Q_NORM: rows = head_norm ? d->head_dim : d->q_dim; present = qk_norm; break;
-    case ROLE_K_NORM: rows = head_norm ? d->head_dim : d->kv_dim; present = qk_norm; break;
-    case ROLE_DENSE_GATE: case ROLE_DENSE_UP: rows = d->dense_ffn; cols = D; present = !moe; break;
-    case ROLE_DENSE_DOWN: rows = D; cols = d->dense_ffn; present = !moe; break;
+    case ROLE_Q_NORM: rows = head_norm ? hd : q_dim; present = qk_norm; break;
+    case ROLE_K_NORM: rows = head_norm ? hd : kv_dim; present = qk_norm; break;
+    case ROLE_DENSE_GATE: case ROLE_DENSE_UP: rows = d->dense_ffn; cols = D; present = dense; break;
+    case ROLE_DENSE_DOWN: rows = D; cols = d->dense_ffn; present = dense; break;
     case ROLE_ROUTER: rows = d->n_experts; cols = D; present = moe; break;
     case ROLE_SHARED_GATE: case ROLE_SHARED_UP: rows = d->shared_ffn; cols = D; present = shared; break;
     case ROLE_SHARED_DOWN: rows = D; cols = d->shared_ffn; present = shared; break;
@@ -315,7 +352,8 @@ static colibri_status check_entry(const uint8_t *e, const tensor_spec *s, uint64
     if (dtype >= DTYPE_COUNT) return COLIBRI_E_IMAGE_DTYPE;
     /* vectors and the tables read as floats (RoPE, expert biases) are f32; any matrix may be narrower */
     const int table = s->role == ROLE_ROPE_COS || s->role == ROLE_ROPE_SIN ||
-                      (!COLIBRI_LEAN && s->role >= ROLE_EXPERT_GATE_BIAS && s->role <= ROLE_EXPERT_DOWN_BIAS);
+                      (!COLIBRI_LEAN && ((s->role >= ROLE_EXPERT_GATE_BIAS && s->role <= ROLE_EXPERT_DOWN_BIAS) ||
+                                         s->role >= ROLE_GLOBAL_ROPE_COS));
     if (dtype != DTYPE_F32 && (s->ndims != 2 || table))
         return COLIBRI_E_IMAGE_DTYPE;
     const int quantized = dtype == DTYPE_Q8_0 || dtype == DTYPE_Q4_0;
@@ -362,8 +400,6 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
         return COLIBRI_E_IMAGE_HEADER;
     uint32_t expert_align = rd32(img + H_EXPERT_ALIGN);
     if (expert_align == 0 || expert_align % IMG_ALIGN) return COLIBRI_E_IMAGE_HEADER;
-    for (uint32_t i = H_RESERVED; i < IMG_HEADER_BYTES; i++)
-        if (img[i]) return COLIBRI_E_IMAGE_HEADER;
     if (table_offset < IMG_HEADER_BYTES || table_offset % IMG_ALIGN || data_offset % IMG_ALIGN || resident % IMG_ALIGN ||
         !mul_ok(n_tensors, IMG_ENTRY_BYTES, &table_bytes) || !add_ok(table_offset, table_bytes, &table_end) ||
         table_end > data_offset || data_offset > resident)
@@ -388,8 +424,11 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
     model_dims dims;
     colibri_status st = read_dims(img, &dims);
     if (st) return st;
+    /* after read_dims, so that the lean build names a Gemma 4 image unsupported: its fields are reserved there */
+    for (uint32_t i = COLIBRI_LEAN ? H_GLOBAL_HEAD_DIM : H_RESERVED; i < IMG_HEADER_BYTES; i++)
+        if (img[i]) return COLIBRI_E_IMAGE_HEADER;
     uint64_t per_layer = LAYER_FIXED + (uint64_t)TENSORS_PER_EXPERT * dims.n_experts;
-    if (n_tensors != TENSORS_BEFORE_LAYERS + per_layer * dims.n_layers + 2) return COLIBRI_E_IMAGE_TABLE;
+    if (n_tensors != TENSORS_BEFORE_LAYERS + per_layer * dims.n_layers + TENSORS_AFTER_LAYERS) return COLIBRI_E_IMAGE_TABLE;
     dims.n_tensors = (uint32_t)n_tensors;
     /* the expert CRC table: one u32 per (layer, expert), between the tensor table and the data */
     uint64_t crc_end = crc_offset + 4ull * dims.n_layers * dims.n_experts; /* < 2^24 * 2^10 * 4: no overflow */

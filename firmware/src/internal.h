@@ -4,8 +4,8 @@
 
 #include "colibri.h"
 
-/* ---- image format v4 (docs/FORMAT.md) ---- */
-#define IMG_VERSION 4u
+/* ---- image format v5 (docs/FORMAT.md) ---- */
+#define IMG_VERSION 5u
 #define IMG_HEADER_BYTES 384u
 #define IMG_ENTRY_BYTES 64u
 #define IMG_ALIGN 64u
@@ -23,7 +23,15 @@
 #define IMG_FLAG_ATTN_SINKS (1u << 10)   /* a learned logit per head joins each softmax's denominator */
 #define IMG_FLAG_EXPERT_BIAS (1u << 11)  /* routed experts' gate, up and down have biases */
 #define IMG_FLAG_ROUTER_TOPK_SOFTMAX (1u << 12) /* top-k of the logits (+ ROUTER_BIAS), softmax over those */
-#define IMG_KNOWN_FLAGS 0x1FFFu
+/* Gemma 4's layer: norms after attention and after the FFN, a scalar per layer; a MoE layer runs the dense MLP
+ * beside the experts, each part normed on its own, routed on the residual normed by ROUTER_NORM, each chosen
+ * expert's weight times its EXPERT_SCALE */
+#define IMG_FLAG_GEMMA4_LAYER (1u << 13)
+#define IMG_FLAG_GELU_TANH (1u << 14)  /* the FFN activation is gelu (tanh approximation), not silu */
+#define IMG_FLAG_V_NORM (1u << 15)     /* RMSNorm without weights on each head of v */
+#define IMG_FLAG_K_EQ_V (1u << 16)     /* global layers' values are their keys' projection (no WV) */
+#define IMG_FLAG_GLOBAL_ROPE (1u << 17) /* global layers rotate with GLOBAL_ROPE_COS/SIN */
+#define IMG_KNOWN_FLAGS 0x3FFFFu
 #define IMG_LEAN_FLAGS 0x13Fu /* the lean build's (COLIBRI_LEAN): bits 0-5 and SHARED_PLAIN */
 #define IMG_NO_INDEX 0xFFFFFFFFu
 #define IMG_MAX_DIM (1u << 24) /* any single dimension; keeps every product of two in 64 bits */
@@ -47,19 +55,22 @@ enum tensor_role {
     ROLE_Q_NORM, ROLE_K_NORM, ROLE_SINKS, ROLE_WQ_A, ROLE_Q_A_NORM, ROLE_WQ_B, ROLE_WKV_A, ROLE_KV_A_NORM, ROLE_WK_B, ROLE_WV_B,
     ROLE_FFN_NORM, ROLE_DENSE_GATE, ROLE_DENSE_UP, ROLE_DENSE_DOWN, ROLE_ROUTER, ROLE_ROUTER_BIAS,
     ROLE_EXPERT_GATE_BIAS, ROLE_EXPERT_UP_BIAS, ROLE_EXPERT_DOWN_BIAS, ROLE_SHARED_GATE, ROLE_SHARED_UP, ROLE_SHARED_DOWN, ROLE_SHARED_EXPERT_GATE,
+    ROLE_POST_ATTN_NORM, ROLE_POST_FFN_NORM, ROLE_DENSE_POST_NORM, ROLE_MOE_NORM, ROLE_MOE_POST_NORM, ROLE_ROUTER_NORM,
+    ROLE_EXPERT_SCALE, ROLE_LAYER_SCALE,
     /* per expert of a layer */
     ROLE_EXPERT_GATE, ROLE_EXPERT_UP, ROLE_EXPERT_DOWN,
-    ROLE_OUTPUT_NORM, ROLE_LM_HEAD
+    ROLE_OUTPUT_NORM, ROLE_LM_HEAD, ROLE_GLOBAL_ROPE_COS, ROLE_GLOBAL_ROPE_SIN
 };
 enum tensor_dtype { DTYPE_F32 = 0, DTYPE_F16, DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_COUNT };
 #define QBLOCK 32u /* elements per quantization block (Q8_0, Q4_0): GGUF's block size */
 enum kv_dtype { KV_F32 = 0, KV_F16 = 1 };
 
 /* Tensor table index layout: 3 global tensors, then per layer LAYER_FIXED slots (ATTN_NORM ..
- * SHARED_EXPERT_GATE) followed by 3 per expert, then the output norm and lm_head. A slot the
- * model does not use holds an empty entry (n_dims 0). */
+ * LAYER_SCALE) followed by 3 per expert, then the output norm, lm_head and the global layers' RoPE tables.
+ * A slot the model does not use holds an empty entry (n_dims 0). */
 #define TENSORS_BEFORE_LAYERS 3u
-#define LAYER_FIXED (ROLE_SHARED_EXPERT_GATE - ROLE_ATTN_NORM + 1u)
+#define TENSORS_AFTER_LAYERS 4u
+#define LAYER_FIXED (ROLE_LAYER_SCALE - ROLE_ATTN_NORM + 1u)
 #define TENSORS_PER_EXPERT 3u
 
 typedef struct {
@@ -68,7 +79,7 @@ typedef struct {
     uint32_t flags;
     uint32_t kv_dtype;              /* KV_F32 or KV_F16 */
     float eps, clip_qkv;            /* clip_qkv 0: no clipping */
-    uint32_t window;                /* sliding window W of the windowed layers (0: none), 1 <= W < max_seq */
+    uint32_t window;                /* sliding window W of the windowed layers (0: none), 1 <= W <= max_seq */
     uint8_t window_layers[IMG_WINDOW_LAYER_BYTES]; /* bit l % 8 of byte l / 8: layer l is windowed (a copy:
                                                     * the KV plan must not follow an image that changes) */
     /* Multi-head latent attention when kv_lora > 0 (DeepSeek): head_dim is a q/k head (nope + rope_dim), the
@@ -78,8 +89,11 @@ typedef struct {
     uint32_t n_group, topk_group, group_top;        /* group-limited routing (n_group 1: none) */
     float routed_scale;                             /* times the routed experts' weights */
     float swiglu_alpha, swiglu_limit;               /* limit > 0: the experts' clamped SwiGLU (gpt-oss) */
-    uint32_t q_dim, kv_dim, ffn_max;                /* kv_dim: one position's K cache row */
-    uint32_t att_dim, val_dim, o_dim;               /* per head: what attention dots and sums; Wo's input */
+    /* Gemma 4: the global (not windowed) layers' head size and KV heads (else head_dim and n_kv_heads) */
+    uint32_t global_head_dim, global_kv_heads;
+    float embed_scale, logit_softcap;               /* 0: none */
+    uint32_t q_dim, kv_dim, ffn_max;                /* the widest of any layer; kv_dim: a K cache row */
+    uint32_t att_dim, val_dim, o_dim;               /* per head: what attention dots and sums (the widest); Wo's input */
     uint32_t in_blocks;             /* blocks of QBLOCK in the longest matvec input (for the quantized x) */
     uint32_t n_tensors;             /* table entries: 3 + n_layers * (LAYER_FIXED + 3 * n_experts) + 2 */
     /* the two tiers: set by image_verify() from the header and the table */
@@ -97,6 +111,17 @@ static inline int layer_windowed(const model_dims *d, uint32_t layer) {
 }
 static inline uint32_t kv_rows(const model_dims *d, uint32_t layer) {
     return layer_windowed(d, layer) ? d->window : d->max_seq;
+}
+/* A layer's head size and KV heads: Gemma 4's global layers have their own. */
+static inline uint32_t layer_head_dim(const model_dims *d, uint32_t layer) {
+    return !COLIBRI_LEAN && !layer_windowed(d, layer) ? d->global_head_dim : d->head_dim;
+}
+static inline uint32_t layer_kv_heads(const model_dims *d, uint32_t layer) {
+    return !COLIBRI_LEAN && !layer_windowed(d, layer) ? d->global_kv_heads : d->n_kv_heads;
+}
+/* One position's K (and V) cache row in a layer: MLA's latent and rope key, or its KV heads. */
+static inline uint32_t layer_kv_dim(const model_dims *d, uint32_t layer) {
+    return !COLIBRI_LEAN && d->kv_lora ? d->kv_dim : layer_kv_heads(d, layer) * layer_head_dim(d, layer);
 }
 
 /* ---- the work arena (mirrors arena_plan() in colibri/image.py) ---- */
@@ -326,7 +351,15 @@ ALWAYS_INLINE float dot_blocks(const void *w, const uint16_t *w_scale, const q8_
     for (uint32_t b = 0; b < blocks; b++) acc[b % 8] += (float)isum(w, x->q, b) * (f16_to_f32(w_scale[b]) * x->scale[b]);
     return sum_lanes8(acc);
 }
+/* out = x / rms(x) * w; w NULL: no weights (Gemma 4's v norm) */
 void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
+/* tanh from colibri_expf: 1 - 2 / (e^2x + 1), which is 1 once e^2x overflows (Gemma 4's GeGLU and logit cap).
+ * Inline: only the builds that use it carry it. */
+static inline float tanh_f(float x) { return 1.0f - 2.0f / (colibri_expf(2.0f * x) + 1.0f); }
+/* gelu's tanh approximation, transformers' gelu_pytorch_tanh: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+static inline float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanh_f(0.7978845608028654f * (x + 0.044715f * (x * x * x))));
+}
 /* softmax over x[0, n); with a sink (gpt-oss: the head's learned logit) one more logit in the denominator only,
  * so the n probabilities may sum to less than 1. */
 void softmax(float *x, uint32_t n, const float *sink);

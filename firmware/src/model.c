@@ -9,7 +9,9 @@
  *               x += dense SwiGLU MLP(h), or in a MoE layer
  *                    sum over the top-k experts of w_k * expert_k(h) (+ sigmoid(g . h) * shared(h), or
  *                    + shared(h)); the routers of route_topk; gpt-oss's expert biases and clamped SwiGLU
- *   logits = lm_head(rmsnorm(x))
+ *               Gemma 4's layer normalizes attention's and the FFN's outputs, runs the dense GeGLU MLP beside its
+ *               experts and scales x per layer (ffn_block); its global layers have their own widths and RoPE
+ *   logits = lm_head(rmsnorm(x)), soft-capped in Gemma
  * Weights are read in place from the image, in their stored dtype (f32, f16, bf16, Q8_0, Q4_0), except
  * routed experts with an expert cache, which come through it (experts.c); the KV cache (f32 or f16)
  * and activations live in the arena.
@@ -85,7 +87,7 @@ typedef struct {
  * matrix's rows for every token (the same code for a row whichever thread runs it: results do not depend
  * on the split). ROWS_SWIGLU: once a part has its rows of gate (out[0]) and up (out[1]), out[0][i] =
  * silu(out[0][i]) * out[1][i] for them, or with `extras` gpt-oss's form of it. */
-enum rows_epilogue { ROWS_ONLY, ROWS_SWIGLU };
+enum rows_epilogue { ROWS_ONLY, ROWS_SWIGLU, ROWS_GEGLU }; /* GeGLU: gelu_tanh(gate) * up (Gemma 4) */
 typedef struct {
     const kernel_set *k;
     uint32_t n_tok, n, parts;
@@ -217,7 +219,7 @@ static void rows_part(void *arg, uint32_t part) {
     const rows_work *m = arg;
     for (uint32_t j = 0; j < m->n; j++)
         matrix_rows(m, j, part_start(m->w[j].rows, part, m->parts), part_start(m->w[j].rows, part + 1, m->parts));
-    if (m->epilogue == ROWS_SWIGLU) {
+    if (m->epilogue != ROWS_ONLY) {
         const uint32_t r0 = part_start(m->w[0].rows, part, m->parts), r1 = part_start(m->w[0].rows, part + 1, m->parts);
         for (uint32_t t = 0; t < m->n_tok; t++) {
             float *g = m->out[0] + (size_t)t * m->out_stride[0];
@@ -225,6 +227,8 @@ static void rows_part(void *arg, uint32_t part) {
             if (!COLIBRI_LEAN && m->extras) {
                 const ffn_extras *e = m->extras;
                 for (uint32_t i = r0; i < r1; i++) g[i] = clamped_glu(e, g[i], u[i], i);
+            } else if (!COLIBRI_LEAN && m->epilogue == ROWS_GEGLU) {
+                for (uint32_t i = r0; i < r1; i++) g[i] = gelu_tanh(g[i]) * u[i];
             } else {
                 for (uint32_t i = r0; i < r1; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
             }
@@ -305,14 +309,13 @@ static void kv_accumulate(const colibri_ctx *c, float *out, float p, const void 
     }
 }
 
-/* q/k RMSNorm: across the whole projection, or on each head with shared weights. */
-static void qk_norm(const colibri_ctx *c, float *v, uint32_t n_heads, const float *w) {
+/* q/k RMSNorm: across the whole projection, or on each head of hd with shared weights (w NULL: none, v's). */
+static void qk_norm(const colibri_ctx *c, float *v, uint32_t n_heads, uint32_t hd, const float *w) {
     const model_dims *d = &c->d;
     if (d->flags & IMG_FLAG_QK_NORM_FULL) {
-        rmsnorm(v, v, w, n_heads * d->head_dim, d->eps);
+        rmsnorm(v, v, w, n_heads * hd, d->eps);
     } else {
-        for (uint32_t h = 0; h < n_heads; h++) rmsnorm(v + (size_t)h * d->head_dim, v + (size_t)h * d->head_dim, w,
-                                                       d->head_dim, d->eps);
+        for (uint32_t h = 0; h < n_heads; h++) rmsnorm(v + (size_t)h * hd, v + (size_t)h * hd, w, hd, d->eps);
     }
 }
 
@@ -322,9 +325,9 @@ static void clip(float *v, uint32_t n, float limit) {
 
 /* Where layer `layer`'s rows start in the KV cache: after every earlier layer's rows. */
 static size_t kv_layer_base(const model_dims *d, uint32_t layer) {
-    size_t rows = 0;
-    for (uint32_t l = 0; l < layer; l++) rows += kv_rows(d, l);
-    return rows * d->kv_dim;
+    size_t at = 0;
+    for (uint32_t l = 0; l < layer; l++) at += (size_t)kv_rows(d, l) * layer_kv_dim(d, l);
+    return at;
 }
 
 /* softmax(q K^T * scale) V for every head of the token at position pos, over the positions its layer's
@@ -335,21 +338,23 @@ static void attend_heads(colibri_ctx *c, uint32_t layer, size_t layer_base, uint
                          float *out_all) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
-    const uint32_t kd = d->att_dim, vd = d->val_dim, group = d->n_heads / d->n_kv_heads, rows = kv_rows(d, layer);
+    const int mla = !COLIBRI_LEAN && d->kv_lora;
+    const uint32_t kd = mla ? d->att_dim : layer_head_dim(d, layer), vd = mla ? d->val_dim : kd;
+    const uint32_t group = d->n_heads / layer_kv_heads(d, layer), rows = kv_rows(d, layer), row_dim = layer_kv_dim(d, layer);
     const uint32_t first = pos >= rows ? pos - rows + 1 : 0, seen = pos - first + 1, first_row = first % rows;
-    const void *values = !COLIBRI_LEAN && d->kv_lora ? a->k_cache : a->v_cache;
+    const void *values = mla ? a->k_cache : a->v_cache;
     const float *sinks = !COLIBRI_LEAN && (d->flags & IMG_FLAG_ATTN_SINKS) ? layer_w(c, layer, ROLE_SINKS) : 0;
     for (uint32_t h = 0; h < d->n_heads; h++) {
         const float *q = q_all + (size_t)h * kd;
         const size_t kv_off = layer_base + (size_t)(h / group) * kd;
         float *att = a->att + (size_t)h * d->max_seq;
         for (uint32_t t = 0, r = first_row; t < seen; t++, r = r + 1 == rows ? 0 : r + 1)
-            att[t] = kv_dot(c, a->k_cache, kv_off + (size_t)r * d->kv_dim, q, kd) * d->attn_scale;
+            att[t] = kv_dot(c, a->k_cache, kv_off + (size_t)r * row_dim, q, kd) * d->attn_scale;
         softmax(att, seen, sinks ? sinks + h : 0);
         float *out = out_all + (size_t)h * vd;
         for (uint32_t i = 0; i < vd; i++) out[i] = 0.0f;
         for (uint32_t t = 0, r = first_row; t < seen; t++, r = r + 1 == rows ? 0 : r + 1)
-            kv_accumulate(c, out, att[t], values, kv_off + (size_t)r * d->kv_dim, vd);
+            kv_accumulate(c, out, att[t], values, kv_off + (size_t)r * row_dim, vd);
     }
 }
 
@@ -367,45 +372,57 @@ static void rope(float *v, uint32_t n, uint32_t stride, uint32_t dim, int pairs,
     }
 }
 
-/* Position pos's cos and sin rows of the RoPE tables. */
-static const float *rope_row(const colibri_ctx *c, uint32_t role, uint32_t pos) {
-    return tensor(c, global_tensor_index(&c->d, role)) + (size_t)pos * (c->d.rope_dim / 2);
+/* Position pos's cos and sin rows of the RoPE tables `layer` rotates with (Gemma 4's global layers: their own). */
+static void rope_rows(const colibri_ctx *c, uint32_t layer, uint32_t pos, const float **cos, const float **sin) {
+    const model_dims *d = &c->d;
+    const int global = !COLIBRI_LEAN && (d->flags & IMG_FLAG_GLOBAL_ROPE) && !layer_windowed(d, layer);
+    const size_t at = (size_t)pos * ((global ? d->global_head_dim : d->rope_dim) / 2);
+    *cos = tensor(c, global_tensor_index(d, global ? ROLE_GLOBAL_ROPE_COS : ROLE_ROPE_COS)) + at;
+    *sin = tensor(c, global_tensor_index(d, global ? ROLE_GLOBAL_ROPE_SIN : ROLE_ROPE_SIN)) + at;
 }
 
-/* Standard attention's q, k, v for every token, then each token in turn: q/k norms, clipping, RoPE, its k
- * and v into the cache, its heads. Tokens of a batch attend one after another, so a later token's row
- * never overwrites one an earlier token still reads. Returns the output projection's input. */
+/* Standard attention's q, k, v for every token, then each token in turn: q/k (and v) norms, clipping, RoPE,
+ * its k and v into the cache, its heads. Tokens of a batch attend one after another, so a later token's row
+ * never overwrites one an earlier token still reads. The layer's widths are its own (Gemma 4's global layers
+ * have a head size and KV heads of theirs, and there v may be k's projection). Returns the output projection's
+ * input, q_dim of the layer per token. */
 static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
     const model_dims *d = &c->d;
-    const uint32_t n = tb->n, hd = d->head_dim, pairs = !COLIBRI_LEAN && (d->flags & IMG_FLAG_ROPE_PAIRS);
+    const uint32_t n = tb->n, hd = layer_head_dim(d, layer), kv_heads = layer_kv_heads(d, layer);
+    const uint32_t q_dim = d->n_heads * hd, kv_dim = kv_heads * hd, pairs = !COLIBRI_LEAN && (d->flags & IMG_FLAG_ROPE_PAIRS);
+    const int k_is_v = !COLIBRI_LEAN && !present(c, layer_index(c, layer, ROLE_WV)); /* Gemma 4's attention_k_eq_v */
     weight wq = matrix(c, layer_index(c, layer, ROLE_WQ)), wk = matrix(c, layer_index(c, layer, ROLE_WK)),
            wv = matrix(c, layer_index(c, layer, ROLE_WV));
-    rows_work qkv = { .n_tok = n, .n = 3, .x = tb->xn, .x_stride = d->dim, .out = { tb->q, tb->k, tb->v },
-                      .out_stride = { d->q_dim, d->kv_dim, d->kv_dim }, .w = { wq, wk, wv } };
+    rows_work qkv = { .n_tok = n, .n = k_is_v ? 2 : 3, .x = tb->xn, .x_stride = d->dim, .out = { tb->q, tb->k, tb->v },
+                      .out_stride = { q_dim, kv_dim, kv_dim }, .w = { wq, wk, wv } };
     run_rows(c, tb, &qkv);
-    add_bias(c, tb->q, d->q_dim, n, layer, ROLE_BQ);
-    add_bias(c, tb->k, d->kv_dim, n, layer, ROLE_BK);
-    add_bias(c, tb->v, d->kv_dim, n, layer, ROLE_BV);
+    add_bias(c, tb->q, q_dim, n, layer, ROLE_BQ);
+    add_bias(c, tb->k, kv_dim, n, layer, ROLE_BK);
+    add_bias(c, tb->v, kv_dim, n, layer, ROLE_BV);
+    if (k_is_v)
+        for (size_t i = 0; i < (size_t)n * kv_dim; i++) tb->v[i] = tb->k[i];
     const size_t layer_base = kv_layer_base(d, layer);
     for (uint32_t t = 0; t < n; t++) {
         const uint32_t pos = c->pos + t;
-        float *q = tb->q + (size_t)t * d->q_dim, *k = tb->k + (size_t)t * d->kv_dim, *v = tb->v + (size_t)t * d->kv_dim;
+        float *q = tb->q + (size_t)t * q_dim, *k = tb->k + (size_t)t * kv_dim, *v = tb->v + (size_t)t * kv_dim;
         if (d->flags & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) {
-            qk_norm(c, q, d->n_heads, layer_w(c, layer, ROLE_Q_NORM));
-            qk_norm(c, k, d->n_kv_heads, layer_w(c, layer, ROLE_K_NORM));
+            qk_norm(c, q, d->n_heads, hd, layer_w(c, layer, ROLE_Q_NORM));
+            qk_norm(c, k, kv_heads, hd, layer_w(c, layer, ROLE_K_NORM));
         }
+        if (!COLIBRI_LEAN && (d->flags & IMG_FLAG_V_NORM)) qk_norm(c, v, kv_heads, hd, 0);
         if (d->clip_qkv > 0.0f) {
-            clip(q, d->q_dim, d->clip_qkv);
-            clip(k, d->kv_dim, d->clip_qkv);
-            clip(v, d->kv_dim, d->clip_qkv);
+            clip(q, q_dim, d->clip_qkv);
+            clip(k, kv_dim, d->clip_qkv);
+            clip(v, kv_dim, d->clip_qkv);
         }
-        const float *cos = rope_row(c, ROLE_ROPE_COS, pos), *sin = rope_row(c, ROLE_ROPE_SIN, pos);
+        const float *cos, *sin;
+        rope_rows(c, layer, pos, &cos, &sin);
         rope(q, d->n_heads, hd, hd, pairs, cos, sin);
-        rope(k, d->n_kv_heads, hd, hd, pairs, cos, sin);
-        const size_t row = layer_base + (size_t)(pos % kv_rows(d, layer)) * d->kv_dim;
-        kv_store(c, c->a.k_cache, row, k, d->kv_dim);
-        kv_store(c, c->a.v_cache, row, v, d->kv_dim);
-        attend_heads(c, layer, layer_base, pos, q, tb->attn_out + (size_t)t * d->q_dim);
+        rope(k, kv_heads, hd, hd, pairs, cos, sin);
+        const size_t row = layer_base + (size_t)(pos % kv_rows(d, layer)) * kv_dim;
+        kv_store(c, c->a.k_cache, row, k, kv_dim);
+        kv_store(c, c->a.v_cache, row, v, kv_dim);
+        attend_heads(c, layer, layer_base, pos, q, tb->attn_out + (size_t)t * q_dim);
     }
     return tb->attn_out;
 }
@@ -452,7 +469,8 @@ static const float *attention_mla(colibri_ctx *c, const token_buffers *tb, uint3
     for (uint32_t t = 0; t < n; t++) {
         const uint32_t pos = c->pos + t;
         float *q = tb->q + (size_t)t * d->q_dim, *q_att = tb->q_att + (size_t)t * H * kd, *k = tb->k + (size_t)t * d->kv_dim;
-        const float *cos = rope_row(c, ROLE_ROPE_COS, pos), *sin = rope_row(c, ROLE_ROPE_SIN, pos);
+        const float *cos, *sin;
+        rope_rows(c, layer, pos, &cos, &sin);
         rope(q + nope, H, hd, rope_dim, pairs, cos, sin);
         rope(k + lat, 1, 0, rope_dim, pairs, cos, sin);
         for (uint32_t h = 0; h < H; h++)
@@ -465,8 +483,16 @@ static const float *attention_mla(colibri_ctx *c, const token_buffers *tb, uint3
     return tb->o_in;
 }
 
-/* The attention half of a layer for every token: x += Wo attention(rmsnorm(x)) (+ bo). Token t sits at
- * position c->pos + t and sees the positions before it, its batch-mates included. */
+/* Each token's v (dim wide, in place) normed by layer's `role` weights: Gemma 4's norms after a part. */
+static void post_norm(const colibri_ctx *c, const token_buffers *tb, float *v, uint32_t layer, uint32_t role) {
+    for (uint32_t t = 0; t < tb->n; t++)
+        rmsnorm(v + (size_t)t * c->d.dim, v + (size_t)t * c->d.dim, layer_w(c, layer, role), c->d.dim, c->d.eps);
+}
+
+static int gemma4_layer(const model_dims *d) { return !COLIBRI_LEAN && (d->flags & IMG_FLAG_GEMMA4_LAYER); }
+
+/* The attention half of a layer for every token: x += Wo attention(rmsnorm(x)) (+ bo), normed first in
+ * Gemma 4. Token t sits at position c->pos + t and sees the positions before it, its batch-mates included. */
 static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n;
@@ -475,6 +501,7 @@ static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
     weight wo = matrix(c, layer_index(c, layer, ROLE_WO));
     matmul(c, tb, tb->moe_out, &wo, o_in, n);
     add_bias(c, tb->moe_out, d->dim, n, layer, ROLE_BO);
+    if (gemma4_layer(d)) post_norm(c, tb, tb->moe_out, layer, ROLE_POST_ATTN_NORM);
     for (size_t i = 0; i < (size_t)n * d->dim; i++) tb->x[i] += tb->moe_out[i];
 }
 
@@ -570,9 +597,11 @@ static colibri_status route_topk(colibri_ctx *c, const token_buffers *tb, uint32
         }
         if (!COLIBRI_LEAN && (d->flags & IMG_FLAG_ROUTER_TOPK_SOFTMAX)) softmax(gate_weight, d->top_k, 0); /* gpt-oss */
         const float norm = sum + 1e-20f;
+        const float *expert_scale = gemma4_layer(d) ? layer_w(c, layer, ROLE_EXPERT_SCALE) : 0;
         for (uint32_t k = 0; k < d->top_k; k++) {
             if (d->flags & IMG_FLAG_NORM_TOPK) gate_weight[k] /= norm;
             if (!COLIBRI_LEAN) gate_weight[k] *= d->routed_scale; /* 1 in the lean build */
+            if (expert_scale) gate_weight[k] *= expert_scale[index[k]];
         }
     }
     return COLIBRI_OK;
@@ -600,7 +629,7 @@ static void swiglu_ffn(colibri_ctx *c, const token_buffers *tb, uint32_t gate_in
                           .out_stride = { ffn, ffn },
                           .w = { matrix_in(c, gate_index, block, block_offset),
                                  matrix_in(c, gate_index + 1, block, block_offset) },
-                          .epilogue = ROWS_SWIGLU, .extras = extras };
+                          .epilogue = !COLIBRI_LEAN && (c->d.flags & IMG_FLAG_GELU_TANH) ? ROWS_GEGLU : ROWS_SWIGLU, .extras = extras };
     run_rows(c, tb, &gate_up);
     rows_work down = { .n_tok = n, .n = 1, .x = tb->gate, .x_stride = ffn, .out = { tb->ffn_out }, .out_stride = { dim },
                        .w = { matrix_in(c, gate_index + 2, block, block_offset) } };
@@ -702,16 +731,21 @@ static colibri_status routed_experts(colibri_ctx *c, const token_buffers *tb, ui
     return COLIBRI_OK;
 }
 
-/* The FFN half of a layer into moe_out: routed experts (+ shared expert), or the dense MLP. Fills `t`
- * (one token: per-expert cycles). */
+/* The FFN half of a layer into moe_out: routed experts (+ shared expert), or the dense MLP, each reading x
+ * normed by FFN_NORM. Gemma 4's layer has the dense MLP in every layer and in a MoE layer the experts beside
+ * it, routed on x normed by ROUTER_NORM and reading x normed by MOE_NORM; each part is normed after, and their
+ * sum too. Fills `t` (one token: per-expert cycles). */
 static colibri_status ffn_block(colibri_ctx *c, const token_buffers *tb, uint32_t layer, colibri_layer_trace *t) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n;
+    const int gemma = gemma4_layer(d), routed = present(c, layer_index(c, layer, ROLE_ROUTER));
     uint64_t t0 = ctx_now(c), t1 = t0;
     for (size_t i = 0; i < (size_t)n * d->dim; i++) tb->moe_out[i] = 0.0f;
-    if (present(c, layer_index(c, layer, ROLE_ROUTER))) {
+    norm_inputs(c, tb, layer_w(c, layer, gemma && routed ? ROLE_ROUTER_NORM : ROLE_FFN_NORM));
+    if (routed) {
         colibri_status st = route_topk(c, tb, layer);
         if (st) return st;
+        if (gemma) norm_inputs(c, tb, layer_w(c, layer, ROLE_MOE_NORM));
         t1 = ctx_now(c);
         uint32_t slot[IMG_MAX_TOP_K]; /* one token's routed experts' cache slots (a cache means one token a pass) */
         if (c->cache.n_slots) {
@@ -735,12 +769,16 @@ static colibri_status ffn_block(colibri_ctx *c, const token_buffers *tb, uint32_
             swiglu_ffn(c, tb, layer_index(c, layer, ROLE_SHARED_GATE), c->image, 0, tb->xn, n, 0);
             accumulate(c, tb, scale, scale == &one ? 0 : 1);
         }
-        t->n_routed = d->top_k;
-    } else {
-        swiglu_ffn(c, tb, layer_index(c, layer, ROLE_DENSE_GATE), c->image, 0, tb->xn, n, 0);
-        accumulate(c, tb, &one, 0);
-        t->n_routed = 0;
+        if (gemma) post_norm(c, tb, tb->moe_out, layer, ROLE_MOE_POST_NORM);
     }
+    t->n_routed = routed ? d->top_k : 0;
+    if (!routed || gemma) {
+        if (gemma) norm_inputs(c, tb, layer_w(c, layer, ROLE_FFN_NORM)); /* xn holds the experts' norm */
+        swiglu_ffn(c, tb, layer_index(c, layer, ROLE_DENSE_GATE), c->image, 0, tb->xn, n, 0);
+        if (gemma && routed) post_norm(c, tb, tb->ffn_out, layer, ROLE_DENSE_POST_NORM);
+        accumulate(c, tb, &one, 0);
+    }
+    if (gemma) post_norm(c, tb, tb->moe_out, layer, ROLE_POST_FFN_NORM);
     uint64_t t2 = ctx_now(c);
     t->cycles_router = t1 - t0;
     t->cycles_ffn = t2 - t1;
@@ -771,17 +809,22 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
     const token_buffers tb = tokens_in(c, n);
     weight embd = matrix(c, global_tensor_index(d, ROLE_TOKEN_EMBD));
     for (uint32_t t = 0; t < n; t++) weight_row(tb.x + (size_t)t * d->dim, &embd, tokens[t]);
+    if (!COLIBRI_LEAN && d->embed_scale != 0.0f)
+        for (size_t i = 0; i < (size_t)n * d->dim; i++) tb.x[i] *= d->embed_scale;
 
     for (uint32_t layer = 0; layer < d->n_layers; layer++) {
         colibri_layer_trace t = { .layer = layer, .cycles_expert = c->a.topk_cycles };
         uint64_t t0 = ctx_now(c);
         attention(c, &tb, layer);
-        norm_inputs(c, &tb, layer_w(c, layer, ROLE_FFN_NORM));
         t.cycles_attention = ctx_now(c) - t0;
         c->stats.cycles_attention += t.cycles_attention;
         colibri_status st = ffn_block(c, &tb, layer, &t);
         if (st) return st;
         for (size_t i = 0; i < (size_t)n * d->dim; i++) tb.x[i] += tb.moe_out[i];
+        if (gemma4_layer(d)) { /* Gemma 4's scalar per layer */
+            const float scale = layer_w(c, layer, ROLE_LAYER_SCALE)[0];
+            for (size_t i = 0; i < (size_t)n * d->dim; i++) tb.x[i] *= scale;
+        }
         trace_layer(c, &tb, &t);
     }
     if (want_logits) { /* the last token's only: a prefill wants no other */
@@ -793,6 +836,8 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
         matmul(c, &tb, c->a.logits, &lm_head, xn, 1);
         c->stats.cycles_lm_head += ctx_now(c) - t4;
         if (!all_finite(c->a.logits, d->vocab)) return COLIBRI_E_NONFINITE;
+        if (!COLIBRI_LEAN && d->logit_softcap != 0.0f) /* Gemma's final soft-capping: cap * tanh(logits / cap) */
+            for (uint32_t i = 0; i < d->vocab; i++) c->a.logits[i] = d->logit_softcap * tanh_f(c->a.logits[i] / d->logit_softcap);
     }
     c->pos += n;
     c->have_logits = want_logits;
