@@ -117,6 +117,7 @@ class Checkpoint:
     n_active_params: int
     # GGUF storage types the image has no dtype for, dequantized to f32 (exactly): type name -> tensors
     converted: dict[str, int] = field(default_factory=dict)
+    towers_left_out: int = 0  # a multimodal checkpoint's vision and audio tower tensors (text in, text out)
 
 
 def _family(cfg: dict) -> tuple[str, Family]:
@@ -276,14 +277,17 @@ def _gemma4(cfg: dict, n_layers: int, head_dim: int, max_seq: int) -> tuple[dict
     its extra norms and scalar, the dense MLP beside the experts, the router's norm and per-expert scales; sliding
     layers of head_dim and global layers of their own head size, KV heads and RoPE; v from k on global layers with
     attention_k_eq_v; the embedding scale and the final logit soft-capping."""
-    refused = {"use_bidirectional_attention": None, "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0}
+    refused = {"use_bidirectional_attention": None, "num_kv_shared_layers": 0}
     for key, want in refused.items():
         if (cfg.get(key) or want) != want:
             raise UnsupportedModel(f"config field {key}={cfg[key]!r}: the runtime has no "
                                    + {"use_bidirectional_attention": "bidirectional attention",
-                                      "hidden_size_per_layer_input": "per-layer input embeddings",
                                       "num_kv_shared_layers": "KV sharing between layers"}[key]
                                    + f"; Gemma 4's MoE checkpoints use none (set it to {want})")
+    ple = int(cfg.get("hidden_size_per_layer_input", 256) or 0)  # Gemma4TextConfig's defaults where a field is absent
+    if ple and int(cfg.get("vocab_size_per_layer_input", 262_144)) != int(cfg["vocab_size"]):
+        raise UnsupportedModel(f"config field vocab_size_per_layer_input={cfg.get('vocab_size_per_layer_input', 262_144)}: the "
+                               f"per-layer input embeddings must cover the vocabulary ({cfg['vocab_size']})")
     act = cfg.get("hidden_activation", "gelu_pytorch_tanh")
     if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
         raise UnsupportedModel(f"config field hidden_activation={act!r}: only 'gelu_pytorch_tanh' (GeGLU) is supported")
@@ -296,6 +300,8 @@ def _gemma4(cfg: dict, n_layers: int, head_dim: int, max_seq: int) -> tuple[dict
         if cfg.get("attention_k_eq_v", False) and cfg.get("num_global_key_value_heads") is not None:
             g["num_key_value_heads"] = int(cfg["num_global_key_value_heads"])
         overrides = {layer: g for layer, t in enumerate(types) if t == "full_attention"}
+    if any(not 0 <= layer < n_layers for layer in overrides):
+        raise UnsupportedModel(f"config field per_layer_config names layers {sorted(overrides)}; the model has {n_layers}")
     kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
     base = {"head_dim": head_dim, "num_key_value_heads": kv_heads}
     geometry = {t: set() for t in ("sliding_attention", "full_attention")}
@@ -312,7 +318,7 @@ def _gemma4(cfg: dict, n_layers: int, head_dim: int, max_seq: int) -> tuple[dict
     if g_head % 2 or cfg["num_attention_heads"] % g_kv:
         raise UnsupportedModel(f"per_layer_config: global head_dim={g_head} must be even and num_key_value_heads={g_kv} "
                                "divide num_attention_heads")
-    window = int(cfg.get("sliding_window") or 0)
+    window = int(cfg.get("sliding_window", 512) or 0)
     sliding = tuple(t == "sliding_attention" for t in types)
     if any(sliding) and window < 1:
         raise UnsupportedModel(f"config field sliding_window={window} must be at least 1")
@@ -325,6 +331,7 @@ def _gemma4(cfg: dict, n_layers: int, head_dim: int, max_seq: int) -> tuple[dict
     if softcap is not None and not softcap > 0:
         raise UnsupportedModel(f"config field final_logit_softcapping={softcap} must be positive or null")
     fields = dict(global_head_dim=g_head, global_kv_heads=g_kv, attn_scale=1.0, logit_softcap=float(softcap or 0.0),
+                  ple_dim=ple,
                   embed_scale=float(np.float32(cfg["hidden_size"] ** 0.5)),
                   # a window the sequence never outgrows is kept (at max_seq): the layer kinds differ in more than it
                   sliding_window=min(window, max_seq) if any(sliding) else 0, window_layers=sliding)
@@ -364,7 +371,7 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
                 raise UnsupportedModel(f"config field {key}={cfg[key]!r} belongs to {owner}; {arch} "
                                        "does not read it in transformers, so the runtime will not either")
     hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    head_dim = int(cfg.get("head_dim") or (256 if fam.gemma4 else hidden // heads))  # Gemma4TextConfig's default
     if fam.deepseek:  # config.head_dim is the rope part there; a q/k head is qk_nope_head_dim + qk_rope_head_dim
         head_dim = int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"])
     if head_dim % 2:
@@ -605,13 +612,19 @@ GEMMA4_NAMES = {Role.FFN_NORM: "pre_feedforward_layernorm.weight", Role.POST_ATT
                 Role.DENSE_POST_NORM: "post_feedforward_layernorm_1.weight",
                 Role.MOE_NORM: "pre_feedforward_layernorm_2.weight", Role.MOE_POST_NORM: "post_feedforward_layernorm_2.weight",
                 Role.ROUTER: "router.proj.weight", Role.EXPERT_SCALE: "router.per_expert_scale",
-                Role.LAYER_SCALE: "layer_scalar"}
+                Role.LAYER_SCALE: "layer_scalar", Role.PLE_GATE: "per_layer_input_gate.weight",
+                Role.PLE_PROJ: "per_layer_projection.weight", Role.PLE_POST_NORM: "post_per_layer_input_norm.weight"}
+GEMMA4_GLOBALS = {Role.PLE_EMBD: "model.embed_tokens_per_layer.weight",
+                  Role.PLE_MODEL_PROJ: "model.per_layer_model_projection.weight",
+                  Role.PLE_PROJ_NORM: "model.per_layer_projection_norm.weight"}
 
 
 def gemma4_tensor(raw: dict, d: ModelDims, role: Role, layer: int, expert: int) -> tuple[list[str], object]:
     """(checkpoint names read, tensor) for a Gemma 4 tensor stored other than the common names say: its norms and
     router parts; ROUTER_NORM is router.scale times hidden_size^-0.5 (the router multiplies its weightless norm by
     both, rounded once here); the experts fused as gate_up_proj [E, 2F, D] (gate rows first) and down_proj [E, D, F]."""
+    if role in GEMMA4_GLOBALS:
+        return [GEMMA4_GLOBALS[role]], raw[GEMMA4_GLOBALS[role]]
     p = f"model.layers.{layer}."
     if role == Role.ROUTER_NORM:
         t = raw[p + "router.scale"]
@@ -633,7 +646,7 @@ def checkpoint_tensor(raw: dict, fam: Family, d: ModelDims, key: tuple[Role, int
     role = key[0]
     if fam.gpt_oss and role in GPT_OSS_EXPERTS:
         return gpt_oss_expert_tensor(raw, d, *key)
-    if fam.gemma4 and (role in GEMMA4_NAMES or role in EXPERT_ROLES or role == Role.ROUTER_NORM):
+    if fam.gemma4 and (role in GEMMA4_NAMES or role in GEMMA4_GLOBALS or role in EXPERT_ROLES or role == Role.ROUTER_NORM):
         return gemma4_tensor(raw, d, *key)
     name = hf_name(fam, *key)
     if role in (Role.WK_B, Role.WV_B):
@@ -642,6 +655,31 @@ def checkpoint_tensor(raw: dict, fam: Family, d: ModelDims, key: tuple[Role, int
             return [split], raw[split]
         return [name], kv_b_part(raw[name], d, role)
     return [name], raw[name]
+
+
+# multimodal architectures whose text model is a supported causal LM: the text model is packed, the towers left out
+MULTIMODAL = {"Gemma4ForConditionalGeneration": "Gemma4ForCausalLM"}
+LANGUAGE_MODEL, TOWERS = "model.language_model.", ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.",
+                                                   "model.embed_audio.")
+
+
+def text_model(cfg: dict, raw: dict) -> tuple[dict, dict, int]:
+    """A multimodal checkpoint's text model (its text_config as the causal LM's config, its language model's tensors
+    under the causal LM's names) and how many vision and audio tower tensors were left out; anything else as given."""
+    arch = next((a for a in cfg.get("architectures") or [] if a in MULTIMODAL), None)
+    if arch is None:
+        return cfg, raw, 0
+    if not isinstance(cfg.get("text_config"), dict):
+        raise UnsupportedModel(f"config field text_config is missing: {arch} keeps its text model's config there")
+    text = {**cfg["text_config"], "architectures": [MULTIMODAL[arch]]}
+    text["tie_word_embeddings"] = cfg.get("tie_word_embeddings", True)  # the multimodal model's lm_head is tied by it
+    out, towers = {}, 0
+    for name, t in raw.items():
+        if name.startswith(TOWERS):
+            towers += 1
+        else:
+            out["model." + name[len(LANGUAGE_MODEL):] if name.startswith(LANGUAGE_MODEL) else name] = t
+    return text, out, towers
 
 
 def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool | None = None) -> Checkpoint:
@@ -662,9 +700,11 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
         converted = {}
     else:
         raise FileNotFoundError(f"{path} is neither a .gguf file nor a directory with config.json")
+    cfg, raw, towers = text_model(cfg, raw)
     dims, tied, arch, extra = read_config(cfg, max_seq)
     fam = FAMILIES[arch]
     keys = [(Role.TOKEN_EMBD, NO_INDEX, NO_INDEX), (Role.OUTPUT_NORM, NO_INDEX, NO_INDEX)]
+    keys += [(r, NO_INDEX, NO_INDEX) for r in (Role.PLE_EMBD, Role.PLE_MODEL_PROJ, Role.PLE_PROJ_NORM) if dims.present(r)]
     for layer in range(dims.n_layers):
         keys += [(r, layer, NO_INDEX) for r in LAYER_ROLES if dims.present(r, layer)]
         if dims.moe_layers[layer]:
@@ -699,4 +739,4 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
     n_params = sum(a.size for a in weights.values())
     idle_experts = sum(dims.n_experts - dims.top_k for moe in dims.moe_layers if moe)
     n_active = n_params - idle_experts * 3 * dims.hidden_size * dims.ffn_size
-    return Checkpoint(dims, tensors, arch, tied, n_params, n_active, converted)
+    return Checkpoint(dims, tensors, arch, tied, n_params, n_active, converted, towers)

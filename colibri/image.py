@@ -31,7 +31,7 @@ NO_INDEX = 0xFFFFFFFF
 ARCH_MOE = 1  # decoder-only transformer with a top-k routed MoE FFN (Mixtral family)
 
 # Header: everything up to `reserved` is packed little-endian, then zero padding to 384 bytes.
-HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI" + "QQ" + "QQI" + "I64s" + "IIIIf" + "IIIf" + "ff" + "IIff")
+HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI" + "QQ" + "QQI" + "I64s" + "IIIIf" + "IIIf" + "ff" + "IIff" + "I")
 HEADER_FIELDS = (
     "magic", "version", "header_bytes", "image_bytes", "header_crc32", "payload_crc32",
     "arch", "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads",
@@ -43,7 +43,7 @@ HEADER_FIELDS = (
     "sliding_window", "window_layers",
     "q_lora_rank", "kv_lora_rank", "rope_dim", "v_head_dim", "attn_scale",
     "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha", "swiglu_limit",
-    "global_head_dim", "global_kv_heads", "embed_scale", "logit_softcap",
+    "global_head_dim", "global_kv_heads", "embed_scale", "logit_softcap", "ple_dim",
 )
 MAX_WINDOW_LAYERS = 512  # window_layers is a bitmap of 64 bytes: layers past it cannot have a window
 KV_DTYPES = {"f32": 0, "f16": 1}  # header kv_dtype: the KV cache's element type
@@ -120,20 +120,27 @@ class Role(enum.IntEnum):
     ROUTER_NORM = 41
     EXPERT_SCALE = 42
     LAYER_SCALE = 43
+    # Gemma 4's per-layer inputs (ple_dim > 0)
+    PLE_GATE = 44
+    PLE_PROJ = 45
+    PLE_POST_NORM = 46
     # per expert of a layer (EXPERT_ROLES)
-    EXPERT_GATE = 44
-    EXPERT_UP = 45
-    EXPERT_DOWN = 46
-    OUTPUT_NORM = 47
-    LM_HEAD = 48
-    GLOBAL_ROPE_COS = 49
-    GLOBAL_ROPE_SIN = 50
+    EXPERT_GATE = 47
+    EXPERT_UP = 48
+    EXPERT_DOWN = 49
+    OUTPUT_NORM = 50
+    LM_HEAD = 51
+    GLOBAL_ROPE_COS = 52
+    GLOBAL_ROPE_SIN = 53
+    PLE_EMBD = 54
+    PLE_MODEL_PROJ = 55
+    PLE_PROJ_NORM = 56
 
 
 # tables the runtime reads as floats, 2-D though they are
 F32_TABLES = (Role.ROPE_COS, Role.ROPE_SIN, Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS)
-LAYER_ROLES = tuple(Role(r) for r in range(Role.ATTN_NORM, Role.LAYER_SCALE + 1))
-GLOBAL_ROLES_AFTER = (Role.OUTPUT_NORM, Role.LM_HEAD, Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN)  # after the layers
+LAYER_ROLES = tuple(Role(r) for r in range(Role.ATTN_NORM, Role.PLE_POST_NORM + 1))
+GLOBAL_ROLES_AFTER = tuple(Role(r) for r in range(Role.OUTPUT_NORM, Role.PLE_PROJ_NORM + 1))  # after the layers
 EXPERT_ROLES = (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN)
 
 
@@ -183,6 +190,7 @@ class ModelDims:
     global_kv_heads: int = 0
     embed_scale: float = 0.0     # times each embedding row (Gemma: sqrt(hidden_size), rounded to f32); 0: none
     logit_softcap: float = 0.0   # logits = cap * tanh(logits / cap); 0: none
+    ple_dim: int = 0             # Gemma 4's per-layer inputs: P values per layer and token; 0: none
 
     @property
     def mla(self) -> bool:
@@ -273,6 +281,8 @@ class ModelDims:
     def present(self, role: Role, layer: int = NO_INDEX) -> bool:
         """Whether this image holds a tensor for `role` in `layer` (absent slots are empty entries)."""
         if layer == NO_INDEX:
+            if role in (Role.PLE_EMBD, Role.PLE_MODEL_PROJ, Role.PLE_PROJ_NORM):
+                return self.ple_dim > 0
             return role not in (Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN) or bool(self.flags & FLAG_GLOBAL_ROPE)
         moe, mla = self.moe_layers[layer], self.mla
         shared = moe and bool(self.flags & (FLAG_SHARED_EXPERT | FLAG_SHARED_PLAIN))
@@ -281,7 +291,8 @@ class ModelDims:
         return {
             Role.POST_ATTN_NORM: gemma, Role.POST_FFN_NORM: gemma, Role.LAYER_SCALE: gemma,
             Role.DENSE_POST_NORM: gemma_moe, Role.MOE_NORM: gemma_moe, Role.MOE_POST_NORM: gemma_moe,
-            Role.ROUTER_NORM: gemma_moe, Role.EXPERT_SCALE: gemma_moe,
+            Role.ROUTER_NORM: gemma_moe, Role.EXPERT_SCALE: gemma_moe, Role.PLE_GATE: self.ple_dim > 0,
+            Role.PLE_PROJ: self.ple_dim > 0, Role.PLE_POST_NORM: self.ple_dim > 0,
             Role.WQ: not (mla and self.q_lora_rank), Role.WK: not mla, Role.WV: not mla and not k_is_v,
             Role.WQ_A: mla and self.q_lora_rank > 0, Role.Q_A_NORM: mla and self.q_lora_rank > 0,
             Role.WQ_B: mla and self.q_lora_rank > 0, Role.WKV_A: mla, Role.KV_A_NORM: mla, Role.WK_B: mla,
@@ -342,6 +353,9 @@ def expected_shape(d: ModelDims, role: Role, layer: int = NO_INDEX) -> tuple[int
         Role.WO: (D, d.o_dim if d.mla else q_dim), Role.BO: (D,),
         Role.POST_ATTN_NORM: (D,), Role.POST_FFN_NORM: (D,), Role.DENSE_POST_NORM: (D,), Role.MOE_NORM: (D,),
         Role.MOE_POST_NORM: (D,), Role.ROUTER_NORM: (D,), Role.EXPERT_SCALE: (d.n_experts,), Role.LAYER_SCALE: (1,),
+        Role.PLE_GATE: (d.ple_dim, D), Role.PLE_PROJ: (D, d.ple_dim), Role.PLE_POST_NORM: (D,),
+        Role.PLE_EMBD: (d.vocab_size, d.n_layers * d.ple_dim), Role.PLE_MODEL_PROJ: (d.n_layers * d.ple_dim, D),
+        Role.PLE_PROJ_NORM: (d.ple_dim,),
         Role.WQ_A: (d.q_lora_rank, D), Role.Q_A_NORM: (d.q_lora_rank,), Role.WQ_B: (d.q_dim, d.q_lora_rank),
         Role.WKV_A: (d.kv_lora_rank + d.rope_width, D), Role.KV_A_NORM: (d.kv_lora_rank,),
         Role.WK_B: (d.n_heads * d.kv_lora_rank, d.head_dim - d.rope_width),
@@ -360,20 +374,20 @@ def expected_shape(d: ModelDims, role: Role, layer: int = NO_INDEX) -> tuple[int
     }[role]
 
 
-def _attention_widths(d: ModelDims) -> list[tuple[str, int]]:
-    """One token's attention buffers (floats), in plan order: q, q_a (the q-LoRA's rank), k_new, v_new,
-    q_att (MLA: each head's query against the latent), attn_out (what attention sums), o_in (MLA: the
-    output projection's input)."""
+def _token_widths(d: ModelDims) -> list[tuple[str, int]]:
+    """One token's attention buffers and per-layer inputs (floats), in plan order: q, q_a (the q-LoRA's rank),
+    k_new, v_new, q_att (MLA: each head's query against the latent), attn_out (what attention sums), o_in (MLA:
+    the output projection's input), ple (Gemma 4: every layer's input, then one gate of ple_dim)."""
     mla = d.mla
     return [("q", d.q_dim), ("q_a", d.q_lora_rank), ("k_new", d.kv_dim), ("v_new", 0 if mla else d.kv_dim),
             ("q_att", d.n_heads * d.att_dim if mla else 0), ("attn_out", d.n_heads * d.val_dim),
-            ("o_in", d.o_dim if mla else 0)]
+            ("o_in", d.o_dim if mla else 0), ("ple", (d.n_layers + 1) * d.ple_dim)]
 
 
 def _in_blocks(d: ModelDims) -> int:
     """Q8_0 blocks of the longest input a matrix reads (the quantized activation buffers)."""
     ffn = max(d.ffn_size, d.dense_ffn_size, d.shared_ffn_size)
-    return blocks(max(d.hidden_size, d.q_dim, ffn, d.q_lora_rank, d.kv_lora_rank, d.o_dim))
+    return blocks(max(d.hidden_size, d.q_dim, ffn, d.q_lora_rank, d.kv_lora_rank, d.o_dim, d.ple_dim))
 
 
 def arena_plan(d: ModelDims) -> dict[str, tuple[int, int]]:
@@ -386,7 +400,7 @@ def arena_plan(d: ModelDims) -> dict[str, tuple[int, int]]:
     n_tensors = table_entries(d.n_layers, d.n_experts)
     buffers = [  # (name, bytes), in arena order
         ("tensors", TENSOR_REF_BYTES * n_tensors),  # the table, decoded by colibri_open
-        ("x", 4 * D), ("xn", 4 * D), *((name, 4 * n) for name, n in _attention_widths(d)),
+        ("x", 4 * D), ("xn", 4 * D), *((name, 4 * n) for name, n in _token_widths(d)),
         ("att", 4 * d.n_heads * d.max_seq), ("ffn_gate", 4 * ffn), ("ffn_up", 4 * ffn),
         ("ffn_out", 4 * D), ("moe_out", 4 * D), ("router", 4 * (2 * d.n_experts + d.n_group)), ("topk_weight", 4 * d.top_k),
         ("topk_index", 4 * d.top_k), ("topk_cycles", 8 * d.top_k), ("logits", 4 * d.vocab_size),
@@ -415,7 +429,7 @@ def prefill_bytes(d: ModelDims, tokens: int) -> int:
     ffn = max(d.ffn_size, d.dense_ffn_size, d.shared_ffn_size)
     in_blocks = _in_blocks(d)
     D, k = d.hidden_size, d.top_k
-    per_token = [4 * D, 4 * D, *(4 * n for _, n in _attention_widths(d)), 4 * D,  # x .. o_in, moe_out
+    per_token = [4 * D, 4 * D, *(4 * n for _, n in _token_widths(d)), 4 * D,  # x .. ple, moe_out
                  4 * ffn, 4 * ffn, 4 * D, 4 * D, 4 * k * D,  # gate, up, ffn_out, gx, expert_out
                  4, 4 * k, 4 * k, 4,  # scalar, topk_index, topk_weight, group
                  in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks, in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks]
@@ -480,7 +494,9 @@ def tensor_name(role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> st
         Role.DENSE_POST_NORM: "post_ffw_norm_1", Role.MOE_NORM: "pre_ffw_norm_2", Role.MOE_POST_NORM: "post_ffw_norm_2",
         Role.ROUTER_NORM: "ffn_gate_inp_norm", Role.EXPERT_SCALE: "ffn_gate_inp.expert_scale",
         Role.LAYER_SCALE: "layer_output_scale", Role.GLOBAL_ROPE_COS: "rope_cos_global",
-        Role.GLOBAL_ROPE_SIN: "rope_sin_global",
+        Role.GLOBAL_ROPE_SIN: "rope_sin_global", Role.PLE_GATE: "inp_gate", Role.PLE_PROJ: "proj",
+        Role.PLE_POST_NORM: "post_norm", Role.PLE_EMBD: "per_layer_token_embd",
+        Role.PLE_MODEL_PROJ: "per_layer_model_proj", Role.PLE_PROJ_NORM: "per_layer_proj_norm",
     }
     name = names[role]
     if layer != NO_INDEX:
@@ -731,7 +747,7 @@ def _fill(write: Callable[[int, bytes | np.ndarray], None], read: Callable[[int,
         attn_scale=d.scale, n_group=d.n_group, topk_group=d.topk_group, group_top=d.group_top,
         routed_scale=d.routed_scale, swiglu_alpha=d.swiglu_alpha, swiglu_limit=d.swiglu_limit,
         global_head_dim=d.global_head_dim, global_kv_heads=d.global_kv_heads, embed_scale=d.embed_scale,
-        logit_softcap=d.logit_softcap,
+        logit_softcap=d.logit_softcap, ple_dim=d.ple_dim,
     )
     write(0, header_block(header))
 
@@ -813,7 +829,8 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
         "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "flags", "dense_ffn_size",
         "shared_ffn_size", "clip_qkv", "kv_dtype", "sliding_window", "q_lora_rank", "kv_lora_rank", "rope_dim",
         "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha",
-        "swiglu_limit", "global_head_dim", "global_kv_heads", "embed_scale", "logit_softcap")}, moe_layers=moe_layers,
+        "swiglu_limit", "global_head_dim", "global_kv_heads", "embed_scale", "logit_softcap", "ple_dim")},
+        moe_layers=moe_layers,
         window_layers=tuple(bool(h["window_layers"][layer // 8] >> (layer % 8) & 1) if layer < MAX_WINDOW_LAYERS
                             else False for layer in range(n_layers)))
     entries = []

@@ -43,7 +43,7 @@ from colibri.sim.boards import board_names, fit_report, load_board
 LARGE = {Role.TOKEN_EMBD, Role.LM_HEAD, Role.WQ, Role.WK, Role.WV, Role.WO, Role.WQ_A, Role.WQ_B, Role.WKV_A,
          Role.WK_B, Role.WV_B, Role.DENSE_GATE, Role.DENSE_UP,
          Role.DENSE_DOWN, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, Role.EXPERT_GATE, Role.EXPERT_UP,
-         Role.EXPERT_DOWN}
+         Role.EXPERT_DOWN, Role.PLE_EMBD, Role.PLE_MODEL_PROJ, Role.PLE_GATE, Role.PLE_PROJ}
 CALIBRATION_TOKENS = 32  # the quality report's prompt: this many seeded random token ids (fewer if max_seq is)
 
 
@@ -149,6 +149,7 @@ def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, *, board:
             "tied_embeddings": ckpt.tied_embeddings, "dims": dims, "fit": fit_lines, "family": ckpt.family,
             "bytes_by_dtype": img.bytes_by_dtype(), "quality": cost,
             "resident_bytes": img.resident_bytes, "pinned": sorted(pinned), "converted": ckpt.converted,
+            "towers_left_out": ckpt.towers_left_out,
             "tokenizer": bool(meta), "chat_template": bool(meta and meta.get("chat_template")),
         }
     except BaseException:
@@ -216,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  converted   {kinds} tensors: no image dtype holds them, so they were dequantized to f32 "
               f"exactly and stored as {args.dtype} (--dtype q8_0 or q4_0 requantizes them; the quality line "
               "shows what that costs)")
+    if r["towers_left_out"]:
+        print(f"  text model  the multimodal checkpoint's text model: {r['towers_left_out']} vision and audio tower "
+              "tensors left out (the image runs text)")
     by_dtype = ", ".join(f"{k} {human(v)}" for k, v in sorted(r["bytes_by_dtype"].items()))
     print(f"  image       {r['image_bytes']:,} bytes ({human(r['image_bytes'])}): {by_dtype}")
     if n_moe:
@@ -229,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     if d.mla:
         print(f"  latent KV   {d.kv_position_bytes():,} bytes per position (latent {d.kv_lora_rank} + rope {d.rope_width} "
               f"per layer); keys and values per head would take {d.kv_position_bytes(expanded=True):,}")
+    if d.global_head_dim:  # Gemma 4
+        print(f"  global      {d.n_layers - sum(d.windowed(l) for l in range(d.n_layers))} global layers: "
+              f"{d.layer_kv_heads(d.n_layers - 1)} kv heads of {d.global_head_dim}, their own RoPE")
     if d.sliding_window:
         windowed = sum(d.window_layers)
         print(f"  window      {windowed} of {d.n_layers} layers attend over the last {d.sliding_window} positions: "

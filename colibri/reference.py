@@ -203,6 +203,22 @@ class Reference:
             return self.moe(x, layer)
         return self.swiglu(x, Role.DENSE_GATE, Role.DENSE_UP, Role.DENSE_DOWN, layer)
 
+    def per_layer_inputs(self, tokens: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Gemma 4's per-layer inputs [n, L, P]: the token's row of PLE_EMBD times sqrt(P), and the scaled
+        embedding x through PLE_MODEL_PROJ times D^-1/2, normed per layer; their sum times 2^-1/2."""
+        d, P = self.d, self.d.ple_dim
+        n = x.shape[0]
+        token = self.img.tensor(Role.PLE_EMBD)[tokens] * np.sqrt(np.float32(P))
+        context = self.linear(x, Role.PLE_MODEL_PROJ) * (np.float32(1) / np.sqrt(np.float32(d.hidden_size)))
+        context = rms_norm(context.reshape(n, d.n_layers, P), self._t(Role.PLE_PROJ_NORM), d.rms_norm_eps)
+        return (context + token.reshape(n, d.n_layers, P)) * np.float32(2 ** -0.5)
+
+    def per_layer_input(self, x: np.ndarray, ple: np.ndarray, layer: int) -> np.ndarray:
+        """What layer `layer` adds from its per-layer input ple [n, P]: gelu_tanh(PLE_GATE x) * ple through
+        PLE_PROJ, normed."""
+        g = gelu_tanh(self.linear(x, Role.PLE_GATE, layer)) * ple
+        return rms_norm(self.linear(g, Role.PLE_PROJ, layer), self._t(Role.PLE_POST_NORM, layer), self.d.rms_norm_eps)
+
     def gemma4_ffn(self, x: np.ndarray, layer: int) -> np.ndarray:
         """Gemma 4's FFN half on the residual x, its post norm included: the dense MLP, and in a MoE layer beside
         it the experts, each normed before and after on its own."""
@@ -300,12 +316,16 @@ class Reference:
         x = self._t(Role.TOKEN_EMBD)[tokens].astype(np.float32)
         if d.embed_scale:
             x = x * np.float32(d.embed_scale)
+        ple = self.per_layer_inputs(tokens, x) if d.ple_dim else None
         gemma = d.flags & FLAG_GEMMA4_LAYER
         for layer in range(d.n_layers):
             h = self.attention(rms_norm(x, self._t(Role.ATTN_NORM, layer), d.rms_norm_eps), layer)
             x = x + (rms_norm(h, self._t(Role.POST_ATTN_NORM, layer), d.rms_norm_eps) if gemma else h)
             if gemma:
-                x = (x + self.gemma4_ffn(x, layer)) * self._t(Role.LAYER_SCALE, layer)[0]
+                x = x + self.gemma4_ffn(x, layer)
+                if ple is not None:
+                    x = x + self.per_layer_input(x, ple[:, layer], layer)
+                x = x * self._t(Role.LAYER_SCALE, layer)[0]
             else:
                 x = x + self.ffn(rms_norm(x, self._t(Role.FFN_NORM, layer), d.rms_norm_eps), layer)
         x = rms_norm(x, self._t(Role.OUTPUT_NORM), d.rms_norm_eps)

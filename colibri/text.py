@@ -74,8 +74,9 @@ def checkpoint_meta(src: Path) -> dict | None:
             meta[key] = token
     gen = src / "generation_config.json"
     eos = json.loads(gen.read_text()).get("eos_token_id") if gen.exists() else None
-    if eos is None:
-        eos = json.loads((src / "config.json").read_text()).get("eos_token_id") if (src / "config.json").exists() else None
+    if eos is None and (src / "config.json").exists():
+        cfg = json.loads((src / "config.json").read_text())
+        eos = cfg.get("eos_token_id", (cfg.get("text_config") or {}).get("eos_token_id"))  # multimodal: its text model's
     ids = [eos] if isinstance(eos, int) else list(eos or [])
     meta["eos_token_ids"] = [int(i) for i in ids]
     return meta

@@ -99,6 +99,15 @@ def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path, max_po
     config_cls = getattr(transformers, "Gemma4TextConfig" if arch == "Gemma4ForCausalLM" else
                          arch.replace("ForCausalLM", "Config"))
     model = model_cls(config_cls(initializer_range=0.25, max_position_embeddings=max_positions, **config)).eval()
+    randomize(model)
+    model.save_pretrained(out)
+    return out
+
+
+def randomize(model) -> None:
+    """Norms, biases and the other scales transformers initializes to constants made random, so a test notices
+    one that is dropped or misplaced."""
+    import torch
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -112,8 +121,6 @@ def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path, max_po
                 b.copy_(0.5 * torch.randn_like(b))
             elif name.endswith("layer_scalar"):  # Gemma 4's scalar per layer
                 b.copy_(0.5 + torch.rand_like(b))
-    model.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="session")

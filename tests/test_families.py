@@ -97,17 +97,17 @@ FAMILIES += [
     # Gemma 4's MoE layer (the dense MLP beside the experts, the normed router with per-expert scales, every extra
     # norm, a scalar per layer), GeGLU, q/k/v norms, sliding layers (windows shorter than the prompt) and global
     # ones with their own head size, KV heads and proportional RoPE; keys as values with one global KV head and the
-    # logit cap; or biases, a v projection and no cap
+    # logit cap; or biases, a v projection, per-layer inputs and no cap
     ("gemma4", "Gemma4ForCausalLM", dict(GEMMA4, num_hidden_layers=3, num_experts=5, top_k_experts=2, sliding_window=4,
      global_head_dim=16, num_global_key_value_heads=1, attention_k_eq_v=True, final_logit_softcapping=3.0,
      layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
-    ("gemma4_bias", "Gemma4ForCausalLM", dict(GEMMA4, num_experts=4, top_k_experts=3, sliding_window=3, global_head_dim=12,
-     attention_bias=True, layer_types=["sliding_attention", "full_attention"],
+    ("gemma4_bias_ple", "Gemma4ForCausalLM", dict(GEMMA4, num_experts=4, top_k_experts=3, sliding_window=3,
+     global_head_dim=12, attention_bias=True, hidden_size_per_layer_input=6, vocab_size_per_layer_input=45, layer_types=["sliding_attention", "full_attention"],
      rope_parameters=dict(sliding_attention=dict(rope_type="default", rope_theta=1000.0),
                           full_attention=dict(rope_type="proportional", partial_rotary_factor=0.5, rope_theta=1e5)))),
 ]
 WINDOWED = {"gpt_oss", "gpt_oss_full", "mixtral_window", "qwen2_window", "qwen2moe_window", "qwen3moe_window", "gemma4",
-            "gemma4_bias"}
+            "gemma4_bias_ple"}
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def test_families_cover_the_variants(family_images):
     assert windows == {"gpt_oss": (4, (True, False, True)), "gpt_oss_full": (3, (False, True)),
                        "mixtral_window": (4, (True, True)), "qwen2_window": (3, (False, True, True)),
                        "qwen2moe_window": (5, (True, False, False)), "qwen3moe_window": (4, (True, True)),
-                       "gemma4": (4, (True, True, False)), "gemma4_bias": (3, (True, False))}
+                       "gemma4": (4, (True, True, False)), "gemma4_bias_ple": (3, (True, False))}
     # Gemma 4's global layers have their own widths: the KV cache plan follows each layer's
     g = dims["gemma4"]
     assert [g.layer_kv_dim(layer) for layer in range(3)] == [2 * 8, 2 * 8, 1 * 16]
@@ -305,6 +305,63 @@ def test_lean_cortex_m4_fits_16_kib(family_images, firmwares):
             flash.run_on_board(family_images[name][1], "cortex_m4", PROMPT, 1, Sampling(), False,
                                firmware=out / "firmware.elf")
         assert "COLIBRI_E_UNSUPPORTED" in str(err.value), name
+
+
+GEMMA4_REFUSALS = [
+    ({"num_kv_shared_layers": 1}, "num_kv_shared_layers"),
+    ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
+    ({"hidden_activation": "gelu"}, "hidden_activation"),
+    ({"vocab_size_per_layer_input": 30}, "vocab_size_per_layer_input"),
+    ({"per_layer_config": {"1": {"head_dim": 12, "sliding_window": 3}}}, "per_layer_config"),
+    ({"per_layer_config": {"2": {"head_dim": 12}}}, "per_layer_config"),  # no layer 2
+    ({"per_layer_config": {"0": {"head_dim": 16}}}, "per_layer_config"),  # a sliding layer's geometry changed
+    ({"final_logit_softcapping": -1.0}, "final_logit_softcapping"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope_parameters"),
+]
+
+
+@pytest.mark.parametrize("changes,field", GEMMA4_REFUSALS, ids=[r[1] + str(i) for i, r in enumerate(GEMMA4_REFUSALS)])
+def test_gemma4_refuses_what_it_cannot_run(family_images, tmp_path, changes, field):
+    """What the runtime would not compute as transformers does is refused, naming the config field."""
+    import shutil
+
+    from colibri.checkpoint import UnsupportedModel
+    src, _ = family_images["gemma4_bias_ple"]
+    shutil.copytree(src, tmp_path / "edited")
+    cfg = json.loads((tmp_path / "edited" / "config.json").read_text())
+    (tmp_path / "edited" / "config.json").write_text(json.dumps({**cfg, **changes}))
+    with pytest.raises(UnsupportedModel, match=field):
+        pack(tmp_path / "edited", tmp_path / "x.img", max_seq=32, expert_align=64)
+    with pytest.raises(UnsupportedModel, match="hidden_activation"):  # Gemma 4's fields on another family
+        other = json.loads(family_images["mixtral_window"][0].joinpath("config.json").read_text())
+        shutil.copytree(family_images["mixtral_window"][0], tmp_path / "other")
+        (tmp_path / "other" / "config.json").write_text(json.dumps({**other, "hidden_activation": "gelu_pytorch_tanh"}))
+        pack(tmp_path / "other", tmp_path / "y.img", max_seq=32, expert_align=64)
+
+
+def test_gemma4_multimodal_checkpoint_packs_its_text_model(tmp_path, capsys):
+    """Gemma 4 is released as Gemma4ForConditionalGeneration (text_config, the language model's weights under
+    model.language_model., vision and audio towers beside it): the packer takes its text model, leaves the towers
+    out (and says so), and the image gives what the multimodal model computes for text."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    from conftest import randomize
+    from colibri import pack as pack_cli
+    text = next(c for n, _, c in FAMILIES if n == "gemma4")
+    vision = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=8)
+    torch.manual_seed(21)
+    model = Gemma4ForConditionalGeneration(Gemma4Config(text_config=dict(text, initializer_range=0.25),
+                                                        vision_config=vision, initializer_range=0.25)).eval()
+    randomize(model)
+    model.save_pretrained(tmp_path / "mm")
+    assert pack_cli.main([str(tmp_path / "mm"), "-o", str(tmp_path / "mm.img"), "--max-seq", "32"]) == 0
+    assert "vision and audio tower tensors left out" in capsys.readouterr().out
+    ref = Reference(read_image((tmp_path / "mm.img").read_bytes()))
+    with torch.no_grad():
+        hf = model(input_ids=torch.tensor([PROMPT])).logits[0].numpy()
+    assert np.abs(hf).max() > 0.5
+    assert np.max(np.abs(ref.forward(PROMPT) - hf)) <= TOLERANCE
 
 
 def test_gpt_oss_mxfp4_experts_read_as_transformers_dequantizes_them(tmp_path):

@@ -78,16 +78,18 @@ def streaming_images(checkpoints, tmp_path_factory) -> dict[str, bytes]:
     out["base-q8_0"] = build_image(ckpt.dims, q8, expert_align=4096)
     out["base-pinned"] = build_image(ckpt.dims, q8, pinned=frozenset({(0, 1), (1, 2)}))
     # the newer families' routing (grouped sigmoid with a bias; gpt-oss's top-k softmax, whose expert biases
-    # stay resident while the matrices stream) through the cache and its one-layer-ahead prefetch
+    # stay resident while the matrices stream; Gemma 4's experts beside a dense MLP, routed on their own norm)
+    # through the cache and its one-layer-ahead prefetch
     base = tmp_path_factory.mktemp("stream_families")
-    for name in ("deepseek_v3", "gpt_oss"):
+    for name in ("deepseek_v3", "gpt_oss", "gemma4"):
         arch, cfg = next((a, c) for n, a, c in FAMILIES if n == name)
         ckpt = load_checkpoint(make_family_checkpoint(arch, cfg, 40, base / name), 24)
         out[name] = build_image(ckpt.dims, convert_tensors(ckpt.tensors, DType.Q8_0, []))
     return out
 
 
-@pytest.mark.parametrize("name", ["base", "top3_gqa4_tied", "base-q8_0", "base-pinned", "deepseek_v3", "gpt_oss"])
+@pytest.mark.parametrize("name", ["base", "top3_gqa4_tied", "base-q8_0", "base-pinned", "deepseek_v3", "gpt_oss",
+                                  "gemma4"])
 def test_every_cache_size_and_policy_gives_the_resident_bits(lib, streaming_images, name):
     image = streaming_images[name]
     img = read_image(image)

@@ -32,7 +32,7 @@ def entry(i: int, field_offset: int) -> int:
     return TABLE + i * ENTRY_BYTES + field_offset
 
 
-FIRST_UP = 3 + 40 + 1  # entries: embd, rope cos, rope sin, 40 per-layer slots, then expert 0 gate, up, down
+FIRST_UP = 3 + 43 + 1  # entries: embd, rope cos, rope sin, 43 per-layer slots, then expert 0 gate, up, down
 
 
 def swap_entries(b: bytearray) -> bytearray:
@@ -82,6 +82,7 @@ CASES = [
     ("global head size the table lacks", put("<I", 288, 12), "E_IMAGE_TABLE"),
     ("embedding scale NaN", put("<f", 296, float("nan")), "E_IMAGE_DIMS"),
     ("logit cap negative", put("<f", 300, -30.0), "E_IMAGE_DIMS"),
+    ("per-layer inputs outside Gemma 4's layer", put("<I", 304, 4), "E_IMAGE_DIMS"),
     ("Gemma 4 layer without a dense MLP", put("<I", 76, 1 | 1 << 13), "E_IMAGE_DIMS"),
     ("keys as values, yet a WV", put("<I", 76, 1 | 1 << 16), "E_IMAGE_TABLE"),
     ("global RoPE tables the table lacks", put("<I", 76, 1 | 1 << 17), "E_IMAGE_TABLE"),

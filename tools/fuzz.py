@@ -109,12 +109,12 @@ def make_seeds() -> None:
         "deepseek-q4_0": dict(flags=im.FLAG_ROPE_PAIRS, moe=(True, True), dtype=DType.Q4_0, kv=1,
                               mla=dict(head_dim=6, kv_lora_rank=5, rope_dim=2, v_head_dim=7)),
         # Gemma 4: its layer (the dense MLP beside the experts), GeGLU, v norms, a windowed layer and a global one
-        # of its own head size, KV heads (values its keys) and RoPE, the embedding scale and the logit cap
+        # of its own head size, KV heads (values its keys) and RoPE, the embedding scale, the logit cap, per-layer inputs
         "gemma4": dict(flags=im.FLAG_NORM_TOPK | im.FLAG_QK_NORM_HEAD | im.FLAG_GEMMA4_LAYER | im.FLAG_GELU_TANH
                        | im.FLAG_V_NORM | im.FLAG_K_EQ_V | im.FLAG_GLOBAL_ROPE, moe=(True, True), dense=10,
                        dtype=DType.Q4_0, mla=dict(global_head_dim=8, global_kv_heads=1, embed_scale=2.8,
                                                   logit_softcap=30.0, attn_scale=1.0, sliding_window=3,
-                                                  window_layers=(True, False))),
+                                                  window_layers=(True, False), ple_dim=4)),
     }
     out = FUZZ / "corpus" / "image"
     out.mkdir(parents=True, exist_ok=True)

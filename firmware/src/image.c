@@ -40,7 +40,7 @@ enum {
     H_WINDOW_LAYERS = 180, H_Q_LORA = 244, H_KV_LORA = 248, H_ROPE_DIM = 252, H_V_HEAD_DIM = 256, H_ATTN_SCALE = 260,
     H_N_GROUP = 264, H_TOPK_GROUP = 268, H_GROUP_TOP = 272, H_ROUTED_SCALE = 276, H_SWIGLU_ALPHA = 280,
     H_SWIGLU_LIMIT = 284, H_GLOBAL_HEAD_DIM = 288, H_GLOBAL_KV_HEADS = 292, H_EMBED_SCALE = 296, H_LOGIT_SOFTCAP = 300,
-    H_RESERVED = 304
+    H_PLE_DIM = 304, H_RESERVED = 308
 };
 /* Tensor table entry field offsets (docs/FORMAT.md, "Tensor table"). */
 enum {
@@ -187,11 +187,13 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
                          rd32(h + H_SWIGLU_ALPHA)))
         return COLIBRI_E_UNSUPPORTED;
     if (attention_dims(h, d) || routing_dims(h, d)) return COLIBRI_E_IMAGE_DIMS;
-    if (!COLIBRI_LEAN) { /* Gemma 4's: 0 or a scale; its layer has a dense MLP everywhere */
+    if (!COLIBRI_LEAN) { /* Gemma 4's: 0 or a scale; its layer has a dense MLP everywhere, per-layer inputs only in it */
         d->embed_scale = rdf32(h + H_EMBED_SCALE);
         d->logit_softcap = rdf32(h + H_LOGIT_SOFTCAP);
+        d->ple_dim = rd32(h + H_PLE_DIM);
+        const int gemma = (d->flags & IMG_FLAG_GEMMA4_LAYER) != 0;
         if (!(d->embed_scale == 0.0f || scale_ok(d->embed_scale)) || !(d->logit_softcap == 0.0f || scale_ok(d->logit_softcap)) ||
-            ((d->flags & IMG_FLAG_GEMMA4_LAYER) && !d->dense_ffn))
+            (gemma && !d->dense_ffn) || (d->ple_dim && !gemma) || (uint64_t)d->n_layers * d->ple_dim > IMG_MAX_DIM)
             return COLIBRI_E_IMAGE_DIMS;
     }
     d->ffn_max = d->ffn > d->dense_ffn ? d->ffn : d->dense_ffn;
@@ -199,9 +201,9 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     uint32_t in_max = d->dim > d->q_dim ? d->dim : d->q_dim; /* the longest row: every matrix's columns */
     if (d->ffn_max > in_max) in_max = d->ffn_max;
     if (!COLIBRI_LEAN) {
-        const uint32_t mla_inputs[] = { d->q_lora, d->kv_lora, d->o_dim };
-        for (unsigned i = 0; i < sizeof mla_inputs / sizeof mla_inputs[0]; i++)
-            if (mla_inputs[i] > in_max) in_max = mla_inputs[i];
+        const uint32_t newer_inputs[] = { d->q_lora, d->kv_lora, d->o_dim, d->ple_dim };
+        for (unsigned i = 0; i < sizeof newer_inputs / sizeof newer_inputs[0]; i++)
+            if (newer_inputs[i] > in_max) in_max = newer_inputs[i];
     }
     d->in_blocks = (in_max + QBLOCK - 1) / QBLOCK;
     if ((d->flags & IMG_FLAG_QK_NORM_HEAD) && (d->flags & IMG_FLAG_QK_NORM_FULL)) return COLIBRI_E_UNSUPPORTED;
@@ -253,6 +255,13 @@ static int newer_shape(const model_dims *d, uint32_t role, int moe, uint32_t *ro
         *rows = d->max_seq;
         *cols = d->global_head_dim / 2;
         return (f & IMG_FLAG_GLOBAL_ROPE) != 0;
+    /* Gemma 4's per-layer inputs: L * P <= 2^24 (read_dims) */
+    case ROLE_PLE_GATE: *rows = d->ple_dim; *cols = d->dim; return d->ple_dim != 0;
+    case ROLE_PLE_PROJ: *rows = d->dim; *cols = d->ple_dim; return d->ple_dim != 0;
+    case ROLE_PLE_POST_NORM: *rows = d->dim; return d->ple_dim != 0;
+    case ROLE_PLE_EMBD: *rows = d->vocab; *cols = d->n_layers * d->ple_dim; return d->ple_dim != 0;
+    case ROLE_PLE_MODEL_PROJ: *rows = d->n_layers * d->ple_dim; *cols = d->dim; return d->ple_dim != 0;
+    case ROLE_PLE_PROJ_NORM: *rows = d->ple_dim; return d->ple_dim != 0;
     default: /* ROLE_EXPERT_GATE_BIAS, ROLE_EXPERT_UP_BIAS, ROLE_EXPERT_DOWN_BIAS */
         *rows = d->n_experts;
         *cols = role == ROLE_EXPERT_DOWN_BIAS ? d->dim : d->ffn;
@@ -298,7 +307,8 @@ static void spec_for(const model_dims *d, uint32_t i, int moe, tensor_spec *s) {
     case ROLE_WV_B: case ROLE_SINKS: case ROLE_ROUTER_BIAS: case ROLE_EXPERT_GATE_BIAS: case ROLE_EXPERT_UP_BIAS:
     case ROLE_EXPERT_DOWN_BIAS: case ROLE_POST_ATTN_NORM: case ROLE_POST_FFN_NORM: case ROLE_DENSE_POST_NORM:
     case ROLE_MOE_NORM: case ROLE_MOE_POST_NORM: case ROLE_ROUTER_NORM: case ROLE_EXPERT_SCALE: case ROLE_LAYER_SCALE:
-    case ROLE_GLOBAL_ROPE_COS: case ROLE_GLOBAL_ROPE_SIN:
+    case ROLE_GLOBAL_ROPE_COS: case ROLE_GLOBAL_ROPE_SIN: case ROLE_PLE_GATE: case ROLE_PLE_PROJ: case ROLE_PLE_POST_NORM:
+    case ROLE_PLE_EMBD: case ROLE_PLE_MODEL_PROJ: case ROLE_PLE_PROJ_NORM:
         present = !COLIBRI_LEAN && newer_shape(d, s->role, moe, &rows, &cols);
         break;
     case ROLE_BQ: rows = q_dim; present = (f & IMG_FLAG_QKV_BIAS) != 0; break;
@@ -353,7 +363,7 @@ static colibri_status check_entry(const uint8_t *e, const tensor_spec *s, uint64
     /* vectors and the tables read as floats (RoPE, expert biases) are f32; any matrix may be narrower */
     const int table = s->role == ROLE_ROPE_COS || s->role == ROLE_ROPE_SIN ||
                       (!COLIBRI_LEAN && ((s->role >= ROLE_EXPERT_GATE_BIAS && s->role <= ROLE_EXPERT_DOWN_BIAS) ||
-                                         s->role >= ROLE_GLOBAL_ROPE_COS));
+                                         s->role == ROLE_GLOBAL_ROPE_COS || s->role == ROLE_GLOBAL_ROPE_SIN));
     if (dtype != DTYPE_F32 && (s->ndims != 2 || table))
         return COLIBRI_E_IMAGE_DTYPE;
     const int quantized = dtype == DTYPE_Q8_0 || dtype == DTYPE_Q4_0;

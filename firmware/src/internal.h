@@ -56,21 +56,22 @@ enum tensor_role {
     ROLE_FFN_NORM, ROLE_DENSE_GATE, ROLE_DENSE_UP, ROLE_DENSE_DOWN, ROLE_ROUTER, ROLE_ROUTER_BIAS,
     ROLE_EXPERT_GATE_BIAS, ROLE_EXPERT_UP_BIAS, ROLE_EXPERT_DOWN_BIAS, ROLE_SHARED_GATE, ROLE_SHARED_UP, ROLE_SHARED_DOWN, ROLE_SHARED_EXPERT_GATE,
     ROLE_POST_ATTN_NORM, ROLE_POST_FFN_NORM, ROLE_DENSE_POST_NORM, ROLE_MOE_NORM, ROLE_MOE_POST_NORM, ROLE_ROUTER_NORM,
-    ROLE_EXPERT_SCALE, ROLE_LAYER_SCALE,
+    ROLE_EXPERT_SCALE, ROLE_LAYER_SCALE, ROLE_PLE_GATE, ROLE_PLE_PROJ, ROLE_PLE_POST_NORM,
     /* per expert of a layer */
     ROLE_EXPERT_GATE, ROLE_EXPERT_UP, ROLE_EXPERT_DOWN,
-    ROLE_OUTPUT_NORM, ROLE_LM_HEAD, ROLE_GLOBAL_ROPE_COS, ROLE_GLOBAL_ROPE_SIN
+    ROLE_OUTPUT_NORM, ROLE_LM_HEAD, ROLE_GLOBAL_ROPE_COS, ROLE_GLOBAL_ROPE_SIN, ROLE_PLE_EMBD, ROLE_PLE_MODEL_PROJ,
+    ROLE_PLE_PROJ_NORM
 };
 enum tensor_dtype { DTYPE_F32 = 0, DTYPE_F16, DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_COUNT };
 #define QBLOCK 32u /* elements per quantization block (Q8_0, Q4_0): GGUF's block size */
 enum kv_dtype { KV_F32 = 0, KV_F16 = 1 };
 
 /* Tensor table index layout: 3 global tensors, then per layer LAYER_FIXED slots (ATTN_NORM ..
- * LAYER_SCALE) followed by 3 per expert, then the output norm, lm_head and the global layers' RoPE tables.
- * A slot the model does not use holds an empty entry (n_dims 0). */
+ * PLE_POST_NORM) followed by 3 per expert, then the output norm, lm_head, the global layers' RoPE tables and
+ * Gemma 4's per-layer input tensors. A slot the model does not use holds an empty entry (n_dims 0). */
 #define TENSORS_BEFORE_LAYERS 3u
-#define TENSORS_AFTER_LAYERS 4u
-#define LAYER_FIXED (ROLE_LAYER_SCALE - ROLE_ATTN_NORM + 1u)
+#define TENSORS_AFTER_LAYERS (ROLE_PLE_PROJ_NORM - ROLE_OUTPUT_NORM + 1u)
+#define LAYER_FIXED (ROLE_PLE_POST_NORM - ROLE_ATTN_NORM + 1u)
 #define TENSORS_PER_EXPERT 3u
 
 typedef struct {
@@ -92,6 +93,7 @@ typedef struct {
     /* Gemma 4: the global (not windowed) layers' head size and KV heads (else head_dim and n_kv_heads) */
     uint32_t global_head_dim, global_kv_heads;
     float embed_scale, logit_softcap;               /* 0: none */
+    uint32_t ple_dim;                               /* Gemma 4's per-layer inputs: P per layer and token (0: none) */
     uint32_t q_dim, kv_dim, ffn_max;                /* the widest of any layer; kv_dim: a K cache row */
     uint32_t att_dim, val_dim, o_dim;               /* per head: what attention dots and sums (the widest); Wo's input */
     uint32_t in_blocks;             /* blocks of QBLOCK in the longest matvec input (for the quantized x) */
@@ -141,7 +143,7 @@ typedef struct {
 
 typedef struct {
     tensor_ref *tensors; /* every table entry, decoded at open */
-    float *x, *xn, *q, *q_a, *k_new, *v_new, *q_att, *attn_out, *o_in, *att, *ffn_gate, *ffn_up, *ffn_out, *moe_out;
+    float *x, *xn, *q, *q_a, *k_new, *v_new, *q_att, *attn_out, *o_in, *ple, *att, *ffn_gate, *ffn_up, *ffn_out, *moe_out;
     float *router, *topk_weight; /* router: the experts' scores, then their choice scores */
     uint32_t *topk_index;
     uint64_t *topk_cycles; /* for the trace hook */
@@ -165,7 +167,8 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
  * at t times the vector's length (dim, q_dim, kv_dim, ffn_max, top_k, in_blocks blocks). */
 typedef struct {
     uint32_t n;
-    float *x, *xn, *q, *q_a, *k, *v, *q_att, *attn_out, *o_in, *moe_out, *gate, *up, *ffn_out;
+    float *x, *xn, *q, *q_a, *k, *v, *q_att, *attn_out, *o_in, *ple, *moe_out, *gate, *up, *ffn_out;
+    /* ple: Gemma 4's per-layer inputs, n_layers * ple_dim a token, then ple_dim a token of scratch */
     float *gx;                 /* the xn rows of one expert's tokens, gathered */
     float *expert_out;         /* a batch's routed expert outputs per (token, rank); NULL for one token */
     float *scalar;             /* one float per token (the shared expert's gate) */

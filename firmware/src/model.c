@@ -68,7 +68,8 @@ static token_buffers tokens_in(colibri_ctx *c, uint32_t n) {
     }
     arena_buffers *a = &c->a;
     return (token_buffers){ .n = 1, .x = a->x, .xn = a->xn, .q = a->q, .q_a = a->q_a, .k = a->k_new, .v = a->v_new,
-                            .q_att = a->q_att, .attn_out = a->attn_out, .o_in = a->o_in, .moe_out = a->moe_out, .gate = a->ffn_gate, .up = a->ffn_up,
+                            .q_att = a->q_att, .attn_out = a->attn_out, .o_in = a->o_in, .ple = a->ple, .moe_out = a->moe_out,
+                            .gate = a->ffn_gate, .up = a->ffn_up,
                             .ffn_out = a->ffn_out, .gx = a->ffn_out, .expert_out = 0, .scalar = a->router, .topk_index = a->topk_index,
                             .topk_weight = a->topk_weight, .group = c->one_group, .xq = a->xq, .xq_scale = a->xq_scale,
                             .xq_sum = a->xq_sum, .hq = a->hq, .hq_scale = a->hq_scale, .hq_sum = a->hq_sum };
@@ -787,6 +788,47 @@ static colibri_status ffn_block(colibri_ctx *c, const token_buffers *tb, uint32_
     return COLIBRI_OK;
 }
 
+/* Gemma 4's per-layer inputs of the pass's tokens into tb->ple (token t's L * P values at t * L * P, layer l's
+ * P of them at l * P; then a scratch of P per token): the token's row of PLE_EMBD times sqrt(P), plus the scaled
+ * embedding x through the layer's P rows of PLE_MODEL_PROJ, times D^-1/2 and normed, the sum times 2^-1/2
+ * (transformers' project_per_layer_inputs). */
+static void per_layer_inputs(colibri_ctx *c, const token_buffers *tb, const uint32_t *tokens) {
+    const model_dims *d = &c->d;
+    const uint32_t P = d->ple_dim, LP = d->n_layers * P;
+    const float token_scale = SQRTF((float)P), context_scale = 1.0f / SQRTF((float)d->dim);
+    weight embd = matrix(c, global_tensor_index(d, ROLE_PLE_EMBD)), proj = matrix(c, global_tensor_index(d, ROLE_PLE_MODEL_PROJ));
+    const float *norm = tensor(c, global_tensor_index(d, ROLE_PLE_PROJ_NORM));
+    float *context = tb->ple + (size_t)tb->n * LP;
+    for (uint32_t t = 0; t < tb->n; t++) weight_row(tb->ple + (size_t)t * LP, &embd, tokens[t]);
+    for (size_t i = 0; i < (size_t)tb->n * LP; i++) tb->ple[i] *= token_scale;
+    for (uint32_t l = 0; l < d->n_layers; l++) {
+        weight rows = weight_rows(&proj, l * P, P);
+        matmul(c, tb, context, &rows, tb->x, tb->n);
+        for (uint32_t t = 0; t < tb->n; t++) {
+            float *ctx = context + (size_t)t * P, *ple = tb->ple + (size_t)t * LP + (size_t)l * P;
+            for (uint32_t j = 0; j < P; j++) ctx[j] *= context_scale;
+            rmsnorm(ctx, ctx, norm, P, d->eps);
+            for (uint32_t j = 0; j < P; j++) ple[j] = (ctx[j] + ple[j]) * 0.70710678118654752f;
+        }
+    }
+}
+
+/* x += what Gemma 4's layer adds from its per-layer input: gelu_tanh(PLE_GATE x) times the input, through
+ * PLE_PROJ, normed. */
+static void per_layer_input(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
+    const model_dims *d = &c->d;
+    const uint32_t P = d->ple_dim, LP = d->n_layers * P;
+    float *gate = tb->ple + (size_t)tb->n * LP;
+    weight w_gate = matrix(c, layer_index(c, layer, ROLE_PLE_GATE)), w_proj = matrix(c, layer_index(c, layer, ROLE_PLE_PROJ));
+    matmul(c, tb, gate, &w_gate, tb->x, tb->n);
+    for (uint32_t t = 0; t < tb->n; t++)
+        for (uint32_t j = 0; j < P; j++)
+            gate[t * P + j] = gelu_tanh(gate[t * P + j]) * tb->ple[(size_t)t * LP + (size_t)layer * P + j];
+    matmul(c, tb, tb->ffn_out, &w_proj, gate, tb->n);
+    post_norm(c, tb, tb->ffn_out, layer, ROLE_PLE_POST_NORM);
+    for (size_t i = 0; i < (size_t)tb->n * d->dim; i++) tb->x[i] += tb->ffn_out[i];
+}
+
 /* The trace hook for every token of the pass after `layer`. A batch's layer cycles are its tokens'
  * together: the last token carries them, the others 0 (and no per-expert cycles). */
 static void trace_layer(colibri_ctx *c, const token_buffers *tb, const colibri_layer_trace *layer) {
@@ -811,6 +853,7 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
     for (uint32_t t = 0; t < n; t++) weight_row(tb.x + (size_t)t * d->dim, &embd, tokens[t]);
     if (!COLIBRI_LEAN && d->embed_scale != 0.0f)
         for (size_t i = 0; i < (size_t)n * d->dim; i++) tb.x[i] *= d->embed_scale;
+    if (!COLIBRI_LEAN && d->ple_dim) per_layer_inputs(c, &tb, tokens);
 
     for (uint32_t layer = 0; layer < d->n_layers; layer++) {
         colibri_layer_trace t = { .layer = layer, .cycles_expert = c->a.topk_cycles };
@@ -821,7 +864,8 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
         colibri_status st = ffn_block(c, &tb, layer, &t);
         if (st) return st;
         for (size_t i = 0; i < (size_t)n * d->dim; i++) tb.x[i] += tb.moe_out[i];
-        if (gemma4_layer(d)) { /* Gemma 4's scalar per layer */
+        if (gemma4_layer(d)) { /* Gemma 4's per-layer input, and its scalar per layer */
+            if (d->ple_dim) per_layer_input(c, &tb, layer);
             const float scale = layer_w(c, layer, ROLE_LAYER_SCALE)[0];
             for (size_t i = 0; i < (size_t)n * d->dim; i++) tb.x[i] *= scale;
         }
