@@ -248,7 +248,8 @@ def test_every_family_on_every_board(board, family_images, firmwares):
     dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64),
     dict(rope_type="yarn", rope_theta=1e6, factor=8.0, original_max_position_embeddings=128, beta_fast=16,
          beta_slow=2, mscale=1.0, mscale_all_dim=0.5),
-], ids=["linear", "llama3", "yarn", "yarn_mscale"])
+    dict(rope_type="proportional", rope_theta=1e6, partial_rotary_factor=0.25),
+], ids=["linear", "llama3", "yarn", "yarn_mscale", "proportional"])
 def test_rope_frequencies_match_transformers(params):
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
