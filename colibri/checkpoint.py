@@ -19,7 +19,7 @@ from colibri.quant import mxfp4_dequantize
 from colibri.image import (EXPERT_ROLES, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
                            FLAG_QKV_BIAS, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_SHARED_EXPERT,
                            FLAG_SHARED_PLAIN, FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_ROUTER_TOPK_SOFTMAX, FLAG_GEMMA4_LAYER,
-                           FLAG_GELU_TANH, FLAG_V_NORM, FLAG_K_EQ_V, FLAG_GLOBAL_ROPE, LAYER_ROLES, MAX_WINDOW_LAYERS,
+                           FLAG_GELU_TANH, FLAG_V_NORM, FLAG_K_EQ_V, FLAG_GLOBAL_ROPE, FLAG_DOUBLE_WIDE_MLP, LAYER_ROLES, MAX_WINDOW_LAYERS,
                            NO_INDEX, ModelDims, Role)
 
 DEFAULT_MAX_SEQ = 256
@@ -277,13 +277,9 @@ def _gemma4(cfg: dict, n_layers: int, head_dim: int, max_seq: int) -> tuple[dict
     its extra norms and scalar, the dense MLP beside the experts, the router's norm and per-expert scales; sliding
     layers of head_dim and global layers of their own head size, KV heads and RoPE; v from k on global layers with
     attention_k_eq_v; the embedding scale and the final logit soft-capping."""
-    refused = {"use_bidirectional_attention": None, "num_kv_shared_layers": 0}
-    for key, want in refused.items():
-        if (cfg.get(key) or want) != want:
-            raise UnsupportedModel(f"config field {key}={cfg[key]!r}: the runtime has no "
-                                   + {"use_bidirectional_attention": "bidirectional attention",
-                                      "num_kv_shared_layers": "KV sharing between layers"}[key]
-                                   + f"; Gemma 4's MoE checkpoints use none (set it to {want})")
+    if cfg.get("use_bidirectional_attention") is not None:
+        raise UnsupportedModel(f"config field use_bidirectional_attention={cfg['use_bidirectional_attention']!r}: the "
+                               "runtime attends causally only (Gemma 4's text checkpoints set it to null)")
     ple = int(cfg.get("hidden_size_per_layer_input", 256) or 0)  # Gemma4TextConfig's defaults where a field is absent
     if ple and int(cfg.get("vocab_size_per_layer_input", 262_144)) != int(cfg["vocab_size"]):
         raise UnsupportedModel(f"config field vocab_size_per_layer_input={cfg.get('vocab_size_per_layer_input', 262_144)}: the "
@@ -322,7 +318,14 @@ def _gemma4(cfg: dict, n_layers: int, head_dim: int, max_seq: int) -> tuple[dict
     sliding = tuple(t == "sliding_attention" for t in types)
     if any(sliding) and window < 1:
         raise UnsupportedModel(f"config field sliding_window={window} must be at least 1")
+    shared = int(cfg.get("num_kv_shared_layers") or 0)
+    first = n_layers - shared  # layers from here on attend over the KV cache of the last earlier layer of their kind
+    if not 0 <= shared < n_layers or {types[layer] for layer in range(first, n_layers)} - set(types[:first]):
+        raise UnsupportedModel(f"config field num_kv_shared_layers={shared}: each sharing layer needs an earlier layer "
+                               "of its kind (sliding or full attention) that computes its own keys and values")
     flags = FLAG_GEMMA4_LAYER | FLAG_GELU_TANH | FLAG_V_NORM | FLAG_GLOBAL_ROPE
+    if shared and cfg.get("use_double_wide_mlp"):
+        flags |= FLAG_DOUBLE_WIDE_MLP
     if cfg.get("enable_moe_block"):  # its router always renormalizes the top-k
         flags |= FLAG_NORM_TOPK
     if cfg.get("attention_k_eq_v"):
@@ -331,7 +334,7 @@ def _gemma4(cfg: dict, n_layers: int, head_dim: int, max_seq: int) -> tuple[dict
     if softcap is not None and not softcap > 0:
         raise UnsupportedModel(f"config field final_logit_softcapping={softcap} must be positive or null")
     fields = dict(global_head_dim=g_head, global_kv_heads=g_kv, attn_scale=1.0, logit_softcap=float(softcap or 0.0),
-                  ple_dim=ple,
+                  ple_dim=ple, kv_shared_layers=shared,
                   embed_scale=float(np.float32(cfg["hidden_size"] ** 0.5)),
                   # a window the sequence never outgrows is kept (at max_seq): the layer kinds differ in more than it
                   sliding_window=min(window, max_seq) if any(sliding) else 0, window_layers=sliding)

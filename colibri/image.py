@@ -31,7 +31,7 @@ NO_INDEX = 0xFFFFFFFF
 ARCH_MOE = 1  # decoder-only transformer with a top-k routed MoE FFN (Mixtral family)
 
 # Header: everything up to `reserved` is packed little-endian, then zero padding to 384 bytes.
-HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI" + "QQ" + "QQI" + "I64s" + "IIIIf" + "IIIf" + "ff" + "IIff" + "I")
+HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI" + "QQ" + "QQI" + "I64s" + "IIIIf" + "IIIf" + "ff" + "IIff" + "II")
 HEADER_FIELDS = (
     "magic", "version", "header_bytes", "image_bytes", "header_crc32", "payload_crc32",
     "arch", "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads",
@@ -44,6 +44,7 @@ HEADER_FIELDS = (
     "q_lora_rank", "kv_lora_rank", "rope_dim", "v_head_dim", "attn_scale",
     "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha", "swiglu_limit",
     "global_head_dim", "global_kv_heads", "embed_scale", "logit_softcap", "ple_dim",
+    "kv_shared_layers",
 )
 MAX_WINDOW_LAYERS = 512  # window_layers is a bitmap of 64 bytes: layers past it cannot have a window
 KV_DTYPES = {"f32": 0, "f16": 1}  # header kv_dtype: the KV cache's element type
@@ -71,6 +72,7 @@ FLAG_GELU_TANH = 1 << 14     # FFN activation gelu (tanh approximation) instead 
 FLAG_V_NORM = 1 << 15        # RMSNorm without weights on each head of v
 FLAG_K_EQ_V = 1 << 16        # global layers' values are their keys' projection (no WV); the norms differ
 FLAG_GLOBAL_ROPE = 1 << 17   # global layers rotate with their own tables GLOBAL_ROPE_COS/SIN
+FLAG_DOUBLE_WIDE_MLP = 1 << 18  # the KV-sharing layers' dense MLP is twice dense_ffn_size wide
 
 
 class Role(enum.IntEnum):
@@ -191,6 +193,9 @@ class ModelDims:
     embed_scale: float = 0.0     # times each embedding row (Gemma: sqrt(hidden_size), rounded to f32); 0: none
     logit_softcap: float = 0.0   # logits = cap * tanh(logits / cap); 0: none
     ple_dim: int = 0             # Gemma 4's per-layer inputs: P values per layer and token; 0: none
+    # Gemma 4's KV sharing: the last kv_shared_layers layers compute no keys or values; each attends over the
+    # cache of the last earlier layer of its kind (windowed or global), which it shares
+    kv_shared_layers: int = 0
 
     @property
     def mla(self) -> bool:
@@ -224,8 +229,28 @@ class ModelDims:
     def layer_q_dim(self, layer: int) -> int:
         return self.n_heads * self.layer_head_dim(layer)
 
+    def kv_shared(self, layer: int) -> bool:
+        return layer >= self.n_layers - self.kv_shared_layers
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose KV cache `layer` attends over: itself, or for a KV-sharing layer the last layer before
+        the sharing ones of the same kind (transformers' "store" layer)."""
+        if not self.kv_shared(layer):
+            return layer
+        first = self.n_layers - self.kv_shared_layers
+        return max(l for l in range(first) if self.windowed(l) == self.windowed(layer))
+
+    def layer_dense_ffn(self, layer: int) -> int:
+        return self.dense_ffn_size * (2 if self.flags & FLAG_DOUBLE_WIDE_MLP and self.kv_shared(layer) else 1)
+
+    @property
+    def dense_ffn_max(self) -> int:
+        return self.dense_ffn_size * (2 if self.flags & FLAG_DOUBLE_WIDE_MLP and self.kv_shared_layers else 1)
+
     def layer_kv_dim(self, layer: int) -> int:
-        """One position's row of the layer's K cache (and V cache)."""
+        """One position's row of the layer's K cache (and V cache); 0 for a KV-sharing layer, which has none."""
+        if self.kv_shared(layer):
+            return 0
         return self.att_dim if self.mla else self.layer_kv_heads(layer) * self.layer_head_dim(layer)
 
     @property
@@ -288,22 +313,23 @@ class ModelDims:
         shared = moe and bool(self.flags & (FLAG_SHARED_EXPERT | FLAG_SHARED_PLAIN))
         gemma, gemma_moe = bool(self.flags & FLAG_GEMMA4_LAYER), moe and bool(self.flags & FLAG_GEMMA4_LAYER)
         k_is_v = bool(self.flags & FLAG_K_EQ_V) and not self.windowed(layer)
+        own_kv = not mla and not self.kv_shared(layer)  # a KV-sharing layer has no k or v projection
         return {
             Role.POST_ATTN_NORM: gemma, Role.POST_FFN_NORM: gemma, Role.LAYER_SCALE: gemma,
             Role.DENSE_POST_NORM: gemma_moe, Role.MOE_NORM: gemma_moe, Role.MOE_POST_NORM: gemma_moe,
             Role.ROUTER_NORM: gemma_moe, Role.EXPERT_SCALE: gemma_moe, Role.PLE_GATE: self.ple_dim > 0,
             Role.PLE_PROJ: self.ple_dim > 0, Role.PLE_POST_NORM: self.ple_dim > 0,
-            Role.WQ: not (mla and self.q_lora_rank), Role.WK: not mla, Role.WV: not mla and not k_is_v,
+            Role.WQ: not (mla and self.q_lora_rank), Role.WK: own_kv, Role.WV: own_kv and not k_is_v,
             Role.WQ_A: mla and self.q_lora_rank > 0, Role.Q_A_NORM: mla and self.q_lora_rank > 0,
             Role.WQ_B: mla and self.q_lora_rank > 0, Role.WKV_A: mla, Role.KV_A_NORM: mla, Role.WK_B: mla,
             Role.WV_B: mla, Role.ROUTER_BIAS: moe and bool(self.flags & FLAG_ROUTER_BIAS),
             Role.SINKS: bool(self.flags & FLAG_ATTN_SINKS), Role.EXPERT_GATE_BIAS: moe and bool(self.flags & FLAG_EXPERT_BIAS),
             Role.EXPERT_UP_BIAS: moe and bool(self.flags & FLAG_EXPERT_BIAS),
             Role.EXPERT_DOWN_BIAS: moe and bool(self.flags & FLAG_EXPERT_BIAS),
-            Role.BQ: bool(self.flags & FLAG_QKV_BIAS), Role.BK: bool(self.flags & FLAG_QKV_BIAS),
-            Role.BV: bool(self.flags & FLAG_QKV_BIAS) and not k_is_v, Role.BO: bool(self.flags & FLAG_O_BIAS),
+            Role.BQ: bool(self.flags & FLAG_QKV_BIAS), Role.BK: bool(self.flags & FLAG_QKV_BIAS) and own_kv,
+            Role.BV: bool(self.flags & FLAG_QKV_BIAS) and own_kv and not k_is_v, Role.BO: bool(self.flags & FLAG_O_BIAS),
             Role.Q_NORM: bool(self.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)),
-            Role.K_NORM: bool(self.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)),
+            Role.K_NORM: bool(self.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)) and not self.kv_shared(layer),
             Role.DENSE_GATE: not moe or gemma, Role.DENSE_UP: not moe or gemma, Role.DENSE_DOWN: not moe or gemma,
             Role.ROUTER: moe, Role.EXPERT_GATE: moe, Role.EXPERT_UP: moe, Role.EXPERT_DOWN: moe,
             Role.SHARED_GATE: shared, Role.SHARED_UP: shared, Role.SHARED_DOWN: shared,
@@ -340,6 +366,7 @@ def expected_shape(d: ModelDims, role: Role, layer: int = NO_INDEX) -> tuple[int
     head_norm = bool(d.flags & FLAG_QK_NORM_HEAD)
     hd, q_dim, kv_dim = (d.head_dim, d.q_dim, d.kv_dim) if layer == NO_INDEX else \
         (d.layer_head_dim(layer), d.layer_q_dim(layer), d.layer_kv_dim(layer))
+    FD = FD if layer == NO_INDEX else d.layer_dense_ffn(layer)
     return {
         Role.TOKEN_EMBD: (d.vocab_size, D),
         Role.ROPE_COS: (d.max_seq, d.rope_width // 2),
@@ -386,7 +413,7 @@ def _token_widths(d: ModelDims) -> list[tuple[str, int]]:
 
 def _in_blocks(d: ModelDims) -> int:
     """Q8_0 blocks of the longest input a matrix reads (the quantized activation buffers)."""
-    ffn = max(d.ffn_size, d.dense_ffn_size, d.shared_ffn_size)
+    ffn = max(d.ffn_size, d.dense_ffn_max, d.shared_ffn_size)
     return blocks(max(d.hidden_size, d.q_dim, ffn, d.q_lora_rank, d.kv_lora_rank, d.o_dim, d.ple_dim))
 
 
@@ -394,7 +421,7 @@ def arena_plan(d: ModelDims) -> dict[str, tuple[int, int]]:
     """The runtime's work arena: name -> (offset, bytes). Mirrors arena_plan() in firmware/src/arena.c."""
     kv_cache = d.kv_cache_elements()
     kv_size = 2 if d.kv_dtype == KV_DTYPES["f16"] else 4
-    ffn = max(d.ffn_size, d.dense_ffn_size, d.shared_ffn_size)
+    ffn = max(d.ffn_size, d.dense_ffn_max, d.shared_ffn_size)
     in_blocks = _in_blocks(d)
     D = d.hidden_size
     n_tensors = table_entries(d.n_layers, d.n_experts)
@@ -426,7 +453,7 @@ def prefill_bytes(d: ModelDims, tokens: int) -> int:
     batch_plan() for one token in firmware/src/arena.c, each buffer 64-byte aligned); 0 for one token."""
     if tokens <= 1:
         return 0
-    ffn = max(d.ffn_size, d.dense_ffn_size, d.shared_ffn_size)
+    ffn = max(d.ffn_size, d.dense_ffn_max, d.shared_ffn_size)
     in_blocks = _in_blocks(d)
     D, k = d.hidden_size, d.top_k
     per_token = [4 * D, 4 * D, *(4 * n for _, n in _token_widths(d)), 4 * D,  # x .. ple, moe_out
@@ -747,7 +774,7 @@ def _fill(write: Callable[[int, bytes | np.ndarray], None], read: Callable[[int,
         attn_scale=d.scale, n_group=d.n_group, topk_group=d.topk_group, group_top=d.group_top,
         routed_scale=d.routed_scale, swiglu_alpha=d.swiglu_alpha, swiglu_limit=d.swiglu_limit,
         global_head_dim=d.global_head_dim, global_kv_heads=d.global_kv_heads, embed_scale=d.embed_scale,
-        logit_softcap=d.logit_softcap, ple_dim=d.ple_dim,
+        logit_softcap=d.logit_softcap, ple_dim=d.ple_dim, kv_shared_layers=d.kv_shared_layers,
     )
     write(0, header_block(header))
 
@@ -829,7 +856,7 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
         "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "flags", "dense_ffn_size",
         "shared_ffn_size", "clip_qkv", "kv_dtype", "sliding_window", "q_lora_rank", "kv_lora_rank", "rope_dim",
         "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha",
-        "swiglu_limit", "global_head_dim", "global_kv_heads", "embed_scale", "logit_softcap", "ple_dim")},
+        "swiglu_limit", "global_head_dim", "global_kv_heads", "embed_scale", "logit_softcap", "ple_dim", "kv_shared_layers")},
         moe_layers=moe_layers,
         window_layers=tuple(bool(h["window_layers"][layer // 8] >> (layer % 8) & 1) if layer < MAX_WINDOW_LAYERS
                             else False for layer in range(n_layers)))

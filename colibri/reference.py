@@ -124,6 +124,7 @@ class Reference:
         self.routes: dict[int, tuple[np.ndarray, np.ndarray]] | None = None  # layer -> (experts, weights) per position
         self._decoded: dict[tuple[Role, int, int], np.ndarray] = {}
         self._encoded: dict[tuple[Role, int, int], Encoded] = {}
+        self._kv: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # a forward pass's cached k, v per layer
 
     def _t(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
         key = (role, layer, expert)
@@ -276,27 +277,35 @@ class Reference:
         if d.mla:
             return self._proj(self.mla(x, layer), Role.WO, Role.BO, layer)
         n, hd, kv_heads = x.shape[0], d.layer_head_dim(layer), d.layer_kv_heads(layer)
-        q, k = self._proj(x, Role.WQ, Role.BQ, layer), self._proj(x, Role.WK, Role.BK, layer)
-        v = k if not d.present(Role.WV, layer) else self._proj(x, Role.WV, Role.BV, layer)  # FLAG_K_EQ_V
-        if d.flags & FLAG_QK_NORM_FULL:
-            q = rms_norm(q, self._t(Role.Q_NORM, layer), d.rms_norm_eps)
-            k = rms_norm(k, self._t(Role.K_NORM, layer), d.rms_norm_eps)
-        q = q.reshape(n, d.n_heads, hd)
-        k = k.reshape(n, kv_heads, hd)
-        v = v.reshape(n, kv_heads, hd)
-        if d.flags & FLAG_QK_NORM_HEAD:
-            q = rms_norm(q, self._t(Role.Q_NORM, layer), d.rms_norm_eps)
-            k = rms_norm(k, self._t(Role.K_NORM, layer), d.rms_norm_eps)
-        if d.flags & FLAG_V_NORM:
-            v = rms_norm(v, np.float32(1), d.rms_norm_eps)
-        if d.clip_qkv:  # after either kind of q/k norm, as the runtime (and OLMoE, the family that has it) does
-            q, k, v = (np.clip(t, -d.clip_qkv, d.clip_qkv) for t in (q, k, v))
+        q = self._proj(x, Role.WQ, Role.BQ, layer)
         global_rope = d.flags & FLAG_GLOBAL_ROPE and not d.windowed(layer)
         cos = self._t(Role.GLOBAL_ROPE_COS if global_rope else Role.ROPE_COS)[:n]
         sin = self._t(Role.GLOBAL_ROPE_SIN if global_rope else Role.ROPE_SIN)[:n]
         pairs = bool(d.flags & FLAG_ROPE_PAIRS)
-        q, k = rope(q, cos, sin, pairs), rope(k, cos, sin, pairs)
-        k, v = self._cache(k), self._cache(v)
+        if d.flags & FLAG_QK_NORM_FULL:
+            q = rms_norm(q, self._t(Role.Q_NORM, layer), d.rms_norm_eps)
+        q = q.reshape(n, d.n_heads, hd)
+        if d.flags & FLAG_QK_NORM_HEAD:
+            q = rms_norm(q, self._t(Role.Q_NORM, layer), d.rms_norm_eps)
+        if d.kv_shared(layer):  # Gemma 4's KV sharing: the keys and values its source layer cached
+            k, v = self._kv[d.kv_source(layer)]
+        else:
+            k = self._proj(x, Role.WK, Role.BK, layer)
+            v = k if not d.present(Role.WV, layer) else self._proj(x, Role.WV, Role.BV, layer)  # FLAG_K_EQ_V
+            if d.flags & FLAG_QK_NORM_FULL:
+                k = rms_norm(k, self._t(Role.K_NORM, layer), d.rms_norm_eps)
+            k, v = k.reshape(n, kv_heads, hd), v.reshape(n, kv_heads, hd)
+            if d.flags & FLAG_QK_NORM_HEAD:
+                k = rms_norm(k, self._t(Role.K_NORM, layer), d.rms_norm_eps)
+            if d.flags & FLAG_V_NORM:
+                v = rms_norm(v, np.float32(1), d.rms_norm_eps)
+            if d.clip_qkv:  # after either kind of q/k norm, as the runtime (and OLMoE, the family that has it) does
+                k, v = (np.clip(t, -d.clip_qkv, d.clip_qkv) for t in (k, v))
+            k, v = self._cache(rope(k, cos, sin, pairs)), self._cache(v)
+            self._kv[layer] = (k, v)
+        if d.clip_qkv:
+            q = np.clip(q, -d.clip_qkv, d.clip_qkv)
+        q = rope(q, cos, sin, pairs)
         group = d.n_heads // kv_heads
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
         scores = np.einsum("qhd,khd->hqk", q, k) * np.float32(d.scale)

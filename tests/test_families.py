@@ -105,9 +105,15 @@ FAMILIES += [
      global_head_dim=12, attention_bias=True, hidden_size_per_layer_input=6, vocab_size_per_layer_input=45, layer_types=["sliding_attention", "full_attention"],
      rope_parameters=dict(sliding_attention=dict(rope_type="default", rope_theta=1000.0),
                           full_attention=dict(rope_type="proportional", partial_rotary_factor=0.5, rope_theta=1e5)))),
+    # the small dense models' path (E2B, E4B): no experts, per-layer inputs, the last layers sharing the KV cache
+    # of the last earlier layer of their kind, their MLP twice as wide
+    ("gemma4_dense_kv_shared", "Gemma4ForCausalLM", dict(GEMMA4, num_hidden_layers=4, enable_moe_block=False,
+     sliding_window=3, global_head_dim=16, hidden_size_per_layer_input=4, vocab_size_per_layer_input=45,
+     num_kv_shared_layers=2, use_double_wide_mlp=True,
+     layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])),
 ]
 WINDOWED = {"gpt_oss", "gpt_oss_full", "mixtral_window", "qwen2_window", "qwen2moe_window", "qwen3moe_window", "gemma4",
-            "gemma4_bias_ple"}
+            "gemma4_bias_ple", "gemma4_dense_kv_shared"}
 
 
 @pytest.fixture(scope="module")
@@ -134,11 +140,16 @@ def test_families_cover_the_variants(family_images):
     assert windows == {"gpt_oss": (4, (True, False, True)), "gpt_oss_full": (3, (False, True)),
                        "mixtral_window": (4, (True, True)), "qwen2_window": (3, (False, True, True)),
                        "qwen2moe_window": (5, (True, False, False)), "qwen3moe_window": (4, (True, True)),
-                       "gemma4": (4, (True, True, False)), "gemma4_bias_ple": (3, (True, False))}
+                       "gemma4": (4, (True, True, False)), "gemma4_bias_ple": (3, (True, False)),
+                       "gemma4_dense_kv_shared": (3, (True, False, True, False))}
     # Gemma 4's global layers have their own widths: the KV cache plan follows each layer's
     g = dims["gemma4"]
     assert [g.layer_kv_dim(layer) for layer in range(3)] == [2 * 8, 2 * 8, 1 * 16]
     assert g.kv_cache_elements() == 4 * 16 + 4 * 16 + 32 * 16
+    # KV sharing: the last two layers keep no cache and attend over layers 0's and 1's; their MLP is doubled
+    s = dims["gemma4_dense_kv_shared"]
+    assert [s.kv_source(layer) for layer in range(4)] == [0, 1, 0, 1] and s.kv_cache_elements() == 3 * 16 + 32 * 32
+    assert [s.layer_dense_ffn(layer) for layer in range(4)] == [24, 24, 48, 48] and s.n_experts == 0
     # a windowed layer's KV cache is a ring of the window: the plan holds W rows for it, not max_seq
     d = dims["qwen2_window"]
     assert [d.kv_rows(layer) for layer in range(3)] == [32, 3, 3]
@@ -309,7 +320,8 @@ def test_lean_cortex_m4_fits_16_kib(family_images, firmwares):
 
 
 GEMMA4_REFUSALS = [
-    ({"num_kv_shared_layers": 1}, "num_kv_shared_layers"),
+    ({"num_kv_shared_layers": 2}, "num_kv_shared_layers"),  # every layer: none computes keys and values
+    ({"num_kv_shared_layers": 1}, "num_kv_shared_layers"),  # the sharing layer is global, and no global one precedes it
     ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
     ({"hidden_activation": "gelu"}, "hidden_activation"),
     ({"vocab_size_per_layer_input": 30}, "vocab_size_per_layer_input"),

@@ -27,7 +27,8 @@ LLAMA_CPP_FILES = sorted(p.stem for p in FIXTURES.glob("*.gguf"))
 CONVERTED = [f for f in LLAMA_CPP_FILES if f.startswith("converted-")]
 NATIVE = {"F32", "F16", "BF16", "Q8_0", "Q4_0"}  # storage types an image holds as they are
 # (and Gemma 4: the llama.cpp on PyPI, 0.3.36, has no gemma4 in its converter or its runtime)
-NOT_IN_GGUF = {"deepseek_v3_halves", "deepseek_v2_groups_yarn", "gemma4", "gemma4_bias_ple"}
+NOT_IN_GGUF = {"deepseek_v3_halves", "deepseek_v2_groups_yarn", "gemma4", "gemma4_bias_ple",
+               "gemma4_dense_kv_shared"}
 
 
 @pytest.fixture(scope="module")

@@ -115,6 +115,12 @@ def make_seeds() -> None:
                        dtype=DType.Q4_0, mla=dict(global_head_dim=8, global_kv_heads=1, embed_scale=2.8,
                                                   logit_softcap=30.0, attn_scale=1.0, sliding_window=3,
                                                   window_layers=(True, False), ple_dim=4)),
+        # its dense models' path: a layer sharing an earlier one's KV cache, its MLP twice as wide
+        "gemma4-dense-shared": dict(flags=im.FLAG_QK_NORM_HEAD | im.FLAG_GEMMA4_LAYER | im.FLAG_GELU_TANH | im.FLAG_V_NORM
+                                    | im.FLAG_GLOBAL_ROPE | im.FLAG_DOUBLE_WIDE_MLP, moe=(False, False, False), dense=10,
+                                    experts=0, mla=dict(n_layers=3, global_head_dim=8, embed_scale=2.0, attn_scale=1.0,
+                                                        sliding_window=3, window_layers=(True, False, True), ple_dim=2,
+                                                        kv_shared_layers=1)),
     }
     out = FUZZ / "corpus" / "image"
     out.mkdir(parents=True, exist_ok=True)

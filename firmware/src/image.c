@@ -40,7 +40,7 @@ enum {
     H_WINDOW_LAYERS = 180, H_Q_LORA = 244, H_KV_LORA = 248, H_ROPE_DIM = 252, H_V_HEAD_DIM = 256, H_ATTN_SCALE = 260,
     H_N_GROUP = 264, H_TOPK_GROUP = 268, H_GROUP_TOP = 272, H_ROUTED_SCALE = 276, H_SWIGLU_ALPHA = 280,
     H_SWIGLU_LIMIT = 284, H_GLOBAL_HEAD_DIM = 288, H_GLOBAL_KV_HEADS = 292, H_EMBED_SCALE = 296, H_LOGIT_SOFTCAP = 300,
-    H_PLE_DIM = 304, H_RESERVED = 308
+    H_PLE_DIM = 304, H_KV_SHARED = 308, H_RESERVED = 312
 };
 /* Tensor table entry field offsets (docs/FORMAT.md, "Tensor table"). */
 enum {
@@ -191,12 +191,16 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
         d->embed_scale = rdf32(h + H_EMBED_SCALE);
         d->logit_softcap = rdf32(h + H_LOGIT_SOFTCAP);
         d->ple_dim = rd32(h + H_PLE_DIM);
+        const uint32_t shared = rd32(h + H_KV_SHARED);
         const int gemma = (d->flags & IMG_FLAG_GEMMA4_LAYER) != 0;
         if (!(d->embed_scale == 0.0f || scale_ok(d->embed_scale)) || !(d->logit_softcap == 0.0f || scale_ok(d->logit_softcap)) ||
-            (gemma && !d->dense_ffn) || (d->ple_dim && !gemma) || (uint64_t)d->n_layers * d->ple_dim > IMG_MAX_DIM)
+            (gemma && !d->dense_ffn) || ((d->ple_dim || shared) && !gemma) || ((d->flags & IMG_FLAG_DOUBLE_WIDE_MLP) && !shared) ||
+            (uint64_t)d->n_layers * d->ple_dim > IMG_MAX_DIM || shared >= d->n_layers || d->dense_ffn > IMG_MAX_DIM / 2)
             return COLIBRI_E_IMAGE_DIMS;
+        d->first_shared = d->n_layers - shared;
     }
-    d->ffn_max = d->ffn > d->dense_ffn ? d->ffn : d->dense_ffn;
+    const uint32_t dense_max = COLIBRI_LEAN || !(d->flags & IMG_FLAG_DOUBLE_WIDE_MLP) ? d->dense_ffn : 2 * d->dense_ffn;
+    d->ffn_max = d->ffn > dense_max ? d->ffn : dense_max;
     if (d->shared_ffn > d->ffn_max) d->ffn_max = d->shared_ffn;
     uint32_t in_max = d->dim > d->q_dim ? d->dim : d->q_dim; /* the longest row: every matrix's columns */
     if (d->ffn_max > in_max) in_max = d->ffn_max;
@@ -223,6 +227,8 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
         }
     }
     if (d->window ? (d->window > d->max_seq || !windowed) : windowed != 0) return COLIBRI_E_IMAGE_DIMS;
+    for (uint32_t l = COLIBRI_LEAN ? d->n_layers : d->first_shared; l < d->n_layers; l++)
+        if (kv_source(d, l) == l) return COLIBRI_E_IMAGE_DIMS; /* no earlier layer of its kind keeps a cache */
     return COLIBRI_OK;
 }
 
@@ -294,6 +300,7 @@ static void spec_for(const model_dims *d, uint32_t i, int moe, tensor_spec *s) {
     /* the layer's attention widths (Gemma 4's global layers have their own; MLA's WK, WV and their norms are absent) */
     const uint32_t hd = layer_head_dim(d, s->layer), q_dim = d->n_heads * hd, kv_dim = layer_kv_dim(d, s->layer);
     const int k_is_v = !COLIBRI_LEAN && (f & IMG_FLAG_K_EQ_V) && !layer_windowed(d, s->layer); /* no WV, no BV */
+    const int own_kv = !mla && !layer_kv_shared(d, s->layer); /* a KV-sharing layer has no k or v projection */
     const int dense = !moe || (!COLIBRI_LEAN && (f & IMG_FLAG_GEMMA4_LAYER)); /* Gemma 4's MoE layers have it too */
     uint32_t rows = 0, cols = 0, present = 1; /* cols 0: a vector (norm weights, biases) */
     switch (s->role) {
@@ -301,7 +308,7 @@ static void spec_for(const model_dims *d, uint32_t i, int moe, tensor_spec *s) {
     case ROLE_ROPE_COS: case ROLE_ROPE_SIN: rows = d->max_seq; cols = d->rope_dim / 2; break;
     case ROLE_ATTN_NORM: case ROLE_FFN_NORM: case ROLE_OUTPUT_NORM: rows = D; break;
     case ROLE_WQ: rows = q_dim; cols = D; present = !q_lora; break;
-    case ROLE_WK: case ROLE_WV: rows = kv_dim; cols = D; present = !mla && !(s->role == ROLE_WV && k_is_v); break;
+    case ROLE_WK: case ROLE_WV: rows = kv_dim; cols = D; present = own_kv && !(s->role == ROLE_WV && k_is_v); break;
     case ROLE_WO: rows = D; cols = mla ? d->o_dim : q_dim; break;
     case ROLE_WQ_A: case ROLE_Q_A_NORM: case ROLE_WQ_B: case ROLE_WKV_A: case ROLE_KV_A_NORM: case ROLE_WK_B:
     case ROLE_WV_B: case ROLE_SINKS: case ROLE_ROUTER_BIAS: case ROLE_EXPERT_GATE_BIAS: case ROLE_EXPERT_UP_BIAS:
@@ -312,12 +319,12 @@ static void spec_for(const model_dims *d, uint32_t i, int moe, tensor_spec *s) {
         present = !COLIBRI_LEAN && newer_shape(d, s->role, moe, &rows, &cols);
         break;
     case ROLE_BQ: rows = q_dim; present = (f & IMG_FLAG_QKV_BIAS) != 0; break;
-    case ROLE_BK: case ROLE_BV: rows = kv_dim; present = (f & IMG_FLAG_QKV_BIAS) && !(s->role == ROLE_BV && k_is_v); break;
+    case ROLE_BK: case ROLE_BV: rows = kv_dim; present = (f & IMG_FLAG_QKV_BIAS) && own_kv && !(s->role == ROLE_BV && k_is_v); break;
     case ROLE_BO: rows = D; present = (f & IMG_FLAG_O_BIAS) != 0; break;
     case ROLE_Q_NORM: rows = head_norm ? hd : q_dim; present = qk_norm; break;
-    case ROLE_K_NORM: rows = head_norm ? hd : kv_dim; present = qk_norm; break;
-    case ROLE_DENSE_GATE: case ROLE_DENSE_UP: rows = d->dense_ffn; cols = D; present = dense; break;
-    case ROLE_DENSE_DOWN: rows = D; cols = d->dense_ffn; present = dense; break;
+    case ROLE_K_NORM: rows = head_norm ? hd : kv_dim; present = qk_norm && !layer_kv_shared(d, s->layer); break;
+    case ROLE_DENSE_GATE: case ROLE_DENSE_UP: rows = layer_dense_ffn(d, s->layer); cols = D; present = dense; break;
+    case ROLE_DENSE_DOWN: rows = D; cols = layer_dense_ffn(d, s->layer); present = dense; break;
     case ROLE_ROUTER: rows = d->n_experts; cols = D; present = moe; break;
     case ROLE_SHARED_GATE: case ROLE_SHARED_UP: rows = d->shared_ffn; cols = D; present = shared; break;
     case ROLE_SHARED_DOWN: rows = D; cols = d->shared_ffn; present = shared; break;

@@ -31,7 +31,8 @@
 #define IMG_FLAG_V_NORM (1u << 15)     /* RMSNorm without weights on each head of v */
 #define IMG_FLAG_K_EQ_V (1u << 16)     /* global layers' values are their keys' projection (no WV) */
 #define IMG_FLAG_GLOBAL_ROPE (1u << 17) /* global layers rotate with GLOBAL_ROPE_COS/SIN */
-#define IMG_KNOWN_FLAGS 0x3FFFFu
+#define IMG_FLAG_DOUBLE_WIDE_MLP (1u << 18) /* the KV-sharing layers' dense MLP is 2 * dense_ffn wide */
+#define IMG_KNOWN_FLAGS 0x7FFFFu
 #define IMG_LEAN_FLAGS 0x13Fu /* the lean build's (COLIBRI_LEAN): bits 0-5 and SHARED_PLAIN */
 #define IMG_NO_INDEX 0xFFFFFFFFu
 #define IMG_MAX_DIM (1u << 24) /* any single dimension; keeps every product of two in 64 bits */
@@ -94,6 +95,7 @@ typedef struct {
     uint32_t global_head_dim, global_kv_heads;
     float embed_scale, logit_softcap;               /* 0: none */
     uint32_t ple_dim;                               /* Gemma 4's per-layer inputs: P per layer and token (0: none) */
+    uint32_t first_shared;                          /* Gemma 4: layers from it on share an earlier layer's KV cache */
     uint32_t q_dim, kv_dim, ffn_max;                /* the widest of any layer; kv_dim: a K cache row */
     uint32_t att_dim, val_dim, o_dim;               /* per head: what attention dots and sums (the widest); Wo's input */
     uint32_t in_blocks;             /* blocks of QBLOCK in the longest matvec input (for the quantized x) */
@@ -121,9 +123,24 @@ static inline uint32_t layer_head_dim(const model_dims *d, uint32_t layer) {
 static inline uint32_t layer_kv_heads(const model_dims *d, uint32_t layer) {
     return !COLIBRI_LEAN && !layer_windowed(d, layer) ? d->global_kv_heads : d->n_kv_heads;
 }
-/* One position's K (and V) cache row in a layer: MLA's latent and rope key, or its KV heads. */
+/* Whether a layer shares an earlier layer's KV cache (Gemma 4's num_kv_shared_layers): it computes no k or v. */
+static inline int layer_kv_shared(const model_dims *d, uint32_t layer) { return !COLIBRI_LEAN && layer >= d->first_shared; }
+/* The layer whose KV cache `layer` attends over: itself, or for a sharing layer the last layer before the sharing
+ * ones of the same kind, windowed or not (the verifier checks there is one). */
+static inline uint32_t kv_source(const model_dims *d, uint32_t layer) {
+    if (!layer_kv_shared(d, layer)) return layer;
+    for (uint32_t l = d->first_shared; l-- > 0;)
+        if (layer_windowed(d, l) == layer_windowed(d, layer)) return l;
+    return layer;
+}
+/* One position's K (and V) cache row in a layer: MLA's latent and rope key, or its KV heads; none when it shares. */
 static inline uint32_t layer_kv_dim(const model_dims *d, uint32_t layer) {
+    if (layer_kv_shared(d, layer)) return 0;
     return !COLIBRI_LEAN && d->kv_lora ? d->kv_dim : layer_kv_heads(d, layer) * layer_head_dim(d, layer);
+}
+/* A layer's dense MLP width: Gemma 4's KV-sharing layers may have it doubled. */
+static inline uint32_t layer_dense_ffn(const model_dims *d, uint32_t layer) {
+    return d->dense_ffn << (!COLIBRI_LEAN && (d->flags & IMG_FLAG_DOUBLE_WIDE_MLP) && layer_kv_shared(d, layer));
 }
 
 /* ---- the work arena (mirrors arena_plan() in colibri/image.py) ---- */

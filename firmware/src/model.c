@@ -331,17 +331,18 @@ static size_t kv_layer_base(const model_dims *d, uint32_t layer) {
     return at;
 }
 
-/* softmax(q K^T * scale) V for every head of the token at position pos, over the positions its layer's
- * cache still holds, oldest first (with a sliding window the ring's oldest row comes first). Head h's
- * query (att_dim wide, at q_all + h * att_dim) meets its KV head's key rows; its output is val_dim wide.
- * MLA has one KV head whose key row starts with the latent, and the latent is the value (no V cache). */
-static void attend_heads(colibri_ctx *c, uint32_t layer, size_t layer_base, uint32_t pos, const float *q_all,
-                         float *out_all) {
+/* softmax(q K^T * scale) V for every head of layer's token at position pos, over the positions the cache of
+ * `cache` (the layer itself, or the one whose cache it shares) still holds, oldest first (with a sliding window
+ * the ring's oldest row comes first); that cache starts at layer_base. Head h's query (att_dim wide, at q_all +
+ * h * att_dim) meets its KV head's key rows; its output is val_dim wide. MLA has one KV head whose key row
+ * starts with the latent, and the latent is the value (no V cache). */
+static void attend_heads(colibri_ctx *c, uint32_t layer, uint32_t cache, size_t layer_base, uint32_t pos,
+                         const float *q_all, float *out_all) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
     const int mla = !COLIBRI_LEAN && d->kv_lora;
-    const uint32_t kd = mla ? d->att_dim : layer_head_dim(d, layer), vd = mla ? d->val_dim : kd;
-    const uint32_t group = d->n_heads / layer_kv_heads(d, layer), rows = kv_rows(d, layer), row_dim = layer_kv_dim(d, layer);
+    const uint32_t kd = mla ? d->att_dim : layer_head_dim(d, cache), vd = mla ? d->val_dim : kd;
+    const uint32_t group = d->n_heads / layer_kv_heads(d, cache), rows = kv_rows(d, cache), row_dim = layer_kv_dim(d, cache);
     const uint32_t first = pos >= rows ? pos - rows + 1 : 0, seen = pos - first + 1, first_row = first % rows;
     const void *values = mla ? a->k_cache : a->v_cache;
     const float *sinks = !COLIBRI_LEAN && (d->flags & IMG_FLAG_ATTN_SINKS) ? layer_w(c, layer, ROLE_SINKS) : 0;
@@ -391,39 +392,42 @@ static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint3
     const model_dims *d = &c->d;
     const uint32_t n = tb->n, hd = layer_head_dim(d, layer), kv_heads = layer_kv_heads(d, layer);
     const uint32_t q_dim = d->n_heads * hd, kv_dim = kv_heads * hd, pairs = !COLIBRI_LEAN && (d->flags & IMG_FLAG_ROPE_PAIRS);
-    const int k_is_v = !COLIBRI_LEAN && !present(c, layer_index(c, layer, ROLE_WV)); /* Gemma 4's attention_k_eq_v */
+    /* Gemma 4: a layer sharing an earlier one's KV cache computes only q; attention_k_eq_v: v is k's projection */
+    const uint32_t cache = kv_source(d, layer), shared = cache != layer;
+    const int k_is_v = !COLIBRI_LEAN && !shared && !present(c, layer_index(c, layer, ROLE_WV));
     weight wq = matrix(c, layer_index(c, layer, ROLE_WQ)), wk = matrix(c, layer_index(c, layer, ROLE_WK)),
            wv = matrix(c, layer_index(c, layer, ROLE_WV));
-    rows_work qkv = { .n_tok = n, .n = k_is_v ? 2 : 3, .x = tb->xn, .x_stride = d->dim, .out = { tb->q, tb->k, tb->v },
-                      .out_stride = { q_dim, kv_dim, kv_dim }, .w = { wq, wk, wv } };
+    rows_work qkv = { .n_tok = n, .n = shared ? 1 : k_is_v ? 2 : 3, .x = tb->xn, .x_stride = d->dim,
+                      .out = { tb->q, tb->k, tb->v }, .out_stride = { q_dim, kv_dim, kv_dim }, .w = { wq, wk, wv } };
     run_rows(c, tb, &qkv);
     add_bias(c, tb->q, q_dim, n, layer, ROLE_BQ);
     add_bias(c, tb->k, kv_dim, n, layer, ROLE_BK);
     add_bias(c, tb->v, kv_dim, n, layer, ROLE_BV);
     if (k_is_v)
         for (size_t i = 0; i < (size_t)n * kv_dim; i++) tb->v[i] = tb->k[i];
-    const size_t layer_base = kv_layer_base(d, layer);
+    const size_t layer_base = kv_layer_base(d, cache);
+    const int qk_norms = (d->flags & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) != 0;
     for (uint32_t t = 0; t < n; t++) {
         const uint32_t pos = c->pos + t;
         float *q = tb->q + (size_t)t * q_dim, *k = tb->k + (size_t)t * kv_dim, *v = tb->v + (size_t)t * kv_dim;
-        if (d->flags & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) {
-            qk_norm(c, q, d->n_heads, hd, layer_w(c, layer, ROLE_Q_NORM));
-            qk_norm(c, k, kv_heads, hd, layer_w(c, layer, ROLE_K_NORM));
-        }
-        if (!COLIBRI_LEAN && (d->flags & IMG_FLAG_V_NORM)) qk_norm(c, v, kv_heads, hd, 0);
-        if (d->clip_qkv > 0.0f) {
-            clip(q, q_dim, d->clip_qkv);
-            clip(k, kv_dim, d->clip_qkv);
-            clip(v, kv_dim, d->clip_qkv);
-        }
         const float *cos, *sin;
         rope_rows(c, layer, pos, &cos, &sin);
+        if (qk_norms) qk_norm(c, q, d->n_heads, hd, layer_w(c, layer, ROLE_Q_NORM));
+        if (d->clip_qkv > 0.0f) clip(q, q_dim, d->clip_qkv);
         rope(q, d->n_heads, hd, hd, pairs, cos, sin);
-        rope(k, kv_heads, hd, hd, pairs, cos, sin);
-        const size_t row = layer_base + (size_t)(pos % kv_rows(d, layer)) * kv_dim;
-        kv_store(c, c->a.k_cache, row, k, kv_dim);
-        kv_store(c, c->a.v_cache, row, v, kv_dim);
-        attend_heads(c, layer, layer_base, pos, q, tb->attn_out + (size_t)t * q_dim);
+        if (!shared) { /* this position's k and v into the layer's cache */
+            if (qk_norms) qk_norm(c, k, kv_heads, hd, layer_w(c, layer, ROLE_K_NORM));
+            if (!COLIBRI_LEAN && (d->flags & IMG_FLAG_V_NORM)) qk_norm(c, v, kv_heads, hd, 0);
+            if (d->clip_qkv > 0.0f) {
+                clip(k, kv_dim, d->clip_qkv);
+                clip(v, kv_dim, d->clip_qkv);
+            }
+            rope(k, kv_heads, hd, hd, pairs, cos, sin);
+            const size_t row = layer_base + (size_t)(pos % kv_rows(d, layer)) * kv_dim;
+            kv_store(c, c->a.k_cache, row, k, kv_dim);
+            kv_store(c, c->a.v_cache, row, v, kv_dim);
+        }
+        attend_heads(c, layer, cache, layer_base, pos, q, tb->attn_out + (size_t)t * q_dim);
     }
     return tb->attn_out;
 }
@@ -477,7 +481,7 @@ static const float *attention_mla(colibri_ctx *c, const token_buffers *tb, uint3
         for (uint32_t h = 0; h < H; h++)
             for (uint32_t i = 0; i < rope_dim; i++) q_att[(size_t)h * kd + lat + i] = q[(size_t)h * hd + nope + i];
         kv_store(c, c->a.k_cache, layer_base + (size_t)(pos % kv_rows(d, layer)) * d->kv_dim, k, d->kv_dim);
-        attend_heads(c, layer, layer_base, pos, q_att, tb->attn_out + (size_t)t * H * lat);
+        attend_heads(c, layer, layer, layer_base, pos, q_att, tb->attn_out + (size_t)t * H * lat);
     }
     weight wv_b = matrix(c, layer_index(c, layer, ROLE_WV_B));
     per_head(c, tb, &wv_b, d->v_head_dim, tb->attn_out, lat, H * lat, tb->o_in, d->v_head_dim, d->o_dim);
