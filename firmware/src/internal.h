@@ -307,11 +307,17 @@ static inline float f32_from_bits(uint32_t u) {
     return v.f;
 }
 static inline float f16_to_f32(uint16_t h) {
+#if defined(__ARM_FP16_FORMAT_IEEE) && defined(__ARM_FP) && (__ARM_FP & 2)
+    /* the FPU's VCVTB.F32.F16 (Cortex-M4 and M55: -mfp16-format=ieee): exact, so the same bits as below */
+    union { uint16_t u; __fp16 f; } half = { h };
+    return (float)half.f;
+#else
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7FFFu;
     if (em >= 0x7C00u) return f32_from_bits(sign | 0x7F800000u | (em & 0x3FFu) << 13); /* inf, NaN */
     if (em >= 0x0400u) return f32_from_bits(sign | (em + 0x1C000u) << 13);            /* normal: rebias 15 -> 127 */
     float v = (float)em * 5.9604644775390625e-08f;                                    /* subnormal: em * 2^-24, exact */
     return sign ? -v : v;
+#endif
 }
 static inline float bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
 /* Q8_0 of n floats into ceil(n / QBLOCK) blocks (the last zero-padded), with each block's value sum:
