@@ -209,7 +209,7 @@ class Reference:
         embedding x through PLE_MODEL_PROJ times D^-1/2, normed per layer; their sum times 2^-1/2."""
         d, P = self.d, self.d.ple_dim
         n = x.shape[0]
-        token = self.img.tensor(Role.PLE_EMBD)[tokens] * np.sqrt(np.float32(P))
+        token = self._t(Role.PLE_EMBD)[tokens] * np.sqrt(np.float32(P))
         context = self.linear(x, Role.PLE_MODEL_PROJ) * (np.float32(1) / np.sqrt(np.float32(d.hidden_size)))
         context = rms_norm(context.reshape(n, d.n_layers, P), self._t(Role.PLE_PROJ_NORM), d.rms_norm_eps)
         return (context + token.reshape(n, d.n_layers, P)) * np.float32(2 ** -0.5)
