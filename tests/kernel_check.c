@@ -19,6 +19,12 @@ static int8_t w8[2 * MAX_BLOCKS * QBLOCK], xq[2 * MAX_BLOCKS * QBLOCK];
 static uint8_t w4[2 * MAX_BLOCKS * QBLOCK / 2];
 static float xq_scale[2 * MAX_BLOCKS];
 static int32_t xq_sum[2 * MAX_BLOCKS];
+/* quantize_q8_0's outputs, the kernel set's and the scalar one's */
+static int8_t qa[MAX_BLOCKS * QBLOCK], qb[MAX_BLOCKS * QBLOCK];
+static float sa[MAX_BLOCKS], sb[MAX_BLOCKS];
+static int32_t suma[MAX_BLOCKS], sumb[MAX_BLOCKS];
+/* swiglu's gate vector, the kernel set's copy and the scalar one's */
+static float ga[MAX_N], gb[MAX_N];
 
 static uint64_t rng = 0x9E3779B97F4A7C15u;
 static uint32_t next(void) { /* xorshift64* */
@@ -77,12 +83,33 @@ static const float *ref_tile_half(float (*dot)(const uint16_t *, const float *, 
     return want;
 }
 
-static void fill(uint32_t n, uint32_t blocks) {
+/* The scalar rows of w8 (or w4) times x0 and x1 in a tile's order: { row0.x0, row0.x1, row1.x0, row1.x1 }. */
+static const float *ref_tile_quant(const kernel_set *ref, int q4, const q8_vector *x0, const q8_vector *x1,
+                                   uint32_t blocks, float want[4]) {
+    float r0[2], r1[2];
+    if (q4) {
+        ref->rows_q4_0(w4, scales, x0, blocks, 2, r0);
+        ref->rows_q4_0(w4, scales, x1, blocks, 2, r1);
+    } else {
+        ref->rows_q8_0(w8, scales, x0, blocks, 2, r0);
+        ref->rows_q8_0(w8, scales, x1, blocks, 2, r1);
+    }
+    want[0] = r0[0];
+    want[1] = r1[0];
+    want[2] = r0[1];
+    want[3] = r1[1];
+    return want;
+}
+
+/* tiny: magnitudes whose products (and the quantized dots' block terms) are subnormal, which Helium
+ * flushes to zero and the other boards keep: the kernels must still give the scalar bits. */
+static void fill(uint32_t n, uint32_t blocks, int tiny) {
+    const float scale = tiny ? 1e-20f : 1.0f;
     n *= 2; /* two rows, two vectors */
     blocks *= 2;
     for (uint32_t i = 0; i < n; i++) {
-        w32[i] = uniform();
-        x32[i] = uniform() * 4.0f;
+        w32[i] = uniform() * scale;
+        x32[i] = uniform() * 4.0f * scale;
         /* f16 / bf16 bit patterns of every finite kind, subnormals included (no inf/NaN: they make
          * 0 * inf comparisons meaningless) */
         uint16_t h = (uint16_t)next();
@@ -96,10 +123,49 @@ static void fill(uint32_t n, uint32_t blocks) {
     for (uint32_t i = 0; i < blocks * QBLOCK / 2; i++) w4[i] = (uint8_t)next();
     for (uint32_t b = 0; b < blocks; b++) {
         scales[b] = f32_to_f16(uniform() * 0.05f);
-        xq_scale[b] = uniform() * 0.03f;
+        xq_scale[b] = uniform() * 0.03f * scale * scale;
         xq_sum[b] = 0;
         for (uint32_t i = 0; i < QBLOCK; i++) xq_sum[b] += xq[b * QBLOCK + i];
     }
+}
+
+/* The kernel set's quantize_q8_0 against the scalar one on x32: values, scales and sums bit for bit. Some
+ * cases get a NaN, an infinity, subnormal values (which Helium flushes) or an all-zero block. */
+static void check_quantize(const kernel_set *fast, const kernel_set *ref, uint32_t c, uint32_t n, uint32_t blocks) {
+    if (c % 8 == 5) {
+        x32[next() % n] = 0.0f / 0.0f;
+        x32[next() % n] = -1.0f / 0.0f;
+    }
+    if (c % 8 == 6)
+        for (uint32_t i = 0; i < n; i++) x32[i] *= 1e-39f; /* subnormal, and 0 where the product underflows */
+    if (c % 8 == 7)
+        for (uint32_t i = 0; i < n && i < QBLOCK; i++) x32[i] = 0.0f;
+    fast->quantize_q8_0(qa, sa, suma, x32, n);
+    ref->quantize_q8_0(qb, sb, sumb, x32, n);
+    uint32_t bad = 0;
+    for (uint32_t i = 0; i < blocks * QBLOCK; i++) bad |= qa[i] != qb[i];
+    for (uint32_t b = 0; b < blocks; b++) bad |= bits(sa[b]) != bits(sb[b]) || suma[b] != sumb[b];
+    check("quantize_q8_0", n, bad ? 1.0f : 0.0f, 0.0f);
+}
+
+/* The kernel set's swiglu against the scalar one, in place on copies of a gate vector (times w32): gates
+ * within +-8 or +-120 (beyond the exponential's fast range both ways), or on its edges, with a NaN and
+ * infinities in some cases. */
+static void check_swiglu(const kernel_set *fast, const kernel_set *ref, uint32_t c, uint32_t n) {
+    static const float edges[] = { 87.0f, -87.0f, 88.0f, -88.0f, 87.5f, -87.00001f, 88.00001f, 1e-40f, -0.0f };
+    const float span = c % 3 == 0 ? 120.0f : 8.0f;
+    for (uint32_t i = 0; i < n; i++) ga[i] = c % 5 == 4 ? edges[next() % 9] : uniform() * span;
+    if (c % 7 == 6) {
+        ga[next() % n] = 0.0f / 0.0f;
+        ga[next() % n] = 1.0f / 0.0f;
+        ga[next() % n] = -1.0f / 0.0f;
+    }
+    for (uint32_t i = 0; i < n; i++) gb[i] = ga[i];
+    fast->swiglu(ga, w32, n);
+    ref->swiglu(gb, w32, n);
+    uint32_t bad = 0;
+    for (uint32_t i = 0; i < n; i++) bad |= bits(ga[i]) != bits(gb[i]);
+    check("swiglu", n, bad ? 1.0f : 0.0f, 0.0f);
 }
 
 static void say_hex64(uint64_t v) { /* hex: 64-bit division would pull libgcc into 32-bit boards */
@@ -138,15 +204,21 @@ int link_serve(const board_io *io) {
     for (uint32_t c = 0; c < CASES; c++) {
         /* small lengths often (every tail), large ones sometimes (the main loops) */
         uint32_t n = c < 80 ? c + 1 : 1 + next() % MAX_N, blocks = (n + QBLOCK - 1) / QBLOCK;
-        fill(n, blocks);
+        fill(n, blocks, c % 4 == 3);
         check("dot_f32", n, fast->dot_f32(w32, x32, n), ref->dot_f32(w32, x32, n));
         check("dot_f16", n, fast->dot_f16(w16, x32, n), ref->dot_f16(w16, x32, n));
         const q8_vector xv = { xq, xq_scale, xq_sum },
                         xv1 = { xq + blocks * QBLOCK, xq_scale + blocks, xq_sum + blocks };
-        check("dot_q8_0", blocks, fast->dot_q8_0(w8, scales, &xv, blocks), ref->dot_q8_0(w8, scales, &xv, blocks));
-        check("dot_q4_0", blocks, fast->dot_q4_0(w4, scales, &xv, blocks), ref->dot_q4_0(w4, scales, &xv, blocks));
+        float got[2], want[4], tile[4];
+        fast->rows_q8_0(w8, scales, &xv, blocks, 2, got); /* both rows: the second starts where the first ends */
+        ref->rows_q8_0(w8, scales, &xv, blocks, 2, want);
+        check("rows_q8_0", blocks, got[0], want[0]);
+        check("rows_q8_0", blocks, got[1], want[1]);
+        fast->rows_q4_0(w4, scales, &xv, blocks, 2, got);
+        ref->rows_q4_0(w4, scales, &xv, blocks, 2, want);
+        check("rows_q4_0", blocks, got[0], want[0]);
+        check("rows_q4_0", blocks, got[1], want[1]);
         cases += 4;
-        float tile[4], want[4];
         if (fast->tile_f32) {
             fast->tile_f32(w32, x32, x32 + n, n, tile);
             check_tile("tile_f32", n, tile, ref_tile_float(ref->dot_f32, w32, x32, n, want));
@@ -157,19 +229,11 @@ int link_serve(const board_io *io) {
         }
         if (fast->tile_q8_0) {
             fast->tile_q8_0(w8, scales, &xv, &xv1, blocks, tile);
-            want[0] = ref->dot_q8_0(w8, scales, &xv, blocks);
-            want[1] = ref->dot_q8_0(w8, scales, &xv1, blocks);
-            want[2] = ref->dot_q8_0(w8 + blocks * QBLOCK, scales + blocks, &xv, blocks);
-            want[3] = ref->dot_q8_0(w8 + blocks * QBLOCK, scales + blocks, &xv1, blocks);
-            check_tile("tile_q8_0", blocks, tile, want);
+            check_tile("tile_q8_0", blocks, tile, ref_tile_quant(ref, 0, &xv, &xv1, blocks, want));
         }
         if (fast->tile_q4_0) {
             fast->tile_q4_0(w4, scales, &xv, &xv1, blocks, tile);
-            want[0] = ref->dot_q4_0(w4, scales, &xv, blocks);
-            want[1] = ref->dot_q4_0(w4, scales, &xv1, blocks);
-            want[2] = ref->dot_q4_0(w4 + blocks * QBLOCK / 2, scales + blocks, &xv, blocks);
-            want[3] = ref->dot_q4_0(w4 + blocks * QBLOCK / 2, scales + blocks, &xv1, blocks);
-            check_tile("tile_q4_0", blocks, tile, want);
+            check_tile("tile_q4_0", blocks, tile, ref_tile_quant(ref, 1, &xv, &xv1, blocks, want));
         }
         for (uint32_t i = 0; i < 2 * n; i++) w16[i] &= 0xC7FFu; /* bf16 magnitudes below 2^8: finite products */
         check("dot_bf16", n, fast->dot_bf16(w16, x32, n), ref->dot_bf16(w16, x32, n));
@@ -178,6 +242,9 @@ int link_serve(const board_io *io) {
             fast->tile_bf16(w16, x32, x32 + n, n, tile);
             check_tile("tile_bf16", n, tile, ref_tile_half(ref->dot_bf16, w16, x32, n, want));
         }
+        check_quantize(fast, ref, c, n, blocks);
+        check_swiglu(fast, ref, c, n);
+        cases += 2;
     }
     say("kernel_check: ");
     say_u32(cases);

@@ -68,28 +68,28 @@ static double triad(size_t bytes, int threads) {
     return t[REPEATS / 2];
 }
 
-/* the median of REPEATS timed runs of rows dot products */
+/* the median of REPEATS timed runs of w x (rows of COLS weights; out holds one result per row) */
 static double time_matvec(const kernel_set *k, uint32_t dtype, const void *w, const uint16_t *scales, uint32_t rows,
-                          const float *x, const q8_vector *xq) {
+                          const float *x, const q8_vector *xq, float *out) {
     const uint32_t blocks = COLS / QBLOCK;
     double t[REPEATS];
     for (int r = 0; r < REPEATS; r++) {
-        float acc = 0.0f;
         double t0 = now();
-        for (uint32_t i = 0; i < rows; i++) {
-            switch (dtype) {
-            case DTYPE_F32: acc += k->dot_f32((const float *)w + (size_t)i * COLS, x, COLS); break;
-            case DTYPE_F16: acc += k->dot_f16((const uint16_t *)w + (size_t)i * COLS, x, COLS); break;
-            case DTYPE_BF16: acc += k->dot_bf16((const uint16_t *)w + (size_t)i * COLS, x, COLS); break;
-            case DTYPE_Q8_0:
-                acc += k->dot_q8_0((const int8_t *)w + (size_t)i * COLS, scales + (size_t)i * blocks, xq, blocks);
-                break;
-            default:
-                acc += k->dot_q4_0((const uint8_t *)w + (size_t)i * COLS / 2, scales + (size_t)i * blocks, xq, blocks);
-            }
+        switch (dtype) {
+        case DTYPE_F32:
+            for (uint32_t i = 0; i < rows; i++) out[i] = k->dot_f32((const float *)w + (size_t)i * COLS, x, COLS);
+            break;
+        case DTYPE_F16:
+            for (uint32_t i = 0; i < rows; i++) out[i] = k->dot_f16((const uint16_t *)w + (size_t)i * COLS, x, COLS);
+            break;
+        case DTYPE_BF16:
+            for (uint32_t i = 0; i < rows; i++) out[i] = k->dot_bf16((const uint16_t *)w + (size_t)i * COLS, x, COLS);
+            break;
+        case DTYPE_Q8_0: k->rows_q8_0(w, scales, xq, blocks, rows, out); break;
+        default: k->rows_q4_0(w, scales, xq, blocks, rows, out);
         }
         t[r] = now() - t0;
-        sink = acc;
+        sink = out[rows - 1];
     }
     qsort(t, REPEATS, sizeof t[0], cmp);
     return t[REPEATS / 2];
@@ -109,10 +109,11 @@ int main(int argc, char **argv) {
     int32_t *xq_sum = malloc(COLS / QBLOCK * sizeof(int32_t));
     uint8_t *w = malloc(budget);
     uint16_t *scales = malloc(budget / 16);
-    if (!x || !xq || !xq_scale || !xq_sum || !w || !scales) return 1;
+    float *out = malloc(budget / COLS * sizeof(float)); /* one per row: the scales cap every dtype at budget / COLS rows */
+    if (!x || !xq || !xq_scale || !xq_sum || !w || !scales || !out) return 1;
     srand(1);
     for (uint32_t i = 0; i < COLS; i++) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
-    quantize_q8_0(xq, xq_scale, xq_sum, x, COLS);
+    quantize_q8_0_scalar(xq, xq_scale, xq_sum, x, COLS);
     const q8_vector xv = { xq, xq_scale, xq_sum };
     for (size_t i = 0; i < budget; i++) w[i] = (uint8_t)(rand() & 0x3F); /* finite f16/bf16 patterns */
     for (size_t i = 0; i < budget / 32; i++) scales[i] = 0x2000;
@@ -126,7 +127,7 @@ int main(int argc, char **argv) {
         double bytes = bytes_per_weight[dtype] * COLS * (double)rows;
         for (int s = 0; s < 2; s++) {
             if (s == 1 && sets[1] == sets[0]) break;
-            double sec = time_matvec(sets[s], dtype, w, scales, rows, x, &xv);
+            double sec = time_matvec(sets[s], dtype, w, scales, rows, x, &xv, out);
             printf("{\"what\": \"matvec %s\", \"kernels\": \"%s\", \"gbps\": %.3f, \"seconds\": %.5f, \"rows\": %u, \"cols\": %u}\n",
                    names[dtype], sets[s]->name, bytes / sec / 1e9, sec, rows, COLS);
             fflush(stdout);

@@ -241,15 +241,23 @@ typedef struct {
 } q8_vector;
 
 /* The dot-product kernels of one instruction set. Every entry gives the same bits as the scalar
- * one (docs/KERNELS.md: the fixed summation order). w is one row; x is f32, or for the quantized
- * dtypes x quantized to Q8_0 (xq, one f32 scale per block). */
+ * one (docs/KERNELS.md: the fixed summation order). For the float dtypes w is one row and x is f32; the
+ * quantized dtypes take `rows` consecutive rows of a matrix (row i's blocks right after row i - 1's, its
+ * scales likewise) times x quantized to Q8_0 (xq, one f32 scale per block), out[i] = row i . x: a small
+ * model's rows are two or three blocks long, and one call per row cost as much as the blocks. */
 typedef struct {
     const char *name;
     float (*dot_f32)(const float *w, const float *x, uint32_t n);
     float (*dot_f16)(const uint16_t *w, const float *x, uint32_t n);
     float (*dot_bf16)(const uint16_t *w, const float *x, uint32_t n);
-    float (*dot_q8_0)(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks);
-    float (*dot_q4_0)(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks);
+    void (*rows_q8_0)(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                      float *out);
+    void (*rows_q4_0)(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                      float *out);
+    /* x (n floats) quantized to Q8_0 as quantize_q8_0_scalar does, bit for bit */
+    void (*quantize_q8_0)(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n);
+    /* SwiGLU in place: g[i] = g[i] / (1 + colibri_expf(-g[i])) * u[i], as swiglu_scalar computes it */
+    void (*swiglu)(float *g, const float *u, uint32_t n);
     /* Optional tiles for a prefill batch (NULL: the runtime makes four dots): two adjacent rows (the
      * second starts where the first ends, its scales likewise) times two vectors, out = { row0.x0,
      * row0.x1, row1.x0, row1.x1 }, each the same bits as the dot above. Each weight is loaded once for
@@ -320,9 +328,10 @@ static inline float f16_to_f32(uint16_t h) {
 #endif
 }
 static inline float bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
-/* Q8_0 of n floats into ceil(n / QBLOCK) blocks (the last zero-padded), with each block's value sum:
- * the activation side of the quantized dot products. Scalar on every board, so the quantized x is the same everywhere. */
-void quantize_q8_0(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n);
+/* Q8_0 of n floats into ceil(n / QBLOCK) blocks (the last zero-padded), with each block's value sum: the
+ * activation side of the quantized dot products; the reference for every kernel set's quantize_q8_0. */
+void quantize_q8_0_scalar(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n);
+void swiglu_scalar(float *g, const float *u, uint32_t n);
 /* Row `row` of w as floats (the embedding lookup). */
 void weight_row(float *out, const weight *w, uint32_t row);
 extern const kernel_set kernels_scalar;
@@ -333,30 +342,35 @@ const kernel_set *kernels_select(void);
 float dot_f32_scalar(const float *w, const float *x, uint32_t n);
 float dot_f16_scalar(const uint16_t *w, const float *x, uint32_t n);
 float dot_bf16_scalar(const uint16_t *w, const float *x, uint32_t n);
-float dot_q8_0_scalar(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks);
-float dot_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks);
-/* Accumulators start at +0. A loop, not `= { 0 }`: that becomes a memset call, which on bare metal is a
- * byte loop (the runtime is built with -fno-tree-loop-distribute-patterns, so this stays stores). */
-static inline void zero_lanes(float *acc, int n) {
-    for (int i = 0; i < n; i++) acc[i] = 0.0f;
-}
 /* GCC's and Clang's spellings, and MSVC's beside them (docs/BOARDS.md, "With MSVC"). The square root is
  * the instruction (sqrtss, vsqrt.f32, fsqrt.s): correctly rounded everywhere, no libm. */
 #if defined(__GNUC__) || defined(__clang__)
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define SQRTF(x) __builtin_sqrtf(x)
+#if defined(__OPTIMIZE_SIZE__)
+#define UNROLLED /* -Os (the Cortex-M4): the loop is smaller */
+#else
+#define UNROLLED _Pragma("GCC unroll 16") /* a short loop written once, unrolled even where GCC would not */
+#endif
 #else
 #include <xmmintrin.h>
 #define ALWAYS_INLINE static __forceinline
 #define SQRTF(x) _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(x)))
+#define UNROLLED
 #endif
+
+/* Accumulators start at +0. A loop, not `= { 0 }`: that becomes a memset call, which on bare metal is a
+ * byte loop (the runtime is built with -fno-tree-loop-distribute-patterns, so this stays stores). */
+static inline void zero_lanes8(float *acc) {
+    UNROLLED for (int i = 0; i < 8; i++) acc[i] = 0.0f;
+}
 
 /* The fixed reduction trees every kernel ends with (docs/KERNELS.md): acc[i] + acc[i+4], then
  * + [i+2], then + [i+1] over 8 lanes; 16 lanes first fold acc[i] + acc[i+8]. Inline: every row ends here. */
 static inline float sum_lanes8(const float acc[8]) {
     float s4[4], s2[2];
-    for (int i = 0; i < 4; i++) s4[i] = acc[i] + acc[i + 4];
-    for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
+    UNROLLED for (int i = 0; i < 4; i++) s4[i] = acc[i] + acc[i + 4];
+    UNROLLED for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
     return s2[0] + s2[1];
 }
 static inline float sum_lanes16(const float acc[16]) {
@@ -373,9 +387,39 @@ typedef int32_t (*block_isum_fn)(const void *w_row, const int8_t *xq, uint32_t b
 ALWAYS_INLINE float dot_blocks(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks,
                                block_isum_fn isum) {
     float acc[8];
-    zero_lanes(acc, 8);
+    zero_lanes8(acc);
     for (uint32_t b = 0; b < blocks; b++) acc[b % 8] += (float)isum(w, x->q, b) * (f16_to_f32(w_scale[b]) * x->scale[b]);
     return sum_lanes8(acc);
+}
+
+/* One row's quantized dot, as each kernel set computes it (dot_blocks with its isum, or its own). */
+typedef float (*row_dot_fn)(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks);
+
+/* A kernel set's rows_q8_0 / rows_q4_0: `rows` rows of row_bytes each through `dot`, inlined, so a short
+ * row pays no call. x is copied first: out may alias anything a pointer to int8 reaches, and a copy keeps
+ * x's pointers in registers across the stores. */
+ALWAYS_INLINE void dot_rows(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                            size_t row_bytes, float *out, row_dot_fn dot) {
+    const q8_vector xv = *x;
+    const uint8_t *row = w;
+    for (float *end = out + rows; out < end; out++, row += row_bytes, w_scale += blocks) *out = dot(row, w_scale, &xv, blocks);
+}
+/* Q8_0 quantization of one block of len <= QBLOCK values, in two steps an ISA supplies: the largest |v|
+ * (NaN ignored), then q[i] = v[i] * inv rounded to nearest even and clamped to +-127 (NaN to 0), zero
+ * past len, returning the sum of the QBLOCK values. */
+typedef float (*block_amax_fn)(const float *v, uint32_t len);
+typedef int32_t (*block_round_fn)(int8_t *q, const float *v, uint32_t len, float inv);
+
+/* A kernel set's quantize_q8_0: per block d = amax / 127 (the block's scale) and inv = 1 / d (0 for an
+ * all-zero block), then the rounding. */
+ALWAYS_INLINE void quantize_blocks(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n, block_amax_fn amax,
+                                   block_round_fn round) {
+    for (uint32_t b = 0; b * QBLOCK < n; b++) {
+        const uint32_t len = n - b * QBLOCK < QBLOCK ? n - b * QBLOCK : QBLOCK;
+        const float d = amax(x + b * QBLOCK, len) / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
+        scale[b] = d;
+        sum[b] = round(xq + b * QBLOCK, x + b * QBLOCK, len, inv);
+    }
 }
 /* out = x / rms(x) * w; w NULL: no weights (Gemma 4's v norm) */
 void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);

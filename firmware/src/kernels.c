@@ -64,21 +64,24 @@ uint16_t f32_to_f16(float f) {
 /* Float dots: element i goes to lane i % 16 (a product rounded, then added: no FMA), then the tree. */
 float dot_f32_scalar(const float *w, const float *x, uint32_t n) {
     float acc[16];
-    zero_lanes(acc, 16);
+    zero_lanes8(acc);
+    zero_lanes8(acc + 8);
     for (uint32_t i = 0; i < n; i++) acc[i % 16] += w[i] * x[i];
     return sum_lanes16(acc);
 }
 
 float dot_f16_scalar(const uint16_t *w, const float *x, uint32_t n) {
     float acc[16];
-    zero_lanes(acc, 16);
+    zero_lanes8(acc);
+    zero_lanes8(acc + 8);
     for (uint32_t i = 0; i < n; i++) acc[i % 16] += f16_to_f32(w[i]) * x[i];
     return sum_lanes16(acc);
 }
 
 float dot_bf16_scalar(const uint16_t *w, const float *x, uint32_t n) {
     float acc[16];
-    zero_lanes(acc, 16);
+    zero_lanes8(acc);
+    zero_lanes8(acc + 8);
     for (uint32_t i = 0; i < n; i++) acc[i % 16] += bf16_to_f32(w[i]) * x[i];
     return sum_lanes16(acc);
 }
@@ -102,16 +105,25 @@ static int32_t isum_q4_0(const void *w_row, const int8_t *xq, uint32_t b) {
     return isum;
 }
 
-float dot_q8_0_scalar(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+static float dot_q8_0(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
     return dot_blocks(w, w_scale, x, blocks, isum_q8_0);
 }
-
-float dot_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+static float dot_q4_0(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
     return dot_blocks(w, w_scale, x, blocks, isum_q4_0);
 }
 
+static void rows_q8_0_scalar(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                             float *out) {
+    dot_rows(w, w_scale, x, blocks, rows, (size_t)blocks * QBLOCK, out, dot_q8_0);
+}
+static void rows_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                             float *out) {
+    dot_rows(w, w_scale, x, blocks, rows, (size_t)blocks * (QBLOCK / 2), out, dot_q4_0);
+}
+
 const kernel_set kernels_scalar = { .name = "scalar", .dot_f32 = dot_f32_scalar, .dot_f16 = dot_f16_scalar,
-                                    .dot_bf16 = dot_bf16_scalar, .dot_q8_0 = dot_q8_0_scalar, .dot_q4_0 = dot_q4_0_scalar };
+                                    .dot_bf16 = dot_bf16_scalar, .rows_q8_0 = rows_q8_0_scalar, .rows_q4_0 = rows_q4_0_scalar,
+                                    .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar };
 
 /* v * inv as an int8: rounded to nearest, ties to even (adding 1.5 * 2^23 leaves no fraction bits).
  * Finite inputs give |v * inv| <= 127; a non-finite x (an inf or NaN that reached a matvec) must
@@ -123,24 +135,30 @@ static int8_t quantize_one(float v, float inv) {
     return (int8_t)((q + 12582912.0f) - 12582912.0f);
 }
 
-void quantize_q8_0(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n) {
-    for (uint32_t b = 0; b * QBLOCK < n; b++) {
-        uint32_t len = n - b * QBLOCK < QBLOCK ? n - b * QBLOCK : QBLOCK;
-        const float *v = x + b * QBLOCK;
-        float amax = 0.0f;
-        for (uint32_t i = 0; i < len; i++) {
-            float a = from_bits(to_bits(v[i]) & 0x7FFFFFFFu);
-            if (a > amax) amax = a;
-        }
-        float d = amax / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
-        scale[b] = d;
-        int32_t total = 0;
-        for (uint32_t i = 0; i < QBLOCK; i++) {
-            xq[b * QBLOCK + i] = i < len ? quantize_one(v[i], inv) : 0;
-            total += xq[b * QBLOCK + i];
-        }
-        sum[b] = total;
+static float block_amax(const float *v, uint32_t len) {
+    float amax = 0.0f;
+    for (uint32_t i = 0; i < len; i++) {
+        float a = from_bits(to_bits(v[i]) & 0x7FFFFFFFu);
+        if (a > amax) amax = a;
     }
+    return amax;
+}
+
+static int32_t block_round(int8_t *q, const float *v, uint32_t len, float inv) {
+    int32_t total = 0;
+    for (uint32_t i = 0; i < QBLOCK; i++) {
+        q[i] = i < len ? quantize_one(v[i], inv) : 0;
+        total += q[i];
+    }
+    return total;
+}
+
+void quantize_q8_0_scalar(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n) {
+    quantize_blocks(xq, scale, sum, x, n, block_amax, block_round);
+}
+
+void swiglu_scalar(float *g, const float *u, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
 }
 
 void weight_row(float *out, const weight *w, uint32_t row) {

@@ -44,14 +44,23 @@ static int32_t isum_q4_0_dsp(const void *w_row, const int8_t *xq, uint32_t b) {
     return isum;
 }
 
-static float dot_q8_0_dsp(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+static float dot_q8_0_dsp(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
     return dot_blocks(w, w_scale, x, blocks, isum_q8_0_dsp);
 }
-
-static float dot_q4_0_dsp(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+static float dot_q4_0_dsp(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
     return dot_blocks(w, w_scale, x, blocks, isum_q4_0_dsp);
 }
 
+static void rows_q8_0_dsp(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                          float *out) {
+    dot_rows(w, w_scale, x, blocks, rows, (size_t)blocks * QBLOCK, out, dot_q8_0_dsp);
+}
+static void rows_q4_0_dsp(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                          float *out) {
+    dot_rows(w, w_scale, x, blocks, rows, (size_t)blocks * (QBLOCK / 2), out, dot_q4_0_dsp);
+}
+
 const kernel_set kernels_dsp = { .name = "dsp", .dot_f32 = dot_f32_scalar, .dot_f16 = dot_f16_scalar,
-                                 .dot_bf16 = dot_bf16_scalar, .dot_q8_0 = dot_q8_0_dsp, .dot_q4_0 = dot_q4_0_dsp };
+                                 .dot_bf16 = dot_bf16_scalar, .rows_q8_0 = rows_q8_0_dsp, .rows_q4_0 = rows_q4_0_dsp,
+                                 .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar };
 #endif

@@ -51,9 +51,42 @@ ALWAYS_INLINE float dot_lanes16(const void *w, const float *x, uint32_t n, float
     return sum_lanes16(acc);
 }
 
-static float dot_f32_mve(const float *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load4_f32, one_f32); }
-static float dot_f16_mve(const uint16_t *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load4_f16, one_f16); }
-static float dot_bf16_mve(const uint16_t *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load4_bf16, one_bf16); }
+/* Helium's float arithmetic flushes subnormal inputs and results to zero whatever FPSCR.FZ says (the
+ * architecture's standard FPSCR value, as Neon's; the FPU's scalar instructions follow FPSCR, where FZ
+ * is clear), and it records every flush in FPSCR's cumulative flags: IDC for an input, UFC for a
+ * result. A kernel clears both, computes, and if either is set has met a subnormal and may differ from
+ * the scalar bits: it then returns the scalar kernel's. Subnormal weights and activations are rare, so
+ * the price is two FPSCR accesses per call. */
+#define FPSCR_UFC (1u << 3)
+#define FPSCR_IDC (1u << 7)
+static void flush_flags_clear(void) {
+    uint32_t fpscr;
+    __asm__ volatile("vmrs %0, fpscr" : "=r"(fpscr) : : "memory");
+    fpscr &= ~(FPSCR_UFC | FPSCR_IDC);
+    __asm__ volatile("vmsr fpscr, %0" : : "r"(fpscr) : "memory");
+}
+/* r: the kernel's result, an operand so that its computation cannot move after the read */
+static int flushed(float r) {
+    uint32_t fpscr;
+    __asm__ volatile("vmrs %0, fpscr" : "=r"(fpscr) : "t"(r) : "memory");
+    return (fpscr & (FPSCR_UFC | FPSCR_IDC)) != 0;
+}
+
+static float dot_f32_mve(const float *w, const float *x, uint32_t n) {
+    flush_flags_clear();
+    const float r = dot_lanes16(w, x, n, load4_f32, one_f32);
+    return flushed(r) ? dot_f32_scalar(w, x, n) : r;
+}
+static float dot_f16_mve(const uint16_t *w, const float *x, uint32_t n) {
+    flush_flags_clear();
+    const float r = dot_lanes16(w, x, n, load4_f16, one_f16);
+    return flushed(r) ? dot_f16_scalar(w, x, n) : r;
+}
+static float dot_bf16_mve(const uint16_t *w, const float *x, uint32_t n) {
+    flush_flags_clear();
+    const float r = dot_lanes16(w, x, n, load4_bf16, one_bf16);
+    return flushed(r) ? dot_bf16_scalar(w, x, n) : r;
+}
 
 static int32_t isum_q8_0_mve(const void *w_row, const int8_t *xq, uint32_t b) {
     const int8_t *w = (const int8_t *)w_row + (size_t)b * QBLOCK;
@@ -70,14 +103,90 @@ static int32_t isum_q4_0_mve(const void *w_row, const int8_t *xq, uint32_t b) {
     return vmladavaq_s8(vmladavq_s8(lo, vld1q_s8(xq)), hi, vld1q_s8(xq + 16));
 }
 
-static float dot_q8_0_mve(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+static float dot_q8_0_mve(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
     return dot_blocks(w, w_scale, x, blocks, isum_q8_0_mve);
 }
-
-static float dot_q4_0_mve(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+static float dot_q4_0_mve(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
     return dot_blocks(w, w_scale, x, blocks, isum_q4_0_mve);
 }
 
+static void rows_q8_0_mve(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                          float *out) {
+    dot_rows(w, w_scale, x, blocks, rows, (size_t)blocks * QBLOCK, out, dot_q8_0_mve);
+}
+static void rows_q4_0_mve(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                          float *out) {
+    dot_rows(w, w_scale, x, blocks, rows, (size_t)blocks * (QBLOCK / 2), out, dot_q4_0_mve);
+}
+
+/* The largest |v[i]| of a block: VMAXNMAV ignores NaN as the scalar comparison does; lanes past len
+ * are loaded as +0. */
+static float amax_mve(const float *v, uint32_t len) {
+    float amax = 0.0f;
+    for (uint32_t i = 0; i < len; i += 4) amax = vmaxnmavq_f32(amax, vldrwq_z_f32(v + i, vctp32q(len - i)));
+    return amax;
+}
+
+/* quantize_one four lanes at a time: clamped by VMAXNM/VMINNM (which turn NaN into -127, so NaN lanes
+ * are set to 0 after), rounded by the same 1.5 * 2^23 addition, narrowed by a byte store. Lanes past len
+ * load +0, which quantizes to 0. */
+static int32_t round_mve(int8_t *q, const float *v, uint32_t len, float inv) {
+    int32_t total = 0;
+    for (uint32_t i = 0; i < QBLOCK; i += 4) {
+        const float32x4_t y = vmulq_n_f32(vldrwq_z_f32(v + i, vctp32q(len > i ? len - i : 0)), inv);
+        float32x4_t c = vminnmq_f32(vmaxnmq_f32(y, vdupq_n_f32(-127.0f)), vdupq_n_f32(127.0f));
+        c = vpselq_f32(c, vdupq_n_f32(0.0f), vcmpeqq_f32(y, y));
+        const int32x4_t r = vcvtq_s32_f32(vsubq_n_f32(vaddq_n_f32(c, 12582912.0f), 12582912.0f));
+        vstrbq_s32(q + i, r);
+        total = vaddvaq_s32(total, r);
+    }
+    return total;
+}
+
+static void quantize_q8_0_mve(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n) {
+    flush_flags_clear();
+    quantize_blocks(xq, scale, sum, x, n, amax_mve, round_mve);
+    if (flushed(0.0f)) quantize_q8_0_scalar(xq, scale, sum, x, n); /* the results are in memory: the read's clobber orders them */
+}
+
+/* colibri_expf of four lanes of x in [-87, 88], where its 2^n needs one step (n in [-126, 127]): the same
+ * operations in the same order, each rounded on its own, n by truncation as the C cast. */
+static float32x4_t expf4_mve(float32x4_t x) {
+    const float32x4_t fn = vmulq_n_f32(x, 1.44269502162933349609f);
+    const float32x4_t half = vpselq_f32(vdupq_n_f32(0.5f), vdupq_n_f32(-0.5f), vcmpgeq_n_f32(fn, 0.0f));
+    const int32x4_t n = vcvtq_s32_f32(vaddq_f32(fn, half));
+    const float32x4_t nf = vcvtq_f32_s32(n);
+    const float32x4_t r = vsubq_f32(vsubq_f32(x, vmulq_n_f32(nf, 0.693145751953125f)),
+                                    vmulq_n_f32(nf, 1.42860682030941723212e-06f));
+    float32x4_t p = vmulq_n_f32(r, 1.0f / 5040);
+    p = vmulq_f32(r, vaddq_n_f32(p, 1.0f / 720));
+    p = vmulq_f32(r, vaddq_n_f32(p, 1.0f / 120));
+    p = vmulq_f32(r, vaddq_n_f32(p, 1.0f / 24));
+    p = vmulq_f32(r, vaddq_n_f32(p, 1.0f / 6));
+    p = vmulq_f32(r, vaddq_n_f32(p, 0.5f));
+    p = vmulq_f32(r, vaddq_n_f32(p, 1.0f));
+    p = vaddq_n_f32(p, 1.0f);
+    return vmulq_f32(p, vreinterpretq_f32_s32(vshlq_n_s32(vaddq_n_s32(n, 127), 23)));
+}
+
+/* e^-g four lanes at a time by Helium, the division and the product by the FPU as swiglu_scalar does (Helium
+ * has no vector division). Lanes outside expf4_mve's range (or NaN) take colibri_expf. Within it a flush
+ * cannot change a bit: e^x there is at least e^-87, far above the subnormals, r is 0 or at least 2^-37
+ * unless x itself is below 2^-126, and then (as for any tiny r) 1 + r * (...) rounds to 1 either way. */
+static void swiglu_mve(float *g, const float *u, uint32_t n) {
+    uint32_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float e[4];
+        const float32x4_t x = vnegq_f32(vld1q_f32(g + i));
+        vst1q_f32(e, expf4_mve(x));
+        if (vcmpgeq_m_n_f32(x, -87.0f, vcmpleq_n_f32(x, 88.0f)) != 0xFFFFu)
+            for (uint32_t k = 0; k < 4; k++) e[k] = colibri_expf(-g[i + k]);
+        for (uint32_t k = 0; k < 4; k++) g[i + k] = g[i + k] / (1.0f + e[k]) * u[i + k];
+    }
+    swiglu_scalar(g + i, u + i, n - i);
+}
+
 const kernel_set kernels_mve = { .name = "mve", .dot_f32 = dot_f32_mve, .dot_f16 = dot_f16_mve, .dot_bf16 = dot_bf16_mve,
-                                 .dot_q8_0 = dot_q8_0_mve, .dot_q4_0 = dot_q4_0_mve };
+                                 .rows_q8_0 = rows_q8_0_mve, .rows_q4_0 = rows_q4_0_mve,
+                                 .quantize_q8_0 = quantize_q8_0_mve, .swiglu = swiglu_mve };
 #endif

@@ -109,14 +109,23 @@ static int32_t isum_q4_0_rvv(const void *w_row, const int8_t *xq, uint32_t b) {
     return block_q4((const uint8_t *)w_row + (size_t)b * (QBLOCK / 2), xq + (size_t)b * QBLOCK);
 }
 
-static float dot_q8_0_rvv(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+static float dot_q8_0_rvv(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
     return dot_blocks(w, w_scale, x, blocks, isum_q8_0_rvv);
 }
-
-static float dot_q4_0_rvv(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+static float dot_q4_0_rvv(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
     return dot_blocks(w, w_scale, x, blocks, isum_q4_0_rvv);
 }
 
+static void rows_q8_0_rvv(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                          float *out) {
+    dot_rows(w, w_scale, x, blocks, rows, (size_t)blocks * QBLOCK, out, dot_q8_0_rvv);
+}
+static void rows_q4_0_rvv(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                          float *out) {
+    dot_rows(w, w_scale, x, blocks, rows, (size_t)blocks * (QBLOCK / 2), out, dot_q4_0_rvv);
+}
+
 const kernel_set kernels_rvv = { .name = "rvv", .dot_f32 = dot_f32_rvv, .dot_f16 = dot_f16_scalar, .dot_bf16 = dot_bf16_rvv,
-                                 .dot_q8_0 = dot_q8_0_rvv, .dot_q4_0 = dot_q4_0_rvv };
+                                 .rows_q8_0 = rows_q8_0_rvv, .rows_q4_0 = rows_q4_0_rvv,
+                                 .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar };
 #endif

@@ -138,7 +138,8 @@ AVX2 static float q8_0_tail(float acc[8], const int8_t *w, const uint16_t *w_sca
     return sum_lanes8(acc);
 }
 
-AVX2 static float dot_q8_0_avx2(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+AVX2 static float dot_q8_0_avx2(const void *w_row, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+    const int8_t *w = w_row;
     __m256 acc8 = _mm256_setzero_ps();
     uint32_t b = 0;
     for (; b + 8 <= blocks; b += 8) {
@@ -244,7 +245,8 @@ AVX2 static float q4_0_tail(float acc[8], const uint8_t *w, const uint16_t *w_sc
     return sum_lanes8(acc);
 }
 
-AVX2 static float dot_q4_0_avx2(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+AVX2 static float dot_q4_0_avx2(const void *w_row, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
+    const uint8_t *w = w_row;
     __m256 acc8 = _mm256_setzero_ps();
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* the hadd tree leaves blocks 0 2 4 6 1 3 5 7 */
     uint32_t b = 0;
@@ -309,8 +311,18 @@ AVX2 static void tile_q4_0_avx2(const uint8_t *w, const uint16_t *w_scale, const
     }
 }
 
+AVX2 static void rows_q8_0_avx2(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks,
+                                uint32_t rows, float *out) {
+    dot_rows(w, w_scale, x, blocks, rows, (size_t)blocks * QBLOCK, out, dot_q8_0_avx2);
+}
+AVX2 static void rows_q4_0_avx2(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks,
+                                uint32_t rows, float *out) {
+    dot_rows(w, w_scale, x, blocks, rows, (size_t)blocks * (QBLOCK / 2), out, dot_q4_0_avx2);
+}
+
 static const kernel_set kernels_avx2 = { .name = "avx2", .dot_f32 = dot_f32_avx2, .dot_f16 = dot_f16_avx2,
-                                         .dot_bf16 = dot_bf16_avx2, .dot_q8_0 = dot_q8_0_avx2, .dot_q4_0 = dot_q4_0_avx2,
+                                         .dot_bf16 = dot_bf16_avx2, .rows_q8_0 = rows_q8_0_avx2, .rows_q4_0 = rows_q4_0_avx2,
+                                         .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar,
                                          .tile_f32 = tile_f32_avx2, .tile_f16 = tile_f16_avx2, .tile_bf16 = tile_bf16_avx2,
                                          .tile_q8_0 = tile_q8_0_avx2, .tile_q4_0 = tile_q4_0_avx2 };
 

@@ -19,6 +19,15 @@
  * colibri_options.prefill_batch): every matrix row is then read once for all of them, and each token's
  * value of a row is the same dot product, in the same order, as if it came alone, so the bits are too. */
 #include "internal.h"
+#include "x86.h" /* COLIBRI_X86_SIMD: the only kernel set with tiles is x86's */
+
+/* Builds whose kernel sets have no tiles leave the tile path out (it would be dead code: the Cortex-M4
+ * runtime must fit 16 KiB). */
+#if defined(COLIBRI_X86_SIMD)
+#define BUILD_HAS_TILES 1
+#else
+#define BUILD_HAS_TILES 0
+#endif
 
 /* An f32 vector (norm weights, biases, RoPE rows): the verifier allows only f32 there. */
 static const float *tensor(const colibri_ctx *c, uint32_t index) {
@@ -154,13 +163,12 @@ static q8_vector token_q(const rows_work *m, uint32_t t) {
 static void token_rows(const kernel_set *k, const weight *w, const float *x, const q8_vector *xq, float *out,
                        uint32_t r0, uint32_t r1) {
     const uint32_t cols = w->cols;
-    if (w->dtype == DTYPE_Q8_0 || w->dtype == DTYPE_Q4_0) {
-        const size_t row_bytes = (size_t)w->blocks * (w->dtype == DTYPE_Q8_0 ? QBLOCK : QBLOCK / 2);
-        for (uint32_t r = r0; r < r1; r++) {
-            const void *row = (const uint8_t *)w->data + r * row_bytes;
-            const uint16_t *s = w->scales + (size_t)r * w->blocks;
-            out[r] = w->dtype == DTYPE_Q8_0 ? k->dot_q8_0(row, s, xq, w->blocks) : k->dot_q4_0(row, s, xq, w->blocks);
-        }
+    if (w->dtype == DTYPE_Q8_0) {
+        k->rows_q8_0((const int8_t *)w->data + (size_t)r0 * w->blocks * QBLOCK, w->scales + (size_t)r0 * w->blocks, xq,
+                     w->blocks, r1 - r0, out + r0);
+    } else if (w->dtype == DTYPE_Q4_0) {
+        k->rows_q4_0((const uint8_t *)w->data + (size_t)r0 * w->blocks * (QBLOCK / 2), w->scales + (size_t)r0 * w->blocks,
+                     xq, w->blocks, r1 - r0, out + r0);
     } else if (w->dtype == DTYPE_F32) {
         for (uint32_t r = r0; r < r1; r++) out[r] = k->dot_f32((const float *)w->data + (size_t)r * cols, x, cols);
     } else {
@@ -186,7 +194,7 @@ static void matrix_rows(const rows_work *m, uint32_t j, uint32_t r0, uint32_t r1
         for (; t + 2 <= m->n_tok; t += 2) {
             const q8_vector q0 = token_q(m, t), q1 = token_q(m, t + 1);
             float o[4];
-            if (!tile_rows(m->k, w, r, token_x(m, t), token_x(m, t + 1), &q0, &q1, o)) break;
+            if (!BUILD_HAS_TILES || !tile_rows(m->k, w, r, token_x(m, t), token_x(m, t + 1), &q0, &q1, o)) break;
             out[t * os + r] = o[0];
             out[(t + 1) * os + r] = o[1];
             out[t * os + r + 1] = o[2];
@@ -231,7 +239,7 @@ static void rows_part(void *arg, uint32_t part) {
             } else if (!COLIBRI_LEAN && m->epilogue == ROWS_GEGLU) {
                 for (uint32_t i = r0; i < r1; i++) g[i] = gelu_tanh(g[i]) * u[i];
             } else {
-                for (uint32_t i = r0; i < r1; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
+                m->k->swiglu(g + r0, u + r0, r1 - r0);
             }
         }
     }
@@ -255,8 +263,8 @@ static void run_rows(colibri_ctx *c, const token_buffers *tb, rows_work *m) {
         int32_t *sum = is_xn ? tb->xq_sum : tb->hq_sum;
         if (!is_xn || !c->xn_quantized)
             for (uint32_t t = 0; t < m->n_tok; t++)
-                quantize_q8_0(q + (size_t)t * blocks * QBLOCK, scale + (size_t)t * blocks, sum + (size_t)t * blocks,
-                              m->x + (size_t)t * m->x_stride, m->w[0].cols);
+                c->kernels->quantize_q8_0(q + (size_t)t * blocks * QBLOCK, scale + (size_t)t * blocks,
+                                          sum + (size_t)t * blocks, m->x + (size_t)t * m->x_stride, m->w[0].cols);
         c->xn_quantized |= is_xn;
         m->xq = (q8_vector){ q, scale, sum };
         m->xq_blocks = blocks;
