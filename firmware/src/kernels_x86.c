@@ -30,6 +30,15 @@ static float one_f32(const void *w, uint32_t i) { return ((const float *)w)[i]; 
 static float one_f16(const void *w, uint32_t i) { return f16_to_f32(((const uint16_t *)w)[i]); }
 static float one_bf16(const void *w, uint32_t i) { return bf16_to_f32(((const uint16_t *)w)[i]); }
 
+/* sum_lanes8 of a register without leaving registers: the same additions, the same operands in the same
+ * order (so even a NaN's payload is the scalar tree's). sum16: sum_lanes16 of lanes 0-7 in a, 8-15 in b. */
+AVX2 static float sum8(__m256 acc) {
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)); /* acc[i] + acc[i + 4] */
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                                  /* s4[i] + s4[i + 2] */
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));                         /* s2[0] + s2[1] */
+}
+AVX2 static float sum16(__m256 a, __m256 b) { return sum8(_mm256_add_ps(a, b)); }
+
 /* The 16-lane float dot: lanes 0-7 and 8-15 in two registers. Always inlined with constant loaders,
  * so each dtype gets its own loop with the loads in place. */
 AVX2 ALWAYS_INLINE float dot_lanes16(const void *w, const float *x, uint32_t n,
@@ -41,6 +50,7 @@ AVX2 ALWAYS_INLINE float dot_lanes16(const void *w, const float *x, uint32_t n,
         a0 = _mm256_add_ps(a0, _mm256_mul_ps(load8(w, i), _mm256_loadu_ps(x + i)));
         a1 = _mm256_add_ps(a1, _mm256_mul_ps(load8(w, i + 8), _mm256_loadu_ps(x + i + 8)));
     }
+    if (i == n) return sum16(a0, a1);
     float acc[16];
     _mm256_storeu_ps(acc, a0);
     _mm256_storeu_ps(acc + 8, a1);
@@ -76,6 +86,10 @@ AVX2 ALWAYS_INLINE void tile_lanes16(const void *w0, const void *w1, const float
     const void *w[2] = { w0, w1 };
     const float *x[2] = { x0, x1 };
     for (int p = 0; p < 4; p++) {
+        if (i == n) {
+            out[p] = sum16(acc[2 * p], acc[2 * p + 1]);
+            continue;
+        }
         float lanes[16];
         _mm256_storeu_ps(lanes, acc[2 * p]);
         _mm256_storeu_ps(lanes + 8, acc[2 * p + 1]);
@@ -152,6 +166,7 @@ AVX2 static float dot_q8_0_avx2(const void *w_row, const uint16_t *w_scale, cons
         }
         acc8 = block_terms(acc8, block_totals(p), w_scale + b, x->scale + b);
     }
+    if (b == blocks) return sum8(acc8);
     float acc[8];
     _mm256_storeu_ps(acc, acc8);
     return q8_0_tail(acc, w, w_scale, x, b, blocks);
@@ -206,6 +221,10 @@ AVX2 static void tile_q8_0_avx2(const int8_t *w, const uint16_t *w_scale, const 
     const uint16_t *scales[2] = { w_scale, s1 };
     const q8_vector *xs[2] = { x0, x1 };
     for (int pair = 0; pair < 4; pair++) {
+        if (b == blocks) {
+            out[pair] = sum8(acc8[pair]);
+            continue;
+        }
         float acc[8];
         _mm256_storeu_ps(acc, acc8[pair]);
         out[pair] = q8_0_tail(acc, rows[pair / 2], scales[pair / 2], xs[pair % 2], b, blocks);
@@ -260,6 +279,7 @@ AVX2 static float dot_q4_0_avx2(const void *w_row, const uint16_t *w_scale, cons
         __m256i isum = _mm256_sub_epi32(_mm256_permutevar8x32_epi32(h, order), eight_sums);
         acc8 = block_terms(acc8, isum, w_scale + b, x->scale + b);
     }
+    if (b == blocks) return sum8(acc8);
     float acc[8];
     _mm256_storeu_ps(acc, acc8);
     return q4_0_tail(acc, w, w_scale, x, b, blocks);
@@ -305,10 +325,91 @@ AVX2 static void tile_q4_0_avx2(const uint8_t *w, const uint16_t *w_scale, const
         }
     }
     for (int pair = 0; pair < 4; pair++) {
+        if (b == blocks) {
+            out[pair] = sum8(acc[pair]);
+            continue;
+        }
         float lanes[8];
         _mm256_storeu_ps(lanes, acc[pair]);
         out[pair] = q4_0_tail(lanes, pair < 2 ? w : w1, pair < 2 ? w_scale : s1, xs[pair % 2], b, blocks);
     }
+}
+
+/* Lanes i..i+7 of a block of len values; lanes past len load +0 (masked: nothing past them is read). */
+AVX2 static __m256 block_lanes8(const float *v, uint32_t i, uint32_t len) {
+    const __m256i lane = _mm256_add_epi32(_mm256_set1_epi32((int)i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_maskload_ps(v + i, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)len), lane));
+}
+
+/* The largest |v| of a block. MAXPS returns its second operand when either is NaN, so |v| goes first:
+ * a NaN is ignored, as the scalar comparison ignores it. The maximum is exact in any order. */
+AVX2 static float amax_avx2(const float *v, uint32_t len) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 m = _mm256_setzero_ps();
+    for (uint32_t i = 0; i < len; i += 8) m = _mm256_max_ps(_mm256_and_ps(block_lanes8(v, i, len), magnitude), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+/* quantize_one eight lanes at a time: MAXPS(q, -127) turns a NaN into -127, so NaN lanes are zeroed after;
+ * the same 1.5 * 2^23 rounding; the 32 results packed to bytes in order. */
+AVX2 static int32_t round_avx2(int8_t *q, const float *v, uint32_t len, float inv) {
+    __m256i r[4];
+    for (uint32_t k = 0; k < 4; k++) {
+        const __m256 y = _mm256_mul_ps(block_lanes8(v, 8 * k, len), _mm256_set1_ps(inv));
+        __m256 c = _mm256_min_ps(_mm256_max_ps(y, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+        c = _mm256_andnot_ps(_mm256_cmp_ps(y, y, _CMP_UNORD_Q), c);
+        c = _mm256_sub_ps(_mm256_add_ps(c, _mm256_set1_ps(12582912.0f)), _mm256_set1_ps(12582912.0f));
+        r[k] = _mm256_cvttps_epi32(c);
+    }
+    /* packs work within 128-bit halves: the bytes come out as dwords r0[0:4] r1[0:4] r2[0:4] r3[0:4] r0[4:8] ... */
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+    _mm256_storeu_si256((__m256i *)(void *)q, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    return block_total(_mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3])));
+}
+
+AVX2 static void quantize_q8_0_avx2(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n) {
+    quantize_blocks(xq, scale, sum, x, n, amax_avx2, round_avx2);
+}
+
+/* colibri_expf of eight lanes of x in [-87, 88] (where its 2^n needs one step): its operations in its order,
+ * each rounded on its own, n by truncation as the C cast. (x86 keeps subnormals in vectors and scalars alike.) */
+AVX2 static __m256 expf8(__m256 x) {
+    const __m256 fn = _mm256_mul_ps(x, _mm256_set1_ps(1.44269502162933349609f));
+    const __m256 half = _mm256_blendv_ps(_mm256_set1_ps(-0.5f), _mm256_set1_ps(0.5f),
+                                         _mm256_cmp_ps(fn, _mm256_setzero_ps(), _CMP_GE_OQ));
+    const __m256i n = _mm256_cvttps_epi32(_mm256_add_ps(fn, half));
+    const __m256 nf = _mm256_cvtepi32_ps(n);
+    const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(nf, _mm256_set1_ps(0.693145751953125f))),
+                                   _mm256_mul_ps(nf, _mm256_set1_ps(1.42860682030941723212e-06f)));
+    __m256 q = _mm256_mul_ps(r, _mm256_set1_ps(1.0f / 5040));
+    q = _mm256_mul_ps(r, _mm256_add_ps(q, _mm256_set1_ps(1.0f / 720)));
+    q = _mm256_mul_ps(r, _mm256_add_ps(q, _mm256_set1_ps(1.0f / 120)));
+    q = _mm256_mul_ps(r, _mm256_add_ps(q, _mm256_set1_ps(1.0f / 24)));
+    q = _mm256_mul_ps(r, _mm256_add_ps(q, _mm256_set1_ps(1.0f / 6)));
+    q = _mm256_mul_ps(r, _mm256_add_ps(q, _mm256_set1_ps(0.5f)));
+    q = _mm256_mul_ps(r, _mm256_add_ps(q, _mm256_set1_ps(1.0f)));
+    q = _mm256_add_ps(q, _mm256_set1_ps(1.0f));
+    return _mm256_mul_ps(q, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23)));
+}
+
+/* swiglu_scalar eight lanes at a time; a group with a gate outside expf8's range (or a NaN) goes to the
+ * scalar function. */
+AVX2 static void swiglu_avx2(float *g, const float *u, uint32_t n) {
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 gate = _mm256_loadu_ps(g + i), x = _mm256_xor_ps(gate, _mm256_set1_ps(-0.0f)); /* -g */
+        const __m256 in_range = _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ),
+                                              _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_LE_OQ));
+        if (_mm256_movemask_ps(in_range) != 0xFF) {
+            swiglu_scalar(g + i, u + i, 8);
+            continue;
+        }
+        const __m256 d = _mm256_add_ps(_mm256_set1_ps(1.0f), expf8(x));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(gate, d), _mm256_loadu_ps(u + i)));
+    }
+    swiglu_scalar(g + i, u + i, n - i);
 }
 
 AVX2 static void rows_q8_0_avx2(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks,
@@ -322,7 +423,7 @@ AVX2 static void rows_q4_0_avx2(const uint8_t *w, const uint16_t *w_scale, const
 
 static const kernel_set kernels_avx2 = { .name = "avx2", .dot_f32 = dot_f32_avx2, .dot_f16 = dot_f16_avx2,
                                          .dot_bf16 = dot_bf16_avx2, .rows_q8_0 = rows_q8_0_avx2, .rows_q4_0 = rows_q4_0_avx2,
-                                         .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar,
+                                         .quantize_q8_0 = quantize_q8_0_avx2, .swiglu = swiglu_avx2,
                                          .tile_f32 = tile_f32_avx2, .tile_f16 = tile_f16_avx2, .tile_bf16 = tile_bf16_avx2,
                                          .tile_q8_0 = tile_q8_0_avx2, .tile_q4_0 = tile_q4_0_avx2 };
 
