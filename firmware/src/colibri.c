@@ -1,6 +1,8 @@
 /* The public API: argument checks, state, stats. The math is in model.c. */
 #include "internal.h"
 
+uint64_t ctx_now(const colibri_ctx *c) { return c->opts.cycles ? c->opts.cycles(c->opts.user) : 0; }
+
 _Static_assert(sizeof(struct colibri_ctx) <= ARENA_CTX_BYTES, "context must fit its arena reservation");
 
 /* The arena bytes this image and these options need: the plan, plus the expert cache (a prefill batch is

@@ -451,7 +451,8 @@ void experts_fetch_ahead(colibri_ctx *c, uint32_t layer, uint32_t expert);
  * router chose; a corrupt guess is only dropped. */
 colibri_status experts_settle(colibri_ctx *c);
 
-static inline uint64_t ctx_now(const colibri_ctx *c) { return c->opts.cycles ? c->opts.cycles(c->opts.user) : 0; }
+/* The board's cycle counter, 0 without one (colibri.c: one copy, not one per file at -Os) */
+uint64_t ctx_now(const colibri_ctx *c);
 
 /* ---- model.c ---- */
 /* n tokens through the model at the next positions, together (n > 1 needs the prefill batch region);

@@ -344,28 +344,51 @@ static size_t kv_layer_base(const model_dims *d, uint32_t layer) {
  * the ring's oldest row comes first); that cache starts at layer_base. Head h's query (att_dim wide, at q_all +
  * h * att_dim) meets its KV head's key rows; its output is val_dim wide. MLA has one KV head whose key row
  * starts with the latent, and the latent is the value (no V cache). */
-static void attend_heads(colibri_ctx *c, uint32_t layer, uint32_t cache, size_t layer_base, uint32_t pos,
-                         const float *q_all, float *out_all) {
+typedef struct {
+    colibri_ctx *c;
+    uint32_t layer, cache, pos, parts;
+    size_t layer_base;
+    const float *q_all;
+    float *out_all;
+} heads_work;
+
+/* Heads [n_heads * part / parts, n_heads * (part + 1) / parts) of a heads_work: each head has its own
+ * scores row (a.att) and output, so parts share nothing and a head's bits do not depend on its part. */
+static void heads_part(void *arg, uint32_t part) {
+    const heads_work *hw = arg;
+    colibri_ctx *c = hw->c;
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
+    const uint32_t cache = hw->cache;
     const int mla = !COLIBRI_LEAN && d->kv_lora;
     const uint32_t kd = mla ? d->att_dim : layer_head_dim(d, cache), vd = mla ? d->val_dim : kd;
     const uint32_t group = d->n_heads / layer_kv_heads(d, cache), rows = kv_rows(d, cache), row_dim = layer_kv_dim(d, cache);
-    const uint32_t first = pos >= rows ? pos - rows + 1 : 0, seen = pos - first + 1, first_row = first % rows;
+    const uint32_t first = hw->pos >= rows ? hw->pos - rows + 1 : 0, seen = hw->pos - first + 1, first_row = first % rows;
     const void *values = mla ? a->k_cache : a->v_cache;
-    const float *sinks = !COLIBRI_LEAN && (d->flags & IMG_FLAG_ATTN_SINKS) ? layer_w(c, layer, ROLE_SINKS) : 0;
-    for (uint32_t h = 0; h < d->n_heads; h++) {
-        const float *q = q_all + (size_t)h * kd;
-        const size_t kv_off = layer_base + (size_t)(h / group) * kd;
+    const float *sinks = !COLIBRI_LEAN && (d->flags & IMG_FLAG_ATTN_SINKS) ? layer_w(c, hw->layer, ROLE_SINKS) : 0;
+    const uint32_t h_end = part_start(d->n_heads, part + 1, hw->parts);
+    for (uint32_t h = part_start(d->n_heads, part, hw->parts); h < h_end; h++) {
+        const float *q = hw->q_all + (size_t)h * kd;
+        const size_t kv_off = hw->layer_base + (size_t)(h / group) * kd;
         float *att = a->att + (size_t)h * d->max_seq;
         for (uint32_t t = 0, r = first_row; t < seen; t++, r = r + 1 == rows ? 0 : r + 1)
             att[t] = kv_dot(c, a->k_cache, kv_off + (size_t)r * row_dim, q, kd) * d->attn_scale;
         softmax(att, seen, sinks ? sinks + h : 0);
-        float *out = out_all + (size_t)h * vd;
+        float *out = hw->out_all + (size_t)h * vd;
         for (uint32_t i = 0; i < vd; i++) out[i] = 0.0f;
         for (uint32_t t = 0, r = first_row; t < seen; t++, r = r + 1 == rows ? 0 : r + 1)
             kv_accumulate(c, out, att[t], values, kv_off + (size_t)r * row_dim, vd);
     }
+}
+
+/* A token's heads, split across the board's threads if it lends some (a part may have no head); the lean
+ * build, for boards without threads, leaves the split out. */
+static void attend_heads(colibri_ctx *c, uint32_t layer, uint32_t cache, size_t layer_base, uint32_t pos,
+                         const float *q_all, float *out_all) {
+    const uint32_t parts = COLIBRI_LEAN ? 1 : c->opts.parallel_parts;
+    heads_work hw = { c, layer, cache, pos, parts > 1 ? parts : 1, layer_base, q_all, out_all };
+    if (hw.parts > 1) c->opts.parallel_for(c->opts.user, heads_part, &hw, hw.parts);
+    else heads_part(&hw, 0);
 }
 
 /* RoPE on n vectors of dim (the rotated part of each head, `stride` apart) with this position's cos/sin
