@@ -159,7 +159,7 @@ AVX2 static float dot_q8_0_avx2(const void *w_row, const uint16_t *w_scale, cons
     for (; b + 8 <= blocks; b += 8) {
         prefetch(w + (size_t)b * QBLOCK, 8 * QBLOCK);
         __m256i p[8];
-        for (uint32_t k = 0; k < 8; k++) {
+        UNROLLED for (uint32_t k = 0; k < 8; k++) {
             const size_t at = (size_t)(b + k) * QBLOCK;
             p[k] = block_products(_mm256_loadu_si256((const __m256i *)(const void *)(w + at)),
                                   _mm256_loadu_si256((const __m256i *)(const void *)(x->q + at)));
@@ -195,9 +195,9 @@ AVX2 static void tile_q8_0_avx2(const int8_t *w, const uint16_t *w_scale, const 
         prefetch(w + (size_t)b * QBLOCK, 8 * QBLOCK);
         prefetch(w1 + (size_t)b * QBLOCK, 8 * QBLOCK);
         __m256i q[2][4]; /* per half (blocks b..b+3, b+4..b+7): the four pairs' quad totals */
-        for (uint32_t half = 0; half < 2; half++) {
+        UNROLLED for (uint32_t half = 0; half < 2; half++) {
             __m256i p[4][4]; /* [pair][block of the quad] */
-            for (uint32_t k = 0; k < 4; k++) {
+            UNROLLED for (uint32_t k = 0; k < 4; k++) {
                 const size_t at = (size_t)(b + 4 * half + k) * QBLOCK;
                 const __m256i r0 = _mm256_loadu_si256((const __m256i *)(const void *)(w + at));
                 const __m256i r1 = _mm256_loadu_si256((const __m256i *)(const void *)(w1 + at));
@@ -209,7 +209,7 @@ AVX2 static void tile_q8_0_avx2(const int8_t *w, const uint16_t *w_scale, const 
                 p[2][k] = unsigned_products(abs1, r1, u);
                 p[3][k] = unsigned_products(abs1, r1, v);
             }
-            for (uint32_t pair = 0; pair < 4; pair++) q[half][pair] = quad_totals(p[pair][0], p[pair][1], p[pair][2], p[pair][3]);
+            UNROLLED for (uint32_t pair = 0; pair < 4; pair++) q[half][pair] = quad_totals(p[pair][0], p[pair][1], p[pair][2], p[pair][3]);
         }
         a00 = block_terms(a00, octet_totals(q[0][0], q[1][0]), w_scale + b, x0->scale + b);
         a01 = block_terms(a01, octet_totals(q[0][1], q[1][1]), w_scale + b, x1->scale + b);
@@ -272,7 +272,7 @@ AVX2 static float dot_q4_0_avx2(const void *w_row, const uint16_t *w_scale, cons
     for (; b + 8 <= blocks; b += 8) {
         prefetch(w + (size_t)b * (QBLOCK / 2), 8 * (QBLOCK / 2));
         __m256i p[4];
-        for (uint32_t k = 0; k < 4; k++)
+        UNROLLED for (uint32_t k = 0; k < 4; k++)
             p[k] = pair_products_q4(w + (size_t)(b + 2 * k) * (QBLOCK / 2), x->q + (size_t)(b + 2 * k) * QBLOCK);
         __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
         __m256i eight_sums = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(x->sum + b)), 3);
@@ -301,9 +301,9 @@ AVX2 static void tile_q4_0_avx2(const uint8_t *w, const uint16_t *w_scale, const
         prefetch(w + (size_t)b * (QBLOCK / 2), 8 * (QBLOCK / 2));
         prefetch(w1 + (size_t)b * (QBLOCK / 2), 8 * (QBLOCK / 2));
         __m256i h[2][4]; /* [half][pair]: hadd of the pair's products of blocks b + 4 half .. + 3 */
-        for (uint32_t half = 0; half < 2; half++) {
+        UNROLLED for (uint32_t half = 0; half < 2; half++) {
             __m256i p[4][2];
-            for (uint32_t k = 0; k < 2; k++) {
+            UNROLLED for (uint32_t k = 0; k < 2; k++) {
                 const uint32_t at = b + 4 * half + 2 * k; /* blocks at, at + 1 */
                 const __m256i r0 = _mm256_loadu_si256((const __m256i *)(const void *)(w + (size_t)at * (QBLOCK / 2)));
                 const __m256i r1 = _mm256_loadu_si256((const __m256i *)(const void *)(w1 + (size_t)at * (QBLOCK / 2)));
@@ -314,9 +314,9 @@ AVX2 static void tile_q4_0_avx2(const uint8_t *w, const uint16_t *w_scale, const
                 p[2][k] = nibble_products(lo1, hi1, x0->q + (size_t)at * QBLOCK);
                 p[3][k] = nibble_products(lo1, hi1, x1->q + (size_t)at * QBLOCK);
             }
-            for (uint32_t pair = 0; pair < 4; pair++) h[half][pair] = _mm256_hadd_epi32(p[pair][0], p[pair][1]);
+            UNROLLED for (uint32_t pair = 0; pair < 4; pair++) h[half][pair] = _mm256_hadd_epi32(p[pair][0], p[pair][1]);
         }
-        for (uint32_t pair = 0; pair < 4; pair++) {
+        UNROLLED for (uint32_t pair = 0; pair < 4; pair++) {
             const q8_vector *x = xs[pair % 2];
             __m256i eight_sums = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(x->sum + b)), 3);
             __m256i isum = _mm256_sub_epi32(_mm256_permutevar8x32_epi32(_mm256_hadd_epi32(h[0][pair], h[1][pair]), order),
@@ -356,7 +356,7 @@ AVX2 static float amax_avx2(const float *v, uint32_t len) {
  * the same 1.5 * 2^23 rounding; the 32 results packed to bytes in order. */
 AVX2 static int32_t round_avx2(int8_t *q, const float *v, uint32_t len, float inv) {
     __m256i r[4];
-    for (uint32_t k = 0; k < 4; k++) {
+    UNROLLED for (uint32_t k = 0; k < 4; k++) {
         const __m256 y = _mm256_mul_ps(block_lanes8(v, 8 * k, len), _mm256_set1_ps(inv));
         __m256 c = _mm256_min_ps(_mm256_max_ps(y, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
         c = _mm256_andnot_ps(_mm256_cmp_ps(y, y, _CMP_UNORD_Q), c);
