@@ -66,8 +66,11 @@ def run(name: str, seconds: int, jobs: int, seed: int) -> dict:
         cmd += [f"-jobs={jobs}", f"-workers={jobs}"]
     env = {"COLIBRI_FUZZ_IMAGE": str(seed_image()), "PATH": "/usr/bin:/bin",
            "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1", "UBSAN_OPTIONS": "print_stacktrace=1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    log = proc.stdout + proc.stderr
+    # with -jobs each job writes fuzz-<job>.log into the working directory: build/fuzz, not the checkout
+    for old in OUT.glob("fuzz-*.log"):
+        old.unlink()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=OUT)
+    log = proc.stdout + proc.stderr + "".join(p.read_text(errors="replace") for p in sorted(OUT.glob("fuzz-*.log")))
     execs = sum(int(m) for m in re.findall(r"stat::number_of_executed_units:\s+(\d+)", log))
     crashes = sorted(str(p) for p in OUT.glob(f"{name}-*"))
     return {"harness": name, "seconds": seconds, "executions": execs, "exit_status": proc.returncode,

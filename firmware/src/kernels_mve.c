@@ -51,9 +51,9 @@ ALWAYS_INLINE float dot_lanes16(const void *w, const float *x, uint32_t n, float
     return sum_lanes16(acc);
 }
 
-/* Helium's float arithmetic flushes subnormal inputs and results to zero whatever FPSCR.FZ says (the
- * architecture's standard FPSCR value, as Neon's; the FPU's scalar instructions follow FPSCR, where FZ
- * is clear), and it records every flush in FPSCR's cumulative flags: IDC for an input, UFC for a
+/* Helium's float arithmetic flushes subnormal inputs and results to zero whatever FPSCR.FZ says (QEMU runs
+ * it with the standard FPSCR value, as Neon; the FPU's scalar instructions follow FPSCR, where FZ is
+ * clear), and it records every flush in FPSCR's cumulative flags: IDC for an input, UFC for a
  * result. A kernel clears both, computes, and if either is set has met a subnormal and may differ from
  * the scalar bits: it then returns the scalar kernel's. Subnormal weights and activations are rare, so
  * the price is two FPSCR accesses per call. */

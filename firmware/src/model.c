@@ -339,11 +339,6 @@ static size_t kv_layer_base(const model_dims *d, uint32_t layer) {
     return at;
 }
 
-/* softmax(q K^T * scale) V for every head of layer's token at position pos, over the positions the cache of
- * `cache` (the layer itself, or the one whose cache it shares) still holds, oldest first (with a sliding window
- * the ring's oldest row comes first); that cache starts at layer_base. Head h's query (att_dim wide, at q_all +
- * h * att_dim) meets its KV head's key rows; its output is val_dim wide. MLA has one KV head whose key row
- * starts with the latent, and the latent is the value (no V cache). */
 typedef struct {
     colibri_ctx *c;
     uint32_t layer, cache, pos, parts;
@@ -381,7 +376,12 @@ static void heads_part(void *arg, uint32_t part) {
     }
 }
 
-/* A token's heads, split across the board's threads if it lends some (a part may have no head); the lean
+/* softmax(q K^T * scale) V for every head of layer's token at position pos, over the positions the cache of
+ * `cache` (the layer itself, or the one whose cache it shares) still holds, oldest first (with a sliding window
+ * the ring's oldest row comes first); that cache starts at layer_base. Head h's query (att_dim wide, at q_all +
+ * h * att_dim) meets its KV head's key rows; its output is val_dim wide. MLA has one KV head whose key row
+ * starts with the latent, and the latent is the value (no V cache).
+ * The heads are split across the board's threads if it lends some (a part may have no head); the lean
  * build, for boards without threads, leaves the split out. */
 static void attend_heads(colibri_ctx *c, uint32_t layer, uint32_t cache, size_t layer_base, uint32_t pos,
                          const float *q_all, float *out_all) {
