@@ -121,7 +121,9 @@ long_mode:
     mov %cr4, %rax
     or $(3 << 9), %rax
     mov %rax, %cr4
-    /* AVX: if CPUID.1:ECX has XSAVE (26) and AVX (28), set CR4.OSXSAVE and XCR0 = x87|SSE|AVX */
+    /* AVX: if CPUID.1:ECX has XSAVE (26) and AVX (28), set CR4.OSXSAVE and XCR0 = x87|SSE|AVX, plus
+     * AVX-512's opmask and ZMM state (bits 5-7) where CPUID.(0DH, 0).EAX says the CPU has them (QEMU's
+     * TCG does not: there the AVX2 kernels run) */
     mov $1, %eax
     cpuid
     and $((1 << 26) | (1 << 28)), %ecx
@@ -130,9 +132,13 @@ long_mode:
     mov %cr4, %rax
     or $(1 << 18), %rax
     mov %rax, %cr4
+    mov $0xd, %eax
     xor %ecx, %ecx
-    xgetbv
+    cpuid
+    and $0xe0, %eax
     or $7, %eax
+    xor %edx, %edx
+    xor %ecx, %ecx
     xsetbv
 3:
     mov mbi_ptr, %edi
