@@ -123,8 +123,8 @@ class StackReport:
 
 
 def stack_depth(ci_files: list[Path], roots: list[str], hook_files: list[Path]) -> StackReport:
-    """Deepest stack from `roots`. An indirect call (a board hook: UART, cycle counter) costs the
-    deepest function defined in `hook_files` that makes no indirect call itself."""
+    """Deepest stack from `roots`. An indirect call (a board hook: UART, cycle counter; a kernel set's
+    entry) costs the deepest function defined in `hook_files` that makes no indirect call itself."""
     frames: dict[str, int] = {}
     dynamic: list[str] = []
     edges: dict[str, list[str]] = {}
@@ -216,7 +216,8 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
         "forbidden": {r.path: r.forbidden for r in runtime + ([] if os_process else [elf]) if r.forbidden},
     }
     ci = sorted(out.glob("*/*.ci"))
-    hook_files = sorted((out / "board").glob("*.ci")) + sorted((out / "common").glob("*.ci"))
+    hook_files = (sorted((out / "board").glob("*.ci")) + sorted((out / "common").glob("*.ci"))
+                  + sorted((out / "firmware").glob("kernels*.ci")))  # the runtime calls its kernels through pointers
     if not os_process:  # a process's stack is its operating system's business
         report["stack"] = asdict(stack_depth([c for c in ci if not c.name.endswith(".c.ci")], ROOTS, hook_files))
     mem = board.spec.get("memory")

@@ -12,11 +12,13 @@
 #define MAX_BLOCKS (MAX_N / QBLOCK + 1u)
 #define CASES 400u
 
-/* Two rows of weights (a tile reads rows w and w + n) and two vectors; the dots use the first of each. */
+/* Two rows of weights (a tile reads rows w and w + n) and two vectors; the dots use the first of each. The
+ * quantized rows kernels take a run of ROWS rows: the x86 Q4_0 one pairs x's values first from 8 rows on. */
+#define ROWS 9u
 static float w32[2 * MAX_N], x32[2 * MAX_N];
-static uint16_t w16[2 * MAX_N], scales[2 * MAX_BLOCKS];
-static int8_t w8[2 * MAX_BLOCKS * QBLOCK], xq[2 * MAX_BLOCKS * QBLOCK];
-static uint8_t w4[2 * MAX_BLOCKS * QBLOCK / 2];
+static uint16_t w16[2 * MAX_N], scales[ROWS * MAX_BLOCKS];
+static int8_t w8[ROWS * MAX_BLOCKS * QBLOCK], xq[2 * MAX_BLOCKS * QBLOCK];
+static uint8_t w4[ROWS * MAX_BLOCKS * QBLOCK / 2];
 static float xq_scale[2 * MAX_BLOCKS];
 static int32_t xq_sum[2 * MAX_BLOCKS];
 /* quantize_q8_0's outputs, the kernel set's and the scalar one's */
@@ -106,7 +108,6 @@ static const float *ref_tile_quant(const kernel_set *ref, int q4, const q8_vecto
 static void fill(uint32_t n, uint32_t blocks, int tiny) {
     const float scale = tiny ? 1e-20f : 1.0f;
     n *= 2; /* two rows, two vectors */
-    blocks *= 2;
     for (uint32_t i = 0; i < n; i++) {
         w32[i] = uniform() * scale;
         x32[i] = uniform() * 4.0f * scale;
@@ -116,13 +117,11 @@ static void fill(uint32_t n, uint32_t blocks, int tiny) {
         if ((h & 0x7C00u) == 0x7C00u) h &= 0x83FFu;
         w16[i] = h;
     }
-    for (uint32_t i = 0; i < blocks * QBLOCK; i++) {
-        w8[i] = (int8_t)(next() & 0xFF);                   /* -128..127: the kernels must not assume -127 */
-        xq[i] = (int8_t)((int32_t)(next() % 255u) - 127);  /* the activation quantizer's range */
-    }
-    for (uint32_t i = 0; i < blocks * QBLOCK / 2; i++) w4[i] = (uint8_t)next();
-    for (uint32_t b = 0; b < blocks; b++) {
-        scales[b] = f32_to_f16(uniform() * 0.05f);
+    for (uint32_t i = 0; i < ROWS * blocks * QBLOCK; i++) w8[i] = (int8_t)(next() & 0xFF); /* -128..127: not only -127 */
+    for (uint32_t i = 0; i < ROWS * blocks * QBLOCK / 2; i++) w4[i] = (uint8_t)next();
+    for (uint32_t b = 0; b < ROWS * blocks; b++) scales[b] = f32_to_f16(uniform() * 0.05f);
+    for (uint32_t i = 0; i < 2 * blocks * QBLOCK; i++) xq[i] = (int8_t)((int32_t)(next() % 255u) - 127); /* the quantizer's range */
+    for (uint32_t b = 0; b < 2 * blocks; b++) {
         xq_scale[b] = uniform() * 0.03f * scale * scale;
         xq_sum[b] = 0;
         for (uint32_t i = 0; i < QBLOCK; i++) xq_sum[b] += xq[b * QBLOCK + i];
@@ -209,15 +208,13 @@ int link_serve(const board_io *io) {
         check("dot_f16", n, fast->dot_f16(w16, x32, n), ref->dot_f16(w16, x32, n));
         const q8_vector xv = { xq, xq_scale, xq_sum },
                         xv1 = { xq + blocks * QBLOCK, xq_scale + blocks, xq_sum + blocks };
-        float got[2], want[4], tile[4];
-        fast->rows_q8_0(w8, scales, &xv, blocks, 2, got); /* both rows: the second starts where the first ends */
-        ref->rows_q8_0(w8, scales, &xv, blocks, 2, want);
-        check("rows_q8_0", blocks, got[0], want[0]);
-        check("rows_q8_0", blocks, got[1], want[1]);
-        fast->rows_q4_0(w4, scales, &xv, blocks, 2, got);
-        ref->rows_q4_0(w4, scales, &xv, blocks, 2, want);
-        check("rows_q4_0", blocks, got[0], want[0]);
-        check("rows_q4_0", blocks, got[1], want[1]);
+        float got[ROWS], want[ROWS], tile[4];
+        fast->rows_q8_0(w8, scales, &xv, blocks, ROWS, got); /* each row starts where the one before ends */
+        ref->rows_q8_0(w8, scales, &xv, blocks, ROWS, want);
+        for (uint32_t r = 0; r < ROWS; r++) check("rows_q8_0", blocks, got[r], want[r]);
+        fast->rows_q4_0(w4, scales, &xv, blocks, ROWS, got);
+        ref->rows_q4_0(w4, scales, &xv, blocks, ROWS, want);
+        for (uint32_t r = 0; r < ROWS; r++) check("rows_q4_0", blocks, got[r], want[r]);
         cases += 4;
         if (fast->tile_f32) {
             fast->tile_f32(w32, x32, x32 + n, n, tile);
