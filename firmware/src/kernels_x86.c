@@ -278,8 +278,9 @@ AVX2 ALWAYS_INLINE __m256i pair_products_q4(const uint8_t *w, const int8_t *x, p
 /* x's values (blocks of them) as a run of Q4_0 rows reads them: each pair of blocks of the whole groups of 8
  * as nibble_products arranges it (both blocks' first 16 values, then both blocks' last 16), the blocks after
  * as they are (the tail reads them one at a time). Made once per call on the stack, for up to PAIRED_X_BLOCKS
- * blocks (8 KiB) and at least PAIRED_X_ROWS rows: the two 128-bit inserts it saves on every pair of blocks
- * of every row cost as much as the products (in the 2nd-level cache Zen 4 ran a Q4_0 row 1.2x faster). */
+ * blocks (8 KiB): the two 128-bit inserts it saves on every pair of blocks of every row cost as much as the
+ * products (in the 2nd-level cache Zen 4 ran a Q4_0 row 1.2x faster). Making it costs about one row's inserts,
+ * so it pays from two rows; PAIRED_X_ROWS leaves a margin (not tuned) for the rows of a small model. */
 #define PAIRED_X_BLOCKS 256u
 #define PAIRED_X_ROWS 8u
 AVX2 static void pair_x(int8_t *paired, const int8_t *x, uint32_t blocks) {
@@ -395,6 +396,38 @@ AVX2 ALWAYS_INLINE void tile_q4_0_x86(const uint8_t *w, const uint16_t *w_scale,
     }
 }
 
+/* A kernel set's quantized entries, the bodies above compiled for its target with its integer core:
+ * dot_q8_0_<set>, dot_q4_0_<set> and dot_q4_0_<set>_paired (one row), rows_q8_0_<set>, rows_q4_0_<set>,
+ * tile_q8_0_<set> and tile_q4_0_<set>. One definition for the AVX2 and the AVX-512 sets, which differ only
+ * in those two. */
+#define QUANTIZED_ENTRIES(set, TARGET, products, products2)                                                       \
+    TARGET static float dot_q8_0_##set(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) { \
+        return dot_q8_0_x86(w, w_scale, x, blocks, products);                                                    \
+    }                                                                                                             \
+    TARGET static float dot_q4_0_##set(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) { \
+        return dot_q4_0_x86(w, w_scale, x, blocks, products2, 0);                                                \
+    }                                                                                                             \
+    TARGET static float dot_q4_0_##set##_paired(const void *w, const uint16_t *w_scale, const q8_vector *x,       \
+                                                uint32_t blocks) {                                                \
+        return dot_q4_0_x86(w, w_scale, x, blocks, products2, 1);                                                \
+    }                                                                                                             \
+    TARGET static void rows_q8_0_##set(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, \
+                                       uint32_t rows, float *out) {                                               \
+        dot_rows(w, w_scale, x, blocks, rows, (size_t)blocks * QBLOCK, out, dot_q8_0_##set);                      \
+    }                                                                                                             \
+    TARGET static void rows_q4_0_##set(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, \
+                                       uint32_t rows, float *out) {                                               \
+        rows_q4_0_x86(w, w_scale, x, blocks, rows, out, dot_q4_0_##set, dot_q4_0_##set##_paired);                 \
+    }                                                                                                             \
+    TARGET static void tile_q8_0_##set(const int8_t *w, const uint16_t *w_scale, const q8_vector *x0,             \
+                                       const q8_vector *x1, uint32_t blocks, float out[4]) {                      \
+        tile_q8_0_x86(w, w_scale, x0, x1, blocks, out, products);                                                 \
+    }                                                                                                             \
+    TARGET static void tile_q4_0_##set(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x0,            \
+                                       const q8_vector *x1, uint32_t blocks, float out[4]) {                      \
+        tile_q4_0_x86(w, w_scale, x0, x1, blocks, out, products2);                                                \
+    }
+
 /* Lanes i..i+7 of a block of len values; lanes past len load +0 (masked: nothing past them is read). */
 AVX2 static __m256 block_lanes8(const float *v, uint32_t i, uint32_t len) {
     const __m256i lane = _mm256_add_epi32(_mm256_set1_epi32((int)i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -472,31 +505,7 @@ AVX2 static void swiglu_avx2(float *g, const float *u, uint32_t n) {
     swiglu_scalar(g + i, u + i, n - i);
 }
 
-AVX2 static float dot_q8_0_avx2(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
-    return dot_q8_0_x86(w, w_scale, x, blocks, products_avx2);
-}
-AVX2 static float dot_q4_0_avx2(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
-    return dot_q4_0_x86(w, w_scale, x, blocks, products2_avx2, 0);
-}
-AVX2 static float dot_q4_0_avx2_paired(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
-    return dot_q4_0_x86(w, w_scale, x, blocks, products2_avx2, 1);
-}
-AVX2 static void rows_q8_0_avx2(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks,
-                                uint32_t rows, float *out) {
-    dot_rows(w, w_scale, x, blocks, rows, (size_t)blocks * QBLOCK, out, dot_q8_0_avx2);
-}
-AVX2 static void rows_q4_0_avx2(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks,
-                                uint32_t rows, float *out) {
-    rows_q4_0_x86(w, w_scale, x, blocks, rows, out, dot_q4_0_avx2, dot_q4_0_avx2_paired);
-}
-AVX2 static void tile_q8_0_avx2(const int8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,
-                                uint32_t blocks, float out[4]) {
-    tile_q8_0_x86(w, w_scale, x0, x1, blocks, out, products_avx2);
-}
-AVX2 static void tile_q4_0_avx2(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,
-                                uint32_t blocks, float out[4]) {
-    tile_q4_0_x86(w, w_scale, x0, x1, blocks, out, products2_avx2);
-}
+QUANTIZED_ENTRIES(avx2, AVX2, products_avx2, products2_avx2)
 
 static const kernel_set kernels_avx2 = { .name = "avx2", .dot_f32 = dot_f32_avx2, .dot_f16 = dot_f16_avx2,
                                          .dot_bf16 = dot_bf16_avx2, .rows_q8_0 = rows_q8_0_avx2, .rows_q4_0 = rows_q4_0_avx2,
@@ -546,31 +555,7 @@ AVX512 static __m256i products_vnni(__m256i u, __m256i s) { return _mm256_dpbusd
 AVX512 static __m256i products2_vnni(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
     return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u0, s0), u1, s1);
 }
-AVX512 static float dot_q8_0_vnni(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
-    return dot_q8_0_x86(w, w_scale, x, blocks, products_vnni);
-}
-AVX512 static float dot_q4_0_vnni(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
-    return dot_q4_0_x86(w, w_scale, x, blocks, products2_vnni, 0);
-}
-AVX512 static float dot_q4_0_vnni_paired(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks) {
-    return dot_q4_0_x86(w, w_scale, x, blocks, products2_vnni, 1);
-}
-AVX512 static void rows_q8_0_vnni(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks,
-                                  uint32_t rows, float *out) {
-    dot_rows(w, w_scale, x, blocks, rows, (size_t)blocks * QBLOCK, out, dot_q8_0_vnni);
-}
-AVX512 static void rows_q4_0_vnni(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks,
-                                  uint32_t rows, float *out) {
-    rows_q4_0_x86(w, w_scale, x, blocks, rows, out, dot_q4_0_vnni, dot_q4_0_vnni_paired);
-}
-AVX512 static void tile_q8_0_vnni(const int8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,
-                                  uint32_t blocks, float out[4]) {
-    tile_q8_0_x86(w, w_scale, x0, x1, blocks, out, products_vnni);
-}
-AVX512 static void tile_q4_0_vnni(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,
-                                  uint32_t blocks, float out[4]) {
-    tile_q4_0_x86(w, w_scale, x0, x1, blocks, out, products2_vnni);
-}
+QUANTIZED_ENTRIES(vnni, AVX512, products_vnni, products2_vnni)
 
 static const kernel_set kernels_avx512 = { .name = "avx512", .dot_f32 = dot_f32_avx2, .dot_f16 = dot_f16_avx2,
                                            .dot_bf16 = dot_bf16_avx2, .rows_q8_0 = rows_q8_0_vnni,
