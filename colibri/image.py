@@ -676,7 +676,19 @@ class _Plan:
     meta_offset: int
 
 
+def check_runnable(d: ModelDims) -> None:
+    """Refuse (ValueError naming the fields) what the verifier refuses though no family's mapping leads to it, so no
+    hand-made description becomes an image that never opens (firmware/src/image.c, read_dims)."""
+    if d.mla and d.kv_shared_layers:
+        raise ValueError(f"kv_lora_rank={d.kv_lora_rank} with kv_shared_layers={d.kv_shared_layers}: latent attention "
+                         "keeps every layer's own KV cache; the runtime shares caches for standard attention only")
+    if d.global_head_dim not in (0, d.head_dim) and not d.flags & FLAG_GLOBAL_ROPE:
+        raise ValueError(f"global_head_dim={d.global_head_dim} differs from head_dim={d.head_dim} without "
+                         "FLAG_GLOBAL_ROPE: the global layers need RoPE tables of their own head size")
+
+
 def _lay_out(dims: ModelDims, tensors: dict, expert_align: int, pinned: frozenset, meta: dict | None) -> _Plan:
+    check_runnable(dims)
     if expert_align % ALIGN or expert_align <= 0:
         raise ValueError(f"expert_align must be a positive multiple of {ALIGN}")
     order = list(canonical_order(dims))

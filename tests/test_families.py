@@ -330,6 +330,8 @@ GEMMA4_REFUSALS = [
     ({"per_layer_config": {"0": {"head_dim": 16}}}, "per_layer_config"),  # a sliding layer's geometry changed
     ({"final_logit_softcapping": -1.0}, "final_logit_softcapping"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope_parameters"),
+    # latent attention is DeepSeek's: beside KV sharing it would leave the arena (the image writer refuses that too)
+    ({"kv_lora_rank": 4, "num_kv_shared_layers": 1}, "kv_lora_rank"),
 ]
 
 

@@ -6,14 +6,54 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from conftest import build
+from conftest import ROOT, build
 from colibri.image import read_image
 from colibri.protocol import Sampling, encode_frame, scripted_session
 
 PROMPT = [1, 5, 9, 3]
+
+
+def image_run(out, cc: str, flags: list[str]) -> Path:
+    """tests/image_run.c and the runtime's sources, built by `cc` with `flags` (a sanitizer) into `out`."""
+    exe = out / "image_run"
+    sources = sorted(str(p) for p in (ROOT / "firmware" / "src").glob("*.c"))
+    subprocess.run([cc, "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-g", "-O1", "-fno-omit-frame-pointer", *flags,
+                    "-Ifirmware/include", "-Ifirmware/src", "tests/image_run.c", *sources, "-o", str(exe)],
+                   cwd=ROOT, check=True)
+    return exe
+
+
+@pytest.fixture(scope="module")
+def asan_image_run(tmp_path_factory):
+    return image_run(tmp_path_factory.mktemp("asan"), "gcc", ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"])
+
+
+def run_image(exe: Path, image: Path, tokens: int, batch: int = 0) -> str:
+    """image_run's status line; a sanitizer's report fails the test with its first lines."""
+    proc = subprocess.run([str(exe), str(image), str(tokens), str(batch)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[:3000]
+    return proc.stdout.strip()
+
+
+def test_image_run_feeds_a_clean_image(asan_image_run, images):
+    """The harness of the two tests below runs a model: 40 tokens, one at a time and in batches of 16."""
+    assert run_image(asan_image_run, images["base"], 40) == "verify 0 open 0 feed 0"
+    assert run_image(asan_image_run, images["base"], 40, 16) == "verify 0 open 0 feed 0"
+
+
+@pytest.mark.parametrize("make", ["mla_sharing_image", "global_head_without_rope_image"])
+def test_crafted_image_outside_its_memory_is_refused_not_run(asan_image_run, make, tmp_path):
+    """The images the verifier once accepted wrote past the arena (latent attention with KV sharing: kv_store)
+    or read past the image (a global head size without its RoPE tables: rope) within 48 positions: refused
+    (E_IMAGE_DIMS, 11) before they can."""
+    import test_verifier
+    path = tmp_path / "crafted.img"
+    path.write_bytes(getattr(test_verifier, make)())
+    assert run_image(asan_image_run, path, 48) == "verify 11"
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from capi import STATUS, Lib
+from colibri import image as im
 from colibri.image import ENTRY_BYTES, HEADER_BYTES, HEADER_CRC_OFFSET, crc32, read_image
+from colibri.rope import tables as rope_tables
 
 TABLE = HEADER_BYTES  # the packer puts the tensor table right after the header
 
@@ -79,7 +83,9 @@ CASES = [
     # Gemma 4's fields (288..303) and flags 13..17
     ("odd global head size", put("<I", 288, 7), "E_IMAGE_DIMS"),
     ("global KV heads that do not divide the heads", put("<I", 292, 3), "E_IMAGE_DIMS"),
-    ("global head size the table lacks", put("<I", 288, 12), "E_IMAGE_TABLE"),
+    ("global head size without its RoPE tables", put("<I", 288, 12), "E_IMAGE_DIMS"),
+    ("global head size the table lacks", lambda b: put("<I", 288, 12)(put("<I", 76, 1 | 1 << 17, seal=False)(b)),
+     "E_IMAGE_TABLE"),
     ("embedding scale NaN", put("<f", 296, float("nan")), "E_IMAGE_DIMS"),
     ("logit cap negative", put("<f", 300, -30.0), "E_IMAGE_DIMS"),
     ("per-layer inputs outside Gemma 4's layer", put("<I", 304, 4), "E_IMAGE_DIMS"),
@@ -264,3 +270,76 @@ def test_image_with_metadata_verifies(lib, meta_image):
 def test_metadata_corruption_is_named(lib, meta_image, name, mutate, expected):
     status, _ = lib.verify(bytes(mutate(bytearray(meta_image))))
     assert status == STATUS[expected], f"{name}: got status {status}"
+
+
+# Combinations the runtime does not implement, crafted as the packer would write them if it allowed them: before
+# the verifier refused them, each was accepted and read or wrote outside the image or the arena
+# (tests/test_sanitizers.py runs them under AddressSanitizer).
+def random_tensors(dims: im.ModelDims, seed: int = 0) -> dict:
+    """Every tensor `dims` has, in f32: N(0, 1/in) matrices, vectors near 1, RoPE tables of their width."""
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for role, layer, expert in im.canonical_order(dims):
+        if not dims.present(role, layer):
+            continue
+        shape = im.expected_shape(dims, role, layer)
+        if role in ROPE_TABLES:
+            width = 2 * shape[1]
+            cos, sin = rope_tables(1.0 / 10000.0 ** (np.arange(0, width, 2) / width), 1.0, dims.max_seq)
+            tensors[(role, layer, expert)] = cos if role in (im.Role.ROPE_COS, im.Role.GLOBAL_ROPE_COS) else sin
+        elif len(shape) == 1:
+            tensors[(role, layer, expert)] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            tensors[(role, layer, expert)] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+    return tensors
+
+
+ROPE_TABLES = (im.Role.ROPE_COS, im.Role.ROPE_SIN, im.Role.GLOBAL_ROPE_COS, im.Role.GLOBAL_ROPE_SIN)
+TINY = dict(  # two dense layers, two heads sharing one KV head, 48 positions
+    vocab_size=11, hidden_size=8, ffn_size=0, n_layers=2, n_heads=2, n_kv_heads=1, n_experts=0, top_k=0, max_seq=48,
+    rms_norm_eps=1e-5, rope_theta=10000.0, dense_ffn_size=10, moe_layers=(False, False))
+
+
+def mla_sharing_image() -> bytes:
+    """Two dense layers of latent attention (kv_lora 4, rope_dim 4) in Gemma 4's layer, the second sharing the
+    first one's KV cache: the plan gives it no KV rows, but latent attention stores and reads its own."""
+    dims = im.ModelDims(**TINY, head_dim=8, flags=im.FLAG_GEMMA4_LAYER, kv_lora_rank=4, rope_dim=4, v_head_dim=4)
+    buf = bytearray(im.build_image(dims, random_tensors(dims)))
+    struct.pack_into("<I", buf, 308, 1)  # kv_shared_layers: changes no tensor of latent attention
+    struct.pack_into("<Q", buf, 112, im.arena_bytes(replace(dims, kv_shared_layers=1)))
+    return bytes(reseal(buf))
+
+
+def global_head_without_rope_image() -> bytes:
+    """Two global layers of head size 8 where head_dim is 4, rotated with ROPE_COS/SIN ([max_seq, 2]) because the
+    GLOBAL_ROPE flag and its tables ([max_seq, 4]) were taken out; ROPE_SIN moved to the image's last bytes (a
+    legal place), so rope()'s four values a row read past the image at the last position."""
+    dims = im.ModelDims(**TINY, head_dim=4, global_head_dim=8, flags=im.FLAG_GLOBAL_ROPE)
+    buf = bytearray(im.build_image(dims, random_tensors(dims)))
+    entries = read_image(bytes(buf)).entries
+    index = {e.role: i for i, e in enumerate(entries) if e.layer == im.NO_INDEX}
+    struct.pack_into("<I", buf, 76, 0)  # flags
+    for role in (im.Role.GLOBAL_ROPE_COS, im.Role.GLOBAL_ROPE_SIN):
+        at = entry(index[role], 0)
+        buf[at:at + ENTRY_BYTES] = im.TensorEntry(role, im.NO_INDEX, im.NO_INDEX, im.DType.F32, (), 0, 0).pack()
+    sin = entries[index[im.Role.ROPE_SIN]]
+    assert len(buf) == entries[index[im.Role.GLOBAL_ROPE_SIN]].end and (len(buf) - sin.nbytes) % 64 == 0
+    struct.pack_into("<Q", buf, entry(index[im.Role.ROPE_SIN], 32), len(buf) - sin.nbytes)
+    return bytes(reseal(buf))
+
+
+@pytest.mark.parametrize("make", [mla_sharing_image, global_head_without_rope_image])
+def test_combination_outside_the_arena_or_image_is_refused(lib, make):
+    status, _ = lib.verify(make())
+    assert status == STATUS["E_IMAGE_DIMS"], f"got status {status}"
+
+
+@pytest.mark.parametrize("changes,field", [
+    (dict(head_dim=8, flags=im.FLAG_GEMMA4_LAYER, kv_lora_rank=4, rope_dim=4, v_head_dim=4, kv_shared_layers=1),
+     "kv_shared_layers=1"),
+    (dict(head_dim=4, global_head_dim=8, flags=0), "global_head_dim=8"),
+], ids=["latent attention with KV sharing", "global head size without its RoPE tables"])
+def test_the_image_writer_refuses_them_too(changes, field):
+    dims = im.ModelDims(**TINY, **changes)
+    with pytest.raises(ValueError, match=field):
+        im.build_image(dims, random_tensors(dims))

@@ -106,7 +106,10 @@ static int attention_dims(const uint8_t *h, model_dims *d) {
         const uint32_t global_kv_dim = d->global_kv_heads * d->global_head_dim; /* both <= n_heads * widest */
         d->kv_dim = d->n_kv_heads * hd > global_kv_dim ? d->n_kv_heads * hd : global_kv_dim;
         d->att_dim = d->val_dim = widest;
-        return d->q_lora || d->rope_dim != hd || d->v_head_dim != hd;
+        /* RoPE turns a whole head, with the table of the layer's head size: ROPE_COS/SIN hold head_dim / 2 a row,
+         * so a global head size of its own needs its own tables (GLOBAL_ROPE's, global_head_dim / 2 a row) */
+        return d->q_lora || d->rope_dim != hd || d->v_head_dim != hd ||
+               (global_hd && global_hd != hd && !(d->flags & IMG_FLAG_GLOBAL_ROPE));
     }
     const uint32_t options = IMG_FLAG_QKV_BIAS | IMG_FLAG_O_BIAS | IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL |
                              IMG_FLAG_V_NORM | IMG_FLAG_K_EQ_V | IMG_FLAG_GLOBAL_ROPE;
@@ -187,14 +190,16 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
                          rd32(h + H_SWIGLU_ALPHA)))
         return COLIBRI_E_UNSUPPORTED;
     if (attention_dims(h, d) || routing_dims(h, d)) return COLIBRI_E_IMAGE_DIMS;
-    if (!COLIBRI_LEAN) { /* Gemma 4's: 0 or a scale; its layer has a dense MLP everywhere, per-layer inputs only in it */
+    if (!COLIBRI_LEAN) { /* Gemma 4's: 0 or a scale; its layer has a dense MLP everywhere, per-layer inputs only in it;
+                          * KV sharing only for standard attention (latent attention stores every layer's own rows) */
         d->embed_scale = rdf32(h + H_EMBED_SCALE);
         d->logit_softcap = rdf32(h + H_LOGIT_SOFTCAP);
         d->ple_dim = rd32(h + H_PLE_DIM);
         const uint32_t shared = rd32(h + H_KV_SHARED);
         const int gemma = (d->flags & IMG_FLAG_GEMMA4_LAYER) != 0;
         if (!(d->embed_scale == 0.0f || scale_ok(d->embed_scale)) || !(d->logit_softcap == 0.0f || scale_ok(d->logit_softcap)) ||
-            (gemma && !d->dense_ffn) || ((d->ple_dim || shared) && !gemma) || ((d->flags & IMG_FLAG_DOUBLE_WIDE_MLP) && !shared) ||
+            (gemma && !d->dense_ffn) || ((d->ple_dim || shared) && !gemma) || (shared && d->kv_lora) ||
+            ((d->flags & IMG_FLAG_DOUBLE_WIDE_MLP) && !shared) ||
             (uint64_t)d->n_layers * d->ple_dim > IMG_MAX_DIM || shared >= d->n_layers || d->dense_ffn > IMG_MAX_DIM / 2)
             return COLIBRI_E_IMAGE_DIMS;
         d->first_shared = d->n_layers - shared;
