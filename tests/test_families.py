@@ -410,3 +410,24 @@ def test_gpt_oss_mxfp4_experts_read_as_transformers_dequantizes_them(tmp_path):
     with pytest.raises(Exception, match="quant_method='fp8'"):
         (mx / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "fp8"}}))
         pack(mx, tmp_path / "fp8.img", max_seq=32, expert_align=64)
+
+
+def test_v_norm_is_per_head_beside_full_qk_norms(hosted_build):
+    """V_NORM with QK_NORM_FULL (no family has both; the format allows it): v is normed on each head, as Gemma 4's
+    v_norm is and as the reference computes, whichever q/k norm the image has. Two KV heads, so a norm across the
+    projection differs from one per head; every position's logits, the runtime against the reference."""
+    from capi import Context, Lib
+    from colibri import image as im
+    from test_verifier import TINY, random_tensors
+    dims = im.ModelDims(**{**TINY, "n_kv_heads": 2}, head_dim=4, flags=im.FLAG_QK_NORM_FULL | im.FLAG_V_NORM)
+    image = im.build_image(dims, random_tensors(dims, seed=5))
+    tokens = [1, 5, 9, 3, 7, 10, 2, 4]
+    want = Reference(read_image(image)).forward(tokens)
+    assert np.abs(want).max() > 0.5, "logits too small for the tolerance to mean anything"
+    ctx = Context(Lib(hosted_build / "libcolibri.so"), image)
+    rows = []
+    for t in tokens:
+        assert ctx.feed([t]) == 0
+        rows.append(ctx.logits())
+    err = np.abs(np.stack(rows) - want).max()
+    assert err <= TOLERANCE * max(1.0, float(np.abs(want).max())), f"runtime against reference: {err:.3g}"

@@ -318,14 +318,15 @@ static void kv_accumulate(const colibri_ctx *c, float *out, float p, const void 
     }
 }
 
-/* q/k RMSNorm: across the whole projection, or on each head of hd with shared weights (w NULL: none, v's). */
+/* RMSNorm on each of n_heads heads of hd, with shared weights (w NULL: none, Gemma 4's v norm whatever the q/k one). */
+static void head_norm(const colibri_ctx *c, float *v, uint32_t n_heads, uint32_t hd, const float *w) {
+    for (uint32_t h = 0; h < n_heads; h++) rmsnorm(v + (size_t)h * hd, v + (size_t)h * hd, w, hd, c->d.eps);
+}
+
+/* q/k RMSNorm: across the whole projection, or on each head. */
 static void qk_norm(const colibri_ctx *c, float *v, uint32_t n_heads, uint32_t hd, const float *w) {
-    const model_dims *d = &c->d;
-    if (d->flags & IMG_FLAG_QK_NORM_FULL) {
-        rmsnorm(v, v, w, n_heads * hd, d->eps);
-    } else {
-        for (uint32_t h = 0; h < n_heads; h++) rmsnorm(v + (size_t)h * hd, v + (size_t)h * hd, w, hd, d->eps);
-    }
+    if (c->d.flags & IMG_FLAG_QK_NORM_FULL) rmsnorm(v, v, w, n_heads * hd, c->d.eps);
+    else head_norm(c, v, n_heads, hd, w);
 }
 
 static void clip(float *v, uint32_t n, float limit) {
@@ -448,7 +449,7 @@ static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint3
         rope(q, d->n_heads, hd, hd, pairs, cos, sin);
         if (!shared) { /* this position's k and v into the layer's cache */
             if (qk_norms) qk_norm(c, k, kv_heads, hd, layer_w(c, layer, ROLE_K_NORM));
-            if (!COLIBRI_LEAN && (d->flags & IMG_FLAG_V_NORM)) qk_norm(c, v, kv_heads, hd, 0);
+            if (!COLIBRI_LEAN && (d->flags & IMG_FLAG_V_NORM)) head_norm(c, v, kv_heads, hd, 0);
             if (d->clip_qkv > 0.0f) {
                 clip(k, kv_dim, d->clip_qkv);
                 clip(v, kv_dim, d->clip_qkv);
