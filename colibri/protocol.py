@@ -15,7 +15,7 @@ import numpy as np
 
 SYNC = b"\xA5\x5A"
 MAX_PAYLOAD = 4096
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 REQ_INFO, REQ_OPEN, REQ_START, REQ_STATS, REQ_QUIT = 0x01, 0x02, 0x03, 0x04, 0x05
 REQ_UPLOAD_BEGIN, REQ_UPLOAD_CHUNK, REQ_UPLOAD_END = 0x06, 0x07, 0x08
@@ -176,8 +176,7 @@ class LayerTrace:
 def parse_trace(data: bytes) -> list[LayerTrace]:
     out, off = [], 0
     while off < len(data):
-        word, _, att, router, ffn = struct.unpack_from("<IIQQQ", data, off)
-        layer, n = word & 0xFFFF, word >> 16
+        layer, n, att, router, ffn = struct.unpack_from("<IIQQQ", data, off)
         off += 32
         experts, weights, cycles = [], [], []
         for _ in range(n):

@@ -72,3 +72,20 @@ def test_a_bad_trace_file_is_one_line_and_exit_2(text, says, tmp_path, capsys):
     assert routing_report.main([str(tmp_path / "t.json"), "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1
+
+
+def test_trace_records_hold_every_layer_the_verifier_allows(hosted_build, tmp_path):
+    """link.c's trace hook and protocol.parse_trace agree on layers past 16 bits (the verifier allows 2^24), for
+    0, 1 and 2 routed experts (tests/trace_record.c: the hook on six records)."""
+    import subprocess
+
+    from conftest import ROOT
+    from colibri.protocol import LayerTrace, parse_trace
+    exe = tmp_path / "trace_record"
+    subprocess.run(["gcc", "-std=c11", "-Wall", "-Werror", "-Iboards/common", "-Ifirmware/include", "tests/trace_record.c",
+                    str(hosted_build / "libcolibri.a"), "-o", str(exe)], cwd=ROOT, check=True)
+    records = parse_trace(bytes.fromhex(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout))
+    experts, weights, cycles = [3, 1], [0.75, 0.25], [11, 1 << 40]
+    want = [LayerTrace(layer, 100 + i, 200 + i, 300 + i, experts[:i % 3], weights[:i % 3], cycles[:i % 3])
+            for i, layer in enumerate([0, 255, 65535, 65536, 70001, (1 << 24) - 1])]
+    assert records == want
