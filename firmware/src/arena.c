@@ -41,7 +41,7 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
     a.q_att = mla ? reserve(&p, (uint64_t)d->n_heads * d->att_dim) : 0;
     a.attn_out = reserve(&p, (uint64_t)d->n_heads * d->val_dim);
     a.o_in = mla ? reserve(&p, d->o_dim) : 0;
-    if (!COLIBRI_LEAN) a.ple = d->ple_dim ? reserve(&p, ((uint64_t)d->n_layers + 1) * d->ple_dim) : 0; /* lean: unused */
+    a.ple = !COLIBRI_LEAN && d->ple_dim ? reserve(&p, ((uint64_t)d->n_layers + 1) * d->ple_dim) : 0; /* lean: none */
     a.att = reserve(&p, (uint64_t)d->n_heads * d->max_seq);
     a.ffn_gate = reserve(&p, d->ffn_max);
     a.ffn_up = reserve(&p, d->ffn_max);
@@ -83,7 +83,7 @@ uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_b
     b.q_att = mla ? reserve(&p, n * d->n_heads * d->att_dim) : 0;
     b.attn_out = reserve(&p, n * d->n_heads * d->val_dim);
     b.o_in = mla ? reserve(&p, n * d->o_dim) : 0;
-    if (!COLIBRI_LEAN) b.ple = d->ple_dim ? reserve(&p, n * ((uint64_t)d->n_layers + 1) * d->ple_dim) : 0;
+    b.ple = !COLIBRI_LEAN && d->ple_dim ? reserve(&p, n * ((uint64_t)d->n_layers + 1) * d->ple_dim) : 0;
     b.moe_out = reserve(&p, n * d->dim);
     b.gate = reserve(&p, n * d->ffn_max);
     b.up = reserve(&p, n * d->ffn_max);

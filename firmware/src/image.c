@@ -133,8 +133,11 @@ static int routing_dims(const uint8_t *h, model_dims *d) {
     d->topk_group = rd32(h + H_TOPK_GROUP);
     d->group_top = rd32(h + H_GROUP_TOP);
     d->routed_scale = rdf32(h + H_ROUTED_SCALE);
-    /* the lean build (n_group 1 already checked) neither reads nor uses swiglu_* */
-    if (COLIBRI_LEAN) return d->topk_group != 1 || d->group_top != 1 || d->routed_scale != 1.0f;
+    /* the lean build (n_group 1 already checked) neither reads nor uses swiglu_*: plain SwiGLU, as their 0 says */
+    if (COLIBRI_LEAN) {
+        d->swiglu_alpha = d->swiglu_limit = 0.0f;
+        return d->topk_group != 1 || d->group_top != 1 || d->routed_scale != 1.0f;
+    }
     d->swiglu_alpha = rdf32(h + H_SWIGLU_ALPHA);
     d->swiglu_limit = rdf32(h + H_SWIGLU_LIMIT);
     /* gpt-oss's expert activation: limit and alpha finite and positive, with experts; else both 0 */
@@ -203,6 +206,10 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
             (uint64_t)d->n_layers * d->ple_dim > IMG_MAX_DIM || shared >= d->n_layers || d->dense_ffn > IMG_MAX_DIM / 2)
             return COLIBRI_E_IMAGE_DIMS;
         d->first_shared = d->n_layers - shared;
+    } else { /* the lean build has none of Gemma 4's mechanisms, as these values say */
+        d->embed_scale = d->logit_softcap = 0.0f;
+        d->ple_dim = 0;
+        d->first_shared = d->n_layers; /* no layer shares a KV cache */
     }
     const uint32_t dense_max = COLIBRI_LEAN || !(d->flags & IMG_FLAG_DOUBLE_WIDE_MLP) ? d->dense_ffn : 2 * d->dense_ffn;
     d->ffn_max = d->ffn > dense_max ? d->ffn : dense_max;
