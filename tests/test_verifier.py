@@ -272,9 +272,12 @@ def test_metadata_corruption_is_named(lib, meta_image, name, mutate, expected):
     assert status == STATUS[expected], f"{name}: got status {status}"
 
 
-# Combinations the runtime does not implement, crafted as the packer would write them if it allowed them: before
-# the verifier refused them, each was accepted and read or wrote outside the image or the arena
-# (tests/test_sanitizers.py runs them under AddressSanitizer).
+ROPE_TABLES = (im.Role.ROPE_COS, im.Role.ROPE_SIN, im.Role.GLOBAL_ROPE_COS, im.Role.GLOBAL_ROPE_SIN)
+TINY = dict(  # two dense layers, two heads sharing one KV head, 48 positions
+    vocab_size=11, hidden_size=8, ffn_size=0, n_layers=2, n_heads=2, n_kv_heads=1, n_experts=0, top_k=0, max_seq=48,
+    rms_norm_eps=1e-5, rope_theta=10000.0, dense_ffn_size=10, moe_layers=(False, False))
+
+
 def random_tensors(dims: im.ModelDims, seed: int = 0) -> dict:
     """Every tensor `dims` has, in f32: N(0, 1/in) matrices, vectors near 1, RoPE tables of their width."""
     rng = np.random.default_rng(seed)
@@ -294,12 +297,9 @@ def random_tensors(dims: im.ModelDims, seed: int = 0) -> dict:
     return tensors
 
 
-ROPE_TABLES = (im.Role.ROPE_COS, im.Role.ROPE_SIN, im.Role.GLOBAL_ROPE_COS, im.Role.GLOBAL_ROPE_SIN)
-TINY = dict(  # two dense layers, two heads sharing one KV head, 48 positions
-    vocab_size=11, hidden_size=8, ffn_size=0, n_layers=2, n_heads=2, n_kv_heads=1, n_experts=0, top_k=0, max_seq=48,
-    rms_norm_eps=1e-5, rope_theta=10000.0, dense_ffn_size=10, moe_layers=(False, False))
-
-
+# Combinations the runtime does not implement, crafted as the packer would write them if it allowed them: before
+# the verifier refused them, each was accepted and read or wrote outside the image or the arena
+# (tests/test_sanitizers.py runs them under AddressSanitizer).
 def mla_sharing_image() -> bytes:
     """Two dense layers of latent attention (kv_lora 4, rope_dim 4) in Gemma 4's layer, the second sharing the
     first one's KV cache: the plan gives it no KV rows, but latent attention stores and reads its own."""
