@@ -3,11 +3,17 @@
 The long campaign is `python tools/fuzz.py --seconds 3600`; docs/SECURITY.md records its figures."""
 from __future__ import annotations
 
+import os
+import struct
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from tools import fuzz
 
 SECONDS = 30
+SEAL, STREAMED = 1, 2  # bits of the image harness's first input byte (bit 2: a prefill batch)
 
 
 @pytest.mark.parametrize("harness", list(fuzz.HARNESSES))
@@ -15,6 +21,7 @@ def test_fuzz_harness_finds_nothing(harness):
     result = fuzz.run(harness, SECONDS, jobs=1, seed=1)
     assert result["findings"] == [] and result["exit_status"] == 0, result["log_tail"]
     assert result["executions"] > 1000  # the harness really ran
+    assert 0 < result["edges"] <= result["features"]  # coverage is reported (a feature per edge at least)
 
 
 def test_seed_corpus_is_current(hosted_build):
@@ -41,3 +48,65 @@ def test_past_findings_stay_fixed(harness):
     done = subprocess.run([str(exe), *map(str, inputs)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr.count("Running:") == len(inputs)
+
+
+def reached(exe: Path, inputs: list[Path]) -> dict[str, dict[str, int]]:
+    """How far the image harness got on each input file: its COLIBRI_FUZZ_REPORT line, the status of each
+    call (verify, open, feed, step; -1: not reached) and the mode byte."""
+    env = {**os.environ, "COLIBRI_FUZZ_REPORT": "1", "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1"}
+    done = subprocess.run([str(exe), *map(str, inputs)], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out: dict[str, dict[str, int]] = {}
+    current = ""
+    for line in done.stderr.splitlines():
+        if line.startswith("Running: "):
+            current = Path(line.removeprefix("Running: ")).name
+        elif line.startswith("reached: "):
+            words = line.split()[1:]
+            out[current] = {key: int(value) for key, value in zip(words[::2], words[1::2])}
+    return out
+
+
+def scramble_crcs(image: bytes) -> bytes:
+    """The image with every CRC it holds wrong: header, payload, metadata and each expert block's."""
+    from colibri.image import HEADER_FIELDS, HEADER_OFFSETS, HEADER_STRUCT
+    h = dict(zip(HEADER_FIELDS, HEADER_STRUCT.unpack_from(image, 0)))
+    fields = ["header_crc32", "payload_crc32"] + (["meta_crc32"] if h["meta_bytes"] else [])
+    places = [HEADER_OFFSETS[f] for f in fields]
+    places += [h["expert_crc_offset"] + 4 * i for i in range(h["n_layers"] * h["n_experts"])]
+    out = bytearray(image)
+    for at in places:
+        struct.pack_into("<I", out, at, struct.unpack_from("<I", out, at)[0] ^ 0x5A5A5A5A)
+    return bytes(out)
+
+
+def test_harness_reseal_reaches_the_forward_pass(tmp_path):
+    """Every seed image in every mode of the harness (its first byte: reseal, stream the experts, a prefill
+    batch) verifies, opens, feeds and steps, as the seed and with every CRC in it made wrong when the mode
+    reseals: the harness's reseal seals all the verifier checks, so mutations get past the CRCs. Unsealed,
+    the scrambled image fails at the header CRC (the scrambling really broke what the reseal must mend)."""
+    from capi import STATUS
+    images: dict[bytes, str] = {}
+    for seed in sorted((fuzz.FUZZ / "corpus" / "image").glob("*.img")):
+        images.setdefault(seed.read_bytes()[1:], seed.stem.removesuffix("-raw").removesuffix("-streamed")
+                          .removesuffix("-batched"))
+    assert len(images) >= 15 and any(name.endswith("-meta") for name in images.values())  # one has a metadata section
+    for image, name in images.items():
+        for variant, content in (("seed", image), ("scrambled", scramble_crcs(image))):
+            for mode in range(8):
+                (tmp_path / f"{name}.{variant}.{mode}").write_bytes(bytes([mode]) + content)
+    inputs = sorted(tmp_path.iterdir())
+    got = reached(fuzz.build("image"), inputs)
+    assert sorted(got) == [p.name for p in inputs]
+    ok, header_crc = STATUS["OK"], STATUS["E_IMAGE_HEADER_CRC"]
+    wrong = []
+    for file, r in got.items():
+        _, variant, mode = file.split(".")
+        streamed = int(mode) & STREAMED
+        if variant == "seed" or int(mode) & SEAL:
+            # streamed, open verifies the resident part (the expert blocks when fetched)
+            if r != {"mode": int(mode), "verify": -1 if streamed else ok, "open": ok, "feed": ok, "step": ok}:
+                wrong.append((file, r))
+        elif (r["open"] if streamed else r["verify"]) != header_crc:
+            wrong.append((file, r))
+    assert not wrong, f"{len(wrong)} of {len(got)} inputs: {wrong[:6]}"

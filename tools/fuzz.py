@@ -30,11 +30,12 @@ if str(ROOT) not in sys.path:
 FUZZ = ROOT / "tests" / "fuzz"
 OUT = ROOT / "build" / "fuzz"
 HARNESSES = {
-    "image": (["fuzz_image.c"], "image.dict"),
+    "image": (["fuzz_image.c", "image_mutator.c", "reseal.c"], "image.dict"),
     "link": (["fuzz_link.c", str(ROOT / "boards" / "common" / "link.c")], "link.dict"),
 }
 CFLAGS = ["-std=c11", "-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all",
-          "-ffp-contract=off", f"-I{ROOT / 'firmware' / 'include'}", f"-I{ROOT / 'boards' / 'common'}"]
+          "-ffp-contract=off", f"-I{ROOT / 'firmware' / 'include'}", f"-I{ROOT / 'firmware' / 'src'}",
+          f"-I{ROOT / 'boards' / 'common'}"]  # firmware/src: format.h, the image format the harness reseals by
 
 
 def build(name: str) -> Path:
@@ -51,6 +52,16 @@ def build(name: str) -> Path:
 
 def seed_image() -> Path:
     return FUZZ / "corpus" / "link_image.bin"
+
+
+def coverage(log: str) -> dict:
+    """One libFuzzer process's figures from its log: executions (its final stats), and the coverage it had
+    reached: `cov` (edges: the instrumented points hit) and `ft` (features: edges with hit counts and the
+    comparisons' values), from its last status line."""
+    execs = re.findall(r"stat::number_of_executed_units:\s+(\d+)", log)
+    status = re.findall(r"\bcov: (\d+) ft: (\d+)", log)
+    edges, features = status[-1] if status else (0, 0)
+    return {"executions": int(execs[-1]) if execs else 0, "edges": int(edges), "features": int(features)}
 
 
 def run(name: str, seconds: int, jobs: int, seed: int) -> dict:
@@ -70,10 +81,15 @@ def run(name: str, seconds: int, jobs: int, seed: int) -> dict:
     for old in OUT.glob("fuzz-*.log"):
         old.unlink()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=OUT)
-    log = proc.stdout + proc.stderr + "".join(p.read_text(errors="replace") for p in sorted(OUT.glob("fuzz-*.log")))
-    execs = sum(int(m) for m in re.findall(r"stat::number_of_executed_units:\s+(\d+)", log))
+    job_logs = {p.name: p.read_text(errors="replace") for p in sorted(OUT.glob("fuzz-*.log"))} if jobs > 1 else {}
+    per_job = [{"log": log_name, **coverage(text)} for log_name, text in job_logs.items()]
+    log = proc.stdout + proc.stderr + "".join(job_logs.values())
+    # one process, or the jobs together: executions add up; each job counts its own coverage, the best is reported
+    figures = coverage(log) if not per_job else {
+        "executions": sum(j["executions"] for j in per_job), "edges": max(j["edges"] for j in per_job),
+        "features": max(j["features"] for j in per_job)}
     crashes = sorted(str(p) for p in OUT.glob(f"{name}-*"))
-    return {"harness": name, "seconds": seconds, "executions": execs, "exit_status": proc.returncode,
+    return {"harness": name, "seconds": seconds, **figures, "jobs": per_job, "exit_status": proc.returncode,
             "corpus_files": len(list(work.iterdir())), "findings": crashes,
             "log_tail": log[-3000:] if proc.returncode else ""}
 
@@ -124,6 +140,8 @@ def make_seeds() -> None:
                                     experts=0, mla=dict(n_layers=3, global_head_dim=8, embed_scale=2.0, attn_scale=1.0,
                                                         sliding_window=3, window_layers=(True, False, True), ple_dim=2,
                                                         kv_shared_layers=1)),
+        # a metadata section (the host's tokenizer and template; its own CRC, which the harness reseals too)
+        "mixtral-meta": dict(flags=im.FLAG_NORM_TOPK, moe=(True, True), meta={"note": "fuzz seed"}),
     }
     out = FUZZ / "corpus" / "image"
     out.mkdir(parents=True, exist_ok=True)
@@ -145,7 +163,7 @@ def make_seeds() -> None:
         tensors[(im.Role.ROPE_COS, im.NO_INDEX, im.NO_INDEX)] = cos
         tensors[(im.Role.ROPE_SIN, im.NO_INDEX, im.NO_INDEX)] = sin
         # one pinned expert: both tiers hold experts
-        blob = im.build_image(dims, tensors, pinned=frozenset({(0, 1)}) if experts else frozenset())
+        blob = im.build_image(dims, tensors, pinned=frozenset({(0, 1)}) if experts else frozenset(), meta=v.get("meta"))
         (out / f"{name}.img").write_bytes(b"\x01" + blob)  # first byte: the harness reseals CRCs
         (out / f"{name}-raw.img").write_bytes(b"\x00" + blob)
         if experts:
@@ -173,6 +191,13 @@ def make_seeds() -> None:
     print(f"seeds written under {FUZZ / 'corpus'}")
 
 
+def summary(r: dict) -> str:
+    verdict = "no findings" if not r["findings"] and r["exit_status"] == 0 else f"FINDINGS: {r['findings']}"
+    rate = r["executions"] / r["seconds"] if r["seconds"] else 0.0
+    return (f"{r['harness']:<6} {r['seconds']:>5} s  {r['executions']:>10,} executions ({rate:,.0f}/s)  "
+            f"{r['edges']:>6,} edges  {r['features']:>7,} features  {r['corpus_files']:>5} corpus files  {verdict}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("harness", nargs="*", choices=[*HARNESSES, []], help="harnesses to run (default: all)")
@@ -190,9 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results))
     else:
         for r in results:
-            verdict = "no findings" if not r["findings"] and r["exit_status"] == 0 else f"FINDINGS: {r['findings']}"
-            print(f"{r['harness']:<6} {r['seconds']:>5} s  {r['executions']:>10,} executions  "
-                  f"{r['corpus_files']:>5} corpus files  {verdict}")
+            print(summary(r))
+            for job in r["jobs"]:
+                print(f"  {job['log']:<12} {job['executions']:>10,} executions  {job['edges']:>6,} edges  "
+                      f"{job['features']:>7,} features")
             if r["log_tail"]:
                 print(r["log_tail"], file=sys.stderr)
     return 0 if all(not r["findings"] and r["exit_status"] == 0 for r in results) else 1
