@@ -21,6 +21,7 @@ import shutil
 import struct
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,24 +30,48 @@ if str(ROOT) not in sys.path:
 
 FUZZ = ROOT / "tests" / "fuzz"
 OUT = ROOT / "build" / "fuzz"
+RUNTIME = ROOT / "firmware" / "src"
+
+
+@dataclass(frozen=True)
+class Harness:
+    sources: tuple[str, ...]   # under tests/fuzz/, or absolute
+    dictionary: str
+    # The runtime files built with comparison tracing (-fsanitize-coverage=trace-cmp: a callback at every
+    # comparison, so the mutator learns the operands); None: all. The link harness's target is the protocol:
+    # it traces the API's argument checks, not the loops of the forward pass and the verifier, which the
+    # image harness fuzzes and which were most of its time. Untraced files' edges still count as coverage.
+    traced_runtime: tuple[str, ...] | None = None
+
+
 HARNESSES = {
-    "image": (["fuzz_image.c", "image_mutator.c", "reseal.c"], "image.dict"),
-    "link": (["fuzz_link.c", str(ROOT / "boards" / "common" / "link.c")], "link.dict"),
+    "image": Harness(("fuzz_image.c", "image_mutator.c", "reseal.c"), "image.dict"),
+    "link": Harness(("fuzz_link.c", str(ROOT / "boards" / "common" / "link.c")), "link.dict",
+                    traced_runtime=("colibri.c", "sampler.c")),
 }
 CFLAGS = ["-std=c11", "-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all",
-          "-ffp-contract=off", f"-I{ROOT / 'firmware' / 'include'}", f"-I{ROOT / 'firmware' / 'src'}",
+          "-ffp-contract=off", f"-I{ROOT / 'firmware' / 'include'}", f"-I{RUNTIME}",
           f"-I{ROOT / 'boards' / 'common'}"]  # firmware/src: format.h, the image format the harness reseals by
 
 
 def build(name: str) -> Path:
     if shutil.which("clang") is None:
         raise SystemExit("fuzz: clang not found: apt-get install clang libclang-rt-14-dev")
-    sources, _ = HARNESSES[name]
+    harness = HARNESSES[name]
     OUT.mkdir(parents=True, exist_ok=True)
     exe = OUT / f"fuzz_{name}"
-    runtime = sorted(str(p) for p in (ROOT / "firmware" / "src").glob("*.c"))
-    cmd = ["clang", *CFLAGS, *[str(FUZZ / s) if "/" not in s else s for s in sources], *runtime, "-o", str(exe)]
-    subprocess.run(cmd, check=True)
+    objects = OUT / f"untraced-{name}"
+    inputs = [str(FUZZ / s) if "/" not in s else s for s in harness.sources]
+    for source in sorted(RUNTIME.glob("*.c")):
+        if harness.traced_runtime is not None and source.name not in harness.traced_runtime:
+            objects.mkdir(exist_ok=True)
+            obj = objects / f"{source.stem}.o"
+            subprocess.run(["clang", *CFLAGS, "-fno-sanitize-coverage=trace-cmp", "-c", str(source), "-o", str(obj)],
+                           check=True)
+            inputs.append(str(obj))
+        else:
+            inputs.append(str(source))
+    subprocess.run(["clang", *CFLAGS, *inputs, "-o", str(exe)], check=True)
     return exe
 
 
@@ -69,7 +94,7 @@ def run(name: str, seconds: int, jobs: int, seed: int) -> dict:
     seeds = FUZZ / "corpus" / name
     work = OUT / "corpus" / name
     work.mkdir(parents=True, exist_ok=True)
-    _, dictionary = HARNESSES[name]
+    dictionary = HARNESSES[name].dictionary
     cmd = [str(exe), str(work), str(seeds), f"-dict={FUZZ / dictionary}", f"-max_total_time={seconds}",
            f"-seed={seed}", "-print_final_stats=1", "-max_len=65536", f"-artifact_prefix={OUT}/{name}-",
            "-rss_limit_mb=2048", "-timeout=10"]
@@ -143,9 +168,7 @@ def make_seeds() -> None:
         # a metadata section (the host's tokenizer and template; its own CRC, which the harness reseals too)
         "mixtral-meta": dict(flags=im.FLAG_NORM_TOPK, moe=(True, True), meta={"note": "fuzz seed"}),
     }
-    out = FUZZ / "corpus" / "image"
-    out.mkdir(parents=True, exist_ok=True)
-    for name, v in variants.items():
+    def image_of(v: dict) -> bytes:
         experts = v.get("experts", 3)
         dims = im.ModelDims(**{**dict(
             vocab_size=11, hidden_size=8, ffn_size=6 if experts else 0, n_layers=2, n_heads=2, n_kv_heads=1,
@@ -163,23 +186,31 @@ def make_seeds() -> None:
         tensors[(im.Role.ROPE_COS, im.NO_INDEX, im.NO_INDEX)] = cos
         tensors[(im.Role.ROPE_SIN, im.NO_INDEX, im.NO_INDEX)] = sin
         # one pinned expert: both tiers hold experts
-        blob = im.build_image(dims, tensors, pinned=frozenset({(0, 1)}) if experts else frozenset(), meta=v.get("meta"))
+        return im.build_image(dims, tensors, pinned=frozenset({(0, 1)}) if experts else frozenset(), meta=v.get("meta"))
+
+    out = FUZZ / "corpus" / "image"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, v in variants.items():
+        blob = image_of(v)
         (out / f"{name}.img").write_bytes(b"\x01" + blob)  # first byte: the harness reseals CRCs
         (out / f"{name}-raw.img").write_bytes(b"\x00" + blob)
-        if experts:
+        if v.get("experts", 3):
             (out / f"{name}-streamed.img").write_bytes(b"\x03" + blob)  # and streams the expert part
         (out / f"{name}-batched.img").write_bytes(b"\x05" + blob)  # or feeds the prompt through a prefill batch
-        if name == "mixtral":
-            seed_image().write_bytes(blob)
+    # the link harness's board: the smallest MoE image (one layer, two experts, one streamed), because every OPEN
+    # verifies it and every token runs it; the protocol's paths do not depend on the model's size
+    seed_image().write_bytes(image_of(dict(flags=im.FLAG_NORM_TOPK, moe=(True,), experts=2, mla=dict(n_layers=1))))
 
     image = seed_image().read_bytes()
     run = scripted_session([1, 2], 3, Sampling(0.8, 3, 0.9, 7), 11)
     sessions = {
         "run": run,
-        "upload": [(REQ_UPLOAD_BEGIN, struct.pack("<QI", len(image), 0)),
-                   (REQ_UPLOAD_CHUNK, struct.pack("<Q", 0) + image[:2000]),
-                   (REQ_UPLOAD_CHUNK, struct.pack("<Q", 2000) + image[2000:4000]),
-                   (REQ_UPLOAD_END, b""), (REQ_OPEN, b""), *run[2:]],
+        "upload": [(REQ_UPLOAD_BEGIN, struct.pack("<QI", len(image), im.crc32(image))),
+                   *[(REQ_UPLOAD_CHUNK, struct.pack("<Q", at) + image[at:at + 2000]) for at in range(0, len(image), 2000)],
+                   (REQ_UPLOAD_END, b""), (REQ_OPEN, b""), *run[2:]],  # the whole image: OPEN opens the upload
+        "upload-cut": [(REQ_UPLOAD_BEGIN, struct.pack("<QI", len(image), im.crc32(image))),  # END refused: no image
+                       (REQ_UPLOAD_CHUNK, struct.pack("<Q", 0) + image[:2000]), (REQ_UPLOAD_END, b""), (REQ_OPEN, b""),
+                       *run[2:]],
     }
     link = FUZZ / "corpus" / "link"
     link.mkdir(parents=True, exist_ok=True)
