@@ -1,7 +1,8 @@
 /* Structure-aware mutation for fuzz_image.c. Half the time libFuzzer's own byte-level mutation
  * (LLVMFuzzerMutate, with the dictionary); otherwise one to three edits of the image's structure -- a header
  * dimension, a float parameter, an offset, a flag bit, a window-layer bit, a field of a tensor table entry
- * (role, dtype, layer, dims, offsets, sizes), or the harness's mode bits -- after which the image is
+ * (role, dtype, layer, dims, offsets, sizes), a whole entry emptied or given another's shape and place, or
+ * the harness's mode bits -- after which the image is
  * resealed, so the edit meets the per-family checks (read_dims, the table's specs, the bounds) instead of
  * a CRC. Field offsets come from firmware/src/format.h, the verifier's definition. */
 #include <math.h> /* INFINITY, NAN: constants, no libm */
@@ -80,8 +81,9 @@ static void mutate_float(uint64_t *rng, uint8_t *p) {
     put_float(p, pick < COUNT(values) ? values[pick] : pick == COUNT(values) ? old * 2.0f : old / 2.0f);
 }
 
-static void mutate_field(uint64_t *rng, uint8_t *p, field f, const uint8_t *other) {
-    put_le(p + f.offset, interesting(rng, get_le(p + f.offset, f.bytes), get_le(other + f.offset, f.bytes)), f.bytes);
+/* Field f of the header or entry at `base` set to an interesting value; `other`: another field's value */
+static void mutate_field(uint64_t *rng, uint8_t *base, field f, uint64_t other) {
+    put_le(base + f.offset, interesting(rng, get_le(base + f.offset, f.bytes), other), f.bytes);
 }
 
 /* One edit of img (the image, `size` bytes, at least a header) or of the harness's mode byte. */
@@ -90,10 +92,10 @@ static void mutate_structure(uint64_t *rng, uint8_t *mode, uint8_t *img, size_t 
     uint64_t entries = get_le(img + H_N_TENSORS, 4);
     if (table > size) entries = 0;
     else if (entries > (size - table) / IMG_ENTRY_BYTES) entries = (size - table) / IMG_ENTRY_BYTES;
-    switch (below(rng, 8)) {
+    switch (below(rng, 9)) {
     case 0: case 1: { /* a header integer, perhaps set to another's value */
         const field f = header_ints[below(rng, COUNT(header_ints))], g = header_ints[below(rng, COUNT(header_ints))];
-        put_le(img + f.offset, interesting(rng, get_le(img + f.offset, f.bytes), get_le(img + g.offset, g.bytes)), f.bytes);
+        mutate_field(rng, img, f, get_le(img + g.offset, g.bytes));
         break;
     }
     case 2: mutate_float(rng, img + header_floats[below(rng, COUNT(header_floats))]); break;
@@ -109,7 +111,21 @@ static void mutate_structure(uint64_t *rng, uint8_t *mode, uint8_t *img, size_t 
         const uint8_t *other = img + table + below(rng, (uint32_t)entries) * IMG_ENTRY_BYTES;
         const field f = entry_fields[below(rng, COUNT(entry_fields))];
         if (f.offset == E_DTYPE && below(rng, 2)) put_le(e + E_DTYPE, below(rng, DTYPE_COUNT + 1), 2);
-        else mutate_field(rng, e, f, other);
+        else mutate_field(rng, e, f, get_le(other + f.offset, f.bytes));
+        break;
+    }
+    case 7: { /* a whole entry: emptied (a tensor the flags may no longer want), or another's shape and place */
+        if (!entries) break;
+        uint8_t *e = img + table + below(rng, (uint32_t)entries) * IMG_ENTRY_BYTES;
+        const uint8_t *other = img + table + below(rng, (uint32_t)entries) * IMG_ENTRY_BYTES;
+        const int empty = below(rng, 2); /* the entry keeps its slot: role, layer, expert */
+        if (empty) {
+            memset(e + E_DTYPE, 0, 2);
+            memset(e + E_NDIMS, 0, IMG_ENTRY_BYTES - E_NDIMS);
+        } else {
+            memmove(e + E_DTYPE, other + E_DTYPE, 2);
+            memmove(e + E_NDIMS, other + E_NDIMS, IMG_ENTRY_BYTES - E_NDIMS);
+        }
         break;
     }
     default: *mode ^= (uint8_t)(2u << below(rng, 2)); break; /* streamed or batched */
