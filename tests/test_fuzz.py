@@ -41,7 +41,6 @@ def test_past_findings_stay_fixed(harness):
     """Inputs a campaign once crashed on (tests/fuzz/regress/<harness>/) run clean under ASan + UBSan:
     image/quantize-nonfinite.img made quantize_q8_0 cast an infinite product to int8 (CI, 2026-11-30; rebuilt
     for format v3 as the same case: a Q8_0 image whose layer-0 attention norm is infinite)."""
-    import subprocess
     inputs = sorted((fuzz.FUZZ / "regress" / harness).glob("*"))
     assert inputs
     exe = fuzz.build(harness)
@@ -51,10 +50,9 @@ def test_past_findings_stay_fixed(harness):
 
 
 def harness_report(args: list[str]) -> list[tuple[str, dict[str, int]]]:
-    """Run the image harness with COLIBRI_FUZZ_REPORT set: for each input it ran, the last input file
-    libFuzzer named ("Running: ...", "" when fuzzing) and how far the input got (the status of verify,
-    open, feed and step, -1 where not reached, and the mode byte). Lines after libFuzzer's INITED are marked
-    "mutated"."""
+    """Run the image harness with COLIBRI_FUZZ_REPORT set: for each input it ran, where it came from (the file
+    libFuzzer last named with "Running:"; in a fuzzing run "" for the seeds, "mutated" after its INITED line)
+    and how far it got (the status of verify, open, feed and step, -1 where not reached, and the mode byte)."""
     env = {**os.environ, "COLIBRI_FUZZ_REPORT": "1", "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1"}
     done = subprocess.run([str(fuzz.build("image")), *args], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
