@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -48,7 +49,19 @@ HEADER_FIELDS = (
 )
 MAX_WINDOW_LAYERS = 512  # window_layers is a bitmap of 64 bytes: layers past it cannot have a window
 KV_DTYPES = {"f32": 0, "f16": 1}  # header kv_dtype: the KV cache's element type
-HEADER_CRC_OFFSET = 24
+
+
+def _field_offsets(fmt: str) -> list[int]:
+    """Each field's byte offset in a packed little-endian struct format ("8s" is one field)."""
+    offsets, at = [], 0
+    for count, code in re.findall(r"(\d*)([a-zA-Z])", fmt.lstrip("<")):
+        offsets.append(at)
+        at += struct.calcsize("<" + count + code)
+    return offsets
+
+
+HEADER_OFFSETS = dict(zip(HEADER_FIELDS, _field_offsets(HEADER_STRUCT.format), strict=True))  # docs/FORMAT.md
+HEADER_CRC_OFFSET = HEADER_OFFSETS["header_crc32"]
 ENTRY_STRUCT = struct.Struct("<HHIIIIIII" + "QQQQ")  # 64 bytes, see docs/FORMAT.md
 
 FLAG_NORM_TOPK = 1 << 0      # renormalize the top-k router weights to sum to 1

@@ -3,11 +3,17 @@
 The long campaign is `python tools/fuzz.py --seconds 3600`; docs/SECURITY.md records its figures."""
 from __future__ import annotations
 
+import os
+import struct
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from tools import fuzz
 
 SECONDS = 30
+SEAL, STREAMED = 1, 2  # bits of the image harness's first input byte (bit 2: a prefill batch)
 
 
 @pytest.mark.parametrize("harness", list(fuzz.HARNESSES))
@@ -15,6 +21,7 @@ def test_fuzz_harness_finds_nothing(harness):
     result = fuzz.run(harness, SECONDS, jobs=1, seed=1)
     assert result["findings"] == [] and result["exit_status"] == 0, result["log_tail"]
     assert result["executions"] > 1000  # the harness really ran
+    assert 0 < result["edges"] <= result["features"]  # coverage is reported (a feature per edge at least)
 
 
 def test_seed_corpus_is_current(hosted_build):
@@ -34,10 +41,95 @@ def test_past_findings_stay_fixed(harness):
     """Inputs a campaign once crashed on (tests/fuzz/regress/<harness>/) run clean under ASan + UBSan:
     image/quantize-nonfinite.img made quantize_q8_0 cast an infinite product to int8 (CI, 2026-11-30; rebuilt
     for format v3 as the same case: a Q8_0 image whose layer-0 attention norm is infinite)."""
-    import subprocess
     inputs = sorted((fuzz.FUZZ / "regress" / harness).glob("*"))
     assert inputs
     exe = fuzz.build(harness)
     done = subprocess.run([str(exe), *map(str, inputs)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr.count("Running:") == len(inputs)
+
+
+def harness_report(args: list[str]) -> list[tuple[str, dict[str, int]]]:
+    """Run the image harness with COLIBRI_FUZZ_REPORT set: for each input it ran, where it came from (the file
+    libFuzzer last named with "Running:"; in a fuzzing run "" for the seeds, "mutated" after its INITED line)
+    and how far it got (the status of verify, open, feed and step, -1 where not reached, and the mode byte)."""
+    env = {**os.environ, "COLIBRI_FUZZ_REPORT": "1", "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1"}
+    done = subprocess.run([str(fuzz.build("image")), *args], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out: list[tuple[str, dict[str, int]]] = []
+    current = ""
+    for line in done.stderr.splitlines():
+        if line.startswith("Running: "):
+            current = Path(line.removeprefix("Running: ")).name
+        elif "INITED cov:" in line:
+            current = "mutated"
+        elif line.startswith("reached: "):
+            words = line.split()[1:]
+            out.append((current, {key: int(value) for key, value in zip(words[::2], words[1::2])}))
+    return out
+
+
+def scramble_crcs(image: bytes) -> bytes:
+    """The image with every CRC it holds wrong: header, payload, metadata and each expert block's."""
+    from colibri.image import HEADER_FIELDS, HEADER_OFFSETS, HEADER_STRUCT
+    h = dict(zip(HEADER_FIELDS, HEADER_STRUCT.unpack_from(image, 0)))
+    fields = ["header_crc32", "payload_crc32"] + (["meta_crc32"] if h["meta_bytes"] else [])
+    places = [HEADER_OFFSETS[f] for f in fields]
+    places += [h["expert_crc_offset"] + 4 * i for i in range(h["n_layers"] * h["n_experts"])]
+    out = bytearray(image)
+    for at in places:
+        struct.pack_into("<I", out, at, struct.unpack_from("<I", out, at)[0] ^ 0x5A5A5A5A)
+    return bytes(out)
+
+
+def test_harness_reseal_reaches_the_forward_pass(tmp_path):
+    """Every seed image in every mode of the harness (its first byte: reseal, stream the experts, a prefill
+    batch) verifies, opens, feeds and steps, as the seed and with every CRC in it made wrong when the mode
+    reseals: the harness's reseal seals all the verifier checks, so mutations get past the CRCs. Unsealed,
+    the scrambled image fails at the header CRC (the scrambling really broke what the reseal must mend)."""
+    from capi import STATUS
+    images: dict[bytes, str] = {}
+    for seed in sorted((fuzz.FUZZ / "corpus" / "image").glob("*.img")):
+        images.setdefault(seed.read_bytes()[1:], seed.stem.removesuffix("-raw").removesuffix("-streamed")
+                          .removesuffix("-batched"))
+    assert len(images) >= 15 and any(name.endswith("-meta") for name in images.values())  # one has a metadata section
+    for image, name in images.items():
+        for variant, content in (("seed", image), ("scrambled", scramble_crcs(image))):
+            for mode in range(8):
+                (tmp_path / f"{name}.{variant}.{mode}").write_bytes(bytes([mode]) + content)
+    inputs = sorted(tmp_path.iterdir())
+    got = dict(harness_report([str(p) for p in inputs]))
+    assert sorted(got) == [p.name for p in inputs]
+    ok, header_crc = STATUS["OK"], STATUS["E_IMAGE_HEADER_CRC"]
+    wrong = []
+    for file, r in got.items():
+        _, variant, mode = file.split(".")
+        streamed = int(mode) & STREAMED
+        if variant == "seed" or int(mode) & SEAL:
+            # streamed, open verifies the resident part (the expert blocks when fetched)
+            if r != {"mode": int(mode), "verify": -1 if streamed else ok, "open": ok, "feed": ok, "step": ok}:
+                wrong.append((file, r))
+        elif (r["open"] if streamed else r["verify"]) != header_crc:
+            wrong.append((file, r))
+    assert not wrong, f"{len(wrong)} of {len(got)} inputs: {wrong[:6]}"
+
+
+def test_mutations_get_past_the_crcs(tmp_path):
+    """Most inputs libFuzzer makes from the seeds (3,000 with a fixed seed: the custom mutator's structural
+    edits, resealed, and its byte-level ones, sealed by the mode bit) are refused behind the CRCs, by the
+    checks of the dimensions, the table and the bounds, or run; before the reseal followed the format
+    nearly every one failed a CRC."""
+    from capi import STATUS
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for seed in (fuzz.FUZZ / "corpus" / "image").glob("*.img"):
+        (corpus / seed.name).write_bytes(seed.read_bytes())
+    runs = harness_report([str(corpus), "-runs=3000", "-seed=1", f"-dict={fuzz.FUZZ / 'image.dict'}"])
+    mutated = [r for where, r in runs if where == "mutated"]
+    assert len(mutated) > 2000
+    before_crcs = {STATUS[s] for s in ("E_IMAGE_TRUNCATED", "E_IMAGE_MAGIC", "E_IMAGE_VERSION", "E_IMAGE_HEADER_CRC",
+                                       "E_IMAGE_PAYLOAD_CRC")}
+    first_refusal = [r["open"] if r["verify"] == -1 else r["verify"] for r in mutated]
+    past = [s for s in first_refusal if s not in before_crcs]
+    assert len(past) >= len(mutated) // 2, f"{len(past)} of {len(mutated)} got past the CRCs"
+    assert {STATUS["OK"], STATUS["E_IMAGE_DIMS"], STATUS["E_IMAGE_TABLE"]} <= set(past)

@@ -9,7 +9,7 @@ import pytest
 
 from capi import STATUS, Lib
 from colibri import image as im
-from colibri.image import ENTRY_BYTES, HEADER_BYTES, HEADER_CRC_OFFSET, crc32, read_image
+from colibri.image import ENTRY_BYTES, HEADER_BYTES, HEADER_CRC_OFFSET, HEADER_OFFSETS, crc32, read_image
 from colibri.rope import tables as rope_tables
 
 TABLE = HEADER_BYTES  # the packer puts the tensor table right after the header
@@ -18,8 +18,8 @@ TABLE = HEADER_BYTES  # the packer puts the tensor table right after the header
 def reseal(buf: bytearray) -> bytearray:
     """Recompute the header and payload CRCs (the payload is the resident part), so a test reaches the
     checks behind them."""
-    resident = min(struct.unpack_from("<Q", buf, 140)[0], len(buf))
-    struct.pack_into("<I", buf, 28, crc32(buf[HEADER_BYTES:resident]))
+    resident = min(struct.unpack_from("<Q", buf, HEADER_OFFSETS["expert_offset"])[0], len(buf))
+    struct.pack_into("<I", buf, HEADER_OFFSETS["payload_crc32"], crc32(buf[HEADER_BYTES:resident]))
     struct.pack_into("<I", buf, HEADER_CRC_OFFSET, 0)
     struct.pack_into("<I", buf, HEADER_CRC_OFFSET, crc32(buf[:HEADER_BYTES]))
     return buf

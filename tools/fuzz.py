@@ -21,6 +21,7 @@ import shutil
 import struct
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,23 +30,48 @@ if str(ROOT) not in sys.path:
 
 FUZZ = ROOT / "tests" / "fuzz"
 OUT = ROOT / "build" / "fuzz"
+RUNTIME = ROOT / "firmware" / "src"
+
+
+@dataclass(frozen=True)
+class Harness:
+    sources: tuple[str, ...]   # under tests/fuzz/, or absolute
+    dictionary: str
+    # The runtime files built with comparison tracing (-fsanitize-coverage=trace-cmp: a callback at every
+    # comparison, so the mutator learns the operands); None: all. The link harness's target is the protocol:
+    # it traces the API's argument checks, not the loops of the forward pass and the verifier, which the
+    # image harness fuzzes and which were most of its time. Untraced files' edges still count as coverage.
+    traced_runtime: tuple[str, ...] | None = None
+
+
 HARNESSES = {
-    "image": (["fuzz_image.c"], "image.dict"),
-    "link": (["fuzz_link.c", str(ROOT / "boards" / "common" / "link.c")], "link.dict"),
+    "image": Harness(("fuzz_image.c", "image_mutator.c", "reseal.c"), "image.dict"),
+    "link": Harness(("fuzz_link.c", str(ROOT / "boards" / "common" / "link.c")), "link.dict",
+                    traced_runtime=("colibri.c", "sampler.c")),
 }
 CFLAGS = ["-std=c11", "-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all",
-          "-ffp-contract=off", f"-I{ROOT / 'firmware' / 'include'}", f"-I{ROOT / 'boards' / 'common'}"]
+          "-ffp-contract=off", f"-I{ROOT / 'firmware' / 'include'}", f"-I{RUNTIME}",
+          f"-I{ROOT / 'boards' / 'common'}"]  # firmware/src: format.h, the image format the harness reseals by
 
 
 def build(name: str) -> Path:
     if shutil.which("clang") is None:
         raise SystemExit("fuzz: clang not found: apt-get install clang libclang-rt-14-dev")
-    sources, _ = HARNESSES[name]
+    harness = HARNESSES[name]
     OUT.mkdir(parents=True, exist_ok=True)
     exe = OUT / f"fuzz_{name}"
-    runtime = sorted(str(p) for p in (ROOT / "firmware" / "src").glob("*.c"))
-    cmd = ["clang", *CFLAGS, *[str(FUZZ / s) if "/" not in s else s for s in sources], *runtime, "-o", str(exe)]
-    subprocess.run(cmd, check=True)
+    objects = OUT / f"untraced-{name}"
+    inputs = [str(FUZZ / s) if "/" not in s else s for s in harness.sources]
+    for source in sorted(RUNTIME.glob("*.c")):
+        if harness.traced_runtime is not None and source.name not in harness.traced_runtime:
+            objects.mkdir(exist_ok=True)
+            obj = objects / f"{source.stem}.o"
+            subprocess.run(["clang", *CFLAGS, "-fno-sanitize-coverage=trace-cmp", "-c", str(source), "-o", str(obj)],
+                           check=True)
+            inputs.append(str(obj))
+        else:
+            inputs.append(str(source))
+    subprocess.run(["clang", *CFLAGS, *inputs, "-o", str(exe)], check=True)
     return exe
 
 
@@ -53,12 +79,22 @@ def seed_image() -> Path:
     return FUZZ / "corpus" / "link_image.bin"
 
 
+def coverage(log: str) -> dict:
+    """One libFuzzer process's figures from its log: executions (its final stats), and the coverage it had
+    reached: `cov` (edges: the instrumented points hit) and `ft` (features: edges with hit counts and the
+    comparisons' values), from its last status line."""
+    execs = re.findall(r"stat::number_of_executed_units:\s+(\d+)", log)
+    status = re.findall(r"\bcov: (\d+) ft: (\d+)", log)
+    edges, features = status[-1] if status else (0, 0)
+    return {"executions": int(execs[-1]) if execs else 0, "edges": int(edges), "features": int(features)}
+
+
 def run(name: str, seconds: int, jobs: int, seed: int) -> dict:
     exe = build(name)
     seeds = FUZZ / "corpus" / name
     work = OUT / "corpus" / name
     work.mkdir(parents=True, exist_ok=True)
-    _, dictionary = HARNESSES[name]
+    dictionary = HARNESSES[name].dictionary
     cmd = [str(exe), str(work), str(seeds), f"-dict={FUZZ / dictionary}", f"-max_total_time={seconds}",
            f"-seed={seed}", "-print_final_stats=1", "-max_len=65536", f"-artifact_prefix={OUT}/{name}-",
            "-rss_limit_mb=2048", "-timeout=10"]
@@ -70,10 +106,15 @@ def run(name: str, seconds: int, jobs: int, seed: int) -> dict:
     for old in OUT.glob("fuzz-*.log"):
         old.unlink()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=OUT)
-    log = proc.stdout + proc.stderr + "".join(p.read_text(errors="replace") for p in sorted(OUT.glob("fuzz-*.log")))
-    execs = sum(int(m) for m in re.findall(r"stat::number_of_executed_units:\s+(\d+)", log))
+    job_logs = {p.name: p.read_text(errors="replace") for p in sorted(OUT.glob("fuzz-*.log"))} if jobs > 1 else {}
+    per_job = [{"log": log_name, **coverage(text)} for log_name, text in job_logs.items()]
+    log = proc.stdout + proc.stderr + "".join(job_logs.values())
+    # one process, or the jobs together: executions add up; each job counts its own coverage, the best is reported
+    figures = coverage(log) if not per_job else {
+        "executions": sum(j["executions"] for j in per_job), "edges": max(j["edges"] for j in per_job),
+        "features": max(j["features"] for j in per_job)}
     crashes = sorted(str(p) for p in OUT.glob(f"{name}-*"))
-    return {"harness": name, "seconds": seconds, "executions": execs, "exit_status": proc.returncode,
+    return {"harness": name, "seconds": seconds, **figures, "jobs": per_job, "exit_status": proc.returncode,
             "corpus_files": len(list(work.iterdir())), "findings": crashes,
             "log_tail": log[-3000:] if proc.returncode else ""}
 
@@ -124,10 +165,10 @@ def make_seeds() -> None:
                                     experts=0, mla=dict(n_layers=3, global_head_dim=8, embed_scale=2.0, attn_scale=1.0,
                                                         sliding_window=3, window_layers=(True, False, True), ple_dim=2,
                                                         kv_shared_layers=1)),
+        # a metadata section (the host's tokenizer and template; its own CRC, which the harness reseals too)
+        "mixtral-meta": dict(flags=im.FLAG_NORM_TOPK, moe=(True, True), meta={"note": "fuzz seed"}),
     }
-    out = FUZZ / "corpus" / "image"
-    out.mkdir(parents=True, exist_ok=True)
-    for name, v in variants.items():
+    def image_of(v: dict) -> bytes:
         experts = v.get("experts", 3)
         dims = im.ModelDims(**{**dict(
             vocab_size=11, hidden_size=8, ffn_size=6 if experts else 0, n_layers=2, n_heads=2, n_kv_heads=1,
@@ -145,23 +186,31 @@ def make_seeds() -> None:
         tensors[(im.Role.ROPE_COS, im.NO_INDEX, im.NO_INDEX)] = cos
         tensors[(im.Role.ROPE_SIN, im.NO_INDEX, im.NO_INDEX)] = sin
         # one pinned expert: both tiers hold experts
-        blob = im.build_image(dims, tensors, pinned=frozenset({(0, 1)}) if experts else frozenset())
+        return im.build_image(dims, tensors, pinned=frozenset({(0, 1)}) if experts else frozenset(), meta=v.get("meta"))
+
+    out = FUZZ / "corpus" / "image"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, v in variants.items():
+        blob = image_of(v)
         (out / f"{name}.img").write_bytes(b"\x01" + blob)  # first byte: the harness reseals CRCs
         (out / f"{name}-raw.img").write_bytes(b"\x00" + blob)
-        if experts:
+        if v.get("experts", 3):
             (out / f"{name}-streamed.img").write_bytes(b"\x03" + blob)  # and streams the expert part
         (out / f"{name}-batched.img").write_bytes(b"\x05" + blob)  # or feeds the prompt through a prefill batch
-        if name == "mixtral":
-            seed_image().write_bytes(blob)
+    # the link harness's board: the smallest MoE image (one layer, two experts, one streamed), because every OPEN
+    # verifies it and every token runs it; the protocol's paths do not depend on the model's size
+    seed_image().write_bytes(image_of(dict(flags=im.FLAG_NORM_TOPK, moe=(True,), experts=2, mla=dict(n_layers=1))))
 
     image = seed_image().read_bytes()
     run = scripted_session([1, 2], 3, Sampling(0.8, 3, 0.9, 7), 11)
     sessions = {
         "run": run,
-        "upload": [(REQ_UPLOAD_BEGIN, struct.pack("<QI", len(image), 0)),
-                   (REQ_UPLOAD_CHUNK, struct.pack("<Q", 0) + image[:2000]),
-                   (REQ_UPLOAD_CHUNK, struct.pack("<Q", 2000) + image[2000:4000]),
-                   (REQ_UPLOAD_END, b""), (REQ_OPEN, b""), *run[2:]],
+        "upload": [(REQ_UPLOAD_BEGIN, struct.pack("<QI", len(image), im.crc32(image))),
+                   *[(REQ_UPLOAD_CHUNK, struct.pack("<Q", at) + image[at:at + 2000]) for at in range(0, len(image), 2000)],
+                   (REQ_UPLOAD_END, b""), (REQ_OPEN, b""), *run[2:]],  # the whole image: OPEN opens the upload
+        "upload-cut": [(REQ_UPLOAD_BEGIN, struct.pack("<QI", len(image), im.crc32(image))),  # END refused: no image
+                       (REQ_UPLOAD_CHUNK, struct.pack("<Q", 0) + image[:2000]), (REQ_UPLOAD_END, b""), (REQ_OPEN, b""),
+                       *run[2:]],
     }
     link = FUZZ / "corpus" / "link"
     link.mkdir(parents=True, exist_ok=True)
@@ -171,6 +220,13 @@ def make_seeds() -> None:
         (link / f"{name}-frames.bin").write_bytes(b"\x00" + framed)
         (link / f"{name}-records.bin").write_bytes(b"\x01" + records)
     print(f"seeds written under {FUZZ / 'corpus'}")
+
+
+def summary(r: dict) -> str:
+    verdict = "no findings" if not r["findings"] and r["exit_status"] == 0 else f"FINDINGS: {r['findings']}"
+    rate = r["executions"] / r["seconds"] if r["seconds"] else 0.0
+    return (f"{r['harness']:<6} {r['seconds']:>5} s  {r['executions']:>10,} executions ({rate:,.0f}/s)  "
+            f"{r['edges']:>6,} edges  {r['features']:>7,} features  {r['corpus_files']:>5} corpus files  {verdict}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,9 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results))
     else:
         for r in results:
-            verdict = "no findings" if not r["findings"] and r["exit_status"] == 0 else f"FINDINGS: {r['findings']}"
-            print(f"{r['harness']:<6} {r['seconds']:>5} s  {r['executions']:>10,} executions  "
-                  f"{r['corpus_files']:>5} corpus files  {verdict}")
+            print(summary(r))
+            for job in r["jobs"]:
+                print(f"  {job['log']:<12} {job['executions']:>10,} executions  {job['edges']:>6,} edges  "
+                      f"{job['features']:>7,} features")
             if r["log_tail"]:
                 print(r["log_tail"], file=sys.stderr)
     return 0 if all(not r["findings"] and r["exit_status"] == 0 for r in results) else 1

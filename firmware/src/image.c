@@ -28,26 +28,6 @@ static int align_ok(uint64_t a, uint64_t *r) {
     return 1;
 }
 
-/* Header field offsets (docs/FORMAT.md, "Header"). */
-enum {
-    H_MAGIC = 0, H_VERSION = 8, H_HEADER_BYTES = 12, H_IMAGE_BYTES = 16, H_HEADER_CRC = 24,
-    H_PAYLOAD_CRC = 28, H_ARCH = 32, H_VOCAB = 36, H_DIM = 40, H_FFN = 44, H_LAYERS = 48,
-    H_HEADS = 52, H_KV_HEADS = 56, H_HEAD_DIM = 60, H_EXPERTS = 64, H_TOP_K = 68, H_MAX_SEQ = 72,
-    H_FLAGS = 76, H_EPS = 80, H_ROPE_THETA = 84, H_TABLE_OFFSET = 88, H_N_TENSORS = 96,
-    H_ENTRY_BYTES = 100, H_DATA_OFFSET = 104, H_ARENA_BYTES = 112, H_EXPERT_ALIGN = 120,
-    H_DENSE_FFN = 124, H_SHARED_FFN = 128, H_CLIP_QKV = 132, H_KV_DTYPE = 136, H_EXPERT_OFFSET = 140,
-    H_EXPERT_CRC_OFFSET = 148, H_META_OFFSET = 156, H_META_BYTES = 164, H_META_CRC = 172, H_SLIDING_WINDOW = 176,
-    H_WINDOW_LAYERS = 180, H_Q_LORA = 244, H_KV_LORA = 248, H_ROPE_DIM = 252, H_V_HEAD_DIM = 256, H_ATTN_SCALE = 260,
-    H_N_GROUP = 264, H_TOPK_GROUP = 268, H_GROUP_TOP = 272, H_ROUTED_SCALE = 276, H_SWIGLU_ALPHA = 280,
-    H_SWIGLU_LIMIT = 284, H_GLOBAL_HEAD_DIM = 288, H_GLOBAL_KV_HEADS = 292, H_EMBED_SCALE = 296, H_LOGIT_SOFTCAP = 300,
-    H_PLE_DIM = 304, H_KV_SHARED = 308, H_RESERVED = 312
-};
-/* Tensor table entry field offsets (docs/FORMAT.md, "Tensor table"). */
-enum {
-    E_ROLE = 0, E_DTYPE = 2, E_LAYER = 4, E_EXPERT = 8, E_NDIMS = 12, E_DIM0 = 16, E_DIM1 = 20,
-    E_GROUP = 24, E_RESERVED = 28, E_OFFSET = 32, E_BYTES = 40, E_SCALES_OFFSET = 48, E_SCALES_BYTES = 56
-};
-
 static const uint8_t MAGIC[8] = { 'C', 'O', 'L', 'I', 'B', 'R', 'I', 0 };
 
 uint32_t layer_tensor_index(const model_dims *d, uint32_t layer, uint32_t role) {

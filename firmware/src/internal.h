@@ -3,42 +3,7 @@
 #define COLIBRI_INTERNAL_H
 
 #include "colibri.h"
-
-/* ---- image format v5 (docs/FORMAT.md) ---- */
-#define IMG_VERSION 5u
-#define IMG_HEADER_BYTES 384u
-#define IMG_ENTRY_BYTES 64u
-#define IMG_ALIGN 64u
-#define IMG_ARCH_MOE 1u
-#define IMG_FLAG_NORM_TOPK (1u << 0)     /* renormalize the top-k router weights */
-#define IMG_FLAG_QKV_BIAS (1u << 1)      /* q, k, v projections have biases */
-#define IMG_FLAG_O_BIAS (1u << 2)        /* the output projection has a bias */
-#define IMG_FLAG_QK_NORM_HEAD (1u << 3)  /* RMSNorm per head of q and k */
-#define IMG_FLAG_QK_NORM_FULL (1u << 4)  /* RMSNorm across the whole q and k projections */
-#define IMG_FLAG_SHARED_EXPERT (1u << 5) /* sigmoid-gated shared expert in MoE layers */
-#define IMG_FLAG_ROUTER_SIGMOID (1u << 6) /* router scores are sigmoid(logits), not a softmax */
-#define IMG_FLAG_ROUTER_BIAS (1u << 7)    /* ROUTER_BIAS added to the scores to choose experts, not to weigh them */
-#define IMG_FLAG_SHARED_PLAIN (1u << 8)   /* ungated shared expert in MoE layers */
-#define IMG_FLAG_ROPE_PAIRS (1u << 9)     /* RoPE rotates adjacent pairs, not the two halves of a head */
-#define IMG_FLAG_ATTN_SINKS (1u << 10)   /* a learned logit per head joins each softmax's denominator */
-#define IMG_FLAG_EXPERT_BIAS (1u << 11)  /* routed experts' gate, up and down have biases */
-#define IMG_FLAG_ROUTER_TOPK_SOFTMAX (1u << 12) /* top-k of the logits (+ ROUTER_BIAS), softmax over those */
-/* Gemma 4's layer: norms after attention and after the FFN, a scalar per layer; a MoE layer runs the dense MLP
- * beside the experts, each part normed on its own, routed on the residual normed by ROUTER_NORM, each chosen
- * expert's weight times its EXPERT_SCALE */
-#define IMG_FLAG_GEMMA4_LAYER (1u << 13)
-#define IMG_FLAG_GELU_TANH (1u << 14)  /* the FFN activation is gelu (tanh approximation), not silu */
-#define IMG_FLAG_V_NORM (1u << 15)     /* RMSNorm without weights on each head of v */
-#define IMG_FLAG_K_EQ_V (1u << 16)     /* global layers' values are their keys' projection (no WV) */
-#define IMG_FLAG_GLOBAL_ROPE (1u << 17) /* global layers rotate with GLOBAL_ROPE_COS/SIN */
-#define IMG_FLAG_DOUBLE_WIDE_MLP (1u << 18) /* the KV-sharing layers' dense MLP is 2 * dense_ffn wide */
-#define IMG_KNOWN_FLAGS 0x7FFFFu
-#define IMG_LEAN_FLAGS 0x13Fu /* the lean build's (COLIBRI_LEAN): bits 0-5 and SHARED_PLAIN */
-#define IMG_NO_INDEX 0xFFFFFFFFu
-#define IMG_MAX_DIM (1u << 24) /* any single dimension; keeps every product of two in 64 bits */
-#define IMG_WINDOW_LAYER_BYTES 64u /* the header's window_layers bitmap: layers 0..511 */
-#define IMG_MAX_EXPERTS 1024u  /* routed experts per layer (DeepSeek-V3 has 256): bounds the router's work */
-#define IMG_MAX_TOP_K 64u      /* experts per token */
+#include "format.h" /* the image format: sizes, flags, field offsets, roles (docs/FORMAT.md) */
 
 /* The mechanisms of the newer families (DeepSeek's latent attention and sigmoid, biased, group-limited router;
  * gpt-oss's sinks, top-k-then-softmax router, expert biases and clamped SwiGLU) are in by default; `scons
@@ -48,32 +13,6 @@
 #ifndef COLIBRI_LEAN
 #define COLIBRI_LEAN 0
 #endif
-
-enum tensor_role {
-    ROLE_TOKEN_EMBD = 1, ROLE_ROPE_COS, ROLE_ROPE_SIN,
-    /* per layer, in table order */
-    ROLE_ATTN_NORM, ROLE_WQ, ROLE_BQ, ROLE_WK, ROLE_BK, ROLE_WV, ROLE_BV, ROLE_WO, ROLE_BO,
-    ROLE_Q_NORM, ROLE_K_NORM, ROLE_SINKS, ROLE_WQ_A, ROLE_Q_A_NORM, ROLE_WQ_B, ROLE_WKV_A, ROLE_KV_A_NORM, ROLE_WK_B, ROLE_WV_B,
-    ROLE_FFN_NORM, ROLE_DENSE_GATE, ROLE_DENSE_UP, ROLE_DENSE_DOWN, ROLE_ROUTER, ROLE_ROUTER_BIAS,
-    ROLE_EXPERT_GATE_BIAS, ROLE_EXPERT_UP_BIAS, ROLE_EXPERT_DOWN_BIAS, ROLE_SHARED_GATE, ROLE_SHARED_UP, ROLE_SHARED_DOWN, ROLE_SHARED_EXPERT_GATE,
-    ROLE_POST_ATTN_NORM, ROLE_POST_FFN_NORM, ROLE_DENSE_POST_NORM, ROLE_MOE_NORM, ROLE_MOE_POST_NORM, ROLE_ROUTER_NORM,
-    ROLE_EXPERT_SCALE, ROLE_LAYER_SCALE, ROLE_PLE_GATE, ROLE_PLE_PROJ, ROLE_PLE_POST_NORM,
-    /* per expert of a layer */
-    ROLE_EXPERT_GATE, ROLE_EXPERT_UP, ROLE_EXPERT_DOWN,
-    ROLE_OUTPUT_NORM, ROLE_LM_HEAD, ROLE_GLOBAL_ROPE_COS, ROLE_GLOBAL_ROPE_SIN, ROLE_PLE_EMBD, ROLE_PLE_MODEL_PROJ,
-    ROLE_PLE_PROJ_NORM
-};
-enum tensor_dtype { DTYPE_F32 = 0, DTYPE_F16, DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_COUNT };
-#define QBLOCK 32u /* elements per quantization block (Q8_0, Q4_0): GGUF's block size */
-enum kv_dtype { KV_F32 = 0, KV_F16 = 1 };
-
-/* Tensor table index layout: 3 global tensors, then per layer LAYER_FIXED slots (ATTN_NORM ..
- * PLE_POST_NORM) followed by 3 per expert, then the output norm, lm_head, the global layers' RoPE tables and
- * Gemma 4's per-layer input tensors. A slot the model does not use holds an empty entry (n_dims 0). */
-#define TENSORS_BEFORE_LAYERS 3u
-#define TENSORS_AFTER_LAYERS (ROLE_PLE_PROJ_NORM - ROLE_OUTPUT_NORM + 1u)
-#define LAYER_FIXED (ROLE_PLE_POST_NORM - ROLE_ATTN_NORM + 1u)
-#define TENSORS_PER_EXPERT 3u
 
 typedef struct {
     uint32_t vocab, dim, ffn, n_layers, n_heads, n_kv_heads, head_dim, n_experts, top_k, max_seq;
