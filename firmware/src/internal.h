@@ -96,6 +96,7 @@ typedef struct {
     float embed_scale, logit_softcap;               /* 0: none */
     uint32_t ple_dim;                               /* Gemma 4's per-layer inputs: P per layer and token (0: none) */
     uint32_t first_shared;                          /* Gemma 4: layers from it on share an earlier layer's KV cache */
+    uint32_t kv_shared_source[2];                   /* the cache a sharing layer reads, [windowed] (IMG_NO_INDEX: none) */
     uint32_t q_dim, kv_dim, ffn_max;                /* the widest of any layer; kv_dim: a K cache row */
     uint32_t att_dim, val_dim, o_dim;               /* per head: what attention dots and sums (the widest); Wo's input */
     uint32_t in_blocks;             /* blocks of QBLOCK in the longest matvec input (for the quantized x) */
@@ -126,12 +127,9 @@ static inline uint32_t layer_kv_heads(const model_dims *d, uint32_t layer) {
 /* Whether a layer shares an earlier layer's KV cache (Gemma 4's num_kv_shared_layers): it computes no k or v. */
 static inline int layer_kv_shared(const model_dims *d, uint32_t layer) { return !COLIBRI_LEAN && layer >= d->first_shared; }
 /* The layer whose KV cache `layer` attends over: itself, or for a sharing layer the last layer before the sharing
- * ones of the same kind, windowed or not (the verifier checks there is one). */
+ * ones of the same kind, windowed or not (read_dims finds both once; the verifier checks there is one). */
 static inline uint32_t kv_source(const model_dims *d, uint32_t layer) {
-    if (!layer_kv_shared(d, layer)) return layer;
-    for (uint32_t l = d->first_shared; l-- > 0;)
-        if (layer_windowed(d, l) == layer_windowed(d, layer)) return l;
-    return layer;
+    return layer_kv_shared(d, layer) ? d->kv_shared_source[layer_windowed(d, layer)] : layer;
 }
 /* One position's K (and V) cache row in a layer: MLA's latent and rope key, or its KV heads; none when it shares. */
 static inline uint32_t layer_kv_dim(const model_dims *d, uint32_t layer) {

@@ -332,13 +332,6 @@ static void clip(float *v, uint32_t n, float limit) {
     for (uint32_t i = 0; i < n; i++) v[i] = v[i] > limit ? limit : (v[i] < -limit ? -limit : v[i]);
 }
 
-/* Where layer `layer`'s rows start in the KV cache: after every earlier layer's rows. */
-static size_t kv_layer_base(const model_dims *d, uint32_t layer) {
-    size_t at = 0;
-    for (uint32_t l = 0; l < layer; l++) at += (size_t)kv_rows(d, l) * layer_kv_dim(d, l);
-    return at;
-}
-
 typedef struct {
     colibri_ctx *c;
     uint32_t layer, cache, pos, parts;
@@ -418,8 +411,8 @@ static void rope_rows(const colibri_ctx *c, uint32_t layer, uint32_t pos, const 
  * its k and v into the cache, its heads. Tokens of a batch attend one after another, so a later token's row
  * never overwrites one an earlier token still reads. The layer's widths are its own (Gemma 4's global layers
  * have a head size and KV heads of theirs, and there v may be k's projection). Returns the output projection's
- * input, q_dim of the layer per token. */
-static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
+ * input, q_dim of the layer per token. The cache's rows start at layer_base (attention). */
+static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint32_t layer, size_t layer_base) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n, hd = layer_head_dim(d, layer), kv_heads = layer_kv_heads(d, layer);
     const uint32_t q_dim = d->n_heads * hd, kv_dim = kv_heads * hd, pairs = !COLIBRI_LEAN && (d->flags & IMG_FLAG_ROPE_PAIRS);
@@ -436,7 +429,6 @@ static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint3
     add_bias(c, tb->v, kv_dim, n, layer, ROLE_BV);
     if (k_is_v)
         for (size_t i = 0; i < (size_t)n * kv_dim; i++) tb->v[i] = tb->k[i];
-    const size_t layer_base = kv_layer_base(d, cache);
     const int qk_norms = (d->flags & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) != 0;
     for (uint32_t t = 0; t < n; t++) {
         const uint32_t pos = c->pos + t;
@@ -479,8 +471,9 @@ static void per_head(colibri_ctx *c, const token_buffers *tb, const weight *w, u
  * position's normed latent c (kv_lora) and rotated rope key, shared by every head. Head h's score is
  * q_nope . (W_UK[h] c) + q_rope . k_rope = (W_UK[h]^T q_nope) . c + q_rope . k_rope, so its query is
  * W_UK[h]^T q_nope (WK_B holds every W_UK[h]^T) followed by q_rope; its value W_UV[h] c summed over
- * positions is W_UV[h] (the latent summed): WV_B after attention. Returns the output projection's input. */
-static const float *attention_mla(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
+ * positions is W_UV[h] (the latent summed): WV_B after attention. Returns the output projection's input. The
+ * layer's cache rows start at layer_base. */
+static const float *attention_mla(colibri_ctx *c, const token_buffers *tb, uint32_t layer, size_t layer_base) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n, H = d->n_heads, hd = d->head_dim, rope_dim = d->rope_dim, nope = hd - rope_dim;
     const uint32_t lat = d->kv_lora, kd = d->att_dim, pairs = (d->flags & IMG_FLAG_ROPE_PAIRS) != 0;
@@ -501,7 +494,6 @@ static const float *attention_mla(colibri_ctx *c, const token_buffers *tb, uint3
         rmsnorm(tb->k + (size_t)t * d->kv_dim, tb->k + (size_t)t * d->kv_dim, layer_w(c, layer, ROLE_KV_A_NORM), lat, d->eps);
     weight wk_b = matrix(c, layer_index(c, layer, ROLE_WK_B));
     per_head(c, tb, &wk_b, lat, tb->q, hd, d->q_dim, tb->q_att, kd, H * kd); /* head h's q_nope: wk_b.cols = nope */
-    const size_t layer_base = kv_layer_base(d, layer);
     for (uint32_t t = 0; t < n; t++) {
         const uint32_t pos = c->pos + t;
         float *q = tb->q + (size_t)t * d->q_dim, *q_att = tb->q_att + (size_t)t * H * kd, *k = tb->k + (size_t)t * d->kv_dim;
@@ -528,12 +520,13 @@ static void post_norm(const colibri_ctx *c, const token_buffers *tb, float *v, u
 static int gemma4_layer(const model_dims *d) { return !COLIBRI_LEAN && (d->flags & IMG_FLAG_GEMMA4_LAYER); }
 
 /* The attention half of a layer for every token: x += Wo attention(rmsnorm(x)) (+ bo), normed first in
- * Gemma 4. Token t sits at position c->pos + t and sees the positions before it, its batch-mates included. */
-static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
+ * Gemma 4. Token t sits at position c->pos + t and sees the positions before it, its batch-mates included.
+ * kv_base: where the rows of the cache it attends over (kv_source's) start in the KV cache. */
+static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer, size_t kv_base) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n;
     norm_inputs(c, tb, layer_w(c, layer, ROLE_ATTN_NORM));
-    const float *o_in = !COLIBRI_LEAN && d->kv_lora ? attention_mla(c, tb, layer) : attention_mha(c, tb, layer);
+    const float *o_in = !COLIBRI_LEAN && d->kv_lora ? attention_mla(c, tb, layer, kv_base) : attention_mha(c, tb, layer, kv_base);
     weight wo = matrix(c, layer_index(c, layer, ROLE_WO));
     matmul(c, tb, tb->moe_out, &wo, o_in, n);
     add_bias(c, tb->moe_out, d->dim, n, layer, ROLE_BO);
@@ -890,10 +883,16 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
         for (size_t i = 0; i < (size_t)n * d->dim; i++) tb.x[i] *= d->embed_scale;
     if (!COLIBRI_LEAN && d->ple_dim) per_layer_inputs(c, &tb, tokens);
 
+    /* Each layer's KV rows follow every earlier layer's (arena_plan's order), so their starts are a running sum. A
+     * sharing layer reads its kv_source's rows: the last layer of its kind with rows of its own, seen before it. */
+    size_t kv_end = 0, kind_base[2] = { 0, 0 }; /* [windowed] */
     for (uint32_t layer = 0; layer < d->n_layers; layer++) {
         colibri_layer_trace t = { .layer = layer, .cycles_expert = c->a.topk_cycles };
+        const int windowed = layer_windowed(d, layer);
+        if (!layer_kv_shared(d, layer)) kind_base[windowed] = kv_end;
+        kv_end += (size_t)kv_rows(d, layer) * layer_kv_dim(d, layer);
         uint64_t t0 = ctx_now(c);
-        attention(c, &tb, layer);
+        attention(c, &tb, layer, kind_base[windowed]);
         t.cycles_attention = ctx_now(c) - t0;
         c->stats.cycles_attention += t.cycles_attention;
         colibri_status st = ffn_block(c, &tb, layer, &t);

@@ -1,0 +1,61 @@
+"""Work counted, not timed: the instructions the hosted build executes inside one call (colibri_feed, or the
+sampler), counted by valgrind's callgrind. The counts are deterministic, so a loop that grows faster than its
+input shows as a ratio: four times the layers must cost four times the instructions, not sixteen."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from colibri import image as im
+from colibri.quant import DType
+from colibri.synthetic import random_image
+
+pytestmark = pytest.mark.skipif(shutil.which("valgrind") is None,
+                                reason="valgrind not installed (tools/setup.sh installs it)")
+
+
+def instructions(argv: list[str], function: str, out: Path) -> int:
+    """Instructions executed inside `function` (and what it calls) while argv runs, under callgrind."""
+    proc = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                           f"--toggle-collect={function}", *argv], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return int(re.search(r"^totals: (\d+)", out.read_text(), re.M).group(1))
+
+
+@pytest.fixture(scope="module")
+def work_count(hosted_build, tmp_path_factory) -> Path:
+    """tests/work_count.c linked against the hosted build's libcolibri.a: one feed, as the public API makes it."""
+    exe = tmp_path_factory.mktemp("work") / "work_count"
+    subprocess.run(["gcc", "-std=c11", "-O2", "-Wall", "-Werror", f"-I{ROOT / 'firmware' / 'include'}",
+                    str(ROOT / "tests" / "work_count.c"), str(hosted_build / "libcolibri.a"), "-o", str(exe)], check=True)
+    return exe
+
+
+def feed_instructions(work_count: Path, image: Path, batch: int, tokens: int) -> int:
+    return instructions([str(work_count), str(image), str(batch), str(tokens)], "colibri_feed",
+                        image.with_suffix(f".{batch}.{tokens}.callgrind"))
+
+
+def dense_layers(layers: int) -> im.ModelDims:
+    """A tiny dense model: every layer does the same small work, so only a loop across layers can grow faster."""
+    return im.ModelDims(vocab_size=16, hidden_size=8, ffn_size=0, n_layers=layers, n_heads=2, n_kv_heads=1, head_dim=4,
+                        n_experts=0, top_k=0, max_seq=8, rms_norm_eps=1e-5, rope_theta=10000.0, flags=0,
+                        dense_ffn_size=8, moe_layers=(False,) * layers)
+
+
+def test_work_per_token_is_linear_in_layers(work_count, tmp_path):
+    """4 tokens through 512 and through 2,048 layers: 4.0x the instructions (each layer does the same work). Where a
+    layer's KV rows start was a walk over every earlier layer, once per layer and token: 7.2x here, and the ratio
+    grows with the layers (issue 26, item 5)."""
+    counts = {}
+    for layers in (512, 2048):
+        image = tmp_path / f"dense{layers}.img"
+        image.write_bytes(random_image(dense_layers(layers), DType.F32, expert_align=64))
+        counts[layers] = feed_instructions(work_count, image, 0, 4)
+    assert counts[2048] / counts[512] < 4.4, counts
+
