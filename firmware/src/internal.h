@@ -189,7 +189,8 @@ typedef struct {
     float *scalar;             /* one float per token (the shared expert's gate) */
     uint32_t *topk_index;
     float *topk_weight;
-    uint32_t *group;           /* the (token, rank) pairs gx holds, as token * top_k + rank */
+    uint32_t *group;           /* a batch's (token, rank) pairs by expert, as token * top_k + rank (n * top_k) */
+    uint32_t *expert_first;    /* where each expert's pairs start in group, and where the last one's end (n_experts + 1) */
     int8_t *xq, *hq;           /* xn quantized to Q8_0 (once per norm), and any other input */
     float *xq_scale, *hq_scale;
     int32_t *xq_sum, *hq_sum;
@@ -281,7 +282,6 @@ struct colibri_ctx {
     int xn_quantized;    /* a.xq holds a.xn quantized (reset whenever xn is written) */
     expert_cache cache;  /* n_slots 0: experts read in place */
     token_buffers batch; /* the prefill batch region (n 0: none) */
-    uint32_t one_group[1];
     colibri_stats stats;
 };
 

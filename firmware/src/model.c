@@ -80,7 +80,7 @@ static token_buffers tokens_in(colibri_ctx *c, uint32_t n) {
                             .q_att = a->q_att, .attn_out = a->attn_out, .o_in = a->o_in, .ple = a->ple, .moe_out = a->moe_out,
                             .gate = a->ffn_gate, .up = a->ffn_up,
                             .ffn_out = a->ffn_out, .gx = a->ffn_out, .expert_out = 0, .scalar = a->router, .topk_index = a->topk_index,
-                            .topk_weight = a->topk_weight, .group = c->one_group, .xq = a->xq, .xq_scale = a->xq_scale,
+                            .topk_weight = a->topk_weight, .xq = a->xq, .xq_scale = a->xq_scale,
                             .xq_sum = a->xq_sum, .hq = a->hq, .hq_scale = a->hq_scale, .hq_sum = a->hq_sum };
 }
 
@@ -682,81 +682,84 @@ static void accumulate(const colibri_ctx *c, const token_buffers *tb, const floa
         add_scaled(tb->moe_out + (size_t)t * dim, w[(size_t)t * stride], tb->ffn_out + (size_t)t * dim, dim);
 }
 
-/* Whether a (token, rank) pair before (first, k), rank by rank, chose expert e: it was computed then. */
-static int chosen_before(const colibri_ctx *c, const token_buffers *tb, uint32_t first, uint32_t k, uint32_t e) {
-    const uint32_t top_k = c->d.top_k;
-    for (uint32_t r = 0; r <= k; r++)
-        for (uint32_t t = 0; t < (r < k ? tb->n : first); t++)
-            if (tb->topk_index[(size_t)t * top_k + r] == e) return 1;
-    return 0;
+/* A batch's (token, rank) pairs by the expert they chose, as t * top_k + rank: expert e's are
+ * group[expert_first[e], expert_first[e + 1]), in token order (a token picks an expert once). A counting sort:
+ * n * top_k + n_experts steps per layer (asking each expert for its tokens, and each pair whether its expert came
+ * before, was quadratic in the batch). */
+static void group_by_expert(const colibri_ctx *c, const token_buffers *tb) {
+    const uint32_t E = c->d.n_experts, pairs = tb->n * c->d.top_k;
+    uint32_t *first = tb->expert_first;
+    for (uint32_t e = 0; e <= E; e++) first[e] = 0;
+    for (uint32_t p = 0; p < pairs; p++) first[tb->topk_index[p] + 1]++; /* expert e's count, in first[e + 1] */
+    for (uint32_t e = 1; e <= E; e++) first[e] += first[e - 1];          /* now where expert e's pairs start */
+    for (uint32_t p = 0; p < pairs; p++) tb->group[first[tb->topk_index[p]]++] = p; /* each start moves to the next's */
+    for (uint32_t e = E; e > 0; e--) first[e] = first[e - 1];
+    first[0] = 0;
 }
 
-/* Every token that chose expert e, at whatever rank, into tb->group as t * top_k + rank (a token picks
- * an expert once). Returns how many; their xn rows are gathered into gx unless they are all the tokens. */
-static uint32_t expert_group(const colibri_ctx *c, const token_buffers *tb, uint32_t e, const float **x) {
-    const uint32_t top_k = c->d.top_k, dim = c->d.dim;
-    uint32_t n = 0;
-    for (uint32_t t = 0; t < tb->n; t++)
-        for (uint32_t r = 0; r < top_k; r++)
-            if (tb->topk_index[(size_t)t * top_k + r] == e) tb->group[n++] = t * top_k + r;
-    if (n == tb->n) {
-        *x = tb->xn;
-        return n;
+/* Routed expert `expert` of layer into ffn_out for `members` tokens whose inputs are x (dim apart): read in
+ * place, or with an expert cache (one token) from its slot *slot; with gpt-oss's biases and activation. */
+static colibri_status run_expert(colibri_ctx *c, const token_buffers *tb, uint32_t layer, uint32_t expert,
+                                 const uint32_t *slot, const float *x, uint32_t members) {
+    const model_dims *d = &c->d;
+    const uint8_t *block = c->image;
+    uint64_t block_offset = 0;
+    if (c->cache.n_slots) {
+        colibri_status st = expert_ready(c, *slot, layer, expert, &block, &block_offset);
+        if (st) return st;
     }
-    for (uint32_t g = 0; g < n; g++) {
-        const float *row = tb->xn + (size_t)(tb->group[g] / top_k) * dim;
-        for (uint32_t i = 0; i < dim; i++) tb->gx[(size_t)g * dim + i] = row[i];
+    ffn_extras extras = { .alpha = d->swiglu_alpha, .limit = d->swiglu_limit };
+    if (!COLIBRI_LEAN && (d->flags & IMG_FLAG_EXPERT_BIAS)) {
+        extras.bias[0] = layer_w(c, layer, ROLE_EXPERT_GATE_BIAS) + (size_t)expert * d->ffn;
+        extras.bias[1] = layer_w(c, layer, ROLE_EXPERT_UP_BIAS) + (size_t)expert * d->ffn;
+        extras.bias[2] = layer_w(c, layer, ROLE_EXPERT_DOWN_BIAS) + (size_t)expert * d->dim;
     }
-    *x = tb->gx;
-    return n;
+    const int plain = COLIBRI_LEAN || (!extras.bias[0] && !(extras.limit > 0.0f));
+    swiglu_ffn(c, tb, expert_tensor_index(d, layer, expert, ROLE_EXPERT_GATE), block, block_offset, x, members,
+               plain ? 0 : &extras);
+    c->stats.expert_calls += members;
+    return COLIBRI_OK;
 }
 
-/* The routed experts into moe_out, each token adding its experts in rank order as one token alone does.
- * Every expert reads its weights once for all the tokens that chose it, at any rank: a batch keeps its
- * output per (token, rank) in expert_out and adds the ranks in order afterwards; one token (no
- * expert_out) adds each as it comes, its experts being taken in rank order. slot: with an expert cache
- * (one token), each rank's cache slot. */
+/* The routed experts into moe_out, each token adding its experts in rank order as one token alone does. One
+ * token (no expert_out) takes its experts in rank order and adds each as it comes; slot: with an expert cache,
+ * each rank's cache slot. A batch runs every chosen expert once for all the tokens that chose it, at any rank
+ * (its weights read once for them), keeps the output per (token, rank) in expert_out and adds the ranks in
+ * order afterwards. */
 static colibri_status routed_experts(colibri_ctx *c, const token_buffers *tb, uint32_t layer, const uint32_t *slot) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n, top_k = d->top_k, dim = d->dim;
-    for (uint32_t k = 0; k < top_k; k++) {
-        for (uint32_t first = 0; first < n; first++) {
-            const uint32_t expert = tb->topk_index[(size_t)first * top_k + k];
-            if (chosen_before(c, tb, first, k, expert)) continue;
+    if (!tb->expert_out) {
+        for (uint32_t k = 0; k < top_k; k++) {
             const uint64_t e0 = ctx_now(c);
-            const float *x;
-            const uint32_t members = expert_group(c, tb, expert, &x);
-            const uint8_t *block = c->image;
-            uint64_t block_offset = 0;
-            if (c->cache.n_slots) {
-                colibri_status st = expert_ready(c, slot[k], layer, expert, &block, &block_offset);
-                if (st) return st;
-            }
-            ffn_extras extras = { .alpha = d->swiglu_alpha, .limit = d->swiglu_limit };
-            if (!COLIBRI_LEAN && (d->flags & IMG_FLAG_EXPERT_BIAS)) {
-                extras.bias[0] = layer_w(c, layer, ROLE_EXPERT_GATE_BIAS) + (size_t)expert * d->ffn;
-                extras.bias[1] = layer_w(c, layer, ROLE_EXPERT_UP_BIAS) + (size_t)expert * d->ffn;
-                extras.bias[2] = layer_w(c, layer, ROLE_EXPERT_DOWN_BIAS) + (size_t)expert * d->dim;
-            }
-            const int plain = COLIBRI_LEAN || (!extras.bias[0] && !(extras.limit > 0.0f));
-            swiglu_ffn(c, tb, expert_tensor_index(d, layer, expert, ROLE_EXPERT_GATE), block, block_offset, x, members,
-                       plain ? 0 : &extras);
-            if (tb->expert_out) {
-                for (uint32_t g = 0; g < members; g++)
-                    for (uint32_t i = 0; i < dim; i++)
-                        tb->expert_out[(size_t)tb->group[g] * dim + i] = tb->ffn_out[(size_t)g * dim + i];
-            } else { /* one token, rank k */
-                add_scaled(tb->moe_out, tb->topk_weight[k], tb->ffn_out, dim);
-                c->a.topk_cycles[k] = ctx_now(c) - e0;
-            }
-            c->stats.expert_calls += members;
+            colibri_status st = run_expert(c, tb, layer, tb->topk_index[k], slot + k, tb->xn, 1);
+            if (st) return st;
+            add_scaled(tb->moe_out, tb->topk_weight[k], tb->ffn_out, dim);
+            c->a.topk_cycles[k] = ctx_now(c) - e0;
         }
+        return COLIBRI_OK;
     }
-    if (tb->expert_out)
-        for (uint32_t t = 0; t < n; t++)
-            for (uint32_t k = 0; k < top_k; k++)
-                add_scaled(tb->moe_out + (size_t)t * dim, tb->topk_weight[(size_t)t * top_k + k],
-                           tb->expert_out + ((size_t)t * top_k + k) * dim, dim);
+    group_by_expert(c, tb);
+    for (uint32_t e = 0; e < d->n_experts; e++) {
+        const uint32_t *group = tb->group + tb->expert_first[e], members = tb->expert_first[e + 1] - tb->expert_first[e];
+        if (!members) continue;
+        const float *x = tb->xn; /* every token's xn, or those of the tokens that chose e gathered into gx */
+        if (members < n) {
+            for (uint32_t g = 0; g < members; g++) {
+                const float *row = tb->xn + (size_t)(group[g] / top_k) * dim;
+                for (uint32_t i = 0; i < dim; i++) tb->gx[(size_t)g * dim + i] = row[i];
+            }
+            x = tb->gx;
+        }
+        colibri_status st = run_expert(c, tb, layer, e, 0, x, members); /* no expert cache with a batch */
+        if (st) return st;
+        for (uint32_t g = 0; g < members; g++)
+            for (uint32_t i = 0; i < dim; i++) tb->expert_out[(size_t)group[g] * dim + i] = tb->ffn_out[(size_t)g * dim + i];
+    }
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t k = 0; k < top_k; k++)
+            add_scaled(tb->moe_out + (size_t)t * dim, tb->topk_weight[(size_t)t * top_k + k],
+                       tb->expert_out + ((size_t)t * top_k + k) * dim, dim);
     return COLIBRI_OK;
 }
 
