@@ -227,12 +227,12 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
         }
     }
     if (d->window ? (d->window > d->max_seq || !windowed) : windowed != 0) return COLIBRI_E_IMAGE_DIMS;
-    /* the last layer of each kind with a cache of its own: kv_source, found once and not per layer and token */
-    const uint32_t own_kv = COLIBRI_LEAN ? d->n_layers : d->first_shared;
-    d->kv_shared_source[0] = d->kv_shared_source[1] = IMG_NO_INDEX;
-    for (uint32_t l = 0; l < own_kv; l++) d->kv_shared_source[layer_windowed(d, l)] = l;
-    for (uint32_t l = own_kv; l < d->n_layers; l++)
-        if (kv_source(d, l) == IMG_NO_INDEX) return COLIBRI_E_IMAGE_DIMS; /* no earlier layer of its kind keeps a cache */
+    if (!COLIBRI_LEAN) { /* the last layer of each kind with a cache of its own: kv_source, found once, not per token */
+        d->kv_shared_source[0] = d->kv_shared_source[1] = IMG_NO_INDEX;
+        for (uint32_t l = 0; l < d->first_shared; l++) d->kv_shared_source[layer_windowed(d, l)] = l;
+        for (uint32_t l = d->first_shared; l < d->n_layers; l++)
+            if (kv_source(d, l) == IMG_NO_INDEX) return COLIBRI_E_IMAGE_DIMS; /* no earlier layer of its kind keeps a cache */
+    }
     return COLIBRI_OK;
 }
 

@@ -189,8 +189,9 @@ typedef struct {
     float *scalar;             /* one float per token (the shared expert's gate) */
     uint32_t *topk_index;
     float *topk_weight;
-    uint32_t *group;           /* a batch's (token, rank) pairs by expert, as token * top_k + rank (n * top_k) */
-    uint32_t *expert_first;    /* where each expert's pairs start in group, and where the last one's end (n_experts + 1) */
+    /* a batch's (token, rank) pairs, as token * top_k + rank, linked by expert: each expert's first pair
+     * (n_experts), and each pair's next one that chose the same expert (n * top_k) */
+    uint32_t *first_pair, *next_pair;
     int8_t *xq, *hq;           /* xn quantized to Q8_0 (once per norm), and any other input */
     float *xq_scale, *hq_scale;
     int32_t *xq_sum, *hq_sum;
