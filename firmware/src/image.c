@@ -425,8 +425,8 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
         !mul_ok(n_tensors, IMG_ENTRY_BYTES, &table_bytes) || !add_ok(table_offset, table_bytes, &table_end) ||
         table_end > data_offset || data_offset > resident)
         return COLIBRI_E_IMAGE_HEADER;
-    const int sums = !(mode & IMG_VERIFY_NO_CRC);
-    if (sums && colibri_crc32(0, img + IMG_HEADER_BYTES, (size_t)(resident - IMG_HEADER_BYTES)) != rd32(img + H_PAYLOAD_CRC))
+    const int sums = !(mode & IMG_VERIFY_NO_CRC), clmul = sums && crc32_cpu_clmul(); /* asked once, not per expert block */
+    if (sums && crc32_update(0, img + IMG_HEADER_BYTES, (size_t)(resident - IMG_HEADER_BYTES), clmul) != rd32(img + H_PAYLOAD_CRC))
         return COLIBRI_E_IMAGE_PAYLOAD_CRC;
     /* the host's metadata section (tokenizer, chat template): after every tensor, never read by the runtime */
     uint64_t meta_offset = rd64(img + H_META_OFFSET), meta_bytes = rd64(img + H_META_BYTES), meta_end;
@@ -435,7 +435,7 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
         if (meta_offset % IMG_ALIGN || meta_offset < resident || !add_ok(meta_offset, meta_bytes, &meta_end) ||
             meta_end > image_bytes)
             return COLIBRI_E_IMAGE_HEADER;
-        if (full && sums && colibri_crc32(0, img + meta_offset, (size_t)meta_bytes) != rd32(img + H_META_CRC))
+        if (full && sums && crc32_update(0, img + meta_offset, (size_t)meta_bytes, clmul) != rd32(img + H_META_CRC))
             return COLIBRI_E_IMAGE_PAYLOAD_CRC;
         tensors_end = meta_offset;
     } else if (meta_offset || rd32(img + H_META_CRC)) {
@@ -488,7 +488,7 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
             dims.streamed_experts += (uint32_t)streamed;
             if (sums && (full || !streamed)) { /* addressable now: check it now (a streamed one is checked when fetched) */
                 uint32_t want = rd32(img + crc_offset + 4ull * ((uint64_t)s.layer * dims.n_experts + s.expert));
-                if (colibri_crc32(0, img + block_start, (size_t)(end - block_start)) != want) return COLIBRI_E_EXPERT_CRC;
+                if (crc32_update(0, img + block_start, (size_t)(end - block_start), clmul) != want) return COLIBRI_E_EXPERT_CRC;
             }
         }
     }

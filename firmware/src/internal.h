@@ -49,6 +49,12 @@
 #define COLIBRI_LEAN 0
 #endif
 
+/* x86-64 under GCC, Clang or MSVC with its SIMD kernels (x86.h has their intrinsics): CPUID chooses the kernels
+ * and the CRC at open. */
+#if (defined(__x86_64__) || defined(_M_X64)) && !defined(COLIBRI_KERNELS_SCALAR)
+#define COLIBRI_X86_SIMD 1
+#endif
+
 enum tensor_role {
     ROLE_TOKEN_EMBD = 1, ROLE_ROPE_COS, ROLE_ROPE_SIN,
     /* per layer, in table order */
@@ -281,10 +287,26 @@ struct colibri_ctx {
     uint32_t pos;        /* tokens in the KV cache */
     int have_logits;
     int xn_quantized;    /* a.xq holds a.xn quantized (reset whenever xn is written) */
+    int crc_clmul;       /* crc32_cpu_clmul(), asked at open: every fetched expert block is summed */
     expert_cache cache;  /* n_slots 0: experts read in place */
     token_buffers batch; /* the prefill batch region (n 0: none) */
     colibri_stats stats;
 };
+
+/* ---- crc32.c ---- */
+/* Whether this CPU has the carry-less multiplication crc32_update can fold with: CPUID on x86-64 (a trap to the
+ * hypervisor in a VM), so asked once by whoever sums repeatedly, never per sum; no other build has the folding. */
+#if defined(COLIBRI_X86_SIMD)
+int crc32_cpu_clmul(void);
+/* colibri_crc32, with crc32_cpu_clmul()'s answer given (nonzero only where it said so). */
+uint32_t crc32_update(uint32_t crc, const void *data, size_t n, int clmul);
+#else
+static inline int crc32_cpu_clmul(void) { return 0; }
+static inline uint32_t crc32_update(uint32_t crc, const void *data, size_t n, int clmul) {
+    (void)clmul;
+    return colibri_crc32(crc, data, n);
+}
+#endif
 
 /* ---- image.c ---- */
 uint32_t rd32(const uint8_t *p);

@@ -19,7 +19,6 @@
  * colibri_options.prefill_batch): every matrix row is then read once for all of them, and each token's
  * value of a row is the same dot product, in the same order, as if it came alone, so the bits are too. */
 #include "internal.h"
-#include "x86.h" /* COLIBRI_X86_SIMD: the only kernel set with tiles is x86's */
 
 /* Builds whose kernel sets have no tiles leave the tile path out (it would be dead code: the Cortex-M4
  * runtime must fit 16 KiB). */
