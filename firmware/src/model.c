@@ -681,12 +681,11 @@ static void accumulate(const colibri_ctx *c, const token_buffers *tb, const floa
         add_scaled(tb->moe_out + (size_t)t * dim, w[(size_t)t * stride], tb->ffn_out + (size_t)t * dim, dim);
 }
 
-#define NO_PAIR 0xFFFFFFFFu
+#define NO_PAIR 0xFFFFFFFFu /* the end of an expert's list of pairs */
 
 /* A batch's (token, rank) pairs p = t * top_k + rank, linked by the expert they chose, in token order (a token
  * picks an expert once): expert e's first pair is first_pair[e], the one after p is next_pair[p]. One pass over
- * the pairs, n * top_k + n_experts steps per layer (asking each expert for its tokens, and each pair whether its
- * expert came before, was quadratic in the batch). */
+ * the pairs: n * top_k + n_experts steps per layer, and each expert's tokens are then a walk down its list. */
 static void link_pairs(const colibri_ctx *c, const token_buffers *tb) {
     for (uint32_t e = 0; e < c->d.n_experts; e++) tb->first_pair[e] = NO_PAIR;
     for (uint32_t p = tb->n * c->d.top_k; p-- > 0;) { /* backwards: each list comes out in token order */
