@@ -471,7 +471,7 @@ def prefill_bytes(d: ModelDims, tokens: int) -> int:
     D, k = d.hidden_size, d.top_k
     per_token = [4 * D, 4 * D, *(4 * n for _, n in _token_widths(d)), 4 * D,  # x .. ple, moe_out
                  4 * ffn, 4 * ffn, 4 * D, 4 * D, 4 * k * D,  # gate, up, ffn_out, gx, expert_out
-                 4, 4 * k, 4 * k, 4,  # scalar, topk_index, topk_weight, group
+                 4, 4 * k, 4 * k, 4 * d.n_experts, 4 * k,  # scalar, topk_index, topk_weight, first_pair, next_pair
                  in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks, in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks]
     return tokens * sum(align_up(n) for n in per_token)
 

@@ -115,6 +115,45 @@ def test_only_the_public_api_is_exported(board, firmwares):
         assert {"colibri_open", "colibri_feed", "colibri_get_kernels"} <= exported
 
 
+def cpuid_functions(objects: list) -> set[str]:
+    """The functions of these objects that execute CPUID (objdump's disassembly)."""
+    found, current = set(), None
+    for obj in objects:
+        for line in subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True, check=True).stdout.splitlines():
+            if line.endswith(">:"):
+                current = line.split("<", 1)[1][:-2]
+            elif line.split("\t")[-1].startswith("cpuid"):
+                found.add(current)
+    return found
+
+
+def reachable(ci_files: list, roots: list[str]) -> set[str]:
+    """The functions the roots call, directly or not, in the objects' call graphs (-fcallgraph-info; a static
+    function's node is file:name)."""
+    edges: dict[str, set[str]] = {}
+    for ci in ci_files:
+        for src, dst in footprint.EDGE.findall(ci.read_text()):
+            edges.setdefault(src.rsplit(":", 1)[-1], set()).add(dst.rsplit(":", 1)[-1])
+    seen, todo = set(), list(roots)
+    while todo:
+        f = todo.pop()
+        if f not in seen:
+            seen.add(f)
+            todo.extend(edges.get(f, ()))
+    return seen
+
+
+def test_cpuid_is_asked_at_open_not_per_token(hosted_build):
+    """CPUID (a trap to the hypervisor in a VM) runs when a context opens, to choose the kernels and the CRC, and
+    never on the way of a token: no function feeding, stepping or sampling calls reaches one that executes it. It
+    was asked for every CRC of 4 KiB or more, so for every expert block fetched (issue 26, item 14)."""
+    firmware = hosted_build / "firmware"
+    cpuid = cpuid_functions(sorted(firmware.glob("*.o")))
+    ci = [c for c in sorted(firmware.glob("*.ci")) if not c.name.endswith(".c.ci")]
+    assert cpuid & reachable(ci, ["colibri_open"])  # the check finds CPUID where it is
+    assert not cpuid & reachable(ci, ["colibri_feed", "colibri_step", "colibri_sample"]), cpuid
+
+
 def test_a_non_elf_is_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("not an ELF file")
     assert footprint.main([str(tmp_path / "notes.txt")]) == 2

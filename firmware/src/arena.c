@@ -93,7 +93,8 @@ uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_b
     b.scalar = reserve(&p, n);
     b.topk_index = reserve(&p, n * d->top_k);
     b.topk_weight = reserve(&p, n * d->top_k);
-    b.group = reserve(&p, n);
+    b.first_pair = reserve(&p, d->n_experts); /* once a batch, not per token */
+    b.next_pair = reserve(&p, n * d->top_k);
     b.xq = reserve_bytes(&p, n * d->in_blocks * QBLOCK, 1);
     b.xq_scale = reserve(&p, n * d->in_blocks);
     b.xq_sum = reserve(&p, n * d->in_blocks);

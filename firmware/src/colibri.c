@@ -55,7 +55,7 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     arena_buffers a;
     uint64_t total;
     arena_plan(&d, arena, &a, &total); /* cannot fail: image_verify() ran the same plan */
-    *c = (colibri_ctx){ .kernels = kernels_select(), .image = image, .info = info, .d = d, .a = a };
+    *c = (colibri_ctx){ .kernels = kernels_select(), .image = image, .info = info, .d = d, .a = a, .crc_clmul = crc32_cpu_clmul() };
     tensors_resolve(table, d.n_tensors, a.tensors); /* the last read of the table */
     if (opts) c->opts = *opts;
     if (batch) batch_plan(&d, batch, (uint8_t *)arena + total, &c->batch); /* after the plan: no cache with a batch */

@@ -188,19 +188,29 @@ CLMUL static uint32_t crc32_clmul(uint32_t crc, const uint8_t *p, size_t n) { /*
     return crc32_tables(crc32_tables(0, rest, 16), p, n);
 }
 
-/* Below this a CPUID query (a trap to the hypervisor in a VM) costs more than it saves. */
+/* The folding from this many bytes on: below it colibri_crc32 would pay a CPUID query (a trap to the
+ * hypervisor in a VM) for more than the folding saves. */
 #define CLMUL_MIN_BYTES 4096u
 
-static int cpu_has_clmul(void) {
+int crc32_cpu_clmul(void) {
     unsigned r[4];
     x86_cpuid(1, 0, r);
     return (r[2] & X86_1_ECX_PCLMUL) != 0;
 }
-#endif
 
-uint32_t colibri_crc32(uint32_t crc, const void *data, size_t n) {
-#if defined(COLIBRI_X86_SIMD)
-    if (n >= CLMUL_MIN_BYTES && cpu_has_clmul()) return ~crc32_clmul(~crc, data, n);
-#endif
+uint32_t crc32_update(uint32_t crc, const void *data, size_t n, int clmul) {
+    if (clmul && n >= CLMUL_MIN_BYTES) return ~crc32_clmul(~crc, data, n);
     return ~crc32_tables(~crc, data, n);
 }
+
+/* The public sum has no context to keep the CPU's answer in: it asks per call, and only where the folding
+ * runs. The runtime's own sums ask once (colibri_open, image_verify) and pass the answer to crc32_update. */
+uint32_t colibri_crc32(uint32_t crc, const void *data, size_t n) {
+    return crc32_update(crc, data, n, n >= CLMUL_MIN_BYTES && crc32_cpu_clmul());
+}
+
+#else
+
+uint32_t colibri_crc32(uint32_t crc, const void *data, size_t n) { return ~crc32_tables(~crc, data, n); }
+
+#endif

@@ -89,7 +89,7 @@ static colibri_status fetch_finish(colibri_ctx *c, uint32_t i) {
     uint64_t offset, bytes;
     expert_block(c, s->layer, s->expert, &offset, &bytes);
     const uint8_t *crcs = c->image + c->d.expert_crc_offset;
-    if (colibri_crc32(0, dst, (size_t)bytes) != rd32(crcs + 4ull * ((uint64_t)s->layer * c->d.n_experts + s->expert))) {
+    if (crc32_update(0, dst, (size_t)bytes, c->crc_clmul) != rd32(crcs + 4ull * ((uint64_t)s->layer * c->d.n_experts + s->expert))) {
         s->state = SLOT_EMPTY;
         return COLIBRI_E_EXPERT_CRC;
     }

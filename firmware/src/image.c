@@ -219,8 +219,12 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
         }
     }
     if (d->window ? (d->window > d->max_seq || !windowed) : windowed != 0) return COLIBRI_E_IMAGE_DIMS;
-    for (uint32_t l = COLIBRI_LEAN ? d->n_layers : d->first_shared; l < d->n_layers; l++)
-        if (kv_source(d, l) == l) return COLIBRI_E_IMAGE_DIMS; /* no earlier layer of its kind keeps a cache */
+    if (!COLIBRI_LEAN) { /* the last layer of each kind with a cache of its own: kv_source, found once, not per token */
+        d->kv_shared_source[0] = d->kv_shared_source[1] = IMG_NO_INDEX;
+        for (uint32_t l = 0; l < d->first_shared; l++) d->kv_shared_source[layer_windowed(d, l)] = l;
+        for (uint32_t l = d->first_shared; l < d->n_layers; l++)
+            if (kv_source(d, l) == IMG_NO_INDEX) return COLIBRI_E_IMAGE_DIMS; /* no earlier layer of its kind keeps a cache */
+    }
     return COLIBRI_OK;
 }
 
@@ -413,8 +417,8 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
         !mul_ok(n_tensors, IMG_ENTRY_BYTES, &table_bytes) || !add_ok(table_offset, table_bytes, &table_end) ||
         table_end > data_offset || data_offset > resident)
         return COLIBRI_E_IMAGE_HEADER;
-    const int sums = !(mode & IMG_VERIFY_NO_CRC);
-    if (sums && colibri_crc32(0, img + IMG_HEADER_BYTES, (size_t)(resident - IMG_HEADER_BYTES)) != rd32(img + H_PAYLOAD_CRC))
+    const int sums = !(mode & IMG_VERIFY_NO_CRC), clmul = sums && crc32_cpu_clmul(); /* asked once, not per expert block */
+    if (sums && crc32_update(0, img + IMG_HEADER_BYTES, (size_t)(resident - IMG_HEADER_BYTES), clmul) != rd32(img + H_PAYLOAD_CRC))
         return COLIBRI_E_IMAGE_PAYLOAD_CRC;
     /* the host's metadata section (tokenizer, chat template): after every tensor, never read by the runtime */
     uint64_t meta_offset = rd64(img + H_META_OFFSET), meta_bytes = rd64(img + H_META_BYTES), meta_end;
@@ -423,7 +427,7 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
         if (meta_offset % IMG_ALIGN || meta_offset < resident || !add_ok(meta_offset, meta_bytes, &meta_end) ||
             meta_end > image_bytes)
             return COLIBRI_E_IMAGE_HEADER;
-        if (full && sums && colibri_crc32(0, img + meta_offset, (size_t)meta_bytes) != rd32(img + H_META_CRC))
+        if (full && sums && crc32_update(0, img + meta_offset, (size_t)meta_bytes, clmul) != rd32(img + H_META_CRC))
             return COLIBRI_E_IMAGE_PAYLOAD_CRC;
         tensors_end = meta_offset;
     } else if (meta_offset || rd32(img + H_META_CRC)) {
@@ -476,7 +480,7 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
             dims.streamed_experts += (uint32_t)streamed;
             if (sums && (full || !streamed)) { /* addressable now: check it now (a streamed one is checked when fetched) */
                 uint32_t want = rd32(img + crc_offset + 4ull * ((uint64_t)s.layer * dims.n_experts + s.expert));
-                if (colibri_crc32(0, img + block_start, (size_t)(end - block_start)) != want) return COLIBRI_E_EXPERT_CRC;
+                if (crc32_update(0, img + block_start, (size_t)(end - block_start), clmul) != want) return COLIBRI_E_EXPERT_CRC;
             }
         }
     }

@@ -14,6 +14,12 @@
 #define COLIBRI_LEAN 0
 #endif
 
+/* x86-64 under GCC, Clang or MSVC with its SIMD kernels (x86.h has their intrinsics): CPUID chooses the kernels
+ * and the CRC at open. */
+#if (defined(__x86_64__) || defined(_M_X64)) && !defined(COLIBRI_KERNELS_SCALAR)
+#define COLIBRI_X86_SIMD 1
+#endif
+
 typedef struct {
     uint32_t vocab, dim, ffn, n_layers, n_heads, n_kv_heads, head_dim, n_experts, top_k, max_seq;
     uint32_t dense_ffn, shared_ffn; /* dense MLP and shared expert intermediate sizes (0: none) */
@@ -35,6 +41,7 @@ typedef struct {
     float embed_scale, logit_softcap;               /* 0: none */
     uint32_t ple_dim;                               /* Gemma 4's per-layer inputs: P per layer and token (0: none) */
     uint32_t first_shared;                          /* Gemma 4: layers from it on share an earlier layer's KV cache */
+    uint32_t kv_shared_source[2];                   /* the cache a sharing layer reads, [windowed] (IMG_NO_INDEX: none) */
     uint32_t q_dim, kv_dim, ffn_max;                /* the widest of any layer; kv_dim: a K cache row */
     uint32_t att_dim, val_dim, o_dim;               /* per head: what attention dots and sums (the widest); Wo's input */
     uint32_t in_blocks;             /* blocks of QBLOCK in the longest matvec input (for the quantized x) */
@@ -65,12 +72,9 @@ static inline uint32_t layer_kv_heads(const model_dims *d, uint32_t layer) {
 /* Whether a layer shares an earlier layer's KV cache (Gemma 4's num_kv_shared_layers): it computes no k or v. */
 static inline int layer_kv_shared(const model_dims *d, uint32_t layer) { return !COLIBRI_LEAN && layer >= d->first_shared; }
 /* The layer whose KV cache `layer` attends over: itself, or for a sharing layer the last layer before the sharing
- * ones of the same kind, windowed or not (the verifier checks there is one). */
+ * ones of the same kind, windowed or not (read_dims finds both once; the verifier checks there is one). */
 static inline uint32_t kv_source(const model_dims *d, uint32_t layer) {
-    if (!layer_kv_shared(d, layer)) return layer;
-    for (uint32_t l = d->first_shared; l-- > 0;)
-        if (layer_windowed(d, l) == layer_windowed(d, layer)) return l;
-    return layer;
+    return layer_kv_shared(d, layer) ? d->kv_shared_source[layer_windowed(d, layer)] : layer;
 }
 /* One position's K (and V) cache row in a layer: MLA's latent and rope key, or its KV heads; none when it shares. */
 static inline uint32_t layer_kv_dim(const model_dims *d, uint32_t layer) {
@@ -130,7 +134,9 @@ typedef struct {
     float *scalar;             /* one float per token (the shared expert's gate) */
     uint32_t *topk_index;
     float *topk_weight;
-    uint32_t *group;           /* the (token, rank) pairs gx holds, as token * top_k + rank */
+    /* a batch's (token, rank) pairs, as token * top_k + rank, linked by expert: each expert's first pair
+     * (n_experts), and each pair's next one that chose the same expert (n * top_k) */
+    uint32_t *first_pair, *next_pair;
     int8_t *xq, *hq;           /* xn quantized to Q8_0 (once per norm), and any other input */
     float *xq_scale, *hq_scale;
     int32_t *xq_sum, *hq_sum;
@@ -220,11 +226,26 @@ struct colibri_ctx {
     uint32_t pos;        /* tokens in the KV cache */
     int have_logits;
     int xn_quantized;    /* a.xq holds a.xn quantized (reset whenever xn is written) */
+    int crc_clmul;       /* crc32_cpu_clmul(), asked at open: every fetched expert block is summed */
     expert_cache cache;  /* n_slots 0: experts read in place */
     token_buffers batch; /* the prefill batch region (n 0: none) */
-    uint32_t one_group[1];
     colibri_stats stats;
 };
+
+/* ---- crc32.c ---- */
+/* Whether this CPU has the carry-less multiplication crc32_update can fold with: CPUID on x86-64 (a trap to the
+ * hypervisor in a VM), so asked once by whoever sums repeatedly, never per sum; no other build has the folding. */
+#if defined(COLIBRI_X86_SIMD)
+int crc32_cpu_clmul(void);
+/* colibri_crc32, with crc32_cpu_clmul()'s answer given (nonzero only where it said so). */
+uint32_t crc32_update(uint32_t crc, const void *data, size_t n, int clmul);
+#else
+static inline int crc32_cpu_clmul(void) { return 0; }
+static inline uint32_t crc32_update(uint32_t crc, const void *data, size_t n, int clmul) {
+    (void)clmul;
+    return colibri_crc32(crc, data, n);
+}
+#endif
 
 /* ---- image.c ---- */
 uint32_t rd32(const uint8_t *p);

@@ -1,7 +1,6 @@
 /* Scalar reference kernels. Built with -ffp-contract=off and without fast-math, so every board
  * rounds the same way and the scalar path gives bit-identical results everywhere. */
 #include "internal.h"
-#include "x86.h" /* COLIBRI_X86_SIMD: x86-64 under GCC, Clang or MSVC */
 
 static float from_bits(uint32_t u) {
     union { uint32_t u; float f; } v = { u };

@@ -1,6 +1,8 @@
 /* RISC-V kernels: the V extension (RVV 1.0, VLEN >= 128). GCC 12 has no RVV intrinsics, so each
- * kernel is one inline-assembly loop; vector registers are not used by compiled C code, so they
- * need no clobbers. Each function computes exactly what its scalar twin in kernels.c computes
+ * kernel is one inline-assembly loop. It declares no vector register, vl or vtype clobbers: GCC 12 knows
+ * none of them by name. That is safe only while compiled code keeps nothing in vector registers or vtype
+ * across these statements, so the board builds with -fno-tree-vectorize (boards/riscv64_virt/board.toml),
+ * and a compiler that does know them must be given the clobbers instead (the #error below). Each function computes exactly what its scalar twin in kernels.c computes
  * (docs/KERNELS.md): the 16 float lanes are one e32/m4 register group with vl capped at 16 (a wider
  * machine must not spread the lanes further), the tail updates only its lanes (tail-undisturbed),
  * and the integer block sums come from widening multiplies and a widening reduction (exact).
@@ -8,6 +10,10 @@
 #include "internal.h"
 
 #if defined(__riscv_vector) && !defined(COLIBRI_KERNELS_SCALAR)
+
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 13)
+#error "kernels_rvv.c: this compiler knows the vector registers: declare v0-v31, vl and vtype as its asm's clobbers"
+#endif
 
 /* acc[16] = the 16 lane sums of w[i] * x[i] (lane i % 16). LOAD_W puts the next t0 (<= 16) weights
  * into v0..v3 as f32; W_SHIFT is log2 of a stored weight's bytes. */

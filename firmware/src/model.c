@@ -19,7 +19,6 @@
  * colibri_options.prefill_batch): every matrix row is then read once for all of them, and each token's
  * value of a row is the same dot product, in the same order, as if it came alone, so the bits are too. */
 #include "internal.h"
-#include "x86.h" /* COLIBRI_X86_SIMD: the only kernel set with tiles is x86's */
 
 /* Builds whose kernel sets have no tiles leave the tile path out (it would be dead code: the Cortex-M4
  * runtime must fit 16 KiB). */
@@ -80,7 +79,7 @@ static token_buffers tokens_in(colibri_ctx *c, uint32_t n) {
                             .q_att = a->q_att, .attn_out = a->attn_out, .o_in = a->o_in, .ple = a->ple, .moe_out = a->moe_out,
                             .gate = a->ffn_gate, .up = a->ffn_up,
                             .ffn_out = a->ffn_out, .gx = a->ffn_out, .expert_out = 0, .scalar = a->router, .topk_index = a->topk_index,
-                            .topk_weight = a->topk_weight, .group = c->one_group, .xq = a->xq, .xq_scale = a->xq_scale,
+                            .topk_weight = a->topk_weight, .xq = a->xq, .xq_scale = a->xq_scale,
                             .xq_sum = a->xq_sum, .hq = a->hq, .hq_scale = a->hq_scale, .hq_sum = a->hq_sum };
 }
 
@@ -333,13 +332,6 @@ static void clip(float *v, uint32_t n, float limit) {
     for (uint32_t i = 0; i < n; i++) v[i] = v[i] > limit ? limit : (v[i] < -limit ? -limit : v[i]);
 }
 
-/* Where layer `layer`'s rows start in the KV cache: after every earlier layer's rows. */
-static size_t kv_layer_base(const model_dims *d, uint32_t layer) {
-    size_t at = 0;
-    for (uint32_t l = 0; l < layer; l++) at += (size_t)kv_rows(d, l) * layer_kv_dim(d, l);
-    return at;
-}
-
 typedef struct {
     colibri_ctx *c;
     uint32_t layer, cache, pos, parts;
@@ -419,8 +411,8 @@ static void rope_rows(const colibri_ctx *c, uint32_t layer, uint32_t pos, const 
  * its k and v into the cache, its heads. Tokens of a batch attend one after another, so a later token's row
  * never overwrites one an earlier token still reads. The layer's widths are its own (Gemma 4's global layers
  * have a head size and KV heads of theirs, and there v may be k's projection). Returns the output projection's
- * input, q_dim of the layer per token. */
-static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
+ * input, q_dim of the layer per token. The cache's rows start at layer_base (attention). */
+static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint32_t layer, size_t layer_base) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n, hd = layer_head_dim(d, layer), kv_heads = layer_kv_heads(d, layer);
     const uint32_t q_dim = d->n_heads * hd, kv_dim = kv_heads * hd, pairs = !COLIBRI_LEAN && (d->flags & IMG_FLAG_ROPE_PAIRS);
@@ -437,7 +429,6 @@ static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint3
     add_bias(c, tb->v, kv_dim, n, layer, ROLE_BV);
     if (k_is_v)
         for (size_t i = 0; i < (size_t)n * kv_dim; i++) tb->v[i] = tb->k[i];
-    const size_t layer_base = kv_layer_base(d, cache);
     const int qk_norms = (d->flags & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) != 0;
     for (uint32_t t = 0; t < n; t++) {
         const uint32_t pos = c->pos + t;
@@ -480,8 +471,9 @@ static void per_head(colibri_ctx *c, const token_buffers *tb, const weight *w, u
  * position's normed latent c (kv_lora) and rotated rope key, shared by every head. Head h's score is
  * q_nope . (W_UK[h] c) + q_rope . k_rope = (W_UK[h]^T q_nope) . c + q_rope . k_rope, so its query is
  * W_UK[h]^T q_nope (WK_B holds every W_UK[h]^T) followed by q_rope; its value W_UV[h] c summed over
- * positions is W_UV[h] (the latent summed): WV_B after attention. Returns the output projection's input. */
-static const float *attention_mla(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
+ * positions is W_UV[h] (the latent summed): WV_B after attention. Returns the output projection's input. The
+ * layer's cache rows start at layer_base. */
+static const float *attention_mla(colibri_ctx *c, const token_buffers *tb, uint32_t layer, size_t layer_base) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n, H = d->n_heads, hd = d->head_dim, rope_dim = d->rope_dim, nope = hd - rope_dim;
     const uint32_t lat = d->kv_lora, kd = d->att_dim, pairs = (d->flags & IMG_FLAG_ROPE_PAIRS) != 0;
@@ -502,7 +494,6 @@ static const float *attention_mla(colibri_ctx *c, const token_buffers *tb, uint3
         rmsnorm(tb->k + (size_t)t * d->kv_dim, tb->k + (size_t)t * d->kv_dim, layer_w(c, layer, ROLE_KV_A_NORM), lat, d->eps);
     weight wk_b = matrix(c, layer_index(c, layer, ROLE_WK_B));
     per_head(c, tb, &wk_b, lat, tb->q, hd, d->q_dim, tb->q_att, kd, H * kd); /* head h's q_nope: wk_b.cols = nope */
-    const size_t layer_base = kv_layer_base(d, layer);
     for (uint32_t t = 0; t < n; t++) {
         const uint32_t pos = c->pos + t;
         float *q = tb->q + (size_t)t * d->q_dim, *q_att = tb->q_att + (size_t)t * H * kd, *k = tb->k + (size_t)t * d->kv_dim;
@@ -529,12 +520,13 @@ static void post_norm(const colibri_ctx *c, const token_buffers *tb, float *v, u
 static int gemma4_layer(const model_dims *d) { return !COLIBRI_LEAN && (d->flags & IMG_FLAG_GEMMA4_LAYER); }
 
 /* The attention half of a layer for every token: x += Wo attention(rmsnorm(x)) (+ bo), normed first in
- * Gemma 4. Token t sits at position c->pos + t and sees the positions before it, its batch-mates included. */
-static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
+ * Gemma 4. Token t sits at position c->pos + t and sees the positions before it, its batch-mates included.
+ * kv_base: where the rows of the cache it attends over (kv_source's) start in the KV cache. */
+static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer, size_t kv_base) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n;
     norm_inputs(c, tb, layer_w(c, layer, ROLE_ATTN_NORM));
-    const float *o_in = !COLIBRI_LEAN && d->kv_lora ? attention_mla(c, tb, layer) : attention_mha(c, tb, layer);
+    const float *o_in = !COLIBRI_LEAN && d->kv_lora ? attention_mla(c, tb, layer, kv_base) : attention_mha(c, tb, layer, kv_base);
     weight wo = matrix(c, layer_index(c, layer, ROLE_WO));
     matmul(c, tb, tb->moe_out, &wo, o_in, n);
     add_bias(c, tb->moe_out, d->dim, n, layer, ROLE_BO);
@@ -690,50 +682,42 @@ static void accumulate(const colibri_ctx *c, const token_buffers *tb, const floa
         add_scaled(tb->moe_out + (size_t)t * dim, w[(size_t)t * stride], tb->ffn_out + (size_t)t * dim, dim);
 }
 
-/* Whether a (token, rank) pair before (first, k), rank by rank, chose expert e: it was computed then. */
-static int chosen_before(const colibri_ctx *c, const token_buffers *tb, uint32_t first, uint32_t k, uint32_t e) {
-    const uint32_t top_k = c->d.top_k;
-    for (uint32_t r = 0; r <= k; r++)
-        for (uint32_t t = 0; t < (r < k ? tb->n : first); t++)
-            if (tb->topk_index[(size_t)t * top_k + r] == e) return 1;
-    return 0;
+#define NO_PAIR 0xFFFFFFFFu /* the end of an expert's list of pairs */
+
+/* A batch's (token, rank) pairs p = t * top_k + rank, linked by the expert they chose, in token order (a token
+ * picks an expert once): expert e's first pair is first_pair[e], the one after p is next_pair[p]. One pass over
+ * the pairs: n * top_k + n_experts steps per layer, and each expert's tokens are then a walk down its list. */
+static void link_pairs(const colibri_ctx *c, const token_buffers *tb) {
+    for (uint32_t e = 0; e < c->d.n_experts; e++) tb->first_pair[e] = NO_PAIR;
+    for (uint32_t p = tb->n * c->d.top_k; p-- > 0;) { /* backwards: each list comes out in token order */
+        uint32_t *first = &tb->first_pair[tb->topk_index[p]];
+        tb->next_pair[p] = *first;
+        *first = p;
+    }
 }
 
-/* Every token that chose expert e, at whatever rank, into tb->group as t * top_k + rank (a token picks
- * an expert once). Returns how many; their xn rows are gathered into gx unless they are all the tokens. */
-static uint32_t expert_group(const colibri_ctx *c, const token_buffers *tb, uint32_t e, const float **x) {
-    const uint32_t top_k = c->d.top_k, dim = c->d.dim;
-    uint32_t n = 0;
-    for (uint32_t t = 0; t < tb->n; t++)
-        for (uint32_t r = 0; r < top_k; r++)
-            if (tb->topk_index[(size_t)t * top_k + r] == e) tb->group[n++] = t * top_k + r;
-    if (n == tb->n) {
-        *x = tb->xn;
-        return n;
-    }
-    for (uint32_t g = 0; g < n; g++) {
-        const float *row = tb->xn + (size_t)(tb->group[g] / top_k) * dim;
-        for (uint32_t i = 0; i < dim; i++) tb->gx[(size_t)g * dim + i] = row[i];
-    }
-    *x = tb->gx;
-    return n;
-}
-
-/* The routed experts into moe_out, each token adding its experts in rank order as one token alone does.
- * Every expert reads its weights once for all the tokens that chose it, at any rank: a batch keeps its
- * output per (token, rank) in expert_out and adds the ranks in order afterwards; one token (no
- * expert_out) adds each as it comes, its experts being taken in rank order. slot: with an expert cache
- * (one token), each rank's cache slot. */
+/* The routed experts into moe_out, each token adding its experts in rank order as one token alone does. Every
+ * expert reads its weights once for all the tokens that chose it, at any rank: a batch runs each expert when the
+ * rank-by-rank walk meets its first pair, on its pairs' xn rows gathered into gx, keeps the output per pair in
+ * expert_out and adds the ranks in order afterwards; one token (no expert_out) runs its experts in rank order and
+ * adds each as it comes. slot: with an expert cache (one token), each rank's cache slot. */
 static colibri_status routed_experts(colibri_ctx *c, const token_buffers *tb, uint32_t layer, const uint32_t *slot) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n, top_k = d->top_k, dim = d->dim;
+    if (tb->expert_out) link_pairs(c, tb);
     for (uint32_t k = 0; k < top_k; k++) {
-        for (uint32_t first = 0; first < n; first++) {
-            const uint32_t expert = tb->topk_index[(size_t)first * top_k + k];
-            if (chosen_before(c, tb, first, k, expert)) continue;
+        for (uint32_t t = 0; t < n; t++) {
+            const uint32_t pair = t * top_k + k, expert = tb->topk_index[pair];
+            if (tb->expert_out && tb->first_pair[expert] != pair) continue; /* run at its first pair */
             const uint64_t e0 = ctx_now(c);
-            const float *x;
-            const uint32_t members = expert_group(c, tb, expert, &x);
+            const float *x = tb->xn;
+            uint32_t members = 1;
+            if (tb->expert_out) {
+                members = 0;
+                for (uint32_t p = pair; p != NO_PAIR; p = tb->next_pair[p], members++)
+                    for (uint32_t i = 0; i < dim; i++) tb->gx[(size_t)members * dim + i] = tb->xn[(size_t)(p / top_k) * dim + i];
+                x = tb->gx;
+            }
             const uint8_t *block = c->image;
             uint64_t block_offset = 0;
             if (c->cache.n_slots) {
@@ -750,9 +734,9 @@ static colibri_status routed_experts(colibri_ctx *c, const token_buffers *tb, ui
             swiglu_ffn(c, tb, expert_tensor_index(d, layer, expert, ROLE_EXPERT_GATE), block, block_offset, x, members,
                        plain ? 0 : &extras);
             if (tb->expert_out) {
-                for (uint32_t g = 0; g < members; g++)
-                    for (uint32_t i = 0; i < dim; i++)
-                        tb->expert_out[(size_t)tb->group[g] * dim + i] = tb->ffn_out[(size_t)g * dim + i];
+                uint32_t m = 0;
+                for (uint32_t p = pair; p != NO_PAIR; p = tb->next_pair[p], m++)
+                    for (uint32_t i = 0; i < dim; i++) tb->expert_out[(size_t)p * dim + i] = tb->ffn_out[(size_t)m * dim + i];
             } else { /* one token, rank k */
                 add_scaled(tb->moe_out, tb->topk_weight[k], tb->ffn_out, dim);
                 c->a.topk_cycles[k] = ctx_now(c) - e0;
@@ -891,10 +875,16 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
         for (size_t i = 0; i < (size_t)n * d->dim; i++) tb.x[i] *= d->embed_scale;
     if (!COLIBRI_LEAN && d->ple_dim) per_layer_inputs(c, &tb, tokens);
 
+    /* Each layer's KV rows follow every earlier layer's (arena_plan's order), so their starts are a running sum. A
+     * sharing layer reads its kv_source's rows: the last layer of its kind with rows of its own, seen before it. */
+    size_t kv_end = 0, kind_base[2] = { 0, 0 }; /* [windowed] */
     for (uint32_t layer = 0; layer < d->n_layers; layer++) {
         colibri_layer_trace t = { .layer = layer, .cycles_expert = c->a.topk_cycles };
+        const int windowed = layer_windowed(d, layer);
+        if (!layer_kv_shared(d, layer)) kind_base[windowed] = kv_end;
+        kv_end += (size_t)kv_rows(d, layer) * layer_kv_dim(d, layer);
         uint64_t t0 = ctx_now(c);
-        attention(c, &tb, layer);
+        attention(c, &tb, layer, kind_base[windowed]);
         t.cycles_attention = ctx_now(c) - t0;
         c->stats.cycles_attention += t.cycles_attention;
         colibri_status st = ffn_block(c, &tb, layer, &t);

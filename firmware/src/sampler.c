@@ -38,27 +38,48 @@ static uint32_t argmax(const float *x, uint32_t n) {
     return best;
 }
 
-/* Sort order for candidates: higher probability first, lower id on ties. */
-static int ranks_after(const float *p, uint32_t a, uint32_t b) { return p[a] < p[b] || (p[a] == p[b] && a > b); }
+/* The candidates' order: higher probability first, the lower id on ties (docs/SECURITY.md, "Determinism"). */
+static int ranks_before(const float *p, uint32_t a, uint32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); }
 
+/* The subtree of idx[root] in the heap idx[0, n) made a heap again: each id ranks before its children. */
 static void sift_down(const float *p, uint32_t *idx, uint32_t root, uint32_t n) {
     for (;;) {
         uint32_t child = 2 * root + 1;
         if (child >= n) return;
-        if (child + 1 < n && ranks_after(p, idx[child + 1], idx[child])) child++;
-        if (!ranks_after(p, idx[child], idx[root])) return;
+        if (child + 1 < n && ranks_before(p, idx[child + 1], idx[child])) child++;
+        if (!ranks_before(p, idx[child], idx[root])) return;
         uint32_t t = idx[root]; idx[root] = idx[child]; idx[child] = t;
         root = child;
     }
 }
 
-/* Heapsort of candidate ids, best first: O(n log n), no recursion, no extra memory. */
-static void sort_candidates(const float *p, uint32_t *idx, uint32_t n) {
-    for (uint32_t i = n / 2; i-- > 0;) sift_down(p, idx, i, n);
-    for (uint32_t end = n; end-- > 1;) {
-        uint32_t t = idx[0]; idx[0] = idx[end]; idx[end] = t;
-        sift_down(p, idx, 0, end);
+/* The candidates the cuts keep, into the end of index best last: index[n - keep, n); returns keep. The n ids are
+ * made a heap (O(n), no recursion, no extra memory) and taken out best first, O(log n) each, each into the place
+ * the heap has just left, only as many as the cuts need:
+ * - top-k: the k best, then the tokens whose logit equals the k-th's, as transformers' top-k keeps them (they
+ *   follow it in the run of equal probabilities: expf can also map nearby logits to one value);
+ * - top-p alone: the candidates until one would not change their running sum. No later one could (none is
+ *   larger, and rounding is monotone), so that sum is the whole vocabulary's, and the prefix reaching top_p ends
+ *   within them. The lean build leaves this stop out (it takes them all, as the sort did): 16 KiB.
+ * So the kept candidates are those of a sort of the whole vocabulary, cut where it was cut. */
+static uint32_t cut_candidates(const colibri_sampler *s, int cut_k, const float *logits, const float *p,
+                               uint32_t *index, uint32_t n) {
+    for (uint32_t i = n / 2; i-- > 0;) sift_down(p, index, i, n);
+    uint32_t heap = n, keep = 0, kth = 0; /* kth: the k-th, once kept */
+    float sum = 0.0f;
+    while (heap > 0) {
+        const uint32_t best = index[0];
+        const float more = sum + p[best];
+        if (cut_k ? keep >= s->top_k && p[best] != p[kth] : !COLIBRI_LEAN && more == sum) break;
+        index[0] = index[--heap];
+        sift_down(p, index, 0, heap);
+        if (!cut_k || keep < s->top_k || logits[best] == logits[kth]) { /* past the k-th: its logit, not only its probability */
+            sum = more;
+            if (++keep == s->top_k) kth = best;
+            index[n - keep] = best;
+        }
     }
+    return keep;
 }
 
 uint32_t sample_token(colibri_sampler *s, const float *logits, float *probs, uint32_t *index, uint32_t n) {
@@ -66,36 +87,24 @@ uint32_t sample_token(colibri_sampler *s, const float *logits, float *probs, uin
     float max = logits[argmax(logits, n)];
     for (uint32_t i = 0; i < n; i++) {
         probs[i] = colibri_expf((logits[i] - max) / s->temperature);
-        index[i] = i;
+        index[n - 1 - i] = i;
     }
-    uint32_t keep = n;
-    if ((s->top_k > 0 && s->top_k < n) || s->top_p < 1.0f) {
-        sort_candidates(probs, index, n);
-        if (s->top_k > 0 && s->top_k < n) {
-            /* and every token whose logit equals the k-th, as transformers' top-k keeps them: they sit in
-             * the run of equal probabilities after it (expf can also map nearby logits to one value) */
-            keep = s->top_k;
-            const uint32_t kth = index[keep - 1];
-            for (uint32_t j = keep; j < n && probs[index[j]] == probs[kth]; j++) {
-                if (logits[index[j]] != logits[kth]) continue;
-                uint32_t t = index[keep]; index[keep] = index[j]; index[j] = t;
-                keep++;
-            }
-        }
-    }
+    /* the candidates, best first, are index[n - 1] down to index[end]: without a cut every id, in order */
+    const int cut_k = s->top_k > 0 && s->top_k < n;
+    uint32_t end = cut_k || s->top_p < 1.0f ? n - cut_candidates(s, cut_k, logits, probs, index, n) : 0;
     float total = 0.0f;
-    for (uint32_t i = 0; i < keep; i++) total += probs[index[i]];
+    for (uint32_t i = n; i-- > end;) total += probs[index[i]];
     if (s->top_p < 1.0f) { /* smallest prefix whose mass reaches top_p */
         float cum = 0.0f;
-        for (uint32_t i = 0; i < keep; i++) {
+        for (uint32_t i = n; i-- > end;) {
             cum += probs[index[i]];
-            if (cum >= s->top_p * total) { keep = i + 1; total = cum; break; }
+            if (cum >= s->top_p * total) { end = i; total = cum; break; }
         }
     }
     float r = next_uniform(s) * total, cum = 0.0f;
-    for (uint32_t i = 0; i < keep; i++) {
+    for (uint32_t i = n; i-- > end;) {
         cum += probs[index[i]];
         if (r < cum) return index[i];
     }
-    return index[keep - 1];
+    return index[end];
 }

@@ -4,8 +4,9 @@
 #ifndef COLIBRI_X86_H
 #define COLIBRI_X86_H
 
-#if (defined(__x86_64__) || defined(_M_X64)) && !defined(COLIBRI_KERNELS_SCALAR)
-#define COLIBRI_X86_SIMD 1
+#include "internal.h" /* COLIBRI_X86_SIMD */
+
+#if defined(COLIBRI_X86_SIMD)
 #include <immintrin.h>
 
 #if defined(__GNUC__) || defined(__clang__)
