@@ -111,7 +111,7 @@ class UnsupportedModel(ValueError):
 @dataclass
 class Checkpoint:
     dims: ModelDims
-    tensors: dict[tuple[Role, int, int], np.ndarray | LazyTensor]  # a directory's are read when used
+    tensors: dict[tuple[Role, int, int], np.ndarray | LazyTensor]  # a file's are read when used (colibri/lazy.py)
     family: str
     tied_embeddings: bool
     n_params: int

@@ -169,12 +169,12 @@ def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, *, board:
             raise ValueError(f"cannot pin expert {expert} of layer {layer}: the model has no such routed expert "
                              "(was the trace made with another model?)")
     tensors = convert_tensors(ckpt.tensors, dtype, keep or [])
-    # written straight to disk (a memory map), then renamed: never a second copy of the model in RAM,
+    # written straight to the file a tensor at a time, then renamed: never a copy of the model in RAM,
     # and never a half-written image under the output name
     part = out.with_name(out.name + ".part")
     meta = checkpoint_meta(src)  # the tokenizer and chat template, for flash.py --prompt/--chat
-    size = write_image(part, dims, tensors, expert_align=expert_align, pinned=pinned, meta=meta)
     try:
+        size = write_image(part, dims, tensors, expert_align=expert_align, pinned=pinned, meta=meta)
         fit_lines: list[str] = []
         if board:
             fits, fit_lines = fit_report(load_board(board), size, arena_bytes(dims))

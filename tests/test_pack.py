@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import gguf
 import numpy as np
 import pytest
 
@@ -219,7 +220,7 @@ def test_pin_from_a_trace_puts_the_hot_experts_in_the_resident_part(checkpoints,
 
 
 def test_write_image_streams_the_same_bytes_build_image_returns(checkpoints, tmp_path):
-    """pack.py writes through a memory map (the image never a second copy of the model in RAM): the file
+    """pack.py writes the file a tensor at a time (the image never a copy of the model in RAM): the file
     must be exactly the bytes build_image assembles in memory."""
     from colibri.checkpoint import load_checkpoint
     from colibri.image import build_image, write_image
@@ -297,17 +298,30 @@ def test_each_shard_is_opened_once_not_once_per_tensor(tmp_path, monkeypatch):
     assert opened == Counter(shards)
 
 
-def test_packing_holds_a_few_tensors_not_the_model(tmp_path):
+@pytest.mark.parametrize("source", ["safetensors", "gguf"])
+def test_packing_holds_a_few_tensors_not_the_model(source, tmp_path):
     """A checkpoint several times larger than the memory the packer is allowed: its peak resident memory
     (VmHWM: anonymous and mapped pages alike) stays below what it had after its imports plus K times the
-    largest tensor's stored bytes, quantizing to q4_0 with the quality pass; and the file it streamed is the
-    image assembled in memory (build_image, here in the test's process)."""
+    model's largest tensor in f32, quantizing to q4_0 with the quality pass, from bf16 safetensors shards or
+    a Q8_0 GGUF file; and the file it streamed is the image assembled in memory (build_image, here in the
+    test's process)."""
     import subprocess
     import sys
-    K = 16  # measured 11.4: the q4_0 quantizer's and the quality pass's float temporaries of one tensor
-    ckpt = write_mixtral(tmp_path / "ckpt", vocab=4096, hidden=1024, ffn=2048, layers=3, experts=8, shards=4)
-    largest = 4096 * 1024 * 2  # the embedding and lm_head, bf16
-    stored = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
+    from gguf_writer import hf_to_gguf
+    from colibri.checkpoint import load_checkpoint
+    from colibri.image import build_image
+    from colibri.pack import convert_tensors
+    from colibri.quant import DType
+    K = 12  # measured 7.2 (safetensors) and 7.7 (GGUF): the q4_0 quantizer's and the quality pass's temporaries
+    if source == "safetensors":
+        ckpt = write_mixtral(tmp_path / "ckpt", vocab=1024, hidden=1024, ffn=1024, layers=4, experts=8, shards=4)
+        stored = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
+    else:
+        ckpt = hf_to_gguf(write_mixtral(tmp_path / "ckpt", vocab=1024, hidden=1024, ffn=1024, layers=8, experts=4,
+                                        shards=2), tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q8_0)
+        stored = ckpt.stat().st_size
+    model = load_checkpoint(ckpt, 64)
+    largest = 4 * max(t.size for t in model.tensors.values())  # 1024 x 1024: the embedding, lm_head, each expert
     child = ("import json, sys; sys.path.insert(0, sys.argv[1])\n"
              "from pathlib import Path\n"
              "hwm = lambda: next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
@@ -322,9 +336,20 @@ def test_packing_holds_a_few_tensors_not_the_model(tmp_path):
     bound = got["baseline"] + K * largest
     assert stored > 2 * K * largest and got["quality"]
     assert got["peak"] < bound, f"peak {got['peak'] / 2**20:.0f} MiB, bound {bound / 2**20:.0f} MiB"
-    from colibri.checkpoint import load_checkpoint
-    from colibri.image import build_image
-    from colibri.pack import convert_tensors
-    from colibri.quant import DType
-    model = load_checkpoint(ckpt, 64)
     assert (tmp_path / "m.img").read_bytes() == build_image(model.dims, convert_tensors(model.tensors, DType.Q4_0, []))
+
+
+def test_a_broken_shard_is_refused_by_name(tmp_path, capsys):
+    """A shard's header is checked against its file before anything is written: a header length past the
+    end, or a tensor whose bytes the file no longer holds, is a one-line error naming the shard, and neither
+    the image nor its .part file is left behind."""
+    ckpt = write_mixtral(tmp_path / "ckpt", vocab=40, hidden=32, ffn=16, layers=2, experts=4, shards=2)
+    shard = sorted(ckpt.glob("*.safetensors"))[1]
+    whole = shard.read_bytes()
+    out = tmp_path / "m.img"
+    for broken, says in ((whole[:-8], "data_offsets"), (b"\xff" * 8 + whole[8:], "header length")):
+        shard.write_bytes(broken)
+        assert pack_cli.main([str(ckpt), "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("pack: error: ") and shard.name in err and says in err and err.count("\n") == 1
+        assert not out.exists() and not out.with_name("m.img.part").exists()
