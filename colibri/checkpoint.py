@@ -7,6 +7,7 @@ the families and fields.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -484,14 +485,17 @@ def read_safetensors(path: Path) -> dict[str, FileTensor]:
         header = json.loads(bytes(file.read(length, 8)))
     except ValueError as exc:
         raise UnsupportedModel(f"{path}: safetensors header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise UnsupportedModel(f"{path}: safetensors header is not a JSON object")
     out = {}
-    for name, info in header.items() if isinstance(header, dict) else ():
+    for name, info in header.items():
         if name != "__metadata__":
             out[name] = _safetensors_entry(file, 8 + length, name, info)
     return out
 
 
 def _safetensors_entry(file: OpenFile, data_start: int, name: str, info) -> FileTensor:
+    """One header entry as a tensor to read, refused unless its bytes are exactly its shape's, inside the file."""
     try:
         dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
         if not all(isinstance(n, int) and n >= 0 for n in (*shape, begin, end)):
@@ -501,7 +505,7 @@ def _safetensors_entry(file: OpenFile, data_start: int, name: str, info) -> File
     if dtype not in SAFETENSORS_DTYPES:
         raise UnsupportedModel(f"{file.path}: tensor {name} has dtype {dtype}; readable: {', '.join(SAFETENSORS_DTYPES)}")
     stored = np.dtype(SAFETENSORS_DTYPES[dtype])
-    if not begin <= end <= file.size - data_start or end - begin != int(np.prod(shape)) * stored.itemsize:
+    if not begin <= end <= file.size - data_start or end - begin != math.prod(shape) * stored.itemsize:
         raise UnsupportedModel(f"{file.path}: tensor {name}: data_offsets [{begin}, {end}] do not hold shape "
                                f"{list(shape)} of {dtype} inside the file")
     return FileTensor(file, data_start + begin, stored, shape)
