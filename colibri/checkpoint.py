@@ -7,14 +7,16 @@ the families and fields.
 from __future__ import annotations
 
 import json
+import math
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy so safetensors can return bf16 tensors)
+import ml_dtypes
 import numpy as np
-from safetensors import safe_open
 
 from colibri import rope
+from colibri.lazy import Derived, FileTensor, LazyTensor, OpenFile, expert_of
 from colibri.quant import mxfp4_dequantize
 from colibri.image import (EXPERT_ROLES, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
                            FLAG_QKV_BIAS, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_SHARED_EXPERT,
@@ -110,7 +112,7 @@ class UnsupportedModel(ValueError):
 @dataclass
 class Checkpoint:
     dims: ModelDims
-    tensors: dict[tuple[Role, int, int], np.ndarray | LazyTensor]  # a directory's are read when used
+    tensors: dict[tuple[Role, int, int], np.ndarray | LazyTensor]  # a file's are read when used (colibri/lazy.py)
     family: str
     tied_embeddings: bool
     n_params: int
@@ -464,40 +466,56 @@ def _shard_files(path: Path) -> list[Path]:
     return files
 
 
-class LazyTensor:
-    """A checkpoint tensor read from its safetensors shard only when its values are asked for
-    (np.asarray), as float32: packing a checkpoint several times larger than RAM holds one tensor at a
-    time (colibri/quant.py Deferred). Shape and size are known without reading."""
-
-    def __init__(self, shard: Path, name: str, shape: tuple[int, ...]):
-        self.shard, self.name, self.shape = shard, name, tuple(shape)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape))
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        with safe_open(str(self.shard), framework="np") as f:
-            values = f.get_tensor(self.name).astype(np.float32)
-        return values if dtype is None else values.astype(dtype)
-
-    def expert(self, index: int) -> np.ndarray:
-        """Row `index` of the first axis (one expert of a stacked tensor) as stored, reading only it."""
-        with safe_open(str(self.shard), framework="np") as f:
-            return f.get_slice(self.name)[index]
+# safetensors' element types (its format specification) that numpy holds
+SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": ml_dtypes.bfloat16, "I64": "<i8", "I32": "<i4",
+                      "I16": "<i2", "I8": "i1", "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?",
+                      "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
+MAX_SAFETENSORS_HEADER = 100_000_000  # safetensors' own limit on the JSON header
 
 
-def _load_tensors(path: Path) -> dict[str, LazyTensor]:
-    """Every tensor of the checkpoint's shards, by name, unread."""
-    out: dict[str, LazyTensor] = {}
+def read_safetensors(path: Path) -> dict[str, FileTensor]:
+    """Every tensor of a safetensors file, unread: its header (a little-endian u64 length, then that many
+    bytes of JSON giving each tensor's dtype, shape and data_offsets after the header) parsed once, checked
+    against the file's size, so each tensor is later read by its offsets alone."""
+    file = OpenFile(path)
+    length = struct.unpack("<Q", file.read(8, 0))[0] if file.size >= 8 else None
+    if length is None or length > min(MAX_SAFETENSORS_HEADER, file.size - 8):
+        raise UnsupportedModel(f"{path}: not a safetensors file (its header length is missing or past its end)")
+    try:
+        header = json.loads(bytes(file.read(length, 8)))
+    except ValueError as exc:
+        raise UnsupportedModel(f"{path}: safetensors header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise UnsupportedModel(f"{path}: safetensors header is not a JSON object")
+    out = {}
+    for name, info in header.items():
+        if name != "__metadata__":
+            out[name] = _safetensors_entry(file, 8 + length, name, info)
+    return out
+
+
+def _safetensors_entry(file: OpenFile, data_start: int, name: str, info) -> FileTensor:
+    """One header entry as a tensor to read, refused unless its bytes are exactly its shape's, inside the file."""
+    try:
+        dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+        if not all(isinstance(n, int) and n >= 0 for n in (*shape, begin, end)):
+            raise ValueError
+    except (KeyError, TypeError, ValueError):
+        raise UnsupportedModel(f"{file.path}: safetensors header entry {name!r} is not dtype, shape, data_offsets") from None
+    if dtype not in SAFETENSORS_DTYPES:
+        raise UnsupportedModel(f"{file.path}: tensor {name} has dtype {dtype}; readable: {', '.join(SAFETENSORS_DTYPES)}")
+    stored = np.dtype(SAFETENSORS_DTYPES[dtype])
+    if not begin <= end <= file.size - data_start or end - begin != math.prod(shape) * stored.itemsize:
+        raise UnsupportedModel(f"{file.path}: tensor {name}: data_offsets [{begin}, {end}] do not hold shape "
+                               f"{list(shape)} of {dtype} inside the file")
+    return FileTensor(file, data_start + begin, stored, shape)
+
+
+def _load_tensors(path: Path) -> dict[str, FileTensor]:
+    """Every tensor of the checkpoint's shards, by name, unread (each shard's header read once)."""
+    out: dict[str, FileTensor] = {}
     for shard in _shard_files(path):
-        with safe_open(str(shard), framework="np") as f:
-            for name in f.keys():
-                out[name] = LazyTensor(shard, name, f.get_slice(name).get_shape())
+        out.update(read_safetensors(shard))
     return out
 
 
@@ -529,19 +547,6 @@ def hf_name(fam: Family, role: Role, layer: int, expert: int) -> str:
     }[role]
 
 
-class Derived(LazyTensor):
-    """A tensor in the runtime's layout computed from checkpoint tensors only when its values are asked for
-    (kv_b_proj's parts, one expert of gpt-oss's fused experts): packing reads one tensor at a time."""
-
-    def __init__(self, origin: LazyTensor, shape: tuple[int, ...], compute):
-        super().__init__(origin.shard, origin.name, shape)
-        self.compute = compute
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        values = np.asarray(self.compute(), dtype=np.float32)
-        return values if dtype is None else values.astype(dtype)
-
-
 def kv_b_shape(d: ModelDims, role: Role) -> tuple[int, int]:
     nope, lat = d.head_dim - d.rope_width, d.kv_lora_rank
     return (d.n_heads * lat, nope) if role == Role.WK_B else (d.n_heads * d.v_dim, lat)
@@ -569,7 +574,7 @@ def kv_b_join(k_b: np.ndarray, v_b: np.ndarray, n_heads: int) -> np.ndarray:
 def kv_b_part(t: np.ndarray | LazyTensor, d: ModelDims, role: Role) -> np.ndarray | LazyTensor:
     """WK_B or WV_B of a kv_b_proj tensor: computed now from values in memory, or when read from a file."""
     if isinstance(t, LazyTensor):
-        return Derived(t, kv_b_shape(d, role), lambda: kv_b_split(np.asarray(t), d, role))
+        return Derived(kv_b_shape(d, role), lambda: kv_b_split(np.asarray(t), d, role))
     return kv_b_split(np.asarray(t, dtype=np.float32), d, role)
 
 
@@ -594,20 +599,15 @@ def gpt_oss_expert_tensor(raw: dict, d: ModelDims, role: Role, layer: int, exper
     shape = (d.hidden_size, d.ffn_size) if role == Role.EXPERT_DOWN else (d.ffn_size, d.hidden_size)
     if p + fused + "_blocks" in raw:  # MXFP4: [E, out, in] once dequantized
         blocks, scales = raw[p + fused + "_blocks"], raw[p + fused + "_scales"]
-        compute = lambda: mxfp4_dequantize(_expert_of(blocks, expert), _expert_of(scales, expert))[rows]  # noqa: E731
+        compute = lambda: mxfp4_dequantize(expert_of(blocks, expert), expert_of(scales, expert))[rows]  # noqa: E731
         return [p + fused + "_blocks", p + fused + "_scales"], _derived(blocks, shape, compute)
     source = raw[p + fused]
-    compute = lambda: np.asarray(_expert_of(source, expert), np.float32).T[rows]  # noqa: E731
+    compute = lambda: np.asarray(expert_of(source, expert), np.float32).T[rows]  # noqa: E731
     return [p + fused], _derived(source, shape, compute)
 
 
-def _expert_of(t, expert: int) -> np.ndarray:
-    """Expert `expert` of a tensor stacked by expert, reading only its bytes from a file."""
-    return t.expert(expert) if isinstance(t, LazyTensor) else np.asarray(t)[expert]
-
-
 def _derived(origin, shape: tuple[int, ...], compute):
-    return Derived(origin, shape, compute) if isinstance(origin, LazyTensor) else np.ascontiguousarray(compute())
+    return Derived(shape, compute) if isinstance(origin, LazyTensor) else np.ascontiguousarray(compute())
 
 
 GEMMA4_NAMES = {Role.FFN_NORM: "pre_feedforward_layernorm.weight", Role.POST_ATTN_NORM: "post_attention_layernorm.weight",
@@ -638,7 +638,7 @@ def gemma4_tensor(raw: dict, d: ModelDims, role: Role, layer: int, expert: int) 
         rows = {Role.EXPERT_GATE: slice(0, F), Role.EXPERT_UP: slice(F, 2 * F), Role.EXPERT_DOWN: slice(None)}[role]
         shape = (d.hidden_size, F) if role == Role.EXPERT_DOWN else (F, d.hidden_size)
         source = raw[fused]
-        return [fused], _derived(source, shape, lambda: np.asarray(_expert_of(source, expert), np.float32)[rows])
+        return [fused], _derived(source, shape, lambda: np.asarray(expert_of(source, expert), np.float32)[rows])
     return [p + GEMMA4_NAMES[role]], raw[p + GEMMA4_NAMES[role]]
 
 

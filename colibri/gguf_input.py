@@ -15,7 +15,8 @@ cannot drift apart. What this module undoes:
   (F16, BF16, Q4_1, Q5_0, Q5_1, the K-quants, the IQ types, ...) is widened to f32 exactly, and the
   packer converts it to the dtype asked for. `read_gguf` says which types it converted.
 The architecture and the config keys are checked before any tensor is read, so a refusal of a
-multi-GB file is immediate.
+multi-GB file is immediate. No tensor is read here: each is read by its offset when the packer writes it
+(colibri/lazy.py), a routed expert's bytes alone out of its layer's 3-D tensor, and the layout undone then.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import gguf
 import numpy as np
 from gguf.constants import MODEL_TENSOR, TENSOR_NAMES, Keys
 
+from colibri.lazy import Derived, FileTensor, LazyTensor, OpenFile
 from colibri.quant import DType, Encoded, from_gguf_blocks
 
 KEPT_TYPES = {gguf.GGMLQuantizationType.Q8_0: DType.Q8_0, gguf.GGMLQuantizationType.Q4_0: DType.Q4_0}
@@ -77,6 +79,11 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _unpermuted(t: np.ndarray | Encoded, n_head: int) -> np.ndarray | Encoded:
+    """unpermute of an array, or of a Q8_0/Q4_0 tensor's rows (values and scales alike, kept as stored)."""
+    return t.map_rows(lambda a: unpermute(a, n_head)) if isinstance(t, Encoded) else unpermute(t, n_head)
+
+
 @functools.lru_cache(maxsize=2)
 def _reader(path: str, mtime_ns: int, size: int) -> gguf.GGUFReader:
     return gguf.GGUFReader(path)
@@ -90,9 +97,10 @@ def open_gguf(path: Path) -> gguf.GGUFReader:
 
 
 def read_gguf(path: Path, norm_topk_prob: bool | None = None
-              ) -> tuple[dict, dict[str, np.ndarray | Encoded], dict[str, int]]:
-    """(HF-style config dict, HF-named tensors: f32 arrays, or Q8_0/Q4_0 as stored, and how many tensors
-    of each storage type the image has no dtype for were dequantized to f32) from a GGUF file."""
+              ) -> tuple[dict, dict[str, LazyTensor | np.ndarray], dict[str, int]]:
+    """(HF-style config dict, HF-named tensors, unread (their load() gives Q8_0/Q4_0 as stored, any other type
+    dequantized to f32), and how many tensors of each storage type the image has no dtype for are
+    dequantized to f32) from a GGUF file."""
     try:
         reader = open_gguf(path)
     except (ValueError, OSError) as exc:
@@ -130,19 +138,12 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise GGUFError("GGUF tensor rope_freqs (llama3-style RoPE frequency factors) is not supported")
 
-    tensors: dict[str, np.ndarray | Encoded] = {}
+    file = OpenFile(path)
+    tensors: dict[str, FileTensor] = {}
     converted: dict[str, int] = {}
     for t in reader.tensors:
-        if t.tensor_type in KEPT_TYPES:
-            shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dimensions fastest first
-            tensors[t.name] = from_gguf_blocks(t.data, KEPT_TYPES[t.tensor_type], shape)
-            continue
-        try:
-            tensors[t.name] = np.asarray(gguf.dequantize(t.data, t.tensor_type), dtype=np.float32)
-        except NotImplementedError:
-            raise GGUFError(f"tensor {t.name} has type {t.tensor_type.name}, which the gguf package cannot "
-                            "dequantize; convert the model again with another type") from None
-        if t.tensor_type not in EXACT_TYPES:
+        tensors[t.name] = _file_tensor(file, t)
+        if t.tensor_type not in EXACT_TYPES and t.tensor_type not in KEPT_TYPES:
             converted[t.tensor_type.name] = converted.get(t.tensor_type.name, 0) + 1
 
     embd = tensors.get(_name(MODEL_TENSOR.TOKEN_EMBD) + ".weight")
@@ -203,6 +204,31 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
         if dense and arch in ("qwen2moe", "qwen3moe"):
             cfg["mlp_only_layers"] = dense
     return cfg, _hf_tensors(tensors, arch, n_layers, n_head, n_head_kv), converted
+
+
+def _file_tensor(file: OpenFile, t) -> FileTensor:
+    """A GGUF tensor unread: Q8_0/Q4_0 to come as stored (Encoded), every other type dequantized to f32 when read.
+    The reader's own arrays map the file; only their dtype and shape are taken, and one row is dequantized now
+    so that a type the gguf package cannot dequantize is refused before anything is written."""
+    shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dimensions fastest first
+    if t.tensor_type in KEPT_TYPES:
+        dtype = KEPT_TYPES[t.tensor_type]
+        decode = lambda raw, shape: from_gguf_blocks(raw, dtype, shape)  # noqa: E731
+    else:
+        qtype = t.tensor_type
+        decode = lambda raw, shape: np.asarray(gguf.dequantize(raw, qtype), np.float32).reshape(shape)  # noqa: E731
+        try:
+            gguf.dequantize(t.data.reshape(-1, t.data.shape[-1])[:1], qtype)
+        except NotImplementedError:
+            raise GGUFError(f"tensor {t.name} has type {t.tensor_type.name}, which the gguf package cannot "
+                            "dequantize; convert the model again with another type") from None
+    return FileTensor(file, t.data_offset, t.data.dtype, t.data.shape, shape, decode)
+
+
+def _lazy(shape: tuple[int, ...], t: LazyTensor, fn, by_expert=None) -> Derived:
+    """`fn` of a tensor's values, computed when they are read (`by_expert(values of sub-tensor i)`: its
+    sub-tensor i alone)."""
+    return Derived(shape, lambda: fn(t.load()), None if by_expert is None else lambda i: by_expert(t.expert(i)))
 
 
 def _deepseek2(field, k, n_layers: int, n_head: int, tensors: dict) -> dict:
@@ -286,21 +312,17 @@ def _gpt_oss(field, k, n_layers: int, n_experts: int, tensors: dict) -> dict:
     return cfg
 
 
-def _gpt_oss_tensors(tensors: dict, n_layers: int) -> dict[str, np.ndarray]:
+def _gpt_oss_tensors(tensors: dict, n_layers: int) -> dict[str, LazyTensor | np.ndarray]:
     """A gpt-oss file's tensors under transformers' names and in its layout: every layer's experts fused
     (gate_up_proj [E, D, 2F], gate and up interleaved by column; down_proj [E, F, D]), as GptOssExperts holds them.
     The other tensors stay as stored (a Q8_0/Q4_0 one carries over unchanged)."""
     pending = dict(tensors)
-    out: dict[str, np.ndarray | Encoded] = {}
+    out: dict[str, LazyTensor | np.ndarray] = {}
 
-    def take(gguf_name: str) -> np.ndarray | Encoded:
+    def take(gguf_name: str) -> LazyTensor:
         if gguf_name not in pending:
             raise GGUFError(f"GGUF file lacks tensor {gguf_name}")
         return pending.pop(gguf_name)
-
-    def take_floats(gguf_name: str) -> np.ndarray:  # the experts, to be fused: Q8_0/Q4_0 widened exactly
-        t = take(gguf_name)
-        return t.decode() if isinstance(t, Encoded) else t
 
     out["model.embed_tokens.weight"] = take(_name(MODEL_TENSOR.TOKEN_EMBD) + ".weight")
     out["model.norm.weight"] = take(_name(MODEL_TENSOR.OUTPUT_NORM) + ".weight")
@@ -319,18 +341,40 @@ def _gpt_oss_tensors(tensors: dict, n_layers: int) -> dict[str, np.ndarray]:
                     out[f"{p}self_attn.{proj}.{kind}"] = take(name(t, kind))
         out[p + "mlp.router.weight"] = take(name(MODEL_TENSOR.FFN_GATE_INP))
         out[p + "mlp.router.bias"] = take(name(MODEL_TENSOR.FFN_GATE_INP, "bias"))
-        gate, up = take_floats(name(MODEL_TENSOR.FFN_GATE_EXP)), take_floats(name(MODEL_TENSOR.FFN_UP_EXP))  # [E, F, D]
-        gate_up = np.empty((gate.shape[0], 2 * gate.shape[1], gate.shape[2]), np.float32)
-        gate_up[:, 0::2], gate_up[:, 1::2] = gate, up
-        out[p + "mlp.experts.gate_up_proj"] = np.ascontiguousarray(gate_up.transpose(0, 2, 1))
-        bias = np.empty((gate.shape[0], 2 * gate.shape[1]), np.float32)
-        bias[:, 0::2], bias[:, 1::2] = take(name(MODEL_TENSOR.FFN_GATE_EXP, "bias")), take(name(MODEL_TENSOR.FFN_UP_EXP, "bias"))
+        gate, up = take(name(MODEL_TENSOR.FFN_GATE_EXP)), take(name(MODEL_TENSOR.FFN_UP_EXP))  # [E, F, D]
+        n_experts, ffn, hidden = gate.shape
+        out[p + "mlp.experts.gate_up_proj"] = Derived(
+            (n_experts, hidden, 2 * ffn), lambda gate=gate, up=up: _fused_gate_up(gate.load(), up.load()),
+            lambda i, gate=gate, up=up: _fused_gate_up(gate.expert(i), up.expert(i)))
+        bias = np.empty((n_experts, 2 * ffn), np.float32)
+        bias[:, 0::2] = np.asarray(take(name(MODEL_TENSOR.FFN_GATE_EXP, "bias")), np.float32)
+        bias[:, 1::2] = np.asarray(take(name(MODEL_TENSOR.FFN_UP_EXP, "bias")), np.float32)
         out[p + "mlp.experts.gate_up_proj_bias"] = bias
-        out[p + "mlp.experts.down_proj"] = np.ascontiguousarray(take_floats(name(MODEL_TENSOR.FFN_DOWN_EXP)).transpose(0, 2, 1))
+        down = take(name(MODEL_TENSOR.FFN_DOWN_EXP))  # [E, D, F]
+        out[p + "mlp.experts.down_proj"] = _lazy((n_experts, ffn, hidden), down, _transposed, _transposed)
         out[p + "mlp.experts.down_proj_bias"] = take(name(MODEL_TENSOR.FFN_DOWN_EXP, "bias"))
     if pending:
         raise GGUFError(f"GGUF tensors the runtime would not use: {', '.join(sorted(pending)[:5])}")
     return out
+
+
+def _floats(t: np.ndarray | Encoded) -> np.ndarray:
+    """Values as f32 (Q8_0/Q4_0 widened exactly)."""
+    return t.decode() if isinstance(t, Encoded) else np.asarray(t, np.float32)
+
+
+def _transposed(t: np.ndarray | Encoded) -> np.ndarray:
+    """The last two axes swapped, as f32."""
+    return np.ascontiguousarray(np.swapaxes(_floats(t), -1, -2))
+
+
+def _fused_gate_up(gate: np.ndarray | Encoded, up: np.ndarray | Encoded) -> np.ndarray:
+    """gate and up [..., F, D] (one expert or all of a layer) as transformers' gate_up_proj [..., D, 2F],
+    gate and up interleaved by column."""
+    g, u = _floats(gate), _floats(up)
+    fused = np.empty((*g.shape[:-2], 2 * g.shape[-2], g.shape[-1]), np.float32)
+    fused[..., 0::2, :], fused[..., 1::2, :] = g, u
+    return _transposed(fused)
 
 
 def _heads_stacked(t: np.ndarray | Encoded) -> np.ndarray | Encoded:
@@ -342,9 +386,9 @@ def _heads_stacked(t: np.ndarray | Encoded) -> np.ndarray | Encoded:
     return t.reshape(-1, t.shape[-1])
 
 
-def _hf_tensors(tensors: dict[str, np.ndarray | Encoded], arch: str, n_layers: int, n_head: int,
-                n_head_kv: int) -> dict[str, np.ndarray | Encoded]:
-    out: dict[str, np.ndarray | Encoded] = {}
+def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, n_layers: int, n_head: int,
+                n_head_kv: int) -> dict[str, LazyTensor]:
+    out: dict[str, LazyTensor] = {}
     pending = dict(tensors)
 
     def take(gguf_name: str, hf_name: str) -> None:
@@ -363,7 +407,8 @@ def _hf_tensors(tensors: dict[str, np.ndarray | Encoded], arch: str, n_layers: i
         take(_name(MODEL_TENSOR.FFN_EXP_PROBS_B, layer) + ".bias", p + "mlp.gate.e_score_correction_bias")
         for which in ("k_b_proj", "v_b_proj"):
             if f"{p}self_attn.{which}.weight" in out:
-                out[f"{p}self_attn.{which}.weight"] = _heads_stacked(out[f"{p}self_attn.{which}.weight"])
+                t = out[f"{p}self_attn.{which}.weight"]
+                out[f"{p}self_attn.{which}.weight"] = _lazy((t.shape[0] * t.shape[1], t.shape[2]), t, _heads_stacked)
         router = _name(MODEL_TENSOR.FFN_GATE_INP, layer) + ".weight"
         if router in pending:
             out[p + ("block_sparse_moe.gate.weight" if mixtral else "mlp.gate.weight")] = pending.pop(router)
@@ -377,17 +422,16 @@ def _hf_tensors(tensors: dict[str, np.ndarray | Encoded], arch: str, n_layers: i
                     hf = f"{p}block_sparse_moe.experts.{e}.{ {'gate': 'w1', 'up': 'w3', 'down': 'w2'}[which]}.weight"
                 else:
                     hf = f"{p}mlp.experts.{e}.{which}_proj.weight"
-                out[hf] = stacked[e]
+                out[hf] = Derived(stacked.shape[1:], functools.partial(stacked.expert, e))  # its bytes alone
         if arch == "llama":  # undo convert_hf_to_gguf's q/k permutation
             for proj, heads in (("q_proj", n_head), ("k_proj", n_head_kv)):
                 for kind in ("weight", "bias"):
                     key = f"{p}self_attn.{proj}.{kind}"
                     if key in out:
-                        t = out[key]
-                        out[key] = t.map_rows(lambda a: unpermute(a, heads)) if isinstance(t, Encoded) else unpermute(t, heads)
-    for name, arr in out.items():  # llama.cpp may store the shared expert's gate as a vector
-        if name.endswith("shared_expert_gate.weight") and arr.ndim == 1:
-            out[name] = (arr.decode() if isinstance(arr, Encoded) else arr).reshape(1, -1)
+                        out[key] = _lazy(out[key].shape, out[key], functools.partial(_unpermuted, n_head=heads))
+    for name, t in out.items():  # llama.cpp may store the shared expert's gate as a vector
+        if name.endswith("shared_expert_gate.weight") and t.ndim == 1:
+            out[name] = _lazy((1, t.shape[0]), t, lambda values: _floats(values).reshape(1, -1))
     if pending:
         raise GGUFError(f"GGUF tensors the runtime would not use: {', '.join(sorted(pending)[:5])}")
     return out

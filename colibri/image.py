@@ -513,6 +513,22 @@ class TensorEntry:
         return self.scales_offset + self.scales_bytes if self.scales_bytes else self.offset + self.nbytes
 
 
+def entry_encoded(e: TensorEntry, values: bytes | memoryview | np.ndarray, scales: bytes | memoryview | np.ndarray | None,
+                  values_at: int = 0, scales_at: int = 0) -> Encoded:
+    """The tensor of table entry `e` as stored, without copying: its values at `values_at` of one buffer and,
+    quantized, its scales at `scales_at` of another (the image itself for both, or the bytes read of each)."""
+    dtype = DType(e.dtype)
+    if dtype.quantized:
+        rows, cols = e.shape
+        per_block = QBLOCK if dtype == DType.Q8_0 else QBLOCK // 2
+        vals = np.frombuffer(values, np.int8 if dtype == DType.Q8_0 else np.uint8, e.nbytes, values_at)
+        scale = np.frombuffer(scales, "<f2", e.scales_bytes // 2, scales_at)
+        return Encoded(dtype, e.shape, vals.reshape(rows, blocks(cols), per_block), scale.reshape(rows, -1))
+    np_dtype = {DType.F32: "<f4", DType.F16: "<f2", DType.BF16: ml_dtypes.bfloat16}[dtype]
+    count = int(np.prod(e.shape))
+    return Encoded(dtype, e.shape, np.frombuffer(values, np_dtype, count, values_at).reshape(e.shape))
+
+
 def tensor_name(role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> str:
     """A tensor's name for humans and for `pack.py --keep` globs: llama.cpp's names (blk.3.attn_q,
     blk.3.ffn_gate_exps.5 for expert 5, token_embd, output)."""
@@ -561,16 +577,7 @@ class Image:
     def encoded(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> Encoded:
         """A tensor as stored (values and, if quantized, scales), without copying."""
         e = self.entry(role, layer, expert)
-        dtype = DType(e.dtype)
-        if dtype.quantized:
-            rows, cols = e.shape
-            per_block = QBLOCK if dtype == DType.Q8_0 else QBLOCK // 2
-            values = np.frombuffer(self.data, np.int8 if dtype == DType.Q8_0 else np.uint8, e.nbytes, e.offset)
-            scales = np.frombuffer(self.data, "<f2", e.scales_bytes // 2, e.scales_offset)
-            return Encoded(dtype, e.shape, values.reshape(rows, blocks(cols), per_block), scales.reshape(rows, -1))
-        np_dtype = {DType.F32: "<f4", DType.F16: "<f2", DType.BF16: ml_dtypes.bfloat16}[dtype]
-        count = int(np.prod(e.shape))
-        return Encoded(dtype, e.shape, np.frombuffer(self.data, np_dtype, count, e.offset).reshape(e.shape))
+        return entry_encoded(e, self.data, self.data, e.offset, e.scales_offset)
 
     def tensor(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
         """A tensor's values as float32 (exactly what the runtime computes with)."""
@@ -731,7 +738,7 @@ def _lay_out(dims: ModelDims, tensors: dict, expert_align: int, pinned: frozense
             entries[i] = TensorEntry(role, layer, expert, first.dtype, want, first.offset, first.nbytes,
                                      first.group_size, first.scales_offset, first.scales_bytes)
             return
-        enc = src if isinstance(src, (Encoded, Deferred)) else Deferred(DType.F32, want, src)
+        enc = src if isinstance(src, (Encoded, Deferred)) else Deferred(DType.F32, want, lambda: src)
         if enc.dtype != DType.F32 and (len(want) != 2 or role in F32_TABLES):
             raise ValueError(f"{tensor_name(role, layer, expert)} must be f32 (only matrices may be narrower)")
         if role == Role.EXPERT_GATE:

@@ -26,9 +26,8 @@ def _gguf_as_checkpoint(src: Path, out: Path) -> Path:
 
     from colibri.checkpoint import kv_b_join
     from colibri.gguf_input import read_gguf
-    from colibri.quant import Encoded
     cfg, tensors, _ = read_gguf(src)
-    tensors = {name: t.decode() if isinstance(t, Encoded) else t for name, t in tensors.items()}
+    tensors = {name: np.asarray(t, dtype=np.float32) for name, t in tensors.items()}  # read now: transformers loads it all
     for name in [n for n in tensors if n.endswith("self_attn.k_b_proj.weight")]:  # deepseek2: kv_b_proj as HF has it
         v_name = name.replace("k_b_proj", "v_b_proj")
         tensors[name.replace("k_b_proj", "kv_b_proj")] = kv_b_join(tensors.pop(name), tensors.pop(v_name),

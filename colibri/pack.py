@@ -28,12 +28,14 @@ import sys
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-from colibri.checkpoint import LazyTensor, UnsupportedModel, load_checkpoint
-from colibri.image import (KV_DTYPES, Role, arena_bytes, build_image, open_image, read_image,
-                        tensor_name, write_image)
+from colibri.checkpoint import UnsupportedModel, load_checkpoint
+from colibri.image import (KV_DTYPES, NO_INDEX, ModelDims, Role, arena_bytes, entry_encoded, open_image,
+                           tensor_name, write_image)
+from colibri.lazy import LazyTensor, OpenFile
 from colibri.quant import Deferred, DType, Encoded, convert
 from colibri.reference import Reference
 from colibri.text import checkpoint_meta
@@ -77,20 +79,42 @@ def choose_dtype(role: Role, layer: int, expert: int, dtype: DType, keep: list[t
 
 def convert_tensors(tensors: dict, dtype: DType, keep: list[tuple[str, DType]]) -> dict:
     """Every tensor in its chosen dtype; tied tensors stay one object (the first key's choice wins). A
-    tensor not yet read from its checkpoint (LazyTensor) is converted when the image is written."""
+    tensor not yet read from its checkpoint (LazyTensor) is read and converted when the image is written."""
     done: dict[int, Encoded | Deferred] = {}
     out = {}
     for key, t in tensors.items():
         if id(t) not in done:
             want = choose_dtype(*key, dtype, keep)
-            done[id(t)] = Deferred(want, t.shape, t) if isinstance(t, LazyTensor) else convert(t, want)
+            done[id(t)] = Deferred(want, t.shape, t.load) if isinstance(t, LazyTensor) else convert(t, want)
         out[key] = done[id(t)]
     return out
 
 
-def quality(f32_image: bytes | memoryview, image: bytes | memoryview) -> dict:
-    """What the narrower dtypes cost: logits of both images on the calibration prompt (numpy reference)."""
-    ref32, ref = Reference(read_image(f32_image)), Reference(read_image(image))
+class OneTensorAtATime:
+    """What the numpy reference reads of an image (dims, encoded(), tensor()) served by `load(role, layer,
+    expert) -> Encoded` and let go when the next one is asked for: the reference over a model without the
+    model in memory (with Reference(..., keep_weights=False))."""
+
+    def __init__(self, dims: ModelDims, load: Callable[[Role, int, int], Encoded]):
+        self.dims, self._load = dims, load
+        self._last: tuple[tuple[Role, int, int], Encoded] | None = None
+
+    def encoded(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> Encoded:
+        key = (role, layer, expert)
+        if self._last is None or self._last[0] != key:
+            self._last = None  # the previous tensor goes before the next one is read
+            self._last = (key, self._load(*key))
+        return self._last[1]
+
+    def tensor(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
+        enc = self.encoded(role, layer, expert)
+        return enc.values if enc.dtype == DType.F32 else enc.decode()
+
+
+def quality(f32: OneTensorAtATime, packed: OneTensorAtATime) -> dict:
+    """What the narrower dtypes cost: logits of the f32 model and of the packed image on the calibration
+    prompt (numpy reference), each holding one weight at a time."""
+    ref32, ref = Reference(f32, keep_weights=False), Reference(packed, keep_weights=False)
     n = min(CALIBRATION_TOKENS, ref.d.max_seq)
     prompt = np.random.default_rng(0).integers(0, ref.d.vocab_size, n)
     a, b = ref32.forward(prompt).astype(np.float64), ref.forward(prompt).astype(np.float64)
@@ -103,6 +127,25 @@ def quality(f32_image: bytes | memoryview, image: bytes | memoryview) -> dict:
     kl = float(np.mean(np.sum(np.exp(la) * (la - lb), axis=-1)))
     return {"tokens": int(n), "max_abs_dlogit": float(delta.max()), "mean_abs_dlogit": float(delta.mean()),
             "kl_divergence": kl, "top1_agreement": float(np.mean(a.argmax(-1) == b.argmax(-1)))}
+
+
+def checkpoint_f32(dims: ModelDims, tensors: dict) -> OneTensorAtATime:
+    """The f32 image of a checkpoint's tensors, read from the checkpoint a tensor at a time, never written."""
+    f32 = convert_tensors(tensors, DType.F32, [])
+    return OneTensorAtATime(dims, lambda *key: f32[key].encoded() if isinstance(f32[key], Deferred) else f32[key])
+
+
+def written_image(path: Path) -> OneTensorAtATime:
+    """An image file's tensors, read from the file a tensor at a time (its table read once)."""
+    img = open_image(path, check_crcs=False)
+    entries = {(e.role, e.layer, e.expert): e for e in img.entries if e.shape}
+    file = OpenFile(path)
+
+    def load(*key) -> Encoded:
+        e = entries[key]
+        scales = file.read(e.scales_bytes, e.scales_offset) if e.scales_bytes else None
+        return entry_encoded(e, file.read(e.nbytes, e.offset), scales)
+    return OneTensorAtATime(img.dims, load)
 
 
 def hot_experts(trace: dict, count: int) -> frozenset[tuple[int, int]]:
@@ -126,12 +169,12 @@ def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, *, board:
             raise ValueError(f"cannot pin expert {expert} of layer {layer}: the model has no such routed expert "
                              "(was the trace made with another model?)")
     tensors = convert_tensors(ckpt.tensors, dtype, keep or [])
-    # written straight to disk (a memory map), then renamed: never a second copy of the model in RAM,
+    # written straight to the file a tensor at a time, then renamed: never a copy of the model in RAM,
     # and never a half-written image under the output name
     part = out.with_name(out.name + ".part")
     meta = checkpoint_meta(src)  # the tokenizer and chat template, for flash.py --prompt/--chat
-    size = write_image(part, dims, tensors, expert_align=expert_align, pinned=pinned, meta=meta)
     try:
+        size = write_image(part, dims, tensors, expert_align=expert_align, pinned=pinned, meta=meta)
         fit_lines: list[str] = []
         if board:
             fits, fit_lines = fit_report(load_board(board), size, arena_bytes(dims))
@@ -142,7 +185,7 @@ def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, *, board:
         narrowed = kv != "f32" or any(t.dtype != DType.F32 for t in tensors.values())
         cost = None
         if narrowed and measure_quality:
-            cost = quality(build_image(ckpt.dims, convert_tensors(ckpt.tensors, DType.F32, []), expert_align), img.data)
+            cost = quality(checkpoint_f32(ckpt.dims, ckpt.tensors), written_image(part))
         report = {
             "image": str(out), "image_bytes": size, "arena_bytes": arena_bytes(dims),
             "params": ckpt.n_params, "active_params_per_token": ckpt.n_active_params,

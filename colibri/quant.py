@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Callable
 
 import gguf
 import ml_dtypes
@@ -90,18 +91,18 @@ class Encoded:
 @dataclass(frozen=True)
 class Deferred:
     """A tensor to be encoded in `dtype` only when its bytes are written (colibri/image.py write_image):
-    `source` is anything np.asarray turns into its float32 values (a checkpoint.LazyTensor reads its file
-    then), so packing holds one tensor at a time, never the model."""
+    `load()` gives its values then (an array, anything np.asarray turns into one, or an Encoded tensor, kept
+    bit for bit when already in `dtype`), so packing holds one tensor at a time, never the model."""
     dtype: DType
     shape: tuple[int, ...]
-    source: object
+    load: Callable[[], object]
 
     @property
     def size(self) -> int:
         return int(np.prod(self.shape))
 
     def encoded(self) -> Encoded:
-        return encode(np.asarray(self.source), self.dtype)
+        return convert(self.load(), self.dtype)
 
 
 def stored_bytes(t: Encoded | Deferred) -> tuple[int, int]:
@@ -118,8 +119,8 @@ def stored_bytes(t: Encoded | Deferred) -> tuple[int, int]:
 def encode(arr: np.ndarray, dtype: DType) -> Encoded:
     """A float array in `dtype` (round to nearest even for f16/bf16; GGUF's quantizers for Q8_0/Q4_0)."""
     arr = np.asarray(arr, dtype=np.float32)
-    if dtype == DType.F32:
-        return Encoded(dtype, arr.shape, arr)
+    if dtype == DType.F32:  # contiguous as an image holds it (a product's summation order follows the layout)
+        return Encoded(dtype, arr.shape, np.ascontiguousarray(arr))
     if dtype == DType.F16:
         return Encoded(dtype, arr.shape, arr.astype(np.float16))
     if dtype == DType.BF16:

@@ -118,8 +118,11 @@ def route_topk(router_logits: np.ndarray, d: ModelDims, bias: np.ndarray | None 
 
 
 class Reference:
-    def __init__(self, image: Image):
+    def __init__(self, image: Image, keep_weights: bool = True):
+        """`keep_weights` False: only the weight in use is held (a model larger than memory, read from a file
+        a tensor at a time: colibri/pack.py), at the cost of reading a weight again in each forward pass."""
         self.img = image
+        self.keep_weights = keep_weights
         self.d = image.dims
         self.routes: dict[int, tuple[np.ndarray, np.ndarray]] | None = None  # layer -> (experts, weights) per position
         self._decoded: dict[tuple[Role, int, int], np.ndarray] = {}
@@ -127,17 +130,20 @@ class Reference:
         self._kv: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # a forward pass's cached k, v per layer
 
     def _t(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
-        key = (role, layer, expert)
-        if key not in self._decoded:
-            self._decoded[key] = self.img.tensor(role, layer, expert)
-        return self._decoded[key]
+        return self._held(self._decoded, (role, layer, expert), self.img.tensor)
+
+    def _held(self, cache: dict, key: tuple[Role, int, int], fetch):
+        """cache[key], fetched on first use; without keep_weights the cache holds only the latest."""
+        if key not in cache:
+            if not self.keep_weights:
+                cache.clear()
+            cache[key] = fetch(*key)
+        return cache[key]
 
     def linear(self, x: np.ndarray, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
         """x @ W.T for the image's matrix W, with the runtime's activation quantization for Q8_0/Q4_0."""
-        key = (role, layer, expert)
-        if key not in self._encoded:  # the table lookup is linear: once per tensor, not per matmul
-            self._encoded[key] = self.img.encoded(role, layer, expert)
-        enc = self._encoded[key]
+        # the table lookup is linear: once per tensor, not per matmul
+        enc = self._held(self._encoded, (role, layer, expert), self.img.encoded)
         if enc.dtype.quantized:
             return quantized_matmul(x, enc)
         return x @ self._t(role, layer, expert).T
@@ -145,10 +151,7 @@ class Reference:
     def per_head(self, x: np.ndarray, role: Role, layer: int) -> np.ndarray:
         """x [n, H, cols] through a per-head projection (head h owns the h-th H-th of the matrix's rows):
         [n, H, rows]. As the runtime does it: one matrix product per head."""
-        key = (role, layer, NO_INDEX)
-        if key not in self._encoded:
-            self._encoded[key] = self.img.encoded(role, layer)
-        enc, H = self._encoded[key], self.d.n_heads
+        enc, H = self._held(self._encoded, (role, layer, NO_INDEX), self.img.encoded), self.d.n_heads
         rows = enc.shape[0] // H
         out = []
         for h in range(H):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import gguf
 import numpy as np
 import pytest
 
@@ -219,7 +220,7 @@ def test_pin_from_a_trace_puts_the_hot_experts_in_the_resident_part(checkpoints,
 
 
 def test_write_image_streams_the_same_bytes_build_image_returns(checkpoints, tmp_path):
-    """pack.py writes through a memory map (the image never a second copy of the model in RAM): the file
+    """pack.py writes the file a tensor at a time (the image never a copy of the model in RAM): the file
     must be exactly the bytes build_image assembles in memory."""
     from colibri.checkpoint import load_checkpoint
     from colibri.image import build_image, write_image
@@ -232,3 +233,123 @@ def test_write_image_streams_the_same_bytes_build_image_returns(checkpoints, tmp
     want = build_image(ckpt.dims, tensors, expert_align=256, pinned=pinned)
     assert size == len(want) and (tmp_path / "w.img").read_bytes() == want
     read_image(want)  # and it is a valid image
+
+
+def write_mixtral(out, vocab: int, hidden: int, ffn: int, layers: int, experts: int, shards: int, heads: int = 4,
+                  kv_heads: int = 2, seed: int = 0):
+    """A random bf16 Mixtral checkpoint in `shards` shards, written with safetensors directly (no torch: fast
+    at hundreds of MB); norms 1."""
+    import ml_dtypes
+    from safetensors.numpy import save_file
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(dict(
+        architectures=["MixtralForCausalLM"], vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads, num_local_experts=experts,
+        num_experts_per_tok=2, max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False)))
+    hd = hidden // heads
+    shapes = {"model.embed_tokens.weight": (vocab, hidden), "lm_head.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
+    for layer in range(layers):
+        p, m = f"model.layers.{layer}.", f"model.layers.{layer}.block_sparse_moe."
+        shapes.update({p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
+                       p + "self_attn.q_proj.weight": (heads * hd, hidden), p + "self_attn.k_proj.weight": (kv_heads * hd, hidden),
+                       p + "self_attn.v_proj.weight": (kv_heads * hd, hidden), p + "self_attn.o_proj.weight": (hidden, heads * hd),
+                       m + "gate.weight": (experts, hidden)})
+        for e in range(experts):
+            shapes.update({f"{m}experts.{e}.{w}.weight": shape for w, shape in
+                           (("w1", (ffn, hidden)), ("w3", (ffn, hidden)), ("w2", (hidden, ffn)))})
+    rng = np.random.default_rng(seed)
+    names = list(shapes)
+    weight_map = {}
+    for i in range(shards):
+        shard = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[i * len(names) // shards:(i + 1) * len(names) // shards]
+        save_file({n: (np.ones(shapes[n]) if n.endswith("norm.weight") else
+                       rng.standard_normal(shapes[n], dtype=np.float32) * 0.05).astype(ml_dtypes.bfloat16) for n in part},
+                  str(out / shard))
+        weight_map.update(dict.fromkeys(part, shard))
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return out
+
+
+def test_each_shard_is_opened_once_not_once_per_tensor(tmp_path, monkeypatch):
+    """Opening a safetensors file parses its whole header: once per tensor made packing quadratic in the
+    tensors of a shard. However a shard is opened (safetensors' safe_open, os.open), packing, the quality
+    pass included, opens each one once."""
+    import os
+    from collections import Counter
+    from pathlib import Path
+    from colibri.quant import DType
+    ckpt = write_mixtral(tmp_path / "ckpt", vocab=40, hidden=32, ffn=16, layers=24, experts=4, shards=3)
+    opened: Counter[str] = Counter()
+
+    def counting(real):
+        def opener(path, *args, **kwargs):
+            if str(path).endswith(".safetensors"):
+                opened[Path(path).name] += 1
+            return real(path, *args, **kwargs)
+        return opener
+    import safetensors
+    monkeypatch.setattr(os, "open", counting(os.open))
+    monkeypatch.setattr("colibri.checkpoint.safe_open", counting(safetensors.safe_open), raising=False)
+    report = pack(ckpt, tmp_path / "m.img", 32, 64, dtype=DType.Q8_0)
+    assert report["quality"] is not None  # the f32 reference read the checkpoint too
+    shards = sorted(p.name for p in ckpt.glob("*.safetensors"))
+    assert len(read_image((tmp_path / "m.img").read_bytes()).entries) > 100 * len(shards)
+    assert opened == Counter(shards)
+
+
+@pytest.mark.parametrize("source", ["safetensors", "gguf"])
+def test_packing_holds_a_few_tensors_not_the_model(source, tmp_path):
+    """A checkpoint several times larger than the memory the packer is allowed: its peak resident memory
+    (VmHWM: anonymous and mapped pages alike) stays below what it had after its imports plus K times the
+    model's largest tensor in f32, quantizing to q4_0 with the quality pass, from bf16 safetensors shards or
+    a Q8_0 GGUF file; and the file it streamed is the image assembled in memory (build_image, here in the
+    test's process)."""
+    import subprocess
+    import sys
+    from gguf_writer import hf_to_gguf
+    from colibri.checkpoint import load_checkpoint
+    from colibri.image import build_image
+    from colibri.pack import convert_tensors
+    from colibri.quant import DType
+    K = 12  # measured 7.2 (safetensors) and 7.7 (GGUF): the q4_0 quantizer's and the quality pass's temporaries
+    if source == "safetensors":
+        ckpt = write_mixtral(tmp_path / "ckpt", vocab=1024, hidden=1024, ffn=1024, layers=4, experts=8, shards=4)
+        stored = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
+    else:
+        ckpt = hf_to_gguf(write_mixtral(tmp_path / "ckpt", vocab=1024, hidden=1024, ffn=1024, layers=8, experts=4,
+                                        shards=2), tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q8_0)
+        stored = ckpt.stat().st_size
+    model = load_checkpoint(ckpt, 64)
+    largest = 4 * max(t.size for t in model.tensors.values())  # 1024 x 1024: the embedding, lm_head, each expert
+    child = ("import json, sys; sys.path.insert(0, sys.argv[1])\n"
+             "from pathlib import Path\n"
+             "hwm = lambda: next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
+             "from colibri.pack import pack\n"
+             "from colibri.quant import DType\n"
+             "baseline = hwm()\n"
+             "r = pack(Path(sys.argv[2]), Path(sys.argv[3]), 64, 64, dtype=DType.Q4_0)\n"
+             "print(json.dumps({'baseline': baseline, 'peak': hwm(), 'quality': r['quality'] is not None}))\n")
+    run = subprocess.run([sys.executable, "-c", child, str(ROOT), str(ckpt), str(tmp_path / "m.img")],
+                         capture_output=True, text=True, check=True)
+    got = json.loads(run.stdout)
+    bound = got["baseline"] + K * largest
+    assert stored > 2 * K * largest and got["quality"]
+    assert got["peak"] < bound, f"peak {got['peak'] / 2**20:.0f} MiB, bound {bound / 2**20:.0f} MiB"
+    assert (tmp_path / "m.img").read_bytes() == build_image(model.dims, convert_tensors(model.tensors, DType.Q4_0, []))
+
+
+def test_a_broken_shard_is_refused_by_name(tmp_path, capsys):
+    """A shard's header is checked against its file before anything is written: a header length past the
+    end, or a tensor whose bytes the file no longer holds, is a one-line error naming the shard, and neither
+    the image nor its .part file is left behind."""
+    ckpt = write_mixtral(tmp_path / "ckpt", vocab=40, hidden=32, ffn=16, layers=2, experts=4, shards=2)
+    shard = sorted(ckpt.glob("*.safetensors"))[1]
+    whole = shard.read_bytes()
+    out = tmp_path / "m.img"
+    for broken, says in ((whole[:-8], "data_offsets"), (b"\xff" * 8 + whole[8:], "header length")):
+        shard.write_bytes(broken)
+        assert pack_cli.main([str(ckpt), "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("pack: error: ") and shard.name in err and says in err and err.count("\n") == 1
+        assert not out.exists() and not out.with_name("m.img.part").exists()
