@@ -404,19 +404,24 @@ ALWAYS_INLINE void dot_rows(const void *w, const uint16_t *w_scale, const q8_vec
     const uint8_t *row = w;
     for (float *end = out + rows; out < end; out++, row += row_bytes, w_scale += blocks) *out = dot(row, w_scale, &xv, blocks);
 }
-/* Q8_0 quantization of one block of len <= QBLOCK values, in two steps an ISA supplies: the largest |v|
- * (NaN ignored), then q[i] = v[i] * inv rounded to nearest even and clamped to +-127 (NaN to 0), zero
- * past len, returning the sum of the QBLOCK values. */
+/* Q8_0 quantization of one block of len <= QBLOCK values, in two steps an ISA supplies: the largest |v|,
+ * non-finite when any v is (the maximum of the magnitudes' bit patterns, as integers: that orders finite
+ * magnitudes as floats do and puts infinity, then NaN, above them), then q[i] = v[i] * inv rounded to
+ * nearest even and clamped to +-127 (NaN to 0), zero past len, returning the sum of the QBLOCK values. */
 typedef float (*block_amax_fn)(const float *v, uint32_t len);
 typedef int32_t (*block_round_fn)(int8_t *q, const float *v, uint32_t len, float inv);
 
 /* A kernel set's quantize_q8_0: per block d = amax / 127 (the block's scale) and inv = 1 / d (0 for an
- * all-zero block), then the rounding. */
+ * all-zero block), then the rounding. A block holding a NaN or an infinity gets the scale NaN and values 0:
+ * every dot product that reads it is then NaN, as an f32 matrix's would be non-finite, so the router's and
+ * the logits' checks see it (quantized to 0 instead, it would vanish and the logits come out finite). */
 ALWAYS_INLINE void quantize_blocks(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n, block_amax_fn amax,
                                    block_round_fn round) {
     for (uint32_t b = 0; b * QBLOCK < n; b++) {
         const uint32_t len = n - b * QBLOCK < QBLOCK ? n - b * QBLOCK : QBLOCK;
-        const float d = amax(x + b * QBLOCK, len) / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
+        const float m = amax(x + b * QBLOCK, len);
+        const int finite = m <= 3.40282347e38f; /* false for infinity and NaN */
+        const float d = finite ? m / 127.0f : f32_from_bits(0x7FC00000u), inv = finite && d != 0.0f ? 1.0f / d : 0.0f;
         scale[b] = d;
         sum[b] = round(xq + b * QBLOCK, x + b * QBLOCK, len, inv);
     }
