@@ -396,3 +396,25 @@ def test_a_nonfinite_norm_weight_is_named_at_every_dtype(lib, scalar_lib, checkp
         assert ctx.open_status == 0
         assert ctx.feed([1, 2, 3]) == STATUS["E_NONFINITE"], ctx.kernels()
         assert ctx.stats().tokens_fed == 0
+
+
+def test_a_step_whose_feed_fails_leaves_the_sampler_as_it_was(lib, images):
+    """colibri_step samples, then feeds the sample; when the feed fails (here the sampled token's embedding is
+    NaN: COLIBRI_E_NONFINITE) the call fails, and the sampler's state must be what it was before the call, as
+    colibri.h promises for every failed call: the caller's random stream goes on as if the step never ran."""
+    from colibri.image import Role
+    from test_verifier import reseal
+    data = bytearray(images["base"].read_bytes())
+    img = read_image(bytes(data))
+    embd, row = img.entry(Role.TOKEN_EMBD), 4 * img.dims.hidden_size
+    for tok in range(img.dims.vocab_size):
+        if tok != 1:  # only the prompt's token is clean: whatever the step samples besides fails its feed
+            data[embd.offset + tok * row: embd.offset + (tok + 1) * row] = struct.pack("<f", float("nan")) * img.dims.hidden_size
+    ctx = Context(lib, bytes(reseal(data)))
+    assert ctx.feed([1]) == 0
+    s, tok = Sampler(), C.c_uint32(12345)
+    assert lib.so.colibri_sampler_init(C.byref(s), 1.0, 0, 1.0, 8) == 0
+    before = s.rng
+    assert lib.so.colibri_step(ctx.ctx, C.byref(s), C.byref(tok)) == STATUS["E_NONFINITE"]
+    assert s.rng == before
+    assert tok.value == 12345 and ctx.stats().tokens_fed == 1

@@ -209,7 +209,8 @@ colibri_status colibri_reset(colibri_ctx *ctx);
  * anything changes. */
 colibri_status colibri_feed(colibri_ctx *ctx, const uint32_t *tokens, size_t n);
 
-/* Decode one token: sample from the current logits with `s`, feed the sample, return it in *token. */
+/* Decode one token: sample from the current logits with `s`, feed the sample, return it in *token. If the
+ * feed fails, *s is restored: the sampler's state advances only with a step that succeeds. */
 colibri_status colibri_step(colibri_ctx *ctx, colibri_sampler *s, uint32_t *token);
 
 /* Sample from the current logits without feeding (e.g. for the last token of a generation). */

@@ -130,11 +130,15 @@ colibri_status colibri_step(colibri_ctx *c, colibri_sampler *s, uint32_t *token)
     if (!c || !s || !token) return COLIBRI_E_NULL;
     if (!c->have_logits) return COLIBRI_E_NO_LOGITS;
     if (c->pos >= c->d.max_seq) return COLIBRI_E_SEQ_FULL;
+    const colibri_sampler before = *s; /* a failed call leaves the caller's random stream as it was too */
     uint32_t t;
     colibri_status st = colibri_sample(c, s, &t);
     if (st) return st;
     st = colibri_feed(c, &t, 1);
-    if (st) return st;
+    if (st) {
+        *s = before;
+        return st;
+    }
     *token = t;
     return COLIBRI_OK;
 }
