@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from capi import FETCH, PREFETCH, STATUS, Context, Lib, Options
+from capi import FETCH, FETCH_WAIT, PREFETCH, STATUS, Context, Lib, Options
 from conftest import make_family_checkpoint
 from test_families import FAMILIES
 from colibri.flash import run_on_board
@@ -160,6 +160,76 @@ def test_a_failed_or_corrupt_fetch_stops_with_a_status_and_reset_recovers(lib, s
     assert STATUS[status] in statuses, statuses
     assert ctx.lib.so.colibri_reset(ctx.ctx) == 0
     assert logits_after_each(ctx, PROMPT).tobytes() == want.tobytes()  # the fault is gone: same bits
+
+
+TRACE = C.CFUNCTYPE(None, C.c_void_p, C.POINTER(C.c_uint32))  # colibri_layer_trace starts u32 pos, layer
+
+
+class FailingGuesses:
+    """Slow memory, synchronous or asynchronous, that fails every prefetch guess and serves every other fetch.
+    A guess is a fetch of a block of the layer after the one running (the trace hook says when a layer is
+    done: a prefetch for layer l + 1 is issued inside layer l). `how`: "fetch" (the blocking hook fails),
+    "start" (fetch_start fails: a synchronous failure of the asynchronous pair) or "wait" (fetch_start
+    succeeds, fetch_wait fails later: an asynchronous failure)."""
+
+    def __init__(self, image: bytes, how: str):
+        self.memory, self.how = SlowMemory(image), how
+        self.layer_of = {}
+        img = read_image(image)
+        for layer, expert in img.streamed_experts():
+            self.layer_of[img.expert_block(layer, expert)[0]] = layer
+        self.n_layers = img.dims.n_layers
+        self.running, self.failed, self.refetched = 0, [], []
+        self.pending: dict[int, bool] = {}  # destination -> whether its fetch is to fail at the wait
+        self.trace = TRACE(self.layer_done)
+        self.hooks = dict(fetch=FETCH(self.fetch), fetch_start=FETCH(self.start), fetch_wait=FETCH_WAIT(self.wait))
+
+    def layer_done(self, user, t) -> None:
+        self.running = (t[1] + 1) % self.n_layers
+
+    def guess(self, offset: int) -> bool:
+        is_guess = self.layer_of[offset] != self.running
+        if is_guess:
+            self.failed.append(offset)
+        elif offset in self.failed:
+            self.refetched.append(offset)
+        return is_guess
+
+    def fetch(self, user, offset, n, dst) -> int:
+        return 1 if self.guess(offset) else self.memory.fetch(user, offset, n, dst)
+
+    def start(self, user, offset, n, dst) -> int:
+        fail = self.guess(offset)
+        if fail and self.how == "start":
+            return 1
+        self.pending[dst] = fail
+        return 0 if fail else self.memory.fetch(user, offset, n, dst)
+
+    def wait(self, user, dst) -> int:
+        return 1 if self.pending.pop(dst) else 0
+
+    def options(self, slots: int) -> Options:
+        hooks = self.hooks if self.how != "fetch" else dict(fetch=self.hooks["fetch"])
+        return Options(expert_cache=slots, expert_policy=PREFETCH, trace=C.cast(self.trace, C.c_void_p), **hooks)
+
+
+@pytest.mark.parametrize("how", ["fetch", "start", "wait"])
+def test_a_guess_that_fails_its_fetch_never_fails_the_feed(lib, streaming_images, how):
+    """One rule for a prefetch guess whose fetch fails, whether the hook says so at once (the blocking fetch,
+    or fetch_start) or only when waited for (fetch_wait): the guess is dropped, the feed goes on, and the block
+    is fetched again if the router then chooses it. The logits are the resident image's bits."""
+    image = streaming_images["base-q8_0"]
+    want = logits_after_each(Context(lib, image), PROMPT)
+    memory = FailingGuesses(image, how)
+    opts = memory.options(slots=4)
+    if how != "fetch":
+        opts.fetch = memory.hooks["fetch"]  # required beside the asynchronous pair; the pair is used
+    ctx = Context(lib, image, options=opts, visible=read_image(image).resident_bytes)
+    assert ctx.open_status == 0
+    assert logits_after_each(ctx, PROMPT).tobytes() == want.tobytes()
+    assert memory.failed and memory.refetched  # guesses failed, and some were chosen and fetched again
+    s = ctx.stats()
+    assert s.prefetch_used == 0  # no failed guess served a layer
 
 
 def test_pinned_experts_are_never_fetched(lib, streaming_images):

@@ -102,8 +102,10 @@ colibri_status experts_settle(colibri_ctx *c) {
     for (uint32_t i = 0; i < c->cache.n_slots; i++) {
         const int guess = c->cache.slots[i].prefetched;
         colibri_status st = fetch_finish(c, i);
-        /* a corrupt block that was only a guess is dropped; it fails the run only if a router asks for it */
-        if (st && !(guess && st == COLIBRI_E_EXPERT_CRC) && !first) first = st;
+        /* A guess never fails a feed, wherever its fetch fails (the blocking fetch or fetch_start in
+         * experts_fetch_ahead, fetch_wait or the CRC here): its slot is emptied, and a router that then
+         * chooses the block fetches it again; only that fetch's failure is the feed's. */
+        if (st && !guess && !first) first = st;
     }
     return first;
 }
@@ -146,7 +148,7 @@ void experts_fetch_ahead(colibri_ctx *c, uint32_t layer, uint32_t expert) {
     if (offset < c->d.resident_bytes || cache_find(x, layer, expert) != NO_SLOT) return;
     uint32_t i = cache_victim(x);
     if (i == NO_SLOT) return; /* every slot serves this step: no room for a guess */
-    if (fetch_begin(c, i, layer, expert, 1) == COLIBRI_OK) c->stats.prefetch_issued++;
+    if (fetch_begin(c, i, layer, expert, 1) == COLIBRI_OK) c->stats.prefetch_issued++; /* else dropped (settle) */
 }
 
 colibri_status expert_ready(colibri_ctx *c, uint32_t slot, uint32_t layer, uint32_t expert, const uint8_t **block,

@@ -453,7 +453,7 @@ colibri_status expert_ready(colibri_ctx *c, uint32_t slot, uint32_t layer, uint3
 /* A prefetch guess: start fetching (layer, expert) into a slot this step does not use, if any. */
 void experts_fetch_ahead(colibri_ctx *c, uint32_t layer, uint32_t expert);
 /* Wait for every fetch in flight (no transfer may outlive a feed). The first failure of a block the
- * router chose; a corrupt guess is only dropped. */
+ * router chose; a guess that fails (its fetch or its CRC) is only dropped. */
 colibri_status experts_settle(colibri_ctx *c);
 
 /* The board's cycle counter, 0 without one (colibri.c: one copy, not one per file at -Os) */
