@@ -459,8 +459,17 @@ def prefill_bytes(d: ModelDims, tokens: int) -> int:
     per_token = [4 * D, 4 * D, *(4 * n for _, n in _token_widths(d)), 4 * D,  # x .. ple, moe_out
                  4 * ffn, 4 * ffn, 4 * D, 4 * D, 4 * k * D,  # gate, up, ffn_out, gx, expert_out
                  4, 4 * k, 4 * k, 4,  # scalar, topk_index, topk_weight, group
-                 in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks, in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks]
+                 in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks, in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks,
+                 _ring_row_bytes(d)]  # a token's saved ring rows
     return tokens * sum(align_up(n) for n in per_token)
+
+
+def _ring_row_bytes(d: ModelDims) -> int:
+    """The K and V rows (MLA: K) of one position over every windowed layer that keeps a cache: what a prefill
+    pass saves of the window rings per token before it overwrites them (model.c, "a prefill batch and the
+    window rings")."""
+    elem = 2 if d.kv_dtype == KV_DTYPES["f16"] else 4
+    return (1 if d.mla else 2) * elem * sum(d.layer_kv_dim(l) for l in range(d.n_layers) if d.windowed(l))
 
 
 EXPERT_SLOT_META_BYTES = 32  # per cache slot: layer, expert, state, prefetched, last use, padding

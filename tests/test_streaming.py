@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from capi import FETCH, FETCH_WAIT, PREFETCH, STATUS, Context, Lib, Options
+from capi import FETCH, FETCH_WAIT, PREFETCH, STATUS, TRACE, Context, Lib, Options
 from conftest import make_family_checkpoint
 from test_families import FAMILIES
 from colibri.flash import run_on_board
@@ -162,9 +162,6 @@ def test_a_failed_or_corrupt_fetch_stops_with_a_status_and_reset_recovers(lib, s
     assert logits_after_each(ctx, PROMPT).tobytes() == want.tobytes()  # the fault is gone: same bits
 
 
-TRACE = C.CFUNCTYPE(None, C.c_void_p, C.POINTER(C.c_uint32))  # colibri_layer_trace starts u32 pos, layer
-
-
 class FailingGuesses:
     """Slow memory, synchronous or asynchronous, that fails every prefetch guess and serves every other fetch.
     A guess is a fetch of a block of the layer after the one running (the trace hook says when a layer is
@@ -185,7 +182,7 @@ class FailingGuesses:
         self.hooks = dict(fetch=FETCH(self.fetch), fetch_start=FETCH(self.start), fetch_wait=FETCH_WAIT(self.wait))
 
     def layer_done(self, user, t) -> None:
-        self.running = (t[1] + 1) % self.n_layers
+        self.running = (t[0].layer + 1) % self.n_layers
 
     def guess(self, offset: int) -> bool:
         is_guess = self.layer_of[offset] != self.running

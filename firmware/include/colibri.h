@@ -129,7 +129,8 @@ typedef struct {
     /* Prefill batch: colibri_feed() computes up to this many tokens in one pass, each weight row read
      * once for all of them (0 or 1: one token a pass). It is a speed-up, not a requirement: open takes the
      * largest batch up to this whose colibri_prefill_bytes() fit in the arena after the plan (none when
-     * two do not; stats.prefill_batch says what it took). The same bits as one token a pass. Not with an
+     * two do not; stats.prefill_batch says what it took), and no longer than the sliding window when
+     * KV-sharing layers read a windowed cache (Gemma 4). The same bits as one token a pass. Not with an
      * expert cache (a fetch serves one token's experts), which feeds one token a pass. */
     uint32_t prefill_batch;    /* at most COLIBRI_MAX_BATCH */
 } colibri_options;

@@ -31,6 +31,16 @@ static uint32_t batch_fit(const colibri_image_info *info, uint32_t asked, uint64
     return batch > 1 ? batch : 0;
 }
 
+/* The longest pass a batch may take: a Gemma 4 layer sharing a windowed ring exchanges the pass's rows in it
+ * with the rows they overwrote (model.c), so a pass there holds at most the window's W rows. The lean build
+ * leaves that saving of the rings out, and feeds a windowed model one token a pass. */
+static uint32_t batch_limit(const model_dims *d, uint32_t asked) {
+    if (COLIBRI_LEAN && d->window) return 0;
+    for (uint32_t l = COLIBRI_LEAN ? d->n_layers : d->first_shared; l < d->n_layers; l++)
+        if (layer_windowed(d, l)) return asked < d->window ? asked : d->window;
+    return asked;
+}
+
 colibri_status colibri_open(const void *image, size_t image_size, void *arena, size_t arena_size,
                             const colibri_options *opts, colibri_ctx **ctx, uint64_t *arena_needed) {
     if (!image || !arena || !ctx) return COLIBRI_E_NULL;
@@ -46,7 +56,7 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     if (st) return st;
     if ((uintptr_t)arena % COLIBRI_ARENA_ALIGN) return COLIBRI_E_ARENA_ALIGN;
     if (arena_size < need) return COLIBRI_E_ARENA_TOO_SMALL;
-    const uint32_t batch = opts && !slots ? batch_fit(&info, opts->prefill_batch, arena_size - need) : 0;
+    const uint32_t batch = opts && !slots ? batch_fit(&info, batch_limit(&d, opts->prefill_batch), arena_size - need) : 0;
     need += colibri_prefill_bytes(&info, batch);
     const uintptr_t a0 = (uintptr_t)arena, i0 = (uintptr_t)image; /* sizes fit the address space: both are mapped */
     if (a0 < i0 + image_size && i0 < a0 + (uintptr_t)need) return COLIBRI_E_ARENA_OVERLAP;
@@ -58,7 +68,7 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     *c = (colibri_ctx){ .kernels = kernels_select(), .image = image, .info = info, .d = d, .a = a };
     tensors_resolve(table, d.n_tensors, a.tensors); /* the last read of the table */
     if (opts) c->opts = *opts;
-    if (batch) batch_plan(&d, batch, (uint8_t *)arena + total, &c->batch); /* after the plan: no cache with a batch */
+    if (batch) batch_plan(&d, batch, (uint8_t *)arena + total, &c->batch, &c->rings); /* after the plan: no cache with a batch */
     if (slots) { /* the cache follows the plan: slot bookkeeping, then the slots */
         expert_cache *x = &c->cache;
         x->n_slots = slots;
@@ -130,13 +140,13 @@ colibri_status colibri_step(colibri_ctx *c, colibri_sampler *s, uint32_t *token)
     if (!c || !s || !token) return COLIBRI_E_NULL;
     if (!c->have_logits) return COLIBRI_E_NO_LOGITS;
     if (c->pos >= c->d.max_seq) return COLIBRI_E_SEQ_FULL;
-    const colibri_sampler before = *s; /* a failed call leaves the caller's random stream as it was too */
+    const uint64_t rng = s->rng; /* what sampling changes: a failed call leaves the caller's stream as it was */
     uint32_t t;
     colibri_status st = colibri_sample(c, s, &t);
     if (st) return st;
     st = colibri_feed(c, &t, 1);
     if (st) {
-        *s = before;
+        s->rng = rng;
         return st;
     }
     *token = t;

@@ -197,10 +197,20 @@ typedef struct {
     int32_t *xq_sum, *hq_sum;
 } token_buffers;
 
+/* The window rings' rows a prefill pass overwrites, saved before it (model.c, "a prefill batch and the window
+ * rings"), in the prefill batch region after the token buffers: per cache-owning windowed layer, in layer order,
+ * `rows` K rows then as many V rows (MLA: K only), in the cache's dtype. shared: those of the windowed layer
+ * Gemma 4's sharing layers read (NULL: none). rows = min(batch, window), 0 without a window (and in the lean
+ * build, which feeds a windowed model one token a pass). Not in token_buffers: a copy of those is made per pass. */
+typedef struct {
+    uint8_t *saved, *shared;
+    uint32_t rows;
+} ring_saves;
+
 /* The prefill batch region's layout for `tokens` tokens: its bytes, and if base != NULL `out` pointed
  * into it. Every buffer starts 64-byte aligned, so batch_plan(d, n) <= n * batch_plan(d, 1), the bytes
  * colibri_prefill_bytes() asks for. */
-uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_buffers *out);
+uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_buffers *out, ring_saves *rings);
 
 /* ---- the expert cache (experts.c; docs/STREAMING.md) ---- */
 enum slot_state { SLOT_EMPTY = 0, SLOT_READY, SLOT_PENDING };
@@ -283,6 +293,7 @@ struct colibri_ctx {
     int xn_quantized;    /* a.xq holds a.xn quantized (reset whenever xn is written) */
     expert_cache cache;  /* n_slots 0: experts read in place */
     token_buffers batch; /* the prefill batch region (n 0: none) */
+    ring_saves rings;    /* in it, the window rings' saved rows */
     uint32_t one_group[1];
     colibri_stats stats;
 };
@@ -412,16 +423,17 @@ typedef float (*block_amax_fn)(const float *v, uint32_t len);
 typedef int32_t (*block_round_fn)(int8_t *q, const float *v, uint32_t len, float inv);
 
 /* A kernel set's quantize_q8_0: per block d = amax / 127 (the block's scale) and inv = 1 / d (0 for an
- * all-zero block), then the rounding. A block holding a NaN or an infinity gets the scale NaN and values 0:
- * every dot product that reads it is then NaN, as an f32 matrix's would be non-finite, so the router's and
- * the logits' checks see it (quantized to 0 instead, it would vanish and the logits come out finite). */
+ * all-zero block), then the rounding. A block holding a NaN or an infinity gets the scale NaN and values 0 (v
+ * times inv = NaN rounds to 0): every dot product that reads it is then NaN, as an f32 matrix's would be
+ * non-finite, so the router's and the logits' checks see it (quantized to 0 instead, it would vanish and the
+ * logits come out finite). */
 ALWAYS_INLINE void quantize_blocks(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n, block_amax_fn amax,
                                    block_round_fn round) {
     for (uint32_t b = 0; b * QBLOCK < n; b++) {
         const uint32_t len = n - b * QBLOCK < QBLOCK ? n - b * QBLOCK : QBLOCK;
         const float m = amax(x + b * QBLOCK, len);
         const int finite = m <= 3.40282347e38f; /* false for infinity and NaN */
-        const float d = finite ? m / 127.0f : f32_from_bits(0x7FC00000u), inv = finite && d != 0.0f ? 1.0f / d : 0.0f;
+        const float d = finite ? m / 127.0f : f32_from_bits(0x7FC00000u), inv = d != 0.0f ? 1.0f / d : 0.0f;
         scale[b] = d;
         sum[b] = round(xq + b * QBLOCK, x + b * QBLOCK, len, inv);
     }
@@ -462,8 +474,8 @@ uint64_t ctx_now(const colibri_ctx *c);
 /* ---- model.c ---- */
 /* n tokens through the model at the next positions, together (n > 1 needs the prefill batch region);
  * with want_logits also the final norm and lm_head of the last one (a prefill needs no other).
- * COLIBRI_E_NONFINITE (and the position not advanced: none of the n is fed; colibri_feed replays the
- * pass one token at a time to feed the ones before the culprit) when a NaN or infinity
+ * COLIBRI_E_NONFINITE (and the position not advanced: none of the n is fed, and the window rings' rows the
+ * pass wrote are put back; colibri_feed replays the pass one token at a time to feed the ones before the culprit) when a NaN or infinity
  * reaches a place where comparisons would silently absorb it: the router's probabilities (a NaN never
  * wins a '>' and expert 0 would be taken) or the logits (the sampler's argmax). */
 colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n, int want_logits);
