@@ -475,12 +475,13 @@ def _ring_row_bytes(d: ModelDims) -> int:
 EXPERT_SLOT_META_BYTES = 32  # per cache slot: layer, expert, state, prefetched, last use, padding
 
 
-def expert_cache_bytes(block_bytes: int, slots: int) -> int:
+def expert_cache_bytes(block_bytes: int, slots: int, crc_entries: int) -> int:
     """Arena bytes an expert cache of `slots` slots adds after the plan (expert_cache_bytes() in
-    firmware/src/experts.c): the slots' bookkeeping, then the slots, each the largest block rounded to 64."""
+    firmware/src/experts.c): the slots' bookkeeping, the expert CRC table of `crc_entries` (layers x experts)
+    u32 as open copies it, then the slots, each the largest block rounded to 64."""
     if slots == 0:
         return 0
-    return align_up(slots * EXPERT_SLOT_META_BYTES) + slots * align_up(block_bytes)
+    return align_up(slots * EXPERT_SLOT_META_BYTES + 4 * crc_entries) + slots * align_up(block_bytes)
 
 
 @dataclass

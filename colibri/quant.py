@@ -173,18 +173,17 @@ def from_gguf_blocks(raw: np.ndarray, dtype: DType, shape: tuple[int, ...]) -> E
 
 def quantize_activation(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q8_0 of each row of x [n, cols], as the runtime's quantize_q8_0 computes it in float32:
-    d = amax / 127, q = round_half_even(x * (1 / d)); a block with a NaN or an infinity gets d = NaN and q = 0.
+    d = amax / 127, q = round_half_even(x * (1 / d)); a NaN or an infinity in a block makes d NaN or infinite
+    and q 0 there, as on the device (np.max propagates both, as the device's amax does).
     Returns (int8 [n, blocks, 32], f32 [n, blocks])."""
     n, cols = x.shape
     nb = blocks(cols)
     padded = np.zeros((n, nb * QBLOCK), np.float32)
     padded[:, :cols] = x
     xb = padded.reshape(n, nb, QBLOCK)
-    amax = np.max(np.abs(xb), axis=-1)
-    finite = np.isfinite(amax)  # a block holding a NaN or an infinity: scale NaN, values 0 (quantize_blocks)
-    d = np.where(finite, amax / np.float32(127), np.float32(np.nan)).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        inv = np.where(finite & (d != 0), np.float32(1) / d, np.float32(0)).astype(np.float32)
+    d = (np.max(np.abs(xb), axis=-1) / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
     with np.errstate(invalid="ignore"):
         scaled = np.nan_to_num(xb * inv[..., None], nan=0.0, posinf=127.0, neginf=-127.0)
     q = np.rint(np.clip(scaled, -127, 127)).astype(np.int8)  # as quantize_one() in kernels.c

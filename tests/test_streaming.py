@@ -58,6 +58,11 @@ def streamed(lib: Lib, image: bytes, slots: int, prefetch: bool, memory: SlowMem
     return ctx
 
 
+def crc_entries(img) -> int:
+    """The expert CRC table's entries, which an expert cache holds a copy of."""
+    return img.dims.n_layers * img.dims.n_experts
+
+
 def logits_after_each(ctx: Context, tokens: list[int]) -> np.ndarray:
     rows = []
     for t in tokens:
@@ -126,8 +131,8 @@ def test_the_arena_is_the_plan_plus_the_cache(lib, streaming_images):
     assert info.resident_bytes == img.resident_bytes < len(image)
     assert info.expert_block_bytes == img.expert_block_bytes
     assert info.streamed_experts == len(img.streamed_experts()) == img.dims.n_layers * img.dims.n_experts
-    assert ctx.needed == info.arena_bytes + expert_cache_bytes(img.expert_block_bytes, 3)
-    assert lib.so.colibri_expert_cache_bytes(C.byref(info), 3) == expert_cache_bytes(img.expert_block_bytes, 3)
+    assert ctx.needed == info.arena_bytes + expert_cache_bytes(img.expert_block_bytes, 3, crc_entries(img))
+    assert lib.so.colibri_expert_cache_bytes(C.byref(info), 3) == expert_cache_bytes(img.expert_block_bytes, 3, crc_entries(img))
     assert ctx.stats().arena_bytes == ctx.needed
     # one byte less than the plan plus the cache is refused, with the exact figure
     short = Context(lib, image, arena_bytes=ctx.needed - 1, options=ctx.options, visible=img.resident_bytes)
@@ -139,7 +144,7 @@ def test_cache_limits_are_named(lib, streaming_images):
     img = read_image(image)
     small = streamed(lib, image, img.dims.top_k - 1, False)
     assert small.open_status == STATUS["E_CACHE_TOO_SMALL"]
-    assert small.needed == small.info.arena_bytes + expert_cache_bytes(img.expert_block_bytes, img.dims.top_k)
+    assert small.needed == small.info.arena_bytes + expert_cache_bytes(img.expert_block_bytes, img.dims.top_k, crc_entries(img))
     too_many = streamed(lib, image, len(img.streamed_experts()) + 1, False)
     assert too_many.open_status == STATUS["E_BAD_ARG"]
     no_hook = Context(lib, image, options=Options(expert_cache=2), visible=img.resident_bytes)
@@ -229,6 +234,27 @@ def test_a_guess_that_fails_its_fetch_never_fails_the_feed(lib, streaming_images
     assert s.prefetch_used == 0  # no failed guess served a layer
 
 
+def test_the_expert_crc_table_is_read_once_at_open(lib, streaming_images):
+    """Each fetched block is checked against its CRC from the table as open read it (into the arena, beside the
+    slots), never from the live image: a table rewritten after open (every entry wrong) changes nothing, the
+    blocks are accepted and the logits are the resident image's bits; a block corrupted in slow memory is still
+    refused."""
+    image = streaming_images["base-q8_0"]
+    img = read_image(image)
+    want = logits_after_each(Context(lib, image), PROMPT)
+    ctx = streamed(lib, image, img.dims.top_k, False)
+    assert ctx.open_status == 0
+    table = img.header["expert_crc_offset"]
+    n = 4 * img.dims.n_layers * img.dims.n_experts
+    C.memmove(ctx.image.addr + table, bytes(b ^ 0x5A for b in image[table:table + n]), n)
+    assert logits_after_each(ctx, PROMPT).tobytes() == want.tobytes()
+    assert ctx.memory.calls > 0
+    memory = SlowMemory(image)
+    memory.corrupt_at = 1
+    corrupt = streamed(lib, image, img.dims.top_k, False, memory)
+    assert corrupt.feed([PROMPT[0]]) == STATUS["E_EXPERT_CRC"]
+
+
 def test_pinned_experts_are_never_fetched(lib, streaming_images):
     image = streaming_images["base-pinned"]
     img = read_image(image)
@@ -277,7 +303,7 @@ def test_cortex_m55_runs_a_model_whose_experts_are_4x_its_arena(firmwares, tmp_p
     path = tmp_path / "big.img"
     path.write_bytes(blob)
     img = read_image(blob)
-    assert img.header["arena_bytes"] + expert_cache_bytes(img.expert_block_bytes, 4) <= arena_capacity
+    assert img.header["arena_bytes"] + expert_cache_bytes(img.expert_block_bytes, 4, crc_entries(img)) <= arena_capacity
     prompt = [5, 17, 33]
     streamed_run = run_on_board(path, "cortex_m55", prompt, 3, Sampling(), True, firmware=firmwares["cortex_m55"],
                                 expert_cache=4, prefetch=True)

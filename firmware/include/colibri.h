@@ -109,7 +109,8 @@ typedef struct {
      * whole image must be in [image, image + image_size). expert_cache = N >= info.expert_cache_min:
      * only the resident part must be there; routed experts of the expert part are copied into N slots
      * of info.expert_block_bytes after the arena's plan (colibri_expert_cache_bytes()), each checked
-     * against its CRC when it arrives. The runtime then reads the expert part only through `fetch`. */
+     * against its CRC when it arrives (from the image's CRC table as open copied it into the arena). A CRC
+     * catches faults, not an attacker who can rewrite the slow memory (docs/SECURITY.md). The runtime then reads the expert part only through `fetch`. */
     uint32_t expert_cache;
     uint32_t expert_policy;    /* COLIBRI_PREFETCH, or 0 */
     /* Copy `bytes` at image offset `offset` to `dst`; 0 on success. Required with an expert cache. */

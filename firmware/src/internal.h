@@ -224,14 +224,17 @@ typedef struct {
 
 typedef struct {
     expert_slot *slots;
+    uint32_t *crcs;      /* the image's expert CRC table (per (layer, expert), layer-major), as open copied it */
     uint8_t *slot_data;
     uint64_t slot_bytes;
     uint32_t n_slots;
     uint64_t step; /* one per MoE layer evaluation: the LRU clock */
 } expert_cache;
 
-/* Arena bytes of a cache of `slots` slots for blocks of up to block_max bytes (0 on overflow past 2^63). */
-uint64_t expert_cache_bytes(uint64_t block_max, uint32_t slots);
+/* Arena bytes of a cache of `slots` slots for blocks of up to block_max bytes, with a copy of an expert CRC
+ * table of `crcs` entries (0 on overflow past 2^63): the slot records and the table after them, together
+ * 64-byte aligned, then the slots. */
+uint64_t expert_cache_bytes(uint64_t block_max, uint32_t slots, size_t crcs);
 
 /* One weight matrix as the kernels see it (rows x cols, row-major). Quantized dtypes store each row
  * as ceil(cols / QBLOCK) blocks, the last one zero-padded, with one f16 scale per block. */
@@ -423,17 +426,16 @@ typedef float (*block_amax_fn)(const float *v, uint32_t len);
 typedef int32_t (*block_round_fn)(int8_t *q, const float *v, uint32_t len, float inv);
 
 /* A kernel set's quantize_q8_0: per block d = amax / 127 (the block's scale) and inv = 1 / d (0 for an
- * all-zero block), then the rounding. A block holding a NaN or an infinity gets the scale NaN and values 0 (v
- * times inv = NaN rounds to 0): every dot product that reads it is then NaN, as an f32 matrix's would be
- * non-finite, so the router's and the logits' checks see it (quantized to 0 instead, it would vanish and the
- * logits come out finite). */
+ * all-zero block), then the rounding. A block holding a NaN gets the scale NaN, one holding an infinity (and no
+ * NaN) the scale infinity, and either values 0 (v * inv is NaN or v * 0): its integer sum is 0, and 0 times a
+ * non-finite scale is NaN, so every dot product that reads the block is NaN, as an f32 matrix's would be
+ * non-finite, and the router's and the logits' checks see it (quantized to 0 with a finite scale instead, it
+ * would vanish and the logits come out finite). */
 ALWAYS_INLINE void quantize_blocks(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n, block_amax_fn amax,
                                    block_round_fn round) {
     for (uint32_t b = 0; b * QBLOCK < n; b++) {
         const uint32_t len = n - b * QBLOCK < QBLOCK ? n - b * QBLOCK : QBLOCK;
-        const float m = amax(x + b * QBLOCK, len);
-        const int finite = m <= 3.40282347e38f; /* false for infinity and NaN */
-        const float d = finite ? m / 127.0f : f32_from_bits(0x7FC00000u), inv = d != 0.0f ? 1.0f / d : 0.0f;
+        const float d = amax(x + b * QBLOCK, len) / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
         scale[b] = d;
         sum[b] = round(xq + b * QBLOCK, x + b * QBLOCK, len, inv);
     }
