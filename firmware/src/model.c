@@ -348,6 +348,7 @@ static size_t kv_layer_base(const model_dims *d, uint32_t layer) {
  * pass first saves the m = min(n, W) ring rows it will overwrite (row (pos + j) % W as saved row j) of every
  * windowed layer that owns its cache, into the prefill batch region (batch_plan); a failed pass puts them
  * back (model_forward), and a sharing layer exchanges them with the pass's rows (attention_mha). */
+
 /* Ring rows (pos + j) % W of `layer` (its cache from element layer_base on), K then V, for j in [j0, j1),
  * against its saved rows j: copied there, or with `swap` exchanged (what restores them too: the saved copy is
  * not read again). Bytes: the rows are in the cache's dtype and no row is 4-byte aligned for certain. */
