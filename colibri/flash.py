@@ -338,11 +338,12 @@ def cache_slots(spec: str, image: Path) -> int:
         if text.endswith(suffix) and text[:-len(suffix)].strip().isdigit():
             budget = int(text[:-len(suffix)]) * scale
             slots = 0
-            while slots < streamed and expert_cache_bytes(img.expert_block_bytes, slots + 1) <= budget:
+            crcs = img.dims.n_layers * img.dims.n_experts
+            while slots < streamed and expert_cache_bytes(img.expert_block_bytes, slots + 1, crcs) <= budget:
                 slots += 1
             if slots == 0:
                 raise ValueError(f"--expert-cache {spec}: one slot needs "
-                                 f"{expert_cache_bytes(img.expert_block_bytes, 1):,} bytes")
+                                 f"{expert_cache_bytes(img.expert_block_bytes, 1, crcs):,} bytes")
             return slots
     raise ValueError(f"--expert-cache {spec!r}: give a slot count, 'all', or bytes such as 512KiB or 4MiB")
 

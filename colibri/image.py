@@ -472,19 +472,29 @@ def prefill_bytes(d: ModelDims, tokens: int) -> int:
     per_token = [4 * D, 4 * D, *(4 * n for _, n in _token_widths(d)), 4 * D,  # x .. ple, moe_out
                  4 * ffn, 4 * ffn, 4 * D, 4 * D, 4 * k * D,  # gate, up, ffn_out, gx, expert_out
                  4, 4 * k, 4 * k, 4 * d.n_experts, 4 * k,  # scalar, topk_index, topk_weight, first_pair, next_pair
-                 in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks, in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks]
+                 in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks, in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks,
+                 _ring_row_bytes(d)]  # a token's saved ring rows
     return tokens * sum(align_up(n) for n in per_token)
+
+
+def _ring_row_bytes(d: ModelDims) -> int:
+    """The K and V rows (MLA: K) of one position over every windowed layer that keeps a cache: what a prefill
+    pass saves of the window rings per token before it overwrites them (model.c, "a prefill batch and the
+    window rings")."""
+    elem = 2 if d.kv_dtype == KV_DTYPES["f16"] else 4
+    return (1 if d.mla else 2) * elem * sum(d.layer_kv_dim(l) for l in range(d.n_layers) if d.windowed(l))
 
 
 EXPERT_SLOT_META_BYTES = 32  # per cache slot: layer, expert, state, prefetched, last use, padding
 
 
-def expert_cache_bytes(block_bytes: int, slots: int) -> int:
+def expert_cache_bytes(block_bytes: int, slots: int, crc_entries: int) -> int:
     """Arena bytes an expert cache of `slots` slots adds after the plan (expert_cache_bytes() in
-    firmware/src/experts.c): the slots' bookkeeping, then the slots, each the largest block rounded to 64."""
+    firmware/src/experts.c): the slots' bookkeeping, the expert CRC table of `crc_entries` (layers x experts)
+    u32 as open copies it, then the slots, each the largest block rounded to 64."""
     if slots == 0:
         return 0
-    return align_up(slots * EXPERT_SLOT_META_BYTES) + slots * align_up(block_bytes)
+    return align_up(slots * EXPERT_SLOT_META_BYTES + 4 * crc_entries) + slots * align_up(block_bytes)
 
 
 @dataclass

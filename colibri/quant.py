@@ -174,7 +174,9 @@ def from_gguf_blocks(raw: np.ndarray, dtype: DType, shape: tuple[int, ...]) -> E
 
 def quantize_activation(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q8_0 of each row of x [n, cols], as the runtime's quantize_q8_0 computes it in float32:
-    d = amax / 127, q = round_half_even(x * (1 / d)). Returns (int8 [n, blocks, 32], f32 [n, blocks])."""
+    d = amax / 127, q = round_half_even(x * (1 / d)); a NaN or an infinity in a block makes d NaN or infinite
+    and q 0 there, as on the device (np.max propagates both, as the device's amax does).
+    Returns (int8 [n, blocks, 32], f32 [n, blocks])."""
     n, cols = x.shape
     nb = blocks(cols)
     padded = np.zeros((n, nb * QBLOCK), np.float32)

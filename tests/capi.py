@@ -30,6 +30,15 @@ class Stats(C.Structure):
         "prefetch_used", "cycles_fetch_wait")]
 
 
+class LayerTrace(C.Structure):
+    """colibri_layer_trace: what one layer did for one token (the trace hook's argument)."""
+    _fields_ = [("pos", C.c_uint32), ("layer", C.c_uint32), ("n_routed", C.c_uint32),
+                ("experts", C.POINTER(C.c_uint32)), ("weights", C.POINTER(C.c_float)),
+                ("cycles_expert", C.POINTER(C.c_uint64)), ("cycles_attention", C.c_uint64),
+                ("cycles_router", C.c_uint64), ("cycles_ffn", C.c_uint64)]
+
+
+TRACE = C.CFUNCTYPE(None, C.c_void_p, C.POINTER(LayerTrace))  # for Options.trace, as C.cast(hook, C.c_void_p)
 FETCH = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_uint64, C.c_size_t, C.c_void_p)
 FETCH_START = FETCH
 FETCH_WAIT = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_void_p)

@@ -81,3 +81,26 @@ def test_sampled_tokens_agree_across_boards_q4(wide_checkpoint, firmwares, tmp_p
     streams = {board: flash.run_on_board(image, board_name(board), PROMPT, 12, Sampling(0.9, 0, 0.95, 3), False,
                                          firmware=firmwares[board]).tokens for board in MODEL_BOARDS}
     assert len({tuple(s) for s in streams.values()}) == 1, streams
+
+
+@pytest.mark.parametrize("board", ["cortex_m55", "x86_64_baremetal"])
+@pytest.mark.parametrize("dtype", [DType.Q8_0, DType.Q4_0])
+def test_a_nan_norm_weight_is_named_on_boards_with_their_own_quantizer(board, dtype, wide_checkpoint, tmp_path):
+    """Helium's and AVX2's activation quantizers (kernels_mve.c, kernels_x86.c) carry a NaN in a normed vector
+    into their block's scale as the scalar one does, so a quantized image with a NaN norm weight stops with
+    COLIBRI_E_NONFINITE there too, as an f32 one does (tests/test_runtime_api.py covers the hosted sets)."""
+    import struct
+
+    from colibri.image import Role
+    from colibri.protocol import DeviceError
+    from colibri.sim.boards import load_board
+    from test_verifier import reseal
+    image = tmp_path / "wide.img"
+    pack(wide_checkpoint, image, max_seq=16, expert_align=64, dtype=dtype, measure_quality=False)
+    data = bytearray(image.read_bytes())
+    struct.pack_into("<f", data, read_image(bytes(data)).entry(Role.ATTN_NORM, 0).offset + 4 * 100, float("nan"))
+    image.write_bytes(bytes(reseal(data)))
+    build(board)
+    with pytest.raises(DeviceError) as err:
+        flash.run_on_board(image, board, PROMPT, 1, Sampling(), False, firmware=load_board(board).firmware("release"))
+    assert "COLIBRI_E_NONFINITE" in str(err.value)

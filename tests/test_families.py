@@ -224,6 +224,8 @@ def test_prefill_batch_gives_the_bits_of_one_token_a_pass(name, family_images, h
         image = tmp_path / f"{name}-{dtype.name}.img"
         pack(ckpt, image, max_seq=32, expert_align=64, dtype=dtype, measure_quality=False)
         data = image.read_bytes()
+        d = read_image(data).dims  # a pass is no longer than the window where KV-sharing layers read a ring
+        batch = min(5, d.sliding_window) if any(d.kv_shared(l) and d.windowed(l) for l in range(d.n_layers)) else 5
         one = Context(lib, data)
         rows = []
         for tok in prompt + after:
@@ -233,8 +235,8 @@ def test_prefill_batch_gives_the_bits_of_one_token_a_pass(name, family_images, h
             batched = Context(lib, data, options=opts)
             assert batched.open_status == 0
             stats = batched.stats()
-            assert stats.prefill_batch == 5
-            assert stats.arena_bytes == one.info.arena_bytes + 5 * one.info.prefill_token_bytes > one.info.arena_bytes
+            assert stats.prefill_batch == batch
+            assert stats.arena_bytes == one.info.arena_bytes + batch * one.info.prefill_token_bytes > one.info.arena_bytes
             assert batched.feed(prompt) == 0
             assert batched.logits().tobytes() == rows[len(prompt) - 1], dtype
             for i, tok in enumerate(after):
@@ -431,3 +433,91 @@ def test_v_norm_is_per_head_beside_full_qk_norms(hosted_build):
         rows.append(ctx.logits())
     err = np.abs(np.stack(rows) - want).max()
     assert err <= TOLERANCE * max(1.0, float(np.abs(want).max())), f"runtime against reference: {err:.3g}"
+
+
+def _family_image(name: str, tmp_path, seed: int, **config) -> bytes:
+    arch, cfg = next((a, c) for n, a, c in FAMILIES if n == name)
+    ckpt = make_family_checkpoint(arch, dict(cfg, **config), seed, tmp_path / name)
+    pack(ckpt, tmp_path / f"{name}.img", max_seq=32, expert_align=64)
+    return (tmp_path / f"{name}.img").read_bytes()
+
+
+def test_a_failed_batch_leaves_the_window_rings_as_they_were(hosted_build, tmp_path):
+    """A prefill pass writes its tokens' K/V rows into a windowed layer's ring (W rows, position p in row p % W).
+    When a token of the pass meets a NaN (its embedding row here, at a position past the window), the pass fails
+    and colibri_feed replays it one token at a time: that replay, and every feed after it, must find the rings as
+    they were before the pass, as colibri.h promises of a failed call. So batched and one token a pass fail at
+    the same token, and the tokens fed next give the same bits, and the reference's logits."""
+    import struct
+
+    from capi import STATUS, Context, Lib, Options
+    from colibri.image import Role
+    from test_verifier import reseal
+    data = bytearray(_family_image("mixtral_window", tmp_path, 11))
+    img = read_image(bytes(data))
+    assert img.dims.sliding_window == 4 and all(img.dims.window_layers)
+    bad = 7  # the culprit token: no other prompt token has a NaN row
+    embd, row = img.entry(Role.TOKEN_EMBD), 4 * img.dims.hidden_size
+    data[embd.offset + bad * row: embd.offset + (bad + 1) * row] = struct.pack("<f", float("nan")) * img.dims.hidden_size
+    data = bytes(reseal(data))
+    prompt = [1, 5, 9, 3, 0, 2, bad, 4, 6]  # position 6: past the window
+    after = [2, 3, 8]
+    lib = Lib(hosted_build / "libcolibri.so")
+    results = []
+    for opts in (None, Options(prefill_batch=8), Options(prefill_batch=3)):
+        ctx = Context(lib, data, options=opts)
+        assert ctx.open_status == 0
+        assert ctx.feed(prompt) == STATUS["E_NONFINITE"]
+        fed = ctx.stats().tokens_fed
+        rows = []
+        for tok in after:
+            assert ctx.feed([tok]) == 0
+            rows.append(ctx.logits().tobytes())
+        results.append((fed, rows))
+    assert results[0][0] == 6, results[0][0]
+    assert results[1] == results[0] and results[2] == results[0]
+    ref = Reference(read_image(data)).forward(prompt[:6] + after)[6:]
+    got = np.stack([np.frombuffer(r, np.float32) for r in results[0][1]])
+    assert np.max(np.abs(got - ref)) <= TOLERANCE
+
+
+def test_kv_sharing_over_a_window_batched_is_one_token_a_pass(hosted_build, tmp_path):
+    """Gemma 4's KV-sharing layers attend over an earlier layer's cache; over a windowed ring they read it after
+    that layer stored the whole pass, so token t must be given the ring as it was after token t, not after the
+    pass. A MoE model whose sharing layers route (a sharing windowed layer's router sees every token's attention
+    output, though only the last token's logits come out of a prefill): fed in one call with batches (5 asked,
+    the window is 3), every token's experts and weights at every layer and the logits are the bits of one token
+    a pass, and the experts are the reference's."""
+    import ctypes as C
+
+    from capi import TRACE, Context, Lib, Options
+    data = _family_image("gemma4", tmp_path, 12, num_hidden_layers=4, num_kv_shared_layers=2, sliding_window=3,
+                         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
+    d = read_image(data).dims
+    assert d.kv_shared(2) and d.kv_source(2) == 0 and d.windowed(2) and d.moe_layers[2]
+    prompt = np.random.default_rng(3).integers(0, SMALL["vocab_size"], 14).tolist()
+    lib = Lib(hosted_build / "libcolibri.so")
+    traces: dict[str, list] = {"one": [], "batched": []}
+
+    def recorder(into: list):
+        @TRACE
+        def trace(user, t):
+            t = t[0]
+            into.append((t.pos, t.layer, tuple(t.experts[i] for i in range(t.n_routed)),
+                         np.array([t.weights[i] for i in range(t.n_routed)], np.float32).tobytes()))
+        return trace
+
+    hooks = {name: recorder(into) for name, into in traces.items()}
+    one = Context(lib, data, options=Options(trace=C.cast(hooks["one"], C.c_void_p)))
+    for tok in prompt:
+        assert one.feed([tok]) == 0
+    batched = Context(lib, data, options=Options(prefill_batch=5, trace=C.cast(hooks["batched"], C.c_void_p)))
+    assert batched.open_status == 0
+    assert batched.feed(prompt) == 0
+    assert batched.logits().tobytes() == one.logits().tobytes()
+    assert sorted(traces["batched"]) == traces["one"]  # a batch traces layer by layer for all its tokens
+    assert batched.stats().prefill_batch == 3  # no longer than the window
+    routes = Reference(read_image(data)).routing(prompt)
+    for pos, layer, experts, _ in traces["one"]:
+        if experts:
+            assert list(experts) == routes[layer][0][pos].tolist(), (pos, layer)

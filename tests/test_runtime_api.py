@@ -9,6 +9,7 @@ import pytest
 
 from capi import STATUS, Context, ImageInfo, Lib, Sampler
 from colibri.image import read_image
+from colibri.pack import pack
 from colibri.reference import Reference
 
 
@@ -364,3 +365,56 @@ def test_a_prefill_batch_takes_the_room_the_arena_has(lib, base):
         assert (stats.prefill_batch, stats.arena_bytes) == (want, info.arena_bytes + want * info.prefill_token_bytes)
         assert ctx.feed(tokens) == 0
         assert ctx.logits().tobytes() == plain.logits().tobytes(), room
+
+
+@pytest.fixture(scope="module")
+def scalar_lib():
+    from conftest import build
+    return Lib(build("hosted", kernels="scalar") / "libcolibri.so")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("dtype", ["f32", "q8_0", "q4_0"])
+def test_a_nonfinite_norm_weight_is_named_at_every_dtype(lib, scalar_lib, checkpoints, tmp_path, dtype, value):
+    """A NaN or an infinity in a norm weight reaches every matrix that reads the normed vector. With f32 weights
+    the dot products carry it to the router and the logits (COLIBRI_E_NONFINITE); quantized weights read the
+    vector quantized to Q8_0, whose block holding it must carry it too (a non-finite block scale), not quantize
+    it to 0 and return finite logits. The same status on every kernel set (the CPUID-chosen one and the scalar
+    reference), and the numpy reference agrees that the logits are not finite."""
+    from colibri.image import Role
+    from colibri.quant import DType
+    from test_verifier import reseal
+    image = tmp_path / f"{dtype}.img"
+    pack(checkpoints["base"], image, max_seq=16, expert_align=64, dtype=DType.parse(dtype), measure_quality=False)
+    data = bytearray(image.read_bytes())
+    norm = read_image(bytes(data)).entry(Role.ATTN_NORM, 0)
+    struct.pack_into("<f", data, norm.offset + 4 * 3, value)
+    data = bytes(reseal(data))
+    assert not np.isfinite(Reference(read_image(data)).forward([1])).all()
+    for runtime in (scalar_lib, lib):
+        ctx = Context(runtime, data)
+        assert ctx.open_status == 0
+        assert ctx.feed([1, 2, 3]) == STATUS["E_NONFINITE"], ctx.kernels()
+        assert ctx.stats().tokens_fed == 0
+
+
+def test_a_step_whose_feed_fails_leaves_the_sampler_as_it_was(lib, images):
+    """colibri_step samples, then feeds the sample; when the feed fails (here the sampled token's embedding is
+    NaN: COLIBRI_E_NONFINITE) the call fails, and the sampler's state must be what it was before the call, as
+    colibri.h promises for every failed call: the caller's random stream goes on as if the step never ran."""
+    from colibri.image import Role
+    from test_verifier import reseal
+    data = bytearray(images["base"].read_bytes())
+    img = read_image(bytes(data))
+    embd, row = img.entry(Role.TOKEN_EMBD), 4 * img.dims.hidden_size
+    for tok in range(img.dims.vocab_size):
+        if tok != 1:  # only the prompt's token is clean: whatever the step samples besides fails its feed
+            data[embd.offset + tok * row: embd.offset + (tok + 1) * row] = struct.pack("<f", float("nan")) * img.dims.hidden_size
+    ctx = Context(lib, bytes(reseal(data)))
+    assert ctx.feed([1]) == 0
+    s, tok = Sampler(), C.c_uint32(12345)
+    assert lib.so.colibri_sampler_init(C.byref(s), 1.0, 0, 1.0, 8) == 0
+    before = s.rng
+    assert lib.so.colibri_step(ctx.ctx, C.byref(s), C.byref(tok)) == STATUS["E_NONFINITE"]
+    assert s.rng == before
+    assert tok.value == 12345 and ctx.stats().tokens_fed == 1

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from capi import FETCH, PREFETCH, STATUS, Context, Lib, Options
+from capi import FETCH, FETCH_WAIT, PREFETCH, STATUS, TRACE, Context, Lib, Options
 from conftest import make_family_checkpoint
 from test_families import FAMILIES
 from colibri.flash import run_on_board
@@ -56,6 +56,11 @@ def streamed(lib: Lib, image: bytes, slots: int, prefetch: bool, memory: SlowMem
     ctx = Context(lib, image, options=opts, visible=read_image(image).resident_bytes)
     ctx.memory = memory
     return ctx
+
+
+def crc_entries(img) -> int:
+    """The expert CRC table's entries, which an expert cache holds a copy of."""
+    return img.dims.n_layers * img.dims.n_experts
 
 
 def logits_after_each(ctx: Context, tokens: list[int]) -> np.ndarray:
@@ -126,8 +131,8 @@ def test_the_arena_is_the_plan_plus_the_cache(lib, streaming_images):
     assert info.resident_bytes == img.resident_bytes < len(image)
     assert info.expert_block_bytes == img.expert_block_bytes
     assert info.streamed_experts == len(img.streamed_experts()) == img.dims.n_layers * img.dims.n_experts
-    assert ctx.needed == info.arena_bytes + expert_cache_bytes(img.expert_block_bytes, 3)
-    assert lib.so.colibri_expert_cache_bytes(C.byref(info), 3) == expert_cache_bytes(img.expert_block_bytes, 3)
+    assert ctx.needed == info.arena_bytes + expert_cache_bytes(img.expert_block_bytes, 3, crc_entries(img))
+    assert lib.so.colibri_expert_cache_bytes(C.byref(info), 3) == expert_cache_bytes(img.expert_block_bytes, 3, crc_entries(img))
     assert ctx.stats().arena_bytes == ctx.needed
     # one byte less than the plan plus the cache is refused, with the exact figure
     short = Context(lib, image, arena_bytes=ctx.needed - 1, options=ctx.options, visible=img.resident_bytes)
@@ -139,7 +144,7 @@ def test_cache_limits_are_named(lib, streaming_images):
     img = read_image(image)
     small = streamed(lib, image, img.dims.top_k - 1, False)
     assert small.open_status == STATUS["E_CACHE_TOO_SMALL"]
-    assert small.needed == small.info.arena_bytes + expert_cache_bytes(img.expert_block_bytes, img.dims.top_k)
+    assert small.needed == small.info.arena_bytes + expert_cache_bytes(img.expert_block_bytes, img.dims.top_k, crc_entries(img))
     too_many = streamed(lib, image, len(img.streamed_experts()) + 1, False)
     assert too_many.open_status == STATUS["E_BAD_ARG"]
     no_hook = Context(lib, image, options=Options(expert_cache=2), visible=img.resident_bytes)
@@ -160,6 +165,94 @@ def test_a_failed_or_corrupt_fetch_stops_with_a_status_and_reset_recovers(lib, s
     assert STATUS[status] in statuses, statuses
     assert ctx.lib.so.colibri_reset(ctx.ctx) == 0
     assert logits_after_each(ctx, PROMPT).tobytes() == want.tobytes()  # the fault is gone: same bits
+
+
+class FailingGuesses:
+    """Slow memory, synchronous or asynchronous, that fails every prefetch guess and serves every other fetch.
+    A guess is a fetch of a block of the layer after the one running (the trace hook says when a layer is
+    done: a prefetch for layer l + 1 is issued inside layer l). `how`: "fetch" (the blocking hook fails),
+    "start" (fetch_start fails: a synchronous failure of the asynchronous pair) or "wait" (fetch_start
+    succeeds, fetch_wait fails later: an asynchronous failure)."""
+
+    def __init__(self, image: bytes, how: str):
+        self.memory, self.how = SlowMemory(image), how
+        self.layer_of = {}
+        img = read_image(image)
+        for layer, expert in img.streamed_experts():
+            self.layer_of[img.expert_block(layer, expert)[0]] = layer
+        self.n_layers = img.dims.n_layers
+        self.running, self.failed, self.refetched = 0, [], []
+        self.pending: dict[int, bool] = {}  # destination -> whether its fetch is to fail at the wait
+        self.trace = TRACE(self.layer_done)
+        self.hooks = dict(fetch=FETCH(self.fetch), fetch_start=FETCH(self.start), fetch_wait=FETCH_WAIT(self.wait))
+
+    def layer_done(self, user, t) -> None:
+        self.running = (t[0].layer + 1) % self.n_layers
+
+    def guess(self, offset: int) -> bool:
+        is_guess = self.layer_of[offset] != self.running
+        if is_guess:
+            self.failed.append(offset)
+        elif offset in self.failed:
+            self.refetched.append(offset)
+        return is_guess
+
+    def fetch(self, user, offset, n, dst) -> int:
+        return 1 if self.guess(offset) else self.memory.fetch(user, offset, n, dst)
+
+    def start(self, user, offset, n, dst) -> int:
+        fail = self.guess(offset)
+        if fail and self.how == "start":
+            return 1
+        self.pending[dst] = fail
+        return 0 if fail else self.memory.fetch(user, offset, n, dst)
+
+    def wait(self, user, dst) -> int:
+        return 1 if self.pending.pop(dst) else 0
+
+    def options(self, slots: int) -> Options:
+        hooks = self.hooks if self.how != "fetch" else dict(fetch=self.hooks["fetch"])
+        return Options(expert_cache=slots, expert_policy=PREFETCH, trace=C.cast(self.trace, C.c_void_p), **hooks)
+
+
+@pytest.mark.parametrize("how", ["fetch", "start", "wait"])
+def test_a_guess_that_fails_its_fetch_never_fails_the_feed(lib, streaming_images, how):
+    """One rule for a prefetch guess whose fetch fails, whether the hook says so at once (the blocking fetch,
+    or fetch_start) or only when waited for (fetch_wait): the guess is dropped, the feed goes on, and the block
+    is fetched again if the router then chooses it. The logits are the resident image's bits."""
+    image = streaming_images["base-q8_0"]
+    want = logits_after_each(Context(lib, image), PROMPT)
+    memory = FailingGuesses(image, how)
+    opts = memory.options(slots=4)
+    if how != "fetch":
+        opts.fetch = memory.hooks["fetch"]  # required beside the asynchronous pair; the pair is used
+    ctx = Context(lib, image, options=opts, visible=read_image(image).resident_bytes)
+    assert ctx.open_status == 0
+    assert logits_after_each(ctx, PROMPT).tobytes() == want.tobytes()
+    assert memory.failed and memory.refetched  # guesses failed, and some were chosen and fetched again
+    s = ctx.stats()
+    assert s.prefetch_used == 0  # no failed guess served a layer
+
+
+def test_the_expert_crc_table_is_read_once_at_open(lib, streaming_images):
+    """Each fetched block is checked against its CRC from the table as open read it (into the arena, beside the
+    slots), never from the live image: a table rewritten after open (every entry wrong) changes nothing, the
+    blocks are accepted and the logits are the resident image's bits; a block corrupted in slow memory is still
+    refused."""
+    image = streaming_images["base-q8_0"]
+    img = read_image(image)
+    want = logits_after_each(Context(lib, image), PROMPT)
+    ctx = streamed(lib, image, img.dims.top_k, False)
+    assert ctx.open_status == 0
+    table = img.header["expert_crc_offset"]
+    n = 4 * img.dims.n_layers * img.dims.n_experts
+    C.memmove(ctx.image.addr + table, bytes(b ^ 0x5A for b in image[table:table + n]), n)
+    assert logits_after_each(ctx, PROMPT).tobytes() == want.tobytes()
+    assert ctx.memory.calls > 0
+    memory = SlowMemory(image)
+    memory.corrupt_at = 1
+    corrupt = streamed(lib, image, img.dims.top_k, False, memory)
+    assert corrupt.feed([PROMPT[0]]) == STATUS["E_EXPERT_CRC"]
 
 
 def test_pinned_experts_are_never_fetched(lib, streaming_images):
@@ -210,7 +303,7 @@ def test_cortex_m55_runs_a_model_whose_experts_are_4x_its_arena(firmwares, tmp_p
     path = tmp_path / "big.img"
     path.write_bytes(blob)
     img = read_image(blob)
-    assert img.header["arena_bytes"] + expert_cache_bytes(img.expert_block_bytes, 4) <= arena_capacity
+    assert img.header["arena_bytes"] + expert_cache_bytes(img.expert_block_bytes, 4, crc_entries(img)) <= arena_capacity
     prompt = [5, 17, 33]
     streamed_run = run_on_board(path, "cortex_m55", prompt, 3, Sampling(), True, firmware=firmwares["cortex_m55"],
                                 expert_cache=4, prefetch=True)

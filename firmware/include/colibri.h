@@ -109,7 +109,8 @@ typedef struct {
      * whole image must be in [image, image + image_size). expert_cache = N >= info.expert_cache_min:
      * only the resident part must be there; routed experts of the expert part are copied into N slots
      * of info.expert_block_bytes after the arena's plan (colibri_expert_cache_bytes()), each checked
-     * against its CRC when it arrives. The runtime then reads the expert part only through `fetch`. */
+     * against its CRC when it arrives (from the image's CRC table as open copied it into the arena). A CRC
+     * catches faults, not an attacker who can rewrite the slow memory (docs/SECURITY.md). The runtime then reads the expert part only through `fetch`. */
     uint32_t expert_cache;
     uint32_t expert_policy;    /* COLIBRI_PREFETCH, or 0 */
     /* Copy `bytes` at image offset `offset` to `dst`; 0 on success. Required with an expert cache. */
@@ -129,7 +130,8 @@ typedef struct {
     /* Prefill batch: colibri_feed() computes up to this many tokens in one pass, each weight row read
      * once for all of them (0 or 1: one token a pass). It is a speed-up, not a requirement: open takes the
      * largest batch up to this whose colibri_prefill_bytes() fit in the arena after the plan (none when
-     * two do not; stats.prefill_batch says what it took). The same bits as one token a pass. Not with an
+     * two do not; stats.prefill_batch says what it took), and no longer than the sliding window when
+     * KV-sharing layers read a windowed cache (Gemma 4). The same bits as one token a pass. Not with an
      * expert cache (a fetch serves one token's experts), which feeds one token a pass. */
     uint32_t prefill_batch;    /* at most COLIBRI_MAX_BATCH */
 } colibri_options;
@@ -209,7 +211,8 @@ colibri_status colibri_reset(colibri_ctx *ctx);
  * anything changes. */
 colibri_status colibri_feed(colibri_ctx *ctx, const uint32_t *tokens, size_t n);
 
-/* Decode one token: sample from the current logits with `s`, feed the sample, return it in *token. */
+/* Decode one token: sample from the current logits with `s`, feed the sample, return it in *token. If the
+ * feed fails, *s is restored: the sampler's state advances only with a step that succeeds. */
 colibri_status colibri_step(colibri_ctx *ctx, colibri_sampler *s, uint32_t *token);
 
 /* Sample from the current logits without feeding (e.g. for the last token of a generation). */

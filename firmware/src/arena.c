@@ -68,7 +68,7 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
     return COLIBRI_OK;
 }
 
-uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_buffers *out) {
+uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_buffers *out, ring_saves *rings) {
     planner p = { 0, 0, base };
     token_buffers b;
     const uint64_t n = tokens;
@@ -101,6 +101,28 @@ uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_b
     b.hq = reserve_bytes(&p, n * d->in_blocks * QBLOCK, 1);
     b.hq_scale = reserve(&p, n * d->in_blocks);
     b.hq_sum = reserve(&p, n * d->in_blocks);
+    /* the window rings' saved rows: every cache-owning windowed layer's, and where the shared one's start (none
+     * in the lean build, which feeds a windowed model one token a pass: colibri_open's batch_limit) */
+    if (!COLIBRI_LEAN && d->window) {
+        ring_saves r = { 0, 0, tokens < d->window ? tokens : d->window };
+        /* one position's rows over those layers; where the last one's start, the ring that windowed KV-sharing
+         * layers read (kv_source: the last windowed layer before the sharing ones, all of which come last) */
+        uint64_t row = 0, last_at = 0;
+        int sharing = 0;
+        for (uint32_t l = 0; l < d->n_layers; l++) {
+            if (!layer_windowed(d, l)) continue;
+            if (layer_kv_shared(d, l)) {
+                sharing = 1;
+            } else {
+                last_at = row;
+                row += layer_kv_dim(d, l);
+            }
+        }
+        const uint64_t per_row = (uint64_t)(mla ? 1 : 2) * r.rows * (d->kv_dtype == KV_F16 ? 2 : 4);
+        r.saved = reserve_bytes(&p, row * per_row, 1);
+        r.shared = base && sharing ? r.saved + last_at * per_row : 0;
+        if (rings) *rings = r;
+    }
     if (out) *out = b;
     return p.offset;
 }

@@ -16,7 +16,7 @@ static colibri_status arena_need(const colibri_image_info *info, const colibri_o
     if (!opts->fetch) return COLIBRI_E_NULL;
     if (opts->expert_cache > info->streamed_experts) return COLIBRI_E_BAD_ARG;
     const uint32_t slots = opts->expert_cache < info->expert_cache_min ? info->expert_cache_min : opts->expert_cache;
-    uint64_t cache = expert_cache_bytes(info->expert_block_bytes, slots);
+    uint64_t cache = colibri_expert_cache_bytes(info, slots);
     if (!cache || cache > UINT64_MAX - *need) return COLIBRI_E_BAD_ARG;
     *need += cache;
     return opts->expert_cache < info->expert_cache_min ? COLIBRI_E_CACHE_TOO_SMALL : COLIBRI_OK;
@@ -29,6 +29,16 @@ static uint32_t batch_fit(const colibri_image_info *info, uint32_t asked, uint64
     uint32_t batch = asked;
     while (batch > 1 && colibri_prefill_bytes(info, batch) > room) batch--;
     return batch > 1 ? batch : 0;
+}
+
+/* The longest pass a batch may take: a Gemma 4 layer sharing a windowed ring exchanges the pass's rows in it
+ * with the rows they overwrote (model.c), so a pass there holds at most the window's W rows. The lean build
+ * leaves that saving of the rings out, and feeds a windowed model one token a pass. */
+static uint32_t batch_limit(const model_dims *d, uint32_t asked) {
+    if (COLIBRI_LEAN && d->window) return 0;
+    for (uint32_t l = COLIBRI_LEAN ? d->n_layers : d->first_shared; l < d->n_layers; l++)
+        if (layer_windowed(d, l)) return asked < d->window ? asked : d->window;
+    return asked;
 }
 
 colibri_status colibri_open(const void *image, size_t image_size, void *arena, size_t arena_size,
@@ -46,7 +56,7 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     if (st) return st;
     if ((uintptr_t)arena % COLIBRI_ARENA_ALIGN) return COLIBRI_E_ARENA_ALIGN;
     if (arena_size < need) return COLIBRI_E_ARENA_TOO_SMALL;
-    const uint32_t batch = opts && !slots ? batch_fit(&info, opts->prefill_batch, arena_size - need) : 0;
+    const uint32_t batch = opts && !slots ? batch_fit(&info, batch_limit(&d, opts->prefill_batch), arena_size - need) : 0;
     need += colibri_prefill_bytes(&info, batch);
     const uintptr_t a0 = (uintptr_t)arena, i0 = (uintptr_t)image; /* sizes fit the address space: both are mapped */
     if (a0 < i0 + image_size && i0 < a0 + (uintptr_t)need) return COLIBRI_E_ARENA_OVERLAP;
@@ -58,13 +68,19 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     *c = (colibri_ctx){ .kernels = kernels_select(), .image = image, .info = info, .d = d, .a = a, .crc_clmul = crc32_cpu_clmul() };
     tensors_resolve(table, d.n_tensors, a.tensors); /* the last read of the table */
     if (opts) c->opts = *opts;
-    if (batch) batch_plan(&d, batch, (uint8_t *)arena + total, &c->batch); /* after the plan: no cache with a batch */
-    if (slots) { /* the cache follows the plan: slot bookkeeping, then the slots */
+    if (batch) batch_plan(&d, batch, (uint8_t *)arena + total, &c->batch, &c->rings); /* after the plan: no cache with a batch */
+    if (slots) { /* the cache follows the plan: slot bookkeeping, the expert CRC table, then the slots */
         expert_cache *x = &c->cache;
         x->n_slots = slots;
         x->slots = (expert_slot *)(void *)((uint8_t *)arena + total);
-        x->slot_data = (uint8_t *)arena + total + expert_cache_bytes(0, slots);
-        x->slot_bytes = (d.expert_block_max + IMG_ALIGN - 1) & ~(uint64_t)(IMG_ALIGN - 1);
+        /* the CRC table read once, as the tensor table is: the image may change later, what a fetch is checked
+         * against not. A u32 per layer and expert (the image holds them, so the count fits a size_t), 64-byte
+         * aligned in the image and read as words, as its floats are (the runtime's hosts are little-endian). */
+        const uint32_t *crc_table = (const uint32_t *)(const void *)(c->image + (size_t)c->d.expert_crc_offset);
+        uint32_t *at = x->crcs = (uint32_t *)(void *)(x->slots + slots);
+        for (size_t i = 0; i < (size_t)c->d.n_layers * c->d.n_experts; i++) *at++ = crc_table[i];
+        x->slot_data = (uint8_t *)(((uintptr_t)at + IMG_ALIGN - 1) & ~(uintptr_t)(IMG_ALIGN - 1)); /* the arena is aligned */
+        x->slot_bytes = (c->d.expert_block_max + IMG_ALIGN - 1) & ~(uint64_t)(IMG_ALIGN - 1);
         for (uint32_t i = 0; i < slots; i++) x->slots[i] = (expert_slot){ .state = SLOT_EMPTY };
     }
     c->stats.prefill_batch = batch;
@@ -130,13 +146,13 @@ colibri_status colibri_step(colibri_ctx *c, colibri_sampler *s, uint32_t *token)
     if (!c || !s || !token) return COLIBRI_E_NULL;
     if (!c->have_logits) return COLIBRI_E_NO_LOGITS;
     if (c->pos >= c->d.max_seq) return COLIBRI_E_SEQ_FULL;
+    const uint64_t rng = s->rng; /* what sampling changes: a failed call leaves the caller's stream as it was */
     uint32_t t;
     colibri_status st = colibri_sample(c, s, &t);
-    if (st) return st;
-    st = colibri_feed(c, &t, 1);
-    if (st) return st;
-    *token = t;
-    return COLIBRI_OK;
+    if (!st) st = colibri_feed(c, &t, 1);
+    if (st) s->rng = rng;
+    else *token = t;
+    return st;
 }
 
 colibri_status colibri_logits(const colibri_ctx *c, const float **logits, uint32_t *vocab_size) {

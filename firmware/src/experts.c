@@ -1,6 +1,6 @@
 /* The expert cache (docs/STREAMING.md): routed experts of the image's expert part come into arena
  * slots through the board's fetch hook when the router asks for them, and are checked against their
- * CRC before any weight is read. Slots are reused least recently used first; a slot used in the
+ * CRC (from the table open copied into the arena, not the live image) before any weight is read. Slots are reused least recently used first; a slot used in the
  * current layer step is never evicted, so a cache of top_k slots always holds one layer's experts.
  * Where a block comes from changes how fast a token is, never its bits: the kernels read the same
  * bytes from a slot as from the image. */
@@ -8,10 +8,11 @@
 
 #define NO_SLOT 0xFFFFFFFFu
 
-uint64_t expert_cache_bytes(uint64_t block_max, uint32_t slots) {
+uint64_t expert_cache_bytes(uint64_t block_max, uint32_t slots, size_t crcs) {
     if (slots == 0) return 0;
     const uint64_t slot = (block_max + IMG_ALIGN - 1) & ~(uint64_t)(IMG_ALIGN - 1); /* block_max < 2^52 */
-    const uint64_t meta = ((uint64_t)slots * EXPERT_SLOT_META_BYTES + IMG_ALIGN - 1) & ~(uint64_t)(IMG_ALIGN - 1);
+    /* the slot records, then the CRC table (crcs < 2^34: layers x experts) */
+    const uint64_t meta = ((uint64_t)slots * EXPERT_SLOT_META_BYTES + 4 * (uint64_t)crcs + IMG_ALIGN - 1) & ~(uint64_t)(IMG_ALIGN - 1);
     /* slot x slots in two 32-bit halves, each product exact in 64 bits; overflow is a high half past 32
      * bits or a carry out of a sum (no 64-bit division: that would pull in libgcc on 32-bit boards) */
     const uint64_t high = (slot >> 32) * slots, low = (slot & 0xFFFFFFFFu) * slots;
@@ -22,7 +23,8 @@ uint64_t expert_cache_bytes(uint64_t block_max, uint32_t slots) {
 }
 
 uint64_t colibri_expert_cache_bytes(const colibri_image_info *info, uint32_t slots) {
-    return info ? expert_cache_bytes(info->expert_block_bytes, slots) : 0;
+    /* a verified image holds the CRC table: its entries fit a size_t */
+    return info ? expert_cache_bytes(info->expert_block_bytes, slots, (size_t)info->n_layers * info->n_experts) : 0;
 }
 
 static int async_hooks(const colibri_ctx *c) { return c->opts.fetch_start && c->opts.fetch_wait; }
@@ -88,8 +90,7 @@ static colibri_status fetch_finish(colibri_ctx *c, uint32_t i) {
     }
     uint64_t offset, bytes;
     expert_block(c, s->layer, s->expert, &offset, &bytes);
-    const uint8_t *crcs = c->image + c->d.expert_crc_offset;
-    if (crc32_update(0, dst, (size_t)bytes, c->crc_clmul) != rd32(crcs + 4ull * ((uint64_t)s->layer * c->d.n_experts + s->expert))) {
+    if (crc32_update(0, dst, (size_t)bytes, c->crc_clmul) != c->cache.crcs[(size_t)s->layer * c->d.n_experts + s->expert]) {
         s->state = SLOT_EMPTY;
         return COLIBRI_E_EXPERT_CRC;
     }
@@ -102,8 +103,10 @@ colibri_status experts_settle(colibri_ctx *c) {
     for (uint32_t i = 0; i < c->cache.n_slots; i++) {
         const int guess = c->cache.slots[i].prefetched;
         colibri_status st = fetch_finish(c, i);
-        /* a corrupt block that was only a guess is dropped; it fails the run only if a router asks for it */
-        if (st && !(guess && st == COLIBRI_E_EXPERT_CRC) && !first) first = st;
+        /* A guess never fails a feed, wherever its fetch fails (the blocking fetch or fetch_start in
+         * experts_fetch_ahead, fetch_wait or the CRC here): its slot is emptied, and a router that then
+         * chooses the block fetches it again; only that fetch's failure is the feed's. */
+        if (st && !guess && !first) first = st;
     }
     return first;
 }
@@ -146,7 +149,7 @@ void experts_fetch_ahead(colibri_ctx *c, uint32_t layer, uint32_t expert) {
     if (offset < c->d.resident_bytes || cache_find(x, layer, expert) != NO_SLOT) return;
     uint32_t i = cache_victim(x);
     if (i == NO_SLOT) return; /* every slot serves this step: no room for a guess */
-    if (fetch_begin(c, i, layer, expert, 1) == COLIBRI_OK) c->stats.prefetch_issued++;
+    if (fetch_begin(c, i, layer, expert, 1) == COLIBRI_OK) c->stats.prefetch_issued++; /* else dropped (settle) */
 }
 
 colibri_status expert_ready(colibri_ctx *c, uint32_t slot, uint32_t layer, uint32_t expert, const uint8_t **block,

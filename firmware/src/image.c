@@ -488,7 +488,7 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
     uint64_t arena;
     st = arena_plan(&dims, 0, 0, &arena);
     if (st) return st;
-    dims.prefill_token_bytes = batch_plan(&dims, 1, 0, 0);
+    dims.prefill_token_bytes = batch_plan(&dims, 1, 0, 0, 0);
     if (rd64(img + H_ARENA_BYTES) != arena) return COLIBRI_E_IMAGE_PLAN;
 
     if (d) *d = dims;

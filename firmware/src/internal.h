@@ -142,10 +142,20 @@ typedef struct {
     int32_t *xq_sum, *hq_sum;
 } token_buffers;
 
+/* The window rings' rows a prefill pass overwrites, saved before it (model.c, "a prefill batch and the window
+ * rings"), in the prefill batch region after the token buffers: per cache-owning windowed layer, in layer order,
+ * `rows` K rows then as many V rows (MLA: K only), in the cache's dtype. shared: those of the windowed layer
+ * Gemma 4's sharing layers read (NULL: none). rows = min(batch, window), 0 without a window (and in the lean
+ * build, which feeds a windowed model one token a pass). Not in token_buffers: a copy of those is made per pass. */
+typedef struct {
+    uint8_t *saved, *shared;
+    uint32_t rows;
+} ring_saves;
+
 /* The prefill batch region's layout for `tokens` tokens: its bytes, and if base != NULL `out` pointed
  * into it. Every buffer starts 64-byte aligned, so batch_plan(d, n) <= n * batch_plan(d, 1), the bytes
  * colibri_prefill_bytes() asks for. */
-uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_buffers *out);
+uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_buffers *out, ring_saves *rings);
 
 /* ---- the expert cache (experts.c; docs/STREAMING.md) ---- */
 enum slot_state { SLOT_EMPTY = 0, SLOT_READY, SLOT_PENDING };
@@ -159,14 +169,17 @@ typedef struct {
 
 typedef struct {
     expert_slot *slots;
+    uint32_t *crcs;      /* the image's expert CRC table (per (layer, expert), layer-major), as open copied it */
     uint8_t *slot_data;
     uint64_t slot_bytes;
     uint32_t n_slots;
     uint64_t step; /* one per MoE layer evaluation: the LRU clock */
 } expert_cache;
 
-/* Arena bytes of a cache of `slots` slots for blocks of up to block_max bytes (0 on overflow past 2^63). */
-uint64_t expert_cache_bytes(uint64_t block_max, uint32_t slots);
+/* Arena bytes of a cache of `slots` slots for blocks of up to block_max bytes, with a copy of an expert CRC
+ * table of `crcs` entries (0 on overflow past 2^63): the slot records and the table after them, together
+ * 64-byte aligned, then the slots. */
+uint64_t expert_cache_bytes(uint64_t block_max, uint32_t slots, size_t crcs);
 
 /* One weight matrix as the kernels see it (rows x cols, row-major). Quantized dtypes store each row
  * as ceil(cols / QBLOCK) blocks, the last one zero-padded, with one f16 scale per block. */
@@ -229,6 +242,7 @@ struct colibri_ctx {
     int crc_clmul;       /* crc32_cpu_clmul(), asked at open: every fetched expert block is summed */
     expert_cache cache;  /* n_slots 0: experts read in place */
     token_buffers batch; /* the prefill batch region (n 0: none) */
+    ring_saves rings;    /* in it, the window rings' saved rows */
     colibri_stats stats;
 };
 
@@ -364,14 +378,19 @@ ALWAYS_INLINE void dot_rows(const void *w, const uint16_t *w_scale, const q8_vec
     const uint8_t *row = w;
     for (float *end = out + rows; out < end; out++, row += row_bytes, w_scale += blocks) *out = dot(row, w_scale, &xv, blocks);
 }
-/* Q8_0 quantization of one block of len <= QBLOCK values, in two steps an ISA supplies: the largest |v|
- * (NaN ignored), then q[i] = v[i] * inv rounded to nearest even and clamped to +-127 (NaN to 0), zero
- * past len, returning the sum of the QBLOCK values. */
+/* Q8_0 quantization of one block of len <= QBLOCK values, in two steps an ISA supplies: the largest |v|,
+ * non-finite when any v is (the maximum of the magnitudes' bit patterns, as integers: that orders finite
+ * magnitudes as floats do and puts infinity, then NaN, above them), then q[i] = v[i] * inv rounded to
+ * nearest even and clamped to +-127 (NaN to 0), zero past len, returning the sum of the QBLOCK values. */
 typedef float (*block_amax_fn)(const float *v, uint32_t len);
 typedef int32_t (*block_round_fn)(int8_t *q, const float *v, uint32_t len, float inv);
 
 /* A kernel set's quantize_q8_0: per block d = amax / 127 (the block's scale) and inv = 1 / d (0 for an
- * all-zero block), then the rounding. */
+ * all-zero block), then the rounding. A block holding a NaN gets the scale NaN, one holding an infinity (and no
+ * NaN) the scale infinity, and either values 0 (v * inv is NaN or v * 0): its integer sum is 0, and 0 times a
+ * non-finite scale is NaN, so every dot product that reads the block is NaN, as an f32 matrix's would be
+ * non-finite, and the router's and the logits' checks see it (quantized to 0 with a finite scale instead, it
+ * would vanish and the logits come out finite). */
 ALWAYS_INLINE void quantize_blocks(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n, block_amax_fn amax,
                                    block_round_fn round) {
     for (uint32_t b = 0; b * QBLOCK < n; b++) {
@@ -408,7 +427,7 @@ colibri_status expert_ready(colibri_ctx *c, uint32_t slot, uint32_t layer, uint3
 /* A prefetch guess: start fetching (layer, expert) into a slot this step does not use, if any. */
 void experts_fetch_ahead(colibri_ctx *c, uint32_t layer, uint32_t expert);
 /* Wait for every fetch in flight (no transfer may outlive a feed). The first failure of a block the
- * router chose; a corrupt guess is only dropped. */
+ * router chose; a guess that fails (its fetch or its CRC) is only dropped. */
 colibri_status experts_settle(colibri_ctx *c);
 
 /* The board's cycle counter, 0 without one (colibri.c: one copy, not one per file at -Os) */
@@ -417,8 +436,8 @@ uint64_t ctx_now(const colibri_ctx *c);
 /* ---- model.c ---- */
 /* n tokens through the model at the next positions, together (n > 1 needs the prefill batch region);
  * with want_logits also the final norm and lm_head of the last one (a prefill needs no other).
- * COLIBRI_E_NONFINITE (and the position not advanced: none of the n is fed; colibri_feed replays the
- * pass one token at a time to feed the ones before the culprit) when a NaN or infinity
+ * COLIBRI_E_NONFINITE (and the position not advanced: none of the n is fed, and the window rings' rows the
+ * pass wrote are put back; colibri_feed replays the pass one token at a time to feed the ones before the culprit) when a NaN or infinity
  * reaches a place where comparisons would silently absorb it: the router's probabilities (a NaN never
  * wins a '>' and expert 0 would be taken) or the logits (the sampler's argmax). */
 colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n, int want_logits);

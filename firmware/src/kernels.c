@@ -135,12 +135,12 @@ static int8_t quantize_one(float v, float inv) {
 }
 
 static float block_amax(const float *v, uint32_t len) {
-    float amax = 0.0f;
+    uint32_t amax = 0;
     for (uint32_t i = 0; i < len; i++) {
-        float a = from_bits(to_bits(v[i]) & 0x7FFFFFFFu);
+        const uint32_t a = to_bits(v[i]) & 0x7FFFFFFFu;
         if (a > amax) amax = a;
     }
-    return amax;
+    return from_bits(amax);
 }
 
 static int32_t block_round(int8_t *q, const float *v, uint32_t len, float inv) {

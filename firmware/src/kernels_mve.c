@@ -119,12 +119,13 @@ static void rows_q4_0_mve(const uint8_t *w, const uint16_t *w_scale, const q8_ve
     dot_rows(w, w_scale, x, blocks, rows, (size_t)blocks * (QBLOCK / 2), out, dot_q4_0_mve);
 }
 
-/* The largest |v[i]| of a block: VMAXNMAV ignores NaN as the scalar comparison does; lanes past len
- * are loaded as +0. */
+/* The largest |v[i]| of a block as the scalar one finds it: the unsigned maximum (VMAXV) of the bit patterns
+ * with the sign cleared, so a NaN or an infinity wins; lanes past len are loaded as +0. */
 static float amax_mve(const float *v, uint32_t len) {
-    float amax = 0.0f;
-    for (uint32_t i = 0; i < len; i += 4) amax = vmaxnmavq_f32(amax, vldrwq_z_f32(v + i, vctp32q(len - i)));
-    return amax;
+    uint32_t amax = 0;
+    for (uint32_t i = 0; i < len; i += 4)
+        amax = vmaxvq_u32(amax, vandq_u32(vreinterpretq_u32_f32(vldrwq_z_f32(v + i, vctp32q(len - i))), vdupq_n_u32(0x7FFFFFFFu)));
+    return f32_from_bits(amax);
 }
 
 /* quantize_one four lanes at a time: clamped by VMAXNM/VMINNM (which turn NaN into -127, so NaN lanes

@@ -434,15 +434,17 @@ AVX2 static __m256 block_lanes8(const float *v, uint32_t i, uint32_t len) {
     return _mm256_maskload_ps(v + i, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)len), lane));
 }
 
-/* The largest |v| of a block. MAXPS returns its second operand when either is NaN, so |v| goes first:
- * a NaN is ignored, as the scalar comparison ignores it. The maximum is exact in any order. */
+/* The largest |v| of a block as the scalar one finds it: the unsigned maximum of the bit patterns with the
+ * sign cleared, so a NaN or an infinity wins. The maximum is exact in any order. */
 AVX2 static float amax_avx2(const float *v, uint32_t len) {
-    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    __m256 m = _mm256_setzero_ps();
-    for (uint32_t i = 0; i < len; i += 8) m = _mm256_max_ps(_mm256_and_ps(block_lanes8(v, i, len), magnitude), m);
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+    const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+    __m256i m = _mm256_setzero_si256();
+    for (uint32_t i = 0; i < len; i += 8)
+        m = _mm256_max_epu32(_mm256_and_si256(_mm256_castps_si256(block_lanes8(v, i, len)), magnitude), m);
+    __m128i h = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4E)); /* lanes 2, 3, 0, 1 */
+    h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xB1)); /* lanes 1, 0, 3, 2 */
+    return _mm_cvtss_f32(_mm_castsi128_ps(h));
 }
 
 /* quantize_one eight lanes at a time: MAXPS(q, -127) turns a NaN into -127, so NaN lanes are zeroed after;

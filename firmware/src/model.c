@@ -332,6 +332,50 @@ static void clip(float *v, uint32_t n, float limit) {
     for (uint32_t i = 0; i < n; i++) v[i] = v[i] > limit ? limit : (v[i] < -limit ? -limit : v[i]);
 }
 
+/* ---- a prefill batch and the window rings ----
+ * A pass of n tokens at positions pos .. pos + n - 1 stores token t's K/V row into a windowed layer's ring (W
+ * rows, position p in row p % W) just before t attends, so inside the layer no token meets a row a later one
+ * wrote. Two readers come after the whole pass has written its rows, and would meet them: the replay of a
+ * failed pass (one token at a time, colibri_feed), which must find the rings as they were before it, and a
+ * Gemma 4 layer sharing an earlier layer's ring, whose token t must find it as it was after token t. So a
+ * pass first saves the m = min(n, W) ring rows it will overwrite (row (pos + j) % W as saved row j) of every
+ * windowed layer that owns its cache, into the prefill batch region (batch_plan); a failed pass puts them
+ * back (model_forward), and a sharing layer exchanges them with the pass's rows (attention_mha). */
+
+/* Ring rows (pos + j) % W of `layer` (its cache from element layer_base on), K then V, for j in [j0, j1),
+ * against its saved rows j: copied there, or with `swap` exchanged (what restores them too: the saved copy is
+ * not read again). Bytes: the rows are in the cache's dtype and no row is 4-byte aligned for certain. */
+static void ring_rows(const colibri_ctx *c, uint32_t layer, size_t layer_base, uint8_t *saved, uint32_t j0, uint32_t j1,
+                      int swap) {
+    const size_t elem = c->d.kv_dtype == KV_F16 ? 2 : 4, row_bytes = (size_t)layer_kv_dim(&c->d, layer) * elem;
+    uint8_t *const cache[2] = { c->a.k_cache, c->a.v_cache }; /* MLA: no V cache */
+    for (uint32_t k = 0; k < 2 && cache[k]; k++, saved += c->rings.rows * row_bytes)
+        for (uint32_t j = j0; j < j1; j++) {
+            uint8_t *r = cache[k] + layer_base * elem + (size_t)((c->pos + j) % c->d.window) * row_bytes;
+            for (size_t i = 0; i < row_bytes; i++) {
+                const uint8_t kept = saved[j * row_bytes + i];
+                saved[j * row_bytes + i] = r[i];
+                if (swap) r[i] = kept;
+            }
+        }
+}
+
+/* Every cache-owning windowed layer's ring rows this pass overwrites: saved before it, or (swap) put back after
+ * it failed. */
+static void rings_save(const colibri_ctx *c, uint32_t n, int swap) {
+    const model_dims *d = &c->d;
+    const uint32_t m = n < d->window ? n : d->window;
+    uint8_t *saved = c->rings.saved;
+    size_t layer_base = 0;
+    for (uint32_t l = 0; l < d->n_layers; l++) {
+        if (layer_windowed(d, l)) {
+            ring_rows(c, l, layer_base, saved, 0, m, swap);
+            saved += (c->a.v_cache ? 2u : 1u) * c->rings.rows * (size_t)layer_kv_dim(d, l) * (d->kv_dtype == KV_F16 ? 2 : 4);
+        }
+        layer_base += (size_t)kv_rows(d, l) * layer_kv_dim(d, l);
+    }
+}
+
 typedef struct {
     colibri_ctx *c;
     uint32_t layer, cache, pos, parts;
@@ -408,10 +452,12 @@ static void rope_rows(const colibri_ctx *c, uint32_t layer, uint32_t pos, const 
 }
 
 /* Standard attention's q, k, v for every token, then each token in turn: q/k (and v) norms, clipping, RoPE,
- * its k and v into the cache, its heads. Tokens of a batch attend one after another, so a later token's row
- * never overwrites one an earlier token still reads. The layer's widths are its own (Gemma 4's global layers
- * have a head size and KV heads of theirs, and there v may be k's projection). Returns the output projection's
- * input, q_dim of the layer per token. The cache's rows start at layer_base (attention). */
+ * its k and v into the cache, its heads. Tokens of a batch store and attend one after another, so within the
+ * layer no token reads a row a later one wrote; a layer sharing a windowed ring reads it after its owner stored
+ * the whole pass, so it takes the ring back to where it was before the pass and gives token t's row back just
+ * before t attends (n <= W there: colibri_open's batch_limit). The layer's widths are its own (Gemma 4's global
+ * layers have a head size and KV heads of theirs, and there v may be k's projection). Returns the output
+ * projection's input, q_dim of the layer per token. The cache's rows start at layer_base (attention). */
 static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint32_t layer, size_t layer_base) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n, hd = layer_head_dim(d, layer), kv_heads = layer_kv_heads(d, layer);
@@ -430,6 +476,8 @@ static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint3
     if (k_is_v)
         for (size_t i = 0; i < (size_t)n * kv_dim; i++) tb->v[i] = tb->k[i];
     const int qk_norms = (d->flags & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) != 0;
+    const int exchange = !COLIBRI_LEAN && shared && n > 1 && layer_windowed(d, cache); /* saved rows: the ring before */
+    if (exchange) ring_rows(c, cache, layer_base, c->rings.shared, 0, n, 1);
     for (uint32_t t = 0; t < n; t++) {
         const uint32_t pos = c->pos + t;
         float *q = tb->q + (size_t)t * q_dim, *k = tb->k + (size_t)t * kv_dim, *v = tb->v + (size_t)t * kv_dim;
@@ -450,6 +498,7 @@ static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint3
             kv_store(c, c->a.k_cache, row, k, kv_dim);
             kv_store(c, c->a.v_cache, row, v, kv_dim);
         }
+        if (exchange) ring_rows(c, cache, layer_base, c->rings.shared, t, t + 1, 1); /* t's row back */
         attend_heads(c, layer, cache, layer_base, pos, q, tb->attn_out + (size_t)t * q_dim);
     }
     return tb->attn_out;
@@ -866,9 +915,16 @@ static void trace_layer(colibri_ctx *c, const token_buffers *tb, const colibri_l
     }
 }
 
+/* A pass that fails feeds none of its n tokens: nor do their rows stay in the window rings. */
+static colibri_status pass_failed(const colibri_ctx *c, uint32_t n, colibri_status st) {
+    if (!COLIBRI_LEAN && n > 1 && c->rings.rows) rings_save(c, n, 1);
+    return st;
+}
+
 colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n, int want_logits) {
     const model_dims *d = &c->d;
     const token_buffers tb = tokens_in(c, n);
+    if (!COLIBRI_LEAN && n > 1 && c->rings.rows) rings_save(c, n, 0); /* over window rings: what the pass overwrites */
     weight embd = matrix(c, global_tensor_index(d, ROLE_TOKEN_EMBD));
     for (uint32_t t = 0; t < n; t++) weight_row(tb.x + (size_t)t * d->dim, &embd, tokens[t]);
     if (!COLIBRI_LEAN && d->embed_scale != 0.0f)
@@ -888,7 +944,7 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
         t.cycles_attention = ctx_now(c) - t0;
         c->stats.cycles_attention += t.cycles_attention;
         colibri_status st = ffn_block(c, &tb, layer, &t);
-        if (st) return st;
+        if (st) return pass_failed(c, n, st);
         for (size_t i = 0; i < (size_t)n * d->dim; i++) tb.x[i] += tb.moe_out[i];
         if (gemma4_layer(d)) { /* Gemma 4's per-layer input, and its scalar per layer */
             if (d->ple_dim) per_layer_input(c, &tb, layer);
@@ -905,7 +961,7 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
         weight lm_head = matrix(c, global_tensor_index(d, ROLE_LM_HEAD));
         matmul(c, &tb, c->a.logits, &lm_head, xn, 1);
         c->stats.cycles_lm_head += ctx_now(c) - t4;
-        if (!all_finite(c->a.logits, d->vocab)) return COLIBRI_E_NONFINITE;
+        if (!all_finite(c->a.logits, d->vocab)) return pass_failed(c, n, COLIBRI_E_NONFINITE);
         if (!COLIBRI_LEAN && d->logit_softcap != 0.0f) /* Gemma's final soft-capping: cap * tanh(logits / cap) */
             for (uint32_t i = 0; i < d->vocab; i++) c->a.logits[i] = d->logit_softcap * tanh_f(c->a.logits[i] / d->logit_softcap);
     }
