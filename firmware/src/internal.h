@@ -176,11 +176,6 @@ typedef struct {
     uint64_t step; /* one per MoE layer evaluation: the LRU clock */
 } expert_cache;
 
-/* Arena bytes of a cache of `slots` slots for blocks of up to block_max bytes, with a copy of an expert CRC
- * table of `crcs` entries (0 on overflow past 2^63): the slot records and the table after them, together
- * 64-byte aligned, then the slots. */
-uint64_t expert_cache_bytes(uint64_t block_max, uint32_t slots, size_t crcs);
-
 /* One weight matrix as the kernels see it (rows x cols, row-major). Quantized dtypes store each row
  * as ceil(cols / QBLOCK) blocks, the last one zero-padded, with one f16 scale per block. */
 typedef struct {
