@@ -489,7 +489,7 @@ EXPERT_SLOT_META_BYTES = 32  # per cache slot: layer, expert, state, prefetched,
 
 
 def expert_cache_bytes(block_bytes: int, slots: int, crc_entries: int) -> int:
-    """Arena bytes an expert cache of `slots` slots adds after the plan (expert_cache_bytes() in
+    """Arena bytes an expert cache of `slots` slots adds after the plan (colibri_expert_cache_bytes() in
     firmware/src/experts.c): the slots' bookkeeping, the expert CRC table of `crc_entries` (layers x experts)
     u32 as open copies it, then the slots, each the largest block rounded to 64."""
     if slots == 0:

@@ -70,37 +70,37 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
 
 uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_buffers *out, ring_saves *rings) {
     planner p = { 0, 0, base };
-    token_buffers b;
+    token_buffers unused, *b = out ? out : &unused; /* no out: only the bytes are wanted */
     const uint64_t n = tokens;
-    b.n = tokens;
-    b.x = reserve(&p, n * d->dim);
-    b.xn = reserve(&p, n * d->dim);
+    b->n = tokens;
+    b->x = reserve(&p, n * d->dim);
+    b->xn = reserve(&p, n * d->dim);
     const int mla = !COLIBRI_LEAN && d->kv_lora != 0;
-    b.q = reserve(&p, n * d->q_dim);
-    b.q_a = mla ? reserve(&p, n * d->q_lora) : 0; /* MLA's buffers: none for standard attention */
-    b.k = reserve(&p, n * d->kv_dim);
-    b.v = mla ? 0 : reserve(&p, n * d->kv_dim);
-    b.q_att = mla ? reserve(&p, n * d->n_heads * d->att_dim) : 0;
-    b.attn_out = reserve(&p, n * d->n_heads * d->val_dim);
-    b.o_in = mla ? reserve(&p, n * d->o_dim) : 0;
-    b.ple = !COLIBRI_LEAN && d->ple_dim ? reserve(&p, n * ((uint64_t)d->n_layers + 1) * d->ple_dim) : 0;
-    b.moe_out = reserve(&p, n * d->dim);
-    b.gate = reserve(&p, n * d->ffn_max);
-    b.up = reserve(&p, n * d->ffn_max);
-    b.ffn_out = reserve(&p, n * d->dim);
-    b.gx = reserve(&p, n * d->dim);
-    b.expert_out = reserve(&p, n * d->top_k * d->dim);
-    b.scalar = reserve(&p, n);
-    b.topk_index = reserve(&p, n * d->top_k);
-    b.topk_weight = reserve(&p, n * d->top_k);
-    b.first_pair = reserve(&p, d->n_experts); /* once a batch, not per token */
-    b.next_pair = reserve(&p, n * d->top_k);
-    b.xq = reserve_bytes(&p, n * d->in_blocks * QBLOCK, 1);
-    b.xq_scale = reserve(&p, n * d->in_blocks);
-    b.xq_sum = reserve(&p, n * d->in_blocks);
-    b.hq = reserve_bytes(&p, n * d->in_blocks * QBLOCK, 1);
-    b.hq_scale = reserve(&p, n * d->in_blocks);
-    b.hq_sum = reserve(&p, n * d->in_blocks);
+    b->q = reserve(&p, n * d->q_dim);
+    b->q_a = mla ? reserve(&p, n * d->q_lora) : 0; /* MLA's buffers: none for standard attention */
+    b->k = reserve(&p, n * d->kv_dim);
+    b->v = mla ? 0 : reserve(&p, n * d->kv_dim);
+    b->q_att = mla ? reserve(&p, n * d->n_heads * d->att_dim) : 0;
+    b->attn_out = reserve(&p, n * d->n_heads * d->val_dim);
+    b->o_in = mla ? reserve(&p, n * d->o_dim) : 0;
+    b->ple = !COLIBRI_LEAN && d->ple_dim ? reserve(&p, n * ((uint64_t)d->n_layers + 1) * d->ple_dim) : 0;
+    b->moe_out = reserve(&p, n * d->dim);
+    b->gate = reserve(&p, n * d->ffn_max);
+    b->up = reserve(&p, n * d->ffn_max);
+    b->ffn_out = reserve(&p, n * d->dim);
+    b->gx = reserve(&p, n * d->dim);
+    b->expert_out = reserve(&p, n * d->top_k * d->dim);
+    b->scalar = reserve(&p, n);
+    b->topk_index = reserve(&p, n * d->top_k);
+    b->topk_weight = reserve(&p, n * d->top_k);
+    b->first_pair = reserve(&p, d->n_experts); /* once a batch, not per token */
+    b->next_pair = reserve(&p, n * d->top_k);
+    b->xq = reserve_bytes(&p, n * d->in_blocks * QBLOCK, 1);
+    b->xq_scale = reserve(&p, n * d->in_blocks);
+    b->xq_sum = reserve(&p, n * d->in_blocks);
+    b->hq = reserve_bytes(&p, n * d->in_blocks * QBLOCK, 1);
+    b->hq_scale = reserve(&p, n * d->in_blocks);
+    b->hq_sum = reserve(&p, n * d->in_blocks);
     /* the window rings' saved rows: every cache-owning windowed layer's, and where the shared one's start (none
      * in the lean build, which feeds a windowed model one token a pass: colibri_open's batch_limit) */
     if (!COLIBRI_LEAN && d->window) {
@@ -123,6 +123,5 @@ uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_b
         r.shared = base && sharing ? r.saved + last_at * per_row : 0;
         if (rings) *rings = r;
     }
-    if (out) *out = b;
     return p.offset;
 }

@@ -8,10 +8,12 @@
 
 #define NO_SLOT 0xFFFFFFFFu
 
-uint64_t expert_cache_bytes(uint64_t block_max, uint32_t slots, size_t crcs) {
-    if (slots == 0) return 0;
-    const uint64_t slot = (block_max + IMG_ALIGN - 1) & ~(uint64_t)(IMG_ALIGN - 1); /* block_max < 2^52 */
-    /* the slot records, then the CRC table (crcs < 2^34: layers x experts) */
+/* The slot records and, after them, the image's expert CRC table as open copies it (a u32 per layer and
+ * expert), together 64-byte aligned, then the slots; 0 on overflow past 2^63. */
+uint64_t colibri_expert_cache_bytes(const colibri_image_info *info, uint32_t slots) {
+    if (!info || slots == 0) return 0;
+    const uint64_t slot = (info->expert_block_bytes + IMG_ALIGN - 1) & ~(uint64_t)(IMG_ALIGN - 1); /* < 2^52 */
+    const size_t crcs = (size_t)info->n_layers * info->n_experts; /* a verified image holds them: fits a size_t */
     const uint64_t meta = ((uint64_t)slots * EXPERT_SLOT_META_BYTES + 4 * (uint64_t)crcs + IMG_ALIGN - 1) & ~(uint64_t)(IMG_ALIGN - 1);
     /* slot x slots in two 32-bit halves, each product exact in 64 bits; overflow is a high half past 32
      * bits or a carry out of a sum (no 64-bit division: that would pull in libgcc on 32-bit boards) */
@@ -20,11 +22,6 @@ uint64_t expert_cache_bytes(uint64_t block_max, uint32_t slots, size_t crcs) {
     const uint64_t data = (high << 32) + low, total = data + meta;
     if (data < low || total < data) return 0;
     return total;
-}
-
-uint64_t colibri_expert_cache_bytes(const colibri_image_info *info, uint32_t slots) {
-    /* a verified image holds the CRC table: its entries fit a size_t */
-    return info ? expert_cache_bytes(info->expert_block_bytes, slots, (size_t)info->n_layers * info->n_experts) : 0;
 }
 
 static int async_hooks(const colibri_ctx *c) { return c->opts.fetch_start && c->opts.fetch_wait; }

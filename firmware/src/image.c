@@ -114,10 +114,7 @@ static int routing_dims(const uint8_t *h, model_dims *d) {
     d->group_top = rd32(h + H_GROUP_TOP);
     d->routed_scale = rdf32(h + H_ROUTED_SCALE);
     /* the lean build (n_group 1 already checked) neither reads nor uses swiglu_*: plain SwiGLU, as their 0 says */
-    if (COLIBRI_LEAN) {
-        d->swiglu_alpha = d->swiglu_limit = 0.0f;
-        return d->topk_group != 1 || d->group_top != 1 || d->routed_scale != 1.0f;
-    }
+    if (COLIBRI_LEAN) return d->topk_group != 1 || d->group_top != 1 || d->routed_scale != 1.0f;
     d->swiglu_alpha = rdf32(h + H_SWIGLU_ALPHA);
     d->swiglu_limit = rdf32(h + H_SWIGLU_LIMIT);
     /* gpt-oss's expert activation: limit and alpha finite and positive, with experts; else both 0 */
@@ -186,10 +183,8 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
             (uint64_t)d->n_layers * d->ple_dim > IMG_MAX_DIM || shared >= d->n_layers || d->dense_ffn > IMG_MAX_DIM / 2)
             return COLIBRI_E_IMAGE_DIMS;
         d->first_shared = d->n_layers - shared;
-    } else { /* the lean build has none of Gemma 4's mechanisms, as these values say */
-        d->embed_scale = d->logit_softcap = 0.0f;
-        d->ple_dim = 0;
-        d->first_shared = d->n_layers; /* no layer shares a KV cache */
+    } else { /* the lean build has none of Gemma 4's mechanisms, as their 0 says, and no layer shares a KV cache */
+        d->first_shared = d->n_layers;
     }
     const uint32_t dense_max = COLIBRI_LEAN || !(d->flags & IMG_FLAG_DOUBLE_WIDE_MLP) ? d->dense_ffn : 2 * d->dense_ffn;
     d->ffn_max = d->ffn > dense_max ? d->ffn : dense_max;
@@ -434,7 +429,7 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
         return COLIBRI_E_IMAGE_HEADER;
     }
 
-    model_dims dims;
+    model_dims dims = { 0 }; /* a field no mechanism of the image (or of the build) sets is 0: none */
     colibri_status st = read_dims(img, &dims);
     if (st) return st;
     /* after read_dims, so that the lean build names a Gemma 4 image unsupported: its fields are reserved there */
@@ -448,9 +443,7 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
     if (dims.n_experts ? (crc_offset % IMG_ALIGN || crc_offset < table_end || crc_end > data_offset) : crc_offset != 0)
         return COLIBRI_E_IMAGE_HEADER;
     dims.resident_bytes = resident;
-    dims.expert_crc_offset = crc_offset;
-    dims.expert_block_max = 0;
-    dims.streamed_experts = 0;
+    dims.expert_crc_offset = crc_offset; /* expert_block_max and streamed_experts: 0 so far */
 
     uint64_t prev_end = 0, block_start = 0;
     int moe = 0;

@@ -131,12 +131,12 @@ typedef struct {
     /* ple: Gemma 4's per-layer inputs, n_layers * ple_dim a token, then ple_dim a token of scratch */
     float *gx;                 /* the xn rows of one expert's tokens, gathered */
     float *expert_out;         /* a batch's routed expert outputs per (token, rank); NULL for one token */
+    /* a batch's (token, rank) pairs, as token * top_k + rank, linked by expert: each expert's first pair
+     * (n_experts), and each pair's next one that chose the same expert (n * top_k); NULL for one token */
+    uint32_t *first_pair, *next_pair;
     float *scalar;             /* one float per token (the shared expert's gate) */
     uint32_t *topk_index;
     float *topk_weight;
-    /* a batch's (token, rank) pairs, as token * top_k + rank, linked by expert: each expert's first pair
-     * (n_experts), and each pair's next one that chose the same expert (n * top_k) */
-    uint32_t *first_pair, *next_pair;
     int8_t *xq, *hq;           /* xn quantized to Q8_0 (once per norm), and any other input */
     float *xq_scale, *hq_scale;
     int32_t *xq_sum, *hq_sum;
@@ -175,11 +175,6 @@ typedef struct {
     uint32_t n_slots;
     uint64_t step; /* one per MoE layer evaluation: the LRU clock */
 } expert_cache;
-
-/* Arena bytes of a cache of `slots` slots for blocks of up to block_max bytes, with a copy of an expert CRC
- * table of `crcs` entries (0 on overflow past 2^63): the slot records and the table after them, together
- * 64-byte aligned, then the slots. */
-uint64_t expert_cache_bytes(uint64_t block_max, uint32_t slots, size_t crcs);
 
 /* One weight matrix as the kernels see it (rows x cols, row-major). Quantized dtypes store each row
  * as ceil(cols / QBLOCK) blocks, the last one zero-padded, with one f16 scale per block. */
