@@ -696,7 +696,12 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
         except GGUFError as exc:
             raise UnsupportedModel(str(exc)) from None
     elif (path / "config.json").exists():
-        cfg = json.loads((path / "config.json").read_text())
+        try:
+            cfg = json.loads((path / "config.json").read_text())
+        except ValueError as exc:
+            raise UnsupportedModel(f"{path / 'config.json'} is not valid JSON: {exc}") from None
+        if not isinstance(cfg, dict):
+            raise UnsupportedModel(f"{path / 'config.json'} is not a JSON object")
         if norm_topk_prob is not None:
             cfg["norm_topk_prob"] = norm_topk_prob
         raw = _load_tensors(path)
@@ -704,7 +709,10 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
     else:
         raise FileNotFoundError(f"{path} is neither a .gguf file nor a directory with config.json")
     cfg, raw, towers = text_model(cfg, raw)
-    dims, tied, arch, extra = read_config(cfg, max_seq)
+    try:
+        dims, tied, arch, extra = read_config(cfg, max_seq)
+    except KeyError as exc:
+        raise UnsupportedModel(f"{path}: the config has no {exc}, which its architecture needs") from None
     fam = FAMILIES[arch]
     keys = [(Role.TOKEN_EMBD, NO_INDEX, NO_INDEX), (Role.OUTPUT_NORM, NO_INDEX, NO_INDEX)]
     keys += [(r, NO_INDEX, NO_INDEX) for r in (Role.PLE_EMBD, Role.PLE_MODEL_PROJ, Role.PLE_PROJ_NORM) if dims.present(r)]

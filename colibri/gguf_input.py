@@ -103,8 +103,8 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     dequantized to f32) from a GGUF file."""
     try:
         reader = open_gguf(path)
-    except (ValueError, OSError) as exc:
-        raise GGUFError(f"{path} is not a readable GGUF file: {exc}") from None
+    except Exception as exc:  # the gguf package's parse of hostile bytes fails in many ways (IndexError, struct.error...)
+        raise GGUFError(f"{path} is not a readable GGUF file: {type(exc).__name__}: {exc}") from None
 
     def field(key: str, default=None, required: bool = True):
         f = reader.fields.get(key)

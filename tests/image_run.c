@@ -17,23 +17,23 @@
 #include <sanitizer/msan_interface.h>
 
 /* every model_dims field (padding is not a field: it may stay undefined) */
-#define DIMS_FIELDS(X)                                                                                              \
-    X(vocab) X(dim) X(ffn) X(n_layers) X(n_heads) X(n_kv_heads) X(head_dim) X(n_experts) X(top_k) X(max_seq)      \
-    X(dense_ffn) X(shared_ffn) X(flags) X(kv_dtype) X(eps) X(clip_qkv) X(window) X(window_layers) X(q_lora)       \
-    X(kv_lora) X(rope_dim) X(v_head_dim) X(attn_scale) X(n_group) X(topk_group) X(group_top) X(routed_scale)       \
-    X(swiglu_alpha) X(swiglu_limit) X(global_head_dim) X(global_kv_heads) X(embed_scale) X(logit_softcap)          \
-    X(ple_dim) X(first_shared) X(q_dim) X(kv_dim) X(ffn_max) X(att_dim) X(val_dim) X(o_dim) X(in_blocks)           \
-    X(n_tensors) X(resident_bytes) X(expert_block_max) X(streamed_experts) X(expert_crc_offset)                    \
+#define DIMS_FIELDS(X)                                                                                               \
+    X(vocab) X(dim) X(ffn) X(n_layers) X(n_heads) X(n_kv_heads) X(head_dim) X(n_experts) X(top_k) X(max_seq)         \
+    X(dense_ffn) X(shared_ffn) X(flags) X(kv_dtype) X(eps) X(clip_qkv) X(window) X(window_layers) X(q_lora)          \
+    X(kv_lora) X(rope_dim) X(v_head_dim) X(attn_scale) X(n_group) X(topk_group) X(group_top) X(routed_scale)         \
+    X(swiglu_alpha) X(swiglu_limit) X(global_head_dim) X(global_kv_heads) X(embed_scale) X(logit_softcap)            \
+    X(ple_dim) X(first_shared) X(kv_shared_source) X(q_dim) X(kv_dim) X(ffn_max) X(att_dim) X(val_dim) X(o_dim)      \
+    X(in_blocks) X(n_tensors) X(resident_bytes) X(expert_block_max) X(streamed_experts) X(expert_crc_offset)         \
     X(prefill_token_bytes)
 /* the arena plan's and the prefill batch region's buffers, NULL or not */
 #define ARENA_FIELDS(X)                                                                                              \
-    X(tensors) X(x) X(xn) X(q) X(q_a) X(k_new) X(v_new) X(q_att) X(attn_out) X(o_in) X(ple) X(att) X(ffn_gate)      \
-    X(ffn_up) X(ffn_out) X(moe_out) X(router) X(topk_weight) X(topk_index) X(topk_cycles) X(logits) X(probs)        \
+    X(tensors) X(x) X(xn) X(q) X(q_a) X(k_new) X(v_new) X(q_att) X(attn_out) X(o_in) X(ple) X(att) X(ffn_gate)       \
+    X(ffn_up) X(ffn_out) X(moe_out) X(router) X(topk_weight) X(topk_index) X(topk_cycles) X(logits) X(probs)         \
     X(sample_index) X(xq) X(hq) X(xq_scale) X(hq_scale) X(xq_sum) X(hq_sum) X(k_cache) X(v_cache)
 #define BATCH_FIELDS(X)                                                                                              \
     X(x) X(xn) X(q) X(q_a) X(k) X(v) X(q_att) X(attn_out) X(o_in) X(ple) X(moe_out) X(gate) X(up) X(ffn_out) X(gx)   \
-    X(expert_out) X(scalar) X(topk_index) X(topk_weight) X(group) X(xq) X(hq) X(xq_scale) X(hq_scale) X(xq_sum)    \
-    X(hq_sum)
+    X(expert_out) X(first_pair) X(next_pair) X(scalar) X(topk_index) X(topk_weight) X(xq) X(hq) X(xq_scale)          \
+    X(hq_scale) X(xq_sum) X(hq_sum)
 
 /* Names every field with an undefined byte on stderr; nonzero if there was one. */
 static int check_defined(const colibri_ctx *c) {

@@ -353,3 +353,26 @@ def test_a_broken_shard_is_refused_by_name(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("pack: error: ") and shard.name in err and says in err and err.count("\n") == 1
         assert not out.exists() and not out.with_name("m.img.part").exists()
+
+
+def test_a_broken_config_or_gguf_is_one_line(checkpoints, tmp_path, capsys):
+    """A config.json without a field its architecture needs, one that is not JSON or not an object, and a file
+    named .gguf whose magic is right but whose body is garbage are one-line errors naming what is wrong (they
+    were a KeyError, and an IndexError from inside the gguf package, with their tracebacks)."""
+    import json
+    import shutil
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(checkpoints["base"], ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"GGUF" + bytes(range(256)) * 4)
+    cases = [(json.dumps({k: v for k, v in config.items() if k != "hidden_size"}), "'hidden_size'"),
+             ("{not json", "not valid JSON"), ("[1, 2]", "not a JSON object")]
+    for text, says in cases:
+        (ckpt / "config.json").write_text(text)
+        assert pack_cli.main([str(ckpt), "-o", str(tmp_path / "m.img")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("pack: error: ") and says in err and err.count("\n") == 1, err
+    assert pack_cli.main([str(garbage), "-o", str(tmp_path / "m.img")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pack: error: ") and "not a readable GGUF file" in err and err.count("\n") == 1, err

@@ -343,3 +343,20 @@ def test_the_image_writer_refuses_them_too(changes, field):
     dims = im.ModelDims(**TINY, **changes)
     with pytest.raises(ValueError, match=field):
         im.build_image(dims, random_tensors(dims))
+
+
+def test_an_expert_crc_table_that_wraps_past_2_64_is_refused(lib):
+    """The expert CRC table's end, its offset plus 4 bytes per (layer, expert), must not wrap: an offset of
+    2^64 - 64 with 16 (layer, expert) pairs ended at 0, passed `end <= data_offset`, and the verifier (and a
+    streaming open's copy of the table) read 64 bytes before the image (ASan heap-buffer-overflow, review of
+    issue 26)."""
+    from colibri.quant import DType
+    from colibri.synthetic import moe_dims, random_image
+    dims = moe_dims(hidden=8, ffn=4, experts=8, layers=2, top_k=2, vocab=32, max_seq=16)
+    data = bytearray(random_image(dims, DType.F32, expert_align=64))
+    assert lib.verify(bytes(data))[0] == 0
+    table_bytes = 4 * dims.n_layers * dims.n_experts
+    assert table_bytes == 64
+    struct.pack_into("<Q", data, HEADER_OFFSETS["expert_crc_offset"], (1 << 64) - table_bytes)
+    status, _ = lib.verify(bytes(reseal(data)))
+    assert status == STATUS["E_IMAGE_HEADER"], f"got status {status}"

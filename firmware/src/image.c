@@ -439,8 +439,10 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
     if (n_tensors != TENSORS_BEFORE_LAYERS + per_layer * dims.n_layers + TENSORS_AFTER_LAYERS) return COLIBRI_E_IMAGE_TABLE;
     dims.n_tensors = (uint32_t)n_tensors;
     /* the expert CRC table: one u32 per (layer, expert), between the tensor table and the data */
-    uint64_t crc_end = crc_offset + 4ull * dims.n_layers * dims.n_experts; /* < 2^24 * 2^10 * 4: no overflow */
-    if (dims.n_experts ? (crc_offset % IMG_ALIGN || crc_offset < table_end || crc_end > data_offset) : crc_offset != 0)
+    uint64_t crc_end; /* the table's bytes, < 2^24 * 2^10 * 4, fit; the offset plus them may wrap */
+    if (dims.n_experts ? (crc_offset % IMG_ALIGN || crc_offset < table_end ||
+                          !add_ok(crc_offset, 4ull * dims.n_layers * dims.n_experts, &crc_end) || crc_end > data_offset)
+                       : crc_offset != 0)
         return COLIBRI_E_IMAGE_HEADER;
     dims.resident_bytes = resident;
     dims.expert_crc_offset = crc_offset; /* expert_block_max and streamed_experts: 0 so far */
