@@ -40,7 +40,9 @@ def test_seed_corpus_is_current(hosted_build):
 def test_past_findings_stay_fixed(harness):
     """Inputs a campaign once crashed on (tests/fuzz/regress/<harness>/) run clean under ASan + UBSan:
     image/quantize-nonfinite.img made quantize_q8_0 cast an infinite product to int8 (CI, 2026-11-30; rebuilt
-    for format v3 as the same case: a Q8_0 image whose layer-0 attention norm is infinite)."""
+    for format v3 as the same case: a Q8_0 image whose layer-0 attention norm is infinite); image/crc-table-wraps*.img: an expert CRC table at
+    2^64 - 64 whose end wrapped to 0, read 64 bytes before the image by the verifier (mode 0) and by a streaming
+    open's copy of the table (mode 2; issue 26's review)."""
     inputs = sorted((fuzz.FUZZ / "regress" / harness).glob("*"))
     assert inputs
     exe = fuzz.build(harness)
