@@ -159,3 +159,20 @@ def test_a_non_elf_is_one_line_and_exit_2(tmp_path, capsys):
     assert footprint.main([str(tmp_path / "notes.txt")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not a readable ELF or PE/COFF file" in err
+
+
+def test_rvv_assembly_is_the_only_vector_code(firmwares):
+    """kernels_rvv.c's inline assembly overwrites vector registers, vl and vtype without declaring them (GCC 12 knows
+    none of them by name), which is sound only while the compiler keeps nothing of its own there: the board builds
+    with -fno-tree-vectorize, and no runtime object but kernels_rvv.o holds a vector instruction (issue 26, item 13).
+    The disassembly finds the kernels' own instructions, so the check can fail."""
+    from colibri.sim.boards import load_board
+    assert "-fno-tree-vectorize" in load_board("riscv64_virt").spec["cflags"]
+    vector_code = {}
+    for obj in footprint.runtime_objects("riscv64_virt", "release"):
+        listing = subprocess.run(["riscv64-unknown-elf-objdump", "-d", str(obj)], capture_output=True, text=True,
+                                 check=True).stdout
+        ops = [line.split("\t")[2] for line in listing.splitlines() if line.count("\t") >= 2]
+        vector_code[obj.name] = sum(op.startswith("v") for op in ops)
+    assert vector_code.pop("kernels_rvv.o") > 20
+    assert not any(vector_code.values()), vector_code
