@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "image_file.h"
 #include "internal.h"
 
 #ifdef CHECK_DEFINED
@@ -60,25 +61,20 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: image_run IMAGE TOKENS [BATCH]\n");
         return 2;
     }
-    FILE *f = fopen(argv[1], "rb");
-    if (!f || fseek(f, 0, SEEK_END) != 0) return 2;
-    const long size = ftell(f);
-    void *image = 0, *arena = 0;
-    if (size <= 0 || fseek(f, 0, SEEK_SET) != 0 || posix_memalign(&image, COLIBRI_ARENA_ALIGN, (size_t)size) ||
-        fread(image, 1, (size_t)size, f) != (size_t)size)
-        return 2;
-    fclose(f);
+    size_t size;
+    void *image = read_image_file(argv[1], &size), *arena = 0;
+    if (!image) return 2;
     const uint32_t tokens = (uint32_t)strtoul(argv[2], 0, 10), batch = argc > 3 ? (uint32_t)strtoul(argv[3], 0, 10) : 0;
 
     colibri_image_info info;
-    colibri_status st = colibri_image_verify(image, (size_t)size, &info);
+    colibri_status st = colibri_image_verify(image, size, &info);
     printf("verify %d", (int)st);
     if (st == COLIBRI_OK) {
         colibri_options opts = { .prefill_batch = batch };
         const uint64_t need = info.arena_bytes + colibri_prefill_bytes(&info, batch);
         colibri_ctx *ctx = 0;
         if (posix_memalign(&arena, COLIBRI_ARENA_ALIGN, (size_t)need)) return 2;
-        st = colibri_open(image, (size_t)size, arena, (size_t)need, &opts, &ctx, 0);
+        st = colibri_open(image, size, arena, (size_t)need, &opts, &ctx, 0);
         printf(" open %d", (int)st);
         if (st == COLIBRI_OK) {
 #ifdef CHECK_DEFINED

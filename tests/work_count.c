@@ -3,10 +3,12 @@
  * timing is not). Built by the test against libcolibri.a.
  *   work_count IMAGE BATCH N    open with a prefill batch of BATCH tokens (0: one a pass), feed N tokens
  * (The program may allocate and print; the runtime it links does neither.) */
+#define _POSIX_C_SOURCE 200112L /* posix_memalign (image_file.h) */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "colibri.h"
+#include "image_file.h"
 
 static int fail(const char *what, colibri_status st) {
     fprintf(stderr, "%s: %s\n", what, colibri_strerror(st));
@@ -18,14 +20,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s IMAGE BATCH N\n", argv[0]);
         return 2;
     }
-    FILE *f = fopen(argv[1], "rb");
-    if (!f) return 2;
-    fseek(f, 0, SEEK_END);
-    size_t image_size = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *image = aligned_alloc(64, (image_size + 63) / 64 * 64); /* the image must be 64-byte aligned */
-    if (!image || fread(image, 1, image_size, f) != image_size) return 2;
-    fclose(f);
+    size_t image_size;
+    void *image = read_image_file(argv[1], &image_size);
+    if (!image) return 2;
     const uint32_t batch = (uint32_t)strtoul(argv[2], 0, 10), n = (uint32_t)strtoul(argv[3], 0, 10);
 
     colibri_image_info info;
