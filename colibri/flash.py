@@ -14,8 +14,8 @@ Examples:
   python host/flash.py model.img --board hosted --prompt "The capital of France is" --max-new-tokens 20
   python host/flash.py model.img --board hosted --chat "Write a haiku about flash memory"
 
---verify compares the device with the numpy reference built from the same image: it catches runtime and
-board bugs. --against compares with transformers on the source checkpoint: it also catches packing
+--verify compares the device with the numpy reference built from the same image, bit for bit (the reference
+computes what the runtime computes, in its order: docs/KERNELS.md): it catches runtime and board bugs. --against compares with transformers on the source checkpoint: it also catches packing
 mistakes (a tensor mapped wrongly is in the image and so in the reference, but not in transformers).
 """
 from __future__ import annotations
@@ -37,43 +37,51 @@ from colibri.text import NoTokenizer, Text, TextStream
 from colibri.sim.boards import DEFAULT_BOARD, board_names, load_board
 from colibri.sim.launch import open_port, start_board
 
-# --verify's default: max |device - reference| relative to max(1, max |logit|). The reference quantizes
-# activations as the device does, so only float summation order differs... except with an f16 KV cache,
-# where a last-bit difference can flip an f16 rounding (2^-11) and the model amplifies it.
-DEFAULT_TOLERANCE = {0: 1e-4, 1: 5e-2}  # by the image's kv_dtype
-
-
 @dataclass
 class Verification:
-    """The device's logits against an oracle's (the numpy reference, or transformers with --against)."""
+    """The device's logits against an oracle's: the numpy reference bit for bit (tolerance None), or within a
+    tolerance (--tolerance; transformers with --against)."""
     max_abs_error: float
     rows: int
     greedy_checked: int
     greedy_agree: int
-    tolerance: float
+    tolerance: float | None  # None: every row must be bit-identical
     error_bounded: bool = True  # the error must be within the tolerance (not for --against: it reports it)
+    rows_identical: int = 0  # rows bit-identical to the oracle's
+    first_difference: int | None = None  # the first position whose row is not
+    parting: str = ""  # where the device and the reference first part, when a trace showed it
+
+    @property
+    def bit_identical(self) -> bool:
+        return self.rows_identical == self.rows
 
     @property
     def passed(self) -> bool:
+        if self.tolerance is None:
+            return self.bit_identical and self.greedy_agree == self.greedy_checked
         return (not self.error_bounded or self.max_abs_error <= self.tolerance) and \
             self.greedy_agree == self.greedy_checked
 
 
 def compare(expected: np.ndarray, device: np.ndarray | None, prompt: list[int], tokens: list[int], greedy: bool,
-            tolerance: float, error_bounded: bool = True) -> Verification:
-    """The largest logit error, and whether each greedy token is the oracle's first choice or within
-    `tolerance` of it (a near tie)."""
+            tolerance: float | None, error_bounded: bool = True) -> Verification:
+    """Which rows are bit-identical, the largest logit error, and whether each greedy token is the oracle's first
+    choice (with a tolerance: or within it of the first, a near tie)."""
     if device is None or device.shape != expected.shape:
         raise ValueError(f"device returned logits of shape {None if device is None else device.shape}, "
                          f"the oracle gives {expected.shape}")
+    same = np.all(device.astype(np.float32).view(np.uint32) == expected.astype(np.float32).view(np.uint32), axis=1)
+    differ = np.flatnonzero(~same)
     checked = agree = 0
     if greedy:
         for i, tok in enumerate(tokens):
             row = expected[len(prompt) - 1 + i]
             checked += 1
-            agree += int(row[tok] >= row.max() - tolerance)
-    return Verification(float(np.max(np.abs(device - expected))), expected.shape[0], checked, agree, tolerance,
-                        error_bounded)
+            agree += int(tok == int(np.argmax(row)) if tolerance is None else row[tok] >= row.max() - tolerance)
+    with np.errstate(invalid="ignore"):
+        error = float(np.max(np.abs(device - expected)))
+    return Verification(error, expected.shape[0], checked, agree, tolerance, error_bounded, int(same.sum()),
+                        int(differ[0]) if differ.size else None)
 
 
 @dataclass
@@ -94,13 +102,45 @@ class RunResult:
 
 def verify(image_bytes: bytes, prompt: list[int], result: RunResult, greedy: bool,
            tolerance: float | None = None) -> Verification:
-    """Compare the device's logits with the numpy reference run on the same tokens. Without a tolerance,
-    the default for the image's KV cache, scaled by max(1, max |logit|)."""
+    """Compare the device's logits with the numpy reference run on the same tokens: bit for bit, or with a
+    tolerance on max |device - reference|. When they part and the device traced its routing, say where."""
     image = read_image(image_bytes)
-    ref = Reference(image).forward(prompt + result.tokens)
-    if tolerance is None:
-        tolerance = DEFAULT_TOLERANCE[image.dims.kv_dtype] * max(1.0, float(np.abs(ref).max()))
-    return compare(ref, result.logits, prompt, result.tokens, greedy, tolerance)
+    reference = Reference(image)
+    v = compare(reference.forward(prompt + result.tokens), result.logits, prompt, result.tokens, greedy, tolerance)
+    if v.first_difference is not None and result.traces:
+        v.parting = parting_point(reference, prompt + result.tokens, result.traces)
+    return v
+
+
+def parting_point(reference: Reference, tokens: list[int], traces: list) -> str:
+    """The first token and routed layer whose routing the device traced differently from the reference's (its
+    experts, or its weights' bits): where the two first part, to the layer. '' when every routing agrees."""
+    routes = reference.routing(tokens)
+    for pos, layers in enumerate(traces):
+        for t in layers:
+            if t.layer not in routes:
+                continue
+            experts, weights = routes[t.layer]
+            device_weights = np.asarray(t.weights, np.float32)
+            if t.experts != experts[pos].tolist() or device_weights.tobytes() != weights[pos].tobytes():
+                what = "experts" if t.experts != experts[pos].tolist() else "expert weights"
+                return (f"token {pos} (id {tokens[pos]}), layer {t.layer}: the router's {what} differ "
+                        f"(device {t.experts} {device_weights.tolist()}, reference {experts[pos].tolist()} "
+                        f"{weights[pos].tolist()}); every earlier token and layer routed alike")
+    return ""
+
+
+def verify_line(v: Verification, greedy: bool) -> str:
+    """--verify's one-line answer."""
+    greedy_txt = f"greedy tokens agree {v.greedy_agree}/{v.greedy_checked}" if greedy else "greedy agreement n/a (sampling)"
+    verdict = "PASS" if v.passed else "FAIL"
+    if v.tolerance is not None:
+        return (f"verify: max |device - reference| = {v.max_abs_error:.3g} over {v.rows} logits rows "
+                f"(tolerance {v.tolerance:g}); {greedy_txt}: {verdict}")
+    if v.bit_identical:
+        return f"verify: bit-identical to the reference over {v.rows} logits rows; {greedy_txt}: {verdict}"
+    return (f"verify: device and reference part at position {v.first_difference}: {v.rows - v.rows_identical} of "
+            f"{v.rows} logits rows differ (max |device - reference| = {v.max_abs_error:.3g}); {greedy_txt}: {verdict}")
 
 
 def against(checkpoint: Path, image_bytes: bytes | memoryview, prompt: list[int], result: RunResult, greedy: bool,
@@ -370,10 +410,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-k", type=int, default=0, help="0 = no top-k cut")
     ap.add_argument("--top-p", type=float, default=1.0, help="1 = no nucleus cut")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--verify", action="store_true", help="compare the device's logits with the numpy reference")
+    ap.add_argument("--verify", action="store_true",
+                    help="compare the device's logits with the numpy reference, bit for bit; when they part, name the "
+                         "first token and routed layer where they do (one more run, traced)")
     ap.add_argument("--tolerance", type=float,
-                    help="max abs logit error for --verify (default: 1e-4 x max(1, max |logit|); 5e-2 x that "
-                         "with an f16 KV cache)")
+                    help="--verify within this max abs logit error instead of bit for bit (a deliberate comparison, "
+                         "e.g. of a runtime you changed); --against: the near-tie margin for greedy tokens")
     ap.add_argument("--against", type=Path, metavar="CHECKPOINT",
                     help="also compare with transformers run on the checkpoint the image was packed from (a directory "
                          "or a .gguf file): catches packing mistakes that --verify, which rebuilds the model from the "
@@ -531,13 +573,20 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     if args.verify:
         v = verify(args.image.read_bytes(), prompt, result, greedy, args.tolerance)
+        if v.first_difference is not None and not v.parting and not trace and not args.port and result.stats.get("expert_calls"):
+            # one more run, traced: the routing it reports names the first layer where device and reference part
+            traced = run_on_board(args.image, args.board, prompt, args.max_new_tokens, sampling, False,
+                                  firmware=args.firmware, timeout=args.timeout, upload=args.upload, retries=args.retries,
+                                  trace=True, expert_cache=slots, prefetch=not args.no_prefetch,
+                                  stop=text.eos_ids if text else frozenset(), threads=args.threads)
+            v.parting = parting_point(Reference(read_image(args.image.read_bytes())), prompt + result.tokens,
+                                      traced.traces or [])
         report["verify"] = {**asdict(v), "passed": v.passed}
         status = 0 if v.passed else 1
         if not quiet:
-            greedy_txt = (f"greedy tokens agree {v.greedy_agree}/{v.greedy_checked}" if greedy
-                          else "greedy agreement n/a (sampling)")
-            print(f"verify: max |device - reference| = {v.max_abs_error:.3g} over {v.rows} logits rows "
-                  f"(tolerance {v.tolerance:g}); {greedy_txt}: {'PASS' if v.passed else 'FAIL'}")
+            print(verify_line(v, greedy))
+            if v.first_difference is not None:
+                print(f"verify: {v.parting or 'the routing of every layer agrees: they part outside the routers'}")
     if args.against:
         from colibri.oracle import OracleUnavailable
         try:

@@ -1,321 +1,400 @@
-"""The numpy reference: runs a model from its Colibri image, in float32.
+"""The numpy reference: runs a model from its Colibri image and computes what the runtime computes, bit for
+bit, so `flash.py --verify` can compare the device's logits exactly.
 
-Weights are used exactly as the runtime decodes them (f16/bf16 widened, Q8_0/Q4_0 dequantized);
-a matrix product with Q8_0/Q4_0 weights quantizes its input to Q8_0 first, as the runtime does
-(colibri/quant.py), and an f16 KV cache rounds k and v to f16. So the only difference left between
-the two is float summation order, and `flash.py --verify` stays tight for every dtype.
+It is written from docs/KERNELS.md and docs/MODELS.md, not from the C: every value is rounded where the
+runtime rounds it, in the order the runtime adds (colibri/arith.py: the dot products' lanes and trees,
+sequential sums from +0, the runtime's own exponential, activation quantization), and every step of the
+forward pass follows firmware/src/model.c's order: RMSNorm, q/k/v with optional biases, q/k norms (per
+head or across the projection), v norm, clipping, RoPE from the image's tables, the KV cache's rounding to
+f16, attention over every earlier position (or a window of them, or an earlier layer's cache), the
+output projection; then a dense SwiGLU MLP or a MoE block (softmax or sigmoid scores, choice biases,
+groups, top-k picked best first with ties to the lower index, renormalized and scaled weights, each
+expert's output added in rank order, then the shared expert), the final norm and the output matrix.
+DeepSeek's latent attention runs in the runtime's absorbed form; gpt-oss adds sinks, a softmax over the
+top-k, expert biases and its clamped SwiGLU; Gemma 4 its layer (norms after attention and the FFN, the
+dense MLP beside the experts, per-layer inputs, a scalar per layer), GeGLU, v norms, keys as values, its
+global layers' head size and RoPE, the embedding scale and logit soft-capping.
 
-It follows transformers' forward passes for the supported families (docs/MODELS.md): RMSNorm,
-GQA attention with optional q/k/v/o biases, optional q/k RMSNorm (per head or across the
-projection), optional clipping, rotate-half RoPE from the image's tables, over every earlier position
-or, in a windowed layer, the last sliding_window of them; then per layer either a
-dense SwiGLU MLP or a MoE block (softmax or sigmoid router scores, an optional choice bias and
-group-limited choice, top-k, optionally renormalized and scaled weights, SwiGLU experts, an optional
-shared expert, sigmoid-gated or plain); final norm, lm_head. DeepSeek's multi-head latent attention
-is computed in the runtime's absorbed form; gpt-oss adds attention sinks, a softmax over the top-k
-router logits, expert biases and its clamped SwiGLU; Gemma 4 its layer (norms after attention and the
-FFN, the dense MLP beside the experts, a normed router with per-expert scales, a scalar per layer), GeGLU,
-v norms, keys as values and a head size and RoPE of their own in global layers, the embedding scale and
-logit soft-capping (docs/MODELS.md). It is the
-oracle that device outputs are verified against. It reads the image, not the HF checkpoint, so it
-checks the packer too.
+Each token's values do not depend on the tokens computed beside it (the runtime's prefill batches give
+the bits of one token a pass), so the reference computes every position of a sequence at once.
+
+`exact=False` (the pack report's quality pass, which compares two references and needs no bits) computes
+the matrix products with BLAS instead: much faster, and within float rounding of the exact ones.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from colibri import arith
+from colibri.arith import F32, ONE, ZERO
 from colibri.image import (FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_GELU_TANH, FLAG_GEMMA4_LAYER, FLAG_GLOBAL_ROPE,
-                           FLAG_K_EQ_V, FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_ROPE_PAIRS,
-                           FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_ROUTER_TOPK_SOFTMAX, FLAG_SHARED_EXPERT,
-                           FLAG_SHARED_PLAIN, FLAG_V_NORM, KV_DTYPES, NO_INDEX, Image, ModelDims, Role)
+                           FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS,
+                           FLAG_ROUTER_SIGMOID, FLAG_ROUTER_TOPK_SOFTMAX, FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN,
+                           FLAG_V_NORM, KV_DTYPES, NO_INDEX, Image, Role)
 from colibri.quant import Encoded, quantized_matmul
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    var = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
-    return (x / np.sqrt(var + np.float32(eps))) * weight
+@dataclass(frozen=True)
+class Matrix:
+    """A weight matrix [rows, cols] as the reference multiplies with it: float weights widened to f32 in the
+    dot product's lane layout, or a quantized matrix's integer values and f16 scales."""
+    rows: int
+    lanes: np.ndarray | None = None    # float: [ceil(cols / 16), rows, 16] (arith.lanes_layout)
+    values: np.ndarray | None = None   # quantized: int8 [rows, blocks, 32]
+    scales: np.ndarray | None = None   # quantized: f16 [rows, blocks]
+    dense: np.ndarray | None = None    # exact=False: the decoded f32 matrix (float) ...
+    encoded: Encoded | None = None     # ... or the quantized one
 
+    @classmethod
+    def of(cls, enc: Encoded, exact: bool) -> "Matrix":
+        rows = enc.shape[0]
+        if not exact:
+            return cls(rows, encoded=enc) if enc.dtype.quantized else cls(rows, dense=enc.decode())
+        if enc.dtype.quantized:
+            return cls(rows, values=enc.int_values(), scales=enc.scales)
+        return cls(rows, lanes=arith.lanes_layout(enc.decode()))
 
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (np.float32(1) + np.exp(-x))
+    def rows_of(self, r0: int, r1: int) -> "Matrix":
+        """Rows [r0, r1) as a matrix of their own (one head's part of a per-head projection)."""
+        part = slice(r0, r1)
+        if self.lanes is not None:
+            return Matrix(r1 - r0, lanes=self.lanes[:, part])
+        if self.values is not None:
+            return Matrix(r1 - r0, values=self.values[part], scales=self.scales[part])
+        if self.dense is not None:
+            return Matrix(r1 - r0, dense=self.dense[part])
+        enc = self.encoded
+        return Matrix(r1 - r0, encoded=Encoded(enc.dtype, (r1 - r0, enc.shape[1]), enc.values[part], enc.scales[part]))
 
-
-def tanh(x: np.ndarray) -> np.ndarray:
-    """tanh as the runtime computes it: 1 - 2 / (exp(2x) + 1) (exp overflowing to infinity gives 1)."""
-    with np.errstate(over="ignore"):
-        return np.float32(1) - np.float32(2) / (np.exp(np.float32(2) * x) + np.float32(1))
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """gelu's tanh approximation (transformers' gelu_pytorch_tanh): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    inner = np.float32(0.7978845608028654) * (x + np.float32(0.044715) * (x * x * x))
-    return np.float32(0.5) * x * (np.float32(1) + tanh(inner))
-
-
-def clamped_glu(g: np.ndarray, u: np.ndarray, alpha: float, limit: float) -> np.ndarray:
-    """gpt-oss's expert activation: gate clamped above, up to +-limit, (up + 1) * gate * sigmoid(alpha * gate)."""
-    g, u = np.minimum(g, np.float32(limit)), np.clip(u, np.float32(-limit), np.float32(limit))
-    return (u + np.float32(1)) * (g / (np.float32(1) + np.exp(-(np.float32(alpha) * g))))
-
-
-def softmax_sink(x: np.ndarray, sink: np.ndarray) -> np.ndarray:
-    """softmax over the last axis with one more logit per head (x [heads, q, k], sink [heads]) in the
-    denominator only."""
-    s = np.broadcast_to(sink[:, None, None], (*x.shape[:-1], 1)).astype(np.float32)
-    return softmax(np.concatenate([x, s], axis=-1))[..., :-1]
-
-
-def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
-    return e / np.sum(e, axis=axis, keepdims=True)
+    def times(self, x: np.ndarray) -> np.ndarray:
+        """Each row of x [n, cols] through the matrix: [n, rows], as the runtime's kernels compute it."""
+        x = np.ascontiguousarray(x, dtype=F32)
+        if self.lanes is not None:
+            return arith.float_dot(x, self.lanes)
+        if self.values is not None:
+            return arith.quantized_dot(x, self.values, self.scales)
+        if self.dense is not None:
+            return (x @ self.dense.T).astype(F32)
+        return quantized_matmul(x, self.encoded)
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, pairs: bool = False) -> np.ndarray:
-    """RoPE on x [seq, heads, dim] with cos/sin [seq, dim/2]: the two halves rotated together, or with
-    `pairs` adjacent elements (x0, x1), (x2, x3), ... (in place of their pair)."""
+    """RoPE on x [seq, heads, dim] with cos/sin [seq, dim/2] as the runtime rotates: element i with i + dim/2,
+    or with `pairs` 2i with 2i + 1 (DeepSeek's layout): (a, b) -> (a cos - b sin, b cos + a sin)."""
     c, s = cos[:, None, :], sin[:, None, :]
+    out = np.empty_like(x)
     if pairs:
-        out = np.empty_like(x)
         a, b = x[..., 0::2], x[..., 1::2]
         out[..., 0::2], out[..., 1::2] = a * c - b * s, b * c + a * s
         return out
     half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+    a, b = x[..., :half], x[..., half:]
+    out[..., :half], out[..., half:] = a * c - b * s, b * c + a * s
+    return out
 
 
-def route_topk(router_logits: np.ndarray, d: ModelDims, bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The runtime's routing (ties: lower index first): scores (softmax over the experts, or sigmoids), the
-    choice scores (scores + bias), with groups only the best topk_group groups' experts (a group scores the
-    sum of its group_top best choice scores), the top_k by choice weighted by their scores, optionally
-    renormalized, times routed_scale. Returns (indices, weights), best first."""
-    if d.flags & FLAG_ROUTER_TOPK_SOFTMAX:  # gpt-oss: the logits with the Linear's bias choose
-        scores = router_logits + bias if bias is not None else router_logits
-        bias = None
-    elif d.flags & FLAG_ROUTER_SIGMOID:
-        scores = (np.float32(1) / (np.float32(1) + np.exp(-router_logits))).astype(np.float32)
-    else:
-        scores = softmax(router_logits)
-    choice = scores + bias if bias is not None else scores.copy()
-    if d.n_group > 1:
-        n, per = choice.shape[0], d.n_experts // d.n_group
-        grouped = choice.reshape(n, d.n_group, per)
-        top = -np.sort(-grouped, axis=-1)[..., :d.group_top]
-        group_score = np.zeros((n, d.n_group), np.float32)
-        for j in range(d.group_top):  # best first, in float32, as the runtime sums them
-            group_score = (group_score + top[..., j]).astype(np.float32)
-        keep = np.argsort(-group_score, axis=-1, kind="stable")[:, :d.topk_group]
-        mask = np.zeros((n, d.n_group), bool)
-        np.put_along_axis(mask, keep, True, axis=-1)
-        choice = np.where(np.repeat(mask, per, axis=-1), choice, -np.inf).astype(np.float32)
-    idx = np.argsort(-choice, axis=-1, kind="stable")[:, :d.top_k]
-    w = np.take_along_axis(scores, idx, axis=-1)
-    if d.flags & FLAG_ROUTER_TOPK_SOFTMAX:
-        w = softmax(w)
-    if d.flags & FLAG_NORM_TOPK:
-        w = w / (np.sum(w, axis=-1, keepdims=True) + np.float32(1e-20))
-    return idx, (w * np.float32(d.routed_scale)).astype(np.float32)
+def clamped_glu(g: np.ndarray, u: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """gpt-oss's expert activation: gate clamped above, up to +-limit, (up + 1) * (gate * sigmoid(alpha gate))."""
+    lim = F32(limit)
+    g, u = np.minimum(g, lim), np.clip(u, -lim, lim)
+    return (u + ONE) * (g / (ONE + arith.expf(-(F32(alpha) * g))))
 
 
 class Reference:
-    def __init__(self, image: Image, keep_weights: bool = True):
-        """`keep_weights` False: only the weight in use is held (a model larger than memory, read from a file
-        a tensor at a time: colibri/pack.py), at the cost of reading a weight again in each forward pass."""
+    def __init__(self, image: Image, keep_weights: bool = True, exact: bool = True):
+        """`keep_weights` False: only the matrix in use is held (a model larger than memory, read from a file a
+        tensor at a time: colibri/pack.py), at the cost of reading it again in each forward pass. `exact` False:
+        BLAS matrix products (see the module's docstring)."""
         self.img = image
         self.keep_weights = keep_weights
+        self.exact = exact
         self.d = image.dims
         self.routes: dict[int, tuple[np.ndarray, np.ndarray]] | None = None  # layer -> (experts, weights) per position
-        self._decoded: dict[tuple[Role, int, int], np.ndarray] = {}
-        self._encoded: dict[tuple[Role, int, int], Encoded] = {}
-        self._kv: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # a forward pass's cached k, v per layer
+        self._matrices: dict[tuple[Role, int, int], Matrix] = {}
+        self._vectors: dict[tuple[Role, int, int], np.ndarray] = {}
+        self._kv: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}  # a forward pass's cached k, v per layer
+
+    # ---- the image's tensors ----
 
     def _t(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
-        return self._held(self._decoded, (role, layer, expert), self.img.tensor)
-
-    def _held(self, cache: dict, key: tuple[Role, int, int], fetch):
-        """cache[key], fetched on first use; without keep_weights the cache holds only the latest."""
-        if key not in cache:
+        """An f32 tensor (norm weights, biases, tables), or any tensor decoded to f32."""
+        key = (role, layer, expert)
+        if key not in self._vectors:
             if not self.keep_weights:
-                cache.clear()
-            cache[key] = fetch(*key)
-        return cache[key]
+                return self.img.tensor(role, layer, expert).astype(F32)
+            self._vectors[key] = self.img.tensor(role, layer, expert).astype(F32)
+        return self._vectors[key]
+
+    def matrix(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> Matrix:
+        key = (role, layer, expert)
+        if key not in self._matrices:
+            if not self.keep_weights:
+                self._matrices.clear()
+            self._matrices[key] = Matrix.of(self.img.encoded(role, layer, expert), self.exact)
+        return self._matrices[key]
 
     def linear(self, x: np.ndarray, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
-        """x @ W.T for the image's matrix W, with the runtime's activation quantization for Q8_0/Q4_0."""
-        # the table lookup is linear: once per tensor, not per matmul
-        enc = self._held(self._encoded, (role, layer, expert), self.img.encoded)
-        if enc.dtype.quantized:
-            return quantized_matmul(x, enc)
-        return x @ self._t(role, layer, expert).T
+        """x [n, cols] through the image's matrix: [n, rows]."""
+        return self.matrix(role, layer, expert).times(x)
+
+    def _proj(self, x: np.ndarray, w: Role, b: Role, layer: int) -> np.ndarray:
+        """A projection and, when the image has it, its bias added."""
+        y = self.linear(x, w, layer)
+        return y + self._t(b, layer) if self.d.present(b, layer) else y
 
     def per_head(self, x: np.ndarray, role: Role, layer: int) -> np.ndarray:
-        """x [n, H, cols] through a per-head projection (head h owns the h-th H-th of the matrix's rows):
-        [n, H, rows]. As the runtime does it: one matrix product per head."""
-        enc, H = self._held(self._encoded, (role, layer, NO_INDEX), self.img.encoded), self.d.n_heads
-        rows = enc.shape[0] // H
-        out = []
-        for h in range(H):
-            part = slice(h * rows, (h + 1) * rows)
-            if enc.dtype.quantized:
-                out.append(quantized_matmul(x[:, h], Encoded(enc.dtype, (rows, enc.shape[1]), enc.values[part],
-                                                             enc.scales[part])))
-            else:
-                out.append(x[:, h] @ self._t(role, layer)[part].T)
-        return np.stack(out, axis=1)
+        """x [n, H, cols] through a per-head projection (head h owns the h-th H-th of the matrix's rows, and its
+        input is quantized on its own): [n, H, rows]."""
+        m, H = self.matrix(role, layer), self.d.n_heads
+        rows = m.rows // H
+        return np.stack([m.rows_of(h * rows, (h + 1) * rows).times(x[:, h]) for h in range(H)], axis=1)
 
-    def swiglu(self, x: np.ndarray, gate: Role, up: Role, down: Role, layer: int, expert: int = NO_INDEX) -> np.ndarray:
-        """down(act(gate x) * up x): SwiGLU, or GeGLU with FLAG_GELU_TANH."""
-        g = self.linear(x, gate, layer, expert)
-        u = self.linear(x, up, layer, expert)
-        act = gelu_tanh if self.d.flags & FLAG_GELU_TANH else silu
-        return self.linear(act(g) * u, down, layer, expert)
+    def norm(self, x: np.ndarray, role: Role, layer: int = NO_INDEX) -> np.ndarray:
+        return arith.rmsnorm(x, self._t(role, layer), self.d.rms_norm_eps)
 
-    def routed_expert(self, x: np.ndarray, layer: int, e: int) -> np.ndarray:
+    # ---- attention ----
+
+    def _cache(self, t: np.ndarray) -> np.ndarray:
+        """What the KV cache gives back: t, or t rounded to f16 (to nearest even) with an f16 cache."""
+        return t.astype(np.float16).astype(F32) if self.d.kv_dtype == KV_DTYPES["f16"] else t
+
+    def _seen(self, n: int, layer: int) -> np.ndarray:
+        """[query, key]: query i sees key j <= i, and in a windowed layer only j > i - W."""
+        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+        seen = j <= i
+        if self.d.windowed(layer):
+            seen &= j > i - self.d.sliding_window
+        return seen
+
+    def attend(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, seen: np.ndarray,
+               sinks: np.ndarray | None) -> np.ndarray:
+        """Every head's attention as heads_part computes it: q [n, H, kd], keys [n, KVH, kd] and values
+        [n, KVH, vd] as the cache holds them (head h reads KV head h / (H / KVH)), seen [n, n]. Scores are
+        the keys' dot products with q times the scale, then the softmax over the positions seen (with the
+        head's sink), and the values summed oldest first, each times its weight. [n, H, vd]."""
+        n, H, _ = q.shape
+        group = H // keys.shape[1]
+        k = np.repeat(keys, group, axis=1).transpose(1, 0, 2)     # [H, n_keys, kd]
+        v = np.repeat(values, group, axis=1).transpose(1, 0, 2)   # [H, n_keys, vd]
+        scores = self._scores(q, k)
+        scores = scores * F32(self.d.scale)
+        probs = arith.softmax(scores, sinks[:, None] if sinks is not None else None, seen[None])
+        out = np.zeros((H, n, v.shape[-1]), F32)
+        with np.errstate(invalid="ignore"):
+            for j in range(n):  # oldest first; a position not seen adds nothing (not even 0 times a NaN)
+                term = probs[:, :, j, None] * v[:, None, j, :]
+                out += np.where(seen[None, :, j, None], term, ZERO)
+        return out.transpose(1, 0, 2)
+
+    @staticmethod
+    def _scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """[H, n_q, n_keys]: each query head's dot product with each of its keys, as dot_f32 computes it (the
+        cached key the weights, the query the input; lanes of 16, the tree)."""
+        n, H, kd = q.shape
+        chunks = -(-kd // 16)
+        qp = np.zeros((H, n, chunks * 16), F32)
+        qp[..., :kd] = q.transpose(1, 0, 2)
+        kp = np.zeros((H, k.shape[1], chunks * 16), F32)
+        kp[..., :kd] = k
+        qp, kp = qp.reshape(H, n, 1, chunks, 16), kp.reshape(H, 1, -1, chunks, 16)
+        acc = np.zeros((H, n, k.shape[1], 16), F32)
+        with np.errstate(all="ignore"):
+            for c in range(chunks):
+                acc += kp[..., c, :] * qp[..., c, :]
+        return arith.lanes_tree(acc)
+
+    def _rope_tables(self, layer: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         d = self.d
-        if not d.flags & FLAG_EXPERT_BIAS and not d.swiglu_limit:
-            return self.swiglu(x, Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN, layer, e)
-        g, u = self.linear(x, Role.EXPERT_GATE, layer, e), self.linear(x, Role.EXPERT_UP, layer, e)
-        if d.flags & FLAG_EXPERT_BIAS:
-            g, u = g + self._t(Role.EXPERT_GATE_BIAS, layer)[e], u + self._t(Role.EXPERT_UP_BIAS, layer)[e]
-        h = clamped_glu(g, u, d.swiglu_alpha, d.swiglu_limit) if d.swiglu_limit else silu(g) * u
-        y = self.linear(h, Role.EXPERT_DOWN, layer, e)
-        return y + self._t(Role.EXPERT_DOWN_BIAS, layer)[e] if d.flags & FLAG_EXPERT_BIAS else y
+        global_rope = d.flags & FLAG_GLOBAL_ROPE and not d.windowed(layer)
+        cos = self._t(Role.GLOBAL_ROPE_COS if global_rope else Role.ROPE_COS)[:n]
+        sin = self._t(Role.GLOBAL_ROPE_SIN if global_rope else Role.ROPE_SIN)[:n]
+        return cos, sin
 
-    def moe(self, x: np.ndarray, layer: int, router_x: np.ndarray | None = None) -> np.ndarray:
-        """The routed experts (and shared expert) on x, routed on router_x (Gemma 4's own norm) or x."""
+    def mla(self, xn: np.ndarray, layer: int) -> np.ndarray:
+        """Multi-head latent attention in the runtime's absorbed form (attention_mla): the output projection's
+        input [n, H * v_head_dim]."""
         d = self.d
+        n, H, hd, lat = xn.shape[0], d.n_heads, d.head_dim, d.kv_lora_rank
+        nope, pairs = hd - d.rope_width, bool(d.flags & FLAG_ROPE_PAIRS)
+        if d.q_lora_rank:
+            q = self.linear(self.norm(self.linear(xn, Role.WQ_A, layer), Role.Q_A_NORM, layer), Role.WQ_B, layer)
+        else:
+            q = self.linear(xn, Role.WQ, layer)
+        kv = self.linear(xn, Role.WKV_A, layer)
+        latent = self.norm(kv[:, :lat], Role.KV_A_NORM, layer)
+        cos, sin = self._rope_tables(layer, n)
+        q = q.reshape(n, H, hd)
+        q_att = np.concatenate([self.per_head(q[..., :nope], Role.WK_B, layer),
+                                rope(q[..., nope:], cos, sin, pairs)], axis=-1)           # [n, H, lat + rope]
+        key = self._cache(np.concatenate([latent, rope(kv[:, None, lat:], cos, sin, pairs)[:, 0]], axis=-1))
+        sinks = self._t(Role.SINKS, layer) if d.flags & FLAG_ATTN_SINKS else None
+        summed = self.attend(q_att, key[:, None], key[:, None, :lat], self._seen(n, layer), sinks)  # [n, H, lat]
+        return self.per_head(summed, Role.WV_B, layer).reshape(n, d.o_dim)
+
+    def mha(self, xn: np.ndarray, layer: int) -> np.ndarray:
+        """Standard attention (attention_mha): the output projection's input [n, H * head size]."""
+        d = self.d
+        n, hd, kv_heads = xn.shape[0], d.layer_head_dim(layer), d.layer_kv_heads(layer)
+        qk_norm = d.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)
+        pairs = bool(d.flags & FLAG_ROPE_PAIRS)
+        cos, sin = self._rope_tables(layer, n)
+
+        def normed(t: np.ndarray, role: Role, heads: int) -> np.ndarray:  # q/k norm: the whole row, or each head
+            if d.flags & FLAG_QK_NORM_FULL:
+                return self.norm(t.reshape(n, -1), role, layer).reshape(n, heads, hd)
+            return self.norm(t, role, layer)
+
+        q = self._proj(xn, Role.WQ, Role.BQ, layer).reshape(n, d.n_heads, hd)
+        if qk_norm:
+            q = normed(q, Role.Q_NORM, d.n_heads)
+        if d.clip_qkv:
+            q = np.clip(q, -F32(d.clip_qkv), F32(d.clip_qkv))
+        q = rope(q, cos, sin, pairs)
+        if d.kv_shared(layer):  # Gemma 4's KV sharing: its source layer's cache
+            k, v = self._kv[d.kv_source(layer)]
+        else:
+            k = self._proj(xn, Role.WK, Role.BK, layer)
+            v = k if not d.present(Role.WV, layer) else self._proj(xn, Role.WV, Role.BV, layer)  # keys as values
+            k, v = k.reshape(n, kv_heads, hd), v.reshape(n, kv_heads, hd)
+            if qk_norm:
+                k = normed(k, Role.K_NORM, kv_heads)
+            if d.flags & FLAG_V_NORM:
+                v = arith.rmsnorm(v, None, d.rms_norm_eps)
+            if d.clip_qkv:
+                k, v = (np.clip(t, -F32(d.clip_qkv), F32(d.clip_qkv)) for t in (k, v))
+            k, v = self._cache(rope(k, cos, sin, pairs)), self._cache(v)
+            self._kv[layer] = (k, v)
+        sinks = self._t(Role.SINKS, layer) if d.flags & FLAG_ATTN_SINKS else None
+        return self.attend(q, k, v, self._seen(n, layer), sinks).reshape(n, d.n_heads * hd)
+
+    def attention(self, x: np.ndarray, layer: int) -> np.ndarray:
+        """What the attention half adds to x: Wo attention(rmsnorm(x)) (+ bo), normed after in Gemma 4."""
+        d = self.d
+        xn = self.norm(x, Role.ATTN_NORM, layer)
+        out = self._proj(self.mla(xn, layer) if d.mla else self.mha(xn, layer), Role.WO, Role.BO, layer)
+        return self.norm(out, Role.POST_ATTN_NORM, layer) if d.flags & FLAG_GEMMA4_LAYER else out
+
+    # ---- the FFN half ----
+
+    def route(self, xn: np.ndarray, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each token's top_k experts (best first) and weights, as router_choice and route_topk compute them:
+        the scores (softmax over the experts, sigmoids, or gpt-oss's biased logits), the choice scores (plus
+        the router bias, which chooses but never weighs), with groups only the best topk_group groups'
+        experts (a group scores the sum of its group_top best choice scores, best first), then top_k picks of
+        the best choice left, ties to the lower index; the weights are the picked scores (a softmax of them
+        in gpt-oss), divided by their sum + 1e-20 when renormalized, times routed_scale (and Gemma 4's
+        per-expert scale)."""
+        d = self.d
+        logits = self.linear(xn, Role.ROUTER, layer)
         bias = self._t(Role.ROUTER_BIAS, layer) if d.flags & FLAG_ROUTER_BIAS else None
-        idx, w = route_topk(self.linear(x if router_x is None else router_x, Role.ROUTER, layer), d, bias)
+        if d.flags & FLAG_ROUTER_TOPK_SOFTMAX:
+            scores, bias = (logits + bias if bias is not None else logits), None
+        elif d.flags & FLAG_ROUTER_SIGMOID:
+            scores = arith.sigmoid(logits)
+        else:
+            scores = arith.softmax(logits)
+        choice = scores + bias if bias is not None else scores
+        n = xn.shape[0]
+        if d.n_group > 1:
+            per = d.n_experts // d.n_group
+            grouped = choice.reshape(n, d.n_group, per)
+            best = np.take_along_axis(grouped, np.argsort(-grouped, axis=-1, kind="stable"), axis=-1)
+            group_score = arith.seq_sum(best[..., :d.group_top])
+            keep = np.argsort(-group_score, axis=-1, kind="stable")[:, :d.topk_group]
+            mask = np.zeros((n, d.n_group), bool)
+            np.put_along_axis(mask, keep, True, axis=-1)
+            choice = np.where(np.repeat(mask, per, axis=-1), choice, F32(-np.inf))
+        idx = np.argsort(-choice, axis=-1, kind="stable")[:, :d.top_k]
+        w = np.take_along_axis(scores, idx, axis=-1)
+        total = arith.seq_sum(w)
+        if d.flags & FLAG_ROUTER_TOPK_SOFTMAX:
+            w = arith.softmax(w)
+        if d.flags & FLAG_NORM_TOPK:
+            w = w / (total + F32(1e-20))[:, None]
+        w = w * F32(d.routed_scale)
         if d.flags & FLAG_GEMMA4_LAYER:
             w = w * self._t(Role.EXPERT_SCALE, layer)[idx]
+        return idx, w
+
+    def glu(self, x: np.ndarray, gate: Role, up: Role, down: Role, layer: int, expert: int = NO_INDEX) -> np.ndarray:
+        """down(act(gate x) * up x) as swiglu_ffn computes it: SwiGLU, GeGLU with FLAG_GELU_TANH, or for a
+        gpt-oss expert its biases and clamped SwiGLU."""
+        d = self.d
+        g, u = self.linear(x, gate, layer, expert), self.linear(x, up, layer, expert)
+        extras = expert != NO_INDEX and (d.flags & FLAG_EXPERT_BIAS or d.swiglu_limit > 0)
+        if extras:
+            if d.flags & FLAG_EXPERT_BIAS:
+                g, u = g + self._t(Role.EXPERT_GATE_BIAS, layer)[expert], u + self._t(Role.EXPERT_UP_BIAS, layer)[expert]
+            h = clamped_glu(g, u, d.swiglu_alpha, d.swiglu_limit) if d.swiglu_limit > 0 else arith.silu_times(g, u)
+        elif d.flags & FLAG_GELU_TANH:
+            h = arith.gelu_tanh(g) * u
+        else:
+            h = arith.silu_times(g, u)
+        y = self.linear(h, down, layer, expert)
+        return y + self._t(Role.EXPERT_DOWN_BIAS, layer)[expert] if extras and d.flags & FLAG_EXPERT_BIAS else y
+
+    def experts(self, xn: np.ndarray, router_xn: np.ndarray, layer: int) -> np.ndarray:
+        """The routed experts' sum (and the shared expert's), routed on router_xn, reading xn: each token adds
+        its experts' outputs times their weights in rank order, from +0."""
+        d = self.d
+        idx, w = self.route(router_xn, layer)
         if self.routes is not None:
             self.routes[layer] = (idx, w)
-        out = np.zeros_like(x)
-        for e in range(d.n_experts):
-            rows, slot = np.nonzero(idx == e)
-            if rows.size:
-                out[rows] += w[rows, slot][:, None] * self.routed_expert(x[rows], layer, e)
+        outs = np.zeros((*idx.shape, d.hidden_size), F32)  # [n, top_k, dim]
+        for e in np.unique(idx):
+            rows, rank = np.nonzero(idx == e)
+            outs[rows, rank] = self.glu(xn[rows], Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN, layer, int(e))
+        out = np.zeros((xn.shape[0], d.hidden_size), F32)
+        for k in range(d.top_k):
+            out += w[:, k, None] * outs[:, k]
         if d.flags & FLAG_SHARED_EXPERT:
-            gate = 1.0 / (1.0 + np.exp(-self.linear(x, Role.SHARED_EXPERT_GATE, layer)))
-            out += gate * self.swiglu(x, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, layer)
+            gate = arith.sigmoid(self.linear(xn, Role.SHARED_EXPERT_GATE, layer))
+            out += gate * self.glu(xn, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, layer)
         elif d.flags & FLAG_SHARED_PLAIN:
-            out += self.swiglu(x, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, layer)
+            out += ONE * self.glu(xn, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, layer)
         return out
 
     def ffn(self, x: np.ndarray, layer: int) -> np.ndarray:
-        if self.d.moe_layers[layer]:
-            return self.moe(x, layer)
-        return self.swiglu(x, Role.DENSE_GATE, Role.DENSE_UP, Role.DENSE_DOWN, layer)
+        """What the FFN half adds to x (ffn_block): the routed experts, or the dense MLP, on x normed by
+        FFN_NORM. Gemma 4 routes on x normed by ROUTER_NORM, runs the experts on x normed by MOE_NORM and the
+        dense MLP beside them, norms each part after, and their sum too."""
+        d = self.d
+        gemma, routed = bool(d.flags & FLAG_GEMMA4_LAYER), bool(d.moe_layers[layer])
+        out = np.zeros_like(x)
+        if routed:
+            router_xn = self.norm(x, Role.ROUTER_NORM if gemma else Role.FFN_NORM, layer)
+            xn = self.norm(x, Role.MOE_NORM, layer) if gemma else router_xn
+            out = out + self.experts(xn, router_xn, layer)
+            if gemma:
+                out = self.norm(out, Role.MOE_POST_NORM, layer)
+        if not routed or gemma:
+            h = self.glu(self.norm(x, Role.FFN_NORM, layer), Role.DENSE_GATE, Role.DENSE_UP, Role.DENSE_DOWN, layer)
+            if gemma and routed:
+                h = self.norm(h, Role.DENSE_POST_NORM, layer)
+            out = out + ONE * h
+        return self.norm(out, Role.POST_FFN_NORM, layer) if gemma else out
+
+    # ---- Gemma 4's per-layer inputs ----
 
     def per_layer_inputs(self, tokens: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """Gemma 4's per-layer inputs [n, L, P]: the token's row of PLE_EMBD times sqrt(P), and the scaled
-        embedding x through PLE_MODEL_PROJ times D^-1/2, normed per layer; their sum times 2^-1/2."""
+        """[n, L, P]: the token's row of PLE_EMBD times sqrt(P), and the scaled embedding x through
+        PLE_MODEL_PROJ times 1 / sqrt(D), normed per layer; their sum times 0.70710678118654752."""
         d, P = self.d, self.d.ple_dim
         n = x.shape[0]
-        token = self._t(Role.PLE_EMBD)[tokens] * np.sqrt(np.float32(P))
-        context = self.linear(x, Role.PLE_MODEL_PROJ) * (np.float32(1) / np.sqrt(np.float32(d.hidden_size)))
-        context = rms_norm(context.reshape(n, d.n_layers, P), self._t(Role.PLE_PROJ_NORM), d.rms_norm_eps)
-        return (context + token.reshape(n, d.n_layers, P)) * np.float32(2 ** -0.5)
+        token = self._t(Role.PLE_EMBD)[tokens] * np.sqrt(F32(P))
+        context = self.linear(x, Role.PLE_MODEL_PROJ) * (ONE / np.sqrt(F32(d.hidden_size)))
+        context = self.norm(context.reshape(n, d.n_layers, P), Role.PLE_PROJ_NORM)
+        return (context + token.reshape(n, d.n_layers, P)) * F32(0.70710678118654752)
 
     def per_layer_input(self, x: np.ndarray, ple: np.ndarray, layer: int) -> np.ndarray:
         """What layer `layer` adds from its per-layer input ple [n, P]: gelu_tanh(PLE_GATE x) * ple through
         PLE_PROJ, normed."""
-        g = gelu_tanh(self.linear(x, Role.PLE_GATE, layer)) * ple
-        return rms_norm(self.linear(g, Role.PLE_PROJ, layer), self._t(Role.PLE_POST_NORM, layer), self.d.rms_norm_eps)
+        g = arith.gelu_tanh(self.linear(x, Role.PLE_GATE, layer)) * ple
+        return self.norm(self.linear(g, Role.PLE_PROJ, layer), Role.PLE_POST_NORM, layer)
 
-    def gemma4_ffn(self, x: np.ndarray, layer: int) -> np.ndarray:
-        """Gemma 4's FFN half on the residual x, its post norm included: the dense MLP, and in a MoE layer beside
-        it the experts, each normed before and after on its own."""
-        d, eps = self.d, self.d.rms_norm_eps
-        h = self.swiglu(rms_norm(x, self._t(Role.FFN_NORM, layer), eps), Role.DENSE_GATE, Role.DENSE_UP, Role.DENSE_DOWN,
-                        layer)
-        if d.moe_layers[layer]:
-            experts = self.moe(rms_norm(x, self._t(Role.MOE_NORM, layer), eps), layer,
-                               router_x=rms_norm(x, self._t(Role.ROUTER_NORM, layer), eps))
-            h = rms_norm(h, self._t(Role.DENSE_POST_NORM, layer), eps) + \
-                rms_norm(experts, self._t(Role.MOE_POST_NORM, layer), eps)
-        return rms_norm(h, self._t(Role.POST_FFN_NORM, layer), eps)
-
-    def _proj(self, x: np.ndarray, w: Role, b: Role, layer: int) -> np.ndarray:
-        y = self.linear(x, w, layer)
-        return y + self._t(b, layer) if self.d.present(b, layer) else y
-
-    def _seen(self, n: int, layer: int) -> np.ndarray:
-        """[query, key]: query i sees key j <= i, and with a window only j > i - W."""
-        seen = np.tril(np.ones((n, n), bool))
-        if self.d.kv_rows(layer) < self.d.max_seq:
-            seen &= ~np.tril(np.ones((n, n), bool), -self.d.sliding_window)
-        return seen
-
-    def _cache(self, t: np.ndarray) -> np.ndarray:
-        """What the KV cache gives back: t, or t rounded to f16 with an f16 cache."""
-        return t.astype(np.float16).astype(np.float32) if self.d.kv_dtype == KV_DTYPES["f16"] else t
-
-    def mla(self, x: np.ndarray, layer: int) -> np.ndarray:
-        """Multi-head latent attention, absorbed as the runtime computes it: the output projection's input."""
-        d = self.d
-        n, H, hd, lat = x.shape[0], d.n_heads, d.head_dim, d.kv_lora_rank
-        nope, pairs = hd - d.rope_width, bool(d.flags & FLAG_ROPE_PAIRS)
-        if d.q_lora_rank:
-            q = self.linear(rms_norm(self.linear(x, Role.WQ_A, layer), self._t(Role.Q_A_NORM, layer), d.rms_norm_eps),
-                            Role.WQ_B, layer)
-        else:
-            q = self.linear(x, Role.WQ, layer)
-        kv = self.linear(x, Role.WKV_A, layer)
-        latent = rms_norm(kv[:, :lat], self._t(Role.KV_A_NORM, layer), d.rms_norm_eps)
-        cos, sin = self._t(Role.ROPE_COS)[:n], self._t(Role.ROPE_SIN)[:n]
-        q = q.reshape(n, H, hd)
-        q_rope = rope(q[..., nope:], cos, sin, pairs)
-        k_rope = rope(kv[:, None, lat:], cos, sin, pairs)[:, 0]
-        q_att = np.concatenate([self.per_head(q[..., :nope], Role.WK_B, layer), q_rope], axis=-1)  # [n, H, lat + rope]
-        key = self._cache(np.concatenate([latent, k_rope], axis=-1))  # [n, lat + rope]: one row per position
-        scores = np.einsum("qhd,kd->hqk", q_att, key) * np.float32(d.scale)
-        scores = np.where(self._seen(n, layer)[None], scores, np.float32(-np.inf))
-        probs = softmax_sink(scores, self._t(Role.SINKS, layer)) if d.flags & FLAG_ATTN_SINKS else softmax(scores)
-        summed = np.einsum("hqk,kd->qhd", probs, key[:, :lat])  # [n, H, lat]
-        return self.per_head(summed, Role.WV_B, layer).reshape(n, d.o_dim)
-
-    def attention(self, x: np.ndarray, layer: int) -> np.ndarray:
-        d = self.d
-        if d.mla:
-            return self._proj(self.mla(x, layer), Role.WO, Role.BO, layer)
-        n, hd, kv_heads = x.shape[0], d.layer_head_dim(layer), d.layer_kv_heads(layer)
-        q = self._proj(x, Role.WQ, Role.BQ, layer)
-        global_rope = d.flags & FLAG_GLOBAL_ROPE and not d.windowed(layer)
-        cos = self._t(Role.GLOBAL_ROPE_COS if global_rope else Role.ROPE_COS)[:n]
-        sin = self._t(Role.GLOBAL_ROPE_SIN if global_rope else Role.ROPE_SIN)[:n]
-        pairs = bool(d.flags & FLAG_ROPE_PAIRS)
-        if d.flags & FLAG_QK_NORM_FULL:
-            q = rms_norm(q, self._t(Role.Q_NORM, layer), d.rms_norm_eps)
-        q = q.reshape(n, d.n_heads, hd)
-        if d.flags & FLAG_QK_NORM_HEAD:
-            q = rms_norm(q, self._t(Role.Q_NORM, layer), d.rms_norm_eps)
-        if d.kv_shared(layer):  # Gemma 4's KV sharing: the keys and values its source layer cached
-            k, v = self._kv[d.kv_source(layer)]
-        else:
-            k = self._proj(x, Role.WK, Role.BK, layer)
-            v = k if not d.present(Role.WV, layer) else self._proj(x, Role.WV, Role.BV, layer)  # FLAG_K_EQ_V
-            if d.flags & FLAG_QK_NORM_FULL:
-                k = rms_norm(k, self._t(Role.K_NORM, layer), d.rms_norm_eps)
-            k, v = k.reshape(n, kv_heads, hd), v.reshape(n, kv_heads, hd)
-            if d.flags & FLAG_QK_NORM_HEAD:
-                k = rms_norm(k, self._t(Role.K_NORM, layer), d.rms_norm_eps)
-            if d.flags & FLAG_V_NORM:
-                v = rms_norm(v, np.float32(1), d.rms_norm_eps)
-            if d.clip_qkv:  # after either kind of q/k norm, as the runtime (and OLMoE, the family that has it) does
-                k, v = (np.clip(t, -d.clip_qkv, d.clip_qkv) for t in (k, v))
-            k, v = self._cache(rope(k, cos, sin, pairs)), self._cache(v)
-            self._kv[layer] = (k, v)
-        if d.clip_qkv:
-            q = np.clip(q, -d.clip_qkv, d.clip_qkv)
-        q = rope(q, cos, sin, pairs)
-        group = d.n_heads // kv_heads
-        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-        scores = np.einsum("qhd,khd->hqk", q, k) * np.float32(d.scale)
-        scores = np.where(self._seen(n, layer)[None], scores, np.float32(-np.inf))
-        probs = softmax_sink(scores, self._t(Role.SINKS, layer)) if d.flags & FLAG_ATTN_SINKS else softmax(scores)
-        out = np.einsum("hqk,khd->qhd", probs, v).reshape(n, d.n_heads * hd)
-        return self._proj(out, Role.WO, Role.BO, layer)
+    # ---- the whole pass ----
 
     def forward(self, tokens: list[int] | np.ndarray) -> np.ndarray:
         """Logits [len(tokens), vocab] for every prefix of `tokens` (row i: after token i)."""
@@ -325,26 +404,23 @@ class Reference:
             raise ValueError(f"need 1..{d.max_seq} tokens, got {tokens.size}")
         if tokens.min() < 0 or tokens.max() >= d.vocab_size:
             raise ValueError(f"token ids must be in [0, {d.vocab_size})")
-        x = self._t(Role.TOKEN_EMBD)[tokens].astype(np.float32)
+        x = self._t(Role.TOKEN_EMBD)[tokens]
         if d.embed_scale:
-            x = x * np.float32(d.embed_scale)
+            x = x * F32(d.embed_scale)
         ple = self.per_layer_inputs(tokens, x) if d.ple_dim else None
         gemma = d.flags & FLAG_GEMMA4_LAYER
+        self._kv = {}
         for layer in range(d.n_layers):
-            h = self.attention(rms_norm(x, self._t(Role.ATTN_NORM, layer), d.rms_norm_eps), layer)
-            x = x + (rms_norm(h, self._t(Role.POST_ATTN_NORM, layer), d.rms_norm_eps) if gemma else h)
+            x = x + self.attention(x, layer)
+            x = x + self.ffn(x, layer)
             if gemma:
-                x = x + self.gemma4_ffn(x, layer)
                 if ple is not None:
                     x = x + self.per_layer_input(x, ple[:, layer], layer)
                 x = x * self._t(Role.LAYER_SCALE, layer)[0]
-            else:
-                x = x + self.ffn(rms_norm(x, self._t(Role.FFN_NORM, layer), d.rms_norm_eps), layer)
-        x = rms_norm(x, self._t(Role.OUTPUT_NORM), d.rms_norm_eps)
-        logits = self.linear(x, Role.LM_HEAD).astype(np.float32)
+        logits = self.linear(self.norm(x, Role.OUTPUT_NORM), Role.LM_HEAD)
         if d.logit_softcap:
-            cap = np.float32(d.logit_softcap)
-            logits = cap * tanh(logits / cap)
+            cap = F32(d.logit_softcap)
+            logits = cap * arith.tanh(logits / cap)
         return logits
 
     def routing(self, tokens: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:

@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +88,20 @@ def build(board: str, mode: str = "release", kernels: str = "auto", lean: bool =
     subprocess.run([sys.executable, "-m", "SCons", "-Q", f"board={board}", f"mode={mode}", f"kernels={kernels}",
                     f"lean={'yes' if lean else 'no'}"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return ROOT / "build" / board / (mode + ("-scalar" if kernels == "scalar" else "") + ("-lean" if lean else ""))
+
+
+def assert_bit_identical(device: np.ndarray, expected: np.ndarray, what: str = "logits") -> None:
+    """The device's values against the numpy reference's, bit for bit (the reference computes what the runtime
+    computes, in its order: docs/KERNELS.md); on failure, the first row that differs and by how much."""
+    device, expected = np.asarray(device, np.float32), np.asarray(expected, np.float32)
+    assert device.shape == expected.shape, f"{what}: shape {device.shape}, the reference's {expected.shape}"
+    rows = device.reshape(-1, device.shape[-1]).view(np.uint32) != expected.reshape(-1, expected.shape[-1]).view(np.uint32)
+    differ = np.flatnonzero(rows.any(axis=1))
+    if differ.size:
+        with np.errstate(invalid="ignore"):
+            worst = float(np.max(np.abs(device - expected)))
+        raise AssertionError(f"{what}: {differ.size} of {rows.shape[0]} rows differ from the reference, the first at "
+                             f"row {int(differ[0])}; max |device - reference| = {worst:.3g}")
 
 
 def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path, max_positions: int = 128) -> Path:

@@ -49,6 +49,7 @@ def test_demo_answers_on_every_board(board, firmwares, capsys):
     assert demo.main(["--board", board, "--problems", "4", "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["passed"] and len(report["problems"]) == 4
+    assert report["rows_identical"] == report["rows"] > 0  # every logits row bit-identical to the reference
     assert all(p["correct"] and p["reference_agrees"] for p in report["problems"])
 
 

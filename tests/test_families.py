@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MODEL_BOARDS, board_name, make_family_checkpoint
+from conftest import MODEL_BOARDS, assert_bit_identical, board_name, make_family_checkpoint
 from colibri import flash
 from colibri.image import FLAG_NORM_TOPK, FLAG_SHARED_EXPERT, read_image
 from colibri.pack import pack
@@ -200,6 +200,7 @@ def test_long_context_matches_transformers(name, hosted_build, tmp_path):
     err = np.abs(np.stack(rows) - hf).max(axis=1)
     scale = max(1.0, float(np.abs(hf).max()))
     assert err.max() <= TOLERANCE * scale, f"worst position {int(err.argmax())}: {err.max():.3g}"
+    assert_bit_identical(np.stack(rows), Reference(read_image(image.read_bytes())).forward(tokens))  # and bit for bit
 
 
 @pytest.mark.parametrize("name", [f[0] for f in FAMILIES])
@@ -251,7 +252,7 @@ def test_every_family_on_every_board(board, family_images, firmwares):
         result = flash.run_on_board(image, board_name(board), PROMPT, 10, Sampling(), True, firmware=firmwares[board])
         ref = Reference(read_image(image.read_bytes()))
         assert result.tokens == ref.greedy(PROMPT, 10), name
-        assert np.max(np.abs(result.logits - ref.forward(PROMPT + result.tokens))) <= TOLERANCE, name
+        assert_bit_identical(result.logits, ref.forward(PROMPT + result.tokens), name)
 
 
 @pytest.mark.parametrize("params", [
@@ -431,8 +432,7 @@ def test_v_norm_is_per_head_beside_full_qk_norms(hosted_build):
     for t in tokens:
         assert ctx.feed([t]) == 0
         rows.append(ctx.logits())
-    err = np.abs(np.stack(rows) - want).max()
-    assert err <= TOLERANCE * max(1.0, float(np.abs(want).max())), f"runtime against reference: {err:.3g}"
+    assert_bit_identical(np.stack(rows), want)
 
 
 def _family_image(name: str, tmp_path, seed: int, **config) -> bytes:
@@ -477,8 +477,7 @@ def test_a_failed_batch_leaves_the_window_rings_as_they_were(hosted_build, tmp_p
     assert results[0][0] == 6, results[0][0]
     assert results[1] == results[0] and results[2] == results[0]
     ref = Reference(read_image(data)).forward(prompt[:6] + after)[6:]
-    got = np.stack([np.frombuffer(r, np.float32) for r in results[0][1]])
-    assert np.max(np.abs(got - ref)) <= TOLERANCE
+    assert_bit_identical(np.stack([np.frombuffer(r, np.float32) for r in results[0][1]]), ref)
 
 
 def test_kv_sharing_over_a_window_batched_is_one_token_a_pass(hosted_build, tmp_path):

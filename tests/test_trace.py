@@ -45,7 +45,7 @@ def test_trace_matches_reference_routing(board, which, images, mixed_image, firm
             if ref.d.moe_layers[t.layer]:
                 idx, w = routes[t.layer]
                 assert t.experts == idx[pos].tolist()
-                np.testing.assert_allclose(t.weights, w[pos], atol=1e-5)
+                assert np.asarray(t.weights, np.float32).tobytes() == w[pos].tobytes()  # bit for bit
                 assert len(t.cycles_expert) == ref.d.top_k
                 assert 0 < sum(t.cycles_expert) <= t.cycles_ffn  # the experts run inside the FFN phase
             else:
