@@ -1,9 +1,20 @@
 """Running a board's Windows program off Windows: under Wine (board.toml `wrapper = ["wine"]`).
 
 Wine keeps its state in a prefix; Colibri's is build/wine, made once (about 7 s) under a file lock so
-that parallel test workers do not each start making it. WINEDEBUG=-all keeps Wine's own diagnostics
-out of the board's log; WINEDLLOVERRIDES stops a fresh prefix from offering to install Mono and Gecko.
-On Windows the program runs as it is.
+that parallel test workers do not each start making it. WINEDLLOVERRIDES stops a fresh prefix from
+offering to install Mono and Gecko. WINEDEBUG keeps Wine's own chatter out of the board's log but not
+its errors: a board that Wine could not start says why there. On Windows the program runs as it is.
+
+Two ways a Wine program can die before it runs, each about once in 1,500 board starts when starts follow
+each other closely (as in the test suite), both with status 1:
+- "failed to map the shared user data: c0000018": Wine needs the fixed address of Windows' shared user
+  page, and with address-space randomization something of the process may already sit there. The
+  program runs under `setarch -R` (no randomization for it; util-linux, on every Debian), so nothing does.
+- "wine client error:0: recvmsg: Connection reset by peer": a wineserver that a program started ends as
+  soon as its last program does, and a program that starts in that instant meets a server going away.
+  So before each start a server that waits SERVER_PERSIST seconds after its last program is made sure
+  of (`wineserver -p`): no server goes away between the boards of a run, and the one left ends by
+  itself once Wine is not used.
 """
 from __future__ import annotations
 
@@ -15,10 +26,11 @@ from pathlib import Path
 from colibri.paths import ROOT
 
 PREFIX = ROOT / "build" / "wine"
+SERVER_PERSIST = 120  # seconds a wineserver started here waits for another program before it ends
 
 
 def wine_env() -> dict[str, str]:
-    return {**os.environ, "WINEPREFIX": str(PREFIX), "WINEDEBUG": "-all", "WINEDLLOVERRIDES": "mscoree,mshtml="}
+    return {**os.environ, "WINEPREFIX": str(PREFIX), "WINEDEBUG": "-all,err+all", "WINEDLLOVERRIDES": "mscoree,mshtml="}
 
 
 def ensure_prefix(wine: str) -> None:
@@ -37,6 +49,15 @@ def ensure_prefix(wine: str) -> None:
             subprocess.run([server, "-w"], env=wine_env(), timeout=300, check=False)  # the prefix is written out
 
 
+def ensure_server() -> None:
+    """A wineserver for the prefix that outlives its programs by SERVER_PERSIST seconds. `wineserver -p N` starts
+    one in the background, or returns at once when one is running already (status 2, the expected answer).
+    No pipe of ours is handed to it: it outlives this process."""
+    server = shutil.which("wineserver") or "wineserver"
+    subprocess.run([server, f"-p{SERVER_PERSIST}"], env=wine_env(), stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
+
+
 def wrap(argv: list[str], wrapper: list[str], package: str) -> tuple[list[str], dict[str, str] | None]:
     """The command and environment that run a Windows program's argv here."""
     if os.name == "nt" or not wrapper:
@@ -45,4 +66,6 @@ def wrap(argv: list[str], wrapper: list[str], package: str) -> tuple[list[str], 
     if wine is None:
         raise FileNotFoundError(f"{wrapper[0]} not found: apt-get install {package} (or run on Windows)")
     ensure_prefix(wine)
-    return [wine, *wrapper[1:], *argv], wine_env()
+    ensure_server()
+    no_aslr = ["setarch", "-R"] if shutil.which("setarch") else []
+    return [*no_aslr, wine, *wrapper[1:], *argv], wine_env()
