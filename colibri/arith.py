@@ -193,17 +193,34 @@ def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.rint(q).astype(np.int8), d.astype(F32)
 
 
-def quantized_dot(x: np.ndarray, w_int: np.ndarray, w_scale: np.ndarray) -> np.ndarray:
-    """x [n, cols] times a Q8_0/Q4_0 matrix (values int [rows, blocks, 32], f16 scales [rows, blocks]) as
-    dot_blocks computes each row: x quantized (quantize_q8_0), block b's exact integer sum times
-    (w_scale[b] x_scale[b]) added to lane b % 8 (from +0, in order), then the 8-lane tree. [n, rows]."""
+def blocks_layout(w_int: np.ndarray, w_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A Q8_0/Q4_0 matrix (values int [rows, blocks, 32], f16 scales [rows, blocks]) as quantized_dot reads it:
+    values as float32 [blocks, 32, rows] and scales as float32 [blocks, rows]."""
+    return (np.ascontiguousarray(w_int.transpose(1, 2, 0), dtype=F32),
+            np.ascontiguousarray(w_scale.T, dtype=F32))
+
+
+def quantized_dot(x: np.ndarray, w_blocks: np.ndarray, w_scale: np.ndarray) -> np.ndarray:
+    """x [n, cols] times a Q8_0/Q4_0 matrix (in blocks_layout) as dot_blocks computes each row: x quantized
+    (quantize_q8_0), block b's integer sum times (w_scale[b] x_scale[b]) added to lane b % 8 (from +0, in
+    order), then the 8-lane tree. [n, rows].
+    The integer sums go through float32 BLAS exactly: a product is at most 128 x 127, a block's sum of 32 at
+    most 520,192, below 2^24, so every partial sum in any order (fused or not) is an integer float32 holds."""
     xq, xd = quantize_q8_0(x)
-    rows, nb, _ = w_int.shape
-    wq = w_int.astype(np.float64)
-    wd = w_scale.astype(F32)
-    acc = np.zeros((x.shape[0], rows, 8), F32)
+    nb, _, rows = w_blocks.shape
+    n = x.shape[0]
+    xq = np.ascontiguousarray(xq.transpose(1, 0, 2), dtype=F32)  # [blocks, n, 32]
+    out = np.empty((n, rows), F32)
+    step = max(1, CHUNK_ELEMENTS // max(1, n * nb))
     with np.errstate(all="ignore"):
-        for b in range(nb):
-            isum = (xq[:, b, :].astype(np.float64) @ wq[:, b, :].T).astype(F32)  # exact, then (float)isum
-            acc[..., b % 8] += isum * (wd[None, :, b] * xd[:, b, None])
-    return lanes_tree(acc)
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            isum = np.matmul(xq, w_blocks[:, :, r0:r1])  # [blocks, n, rows]: exact integers
+            acc = np.zeros((8, n, r1 - r0), F32)
+            for b in range(nb):
+                acc[b % 8] += isum[b] * (w_scale[b, None, r0:r1] * xd[:, b, None])
+            while acc.shape[0] > 1:  # sum_lanes8's tree
+                half = acc.shape[0] // 2
+                acc = acc[:half] + acc[half:]
+            out[:, r0:r1] = acc[0]
+    return out

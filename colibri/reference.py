@@ -42,8 +42,8 @@ class Matrix:
     dot product's lane layout, or a quantized matrix's integer values and f16 scales."""
     rows: int
     lanes: np.ndarray | None = None    # float: [ceil(cols / 16), rows, 16] (arith.lanes_layout)
-    values: np.ndarray | None = None   # quantized: int8 [rows, blocks, 32]
-    scales: np.ndarray | None = None   # quantized: f16 [rows, blocks]
+    values: np.ndarray | None = None   # quantized: [blocks, 32, rows] (arith.blocks_layout)
+    scales: np.ndarray | None = None   # quantized: [blocks, rows]
     dense: np.ndarray | None = None    # exact=False: the decoded f32 matrix (float) ...
     encoded: Encoded | None = None     # ... or the quantized one
 
@@ -53,7 +53,8 @@ class Matrix:
         if not exact:
             return cls(rows, encoded=enc) if enc.dtype.quantized else cls(rows, dense=enc.decode())
         if enc.dtype.quantized:
-            return cls(rows, values=enc.int_values(), scales=enc.scales)
+            values, scales = arith.blocks_layout(enc.int_values(), enc.scales)
+            return cls(rows, values=values, scales=scales)
         return cls(rows, lanes=arith.lanes_layout(enc.decode()))
 
     def rows_of(self, r0: int, r1: int) -> "Matrix":
@@ -62,7 +63,7 @@ class Matrix:
         if self.lanes is not None:
             return Matrix(r1 - r0, lanes=self.lanes[:, part])
         if self.values is not None:
-            return Matrix(r1 - r0, values=self.values[part], scales=self.scales[part])
+            return Matrix(r1 - r0, values=self.values[:, :, part], scales=self.scales[:, part])
         if self.dense is not None:
             return Matrix(r1 - r0, dense=self.dense[part])
         enc = self.encoded
