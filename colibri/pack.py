@@ -47,6 +47,11 @@ LARGE = {Role.TOKEN_EMBD, Role.LM_HEAD, Role.WQ, Role.WK, Role.WV, Role.WO, Role
          Role.DENSE_DOWN, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, Role.EXPERT_GATE, Role.EXPERT_UP,
          Role.EXPERT_DOWN, Role.PLE_EMBD, Role.PLE_MODEL_PROJ, Role.PLE_GATE, Role.PLE_PROJ}
 CALIBRATION_TOKENS = 32  # the quality report's prompt: this many seeded random token ids (fewer if max_seq is)
+# The report warns past either bound. Q8_0 costs SmolLM2-135M a KL of 0.016 on this prompt (top-1 90.6%):
+# ten times that is a loss worth a look, and so is a first choice that differs for one token in five.
+# Requantizing its Q4_1 GGUF to q4_0 costs 0.98 (top-1 40% on real prompts): the text changes.
+LOSSY_KL = 0.15
+LOSSY_TOP1 = 0.8
 
 
 def human(n: int) -> str:
@@ -126,8 +131,9 @@ def quality(f32: OneTensorAtATime, packed: OneTensorAtATime) -> dict:
         return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
     la, lb = log_softmax(a), log_softmax(b)
     kl = float(np.mean(np.sum(np.exp(la) * (la - lb), axis=-1)))
+    top1 = float(np.mean(a.argmax(-1) == b.argmax(-1)))
     return {"tokens": int(n), "max_abs_dlogit": float(delta.max()), "mean_abs_dlogit": float(delta.mean()),
-            "kl_divergence": kl, "top1_agreement": float(np.mean(a.argmax(-1) == b.argmax(-1)))}
+            "kl_divergence": kl, "top1_agreement": top1, "lossy": kl > LOSSY_KL or top1 < LOSSY_TOP1}
 
 
 def checkpoint_f32(dims: ModelDims, tensors: dict) -> OneTensorAtATime:
@@ -288,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     if q:
         print(f"  quality     vs the f32 image on {q['tokens']} calibration tokens: max |dlogit| {q['max_abs_dlogit']:.4g}, "
               f"mean {q['mean_abs_dlogit']:.4g}, KL {q['kl_divergence']:.3g}, top-1 agreement {q['top1_agreement']:.1%}")
+        if q["lossy"]:
+            wider = "q8_0" if args.dtype != "q8_0" else "f16"
+            print(f"  warning     this packing loses more than KL {LOSSY_KL} or top-1 {LOSSY_TOP1:.0%} allow: the model's "
+                  f"text will change. Pack with --dtype {wider}, or keep chosen tensors wider (--keep NAME_GLOB={wider}) "
+                  "and look at this line again")
     if r["tokenizer"]:
         chat = ", chat template" if r["chat_template"] else ", no chat template"
         print(f"  text        tokenizer{chat} (flash.py --prompt \"...\"{' or --chat' if r['chat_template'] else ''})")
