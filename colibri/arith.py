@@ -143,34 +143,38 @@ CHUNK_ELEMENTS = 1 << 22
 
 
 def lanes_layout(w: np.ndarray) -> np.ndarray:
-    """A float matrix [rows, cols] as float_dot reads it: [ceil(cols / 16), rows, 16], zero-padded (a zero
-    weight times a zero input adds +0 to a lane, which leaves it as it was)."""
+    """A float matrix [rows, cols] as float_dot reads it: [ceil(cols / 16), 16, rows] (element 16c + j of every
+    row in lane j of chunk c, rows last so each step of the sum is one long vector operation), zero-padded (a
+    zero weight times a zero input adds +0 to a lane, which leaves it as it was)."""
     rows, cols = w.shape
     chunks = -(-cols // 16)
     padded = np.zeros((rows, chunks * 16), F32)
     padded[:, :cols] = w
-    return np.ascontiguousarray(padded.reshape(rows, chunks, 16).transpose(1, 0, 2))
+    return np.ascontiguousarray(padded.reshape(rows, chunks, 16).transpose(1, 2, 0))
 
 
 def float_dot(x: np.ndarray, w_lanes: np.ndarray) -> np.ndarray:
     """x [n, cols] times a float matrix (in lanes_layout) as dot_f32_scalar computes each row: product
     w[i] x[i] rounded, added to lane i % 16 (from +0, in order), then the 16-lane tree. [n, rows]."""
-    chunks, rows, _ = w_lanes.shape
+    chunks, _, rows = w_lanes.shape
     n = x.shape[0]
     xp = np.zeros((n, chunks * 16), F32)
     xp[:, :x.shape[1]] = x
-    xl = xp.reshape(n, chunks, 16)
+    xl = xp.reshape(n, chunks, 16, 1)
     out = np.empty((n, rows), F32)
     step = max(1, CHUNK_ELEMENTS // max(1, n * 16))
     with np.errstate(all="ignore"):
         for r0 in range(0, rows, step):
             r1 = min(rows, r0 + step)
-            acc = np.zeros((n, r1 - r0, 16), F32)
+            acc = np.zeros((n, 16, r1 - r0), F32)
             prod = np.empty_like(acc)
             for c in range(chunks):
-                np.multiply(xl[:, None, c, :], w_lanes[None, c, r0:r1, :], out=prod)
+                np.multiply(w_lanes[None, c, :, r0:r1], xl[:, c], out=prod)
                 np.add(acc, prod, out=acc)
-            out[:, r0:r1] = lanes_tree(acc)
+            while acc.shape[1] > 1:  # sum_lanes16's tree
+                half = acc.shape[1] // 2
+                acc = acc[:, :half] + acc[:, half:]
+            out[:, r0:r1] = acc[:, 0]
     return out
 
 

@@ -41,7 +41,7 @@ class Matrix:
     """A weight matrix [rows, cols] as the reference multiplies with it: float weights widened to f32 in the
     dot product's lane layout, or a quantized matrix's integer values and f16 scales."""
     rows: int
-    lanes: np.ndarray | None = None    # float: [ceil(cols / 16), rows, 16] (arith.lanes_layout)
+    lanes: np.ndarray | None = None    # float: [ceil(cols / 16), 16, rows] (arith.lanes_layout)
     values: np.ndarray | None = None   # quantized: [blocks, 32, rows] (arith.blocks_layout)
     scales: np.ndarray | None = None   # quantized: [blocks, rows]
     dense: np.ndarray | None = None    # exact=False: the decoded f32 matrix (float) ...
@@ -61,7 +61,7 @@ class Matrix:
         """Rows [r0, r1) as a matrix of their own (one head's part of a per-head projection)."""
         part = slice(r0, r1)
         if self.lanes is not None:
-            return Matrix(r1 - r0, lanes=self.lanes[:, part])
+            return Matrix(r1 - r0, lanes=self.lanes[:, :, part])
         if self.values is not None:
             return Matrix(r1 - r0, values=self.values[:, :, part], scales=self.scales[:, part])
         if self.dense is not None:
