@@ -33,6 +33,7 @@ import numpy as np
 from colibri.image import ImageError, expert_cache_bytes, open_image, read_image
 from colibri.protocol import STATUS_NAMES, Client, DeviceError, Generation, LinkError, Sampling, Transport
 from colibri.reference import Reference
+from colibri.sampling import Sampler
 from colibri.text import NoTokenizer, Text, TextStream
 from colibri.sim.boards import DEFAULT_BOARD, board_names, load_board
 from colibri.sim.launch import open_port, start_board
@@ -43,13 +44,14 @@ class Verification:
     tolerance (--tolerance; transformers with --against)."""
     max_abs_error: float
     rows: int
-    greedy_checked: int
-    greedy_agree: int
+    tokens_checked: int  # generated tokens checked against the oracle's choice from its logits
+    tokens_agree: int
     tolerance: float | None  # None: every row must be bit-identical
     error_bounded: bool = True  # the error must be within the tolerance (not for --against: it reports it)
     rows_identical: int = 0  # rows bit-identical to the oracle's
     first_difference: int | None = None  # the first position whose row is not
     parting: str = ""  # where the device and the reference first part, when a trace showed it
+    sampled: bool = False  # the tokens were sampled (and checked against the runtime's sampler, reproduced)
 
     @property
     def bit_identical(self) -> bool:
@@ -58,30 +60,34 @@ class Verification:
     @property
     def passed(self) -> bool:
         if self.tolerance is None:
-            return self.bit_identical and self.greedy_agree == self.greedy_checked
+            return self.bit_identical and self.tokens_agree == self.tokens_checked
         return (not self.error_bounded or self.max_abs_error <= self.tolerance) and \
-            self.greedy_agree == self.greedy_checked
+            self.tokens_agree == self.tokens_checked
 
 
 def compare(expected: np.ndarray, device: np.ndarray | None, prompt: list[int], tokens: list[int], greedy: bool,
-            tolerance: float | None, error_bounded: bool = True) -> Verification:
-    """Which rows are bit-identical, the largest logit error, and whether each greedy token is the oracle's first
-    choice (with a tolerance: or within it of the first, a near tie)."""
+            tolerance: float | None, error_bounded: bool = True, sampler: Sampler | None = None) -> Verification:
+    """Which rows are bit-identical, the largest logit error, and whether each generated token is the oracle's
+    choice from its row: the first (greedy; with a tolerance, or within it of the first: a near tie), or with a
+    sampler the token the runtime's sampler draws from the row. Neither: no token is checked."""
     if device is None or device.shape != expected.shape:
         raise ValueError(f"device returned logits of shape {None if device is None else device.shape}, "
                          f"the oracle gives {expected.shape}")
     same = np.all(device.astype(np.float32).view(np.uint32) == expected.astype(np.float32).view(np.uint32), axis=1)
     differ = np.flatnonzero(~same)
     checked = agree = 0
-    if greedy:
+    if greedy or sampler is not None:
         for i, tok in enumerate(tokens):
             row = expected[len(prompt) - 1 + i]
             checked += 1
-            agree += int(tok == int(np.argmax(row)) if tolerance is None else row[tok] >= row.max() - tolerance)
+            if sampler is not None:
+                agree += int(tok == sampler.sample(row))
+            else:
+                agree += int(tok == int(np.argmax(row)) if tolerance is None else row[tok] >= row.max() - tolerance)
     with np.errstate(invalid="ignore"):
         error = float(np.max(np.abs(device - expected)))
     return Verification(error, expected.shape[0], checked, agree, tolerance, error_bounded, int(same.sum()),
-                        int(differ[0]) if differ.size else None)
+                        int(differ[0]) if differ.size else None, sampled=sampler is not None)
 
 
 @dataclass
@@ -100,13 +106,18 @@ class RunResult:
     threads: int = 1  # threads the device computed on
 
 
-def verify(image_bytes: bytes, prompt: list[int], result: RunResult, greedy: bool,
+def verify(image_bytes: bytes, prompt: list[int], result: RunResult, sampling: Sampling,
            tolerance: float | None = None) -> Verification:
-    """Compare the device's logits with the numpy reference run on the same tokens: bit for bit, or with a
-    tolerance on max |device - reference|. When they part and the device traced its routing, say where."""
+    """Compare the device's logits with the numpy reference run on the same tokens, bit for bit (or with a
+    tolerance on max |device - reference|), and its tokens with the reference's choices: the first of each row,
+    or the runtime's sampler's draw with the same settings and seed. When they part and the device traced its
+    routing, say where."""
     image = read_image(image_bytes)
     reference = Reference(image)
-    v = compare(reference.forward(prompt + result.tokens), result.logits, prompt, result.tokens, greedy, tolerance)
+    sampled = sampling.temperature > 0
+    sampler = Sampler(sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed) if sampled else None
+    v = compare(reference.forward(prompt + result.tokens), result.logits, prompt, result.tokens, not sampled, tolerance,
+                sampler=sampler)
     if v.first_difference is not None and result.traces:
         v.parting = parting_point(reference, prompt + result.tokens, result.traces)
     return v
@@ -130,9 +141,15 @@ def parting_point(reference: Reference, tokens: list[int], traces: list) -> str:
     return ""
 
 
-def verify_line(v: Verification, greedy: bool) -> str:
+def tokens_text(v: Verification) -> str:
+    if not v.tokens_checked:
+        return "token agreement n/a (sampling)"
+    return f"{'sampled' if v.sampled else 'greedy'} tokens agree {v.tokens_agree}/{v.tokens_checked}"
+
+
+def verify_line(v: Verification) -> str:
     """--verify's one-line answer."""
-    greedy_txt = f"greedy tokens agree {v.greedy_agree}/{v.greedy_checked}" if greedy else "greedy agreement n/a (sampling)"
+    greedy_txt = tokens_text(v)
     verdict = "PASS" if v.passed else "FAIL"
     if v.tolerance is not None:
         return (f"verify: max |device - reference| = {v.max_abs_error:.3g} over {v.rows} logits rows "
@@ -572,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         report["text"] = text.decode(result.tokens)
     status = 0
     if args.verify:
-        v = verify(args.image.read_bytes(), prompt, result, greedy, args.tolerance)
+        v = verify(args.image.read_bytes(), prompt, result, sampling, args.tolerance)
         if v.first_difference is not None and not v.parting and not trace and not args.port and result.stats.get("expert_calls"):
             # one more run, traced: the routing it reports names the first layer where device and reference part
             traced = run_on_board(args.image, args.board, prompt, args.max_new_tokens, sampling, False,
@@ -584,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
         report["verify"] = {**asdict(v), "passed": v.passed}
         status = 0 if v.passed else 1
         if not quiet:
-            print(verify_line(v, greedy))
+            print(verify_line(v))
             if v.first_difference is not None:
                 print(f"verify: {v.parting or 'the routing of every layer agrees: they part outside the routers'}")
     if args.against:
@@ -597,8 +614,7 @@ def main(argv: list[str] | None = None) -> int:
         report["against"] = {**asdict(a), "checkpoint": str(args.against), "passed": a.passed}
         status = status or (0 if a.passed else 1)
         if not quiet:
-            greedy_txt = (f"greedy tokens agree {a.greedy_agree}/{a.greedy_checked} (near ties within {a.tolerance:g})"
-                          if greedy else "greedy agreement n/a (sampling)")
+            greedy_txt = tokens_text(a) + (f" (near ties within {a.tolerance:g})" if a.tokens_checked else "")
             print(f"against transformers on {args.against}: max |device - transformers| = {a.max_abs_error:.3g} over "
                   f"{a.rows} logits rows; {greedy_txt}: {'PASS' if a.passed else 'FAIL'}")
     if args.json:

@@ -80,7 +80,7 @@ def test_flash_cli_verify_json_and_dump(images, firmware, tmp_path, capsys):
     out = capsys.readouterr().out.strip().splitlines()
     report = json.loads(out[-1])
     assert code == 0
-    assert report["verify"]["passed"] and report["verify"]["greedy_agree"] == 6
+    assert report["verify"]["passed"] and report["verify"]["tokens_agree"] == 6
     assert len(report["tokens"]) == 6 and report["stats"]["tokens_fed"] == 10
     logits = np.load(dump)
     ref = Reference(read_image(images["base"].read_bytes())).forward(PROMPT + report["tokens"])
@@ -217,7 +217,7 @@ def test_against_transformers_catches_what_verify_cannot(checkpoints, firmware, 
         code = flash.main([str(image), "--board", "hosted", "--firmware", str(firmware), "--prompt-tokens", "1,5,9,3",
                            "--max-new-tokens", "6", "--against", str(source), "--json"])
         report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-        assert code == 0 and report["against"]["passed"] and report["against"]["greedy_agree"] == 6, source
+        assert code == 0 and report["against"]["passed"] and report["against"]["tokens_agree"] == 6, source
         scale = report["against"]["tolerance"] / 1e-3  # max(1, max |logit|)
         assert report["against"]["max_abs_error"] <= 1e-4 * scale  # an f32 image: float summation order only
     other = make_checkpoint(replace(CONFIGS[0], seed=99), tmp_path / "other")  # same shapes, other weights
@@ -271,3 +271,23 @@ def test_verify_names_where_device_and_reference_part(images, firmware, tmp_path
     assert code == 1
     assert "verify: device and reference part at position 0:" in out and "FAIL" in out
     assert "verify: token 0 (id 1), layer 1: the router's" in out, out
+
+
+@pytest.mark.parametrize("settings", [("0.8", "0", "0.9"), ("1.5", "0", "1"), ("0.7", "3", "1"), ("1.2", "4", "0.6")],
+                         ids=["top_p", "no_cut", "top_k", "top_k_top_p"])
+def test_verify_checks_sampled_tokens_against_the_runtimes_sampler(settings, images, firmware, capsys):
+    """With a temperature, --verify draws each token as the runtime's sampler does (colibri/sampling.py: its
+    generator, seeded the same, its cuts and ties) from the reference's logits: every sampled token agrees.
+    Another seed's draws do not, so the check can fail."""
+    temperature, top_k, top_p = settings
+    code = flash.main([str(images["base"]), "--board", "hosted", "--firmware", str(firmware), "--prompt-tokens", "1,5,9,3",
+                       "--max-new-tokens", "24", "--temperature", temperature, "--top-k", top_k, "--top-p", top_p,
+                       "--seed", "11", "--verify", "--json"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    v = report["verify"]
+    assert code == 0 and v["passed"] and v["sampled"] and v["tokens_agree"] == v["tokens_checked"] == 24
+    from colibri.sampling import Sampler
+    logits = Reference(read_image(images["base"].read_bytes())).forward(PROMPT + report["tokens"])
+    other = flash.compare(logits, logits, PROMPT, report["tokens"], False, None,
+                          sampler=Sampler(float(temperature), int(top_k), float(top_p), 12))
+    assert other.tokens_agree < other.tokens_checked == 24
