@@ -199,8 +199,9 @@ def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def blocks_layout(w_int: np.ndarray, w_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A Q8_0/Q4_0 matrix (values int [rows, blocks, 32], f16 scales [rows, blocks]) as quantized_dot reads it:
-    values as float32 [blocks, 32, rows] and scales as float32 [blocks, rows]."""
-    return (np.ascontiguousarray(w_int.transpose(1, 2, 0), dtype=F32),
+    values as int8 [blocks, 32, rows] (widened to float32 a row range at a time) and scales as float32
+    [blocks, rows]."""
+    return (np.ascontiguousarray(w_int.transpose(1, 2, 0), dtype=np.int8),
             np.ascontiguousarray(w_scale.T, dtype=F32))
 
 
@@ -219,7 +220,7 @@ def quantized_dot(x: np.ndarray, w_blocks: np.ndarray, w_scale: np.ndarray) -> n
     with np.errstate(all="ignore"):
         for r0 in range(0, rows, step):
             r1 = min(rows, r0 + step)
-            isum = np.matmul(xq, w_blocks[:, :, r0:r1])  # [blocks, n, rows]: exact integers
+            isum = np.matmul(xq, w_blocks[:, :, r0:r1].astype(F32))  # [blocks, n, rows]: exact integers
             acc = np.zeros((8, n, r1 - r0), F32)
             for b in range(nb):
                 acc[b % 8] += isum[b] * (w_scale[b, None, r0:r1] * xd[:, b, None])
