@@ -14,8 +14,11 @@ this module must get right is that order:
   `mean` and `matmul` are not: they add pairwise or in BLAS's order);
 - the exponential is the runtime's own polynomial (`expf`), not the C library's or numpy's.
 
-Integer sums inside a quantization block are exact in any order, so they may go through BLAS in float64
-(every partial sum stays below 2^53).
+Integer sums inside a quantization block are exact in any order, so they go through float32 BLAS (a block's
+sum and every partial sum of it stays below 2^24: quantized_dot).
+
+All of this needs the host's float32 arithmetic to keep subnormals, as numpy's does unless a library in the
+process was built with -ffast-math (which sets flush-to-zero for the whole process): subnormals_kept() checks.
 """
 from __future__ import annotations
 
@@ -32,6 +35,12 @@ EXP_MAX = F32(88.72283935546875)
 EXP_MIN = F32(-103.972084045410156)
 # 1.0f / 6 ... 1.0f / 5040: float divisions, rounded once
 TAYLOR = [ONE / F32(k) for k in (6, 24, 120, 720, 5040)]
+
+
+def subnormals_kept() -> bool:
+    """Whether this process's float32 arithmetic keeps subnormal results (and inputs), as every board does."""
+    tiny = np.array([1e-45], F32)  # the smallest subnormal
+    return bool((tiny * ONE)[0] != 0 and (np.array([1e-38], F32) * F32(0.5))[0] != 0)
 
 
 def f32(x) -> np.ndarray:

@@ -118,16 +118,16 @@ def verify(image_bytes: bytes, prompt: list[int], result: RunResult, sampling: S
     sampler = Sampler(sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed) if sampled else None
     v = compare(reference.forward(prompt + result.tokens), result.logits, prompt, result.tokens, not sampled, tolerance,
                 sampler=sampler)
-    if v.first_difference is not None and result.traces:
+    if v.first_difference is not None and tolerance is None and result.traces:
         v.parting = parting_point(reference, prompt + result.tokens, result.traces)
     return v
 
 
 def parting_point(reference: Reference, tokens: list[int], traces: list) -> str:
     """The first token and routed layer whose routing the device traced differently from the reference's (its
-    experts, or its weights' bits): where the two first part, to the layer. '' when every routing agrees."""
+    experts, or its weights' bits): where the two first part, to the layer; or that every routing agrees."""
     routes = reference.routing(tokens)
-    for pos, layers in enumerate(traces):
+    for pos, layers in enumerate(traces[:len(tokens)]):
         for t in layers:
             if t.layer not in routes:
                 continue
@@ -138,7 +138,25 @@ def parting_point(reference: Reference, tokens: list[int], traces: list) -> str:
                 return (f"token {pos} (id {tokens[pos]}), layer {t.layer}: the router's {what} differ "
                         f"(device {t.experts} {device_weights.tolist()}, reference {experts[pos].tolist()} "
                         f"{weights[pos].tolist()}); every earlier token and layer routed alike")
-    return ""
+    return "every routed layer of every token routed alike: they part outside the routers"
+
+
+def traced_parting(image: Path, board: str, port: str | None, result: RunResult, prompt: list[int],
+                   rerun: Callable[[], RunResult]) -> str:
+    """Where device and reference part, from one more run of the same prompt with the trace on (`rerun`), or why
+    that cannot say."""
+    if port:
+        return "the routing was not checked (--port): run again with --trace to see where they part"
+    if not result.stats.get("expert_calls"):
+        return "the routing was not checked: the model has no routed layer"
+    try:
+        traced = rerun()
+    except (DeviceError, LinkError, ValueError, OSError) as exc:
+        return f"the routing was not checked: the traced run on {board} failed ({exc})"
+    if traced.tokens != result.tokens:
+        return ("the routing was not checked: a second run gave other tokens "
+                f"({traced.tokens} against {result.tokens}): the device does not repeat itself")
+    return parting_point(Reference(read_image(image.read_bytes())), prompt + result.tokens, traced.traces or [])
 
 
 def tokens_text(v: Verification) -> str:
@@ -590,20 +608,18 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     if args.verify:
         v = verify(args.image.read_bytes(), prompt, result, sampling, args.tolerance)
-        if v.first_difference is not None and not v.parting and not trace and not args.port and result.stats.get("expert_calls"):
+        if v.first_difference is not None and v.tolerance is None and not v.parting:
             # one more run, traced: the routing it reports names the first layer where device and reference part
-            traced = run_on_board(args.image, args.board, prompt, args.max_new_tokens, sampling, False,
-                                  firmware=args.firmware, timeout=args.timeout, upload=args.upload, retries=args.retries,
-                                  trace=True, expert_cache=slots, prefetch=not args.no_prefetch,
-                                  stop=text.eos_ids if text else frozenset(), threads=args.threads)
-            v.parting = parting_point(Reference(read_image(args.image.read_bytes())), prompt + result.tokens,
-                                      traced.traces or [])
+            v.parting = traced_parting(args.image, args.board, args.port, result, prompt, lambda: run_on_board(
+                args.image, args.board, prompt, args.max_new_tokens, sampling, False, firmware=args.firmware,
+                timeout=args.timeout, upload=args.upload, retries=args.retries, trace=True, expert_cache=slots,
+                prefetch=not args.no_prefetch, stop=text.eos_ids if text else frozenset(), threads=args.threads))
         report["verify"] = {**asdict(v), "passed": v.passed}
         status = 0 if v.passed else 1
         if not quiet:
             print(verify_line(v))
-            if v.first_difference is not None:
-                print(f"verify: {v.parting or 'the routing of every layer agrees: they part outside the routers'}")
+            if v.parting:
+                print(f"verify: {v.parting}")
     if args.against:
         from colibri.oracle import OracleUnavailable
         try:

@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  quality     vs the f32 image on {q['tokens']} calibration tokens: max |dlogit| {q['max_abs_dlogit']:.4g}, "
               f"mean {q['mean_abs_dlogit']:.4g}, KL {q['kl_divergence']:.3g}, top-1 agreement {q['top1_agreement']:.1%}")
         if q["lossy"]:
-            wider = "q8_0" if args.dtype != "q8_0" else "f16"
+            wider = {"q4_0": "q8_0", "q8_0": "f16"}.get(args.dtype, "f32")
             print(f"  warning     this packing loses more than KL {LOSSY_KL} or top-1 {LOSSY_TOP1:.0%} allow: the model's "
                   f"text will change. Pack with --dtype {wider}, or keep chosen tensors wider (--keep NAME_GLOB={wider}) "
                   "and look at this line again")

@@ -108,6 +108,9 @@ class Reference:
         """`keep_weights` False: only the matrix in use is held (a model larger than memory, read from a file a
         tensor at a time: colibri/pack.py), at the cost of reading it again in each forward pass. `exact` False:
         BLAS matrix products (see the module's docstring)."""
+        if exact and not arith.subnormals_kept():
+            raise RuntimeError("this process flushes subnormal floats to zero (a library built with -ffast-math?), "
+                               "so the reference cannot compute the device's bits: run it in a process without it")
         self.img = image
         self.keep_weights = keep_weights
         self.exact = exact

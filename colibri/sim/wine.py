@@ -9,7 +9,8 @@ Two ways a Wine program can die before it runs, each about once in 1,500 board s
 each other closely (as in the test suite), both with status 1:
 - "failed to map the shared user data: c0000018": Wine needs the fixed address of Windows' shared user
   page, and with address-space randomization something of the process may already sit there. The
-  program runs under `setarch -R` (no randomization for it; util-linux, on every Debian), so nothing does.
+  program runs under `setarch -R` (no randomization for it; util-linux, on every Debian), so nothing does
+  (where setarch cannot, as in a container whose seccomp profile refuses it, the program starts without).
 - "wine client error:0: recvmsg: Connection reset by peer": a wineserver that a program started ends as
   soon as its last program does, and a program that starts in that instant meets a server going away.
   So before each start a server that waits SERVER_PERSIST seconds after its last program is made sure
@@ -18,6 +19,7 @@ each other closely (as in the test suite), both with status 1:
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -51,11 +53,32 @@ def ensure_prefix(wine: str) -> None:
 
 def ensure_server() -> None:
     """A wineserver for the prefix that outlives its programs by SERVER_PERSIST seconds. `wineserver -p N` starts
-    one in the background, or returns at once when one is running already (status 2, the expected answer).
-    No pipe of ours is handed to it: it outlives this process."""
-    server = shutil.which("wineserver") or "wineserver"
-    subprocess.run([server, f"-p{SERVER_PERSIST}"], env=wine_env(), stdin=subprocess.DEVNULL,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
+    one in the background, or returns at once when one is running already (status 2, the expected answer: the
+    running one keeps its own persistence, so the race stays possible only until it ends and ours starts).
+    No pipe of ours is handed to it: it outlives this process. Without a wineserver command (Wine starts its
+    own) or when it does not answer, the program starts anyway: this only makes a rare failure rarer."""
+    server = shutil.which("wineserver")
+    if server is None:
+        return
+    try:
+        subprocess.run([server, f"-p{SERVER_PERSIST}"], env=wine_env(), stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+
+
+@functools.cache
+def no_aslr() -> list[str]:
+    """`setarch -R` when it works here: a container's seccomp profile may refuse the personality call it makes,
+    and then it fails every start (better the rare failure than that)."""
+    if shutil.which("setarch") is None:
+        return []
+    try:
+        ok = subprocess.run(["setarch", "-R", "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return ["setarch", "-R"] if ok else []
 
 
 def wrap(argv: list[str], wrapper: list[str], package: str) -> tuple[list[str], dict[str, str] | None]:
@@ -67,5 +90,4 @@ def wrap(argv: list[str], wrapper: list[str], package: str) -> tuple[list[str], 
         raise FileNotFoundError(f"{wrapper[0]} not found: apt-get install {package} (or run on Windows)")
     ensure_prefix(wine)
     ensure_server()
-    no_aslr = ["setarch", "-R"] if shutil.which("setarch") else []
-    return [*no_aslr, wine, *wrapper[1:], *argv], wine_env()
+    return [*no_aslr(), wine, *wrapper[1:], *argv], wine_env()
