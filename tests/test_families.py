@@ -520,3 +520,24 @@ def test_kv_sharing_over_a_window_batched_is_one_token_a_pass(hosted_build, tmp_
     for pos, layer, experts, _ in traces["one"]:
         if experts:
             assert list(experts) == routes[layer][0][pos].tolist(), (pos, layer)
+
+
+@pytest.mark.parametrize("name", [f[0] for f in FAMILIES])
+def test_every_dtype_is_bit_identical_to_the_reference(name, family_images, hosted_build, tmp_path):
+    """Every family at every weight dtype (and an f16 KV cache), the runtime (the hosted build's library, its fastest
+    kernel set) against the reference, every position's logits bit for bit; every board gives the hosted board's
+    bits (test_dtypes.py), so this holds on each."""
+    from capi import Context, Lib
+    from colibri.quant import DType
+    lib = Lib(hosted_build / "libcolibri.so")
+    ckpt, _ = family_images[name]
+    tokens = np.random.default_rng(11).integers(0, SMALL["vocab_size"], 20).tolist()
+    for dtype, kv in ((DType.F16, "f32"), (DType.BF16, "f32"), (DType.Q8_0, "f32"), (DType.Q4_0, "f16")):
+        image = tmp_path / f"{name}-{dtype.name}-{kv}.img"
+        pack(ckpt, image, max_seq=32, expert_align=64, dtype=dtype, kv=kv, measure_quality=False)
+        ctx = Context(lib, image.read_bytes())
+        rows = []
+        for t in tokens:
+            assert ctx.feed([t]) == 0
+            rows.append(ctx.logits().copy())
+        assert_bit_identical(np.stack(rows), Reference(read_image(image.read_bytes())).forward(tokens), f"{dtype.name} kv {kv}")
