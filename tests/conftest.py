@@ -104,8 +104,10 @@ def assert_bit_identical(device: np.ndarray, expected: np.ndarray, what: str = "
                              f"row {int(differ[0])}; max |device - reference| = {worst:.3g}")
 
 
-def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path, max_positions: int = 128) -> Path:
-    """A small random model of any supported family (`arch` is the HF class name), norms randomized too."""
+def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path, max_positions: int = 128,
+                           randomized: bool = True) -> Path:
+    """A small random model of any supported family (`arch` is the HF class name), norms randomized too (or, with
+    randomized False, as transformers initializes them: every norm weight exactly 1.0)."""
     import torch
     import transformers
 
@@ -114,7 +116,8 @@ def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path, max_po
     config_cls = getattr(transformers, "Gemma4TextConfig" if arch == "Gemma4ForCausalLM" else
                          arch.replace("ForCausalLM", "Config"))
     model = model_cls(config_cls(initializer_range=0.25, max_position_embeddings=max_positions, **config)).eval()
-    randomize(model)
+    if randomized:
+        randomize(model)
     model.save_pretrained(out)
     return out
 
