@@ -538,7 +538,8 @@ def test_every_dtype_is_bit_identical_to_the_reference(name, norms, family_image
         arch, cfg = next((a, c) for n, a, c in FAMILIES if n == name)
         ckpt = make_family_checkpoint(arch, cfg, 500 + len(name), tmp_path / "untouched", randomized=False)
     tokens = np.random.default_rng(11).integers(0, SMALL["vocab_size"], 20).tolist()
-    for dtype, kv in ((DType.F16, "f32"), (DType.BF16, "f32"), (DType.Q8_0, "f32"), (DType.Q4_0, "f16")):
+    variants = ((DType.F16, "f32"), (DType.BF16, "f32"), (DType.Q8_0, "f32"), (DType.Q4_0, "f16"))
+    for dtype, kv in variants if norms == "random" else variants[2:]:  # ties matter where activations are quantized
         image = tmp_path / f"{name}-{dtype.name}-{kv}.img"
         pack(ckpt, image, max_seq=32, expert_align=64, dtype=dtype, kv=kv, measure_quality=False)
         ctx = Context(lib, image.read_bytes())
