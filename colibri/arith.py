@@ -138,13 +138,13 @@ def softmax(x: np.ndarray, sink: np.ndarray | None = None, mask: np.ndarray | No
     return e / total[..., None]
 
 
-def lanes_tree(acc: np.ndarray) -> np.ndarray:
-    """sum_lanes16 / sum_lanes8 (internal.h) over the last axis (16 or 8 lanes): fold the upper half onto the
-    lower half until one lane is left."""
-    while acc.shape[-1] > 1:
-        half = acc.shape[-1] // 2
-        acc = acc[..., :half] + acc[..., half:]
-    return acc[..., 0]
+def lanes_tree(acc: np.ndarray, axis: int) -> np.ndarray:
+    """sum_lanes16 / sum_lanes8 (internal.h) over `axis` (16 or 8 lanes): fold the upper half onto the lower half
+    until one lane is left."""
+    while acc.shape[axis] > 1:
+        half = acc.shape[axis] // 2
+        acc = np.take(acc, range(half), axis=axis) + np.take(acc, range(half, 2 * half), axis=axis)
+    return np.take(acc, 0, axis=axis)
 
 
 # Elements of one temporary product in float_dot (bounds the memory a large matrix takes)
@@ -180,10 +180,7 @@ def float_dot(x: np.ndarray, w_lanes: np.ndarray) -> np.ndarray:
             for c in range(chunks):
                 np.multiply(w_lanes[None, c, :, r0:r1], xl[:, c], out=prod)
                 np.add(acc, prod, out=acc)
-            while acc.shape[1] > 1:  # sum_lanes16's tree
-                half = acc.shape[1] // 2
-                acc = acc[:, :half] + acc[:, half:]
-            out[:, r0:r1] = acc[:, 0]
+            out[:, r0:r1] = lanes_tree(acc, axis=1)
     return out
 
 
@@ -233,8 +230,5 @@ def quantized_dot(x: np.ndarray, w_blocks: np.ndarray, w_scale: np.ndarray) -> n
             acc = np.zeros((8, n, r1 - r0), F32)
             for b in range(nb):
                 acc[b % 8] += isum[b] * (w_scale[b, None, r0:r1] * xd[:, b, None])
-            while acc.shape[0] > 1:  # sum_lanes8's tree
-                half = acc.shape[0] // 2
-                acc = acc[:half] + acc[half:]
-            out[:, r0:r1] = acc[0]
+            out[:, r0:r1] = lanes_tree(acc, axis=0)
     return out

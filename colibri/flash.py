@@ -15,8 +15,8 @@ Examples:
   python host/flash.py model.img --board hosted --chat "Write a haiku about flash memory"
 
 --verify compares the device with the numpy reference built from the same image, bit for bit (the reference
-computes what the runtime computes, in its order: docs/KERNELS.md): it catches runtime and board bugs. --against compares with transformers on the source checkpoint: it also catches packing
-mistakes (a tensor mapped wrongly is in the image and so in the reference, but not in transformers).
+computes what the runtime computes, in its order: docs/KERNELS.md): it catches runtime and board bugs.
+--against compares with transformers on the source checkpoint: it also catches packing mistakes (a tensor mapped wrongly is in the image and so in the reference, but not in transformers).
 """
 from __future__ import annotations
 
@@ -106,14 +106,12 @@ class RunResult:
     threads: int = 1  # threads the device computed on
 
 
-def verify(image_bytes: bytes, prompt: list[int], result: RunResult, sampling: Sampling,
+def verify(reference: Reference, prompt: list[int], result: RunResult, sampling: Sampling,
            tolerance: float | None = None) -> Verification:
     """Compare the device's logits with the numpy reference run on the same tokens, bit for bit (or with a
     tolerance on max |device - reference|), and its tokens with the reference's choices: the first of each row,
     or the runtime's sampler's draw with the same settings and seed. When they part and the device traced its
     routing, say where."""
-    image = read_image(image_bytes)
-    reference = Reference(image)
     sampled = sampling.temperature > 0
     sampler = Sampler(sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed) if sampled else None
     v = compare(reference.forward(prompt + result.tokens), result.logits, prompt, result.tokens, not sampled, tolerance,
@@ -141,7 +139,7 @@ def parting_point(reference: Reference, tokens: list[int], traces: list) -> str:
     return "every routed layer of every token routed alike: they part outside the routers"
 
 
-def traced_parting(image: Path, board: str, port: str | None, result: RunResult, prompt: list[int],
+def traced_parting(reference: Reference, board: str, port: str | None, result: RunResult, prompt: list[int],
                    rerun: Callable[[], RunResult]) -> str:
     """Where device and reference part, from one more run of the same prompt with the trace on (`rerun`), or why
     that cannot say."""
@@ -156,12 +154,12 @@ def traced_parting(image: Path, board: str, port: str | None, result: RunResult,
     if traced.tokens != result.tokens:
         return ("the routing was not checked: a second run gave other tokens "
                 f"({traced.tokens} against {result.tokens}): the device does not repeat itself")
-    return parting_point(Reference(read_image(image.read_bytes())), prompt + result.tokens, traced.traces or [])
+    return parting_point(reference, prompt + result.tokens, traced.traces or [])
 
 
 def tokens_text(v: Verification) -> str:
     if not v.tokens_checked:
-        return "token agreement n/a (sampling)"
+        return "no generated token checked"
     return f"{'sampled' if v.sampled else 'greedy'} tokens agree {v.tokens_agree}/{v.tokens_checked}"
 
 
@@ -607,10 +605,11 @@ def main(argv: list[str] | None = None) -> int:
         report["text"] = text.decode(result.tokens)
     status = 0
     if args.verify:
-        v = verify(args.image.read_bytes(), prompt, result, sampling, args.tolerance)
+        reference = Reference(read_image(args.image.read_bytes()))
+        v = verify(reference, prompt, result, sampling, args.tolerance)
         if v.first_difference is not None and v.tolerance is None and not v.parting:
             # one more run, traced: the routing it reports names the first layer where device and reference part
-            v.parting = traced_parting(args.image, args.board, args.port, result, prompt, lambda: run_on_board(
+            v.parting = traced_parting(reference, args.board, args.port, result, prompt, lambda: run_on_board(
                 args.image, args.board, prompt, args.max_new_tokens, sampling, False, firmware=args.firmware,
                 timeout=args.timeout, upload=args.upload, retries=args.retries, trace=True, expert_cache=slots,
                 prefetch=not args.no_prefetch, stop=text.eos_ids if text else frozenset(), threads=args.threads))

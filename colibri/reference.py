@@ -182,7 +182,8 @@ class Reference:
         group = H // keys.shape[1]
         k = np.repeat(keys, group, axis=1).transpose(1, 0, 2)     # [H, n_keys, kd]
         v = np.repeat(values, group, axis=1).transpose(1, 0, 2)   # [H, n_keys, vd]
-        scores = self._scores(q, k)
+        # each head's dot products with its keys as dot_f32 computes them: the cached key the weights, q the input
+        scores = np.stack([arith.float_dot(q[:, h], arith.lanes_layout(k[h])) for h in range(H)])  # [H, n_q, n_keys]
         scores = scores * F32(self.d.scale)
         probs = arith.softmax(scores, sinks[:, None] if sinks is not None else None, seen[None])
         out = np.zeros((H, n, v.shape[-1]), F32)
@@ -191,23 +192,6 @@ class Reference:
                 term = probs[:, :, j, None] * v[:, None, j, :]
                 out += np.where(seen[None, :, j, None], term, ZERO)
         return out.transpose(1, 0, 2)
-
-    @staticmethod
-    def _scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
-        """[H, n_q, n_keys]: each query head's dot product with each of its keys, as dot_f32 computes it (the
-        cached key the weights, the query the input; lanes of 16, the tree)."""
-        n, H, kd = q.shape
-        chunks = -(-kd // 16)
-        qp = np.zeros((H, n, chunks * 16), F32)
-        qp[..., :kd] = q.transpose(1, 0, 2)
-        kp = np.zeros((H, k.shape[1], chunks * 16), F32)
-        kp[..., :kd] = k
-        qp, kp = qp.reshape(H, n, 1, chunks, 16), kp.reshape(H, 1, -1, chunks, 16)
-        acc = np.zeros((H, n, k.shape[1], 16), F32)
-        with np.errstate(all="ignore"):
-            for c in range(chunks):
-                acc += kp[..., c, :] * qp[..., c, :]
-        return arith.lanes_tree(acc)
 
     def _rope_tables(self, layer: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         d = self.d

@@ -298,12 +298,13 @@ def test_the_traced_run_says_why_it_cannot_name_the_parting(images):
     says so instead of naming nothing (or a wrong layer)."""
     from colibri.protocol import LinkError
     run = flash.RunResult(tokens=[3, 4], stats={"expert_calls": 8}, logits=None, board="hosted")
+    reference = Reference(read_image(images["base"].read_bytes()))
 
     def failing():
         raise LinkError("timed out after 60.0s waiting for the device")
-    assert "(--port)" in flash.traced_parting(images["base"], "hosted", "/dev/ttyUSB0", run, PROMPT, failing)
-    assert "failed (timed out" in flash.traced_parting(images["base"], "hosted", None, run, PROMPT, failing)
+    assert "(--port)" in flash.traced_parting(reference, "hosted", "/dev/ttyUSB0", run, PROMPT, failing)
+    assert "failed (timed out" in flash.traced_parting(reference, "hosted", None, run, PROMPT, failing)
     other = flash.RunResult(tokens=[3, 5], stats={}, logits=None, board="hosted", traces=[])
-    assert "does not repeat itself" in flash.traced_parting(images["base"], "hosted", None, run, PROMPT, lambda: other)
+    assert "does not repeat itself" in flash.traced_parting(reference, "hosted", None, run, PROMPT, lambda: other)
     dense = flash.RunResult(tokens=[3, 4], stats={"expert_calls": 0}, logits=None, board="hosted")
-    assert "no routed layer" in flash.traced_parting(images["base"], "hosted", None, dense, PROMPT, failing)
+    assert "no routed layer" in flash.traced_parting(reference, "hosted", None, dense, PROMPT, failing)

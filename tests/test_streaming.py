@@ -18,6 +18,7 @@ from colibri.checkpoint import load_checkpoint
 from colibri.pack import convert_tensors
 from colibri.protocol import Sampling
 from colibri.quant import DType
+from colibri.reference import Reference
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 
@@ -310,7 +311,7 @@ def test_cortex_m55_runs_a_model_whose_experts_are_4x_its_arena(firmwares, tmp_p
     resident_run = run_on_board(path, "cortex_m55", prompt, 3, Sampling(), True, firmware=firmwares["cortex_m55"])
     assert streamed_run.logits.tobytes() == resident_run.logits.tobytes()
     assert streamed_run.stats["expert_misses"] > 0 and streamed_run.stats["arena_bytes"] <= arena_capacity
-    v = verify(blob, prompt, streamed_run, Sampling())  # and both agree with the numpy reference, bit for bit
+    v = verify(Reference(read_image(blob)), prompt, streamed_run, Sampling())  # both agree with the reference, bit for bit
     assert v.passed and v.bit_identical and v.tokens_agree == v.tokens_checked == 3
 
 
