@@ -147,14 +147,11 @@ def lanes_tree(acc: np.ndarray, axis: int) -> np.ndarray:
     return np.take(acc, 0, axis=axis)
 
 
-# Elements of one temporary product in float_dot (bounds the memory a large matrix takes)
-CHUNK_ELEMENTS = 1 << 22
-
-
 def lanes_layout(w: np.ndarray) -> np.ndarray:
-    """A float matrix [rows, cols] as float_dot reads it: [ceil(cols / 16), 16, rows] (element 16c + j of every
-    row in lane j of chunk c, rows last so each step of the sum is one long vector operation), zero-padded (a
-    zero weight times a zero input adds +0 to a lane, which leaves it as it was)."""
+    """Float rows w [rows, cols] (f32, f16 or bf16, widened exactly) as float_dot reads them: float32
+    [ceil(cols / 16), 16, rows] (element 16c + j of every row in lane j of chunk c, rows last so each step of the
+    sum is one long vector operation), zero-padded (a zero weight times a zero input adds +0 to a lane, which
+    leaves it as it was)."""
     rows, cols = w.shape
     chunks = -(-cols // 16)
     padded = np.zeros((rows, chunks * 16), F32)
@@ -162,26 +159,22 @@ def lanes_layout(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(rows, chunks, 16).transpose(1, 2, 0))
 
 
-def float_dot(x: np.ndarray, w_lanes: np.ndarray) -> np.ndarray:
-    """x [n, cols] times a float matrix (in lanes_layout) as dot_f32_scalar computes each row: product
-    w[i] x[i] rounded, added to lane i % 16 (from +0, in order), then the 16-lane tree. [n, rows]."""
-    chunks, _, rows = w_lanes.shape
+def float_dot(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x [n, cols] times float rows w [rows, cols] as dot_f32_scalar computes each row: product w[i] x[i]
+    rounded, added to lane i % 16 (from +0, in order), then the 16-lane tree. [n, rows]."""
+    lanes = lanes_layout(w)
+    chunks, _, rows = lanes.shape
     n = x.shape[0]
     xp = np.zeros((n, chunks * 16), F32)
     xp[:, :x.shape[1]] = x
     xl = xp.reshape(n, chunks, 16, 1)
-    out = np.empty((n, rows), F32)
-    step = max(1, CHUNK_ELEMENTS // max(1, n * 16))
+    acc = np.zeros((n, 16, rows), F32)
+    prod = np.empty_like(acc)
     with np.errstate(all="ignore"):
-        for r0 in range(0, rows, step):
-            r1 = min(rows, r0 + step)
-            acc = np.zeros((n, 16, r1 - r0), F32)
-            prod = np.empty_like(acc)
-            for c in range(chunks):
-                np.multiply(w_lanes[None, c, :, r0:r1], xl[:, c], out=prod)
-                np.add(acc, prod, out=acc)
-            out[:, r0:r1] = lanes_tree(acc, axis=1)
-    return out
+        for c in range(chunks):
+            np.multiply(lanes[None, c], xl[:, c], out=prod)
+            np.add(acc, prod, out=acc)
+        return lanes_tree(acc, axis=1)
 
 
 def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -203,32 +196,21 @@ def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.rint(q).astype(np.int8), d.astype(F32)
 
 
-def blocks_layout(w_int: np.ndarray, w_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A Q8_0/Q4_0 matrix (values int [rows, blocks, 32], f16 scales [rows, blocks]) as quantized_dot reads it:
-    values as int8 [blocks, 32, rows] (widened to float32 a row range at a time) and scales as float32
-    [blocks, rows]."""
-    return (np.ascontiguousarray(w_int.transpose(1, 2, 0), dtype=np.int8),
-            np.ascontiguousarray(w_scale.T, dtype=F32))
-
-
-def quantized_dot(x: np.ndarray, w_blocks: np.ndarray, w_scale: np.ndarray) -> np.ndarray:
-    """x [n, cols] times a Q8_0/Q4_0 matrix (in blocks_layout) as dot_blocks computes each row: x quantized
-    (quantize_q8_0), block b's integer sum times (w_scale[b] x_scale[b]) added to lane b % 8 (from +0, in
-    order), then the 8-lane tree. [n, rows].
+def quantized_dot(xq: np.ndarray, xd: np.ndarray, w_int: np.ndarray, w_scale: np.ndarray) -> np.ndarray:
+    """Quantized inputs (quantize_q8_0 of x [n, cols]: xq, xd) times Q8_0/Q4_0 rows (values int8
+    [rows, blocks, 32], f16 scales [rows, blocks]) as dot_blocks computes each row: block b's integer sum times
+    (w_scale[b] x_scale[b]) added to lane b % 8 (from +0, in order), then the 8-lane tree. [n, rows].
     The integer sums go through float32 BLAS exactly: a product is at most 128 x 127, a block's sum of 32 at
     most 520,192, below 2^24, so every partial sum in any order (fused or not) is an integer float32 holds."""
-    xq, xd = quantize_q8_0(x)
-    nb, _, rows = w_blocks.shape
-    n = x.shape[0]
-    xq = np.ascontiguousarray(xq.transpose(1, 0, 2), dtype=F32)  # [blocks, n, 32]
-    out = np.empty((n, rows), F32)
-    step = max(1, CHUNK_ELEMENTS // max(1, n * nb))
+    rows, nb, _ = w_int.shape
+    n = xq.shape[0]
+    x_f, w_f, w_d = xq.astype(F32), w_int.astype(F32), w_scale.astype(F32)
+    lanes = np.zeros((8, n, rows), F32)
+    term, scale = np.empty((n, rows), F32), np.empty((n, rows), F32)
     with np.errstate(all="ignore"):
-        for r0 in range(0, rows, step):
-            r1 = min(rows, r0 + step)
-            isum = np.matmul(xq, w_blocks[:, :, r0:r1].astype(F32))  # [blocks, n, rows]: exact integers
-            acc = np.zeros((8, n, r1 - r0), F32)
-            for b in range(nb):
-                acc[b % 8] += isum[b] * (w_scale[b, None, r0:r1] * xd[:, b, None])
-            out[:, r0:r1] = lanes_tree(acc, axis=0)
-    return out
+        for b in range(nb):  # lane b % 8 gets block b, in order
+            np.matmul(x_f[:, b], w_f[:, b].T, out=term)      # block b's integer sums, exact
+            np.multiply(w_d[None, :, b], xd[:, b, None], out=scale)
+            term *= scale
+            lanes[b % 8] += term
+        return lanes_tree(lanes, axis=0)

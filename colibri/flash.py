@@ -122,21 +122,29 @@ def verify(reference: Reference, prompt: list[int], result: RunResult, sampling:
 
 
 def parting_point(reference: Reference, tokens: list[int], traces: list) -> str:
-    """The first token and routed layer whose routing the device traced differently from the reference's (its
-    experts, or its weights' bits): where the two first part, to the layer; or that every routing agrees."""
-    routes = reference.routing(tokens)
+    """The first token, layer and step where the device's trace parts from the reference's pass: the residual
+    stream after the attention half (its CRC), the router's choice (experts, or their weights' bits), the
+    residual stream after the layer; or that every layer of every token agrees."""
+    routes, sums = reference.traced(tokens)
     for pos, layers in enumerate(traces[:len(tokens)]):
         for t in layers:
-            if t.layer not in routes:
-                continue
-            experts, weights = routes[t.layer]
-            device_weights = np.asarray(t.weights, np.float32)
-            if t.experts != experts[pos].tolist() or device_weights.tobytes() != weights[pos].tobytes():
-                what = "experts" if t.experts != experts[pos].tolist() else "expert weights"
-                return (f"token {pos} (id {tokens[pos]}), layer {t.layer}: the router's {what} differ "
-                        f"(device {t.experts} {device_weights.tolist()}, reference {experts[pos].tolist()} "
-                        f"{weights[pos].tolist()}); every earlier token and layer routed alike")
-    return "every routed layer of every token routed alike: they part outside the routers"
+            where = f"token {pos} (id {tokens[pos]}), layer {t.layer}"
+            crc_attention, crc_output = (int(v) for v in sums[t.layer][pos])
+            if t.crc_attention != crc_attention:
+                return (f"{where}: the residual stream after the attention half differs (CRC-32 device "
+                        f"{t.crc_attention:08x}, reference {crc_attention:08x}); every earlier token and layer agrees")
+            if t.layer in routes:
+                experts, weights = routes[t.layer]
+                device_weights = np.asarray(t.weights, np.float32)
+                if t.experts != experts[pos].tolist() or device_weights.tobytes() != weights[pos].tobytes():
+                    what = "experts" if t.experts != experts[pos].tolist() else "expert weights"
+                    return (f"{where}: the router's {what} differ (device {t.experts} {device_weights.tolist()}, "
+                            f"reference {experts[pos].tolist()} {weights[pos].tolist()}); every earlier token and "
+                            "layer agrees")
+            if t.crc_output != crc_output:
+                return (f"{where}: the residual stream after the FFN half differs (CRC-32 device {t.crc_output:08x}, "
+                        f"reference {crc_output:08x}); its attention half and every earlier token and layer agree")
+    return "every layer of every token agrees: they part after the last layer (the output norm or matrix)"
 
 
 def traced_parting(reference: Reference, board: str, port: str | None, result: RunResult, prompt: list[int],
@@ -144,16 +152,14 @@ def traced_parting(reference: Reference, board: str, port: str | None, result: R
     """Where device and reference part, from one more run of the same prompt with the trace on (`rerun`), or why
     that cannot say."""
     if port:
-        return "the routing was not checked (--port): run again with --trace to see where they part"
-    if not result.stats.get("expert_calls"):
-        return "the routing was not checked: the model has no routed layer"
+        return "not traced (--port): run again with --trace to see where they part"
     try:
         traced = rerun()
     except (DeviceError, LinkError, ValueError, OSError) as exc:
-        return f"the routing was not checked: the traced run on {board} failed ({exc})"
+        return f"not traced: the traced run on {board} failed ({exc})"
     if traced.tokens != result.tokens:
-        return ("the routing was not checked: a second run gave other tokens "
-                f"({traced.tokens} against {result.tokens}): the device does not repeat itself")
+        return (f"not traced: a second run gave other tokens ({traced.tokens} against {result.tokens}): "
+                "the device does not repeat itself")
     return parting_point(reference, prompt + result.tokens, traced.traces or [])
 
 

@@ -9,7 +9,8 @@ Examples:
   python host/pack.py path/to/checkpoint -o model.img --dtype q4_0 --pin-from trace.json --pin 16
 
 --dtype sets the dtype of the large matrices (attention, experts, shared experts, dense MLPs, the token
-embedding and the output matrix); norms, biases, routers and the shared-expert gate stay f32.
+embedding and the output matrix, which --dtype q4_0 keeps at q8_0 as llama.cpp's Q4_0 files do); norms,
+biases, routers and the shared-expert gate stay f32. A tied embedding takes the wider of the two choices.
 --keep NAME_GLOB[=DTYPE] keeps the matching tensors wider (f32 unless a dtype is given); names are
 llama.cpp's: token_embd, output, blk.N.attn_q, blk.N.ffn_gate_exps.E (expert E), blk.N.ffn_down_shexp.
 When some tensor is not f32 (or --kv f16), the report shows what that costs on a calibration prompt
@@ -72,24 +73,37 @@ def parse_keep(spec: str) -> tuple[str, DType]:
     return glob, DType.parse(dtype) if dtype else DType.F32
 
 
+# Bytes per value, to pick the widest of the dtypes a tied tensor's names ask for
+VALUE_SIZE = {DType.F32: 4.0, DType.F16: 2.0, DType.BF16: 2.0, DType.Q8_0: 34 / 32, DType.Q4_0: 18 / 32}
+
+
 def choose_dtype(role: Role, layer: int, expert: int, dtype: DType, keep: list[tuple[str, DType]]) -> DType:
+    """A tensor's dtype: the first --keep glob matching its name, else --dtype for the large matrices (the output
+    matrix at q8_0 when that is q4_0, as llama.cpp's Q4_0 files keep it: the logits feel its rounding most)
+    and f32 for everything else."""
     if role not in LARGE:
         return DType.F32
     name = tensor_name(role, layer, expert)
     for glob, kept in keep:
         if fnmatch.fnmatchcase(name, glob):
             return kept
-    return dtype
+    return DType.Q8_0 if role == Role.LM_HEAD and dtype == DType.Q4_0 else dtype
 
 
 def convert_tensors(tensors: dict, dtype: DType, keep: list[tuple[str, DType]]) -> dict:
-    """Every tensor in its chosen dtype; tied tensors stay one object (the first key's choice wins). A
-    tensor not yet read from its checkpoint (LazyTensor) is read and converted when the image is written."""
+    """Every tensor in its chosen dtype; tied tensors stay one object, in the widest dtype any of their keys
+    chooses (a tied embedding is the output matrix too). A tensor not yet read from its checkpoint
+    (LazyTensor) is read and converted when the image is written."""
+    wanted: dict[int, DType] = {}
+    for key, t in tensors.items():
+        want = choose_dtype(*key, dtype, keep)
+        if id(t) not in wanted or VALUE_SIZE[want] > VALUE_SIZE[wanted[id(t)]]:
+            wanted[id(t)] = want
     done: dict[int, Encoded | Deferred] = {}
     out = {}
     for key, t in tensors.items():
         if id(t) not in done:
-            want = choose_dtype(*key, dtype, keep)
+            want = wanted[id(t)]
             done[id(t)] = Deferred(want, t.shape, t.load) if isinstance(t, LazyTensor) else convert(t, want)
         out[key] = done[id(t)]
     return out

@@ -15,7 +15,7 @@ import numpy as np
 
 SYNC = b"\xA5\x5A"
 MAX_PAYLOAD = 4096
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 REQ_INFO, REQ_OPEN, REQ_START, REQ_STATS, REQ_QUIT = 0x01, 0x02, 0x03, 0x04, 0x05
 REQ_UPLOAD_BEGIN, REQ_UPLOAD_CHUNK, REQ_UPLOAD_END = 0x06, 0x07, 0x08
@@ -171,13 +171,15 @@ class LayerTrace:
     experts: list[int]
     weights: list[float]
     cycles_expert: list[int]
+    crc_attention: int = 0  # CRC-32 of the token's residual stream after the attention half (0: not taken)
+    crc_output: int = 0     # ... and after the whole layer
 
 
 def parse_trace(data: bytes) -> list[LayerTrace]:
     out, off = [], 0
     while off < len(data):
-        layer, n, att, router, ffn = struct.unpack_from("<IIQQQ", data, off)
-        off += 32
+        layer, n, att, router, ffn, crc_attention, crc_output = struct.unpack_from("<IIQQQII", data, off)
+        off += 40
         experts, weights, cycles = [], [], []
         for _ in range(n):
             e, w, c = struct.unpack_from("<IfQ", data, off)
@@ -185,7 +187,7 @@ def parse_trace(data: bytes) -> list[LayerTrace]:
             weights.append(w)
             cycles.append(c)
             off += 16
-        out.append(LayerTrace(layer, att, router, ffn, experts, weights, cycles))
+        out.append(LayerTrace(layer, att, router, ffn, experts, weights, cycles, crc_attention, crc_output))
     return out
 
 

@@ -67,12 +67,18 @@ class Encoded:
         """Sub-tensor i along the first axis (one expert of a stacked [experts, rows, cols] tensor)."""
         return Encoded(self.dtype, self.shape[1:], self.values[i], None if self.scales is None else self.scales[i])
 
+    def rows(self, index: slice | np.ndarray) -> "Encoded":
+        """Rows `index` of a matrix (a slice or an array of row numbers), without copying a slice."""
+        values = self.values[index]
+        return Encoded(self.dtype, (values.shape[0], *self.shape[1:]), values,
+                       None if self.scales is None else self.scales[index])
+
     def int_values(self) -> np.ndarray:
         """Quantized values as int8 [rows, blocks, 32] (Q4_0 unpacked: low nibbles first, minus 8)."""
         if self.dtype == DType.Q8_0:
             return self.values.view(np.int8)
         lo, hi = self.values & 0xF, self.values >> 4
-        return (np.concatenate([lo, hi], axis=-1).astype(np.int16) - 8).astype(np.int8)
+        return np.concatenate([lo, hi], axis=-1).view(np.int8) - np.int8(8)
 
     def decode(self) -> np.ndarray:
         """The exact float32 values the runtime computes with."""

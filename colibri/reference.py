@@ -23,7 +23,10 @@ the matrix products with BLAS instead: much faster, and within float rounding of
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 
@@ -36,49 +39,60 @@ from colibri.image import (FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_GELU_TANH, FL
 from colibri.quant import Encoded, quantized_matmul
 
 
-@dataclass(frozen=True)
-class Matrix:
-    """A weight matrix [rows, cols] as the reference multiplies with it: float weights widened to f32 in the
-    dot product's lane layout, or a quantized matrix's integer values and f16 scales."""
-    rows: int
-    lanes: np.ndarray | None = None    # float: [ceil(cols / 16), 16, rows] (arith.lanes_layout)
-    values: np.ndarray | None = None   # quantized: [blocks, 32, rows] (arith.blocks_layout)
-    scales: np.ndarray | None = None   # quantized: [blocks, rows]
-    dense: np.ndarray | None = None    # exact=False: the decoded f32 matrix (float) ...
-    encoded: Encoded | None = None     # ... or the quantized one
+# Multiply-adds per block of rows in an exact matrix product: big enough that numpy's per-call cost is small
+# against the work of a call, small enough that a block's temporaries stay within the CPU's caches
+BLOCK_WORK = 1 << 24
+_pool: ThreadPoolExecutor | None = None
 
-    @classmethod
-    def of(cls, enc: Encoded, exact: bool) -> "Matrix":
-        rows = enc.shape[0]
-        if not exact:
-            return cls(rows, encoded=enc) if enc.dtype.quantized else cls(rows, dense=enc.decode())
-        if enc.dtype.quantized:
-            values, scales = arith.blocks_layout(enc.int_values(), enc.scales)
-            return cls(rows, values=values, scales=scales)
-        return cls(rows, lanes=arith.lanes_layout(enc.decode()))
+
+def by_row_blocks(part: Callable[[int, int], np.ndarray], rows: int, work_per_row: int,
+                  threads: bool = False) -> np.ndarray:
+    """part(r0, r1) ([n, r1 - r0]) over rows [0, rows) in blocks of about BLOCK_WORK, concatenated: [n, rows].
+    Each row's value does not depend on the block it is in, so with `threads` the blocks (at least one per core
+    once there is a quarter block of work) run on every core: numpy lets go of the interpreter inside its
+    loops, which pays when each call is long (the float products' are; the quantized ones' are not)."""
+    global _pool
+    work, cores = rows * work_per_row, (os.cpu_count() or 1) if threads else 1
+    blocks = min(rows, max(-(-work // BLOCK_WORK), cores if work >= BLOCK_WORK // 4 else 1))
+    step = -(-rows // blocks)
+    if step >= rows:
+        return part(0, rows)
+    starts = range(0, rows, step)
+    if cores == 1:
+        return np.concatenate([part(r0, min(rows, r0 + step)) for r0 in starts], axis=1)
+    if _pool is None:
+        _pool = ThreadPoolExecutor(cores, thread_name_prefix="reference")
+    return np.concatenate(list(_pool.map(lambda r0: part(r0, min(rows, r0 + step)), starts)), axis=1)
+
+
+class Matrix:
+    """A weight matrix [rows, cols] as stored in the image (float or quantized), and its product with inputs as
+    the runtime's kernels compute it (`exact`) or as BLAS does."""
+
+    def __init__(self, enc: Encoded, exact: bool):
+        self.enc, self.exact = enc, exact
+        self.rows, self.cols = enc.shape
+        self._decoded: np.ndarray | None = None  # exact=False, float: the f32 matrix, decoded once
 
     def rows_of(self, r0: int, r1: int) -> "Matrix":
         """Rows [r0, r1) as a matrix of their own (one head's part of a per-head projection)."""
-        part = slice(r0, r1)
-        if self.lanes is not None:
-            return Matrix(r1 - r0, lanes=self.lanes[:, :, part])
-        if self.values is not None:
-            return Matrix(r1 - r0, values=self.values[:, :, part], scales=self.scales[:, part])
-        if self.dense is not None:
-            return Matrix(r1 - r0, dense=self.dense[part])
-        enc = self.encoded
-        return Matrix(r1 - r0, encoded=Encoded(enc.dtype, (r1 - r0, enc.shape[1]), enc.values[part], enc.scales[part]))
+        return Matrix(self.enc.rows(slice(r0, r1)), self.exact)
 
     def times(self, x: np.ndarray) -> np.ndarray:
-        """Each row of x [n, cols] through the matrix: [n, rows], as the runtime's kernels compute it."""
+        """Each row of x [n, cols] through the matrix: [n, rows]."""
         x = np.ascontiguousarray(x, dtype=F32)
-        if self.lanes is not None:
-            return arith.float_dot(x, self.lanes)
-        if self.values is not None:
-            return arith.quantized_dot(x, self.values, self.scales)
-        if self.dense is not None:
-            return (x @ self.dense.T).astype(F32)
-        return quantized_matmul(x, self.encoded)
+        enc, n = self.enc, x.shape[0]
+        if not self.exact:
+            if enc.dtype.quantized:
+                return quantized_matmul(x, enc)
+            if self._decoded is None:
+                self._decoded = enc.decode()
+            return (x @ self._decoded.T).astype(F32)
+        if enc.dtype.quantized:
+            xq, xd = arith.quantize_q8_0(x)
+            return by_row_blocks(lambda r0, r1: arith.quantized_dot(
+                xq, xd, enc.rows(slice(r0, r1)).int_values(), enc.scales[r0:r1]), self.rows, n * self.cols)
+        return by_row_blocks(lambda r0, r1: arith.float_dot(x, enc.values[r0:r1]), self.rows, n * self.cols, True)
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, pairs: bool = False) -> np.ndarray:
@@ -116,6 +130,7 @@ class Reference:
         self.exact = exact
         self.d = image.dims
         self.routes: dict[int, tuple[np.ndarray, np.ndarray]] | None = None  # layer -> (experts, weights) per position
+        self.residuals: dict[int, tuple[np.ndarray, np.ndarray]] | None = None  # layer -> x after attention, after it
         self._matrices: dict[tuple[Role, int, int], Matrix] = {}
         self._vectors: dict[tuple[Role, int, int], np.ndarray] = {}
         self._kv: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}  # a forward pass's cached k, v per layer
@@ -131,12 +146,16 @@ class Reference:
             self._vectors[key] = self.img.tensor(role, layer, expert).astype(F32)
         return self._vectors[key]
 
+    def _rows(self, role: Role, index: np.ndarray) -> np.ndarray:
+        """Rows `index` of a table decoded to f32 (an embedding lookup), without decoding the others."""
+        return self.img.encoded(role).rows(index).decode()
+
     def matrix(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> Matrix:
         key = (role, layer, expert)
         if key not in self._matrices:
             if not self.keep_weights:
                 self._matrices.clear()
-            self._matrices[key] = Matrix.of(self.img.encoded(role, layer, expert), self.exact)
+            self._matrices[key] = Matrix(self.img.encoded(role, layer, expert), self.exact)
         return self._matrices[key]
 
     def linear(self, x: np.ndarray, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
@@ -183,7 +202,7 @@ class Reference:
         k = np.repeat(keys, group, axis=1).transpose(1, 0, 2)     # [H, n_keys, kd]
         v = np.repeat(values, group, axis=1).transpose(1, 0, 2)   # [H, n_keys, vd]
         # each head's dot products with its keys as dot_f32 computes them: the cached key the weights, q the input
-        scores = np.stack([arith.float_dot(q[:, h], arith.lanes_layout(k[h])) for h in range(H)])  # [H, n_q, n_keys]
+        scores = np.stack([arith.float_dot(q[:, h], k[h]) for h in range(H)])  # [H, n_q, n_keys]
         scores = scores * F32(self.d.scale)
         probs = arith.softmax(scores, sinks[:, None] if sinks is not None else None, seen[None])
         out = np.zeros((H, n, v.shape[-1]), F32)
@@ -371,7 +390,7 @@ class Reference:
         PLE_MODEL_PROJ times 1 / sqrt(D), normed per layer; their sum times 0.70710678118654752."""
         d, P = self.d, self.d.ple_dim
         n = x.shape[0]
-        token = self._t(Role.PLE_EMBD)[tokens] * np.sqrt(F32(P))
+        token = self._rows(Role.PLE_EMBD, tokens) * np.sqrt(F32(P))
         context = self.linear(x, Role.PLE_MODEL_PROJ) * (ONE / np.sqrt(F32(d.hidden_size)))
         context = self.norm(context.reshape(n, d.n_layers, P), Role.PLE_PROJ_NORM)
         return (context + token.reshape(n, d.n_layers, P)) * F32(0.70710678118654752)
@@ -392,7 +411,7 @@ class Reference:
             raise ValueError(f"need 1..{d.max_seq} tokens, got {tokens.size}")
         if tokens.min() < 0 or tokens.max() >= d.vocab_size:
             raise ValueError(f"token ids must be in [0, {d.vocab_size})")
-        x = self._t(Role.TOKEN_EMBD)[tokens]
+        x = self._rows(Role.TOKEN_EMBD, tokens)
         if d.embed_scale:
             x = x * F32(d.embed_scale)
         ple = self.per_layer_inputs(tokens, x) if d.ple_dim else None
@@ -400,11 +419,14 @@ class Reference:
         self._kv = {}
         for layer in range(d.n_layers):
             x = x + self.attention(x, layer)
+            after_attention = x
             x = x + self.ffn(x, layer)
             if gemma:
                 if ple is not None:
                     x = x + self.per_layer_input(x, ple[:, layer], layer)
                 x = x * self._t(Role.LAYER_SCALE, layer)[0]
+            if self.residuals is not None:
+                self.residuals[layer] = (after_attention, x)
         logits = self.linear(self.norm(x, Role.OUTPUT_NORM), Role.LM_HEAD)
         if d.logit_softcap:
             cap = F32(d.logit_softcap)
@@ -413,12 +435,21 @@ class Reference:
 
     def routing(self, tokens: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """For each MoE layer: the experts chosen for each position (best first) and their weights."""
-        self.routes = {}
+        return self.traced(tokens)[0]
+
+    def traced(self, tokens: list[int]) -> tuple[dict[int, tuple[np.ndarray, np.ndarray]], dict[int, np.ndarray]]:
+        """One pass, recording what the device's trace reports (colibri_layer_trace): for each MoE layer each
+        position's experts and weights (routing), and for every layer the CRC-32 of each position's residual
+        stream (its f32 values as little-endian bytes) after the attention half and after the whole layer:
+        [positions, 2] uint32."""
+        self.routes, self.residuals = {}, {}
         try:
             self.forward(tokens)
-            return self.routes
+            sums = {layer: np.array([[zlib.crc32(row.astype("<f4").tobytes()) for row in half] for half in halves],
+                                    np.uint32).T for layer, halves in self.residuals.items()}
+            return self.routes, sums
         finally:
-            self.routes = None
+            self.routes = self.residuals = None
 
     def greedy(self, prompt: list[int], n_new: int) -> list[int]:
         seq = list(prompt)

@@ -35,7 +35,8 @@ class LayerTrace(C.Structure):
     _fields_ = [("pos", C.c_uint32), ("layer", C.c_uint32), ("n_routed", C.c_uint32),
                 ("experts", C.POINTER(C.c_uint32)), ("weights", C.POINTER(C.c_float)),
                 ("cycles_expert", C.POINTER(C.c_uint64)), ("cycles_attention", C.c_uint64),
-                ("cycles_router", C.c_uint64), ("cycles_ffn", C.c_uint64)]
+                ("cycles_router", C.c_uint64), ("cycles_ffn", C.c_uint64), ("crc_attention", C.c_uint32),
+                ("crc_output", C.c_uint32)]
 
 
 TRACE = C.CFUNCTYPE(None, C.c_void_p, C.POINTER(LayerTrace))  # for Options.trace, as C.cast(hook, C.c_void_p)

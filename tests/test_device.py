@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -251,26 +252,51 @@ def test_verify_is_bit_for_bit_on_an_untouched_quantized_checkpoint(dtype, kv, f
     assert "verify: bit-identical to the reference over 20 logits rows; greedy tokens agree 12/12: PASS" in out
 
 
-def test_verify_names_where_device_and_reference_part(images, firmware, tmp_path, capsys, monkeypatch):
+@pytest.fixture(scope="module")
+def dense_image(tmp_path_factory) -> Path:
+    """A small Llama: no routed layer, so only the residual stream's CRCs can say where a run parts."""
+    from conftest import make_family_checkpoint
+    from colibri.pack import pack
+    base = tmp_path_factory.mktemp("dense")
+    ckpt = make_family_checkpoint("LlamaForCausalLM", dict(vocab_size=40, num_hidden_layers=2, hidden_size=24,
+                                  num_attention_heads=4, num_key_value_heads=2, intermediate_size=20), 3, base / "ckpt")
+    pack(ckpt, base / "dense.img", 48, 64)
+    return base / "dense.img"
+
+
+@pytest.mark.parametrize("which,changed,says", [
+    ("base", [(Role.ROUTER, 1, -1)], "token 0 (id 1), layer 1: the router's"),
+    ("base", [(Role.WO, 1, -1)], "token 0 (id 1), layer 1: the residual stream after the attention half differs"),
+    ("base", [(Role.EXPERT_DOWN, 1, e) for e in range(4)],
+     "token 0 (id 1), layer 1: the residual stream after the FFN half differs"),
+    ("base", [(Role.OUTPUT_NORM, -1, -1)], "every layer of every token agrees: they part after the last layer"),
+    ("dense", [(Role.DENSE_DOWN, 0, -1)], "token 0 (id 1), layer 0: the residual stream after the FFN half differs"),
+], ids=["router", "attention", "experts", "output", "dense_mlp"])
+def test_verify_names_where_device_and_reference_part(which, changed, says, images, dense_image, firmware, capsys,
+                                                      monkeypatch):
     """When the device's logits part from the reference's, --verify says at which position, and one traced run
-    more names the first token and routed layer whose routing differs. Here the reference is given an image
-    whose layer-1 router differs from the one the device runs (everything else equal)."""
-    from colibri.image import Role
+    more names the first token, layer and step where they part: the residual stream's CRC after the attention
+    half, the router's choice, the CRC after the FFN half (dense layers too). Here the reference is given an
+    image in which one tensor differs from the one the device runs (scaled by 1.5; everything else equal)."""
     from test_verifier import reseal
-    image = images["base"]
+    from colibri.image import NO_INDEX
+    image = images["base"] if which == "base" else dense_image
     data = bytearray(image.read_bytes())
-    router = read_image(bytes(data)).entry(Role.ROUTER, 1)
-    weights = np.frombuffer(bytes(data[router.offset:router.offset + router.nbytes]), np.float32)
-    data[router.offset:router.offset + router.nbytes] = (weights * np.float32(1.5)).tobytes()
-    other = reseal(data)
+    before = read_image(bytes(data))
+    for role, layer, expert in changed:
+        e = before.entry(role, NO_INDEX if layer < 0 else layer, NO_INDEX if expert < 0 else expert)
+        assert e.dtype == DType.F32
+        values = np.frombuffer(bytes(data[e.offset:e.offset + e.nbytes]), np.float32)
+        data[e.offset:e.offset + e.nbytes] = (values * np.float32(1.5)).tobytes()
+    other = read_image(reseal(data), check_crcs=False)  # (the routed experts' block CRCs are not resealed)
     real = flash.Reference
-    monkeypatch.setattr(flash, "Reference", lambda img, *a, **k: real(read_image(other), *a, **k))
+    monkeypatch.setattr(flash, "Reference", lambda img, *a, **k: real(other, *a, **k))
     code = flash.main([str(image), "--board", "hosted", "--firmware", str(firmware), "--prompt-tokens", "1,5,9,3",
                        "--max-new-tokens", "4", "--verify"])
     out = capsys.readouterr().out
     assert code == 1
     assert "verify: device and reference part at position 0:" in out and "FAIL" in out
-    assert "verify: token 0 (id 1), layer 1: the router's" in out, out
+    assert f"verify: {says}" in out, out
 
 
 @pytest.mark.parametrize("settings", [("0.8", "0", "0.9"), ("1.5", "0", "1"), ("0.7", "3", "1"), ("1.2", "4", "0.6")],
@@ -294,8 +320,8 @@ def test_verify_checks_sampled_tokens_against_the_runtimes_sampler(settings, ima
 
 
 def test_the_traced_run_says_why_it_cannot_name_the_parting(images):
-    """The traced run that names where device and reference part can fail, give other tokens, or not apply: it
-    says so instead of naming nothing (or a wrong layer)."""
+    """The traced run that names where device and reference part can fail, give other tokens, or not be possible
+    (over --port): it says so instead of naming nothing (or a wrong layer)."""
     from colibri.protocol import LinkError
     run = flash.RunResult(tokens=[3, 4], stats={"expert_calls": 8}, logits=None, board="hosted")
     reference = Reference(read_image(images["base"].read_bytes()))
@@ -306,5 +332,3 @@ def test_the_traced_run_says_why_it_cannot_name_the_parting(images):
     assert "failed (timed out" in flash.traced_parting(reference, "hosted", None, run, PROMPT, failing)
     other = flash.RunResult(tokens=[3, 5], stats={}, logits=None, board="hosted", traces=[])
     assert "does not repeat itself" in flash.traced_parting(reference, "hosted", None, run, PROMPT, lambda: other)
-    dense = flash.RunResult(tokens=[3, 4], stats={"expert_calls": 0}, logits=None, board="hosted")
-    assert "no routed layer" in flash.traced_parting(reference, "hosted", None, dense, PROMPT, failing)

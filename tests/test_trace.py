@@ -35,11 +35,14 @@ def test_trace_matches_reference_routing(board, which, images, mixed_image, firm
     image = images["base"] if which == "base" else mixed_image
     result = flash.run_on_board(image, board_name(board), PROMPT, 6, Sampling(), False, firmware=firmwares[board], trace=True)
     ref = Reference(read_image(image.read_bytes()))
-    routes = ref.routing(PROMPT + result.tokens)
+    routes, sums = ref.traced(PROMPT + result.tokens)
     assert len(result.traces) == len(PROMPT) + 6
     for pos, layers in enumerate(result.traces):
         assert [t.layer for t in layers] == list(range(ref.d.n_layers))
         for t in layers:
+            # the residual stream after each half of each layer: the reference's bits (a traced run feeds one
+            # token a pass, so every token carries the attention half's CRC)
+            assert [t.crc_attention, t.crc_output] == sums[t.layer][pos].tolist(), (pos, t.layer)
             # every board's clock advances during real work; a wrapped or garbage counter would be huge
             assert 0 < t.cycles_attention < 2**40 and 0 < t.cycles_ffn < 2**40 and t.cycles_router < 2**40
             if ref.d.moe_layers[t.layer]:
@@ -76,7 +79,7 @@ def test_a_bad_trace_file_is_one_line_and_exit_2(text, says, tmp_path, capsys):
 
 def test_trace_records_hold_every_layer_the_verifier_allows(hosted_build, tmp_path):
     """link.c's trace hook and protocol.parse_trace agree on layers past 16 bits (the verifier allows 2^24), for
-    0, 1 and 2 routed experts (tests/trace_record.c: the hook on six records)."""
+    0, 1 and 2 routed experts, with both CRCs (tests/trace_record.c: the hook on six records)."""
     import subprocess
 
     from conftest import ROOT
@@ -86,6 +89,7 @@ def test_trace_records_hold_every_layer_the_verifier_allows(hosted_build, tmp_pa
                     str(hosted_build / "libcolibri.a"), "-o", str(exe)], cwd=ROOT, check=True)
     records = parse_trace(bytes.fromhex(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout))
     experts, weights, cycles = [3, 1], [0.75, 0.25], [11, 1 << 40]
-    want = [LayerTrace(layer, 100 + i, 200 + i, 300 + i, experts[:i % 3], weights[:i % 3], cycles[:i % 3])
+    want = [LayerTrace(layer, 100 + i, 200 + i, 300 + i, experts[:i % 3], weights[:i % 3], cycles[:i % 3],
+                       0xDEADBEEF - i, 0x80000000 + i)
             for i, layer in enumerate([0, 255, 65535, 65536, 70001, (1 << 24) - 1])]
     assert records == want

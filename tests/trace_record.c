@@ -17,7 +17,8 @@ int main(void) {
     for (uint32_t i = 0; i < sizeof layers / sizeof layers[0]; i++) {
         const colibri_layer_trace t = { .pos = 7, .layer = layers[i], .n_routed = i % 3, .experts = experts,
                                         .weights = weights, .cycles_expert = cycles, .cycles_attention = 100 + i,
-                                        .cycles_router = 200 + i, .cycles_ffn = 300 + i };
+                                        .cycles_router = 200 + i, .cycles_ffn = 300 + i,
+                                        .crc_attention = 0xDEADBEEFu - i, .crc_output = 0x80000000u + i };
         trace_layer(&l, &t);
     }
     for (uint32_t i = 0; i < l.trace_len; i++) printf("%02x", l.trace[i]);

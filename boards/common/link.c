@@ -14,7 +14,7 @@ void *memcpy(void *dst, const void *src, size_t n); /* the C library's, or board
 #define SYNC0 0xA5u
 #define SYNC1 0x5Au
 #define MAX_PAYLOAD 4096u
-#define PROTOCOL_VERSION 2u
+#define PROTOCOL_VERSION 3u
 
 enum {
     REQ_INFO = 0x01, REQ_OPEN = 0x02, REQ_START = 0x03, REQ_STATS = 0x04, REQ_QUIT = 0x05,
@@ -32,7 +32,7 @@ enum {
 #define LOGITS_PER_FRAME ((MAX_PAYLOAD - 12u) / 4u)
 #define START_TRACE 1u          /* START flag: record what every layer did for the last token */
 #define TRACE_BYTES 8192u       /* one token's layer records; layers that do not fit are dropped */
-#define TRACE_LAYER_BYTES 32u   /* u32 layer, u32 n_routed, u64 cycles: attention, router, ffn */
+#define TRACE_LAYER_BYTES 40u   /* u32 layer, u32 n_routed, u64 cycles: attention, router, ffn; u32 CRCs: attention, output */
 #define TRACE_EXPERT_BYTES 16u  /* u32 expert, f32 weight, u64 cycles */
 
 typedef struct {
@@ -162,6 +162,8 @@ static void trace_layer(void *user, const colibri_layer_trace *t) {
     put64(p + 8, t->cycles_attention);
     put64(p + 16, t->cycles_router);
     put64(p + 24, t->cycles_ffn);
+    put32(p + 32, t->crc_attention);
+    put32(p + 36, t->crc_output);
     for (uint32_t k = 0; k < t->n_routed; k++) {
         uint8_t *e = p + TRACE_LAYER_BYTES + TRACE_EXPERT_BYTES * k;
         put32(e, t->experts[k]);

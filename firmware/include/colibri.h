@@ -85,13 +85,18 @@ typedef struct {
 } colibri_image_info;
 
 /* What one layer did for one token, passed to the trace hook. Pointers are valid only during the
- * call. In a dense layer n_routed is 0 and cycles_ffn is the MLP's. */
+ * call. In a dense layer n_routed is 0 and cycles_ffn is the MLP's. The CRCs (colibri_crc32 from 0) are of
+ * the token's residual stream, its `hidden` floats as stored (little-endian on every board), after the
+ * attention half and after the whole layer: a host that computes the same bits can name the first layer and
+ * half where a run parts from it (flash.py --verify). In a prefill batch only the last token carries
+ * crc_attention (the others 0), as it carries the cycles. */
 typedef struct {
     uint32_t pos, layer, n_routed;
     const uint32_t *experts;        /* the routed experts, best first */
     const float *weights;           /* their gate weights, as applied */
     const uint64_t *cycles_expert;  /* cycles in each routed expert's FFN */
     uint64_t cycles_attention, cycles_router, cycles_ffn;
+    uint32_t crc_attention, crc_output;
 } colibri_layer_trace;
 
 /* expert_policy bits */

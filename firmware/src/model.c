@@ -898,8 +898,14 @@ static void per_layer_input(colibri_ctx *c, const token_buffers *tb, uint32_t la
     for (size_t i = 0; i < (size_t)tb->n * d->dim; i++) tb->x[i] += tb->ffn_out[i];
 }
 
+/* CRC-32 of token t's residual stream, for the trace. */
+static uint32_t residual_crc(const colibri_ctx *c, const token_buffers *tb, uint32_t t) {
+    return crc32_update(0, tb->x + (size_t)t * c->d.dim, (size_t)c->d.dim * sizeof(float), c->crc_clmul);
+}
+
 /* The trace hook for every token of the pass after `layer`. A batch's layer cycles are its tokens'
- * together: the last token carries them, the others 0 (and no per-expert cycles). */
+ * together: the last token carries them, the others 0 (and no per-expert cycles); so does the CRC after the
+ * attention half, taken of the last token only (the others' rows have moved on by now). */
 static void trace_layer(colibri_ctx *c, const token_buffers *tb, const colibri_layer_trace *layer) {
     if (!c->opts.trace) return;
     const uint32_t n = tb->n;
@@ -910,7 +916,8 @@ static void trace_layer(colibri_ctx *c, const token_buffers *tb, const colibri_l
         t.pos = c->pos + i;
         t.experts = tb->topk_index + (size_t)i * c->d.top_k;
         t.weights = tb->topk_weight + (size_t)i * c->d.top_k;
-        if (i + 1 < n) t.cycles_attention = t.cycles_router = t.cycles_ffn = 0;
+        t.crc_output = residual_crc(c, tb, i);
+        if (i + 1 < n) t.cycles_attention = t.cycles_router = t.cycles_ffn = t.crc_attention = 0;
         c->opts.trace(c->opts.user, &t);
     }
 }
@@ -942,6 +949,7 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
         uint64_t t0 = ctx_now(c);
         attention(c, &tb, layer, kind_base[windowed]);
         t.cycles_attention = ctx_now(c) - t0;
+        if (c->opts.trace) t.crc_attention = residual_crc(c, &tb, n - 1);
         c->stats.cycles_attention += t.cycles_attention;
         colibri_status st = ffn_block(c, &tb, layer, &t);
         if (st) return pass_failed(c, n, st);
