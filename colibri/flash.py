@@ -110,8 +110,8 @@ def verify(reference: Reference, prompt: list[int], result: RunResult, sampling:
            tolerance: float | None = None) -> Verification:
     """Compare the device's logits with the numpy reference run on the same tokens, bit for bit (or with a
     tolerance on max |device - reference|), and its tokens with the reference's choices: the first of each row,
-    or the runtime's sampler's draw with the same settings and seed. When they part and the device traced its
-    routing, say where."""
+    or the runtime's sampler's draw with the same settings and seed. When they part and the device traced the run,
+    say where."""
     sampled = sampling.temperature > 0
     sampler = Sampler(sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed) if sampled else None
     v = compare(reference.forward(prompt + result.tokens), result.logits, prompt, result.tokens, not sampled, tolerance,
@@ -126,11 +126,13 @@ def parting_point(reference: Reference, tokens: list[int], traces: list) -> str:
     stream after the attention half (its CRC), the router's choice (experts, or their weights' bits), the
     residual stream after the layer; or that every layer of every token agrees."""
     routes, sums = reference.traced(tokens)
+    # a lean build's trace takes no CRCs (0, 0): only its routing can be compared
+    crcs = any(t.crc_attention or t.crc_output for layers in traces for t in layers)
     for pos, layers in enumerate(traces[:len(tokens)]):
         for t in layers:
             where = f"token {pos} (id {tokens[pos]}), layer {t.layer}"
             crc_attention, crc_output = (int(v) for v in sums[t.layer][pos])
-            if t.crc_attention != crc_attention:
+            if crcs and t.crc_attention != crc_attention:
                 return (f"{where}: the residual stream after the attention half differs (CRC-32 device "
                         f"{t.crc_attention:08x}, reference {crc_attention:08x}); every earlier token and layer agrees")
             if t.layer in routes:
@@ -141,9 +143,12 @@ def parting_point(reference: Reference, tokens: list[int], traces: list) -> str:
                     return (f"{where}: the router's {what} differ (device {t.experts} {device_weights.tolist()}, "
                             f"reference {experts[pos].tolist()} {weights[pos].tolist()}); every earlier token and "
                             "layer agrees")
-            if t.crc_output != crc_output:
+            if crcs and t.crc_output != crc_output:
                 return (f"{where}: the residual stream after the FFN half differs (CRC-32 device {t.crc_output:08x}, "
-                        f"reference {crc_output:08x}); its attention half and every earlier token and layer agree")
+                        f"reference {crc_output:08x}, at the layer's end); its attention half and every earlier token "
+                        "and layer agree")
+    if not crcs:
+        return "every routed layer of every token routed alike; this build's trace carries no residual CRCs (lean)"
     return "every layer of every token agrees: they part after the last layer (the output norm or matrix)"
 
 
@@ -451,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--verify", action="store_true",
                     help="compare the device's logits with the numpy reference, bit for bit; when they part, name the "
-                         "first token and routed layer where they do (one more run, traced)")
+                         "first token, layer and step where they do (one more run, traced)")
     ap.add_argument("--tolerance", type=float,
                     help="--verify within this max abs logit error instead of bit for bit (a deliberate comparison, "
                          "e.g. of a runtime you changed); --against: the near-tie margin for greedy tokens")
@@ -614,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         reference = Reference(read_image(args.image.read_bytes()))
         v = verify(reference, prompt, result, sampling, args.tolerance)
         if v.first_difference is not None and v.tolerance is None and not v.parting:
-            # one more run, traced: the routing it reports names the first layer where device and reference part
+            # one more run, traced: its residual CRCs and routing name the first layer where device and reference part
             v.parting = traced_parting(reference, args.board, args.port, result, prompt, lambda: run_on_board(
                 args.image, args.board, prompt, args.max_new_tokens, sampling, False, firmware=args.firmware,
                 timeout=args.timeout, upload=args.upload, retries=args.retries, trace=True, expert_cache=slots,

@@ -222,7 +222,7 @@ def _file_tensor(file: OpenFile, t) -> FileTensor:
         except NotImplementedError:
             raise GGUFError(f"tensor {t.name} has type {t.tensor_type.name}, which the gguf package cannot "
                             "dequantize; convert the model again with another type") from None
-    return FileTensor(file, t.data_offset, t.data.dtype, t.data.shape, shape, decode)
+    return FileTensor(file, t.data_offset, t.data.dtype, t.data.shape, shape, decode, KEPT_TYPES.get(t.tensor_type))
 
 
 def _lazy(shape: tuple[int, ...], t: LazyTensor, fn, by_expert=None) -> Derived:

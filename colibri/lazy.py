@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from colibri.quant import Encoded
+from colibri.quant import DType, Encoded
 
 
 class OpenFile:
@@ -43,6 +43,9 @@ class OpenFile:
 class LazyTensor:
     """A tensor whose shape is known and whose values are read or computed only when asked for: load() as
     stored (an array, or an Encoded Q8_0/Q4_0 tensor of a GGUF file), np.asarray(t) as float32."""
+
+    # The image dtype its values are stored in already (a GGUF Q8_0/Q4_0 tensor, loaded as Encoded), or None
+    kept: DType | None = None
 
     def __init__(self, shape: tuple[int, ...]):
         self.shape = tuple(int(n) for n in shape)
@@ -76,8 +79,9 @@ class FileTensor(LazyTensor):
     the stored elements of (a sub-tensor of) it into its values of `shape` (default: as stored)."""
 
     def __init__(self, file: OpenFile, start: int, stored: np.dtype, stored_shape: tuple[int, ...],
-                 shape: tuple[int, ...] | None = None, decode: Decode | None = None):
+                 shape: tuple[int, ...] | None = None, decode: Decode | None = None, kept: DType | None = None):
         super().__init__(stored_shape if shape is None else shape)
+        self.kept = kept
         self.file, self.start, self.stored = file, start, np.dtype(stored)
         self.stored_shape = tuple(int(n) for n in stored_shape)
         self.decode = decode or (lambda raw, shape: raw)

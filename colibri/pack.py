@@ -37,7 +37,7 @@ from colibri.checkpoint import UnsupportedModel, load_checkpoint
 from colibri.image import (KV_DTYPES, NO_INDEX, ModelDims, Role, arena_bytes, entry_encoded, open_image,
                            tensor_name, write_image)
 from colibri.lazy import LazyTensor, OpenFile
-from colibri.quant import Deferred, DType, Encoded, convert
+from colibri.quant import QBLOCK, VALUE_BYTES, Deferred, DType, Encoded, convert
 from colibri.reference import Reference
 from colibri.text import checkpoint_meta
 from colibri.sim.boards import board_names, fit_report, load_board
@@ -50,7 +50,8 @@ LARGE = {Role.TOKEN_EMBD, Role.LM_HEAD, Role.WQ, Role.WK, Role.WV, Role.WO, Role
 CALIBRATION_TOKENS = 32  # the quality report's prompt: this many seeded random token ids (fewer if max_seq is)
 # The report warns past either bound. Q8_0 costs SmolLM2-135M a KL of 0.016 on this prompt (top-1 90.6%):
 # ten times that is a loss worth a look, and so is a first choice that differs for one token in five.
-# Requantizing its Q4_1 GGUF to q4_0 costs 0.98 (top-1 40% on real prompts): the text changes.
+# Requantizing its Q4_1 GGUF to q4_0 costs 0.81 (top-1 50% on real prompts; llama.cpp's own Q4_0 as much):
+# the text changes.
 LOSSY_KL = 0.15
 LOSSY_TOP1 = 0.8
 
@@ -73,31 +74,43 @@ def parse_keep(spec: str) -> tuple[str, DType]:
     return glob, DType.parse(dtype) if dtype else DType.F32
 
 
-# Bytes per value, to pick the widest of the dtypes a tied tensor's names ask for
-VALUE_SIZE = {DType.F32: 4.0, DType.F16: 2.0, DType.BF16: 2.0, DType.Q8_0: 34 / 32, DType.Q4_0: 18 / 32}
+def value_bytes(dtype: DType) -> float:
+    """Bytes per value stored: what makes one dtype wider than another."""
+    if dtype.quantized:
+        return (VALUE_BYTES[dtype] + 2) / QBLOCK  # the values of a block and its f16 scale
+    return 4.0 if dtype == DType.F32 else 2.0
 
 
-def choose_dtype(role: Role, layer: int, expert: int, dtype: DType, keep: list[tuple[str, DType]]) -> DType:
-    """A tensor's dtype: the first --keep glob matching its name, else --dtype for the large matrices (the output
-    matrix at q8_0 when that is q4_0, as llama.cpp's Q4_0 files keep it: the logits feel its rounding most)
-    and f32 for everything else."""
+def stored_dtype(t: object) -> DType | None:
+    """The image dtype a checkpoint's tensor is stored in already (a GGUF Q8_0/Q4_0 tensor), or None."""
+    return t.dtype if isinstance(t, Encoded) else t.kept if isinstance(t, LazyTensor) else None
+
+
+def choose_dtype(role: Role, layer: int, expert: int, dtype: DType, keep: list[tuple[str, DType]],
+                 stored: DType | None = None) -> DType:
+    """A tensor's dtype: the first --keep glob matching its name, else --dtype for the large matrices and f32 for
+    everything else; but the output matrix at q8_0 when --dtype is q4_0, as llama.cpp's Q4_0 files keep it (the
+    logits feel its rounding most), unless it is stored as Q4_0 already (widening those values gains nothing)."""
     if role not in LARGE:
         return DType.F32
     name = tensor_name(role, layer, expert)
     for glob, kept in keep:
         if fnmatch.fnmatchcase(name, glob):
             return kept
-    return DType.Q8_0 if role == Role.LM_HEAD and dtype == DType.Q4_0 else dtype
+    if role == Role.LM_HEAD and dtype == DType.Q4_0 and stored != DType.Q4_0:
+        return DType.Q8_0
+    return dtype
 
 
 def convert_tensors(tensors: dict, dtype: DType, keep: list[tuple[str, DType]]) -> dict:
     """Every tensor in its chosen dtype; tied tensors stay one object, in the widest dtype any of their keys
-    chooses (a tied embedding is the output matrix too). A tensor not yet read from its checkpoint
-    (LazyTensor) is read and converted when the image is written."""
+    chooses (a tied embedding is the output matrix too: `--keep token_embd=...` narrower than the output's
+    choice does not narrow it). A tensor not yet read from its checkpoint (LazyTensor) is read and converted
+    when the image is written."""
     wanted: dict[int, DType] = {}
     for key, t in tensors.items():
-        want = choose_dtype(*key, dtype, keep)
-        if id(t) not in wanted or VALUE_SIZE[want] > VALUE_SIZE[wanted[id(t)]]:
+        want = choose_dtype(*key, dtype, keep, stored_dtype(t))
+        if id(t) not in wanted or value_bytes(want) > value_bytes(wanted[id(t)]):
             wanted[id(t)] = want
     done: dict[int, Encoded | Deferred] = {}
     out = {}

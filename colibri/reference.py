@@ -39,8 +39,9 @@ from colibri.image import (FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_GELU_TANH, FL
 from colibri.quant import Encoded, quantized_matmul
 
 
-# Multiply-adds per block of rows in an exact matrix product: big enough that numpy's per-call cost is small
-# against the work of a call, small enough that a block's temporaries stay within the CPU's caches
+# Multiply-adds per block of rows in an exact matrix product (counted for at least 16 inputs: a block's lane
+# layout holds its rows whatever the inputs): big enough that numpy's per-call cost is small against the work
+# of a call, small enough that a block's temporaries stay a few MB
 BLOCK_WORK = 1 << 24
 _pool: ThreadPoolExecutor | None = None
 
@@ -53,7 +54,7 @@ def by_row_blocks(part: Callable[[int, int], np.ndarray], rows: int, work_per_ro
     loops, which pays when each call is long (the float products' are; the quantized ones' are not)."""
     global _pool
     work, cores = rows * work_per_row, (os.cpu_count() or 1) if threads else 1
-    blocks = min(rows, max(-(-work // BLOCK_WORK), cores if work >= BLOCK_WORK // 4 else 1))
+    blocks = max(1, min(rows, max(-(-work // BLOCK_WORK), cores if work >= BLOCK_WORK // 4 else 1)))
     step = -(-rows // blocks)
     if step >= rows:
         return part(0, rows)
@@ -91,8 +92,9 @@ class Matrix:
         if enc.dtype.quantized:
             xq, xd = arith.quantize_q8_0(x)
             return by_row_blocks(lambda r0, r1: arith.quantized_dot(
-                xq, xd, enc.rows(slice(r0, r1)).int_values(), enc.scales[r0:r1]), self.rows, n * self.cols)
-        return by_row_blocks(lambda r0, r1: arith.float_dot(x, enc.values[r0:r1]), self.rows, n * self.cols, True)
+                xq, xd, enc.rows(slice(r0, r1)).int_values(), enc.scales[r0:r1]), self.rows, max(n, 16) * self.cols)
+        return by_row_blocks(lambda r0, r1: arith.float_dot(x, enc.values[r0:r1]), self.rows, max(n, 16) * self.cols,
+                             True)
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, pairs: bool = False) -> np.ndarray:

@@ -82,6 +82,7 @@ class Lib:
         so.colibri_open.argtypes = [C.c_void_p, C.c_size_t, C.c_void_p, C.c_size_t, C.c_void_p,
                                     C.POINTER(C.c_void_p), C.POINTER(C.c_uint64)]
         so.colibri_reset.argtypes = [C.c_void_p]
+        so.colibri_set_trace.argtypes = [C.c_void_p, C.c_void_p]
         so.colibri_feed.argtypes = [C.c_void_p, C.POINTER(C.c_uint32), C.c_size_t]
         so.colibri_step.argtypes = [C.c_void_p, C.POINTER(Sampler), C.POINTER(C.c_uint32)]
         so.colibri_sample.argtypes = [C.c_void_p, C.POINTER(Sampler), C.POINTER(C.c_uint32)]

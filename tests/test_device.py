@@ -323,7 +323,7 @@ def test_the_traced_run_says_why_it_cannot_name_the_parting(images):
     """The traced run that names where device and reference part can fail, give other tokens, or not be possible
     (over --port): it says so instead of naming nothing (or a wrong layer)."""
     from colibri.protocol import LinkError
-    run = flash.RunResult(tokens=[3, 4], stats={"expert_calls": 8}, logits=None, board="hosted")
+    run = flash.RunResult(tokens=[3, 4], stats={}, logits=None, board="hosted")
     reference = Reference(read_image(images["base"].read_bytes()))
 
     def failing():

@@ -134,8 +134,9 @@ def test_types_without_an_image_dtype_are_dequantized_exactly(qtype, sources, tm
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0], ids=lambda q: q.name)
 def test_quantized_gguf_tensors_land_in_the_image_unchanged(qtype, writer, sources, tmp_path):
     """A GGUF Q8_0/Q4_0 tensor packed to the same dtype keeps its quantized values and scales bit for
-    bit (the q/k rows of a `llama` file are only reordered back); any other target dtype converts it.
-    On the project's writer's file and on llama.cpp's quantizer's (tests/fixtures/gguf)."""
+    bit (the q/k rows of a `llama` file are only reordered back), the output matrix too (--dtype q4_0 widens
+    it to q8_0 only when it is not Q4_0 already); any other target dtype converts it. On the project's
+    writer's file (every matrix in the type) and on llama.cpp's quantizer's (tests/fixtures/gguf)."""
     path = (hf_to_gguf(sources["mixtral32"], tmp_path / "q.gguf", qtype) if writer == "project"
             else FIXTURES / f"mixtral-{qtype.name.lower()}.gguf")
     dtype = DType[qtype.name]
@@ -156,13 +157,17 @@ def test_quantized_gguf_tensors_land_in_the_image_unchanged(qtype, writer, sourc
         elif t.name == "blk.1.ffn_down_exps.weight":
             last = img.dims.n_experts - 1
             raw, stored = raw[last], img.encoded(Role.EXPERT_DOWN, 1, last)
+        elif t.name == "output.weight":
+            stored = img.encoded(Role.LM_HEAD)
         else:
             continue
         assert stored.dtype == dtype
         np.testing.assert_array_equal(stored.values, raw.values)
         np.testing.assert_array_equal(stored.scales.view(np.uint16), raw.scales.view(np.uint16))
         checked += 1
-    assert checked == 3
+    output_in_type = any(t.name == "output.weight" and t.tensor_type == qtype for t in reader.tensors)
+    assert output_in_type or writer == "llama.cpp"  # (llama.cpp's Q4_0 file holds its output matrix as Q6_K)
+    assert checked == 3 + output_in_type
 
 
 @pytest.mark.parametrize("name", LLAMA_CPP_FILES)

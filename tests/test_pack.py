@@ -235,6 +235,26 @@ def test_write_image_streams_the_same_bytes_build_image_returns(checkpoints, tmp
     read_image(want)  # and it is a valid image
 
 
+@pytest.mark.parametrize("name,keep,output,embedding", [
+    ("base", [], "Q8_0", "Q4_0"),                              # llama.cpp's Q4_0 rule: the output matrix at q8_0
+    ("base", [("output", "Q4_0")], "Q4_0", "Q4_0"),              # ... unless --keep says otherwise
+    ("top3_gqa4_tied", [], "Q8_0", "Q8_0"),                    # a tied embedding is the output matrix: the wider
+    ("top3_gqa4_tied", [("token_embd", "F16")], "F16", "F16"),  # ... of its two names' choices
+])
+def test_q4_0_keeps_the_output_matrix_at_q8_0(name, keep, output, embedding, checkpoints):
+    """--dtype q4_0 stores the output matrix as q8_0 (the logits feel its rounding most; SmolLM2-135M's q4_0 goes
+    from KL 0.98 to 0.81 against F16, llama.cpp's own Q4_0 0.82: docs/PERFORMANCE.md) and every other large
+    matrix as q4_0; a tied tensor takes the widest dtype any of its names chooses."""
+    from colibri.checkpoint import load_checkpoint
+    from colibri.pack import convert_tensors
+    from colibri.quant import DType
+    ckpt = load_checkpoint(checkpoints[name], 24)
+    tensors = convert_tensors(ckpt.tensors, DType.Q4_0, [(glob, DType[d]) for glob, d in keep])
+    assert tensors[Role.LM_HEAD, NO_INDEX, NO_INDEX].dtype == DType[output]
+    assert tensors[Role.TOKEN_EMBD, NO_INDEX, NO_INDEX].dtype == DType[embedding]
+    assert tensors[Role.WQ, 0, NO_INDEX].dtype == DType.Q4_0
+
+
 def write_mixtral(out, vocab: int, hidden: int, ffn: int, layers: int, experts: int, shards: int, heads: int = 4,
                   kv_heads: int = 2, seed: int = 0):
     """A random bf16 Mixtral checkpoint in `shards` shards, written with safetensors directly (no torch: fast

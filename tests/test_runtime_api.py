@@ -367,6 +367,29 @@ def test_a_prefill_batch_takes_the_room_the_arena_has(lib, base):
         assert ctx.logits().tobytes() == plain.logits().tobytes(), room
 
 
+def test_set_trace_and_the_residual_crcs_of_a_prefill_batch(lib, base):
+    """colibri_set_trace installs the hook between feeds (NULL removes it). In a prefill batch every token's record
+    carries the CRC-32 of its residual stream after the layer, and the last token's the one after the attention
+    half too (the others 0): the reference's bits (Reference.traced)."""
+    from capi import TRACE, Options
+    tokens = [3, 1, 4, 1, 5]
+    records: list[tuple[int, int, int, int]] = []
+    hook = TRACE(lambda user, t: records.append((t[0].pos, t[0].layer, t[0].crc_attention, t[0].crc_output)))
+    ctx = Context(lib, base, options=Options(prefill_batch=8))
+    assert ctx.stats().prefill_batch == 8
+    assert lib.so.colibri_set_trace(None, C.cast(hook, C.c_void_p)) == STATUS["E_NULL"]
+    assert lib.so.colibri_set_trace(ctx.ctx, C.cast(hook, C.c_void_p)) == 0
+    assert ctx.feed(tokens) == 0
+    _, sums = Reference(read_image(base)).traced(tokens)
+    n_layers = len(sums)
+    assert sorted((pos, layer) for pos, layer, _, _ in records) == [(p, l) for p in range(5) for l in range(n_layers)]
+    for pos, layer, crc_attention, crc_output in records:
+        assert crc_output == sums[layer][pos][1]
+        assert crc_attention == (sums[layer][pos][0] if pos == len(tokens) - 1 else 0)
+    assert lib.so.colibri_set_trace(ctx.ctx, None) == 0
+    assert ctx.feed([2]) == 0 and len(records) == 5 * n_layers
+
+
 @pytest.fixture(scope="module")
 def scalar_lib():
     from conftest import build

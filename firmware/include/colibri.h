@@ -89,7 +89,7 @@ typedef struct {
  * the token's residual stream, its `hidden` floats as stored (little-endian on every board), after the
  * attention half and after the whole layer: a host that computes the same bits can name the first layer and
  * half where a run parts from it (flash.py --verify). In a prefill batch only the last token carries
- * crc_attention (the others 0), as it carries the cycles. */
+ * crc_attention (the others 0), as it carries the cycles; the lean build (COLIBRI_LEAN) takes neither (0). */
 typedef struct {
     uint32_t pos, layer, n_routed;
     const uint32_t *experts;        /* the routed experts, best first */
@@ -106,8 +106,9 @@ typedef struct {
 typedef struct {
     /* A monotonic cycle (or tick) counter, used only for the per-phase stats and the trace. */
     uint64_t (*cycles)(void *user);
-    /* Called after every layer of every token, if set (flash.py --trace). In a prefill batch the calls come
-     * layer by layer for all its tokens, and the last token carries the layer's cycles for all of them. */
+    /* Called after every layer of every token, if set (flash.py --trace; colibri_set_trace() changes it). In a
+     * prefill batch the calls come layer by layer for all its tokens, and the last token carries the layer's
+     * cycles for all of them. */
     void (*trace)(void *user, const colibri_layer_trace *t);
     void *user;
     /* Expert streaming (docs/STREAMING.md). expert_cache = 0: every weight is read in place, so the
@@ -209,6 +210,10 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
 
 /* Forget the sequence (KV cache position and logits) and zero the stats. */
 colibri_status colibri_reset(colibri_ctx *ctx);
+
+/* Set the trace hook (NULL: none) from the next feed on, with the user pointer colibri_open() took: a board
+ * that traces only some runs installs it for those, and only they pay for the hook and its CRCs. */
+colibri_status colibri_set_trace(colibri_ctx *ctx, void (*trace)(void *user, const colibri_layer_trace *t));
 
 /* Feed n tokens at the next positions (prefill). Afterwards colibri_logits() holds the logits
  * after the last one (only the last token runs the lm_head: feeding n at once is cheaper than n

@@ -104,6 +104,12 @@ colibri_status colibri_reset(colibri_ctx *c) {
     return COLIBRI_OK;
 }
 
+colibri_status colibri_set_trace(colibri_ctx *c, void (*trace)(void *user, const colibri_layer_trace *t)) {
+    if (!c) return COLIBRI_E_NULL;
+    c->opts.trace = trace;
+    return COLIBRI_OK;
+}
+
 colibri_status colibri_feed(colibri_ctx *c, const uint32_t *tokens, size_t n) {
     if (!c || !tokens) return COLIBRI_E_NULL;
     if (n == 0) return COLIBRI_E_BAD_ARG;

@@ -916,7 +916,7 @@ static void trace_layer(colibri_ctx *c, const token_buffers *tb, const colibri_l
         t.pos = c->pos + i;
         t.experts = tb->topk_index + (size_t)i * c->d.top_k;
         t.weights = tb->topk_weight + (size_t)i * c->d.top_k;
-        t.crc_output = residual_crc(c, tb, i);
+        if (!COLIBRI_LEAN) t.crc_output = residual_crc(c, tb, i);
         if (i + 1 < n) t.cycles_attention = t.cycles_router = t.cycles_ffn = t.crc_attention = 0;
         c->opts.trace(c->opts.user, &t);
     }
@@ -949,7 +949,7 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
         uint64_t t0 = ctx_now(c);
         attention(c, &tb, layer, kind_base[windowed]);
         t.cycles_attention = ctx_now(c) - t0;
-        if (c->opts.trace) t.crc_attention = residual_crc(c, &tb, n - 1);
+        if (!COLIBRI_LEAN && c->opts.trace) t.crc_attention = residual_crc(c, &tb, n - 1);
         c->stats.cycles_attention += t.cycles_attention;
         colibri_status st = ffn_block(c, &tb, layer, &t);
         if (st) return pass_failed(c, n, st);
