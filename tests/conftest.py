@@ -105,9 +105,10 @@ def assert_bit_identical(device: np.ndarray, expected: np.ndarray, what: str = "
 
 
 def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path, max_positions: int = 128,
-                           randomized: bool = True) -> Path:
+                           randomized: bool = True, portable: bool = False) -> Path:
     """A small random model of any supported family (`arch` is the HF class name), norms randomized too (or, with
-    randomized False, as transformers initializes them: every norm weight exactly 1.0)."""
+    randomized False, as transformers initializes them: every norm weight exactly 1.0; or, `portable`, every value
+    from numpy's generator: numpy_values)."""
     import torch
     import transformers
 
@@ -116,10 +117,36 @@ def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path, max_po
     config_cls = getattr(transformers, "Gemma4TextConfig" if arch == "Gemma4ForCausalLM" else
                          arch.replace("ForCausalLM", "Config"))
     model = model_cls(config_cls(initializer_range=0.25, max_position_embeddings=max_positions, **config)).eval()
-    if randomized:
+    if portable:
+        numpy_values(model, seed)
+    elif randomized:
         randomize(model)
     model.save_pretrained(out)
     return out
+
+
+def numpy_values(model, seed: int) -> None:
+    """Every parameter (and the buffers randomize() sets) drawn from numpy's seeded generator, which gives the same
+    values on every machine, as torch's initializers do not promise: the golden tests' checkpoints. Weights
+    0.25 N(0, 1); norms and scales 1 + 0.3 N; biases 0.3 N; as randomize() for the buffers."""
+    import torch
+    rng = np.random.default_rng(seed)
+
+    def draw(shape, scale: float, offset: float = 0.0):
+        return torch.from_numpy((offset + scale * rng.standard_normal(tuple(shape))).astype(np.float32))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(("router.scale", "per_expert_scale")):
+                p.copy_(draw(p.shape, 0.3, 1.0))
+            elif name.endswith((".bias", "_bias")):
+                p.copy_(draw(p.shape, 0.3))
+            else:
+                p.copy_(draw(p.shape, 0.25))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(draw(b.shape, 0.5))
+            elif name.endswith("layer_scalar"):
+                b.copy_(torch.from_numpy((0.5 + rng.random(tuple(b.shape))).astype(np.float32)))
 
 
 def randomize(model) -> None:
