@@ -5,10 +5,8 @@ are the two implementations of it and are tested against each other.
 """
 from __future__ import annotations
 
-import enum
 import json
 import os
-import re
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -20,143 +18,22 @@ import numpy as np
 
 from colibri.quant import QBLOCK, Deferred, DType, Encoded, blocks, stored_bytes
 
-MAGIC = b"COLIBRI\0"
-VERSION = 5
-HEADER_BYTES = 384
-ENTRY_BYTES = 64
-ALIGN = 64
+from colibri.format import (  # noqa: F401  (the format's constants, re-exported: format/schema.toml is their source)
+    ALIGN, ARCH_MOE, ENTRY_BYTES, ENTRY_FORMAT, EXPERT_ROLES, FLAG_ATTN_SINKS, FLAG_DOUBLE_WIDE_MLP, FLAG_EXPERT_BIAS,
+    FLAG_GELU_TANH, FLAG_GEMMA4_LAYER, FLAG_GLOBAL_ROPE, FLAG_K_EQ_V, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL,
+    FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_ROUTER_TOPK_SOFTMAX,
+    FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN, FLAG_V_NORM, HEADER_BYTES, HEADER_FIELDS, HEADER_FORMAT, HEADER_OFFSETS,
+    KNOWN_FLAGS, KV_DTYPES, LAYER_ROLES, LEAN_FLAGS, MAGIC, MAX_WINDOW_LAYERS, NO_INDEX, ROLES_AFTER_LAYERS,
+    ROLES_BEFORE_LAYERS, VERSION, Role)
+
 ARENA_CTX_BYTES = 1280  # reserved at the start of the arena for the runtime's context struct
 TENSOR_REF_BYTES = 32   # one decoded table entry in the arena (tensor_ref in firmware/src/internal.h)
-NO_INDEX = 0xFFFFFFFF
-
-ARCH_MOE = 1  # decoder-only transformer with a top-k routed MoE FFN (Mixtral family)
-
-# Header: everything up to `reserved` is packed little-endian, then zero padding to 384 bytes.
-HEADER_STRUCT = struct.Struct("<8sIIQII" + "I" * 12 + "ff" + "QIIQQI" + "IIfI" + "QQ" + "QQI" + "I64s" + "IIIIf" + "IIIf" + "ff" + "IIff" + "II")
-HEADER_FIELDS = (
-    "magic", "version", "header_bytes", "image_bytes", "header_crc32", "payload_crc32",
-    "arch", "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads",
-    "head_dim", "n_experts", "top_k", "max_seq", "flags",
-    "rms_norm_eps", "rope_theta",
-    "tensor_table_offset", "n_tensors", "entry_bytes", "data_offset", "arena_bytes",
-    "expert_align", "dense_ffn_size", "shared_ffn_size", "clip_qkv", "kv_dtype",
-    "expert_offset", "expert_crc_offset", "meta_offset", "meta_bytes", "meta_crc32",
-    "sliding_window", "window_layers",
-    "q_lora_rank", "kv_lora_rank", "rope_dim", "v_head_dim", "attn_scale",
-    "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha", "swiglu_limit",
-    "global_head_dim", "global_kv_heads", "embed_scale", "logit_softcap", "ple_dim",
-    "kv_shared_layers",
-)
-MAX_WINDOW_LAYERS = 512  # window_layers is a bitmap of 64 bytes: layers past it cannot have a window
-KV_DTYPES = {"f32": 0, "f16": 1}  # header kv_dtype: the KV cache's element type
-
-
-def _field_offsets(fmt: str) -> list[int]:
-    """Each field's byte offset in a packed little-endian struct format ("8s" is one field)."""
-    offsets, at = [], 0
-    for count, code in re.findall(r"(\d*)([a-zA-Z])", fmt.lstrip("<")):
-        offsets.append(at)
-        at += struct.calcsize("<" + count + code)
-    return offsets
-
-
-HEADER_OFFSETS = dict(zip(HEADER_FIELDS, _field_offsets(HEADER_STRUCT.format), strict=True))  # docs/FORMAT.md
+HEADER_STRUCT = struct.Struct(HEADER_FORMAT)  # every header field but `reserved`; zeros up to HEADER_BYTES
 HEADER_CRC_OFFSET = HEADER_OFFSETS["header_crc32"]
-ENTRY_STRUCT = struct.Struct("<HHIIIIIII" + "QQQQ")  # 64 bytes, see docs/FORMAT.md
-
-FLAG_NORM_TOPK = 1 << 0      # renormalize the top-k router weights to sum to 1
-FLAG_QKV_BIAS = 1 << 1       # q, k and v projections have biases
-FLAG_O_BIAS = 1 << 2         # the output projection has a bias
-FLAG_QK_NORM_HEAD = 1 << 3   # RMSNorm on each head of q and k (weights [head_dim]) before RoPE
-FLAG_QK_NORM_FULL = 1 << 4   # RMSNorm across the whole q and k projections (weights [H*hd], [KV*hd])
-FLAG_SHARED_EXPERT = 1 << 5  # MoE layers add a shared expert scaled by sigmoid(shared_expert_gate . x)
-FLAG_ROUTER_SIGMOID = 1 << 6  # router scores are sigmoid(logits), not a softmax over the experts
-FLAG_ROUTER_BIAS = 1 << 7    # a per-expert bias (ROUTER_BIAS) is added to the scores to choose, not to weigh
-FLAG_SHARED_PLAIN = 1 << 8   # MoE layers add an ungated shared expert (DeepSeek's shared experts)
-FLAG_ROPE_PAIRS = 1 << 9     # RoPE rotates adjacent pairs (x0, x1), (x2, x3), ... instead of the two halves
-FLAG_ATTN_SINKS = 1 << 10    # a learned logit per head (SINKS) joins each softmax's denominator (gpt-oss)
-FLAG_EXPERT_BIAS = 1 << 11   # routed experts' gate, up and down have biases (EXPERT_*_BIAS, per layer)
-FLAG_ROUTER_TOPK_SOFTMAX = 1 << 12  # top-k of the router logits (plus ROUTER_BIAS), then a softmax over them
-# Gemma 4's layer: norms after attention and after the FFN, a scalar per layer; a MoE layer runs the dense MLP
-# beside the experts, each part with its own norms, the router reads the residual normed by ROUTER_NORM, and
-# each chosen expert's weight is times its EXPERT_SCALE
-FLAG_GEMMA4_LAYER = 1 << 13
-FLAG_GELU_TANH = 1 << 14     # FFN activation gelu (tanh approximation) instead of silu
-FLAG_V_NORM = 1 << 15        # RMSNorm without weights on each head of v
-FLAG_K_EQ_V = 1 << 16        # global layers' values are their keys' projection (no WV); the norms differ
-FLAG_GLOBAL_ROPE = 1 << 17   # global layers rotate with their own tables GLOBAL_ROPE_COS/SIN
-FLAG_DOUBLE_WIDE_MLP = 1 << 18  # the KV-sharing layers' dense MLP is twice dense_ffn_size wide
-
-
-class Role(enum.IntEnum):
-    TOKEN_EMBD = 1
-    ROPE_COS = 2
-    ROPE_SIN = 3
-    # per layer, in this order (LAYER_ROLES)
-    ATTN_NORM = 4
-    WQ = 5
-    BQ = 6
-    WK = 7
-    BK = 8
-    WV = 9
-    BV = 10
-    WO = 11
-    BO = 12
-    Q_NORM = 13
-    K_NORM = 14
-    SINKS = 15
-    # multi-head latent attention (kv_lora_rank > 0)
-    WQ_A = 16
-    Q_A_NORM = 17
-    WQ_B = 18
-    WKV_A = 19
-    KV_A_NORM = 20
-    WK_B = 21
-    WV_B = 22
-    FFN_NORM = 23
-    DENSE_GATE = 24
-    DENSE_UP = 25
-    DENSE_DOWN = 26
-    ROUTER = 27
-    ROUTER_BIAS = 28
-    EXPERT_GATE_BIAS = 29
-    EXPERT_UP_BIAS = 30
-    EXPERT_DOWN_BIAS = 31
-    SHARED_GATE = 32
-    SHARED_UP = 33
-    SHARED_DOWN = 34
-    SHARED_EXPERT_GATE = 35
-    # Gemma 4's layer (FLAG_GEMMA4_LAYER)
-    POST_ATTN_NORM = 36
-    POST_FFN_NORM = 37
-    DENSE_POST_NORM = 38
-    MOE_NORM = 39
-    MOE_POST_NORM = 40
-    ROUTER_NORM = 41
-    EXPERT_SCALE = 42
-    LAYER_SCALE = 43
-    # Gemma 4's per-layer inputs (ple_dim > 0)
-    PLE_GATE = 44
-    PLE_PROJ = 45
-    PLE_POST_NORM = 46
-    # per expert of a layer (EXPERT_ROLES)
-    EXPERT_GATE = 47
-    EXPERT_UP = 48
-    EXPERT_DOWN = 49
-    OUTPUT_NORM = 50
-    LM_HEAD = 51
-    GLOBAL_ROPE_COS = 52
-    GLOBAL_ROPE_SIN = 53
-    PLE_EMBD = 54
-    PLE_MODEL_PROJ = 55
-    PLE_PROJ_NORM = 56
-
+ENTRY_STRUCT = struct.Struct(ENTRY_FORMAT)
 
 # tables the runtime reads as floats, 2-D though they are
 F32_TABLES = (Role.ROPE_COS, Role.ROPE_SIN, Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS)
-LAYER_ROLES = tuple(Role(r) for r in range(Role.ATTN_NORM, Role.PLE_POST_NORM + 1))
-GLOBAL_ROLES_AFTER = tuple(Role(r) for r in range(Role.OUTPUT_NORM, Role.PLE_PROJ_NORM + 1))  # after the layers
-EXPERT_ROLES = (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN)
 
 
 @dataclass(frozen=True)
@@ -352,7 +229,7 @@ class ModelDims:
 
 def table_entries(n_layers: int, n_experts: int) -> int:
     """The tensor table's length: 3 global tensors, each layer's slots and its experts', 4 more globals."""
-    return 3 + n_layers * (len(LAYER_ROLES) + len(EXPERT_ROLES) * n_experts) + len(GLOBAL_ROLES_AFTER)
+    return len(ROLES_BEFORE_LAYERS) + n_layers * (len(LAYER_ROLES) + len(EXPERT_ROLES) * n_experts) + len(ROLES_AFTER_LAYERS)
 
 
 def align_up(n: int, a: int = ALIGN) -> int:
@@ -370,7 +247,7 @@ def canonical_order(d: ModelDims) -> Iterator[tuple[Role, int, int]]:
         for expert in range(d.n_experts):
             for role in EXPERT_ROLES:
                 yield role, layer, expert
-    for role in GLOBAL_ROLES_AFTER:
+    for role in ROLES_AFTER_LAYERS:
         yield role, NO_INDEX, NO_INDEX
 
 

@@ -1,0 +1,61 @@
+"""format/schema.toml is the image format's one definition: the checked-in copies (firmware/src/format.h,
+colibri/format.py, docs/FORMAT.md's tables) are what it writes, and the check notices when one is not."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from conftest import ROOT
+from colibri import schema
+
+
+def test_the_checked_in_copies_are_what_the_schema_writes(capsys):
+    assert schema.main(["--check"]) == 0, capsys.readouterr().err
+
+
+def test_the_check_names_a_copy_edited_by_hand(tmp_path, monkeypatch, capsys):
+    """A hand edit of any copy (a header offset in C, a flag in Python, a table row in the docs) fails the check,
+    and writing puts the schema's text back."""
+    copies = {}
+    for attr in ("C_HEADER", "PY_MODULE", "DOC"):
+        path = tmp_path / getattr(schema, attr).name
+        path.write_text(getattr(schema, attr).read_text())
+        monkeypatch.setattr(schema, attr, path)
+        copies[attr] = path
+    monkeypatch.setattr(schema, "ROOT", tmp_path)
+    edits = {"C_HEADER": ("H_FLAGS = 76", "H_FLAGS = 77"), "PY_MODULE": ("FLAG_V_NORM = 1 << 15", "FLAG_V_NORM = 1 << 16"),
+             "DOC": ("| 76 | u32 | flags |", "| 77 | u32 | flags |")}
+    for attr, (old, new) in edits.items():
+        path = copies[attr]
+        original = path.read_text()
+        assert old in original
+        path.write_text(original.replace(old, new))
+        assert schema.main(["--check"]) == 1
+        assert f"{path.name} is not what format/schema.toml gives" in capsys.readouterr().err
+        assert schema.main([]) == 0 and path.read_text() == original
+
+
+def test_fields_must_fill_the_header_exactly(tmp_path):
+    text = schema.SCHEMA.read_text().replace('type = "u8[72]"', 'type = "u8[68]"')
+    bad = tmp_path / "schema.toml"
+    bad.write_text(text)
+    with pytest.raises(ValueError, match="the header fields take 380 bytes, not 384"):
+        schema.load(bad)
+
+
+def test_the_python_copy_lays_the_header_out_as_the_c_copy_does():
+    """Each header field's offset as Python's struct module places it by colibri/format.py's format string is its H_
+    constant in format.h (the runtime's verifier reads the C; the packer writes with the Python), and the packed
+    fields end where `reserved` begins."""
+    import re
+
+    from colibri import format as fmt
+    c_text = (ROOT / "firmware" / "src" / "format.h").read_text()
+    c_offsets = {name: int(v) for name, v in re.findall(r"\bH_([A-Z0-9_]+) = (\d+)", c_text)}
+    codes = re.findall(r"\d*[a-zA-Z]", fmt.HEADER_FORMAT[1:])
+    assert len(codes) == len(fmt.HEADER_FIELDS)
+    for i, name in enumerate(fmt.HEADER_FIELDS):
+        offset = struct.calcsize("<" + "".join(codes[:i]))
+        assert fmt.HEADER_OFFSETS[name] == offset == c_offsets[schema.load().field(name).c], name
+    assert struct.calcsize(fmt.HEADER_FORMAT) == c_offsets["RESERVED"] == fmt.HEADER_OFFSETS["reserved"]
