@@ -1,6 +1,8 @@
-"""The image format's copies, written from its one definition (format/schema.toml): the C header the runtime and
-the fuzz harness read (firmware/src/format.h), the Python constants (colibri/format.py) and the tables of
-docs/FORMAT.md between their markers.
+"""The copies of the image format's and the link's facts, written from their one definition (format/schema.toml):
+the C header the runtime and the fuzz harness read (firmware/src/format.h), the Python constants (colibri/format.py,
+colibri/codes.py), the tables of docs/FORMAT.md, and the status codes, their messages and the link's frame types
+and error codes in firmware/include/colibri.h, firmware/src/colibri.c and boards/common/link.c, each between its
+markers (`schema:NAME` ... `/schema:NAME`).
 
   python -m colibri.schema           # write the copies that differ
   python -m colibri.schema --check   # exit 1 naming each copy that is not what the schema gives
@@ -19,7 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "format" / "schema.toml"
 C_HEADER = ROOT / "firmware" / "src" / "format.h"
 PY_MODULE = ROOT / "colibri" / "format.py"
+PY_CODES = ROOT / "colibri" / "codes.py"
 DOC = ROOT / "docs" / "FORMAT.md"
+API_HEADER = ROOT / "firmware" / "include" / "colibri.h"
+API_SOURCE = ROOT / "firmware" / "src" / "colibri.c"
+LINK_SOURCE = ROOT / "boards" / "common" / "link.c"
+LINK_ERROR_BASE = 200  # link-level error codes start above every colibri_status
 
 TYPE_BYTES = {"u16": 2, "u32": 4, "u64": 8, "f32": 4}
 STRUCT_CODE = {"u16": "H", "u32": "I", "u64": "Q", "f32": "f"}
@@ -53,6 +60,11 @@ class Schema:
     roles: list[dict]   # segments: part, names, doc
     dtypes: list[str]
     kv_dtypes: list[str]
+    protocol: dict
+    statuses: list[dict]      # name, doc, message
+    link_errors: list[str]
+    requests: list[tuple[str, int]]
+    responses: list[tuple[str, int]]
 
     def role_names(self, part: str | None = None) -> list[str]:
         return [n for seg in self.roles if part in (None, seg["part"]) for n in seg["names"]]
@@ -77,8 +89,12 @@ def load(path: Path = SCHEMA) -> Schema:
     raw = tomllib.loads(path.read_text())
     fmt = raw["format"]
     header, entry = fields(raw["header"], fmt["header_bytes"], "header"), fields(raw["entry"], fmt["entry_bytes"], "entry")
+    if len(raw["status"]) >= LINK_ERROR_BASE:
+        raise ValueError(f"format/schema.toml: {len(raw['status'])} statuses reach the link's error codes")
     return Schema(fmt, header, entry, raw["flag"], raw["roles"], [d["name"] for d in raw["dtype"]],
-                  [d["name"] for d in raw["kv_dtype"]])
+                  [d["name"] for d in raw["kv_dtype"]], raw["protocol"], raw["status"],
+                  [e["name"] for e in raw["link_error"]], [(r["name"], r["value"]) for r in raw["request"]],
+                  [(r["name"], r["value"]) for r in raw["response"]])
 
 
 def _c_comment(text: str, indent: str = "") -> list[str]:
@@ -192,6 +208,55 @@ def render_py(s: Schema) -> str:
     return "\n".join(lines)
 
 
+def render_codes_py(s: Schema) -> str:
+    p = s.protocol
+    lines = [f'"""The runtime\'s status codes and the serial link\'s constants. {GENERATED}"""', "",
+             f"PROTOCOL_VERSION = {p['version']}", f"MAX_PAYLOAD = {p['max_payload']}", ""]
+    lines += [f"REQ_{name} = 0x{value:02X}" for name, value in s.requests]
+    lines += [f"RSP_{name} = 0x{value:02X}" for name, value in s.responses]
+    lines += ["", "# colibri_status values, by position (firmware/include/colibri.h), and colibri_strerror's texts",
+              "STATUS_NAMES = (" + ", ".join(f'"{st["name"]}"' for st in s.statuses) + ",)",
+              "STATUS_MESSAGES = (" + ", ".join(f'"{st["message"]}"' for st in s.statuses) + ",)", ""]
+    lines += [f"LINK_{name} = {LINK_ERROR_BASE + i}" for i, name in enumerate(s.link_errors)]
+    lines += ["LINK_ERRORS = {" + ", ".join(f'{LINK_ERROR_BASE + i}: "LINK_{n}"' for i, n in enumerate(s.link_errors))
+              + "}", ""]
+    return "\n".join(lines)
+
+
+def _c_status_region(s: Schema) -> str:
+    out = []
+    for value, st in enumerate(s.statuses):
+        head = f"    COLIBRI_{st['name']} = {value},"
+        if not st["doc"]:
+            out.append(head)
+            continue
+        doc = textwrap.wrap(st["doc"], 118 - 41 - 6)
+        out.append(f"{head:<39}/* {doc[0]}" + (" */" if len(doc) == 1 else ""))
+        out += [f"{'':<42}{line}" + (" */" if i == len(doc) - 2 else "") for i, line in enumerate(doc[1:])]
+    return "\n".join(out)
+
+
+def _c_link_region(s: Schema) -> str:
+    p = s.protocol
+    frames = [f"REQ_{n} = 0x{v:02X}" for n, v in s.requests] + [f"RSP_{n} = 0x{v:02X}" for n, v in s.responses]
+    errors = [f"LINK_{n} = {LINK_ERROR_BASE + i}" for i, n in enumerate(s.link_errors)]
+    return "\n".join([f"#define MAX_PAYLOAD {p['max_payload']}u", f"#define PROTOCOL_VERSION {p['version']}u", "",
+                      *_c_enum("", [(f.split(" = ")[0], f.split(" = ")[1]) for f in frames], "enum {"),
+                      "/* Link-level error codes, above the runtime's colibri_status values. */",
+                      *_c_enum("", [(e.split(" = ")[0], e.split(" = ")[1]) for e in errors], "enum {")])
+
+
+def replace_region(text: str, name: str, body: str, where: str) -> str:
+    """`text` with what lies between the lines holding `schema:NAME` and `/schema:NAME` replaced by `body`."""
+    lines = text.split("\n")
+    begin = [i for i, line in enumerate(lines) if f"schema:{name} " in line or line.strip().endswith(f"schema:{name} */")]
+    end = [i for i, line in enumerate(lines) if f"/schema:{name} " in line]
+    begin = [i for i in begin if i not in end]
+    if len(begin) != 1 or len(end) != 1 or end[0] < begin[0]:
+        raise ValueError(f"{where}: no single schema:{name} ... /schema:{name} marker pair")
+    return "\n".join(lines[:begin[0] + 1] + [body] + lines[end[0]:])
+
+
 def _md_table(rows: list[Field]) -> list[str]:
     return ["| offset | type | field | meaning |", "| --- | --- | --- | --- |"] + [
         f"| {r.offset} | {r.type} | {r.name} | {r.doc} |" for r in rows]
@@ -218,7 +283,12 @@ def render_doc(s: Schema, text: str) -> str:
 
 
 def outputs(s: Schema) -> dict[Path, str]:
-    return {C_HEADER: render_c(s), PY_MODULE: render_py(s), DOC: render_doc(s, DOC.read_text())}
+    messages = "\n".join(f'        [COLIBRI_{st["name"]}] = "{st["message"]}",' for st in s.statuses)
+    return {C_HEADER: render_c(s), PY_MODULE: render_py(s), PY_CODES: render_codes_py(s),
+            DOC: render_doc(s, DOC.read_text()),
+            API_HEADER: replace_region(API_HEADER.read_text(), "status", _c_status_region(s), "colibri.h"),
+            API_SOURCE: replace_region(API_SOURCE.read_text(), "status_messages", messages, "colibri.c"),
+            LINK_SOURCE: replace_region(LINK_SOURCE.read_text(), "link", _c_link_region(s), "link.c")}
 
 
 def main(argv: list[str] | None = None) -> int:

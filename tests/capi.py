@@ -6,12 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-STATUS = {name: i for i, name in enumerate([
-    "OK", "E_NULL", "E_BAD_ARG", "E_ARENA_TOO_SMALL", "E_ARENA_ALIGN", "E_IMAGE_TRUNCATED", "E_IMAGE_MAGIC",
-    "E_IMAGE_VERSION", "E_IMAGE_HEADER_CRC", "E_IMAGE_PAYLOAD_CRC", "E_IMAGE_HEADER", "E_IMAGE_DIMS",
-    "E_IMAGE_TABLE", "E_IMAGE_BOUNDS", "E_IMAGE_DTYPE", "E_IMAGE_PLAN", "E_UNSUPPORTED", "E_TOKEN_RANGE",
-    "E_SEQ_FULL", "E_NO_LOGITS", "E_NONFINITE", "E_CACHE_TOO_SMALL", "E_FETCH", "E_EXPERT_CRC",
-    "E_ARENA_OVERLAP"])}
+from colibri.codes import STATUS_NAMES
+
+STATUS = {name: i for i, name in enumerate(STATUS_NAMES)}  # colibri_status (format/schema.toml)
 
 
 class ImageInfo(C.Structure):

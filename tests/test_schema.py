@@ -1,5 +1,6 @@
-"""format/schema.toml is the image format's one definition: the checked-in copies (firmware/src/format.h,
-colibri/format.py, docs/FORMAT.md's tables) are what it writes, and the check notices when one is not."""
+"""format/schema.toml is the one definition of the image format's and the link's facts: the checked-in copies
+(firmware/src/format.h, colibri/format.py and codes.py, docs/FORMAT.md's tables, the status codes in colibri.h and
+colibri.c, the frame types in link.c) are what it writes, and the check notices when one is not."""
 from __future__ import annotations
 
 import struct
@@ -15,17 +16,19 @@ def test_the_checked_in_copies_are_what_the_schema_writes(capsys):
 
 
 def test_the_check_names_a_copy_edited_by_hand(tmp_path, monkeypatch, capsys):
-    """A hand edit of any copy (a header offset in C, a flag in Python, a table row in the docs) fails the check,
-    and writing puts the schema's text back."""
+    """A hand edit of any copy (a header offset in C, a flag in Python, a table row in the docs, a status code, its
+    message, a frame type, a link error code) fails the check, and writing puts the schema's text back."""
     copies = {}
-    for attr in ("C_HEADER", "PY_MODULE", "DOC"):
+    for attr in ("C_HEADER", "PY_MODULE", "PY_CODES", "DOC", "API_HEADER", "API_SOURCE", "LINK_SOURCE"):
         path = tmp_path / getattr(schema, attr).name
         path.write_text(getattr(schema, attr).read_text())
         monkeypatch.setattr(schema, attr, path)
         copies[attr] = path
     monkeypatch.setattr(schema, "ROOT", tmp_path)
     edits = {"C_HEADER": ("H_FLAGS = 76", "H_FLAGS = 77"), "PY_MODULE": ("FLAG_V_NORM = 1 << 15", "FLAG_V_NORM = 1 << 16"),
-             "DOC": ("| 76 | u32 | flags |", "| 77 | u32 | flags |")}
+             "DOC": ("| 76 | u32 | flags |", "| 77 | u32 | flags |"), "PY_CODES": ("REQ_TRACE = 0x0C", "REQ_TRACE = 0x0D"),
+             "API_HEADER": ("COLIBRI_E_FETCH = 22,", "COLIBRI_E_FETCH = 23,"),
+             "API_SOURCE": ('"arena overlaps the image"', '"arena overlap"'), "LINK_SOURCE": ("LINK_NOT_OPEN = 204", "LINK_NOT_OPEN = 209")}
     for attr, (old, new) in edits.items():
         path = copies[attr]
         original = path.read_text()

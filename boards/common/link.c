@@ -13,22 +13,23 @@ void *memcpy(void *dst, const void *src, size_t n); /* the C library's, or board
 
 #define SYNC0 0xA5u
 #define SYNC1 0x5Au
+/* schema:link (written by python -m colibri.schema from format/schema.toml) */
 #define MAX_PAYLOAD 4096u
 #define PROTOCOL_VERSION 3u
 
 enum {
-    REQ_INFO = 0x01, REQ_OPEN = 0x02, REQ_START = 0x03, REQ_STATS = 0x04, REQ_QUIT = 0x05,
-    REQ_UPLOAD_BEGIN = 0x06, REQ_UPLOAD_CHUNK = 0x07, REQ_UPLOAD_END = 0x08,
-    REQ_FEED = 0x09, REQ_STEP = 0x0A, REQ_LOGITS = 0x0B, REQ_TRACE = 0x0C,
-    RSP_INFO = 0x81, RSP_OPENED = 0x82, RSP_TOKEN = 0x83, RSP_LOGITS = 0x84, RSP_STARTED = 0x85,
+    REQ_INFO = 0x01, REQ_OPEN = 0x02, REQ_START = 0x03, REQ_STATS = 0x04, REQ_QUIT = 0x05, REQ_UPLOAD_BEGIN = 0x06,
+    REQ_UPLOAD_CHUNK = 0x07, REQ_UPLOAD_END = 0x08, REQ_FEED = 0x09, REQ_STEP = 0x0A, REQ_LOGITS = 0x0B,
+    REQ_TRACE = 0x0C, RSP_INFO = 0x81, RSP_OPENED = 0x82, RSP_TOKEN = 0x83, RSP_LOGITS = 0x84, RSP_STARTED = 0x85,
     RSP_STATS = 0x86, RSP_BYE = 0x87, RSP_UPLOAD_ACK = 0x88, RSP_UPLOADED = 0x89, RSP_FED = 0x8A, RSP_TRACE = 0x8B,
-    RSP_ERROR = 0xEE,
+    RSP_ERROR = 0xEE
 };
 /* Link-level error codes, above the runtime's colibri_status values. */
 enum {
     LINK_BAD_CRC = 200, LINK_BAD_LENGTH = 201, LINK_UNKNOWN_TYPE = 202, LINK_BAD_PAYLOAD = 203, LINK_NOT_OPEN = 204,
-    LINK_NO_IMAGE = 205, LINK_UPLOAD_TOO_BIG = 206, LINK_UPLOAD_ORDER = 207, LINK_UPLOAD_CRC = 208,
+    LINK_NO_IMAGE = 205, LINK_UPLOAD_TOO_BIG = 206, LINK_UPLOAD_ORDER = 207, LINK_UPLOAD_CRC = 208
 };
+/* /schema:link */
 #define LOGITS_PER_FRAME ((MAX_PAYLOAD - 12u) / 4u)
 #define START_TRACE 1u          /* START flag: record what every layer did for the last token */
 #define TRACE_BYTES 8192u       /* one token's layer records; layers that do not fit are dropped */

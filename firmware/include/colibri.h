@@ -34,6 +34,7 @@ extern "C" {
 #endif
 
 typedef enum {
+    /* schema:status (written by python -m colibri.schema from format/schema.toml) */
     COLIBRI_OK = 0,
     COLIBRI_E_NULL = 1,                /* a required pointer argument is NULL */
     COLIBRI_E_BAD_ARG = 2,             /* an argument is out of its documented range */
@@ -60,6 +61,7 @@ typedef enum {
     COLIBRI_E_FETCH = 22,              /* the board's fetch hook failed; like E_NONFINITE, reset to go on */
     COLIBRI_E_EXPERT_CRC = 23,         /* an expert block does not match its CRC32 (when fetched, or at verify) */
     COLIBRI_E_ARENA_OVERLAP = 24,      /* the arena overlaps the image */
+    /* /schema:status */
     COLIBRI_STATUS_COUNT
 } colibri_status;
 

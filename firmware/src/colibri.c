@@ -189,6 +189,7 @@ colibri_status colibri_get_kernels(const colibri_ctx *c, const char **name) {
 
 const char *colibri_strerror(colibri_status s) {
     static const char *const names[COLIBRI_STATUS_COUNT] = {
+        /* schema:status_messages (written by python -m colibri.schema from format/schema.toml) */
         [COLIBRI_OK] = "ok",
         [COLIBRI_E_NULL] = "null pointer argument",
         [COLIBRI_E_BAD_ARG] = "argument out of range",
@@ -214,6 +215,7 @@ const char *colibri_strerror(colibri_status s) {
         [COLIBRI_E_FETCH] = "expert fetch hook failed",
         [COLIBRI_E_EXPERT_CRC] = "expert block CRC mismatch",
         [COLIBRI_E_ARENA_OVERLAP] = "arena overlaps the image",
+        /* /schema:status_messages */
     };
     if ((unsigned)s >= COLIBRI_STATUS_COUNT) return "unknown status";
     return names[s];
