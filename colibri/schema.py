@@ -185,6 +185,7 @@ def render_py(s: Schema) -> str:
              f'HEADER_FORMAT = "<{"".join(h.struct_code for h in packed)}"',
              "HEADER_OFFSETS = {" + ", ".join(f'"{h.name}": {h.offset}' for h in s.header) + "}",
              "ENTRY_FIELDS = (" + ", ".join(f'"{e.name}"' for e in s.entry) + ",)",
+             "ENTRY_OFFSETS = {" + ", ".join(f'"{e.name}": {e.offset}' for e in s.entry) + "}",
              f'ENTRY_FORMAT = "<{"".join(e.struct_code for e in s.entry)}"',
              ""]
     for bit, fl in enumerate(s.flags):

@@ -9,8 +9,10 @@ import pytest
 
 from capi import STATUS, Lib
 from colibri import image as im
+from colibri.format import ENTRY_OFFSETS, LAYER_ROLES, ROLES_BEFORE_LAYERS
 from colibri.image import ENTRY_BYTES, HEADER_BYTES, HEADER_CRC_OFFSET, HEADER_OFFSETS, crc32, read_image
 from colibri.rope import tables as rope_tables
+from colibri.schema import load as load_schema
 
 TABLE = HEADER_BYTES  # the packer puts the tensor table right after the header
 
@@ -32,15 +34,29 @@ def put(fmt: str, offset: int, value, seal: bool = True):
     return mutate
 
 
-def entry(i: int, field_offset: int) -> int:
-    return TABLE + i * ENTRY_BYTES + field_offset
+FIELD_FORMAT = {f.name: "<" + f.struct_code for f in load_schema().header}
 
 
-FIRST_UP = 3 + 43 + 1  # entries: embd, rope cos, rope sin, 43 per-layer slots, then expert 0 gate, up, down
+def entry(i: int, name: str) -> int:
+    """Where table entry i's field `name` is (format/schema.toml)."""
+    return TABLE + i * ENTRY_BYTES + ENTRY_OFFSETS[name]
+
+
+def get(b: bytes | bytearray, name: str):
+    """Header field `name` (its place and type from format/schema.toml)."""
+    return struct.unpack_from(FIELD_FORMAT[name], b, HEADER_OFFSETS[name])[0]
+
+
+def field(name: str, value, seal: bool = True):
+    """A mutation setting header field `name` to `value` (and resealing the CRCs unless told not to)."""
+    return put(FIELD_FORMAT[name], HEADER_OFFSETS[name], value, seal)
+
+
+FIRST_UP = len(ROLES_BEFORE_LAYERS) + len(LAYER_ROLES) + 1  # the globals, layer 0's slots, then expert 0 gate, up
 
 
 def swap_entries(b: bytearray) -> bytearray:
-    a, c = entry(3, 0), entry(4, 0)
+    a, c = entry(3, "role"), entry(4, "role")
     b[a:a + ENTRY_BYTES], b[c:c + ENTRY_BYTES] = b[c:c + ENTRY_BYTES], b[a:a + ENTRY_BYTES]
     return reseal(b)
 
@@ -54,111 +70,111 @@ def flip(offset: int):
 
 def overlap_up_with_gate(b: bytearray) -> bytearray:
     """Point expert 0's up matrix at its gate matrix: in bounds and aligned, but not contiguous."""
-    gate_offset = struct.unpack_from("<Q", b, entry(FIRST_UP - 1, 32))[0]
-    return put("<Q", entry(FIRST_UP, 32), gate_offset)(b)
+    gate_offset = struct.unpack_from("<Q", b, entry(FIRST_UP - 1, "offset"))[0]
+    return put("<Q", entry(FIRST_UP, "offset"), gate_offset)(b)
 
 
 # Entry 0 is the token embedding; entries 3+7.. are layer 0's first expert (gate, up, down).
 CASES = [
     ("shorter than header", lambda b: b[:100], "E_IMAGE_TRUNCATED"),
     ("truncated", lambda b: b[:-64], "E_IMAGE_TRUNCATED"),
-    ("image_bytes huge", put("<Q", 16, 1 << 62), "E_IMAGE_TRUNCATED"),
+    ("image_bytes huge", field("image_bytes", 1 << 62), "E_IMAGE_TRUNCATED"),
     ("bad magic", flip(0), "E_IMAGE_MAGIC"),
-    ("version 1", put("<I", 8, 1), "E_IMAGE_VERSION"),
-    ("version 2", put("<I", 8, 2), "E_IMAGE_VERSION"),
-    ("version 3", put("<I", 8, 3), "E_IMAGE_VERSION"),
-    ("version 4", put("<I", 8, 4), "E_IMAGE_VERSION"),
-    ("version 6", put("<I", 8, 6, seal=False), "E_IMAGE_VERSION"),
+    ("version 1", field("version", 1), "E_IMAGE_VERSION"),
+    ("version 2", field("version", 2), "E_IMAGE_VERSION"),
+    ("version 3", field("version", 3), "E_IMAGE_VERSION"),
+    ("version 4", field("version", 4), "E_IMAGE_VERSION"),
+    ("version 6", field("version", 6, seal=False), "E_IMAGE_VERSION"),
     ("header byte flipped", flip(40), "E_IMAGE_HEADER_CRC"),
-    ("resident byte flipped", lambda b: flip(struct.unpack_from("<Q", b, 104)[0] + 5)(b), "E_IMAGE_PAYLOAD_CRC"),
+    ("resident byte flipped", lambda b: flip(get(b, "data_offset") + 5)(b), "E_IMAGE_PAYLOAD_CRC"),
     ("expert byte flipped", lambda b: flip(len(b) - 5)(b), "E_EXPERT_CRC"),  # the last expert's down matrix
-    ("expert CRC entry flipped", lambda b: reseal(flip(struct.unpack_from("<Q", b, 148)[0] + 1)(b)), "E_EXPERT_CRC"),
-    ("expert part past the end", lambda b: put("<Q", 140, len(b) + 64)(b), "E_IMAGE_HEADER"),
-    ("expert part misaligned", lambda b: put("<Q", 140, struct.unpack_from("<Q", b, 140)[0] - 4)(b), "E_IMAGE_HEADER"),
-    ("expert CRC table in the tensor table", put("<Q", 148, TABLE), "E_IMAGE_HEADER"),
-    ("resident tensor in the expert part", lambda b: put("<Q", entry(0, 32), struct.unpack_from("<Q", b, 140)[0])(b),
+    ("expert CRC entry flipped", lambda b: reseal(flip(get(b, "expert_crc_offset") + 1)(b)), "E_EXPERT_CRC"),
+    ("expert part past the end", lambda b: field("expert_offset", len(b) + 64)(b), "E_IMAGE_HEADER"),
+    ("expert part misaligned", lambda b: field("expert_offset", get(b, "expert_offset") - 4)(b), "E_IMAGE_HEADER"),
+    ("expert CRC table in the tensor table", field("expert_crc_offset", TABLE), "E_IMAGE_HEADER"),
+    ("resident tensor in the expert part", lambda b: put("<Q", entry(0, "offset"), get(b, "expert_offset"))(b),
      "E_IMAGE_BOUNDS"),
     ("table byte flipped", flip(TABLE + 33), "E_IMAGE_PAYLOAD_CRC"),
-    ("reserved header byte", put("<B", 320, 1), "E_IMAGE_HEADER"),
+    ("reserved header byte", put("<B", HEADER_OFFSETS["reserved"] + 8, 1), "E_IMAGE_HEADER"),
     # Gemma 4's fields (288..303) and flags 13..17
-    ("odd global head size", put("<I", 288, 7), "E_IMAGE_DIMS"),
-    ("global KV heads that do not divide the heads", put("<I", 292, 3), "E_IMAGE_DIMS"),
-    ("global head size without its RoPE tables", put("<I", 288, 12), "E_IMAGE_DIMS"),
-    ("global head size the table lacks", lambda b: put("<I", 288, 12)(put("<I", 76, 1 | 1 << 17, seal=False)(b)),
+    ("odd global head size", field("global_head_dim", 7), "E_IMAGE_DIMS"),
+    ("global KV heads that do not divide the heads", field("global_kv_heads", 3), "E_IMAGE_DIMS"),
+    ("global head size without its RoPE tables", field("global_head_dim", 12), "E_IMAGE_DIMS"),
+    ("global head size the table lacks", lambda b: field("global_head_dim", 12)(field("flags", 1 | 1 << 17, seal=False)(b)),
      "E_IMAGE_TABLE"),
-    ("embedding scale NaN", put("<f", 296, float("nan")), "E_IMAGE_DIMS"),
-    ("logit cap negative", put("<f", 300, -30.0), "E_IMAGE_DIMS"),
-    ("per-layer inputs outside Gemma 4's layer", put("<I", 304, 4), "E_IMAGE_DIMS"),
-    ("KV sharing outside Gemma 4's layer", put("<I", 308, 1), "E_IMAGE_DIMS"),
-    ("double-wide MLP without KV sharing", put("<I", 76, 1 | 1 << 18), "E_IMAGE_DIMS"),
-    ("Gemma 4 layer without a dense MLP", put("<I", 76, 1 | 1 << 13), "E_IMAGE_DIMS"),
-    ("keys as values, yet a WV", put("<I", 76, 1 | 1 << 16), "E_IMAGE_TABLE"),
-    ("global RoPE tables the table lacks", put("<I", 76, 1 | 1 << 17), "E_IMAGE_TABLE"),
+    ("embedding scale NaN", field("embed_scale", float("nan")), "E_IMAGE_DIMS"),
+    ("logit cap negative", field("logit_softcap", -30.0), "E_IMAGE_DIMS"),
+    ("per-layer inputs outside Gemma 4's layer", field("ple_dim", 4), "E_IMAGE_DIMS"),
+    ("KV sharing outside Gemma 4's layer", field("kv_shared_layers", 1), "E_IMAGE_DIMS"),
+    ("double-wide MLP without KV sharing", field("flags", 1 | 1 << 18), "E_IMAGE_DIMS"),
+    ("Gemma 4 layer without a dense MLP", field("flags", 1 | 1 << 13), "E_IMAGE_DIMS"),
+    ("keys as values, yet a WV", field("flags", 1 | 1 << 16), "E_IMAGE_TABLE"),
+    ("global RoPE tables the table lacks", field("flags", 1 | 1 << 17), "E_IMAGE_TABLE"),
     # gpt-oss's expert activation (280, 284) and flags 10..12
-    ("SwiGLU limit without alpha", put("<f", 284, 7.0), "E_IMAGE_DIMS"),
-    ("SwiGLU alpha NaN", lambda b: put("<f", 280, float("nan"))(put("<f", 284, 7.0, seal=False)(b)), "E_IMAGE_DIMS"),
-    ("SwiGLU limit negative", lambda b: put("<f", 280, 1.7)(put("<f", 284, -1.0, seal=False)(b)), "E_IMAGE_DIMS"),
-    ("top-k softmax with renormalization", put("<I", 76, 1 | 1 << 12), "E_IMAGE_DIMS"),
-    ("sinks the table lacks", put("<I", 76, 1 | 1 << 10), "E_IMAGE_TABLE"),
-    ("expert biases the table lacks", put("<I", 76, 1 | 1 << 11), "E_IMAGE_TABLE"),
+    ("SwiGLU limit without alpha", field("swiglu_limit", 7.0), "E_IMAGE_DIMS"),
+    ("SwiGLU alpha NaN", lambda b: field("swiglu_alpha", float("nan"))(field("swiglu_limit", 7.0, seal=False)(b)), "E_IMAGE_DIMS"),
+    ("SwiGLU limit negative", lambda b: field("swiglu_alpha", 1.7)(field("swiglu_limit", -1.0, seal=False)(b)), "E_IMAGE_DIMS"),
+    ("top-k softmax with renormalization", field("flags", 1 | 1 << 12), "E_IMAGE_DIMS"),
+    ("sinks the table lacks", field("flags", 1 | 1 << 10), "E_IMAGE_TABLE"),
+    ("expert biases the table lacks", field("flags", 1 | 1 << 11), "E_IMAGE_TABLE"),
     # attention (244..263) and routing (264..279) fields; the base image: 4 heads of 6, 2 KV heads, 4 experts, top-2
-    ("q-LoRA without latent attention", put("<I", 244, 8), "E_IMAGE_DIMS"),
-    ("latent attention with two KV heads", put("<I", 248, 8), "E_IMAGE_DIMS"),
-    ("RoPE over part of a standard head", put("<I", 252, 4), "E_IMAGE_DIMS"),
-    ("odd rope_dim", put("<I", 252, 5), "E_IMAGE_DIMS"),
-    ("values narrower than a standard head", put("<I", 256, 4), "E_IMAGE_DIMS"),
-    ("softmax scale NaN", put("<f", 260, float("nan")), "E_IMAGE_DIMS"),
-    ("softmax scale zero", put("<f", 260, 0.0), "E_IMAGE_DIMS"),
-    ("routed scale negative", put("<f", 276, -1.0), "E_IMAGE_DIMS"),
-    ("no groups", put("<I", 264, 0), "E_IMAGE_DIMS"),
-    ("groups that do not divide the experts", put("<I", 264, 3), "E_IMAGE_DIMS"),
-    ("more kept groups than groups", put("<I", 268, 2), "E_IMAGE_DIMS"),
-    ("a group scored by more experts than it has", lambda b: put("<I", 272, 3)(put("<I", 264, 2, seal=False)(b)),
+    ("q-LoRA without latent attention", field("q_lora_rank", 8), "E_IMAGE_DIMS"),
+    ("latent attention with two KV heads", field("kv_lora_rank", 8), "E_IMAGE_DIMS"),
+    ("RoPE over part of a standard head", field("rope_dim", 4), "E_IMAGE_DIMS"),
+    ("odd rope_dim", field("rope_dim", 5), "E_IMAGE_DIMS"),
+    ("values narrower than a standard head", field("v_head_dim", 4), "E_IMAGE_DIMS"),
+    ("softmax scale NaN", field("attn_scale", float("nan")), "E_IMAGE_DIMS"),
+    ("softmax scale zero", field("attn_scale", 0.0), "E_IMAGE_DIMS"),
+    ("routed scale negative", field("routed_scale", -1.0), "E_IMAGE_DIMS"),
+    ("no groups", field("n_group", 0), "E_IMAGE_DIMS"),
+    ("groups that do not divide the experts", field("n_group", 3), "E_IMAGE_DIMS"),
+    ("more kept groups than groups", field("topk_group", 2), "E_IMAGE_DIMS"),
+    ("a group scored by more experts than it has", lambda b: field("group_top", 3)(field("n_group", 2, seal=False)(b)),
      "E_IMAGE_DIMS"),
-    ("kept groups too small for top_k", lambda b: put("<I", 264, 4)(b), "E_IMAGE_DIMS"),
-    ("both shared-expert kinds", put("<I", 76, (1 << 5) | (1 << 8)), "E_UNSUPPORTED"),
-    ("plain shared expert without a size", put("<I", 76, 1 << 8), "E_IMAGE_DIMS"),
-    ("router bias the table lacks", put("<I", 76, 1 | 1 << 7), "E_IMAGE_TABLE"),
+    ("kept groups too small for top_k", lambda b: field("n_group", 4)(b), "E_IMAGE_DIMS"),
+    ("both shared-expert kinds", field("flags", (1 << 5) | (1 << 8)), "E_UNSUPPORTED"),
+    ("plain shared expert without a size", field("flags", 1 << 8), "E_IMAGE_DIMS"),
+    ("router bias the table lacks", field("flags", 1 | 1 << 7), "E_IMAGE_TABLE"),
     # the sliding window (176) and its layers (bitmap at 180); the base images have 2 layers, max_seq 48
-    ("window without a windowed layer", put("<I", 176, 3), "E_IMAGE_DIMS"),
-    ("windowed layer without a window", put("<B", 180, 1), "E_IMAGE_DIMS"),
-    ("windowed layer past the last", lambda b: put("<B", 180, 4)(put("<I", 176, 3, seal=False)(b)), "E_IMAGE_DIMS"),
-    ("window longer than max_seq", lambda b: put("<B", 180, 1)(put("<I", 176, 49, seal=False)(b)), "E_IMAGE_DIMS"),
-    ("window the plan does not know", lambda b: put("<B", 180, 1)(put("<I", 176, 3, seal=False)(b)), "E_IMAGE_PLAN"),
-    ("table offset past data", put("<Q", 88, 1 << 40), "E_IMAGE_HEADER"),
-    ("entry size", put("<I", 100, 32), "E_IMAGE_HEADER"),
-    ("vocab zero", put("<I", 36, 0), "E_IMAGE_DIMS"),
-    ("hidden absurd", put("<I", 40, 1 << 31), "E_IMAGE_DIMS"),
-    ("heads not multiple of kv heads", put("<I", 56, 3), "E_IMAGE_DIMS"),
-    ("odd head_dim", put("<I", 60, 7), "E_IMAGE_DIMS"),
-    ("top_k > experts", put("<I", 68, 9), "E_IMAGE_DIMS"),
+    ("window without a windowed layer", field("sliding_window", 3), "E_IMAGE_DIMS"),
+    ("windowed layer without a window", put("<B", HEADER_OFFSETS["window_layers"], 1), "E_IMAGE_DIMS"),
+    ("windowed layer past the last", lambda b: put("<B", HEADER_OFFSETS["window_layers"], 4)(field("sliding_window", 3, seal=False)(b)), "E_IMAGE_DIMS"),
+    ("window longer than max_seq", lambda b: put("<B", HEADER_OFFSETS["window_layers"], 1)(field("sliding_window", 49, seal=False)(b)), "E_IMAGE_DIMS"),
+    ("window the plan does not know", lambda b: put("<B", HEADER_OFFSETS["window_layers"], 1)(field("sliding_window", 3, seal=False)(b)), "E_IMAGE_PLAN"),
+    ("table offset past data", field("tensor_table_offset", 1 << 40), "E_IMAGE_HEADER"),
+    ("entry size", field("entry_bytes", 32), "E_IMAGE_HEADER"),
+    ("vocab zero", field("vocab_size", 0), "E_IMAGE_DIMS"),
+    ("hidden absurd", field("hidden_size", 1 << 31), "E_IMAGE_DIMS"),
+    ("heads not multiple of kv heads", field("n_kv_heads", 3), "E_IMAGE_DIMS"),
+    ("odd head_dim", field("head_dim", 7), "E_IMAGE_DIMS"),
+    ("top_k > experts", field("top_k", 9), "E_IMAGE_DIMS"),
     # the caps that bound the router's work (top_k * n_experts per layer and token); at a cap the
     # dimensions pass and the tensor count is what fails
-    ("experts over the cap", lambda b: put("<I", 64, 1025)(b), "E_IMAGE_DIMS"),
-    ("experts at the cap", lambda b: put("<I", 64, 1024)(b), "E_IMAGE_TABLE"),
-    ("top_k over the cap", lambda b: put("<I", 68, 65)(put("<I", 64, 100, seal=False)(b)), "E_IMAGE_DIMS"),
-    ("top_k at the cap", lambda b: put("<I", 68, 64)(put("<I", 64, 100, seal=False)(b)), "E_IMAGE_TABLE"),
-    ("eps NaN", put("<f", 80, float("nan")), "E_IMAGE_DIMS"),
-    ("eps zero", put("<f", 80, 0.0), "E_IMAGE_DIMS"),
-    ("unknown arch", put("<I", 32, 2), "E_UNSUPPORTED"),
-    ("unknown flag", put("<I", 76, 1 << 19), "E_UNSUPPORTED"),
-    ("both q/k norm kinds", put("<I", 76, (1 << 3) | (1 << 4)), "E_UNSUPPORTED"),
-    ("tensor count", put("<I", 96, 10), "E_IMAGE_TABLE"),
+    ("experts over the cap", lambda b: field("n_experts", 1025)(b), "E_IMAGE_DIMS"),
+    ("experts at the cap", lambda b: field("n_experts", 1024)(b), "E_IMAGE_TABLE"),
+    ("top_k over the cap", lambda b: field("top_k", 65)(field("n_experts", 100, seal=False)(b)), "E_IMAGE_DIMS"),
+    ("top_k at the cap", lambda b: field("top_k", 64)(field("n_experts", 100, seal=False)(b)), "E_IMAGE_TABLE"),
+    ("eps NaN", field("rms_norm_eps", float("nan")), "E_IMAGE_DIMS"),
+    ("eps zero", field("rms_norm_eps", 0.0), "E_IMAGE_DIMS"),
+    ("unknown arch", field("arch", 2), "E_UNSUPPORTED"),
+    ("unknown flag", field("flags", 1 << 19), "E_UNSUPPORTED"),
+    ("both q/k norm kinds", field("flags", (1 << 3) | (1 << 4)), "E_UNSUPPORTED"),
+    ("tensor count", field("n_tensors", 10), "E_IMAGE_TABLE"),
     ("entries out of order", swap_entries, "E_IMAGE_TABLE"),
-    ("wrong shape", put("<I", entry(0, 16), 36), "E_IMAGE_TABLE"),
-    ("wrong byte size", put("<Q", entry(0, 40), 4), "E_IMAGE_TABLE"),
-    ("unknown dtype", put("<H", entry(0, 2), 77), "E_IMAGE_DTYPE"),
-    ("f16 vector", put("<H", entry(3, 2), 1), "E_IMAGE_DTYPE"),            # entry 3: layer 0's attention norm
-    ("q8_0 RoPE table", put("<H", entry(1, 2), 3), "E_IMAGE_DTYPE"),
-    ("unknown kv dtype", put("<I", 136, 2), "E_IMAGE_DTYPE"),
-    ("f16 with f32 byte count", put("<H", entry(0, 2), 1), "E_IMAGE_TABLE"),
-    ("group size on a float tensor", put("<I", entry(0, 24), 32), "E_IMAGE_TABLE"),
-    ("offset out of range", put("<Q", entry(0, 32), 1 << 40), "E_IMAGE_BOUNDS"),
-    ("offset wraps", put("<Q", entry(0, 32), (1 << 64) - 64), "E_IMAGE_BOUNDS"),
-    ("offset misaligned", put("<Q", entry(0, 32), 4096 + 4), "E_IMAGE_BOUNDS"),
-    ("offset inside table", put("<Q", entry(0, 32), TABLE), "E_IMAGE_BOUNDS"),
+    ("wrong shape", put("<I", entry(0, "dim0"), 36), "E_IMAGE_TABLE"),
+    ("wrong byte size", put("<Q", entry(0, "bytes"), 4), "E_IMAGE_TABLE"),
+    ("unknown dtype", put("<H", entry(0, "dtype"), 77), "E_IMAGE_DTYPE"),
+    ("f16 vector", put("<H", entry(3, "dtype"), 1), "E_IMAGE_DTYPE"),            # entry 3: layer 0's attention norm
+    ("q8_0 RoPE table", put("<H", entry(1, "dtype"), 3), "E_IMAGE_DTYPE"),
+    ("unknown kv dtype", field("kv_dtype", 2), "E_IMAGE_DTYPE"),
+    ("f16 with f32 byte count", put("<H", entry(0, "dtype"), 1), "E_IMAGE_TABLE"),
+    ("group size on a float tensor", put("<I", entry(0, "group_size"), 32), "E_IMAGE_TABLE"),
+    ("offset out of range", put("<Q", entry(0, "offset"), 1 << 40), "E_IMAGE_BOUNDS"),
+    ("offset wraps", put("<Q", entry(0, "offset"), (1 << 64) - 64), "E_IMAGE_BOUNDS"),
+    ("offset misaligned", put("<Q", entry(0, "offset"), 4096 + 4), "E_IMAGE_BOUNDS"),
+    ("offset inside table", put("<Q", entry(0, "offset"), TABLE), "E_IMAGE_BOUNDS"),
     ("expert not contiguous", overlap_up_with_gate, "E_IMAGE_BOUNDS"),
-    ("arena plan", put("<Q", 112, 64), "E_IMAGE_PLAN"),
+    ("arena plan", field("arena_bytes", 64), "E_IMAGE_PLAN"),
 ]
 
 
@@ -207,14 +223,14 @@ def test_inspect_checks_everything_but_the_tensor_crcs(lib, images, name, mutate
 
 # Q8_0 images: the scales must follow the values exactly, and the sizes must be the dtype's
 Q8_CASES = [
-    ("scales moved", lambda b: put("<Q", entry(0, 48), struct.unpack_from("<Q", b, entry(0, 48))[0] + 64)(b),
+    ("scales moved", lambda b: put("<Q", entry(0, "scales_offset"), struct.unpack_from("<Q", b, entry(0, "scales_offset"))[0] + 64)(b),
      "E_IMAGE_BOUNDS"),
-    ("scales past the end", lambda b: put("<Q", entry(0, 48), len(b) - 64)(b), "E_IMAGE_BOUNDS"),
-    ("scale bytes", lambda b: put("<Q", entry(0, 56), struct.unpack_from("<Q", b, entry(0, 56))[0] - 2)(b),
+    ("scales past the end", lambda b: put("<Q", entry(0, "scales_offset"), len(b) - 64)(b), "E_IMAGE_BOUNDS"),
+    ("scale bytes", lambda b: put("<Q", entry(0, "scales_bytes"), struct.unpack_from("<Q", b, entry(0, "scales_bytes"))[0] - 2)(b),
      "E_IMAGE_TABLE"),
-    ("group size 16", put("<I", entry(0, 24), 16), "E_IMAGE_TABLE"),
-    ("q8_0 read as q4_0", put("<H", entry(0, 2), 4), "E_IMAGE_TABLE"),
-    ("q8_0 read as f32", put("<H", entry(0, 2), 0), "E_IMAGE_TABLE"),
+    ("group size 16", put("<I", entry(0, "group_size"), 16), "E_IMAGE_TABLE"),
+    ("q8_0 read as q4_0", put("<H", entry(0, "dtype"), 4), "E_IMAGE_TABLE"),
+    ("q8_0 read as f32", put("<H", entry(0, "dtype"), 0), "E_IMAGE_TABLE"),
 ]
 
 
@@ -245,11 +261,11 @@ def test_statuses_are_distinct():
 # An image with a metadata section (tokenizer, chat template: colibri/text.py) at its end
 META_CASES = [
     ("metadata byte flipped", lambda b: flip(len(b) - 3)(b), "E_IMAGE_PAYLOAD_CRC"),
-    ("metadata misaligned", lambda b: put("<Q", 156, struct.unpack_from("<Q", b, 156)[0] + 8)(b), "E_IMAGE_HEADER"),
-    ("metadata past the end", lambda b: put("<Q", 164, 1 << 20)(b), "E_IMAGE_HEADER"),
-    ("metadata inside the resident part", lambda b: put("<Q", 156, struct.unpack_from("<Q", b, 140)[0] - 64)(b),
+    ("metadata misaligned", lambda b: field("meta_offset", get(b, "meta_offset") + 8)(b), "E_IMAGE_HEADER"),
+    ("metadata past the end", lambda b: field("meta_bytes", 1 << 20)(b), "E_IMAGE_HEADER"),
+    ("metadata inside the resident part", lambda b: field("meta_offset", get(b, "expert_offset") - 64)(b),
      "E_IMAGE_HEADER"),
-    ("metadata offset without bytes", lambda b: put("<Q", 164, 0)(b), "E_IMAGE_HEADER"),
+    ("metadata offset without bytes", lambda b: field("meta_bytes", 0)(b), "E_IMAGE_HEADER"),
 ]
 
 
@@ -320,11 +336,11 @@ def global_head_without_rope_image() -> bytes:
     index = {e.role: i for i, e in enumerate(entries) if e.layer == im.NO_INDEX}
     struct.pack_into("<I", buf, 76, 0)  # flags
     for role in (im.Role.GLOBAL_ROPE_COS, im.Role.GLOBAL_ROPE_SIN):
-        at = entry(index[role], 0)
+        at = entry(index[role], "role")
         buf[at:at + ENTRY_BYTES] = im.TensorEntry(role, im.NO_INDEX, im.NO_INDEX, im.DType.F32, (), 0, 0).pack()
     sin = entries[index[im.Role.ROPE_SIN]]
     assert len(buf) == entries[index[im.Role.GLOBAL_ROPE_SIN]].end and (len(buf) - sin.nbytes) % 64 == 0
-    struct.pack_into("<Q", buf, entry(index[im.Role.ROPE_SIN], 32), len(buf) - sin.nbytes)
+    struct.pack_into("<Q", buf, entry(index[im.Role.ROPE_SIN], "offset"), len(buf) - sin.nbytes)
     return bytes(reseal(buf))
 
 
