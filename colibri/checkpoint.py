@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from colibri import rope
+from colibri.format import MAX_EXPERTS, MAX_TOP_K  # the verifier's caps: they bound the router's work
 from colibri.lazy import Derived, FileTensor, LazyTensor, OpenFile, expert_of
 from colibri.quant import mxfp4_dequantize
 from colibri.image import (EXPERT_ROLES, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
@@ -25,7 +26,6 @@ from colibri.image import (EXPERT_ROLES, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NO
                            NO_INDEX, ModelDims, Role)
 
 DEFAULT_MAX_SEQ = 256
-MAX_EXPERTS, MAX_TOP_K = 1024, 64  # the verifier's caps (firmware/src/internal.h), which bound the router's work
 
 
 @dataclass(frozen=True)

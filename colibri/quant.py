@@ -17,15 +17,16 @@ import gguf
 import ml_dtypes
 import numpy as np
 
-QBLOCK = 32
+from colibri.format import DTYPES, QBLOCK  # noqa: F401  (format/schema.toml's)
 
 
 class DType(enum.IntEnum):
-    F32 = 0
-    F16 = 1
-    BF16 = 2
-    Q8_0 = 3
-    Q4_0 = 4
+    """The image's weight dtypes, valued as format/schema.toml lists them."""
+    F32 = DTYPES.index("F32")
+    F16 = DTYPES.index("F16")
+    BF16 = DTYPES.index("BF16")
+    Q8_0 = DTYPES.index("Q8_0")
+    Q4_0 = DTYPES.index("Q4_0")
 
     @property
     def quantized(self) -> bool:

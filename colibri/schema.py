@@ -248,13 +248,18 @@ def _c_link_region(s: Schema) -> str:
 
 
 def replace_region(text: str, name: str, body: str, where: str) -> str:
-    """`text` with what lies between the lines holding `schema:NAME` and `/schema:NAME` replaced by `body`."""
+    """`text` with the lines between its marker lines replaced by `body`: a line that starts with a comment opening
+    `schema:NAME` (`/* schema:NAME ...` or `<!-- schema:NAME -->`) and one that starts with `/schema:NAME`'s. A
+    marker quoted inside other text is not one; a missing, repeated or misordered marker is an error, so nothing
+    outside the region is ever replaced."""
+    def marks(tag: str) -> list[int]:
+        return [i for i, line in enumerate(lines)
+                if re.match(rf"\s*(/\*|<!--) {re.escape(tag)}(\s|$)", line)]
     lines = text.split("\n")
-    begin = [i for i, line in enumerate(lines) if f"schema:{name} " in line or line.strip().endswith(f"schema:{name} */")]
-    end = [i for i, line in enumerate(lines) if f"/schema:{name} " in line]
-    begin = [i for i in begin if i not in end]
+    begin, end = marks(f"schema:{name}"), marks(f"/schema:{name}")
     if len(begin) != 1 or len(end) != 1 or end[0] < begin[0]:
-        raise ValueError(f"{where}: no single schema:{name} ... /schema:{name} marker pair")
+        raise ValueError(f"{where}: needs one line starting with the marker schema:{name}, then one with "
+                         f"/schema:{name} (found {len(begin)} and {len(end)})")
     return "\n".join(lines[:begin[0] + 1] + [body] + lines[end[0]:])
 
 
@@ -274,12 +279,7 @@ def render_doc_sections(s: Schema) -> dict[str, str]:
 
 def render_doc(s: Schema, text: str) -> str:
     for name, body in render_doc_sections(s).items():
-        begin, end = f"<!-- schema:{name} -->", f"<!-- /schema:{name} -->"
-        if begin not in text or end not in text:
-            raise ValueError(f"docs/FORMAT.md has no {begin} ... {end} markers")
-        head, rest = text.split(begin, 1)
-        _, tail = rest.split(end, 1)
-        text = f"{head}{begin}\n{body}\n{end}{tail}"
+        text = replace_region(text, name, body, "docs/FORMAT.md")
     return text
 
 

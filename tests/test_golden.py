@@ -4,21 +4,26 @@ cache dtypes, the SHA-256 of every step's logits, kept in tests/golden/logits.js
 rewrite of the runtime and the reference together (issue 28) must leave every digest as it is.
 
 Each configuration runs on the hosted build's library with its fastest kernels and with the scalar ones, with
-and without a prefill batch: the four runs must give one digest. Every board gives the hosted build's bits
-(tests/test_dtypes.py, tests/test_families.py), so the digests pin the boards too.
+and without a prefill batch: the four runs must give one digest. The boards are not pinned here: other tests hold
+them to the reference (every family at f32) and to the hosted build (one Mixtral at every dtype), which is less.
 
-The checkpoints' values come from numpy's seeded generator (conftest.numpy_values), the same on every machine.
-To write the file again after a deliberate change of the bits: COLIBRI_UPDATE_GOLDEN=1 pytest tests/test_golden.py
-(and say why in the commit)."""
+The checkpoints' values come from numpy's generator seeded by the family's name (conftest.numpy_values); the file
+keeps each checkpoint's digest and the library versions it was made with, so a checkpoint made differently is
+named as such, never mistaken for changed logits. To write the file again after a deliberate change of the bits:
+COLIBRI_UPDATE_GOLDEN=1 pytest tests/test_golden.py, at a commit whose bits are the intended ones (and say why in
+the commit)."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+import transformers
 from safetensors.numpy import load_file
 
 from capi import Context, Lib, Options
@@ -60,6 +65,7 @@ def run_steps(lib: Lib, image: bytes, options: Options | None) -> list[np.ndarra
     each feed."""
     ctx = Context(lib, image, options=options)
     assert ctx.open_status == 0
+    assert (ctx.stats().prefill_batch > 1) == (options is not None)  # the batch was taken (no longer than a window)
     assert ctx.feed(PROMPT) == 0
     rows = [ctx.logits()]
     for tok in AFTER:
@@ -68,23 +74,32 @@ def run_steps(lib: Lib, image: bytes, options: Options | None) -> list[np.ndarra
     return rows
 
 
-def compare(want: dict[str, str], got: dict[str, str]) -> list[str]:
-    """What differs between the pinned digests and this run's: one line per configuration changed, missing from
-    the file or no longer in the matrix."""
-    lines = [f"{key}: logits changed" for key in sorted(want.keys() & got.keys()) if want[key] != got[key]]
-    lines += [f"{key}: not pinned (COLIBRI_UPDATE_GOLDEN=1 to add it)" for key in sorted(got.keys() - want.keys())]
-    lines += [f"{key}: pinned but no longer run" for key in sorted(want.keys() - got.keys())]
+def compare(want: dict, got: dict) -> list[str]:
+    """What differs between the pinned digests and this run's ({"checkpoints": name -> digest, "logits": key ->
+    digest}): a checkpoint made differently (its logits cannot be compared), then one line per configuration
+    changed, missing from the file or no longer in the matrix."""
+    lines = [f"checkpoint {name} is not the one pinned (numpy, torch or transformers, or its config in FAMILIES, "
+             "changed): pin again at a commit before your change" for name in sorted(want["checkpoints"])
+             if name in got["checkpoints"] and got["checkpoints"][name] != want["checkpoints"][name]]
+    if lines:
+        return lines
+    w, g = want["logits"], got["logits"]
+    lines = [f"{key}: logits changed" for key in sorted(w.keys() & g.keys()) if w[key] != g[key]]
+    lines += [f"{key}: not pinned (COLIBRI_UPDATE_GOLDEN=1 to add it)" for key in sorted(g.keys() - w.keys())]
+    lines += [f"{key}: pinned but no longer run" for key in sorted(w.keys() - g.keys())]
     return lines
 
 
 @pytest.fixture(scope="module")
-def digests(tmp_path_factory, hosted_build) -> dict[str, str]:
+def digests(tmp_path_factory, hosted_build) -> dict:
     libs = [Lib(hosted_build / "libcolibri.so"), Lib(build("hosted", kernels="scalar") / "libcolibri.so")]
     base = tmp_path_factory.mktemp("golden")
-    out = {}
-    for i, (name, arch, cfg) in enumerate(FAMILIES):
-        ckpt = make_family_checkpoint(arch, cfg, 100 + i, base / name, portable=True)
-        ckpt_key = f"{name} {checkpoint_digest(ckpt)}"
+    out: dict = {"versions": {m.__name__: m.__version__ for m in (np, torch, transformers)}, "checkpoints": {},
+                 "logits": {}}
+    for name, arch, cfg in FAMILIES:
+        seed = zlib.crc32(name.encode())  # its name's: a family added anywhere in the list moves no other's
+        ckpt = make_family_checkpoint(arch, cfg, seed, base / name, portable=True)
+        out["checkpoints"][name] = checkpoint_digest(ckpt)
         for dtype in DTYPES:
             for kv in KV:
                 image = base / f"{name}-{dtype}-{kv}.img"
@@ -93,28 +108,32 @@ def digests(tmp_path_factory, hosted_build) -> dict[str, str]:
                 runs = {steps_digest(run_steps(lib, data, options))
                         for lib in libs for options in (None, Options(prefill_batch=5))}
                 assert len(runs) == 1, f"{name} {dtype} kv {kv}: kernel sets or the prefill batch disagree"
-                out[f"{ckpt_key} dtype={dtype} kv={kv} max_seq=32"] = runs.pop()
+                out["logits"][f"{name} dtype={dtype} kv={kv} max_seq=32"] = runs.pop()
     return out
 
 
 def test_every_configuration_keeps_its_bits(digests):
     if os.environ.get("COLIBRI_UPDATE_GOLDEN"):
         GOLDEN.parent.mkdir(exist_ok=True)
-        GOLDEN.write_text(json.dumps(dict(sorted(digests.items())), indent=1) + "\n")
+        GOLDEN.write_text(json.dumps({k: dict(sorted(v.items())) for k, v in digests.items()}, indent=1) + "\n")
     want = json.loads(GOLDEN.read_text())
-    assert len(digests) == len(FAMILIES) * len(DTYPES) * len(KV)
+    assert len(digests["logits"]) == len(FAMILIES) * len(DTYPES) * len(KV)
     problems = compare(want, digests)
     assert not problems, "\n".join(problems[:20]) + f"\n({len(problems)} in all)"
 
 
 def test_the_comparison_sees_a_bit_a_new_and_a_dropped_configuration():
-    """The check itself can fail: one flipped bit of one logit changes a digest, and a configuration added to or
-    dropped from the matrix is named."""
+    """The check itself can fail: one flipped bit of one logit changes a digest, a configuration added to or dropped
+    from the matrix is named, and a checkpoint made differently is named before any of its logits."""
     rows = [np.linspace(-1, 1, 7, dtype=np.float32) for _ in range(3)]
     flipped = [r.copy() for r in rows]
     flipped[2].view(np.uint32)[4] ^= 1
-    want = {"a": steps_digest(rows), "gone": "0"}
-    got = {"a": steps_digest(flipped), "new": steps_digest(rows)}
+    ckpts = {"m": "1234"}
+    want = {"checkpoints": ckpts, "logits": {"a": steps_digest(rows), "gone": "0"}}
+    got = {"checkpoints": ckpts, "logits": {"a": steps_digest(flipped), "new": steps_digest(rows)}}
     assert compare(want, got) == ["a: logits changed", "new: not pinned (COLIBRI_UPDATE_GOLDEN=1 to add it)",
                                   "gone: pinned but no longer run"]
-    assert compare(want | {"gone": "x"}, {"a": want["a"], "gone": "x"}) == []
+    same = {"checkpoints": ckpts, "logits": {"a": want["logits"]["a"]}}
+    assert compare(same, same) == []
+    assert compare(same, {"checkpoints": {"m": "5678"}, "logits": same["logits"]})[0].startswith(
+        "checkpoint m is not the one pinned")

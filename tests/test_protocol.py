@@ -27,6 +27,11 @@ class BytesTransport:
         pass
 
 
+# How long a test waits for an answer: a bound, not a delay. A board just started on a busy machine (Wine's first
+# process under a parallel test run) can take several seconds to read its first frame.
+ANSWER_S = 60.0
+
+
 def test_frame_round_trip_skips_noise():
     frame = encode_frame(RSP_INFO, 9, b"hello")
     assert read_frame(BytesTransport(b"\x00\xA5junk" + frame), 1.0) == (RSP_INFO, 9, b"hello")
@@ -52,19 +57,19 @@ def test_device_rejects_corrupt_request_and_keeps_serving(board, images, firmwar
         bad = bytearray(encode_frame(REQ_INFO, 5))
         bad[-1] ^= 0xFF
         link.write(bytes(bad))
-        ftype, seq, payload = read_frame(link, 5.0)
+        ftype, seq, payload = read_frame(link, ANSWER_S)
         assert (ftype, seq) == (RSP_ERROR, 5)
         assert struct.unpack_from("<I", payload)[0] == 200  # LINK_BAD_CRC
         # an absurd length is refused before any payload is awaited
         link.write(b"\xA5\x5A" + struct.pack("<BBH", REQ_INFO, 6, 0xFFFF))
-        ftype, seq, payload = read_frame(link, 5.0)
+        ftype, seq, payload = read_frame(link, ANSWER_S)
         assert (ftype, seq, struct.unpack_from("<I", payload)[0]) == (RSP_ERROR, 6, 201)
         # unknown request type, and RUN before OPEN
         link.write(encode_frame(0x42, 7))
-        assert struct.unpack_from("<I", read_frame(link, 5.0)[2])[0] == 202
+        assert struct.unpack_from("<I", read_frame(link, ANSWER_S)[2])[0] == 202
         link.write(encode_frame(0x03, 8, bytes(40)))
-        assert struct.unpack_from("<I", read_frame(link, 5.0)[2])[0] == 204
-        client = Client(link, timeout=5.0)
+        assert struct.unpack_from("<I", read_frame(link, ANSWER_S)[2])[0] == 204
+        client = Client(link, timeout=ANSWER_S)
         assert client.info().board == board_name(board)
         client.open()
         client.quit()
@@ -73,7 +78,7 @@ def test_device_rejects_corrupt_request_and_keeps_serving(board, images, firmwar
 
 def _error_code(link, ftype, seq, payload=b""):
     link.write(encode_frame(ftype, seq, payload))
-    rtype, rseq, p = read_frame(link, 5.0)
+    rtype, rseq, p = read_frame(link, ANSWER_S)
     assert rseq == seq
     return struct.unpack_from("<I", p)[0] if rtype == RSP_ERROR else rtype
 
@@ -82,7 +87,7 @@ def test_upload_errors_are_named(images, firmwares):
     image = images["base"].read_bytes()
     with start_board(load_board("x86_64_baremetal"), firmwares["x86_64_baremetal"], None) as device:
         link = device.link
-        client = Client(link, timeout=5.0)
+        client = Client(link, timeout=ANSWER_S)
         with pytest.raises(DeviceError, match="LINK_NO_IMAGE"):  # nothing loaded yet
             client.open()
         assert _error_code(link, REQ_UPLOAD_BEGIN, 1, struct.pack("<QI", 1 << 40, 0)) == 206  # too big

@@ -62,3 +62,14 @@ def test_the_python_copy_lays_the_header_out_as_the_c_copy_does():
         offset = struct.calcsize("<" + "".join(codes[:i]))
         assert fmt.HEADER_OFFSETS[name] == offset == c_offsets[schema.load().field(name).c], name
     assert struct.calcsize(fmt.HEADER_FORMAT) == c_offsets["RESERVED"] == fmt.HEADER_OFFSETS["reserved"]
+
+
+def test_a_marker_quoted_in_prose_is_not_one_and_a_broken_pair_is_refused():
+    """The regions are replaced between marker lines only: a marker quoted inside a sentence leaves the text around it
+    alone, and a missing, repeated or misordered marker is an error, never a deletion."""
+    text = "intro `<!-- schema:x -->` quoted\n<!-- schema:x -->\nold\n<!-- /schema:x -->\nafter"
+    assert schema.replace_region(text, "x", "new", "t") == text.replace("\nold\n", "\nnew\n")
+    for broken in ("<!-- /schema:x -->\n<!-- schema:x -->", "<!-- schema:x -->\n<!-- schema:x -->\n<!-- /schema:x -->",
+                   "<!-- schema:x -->\nno end"):
+        with pytest.raises(ValueError, match="needs one line starting with the marker schema:x"):
+            schema.replace_region(broken, "x", "new", "t")
