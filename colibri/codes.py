@@ -2,6 +2,7 @@
 
 PROTOCOL_VERSION = 3
 MAX_PAYLOAD = 4096
+SYNC = b'\xa5Z'  # the bytes that start every frame
 
 REQ_INFO = 0x01
 REQ_OPEN = 0x02

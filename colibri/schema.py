@@ -1,8 +1,8 @@
 """The copies of the image format's and the link's facts, written from their one definition (format/schema.toml):
 the C header the runtime and the fuzz harness read (firmware/src/format.h), the Python constants (colibri/format.py,
-colibri/codes.py), the tables of docs/FORMAT.md, and the status codes, their messages and the link's frame types
-and error codes in firmware/include/colibri.h, firmware/src/colibri.c and boards/common/link.c, each between its
-markers (`schema:NAME` ... `/schema:NAME`).
+colibri/codes.py), the link fuzz harness's dictionary (tests/fuzz/link.dict), the tables of docs/FORMAT.md, and the
+status codes, their messages and the link's frame types and error codes in firmware/include/colibri.h,
+firmware/src/colibri.c and boards/common/link.c, each between its markers (`schema:NAME` ... `/schema:NAME`).
 
   python -m colibri.schema           # write the copies that differ
   python -m colibri.schema --check   # exit 1 naming each copy that is not what the schema gives
@@ -26,6 +26,7 @@ DOC = ROOT / "docs" / "FORMAT.md"
 API_HEADER = ROOT / "firmware" / "include" / "colibri.h"
 API_SOURCE = ROOT / "firmware" / "src" / "colibri.c"
 LINK_SOURCE = ROOT / "boards" / "common" / "link.c"
+LINK_DICT = ROOT / "tests" / "fuzz" / "link.dict"
 LINK_ERROR_BASE = 200  # link-level error codes start above every colibri_status
 
 TYPE_BYTES = {"u16": 2, "u32": 4, "u64": 8, "f32": 4}
@@ -212,7 +213,8 @@ def render_py(s: Schema) -> str:
 def render_codes_py(s: Schema) -> str:
     p = s.protocol
     lines = [f'"""The runtime\'s status codes and the serial link\'s constants. {GENERATED}"""', "",
-             f"PROTOCOL_VERSION = {p['version']}", f"MAX_PAYLOAD = {p['max_payload']}", ""]
+             f"PROTOCOL_VERSION = {p['version']}", f"MAX_PAYLOAD = {p['max_payload']}",
+             f"SYNC = {bytes(p['sync'])!r}  # the bytes that start every frame", ""]
     lines += [f"REQ_{name} = 0x{value:02X}" for name, value in s.requests]
     lines += [f"RSP_{name} = 0x{value:02X}" for name, value in s.responses]
     lines += ["", "# colibri_status values, by position (firmware/include/colibri.h), and colibri_strerror's texts",
@@ -241,10 +243,22 @@ def _c_link_region(s: Schema) -> str:
     p = s.protocol
     frames = [f"REQ_{n} = 0x{v:02X}" for n, v in s.requests] + [f"RSP_{n} = 0x{v:02X}" for n, v in s.responses]
     errors = [f"LINK_{n} = {LINK_ERROR_BASE + i}" for i, n in enumerate(s.link_errors)]
-    return "\n".join([f"#define MAX_PAYLOAD {p['max_payload']}u", f"#define PROTOCOL_VERSION {p['version']}u", "",
+    return "\n".join([f"#define SYNC0 0x{p['sync'][0]:02X}u", f"#define SYNC1 0x{p['sync'][1]:02X}u",
+                      f"#define MAX_PAYLOAD {p['max_payload']}u", f"#define PROTOCOL_VERSION {p['version']}u", "",
                       *_c_enum("", [(f.split(" = ")[0], f.split(" = ")[1]) for f in frames], "enum {"),
                       "/* Link-level error codes, above the runtime's colibri_status values. */",
                       *_c_enum("", [(e.split(" = ")[0], e.split(" = ")[1]) for e in errors], "enum {")])
+
+
+def render_link_dict(s: Schema) -> str:
+    """The link fuzz harness's libFuzzer dictionary: a frame's start, with each request type, and the payload
+    lengths and words a mutation is likely to need."""
+    def esc(data: bytes) -> str:
+        return '"' + "".join(f"\\x{b:02x}" for b in data) + '"'
+    sync = bytes(s.protocol["sync"])
+    words = [s.protocol["max_payload"].to_bytes(2, "little"), b"\xff\xff", b"\x24\x00", b"\xff" * 4, bytes(8)]
+    return "\n".join([f"# libFuzzer dictionary for the serial protocol (docs/PROTOCOL.md). {GENERATED}", esc(sync),
+                      *(esc(sync + bytes([value])) for _, value in s.requests), *(esc(w) for w in words), ""])
 
 
 def replace_region(text: str, name: str, body: str, where: str) -> str:
@@ -289,7 +303,8 @@ def outputs(s: Schema) -> dict[Path, str]:
             DOC: render_doc(s, DOC.read_text()),
             API_HEADER: replace_region(API_HEADER.read_text(), "status", _c_status_region(s), "colibri.h"),
             API_SOURCE: replace_region(API_SOURCE.read_text(), "status_messages", messages, "colibri.c"),
-            LINK_SOURCE: replace_region(LINK_SOURCE.read_text(), "link", _c_link_region(s), "link.c")}
+            LINK_SOURCE: replace_region(LINK_SOURCE.read_text(), "link", _c_link_region(s), "link.c"),
+            LINK_DICT: render_link_dict(s)}
 
 
 def main(argv: list[str] | None = None) -> int:

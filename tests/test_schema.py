@@ -19,7 +19,7 @@ def test_the_check_names_a_copy_edited_by_hand(tmp_path, monkeypatch, capsys):
     """A hand edit of any copy (a header offset in C, a flag in Python, a table row in the docs, a status code, its
     message, a frame type, a link error code) fails the check, and writing puts the schema's text back."""
     copies = {}
-    for attr in ("C_HEADER", "PY_MODULE", "PY_CODES", "DOC", "API_HEADER", "API_SOURCE", "LINK_SOURCE"):
+    for attr in ("C_HEADER", "PY_MODULE", "PY_CODES", "DOC", "API_HEADER", "API_SOURCE", "LINK_SOURCE", "LINK_DICT"):
         path = tmp_path / getattr(schema, attr).name
         path.write_text(getattr(schema, attr).read_text())
         monkeypatch.setattr(schema, attr, path)
@@ -28,7 +28,8 @@ def test_the_check_names_a_copy_edited_by_hand(tmp_path, monkeypatch, capsys):
     edits = {"C_HEADER": ("H_FLAGS = 76", "H_FLAGS = 77"), "PY_MODULE": ("FLAG_V_NORM = 1 << 15", "FLAG_V_NORM = 1 << 16"),
              "DOC": ("| 76 | u32 | flags |", "| 77 | u32 | flags |"), "PY_CODES": ("REQ_TRACE = 0x0C", "REQ_TRACE = 0x0D"),
              "API_HEADER": ("COLIBRI_E_FETCH = 22,", "COLIBRI_E_FETCH = 23,"),
-             "API_SOURCE": ('"arena overlaps the image"', '"arena overlap"'), "LINK_SOURCE": ("LINK_NOT_OPEN = 204", "LINK_NOT_OPEN = 209")}
+             "API_SOURCE": ('"arena overlaps the image"', '"arena overlap"'), "LINK_SOURCE": ("LINK_NOT_OPEN = 204", "LINK_NOT_OPEN = 209"),
+             "LINK_DICT": ('"\\xa5\\x5a\\x0c"', '"\\xa5\\x5a\\x0d"')}
     for attr, (old, new) in edits.items():
         path = copies[attr]
         original = path.read_text()

@@ -11,9 +11,9 @@
 
 void *memcpy(void *dst, const void *src, size_t n); /* the C library's, or boards/common/rt.c on bare metal */
 
+/* schema:link (written by python -m colibri.schema from format/schema.toml) */
 #define SYNC0 0xA5u
 #define SYNC1 0x5Au
-/* schema:link (written by python -m colibri.schema from format/schema.toml) */
 #define MAX_PAYLOAD 4096u
 #define PROTOCOL_VERSION 3u
 
