@@ -6,6 +6,8 @@ import struct
 import pytest
 
 from conftest import MODEL_BOARDS, board_name
+from colibri.codes import (LINK_BAD_CRC, LINK_BAD_LENGTH, LINK_BAD_PAYLOAD, LINK_NOT_OPEN, LINK_UNKNOWN_TYPE,
+                           LINK_UPLOAD_CRC, LINK_UPLOAD_ORDER, LINK_UPLOAD_TOO_BIG)
 from colibri.protocol import (REQ_INFO, REQ_UPLOAD_BEGIN, REQ_UPLOAD_CHUNK, REQ_UPLOAD_END, RSP_ERROR, RSP_INFO,
                            RSP_UPLOAD_ACK, Client, DeviceError, LinkError, encode_frame, read_frame)
 from colibri.sim.boards import load_board
@@ -59,16 +61,16 @@ def test_device_rejects_corrupt_request_and_keeps_serving(board, images, firmwar
         link.write(bytes(bad))
         ftype, seq, payload = read_frame(link, ANSWER_S)
         assert (ftype, seq) == (RSP_ERROR, 5)
-        assert struct.unpack_from("<I", payload)[0] == 200  # LINK_BAD_CRC
+        assert struct.unpack_from("<I", payload)[0] == LINK_BAD_CRC
         # an absurd length is refused before any payload is awaited
         link.write(b"\xA5\x5A" + struct.pack("<BBH", REQ_INFO, 6, 0xFFFF))
         ftype, seq, payload = read_frame(link, ANSWER_S)
-        assert (ftype, seq, struct.unpack_from("<I", payload)[0]) == (RSP_ERROR, 6, 201)
+        assert (ftype, seq, struct.unpack_from("<I", payload)[0]) == (RSP_ERROR, 6, LINK_BAD_LENGTH)
         # unknown request type, and RUN before OPEN
         link.write(encode_frame(0x42, 7))
-        assert struct.unpack_from("<I", read_frame(link, ANSWER_S)[2])[0] == 202
+        assert struct.unpack_from("<I", read_frame(link, ANSWER_S)[2])[0] == LINK_UNKNOWN_TYPE
         link.write(encode_frame(0x03, 8, bytes(40)))
-        assert struct.unpack_from("<I", read_frame(link, ANSWER_S)[2])[0] == 204
+        assert struct.unpack_from("<I", read_frame(link, ANSWER_S)[2])[0] == LINK_NOT_OPEN
         client = Client(link, timeout=ANSWER_S)
         assert client.info().board == board_name(board)
         client.open()
@@ -90,16 +92,16 @@ def test_upload_errors_are_named(images, firmwares):
         client = Client(link, timeout=ANSWER_S)
         with pytest.raises(DeviceError, match="LINK_NO_IMAGE"):  # nothing loaded yet
             client.open()
-        assert _error_code(link, REQ_UPLOAD_BEGIN, 1, struct.pack("<QI", 1 << 40, 0)) == 206  # too big
-        assert _error_code(link, REQ_UPLOAD_CHUNK, 2, struct.pack("<Q", 0) + b"x") == 203      # no upload begun
+        assert _error_code(link, REQ_UPLOAD_BEGIN, 1, struct.pack("<QI", 1 << 40, 0)) == LINK_UPLOAD_TOO_BIG
+        assert _error_code(link, REQ_UPLOAD_CHUNK, 2, struct.pack("<Q", 0) + b"x") == LINK_BAD_PAYLOAD  # no upload begun
         assert _error_code(link, REQ_UPLOAD_BEGIN, 3, struct.pack("<QI", len(image), 0)) == RSP_UPLOAD_ACK
-        assert _error_code(link, REQ_UPLOAD_CHUNK, 4, struct.pack("<Q", 64) + image[64:128]) == 207  # a gap
+        assert _error_code(link, REQ_UPLOAD_CHUNK, 4, struct.pack("<Q", 64) + image[64:128]) == LINK_UPLOAD_ORDER  # a gap
         assert _error_code(link, REQ_UPLOAD_CHUNK, 5, struct.pack("<Q", 0) + image[:4000]) == RSP_UPLOAD_ACK
         assert _error_code(link, REQ_UPLOAD_CHUNK, 6, struct.pack("<Q", 0) + image[:4000]) == RSP_UPLOAD_ACK  # resent
-        assert _error_code(link, REQ_UPLOAD_END, 7) == 207                                     # incomplete
+        assert _error_code(link, REQ_UPLOAD_END, 7) == LINK_UPLOAD_ORDER  # incomplete
         for off in range(4000, len(image), 4000):
             assert _error_code(link, REQ_UPLOAD_CHUNK, 8, struct.pack("<Q", off) + image[off:off + 4000]) == RSP_UPLOAD_ACK
-        assert _error_code(link, REQ_UPLOAD_END, 9) == 208  # the CRC given at BEGIN was wrong
+        assert _error_code(link, REQ_UPLOAD_END, 9) == LINK_UPLOAD_CRC  # the CRC given at BEGIN was wrong
         client.upload(image)  # a proper upload still works afterwards
         assert client.open().image_bytes == len(image)
         client.quit()

@@ -9,7 +9,10 @@ import pytest
 
 from capi import STATUS, Lib
 from colibri import image as im
-from colibri.format import ENTRY_OFFSETS, LAYER_ROLES, ROLES_BEFORE_LAYERS
+from colibri.format import (ENTRY_OFFSETS, FLAG_ATTN_SINKS, FLAG_DOUBLE_WIDE_MLP, FLAG_EXPERT_BIAS, FLAG_GEMMA4_LAYER,
+                            FLAG_GLOBAL_ROPE, FLAG_K_EQ_V, FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
+                            FLAG_ROUTER_BIAS, FLAG_ROUTER_TOPK_SOFTMAX, FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN,
+                            KNOWN_FLAGS, LAYER_ROLES, ROLES_BEFORE_LAYERS)
 from colibri.image import ENTRY_BYTES, HEADER_BYTES, HEADER_CRC_OFFSET, HEADER_OFFSETS, crc32, read_image
 from colibri.rope import tables as rope_tables
 from colibri.schema import load as load_schema
@@ -100,23 +103,23 @@ CASES = [
     ("odd global head size", field("global_head_dim", 7), "E_IMAGE_DIMS"),
     ("global KV heads that do not divide the heads", field("global_kv_heads", 3), "E_IMAGE_DIMS"),
     ("global head size without its RoPE tables", field("global_head_dim", 12), "E_IMAGE_DIMS"),
-    ("global head size the table lacks", lambda b: field("global_head_dim", 12)(field("flags", 1 | 1 << 17, seal=False)(b)),
+    ("global head size the table lacks", lambda b: field("global_head_dim", 12)(field("flags", FLAG_NORM_TOPK | FLAG_GLOBAL_ROPE, seal=False)(b)),
      "E_IMAGE_TABLE"),
     ("embedding scale NaN", field("embed_scale", float("nan")), "E_IMAGE_DIMS"),
     ("logit cap negative", field("logit_softcap", -30.0), "E_IMAGE_DIMS"),
     ("per-layer inputs outside Gemma 4's layer", field("ple_dim", 4), "E_IMAGE_DIMS"),
     ("KV sharing outside Gemma 4's layer", field("kv_shared_layers", 1), "E_IMAGE_DIMS"),
-    ("double-wide MLP without KV sharing", field("flags", 1 | 1 << 18), "E_IMAGE_DIMS"),
-    ("Gemma 4 layer without a dense MLP", field("flags", 1 | 1 << 13), "E_IMAGE_DIMS"),
-    ("keys as values, yet a WV", field("flags", 1 | 1 << 16), "E_IMAGE_TABLE"),
-    ("global RoPE tables the table lacks", field("flags", 1 | 1 << 17), "E_IMAGE_TABLE"),
+    ("double-wide MLP without KV sharing", field("flags", FLAG_NORM_TOPK | FLAG_DOUBLE_WIDE_MLP), "E_IMAGE_DIMS"),
+    ("Gemma 4 layer without a dense MLP", field("flags", FLAG_NORM_TOPK | FLAG_GEMMA4_LAYER), "E_IMAGE_DIMS"),
+    ("keys as values, yet a WV", field("flags", FLAG_NORM_TOPK | FLAG_K_EQ_V), "E_IMAGE_TABLE"),
+    ("global RoPE tables the table lacks", field("flags", FLAG_NORM_TOPK | FLAG_GLOBAL_ROPE), "E_IMAGE_TABLE"),
     # gpt-oss's expert activation (280, 284) and flags 10..12
     ("SwiGLU limit without alpha", field("swiglu_limit", 7.0), "E_IMAGE_DIMS"),
     ("SwiGLU alpha NaN", lambda b: field("swiglu_alpha", float("nan"))(field("swiglu_limit", 7.0, seal=False)(b)), "E_IMAGE_DIMS"),
     ("SwiGLU limit negative", lambda b: field("swiglu_alpha", 1.7)(field("swiglu_limit", -1.0, seal=False)(b)), "E_IMAGE_DIMS"),
-    ("top-k softmax with renormalization", field("flags", 1 | 1 << 12), "E_IMAGE_DIMS"),
-    ("sinks the table lacks", field("flags", 1 | 1 << 10), "E_IMAGE_TABLE"),
-    ("expert biases the table lacks", field("flags", 1 | 1 << 11), "E_IMAGE_TABLE"),
+    ("top-k softmax with renormalization", field("flags", FLAG_NORM_TOPK | FLAG_ROUTER_TOPK_SOFTMAX), "E_IMAGE_DIMS"),
+    ("sinks the table lacks", field("flags", FLAG_NORM_TOPK | FLAG_ATTN_SINKS), "E_IMAGE_TABLE"),
+    ("expert biases the table lacks", field("flags", FLAG_NORM_TOPK | FLAG_EXPERT_BIAS), "E_IMAGE_TABLE"),
     # attention (244..263) and routing (264..279) fields; the base image: 4 heads of 6, 2 KV heads, 4 experts, top-2
     ("q-LoRA without latent attention", field("q_lora_rank", 8), "E_IMAGE_DIMS"),
     ("latent attention with two KV heads", field("kv_lora_rank", 8), "E_IMAGE_DIMS"),
@@ -132,9 +135,9 @@ CASES = [
     ("a group scored by more experts than it has", lambda b: field("group_top", 3)(field("n_group", 2, seal=False)(b)),
      "E_IMAGE_DIMS"),
     ("kept groups too small for top_k", lambda b: field("n_group", 4)(b), "E_IMAGE_DIMS"),
-    ("both shared-expert kinds", field("flags", (1 << 5) | (1 << 8)), "E_UNSUPPORTED"),
-    ("plain shared expert without a size", field("flags", 1 << 8), "E_IMAGE_DIMS"),
-    ("router bias the table lacks", field("flags", 1 | 1 << 7), "E_IMAGE_TABLE"),
+    ("both shared-expert kinds", field("flags", FLAG_SHARED_EXPERT | FLAG_SHARED_PLAIN), "E_UNSUPPORTED"),
+    ("plain shared expert without a size", field("flags", FLAG_SHARED_PLAIN), "E_IMAGE_DIMS"),
+    ("router bias the table lacks", field("flags", FLAG_NORM_TOPK | FLAG_ROUTER_BIAS), "E_IMAGE_TABLE"),
     # the sliding window (176) and its layers (bitmap at 180); the base images have 2 layers, max_seq 48
     ("window without a windowed layer", field("sliding_window", 3), "E_IMAGE_DIMS"),
     ("windowed layer without a window", put("<B", HEADER_OFFSETS["window_layers"], 1), "E_IMAGE_DIMS"),
@@ -157,8 +160,8 @@ CASES = [
     ("eps NaN", field("rms_norm_eps", float("nan")), "E_IMAGE_DIMS"),
     ("eps zero", field("rms_norm_eps", 0.0), "E_IMAGE_DIMS"),
     ("unknown arch", field("arch", 2), "E_UNSUPPORTED"),
-    ("unknown flag", field("flags", 1 << 19), "E_UNSUPPORTED"),
-    ("both q/k norm kinds", field("flags", (1 << 3) | (1 << 4)), "E_UNSUPPORTED"),
+    ("unknown flag", field("flags", KNOWN_FLAGS + 1), "E_UNSUPPORTED"),
+    ("both q/k norm kinds", field("flags", FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL), "E_UNSUPPORTED"),
     ("tensor count", field("n_tensors", 10), "E_IMAGE_TABLE"),
     ("entries out of order", swap_entries, "E_IMAGE_TABLE"),
     ("wrong shape", put("<I", entry(0, "dim0"), 36), "E_IMAGE_TABLE"),
