@@ -4,8 +4,8 @@ cache dtypes, the SHA-256 of every step's logits, kept in tests/golden/logits.js
 rewrite of the runtime and the reference together (issue 28) must leave every digest as it is.
 
 Each configuration runs on the hosted build's library with its fastest kernels and with the scalar ones, with
-and without a prefill batch: the four runs must give one digest. The boards are not pinned here: other tests hold
-them to the reference (every family at f32) and to the hosted build (one Mixtral at every dtype), which is less.
+and without a prefill batch: the four runs must give one digest. tests/test_golden_boards.py holds the QEMU boards
+to the same digests.
 
 The checkpoints' values come from numpy's generator seeded by the family's name (conftest.numpy_values); the file
 keeps each checkpoint's digest and the library versions it was made with, so a checkpoint made differently is
@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -90,25 +91,51 @@ def compare(want: dict, got: dict) -> list[str]:
     return lines
 
 
-@pytest.fixture(scope="module")
-def digests(tmp_path_factory, hosted_build) -> dict:
-    libs = [Lib(hosted_build / "libcolibri.so"), Lib(build("hosted", kernels="scalar") / "libcolibri.so")]
-    base = tmp_path_factory.mktemp("golden")
-    out: dict = {"versions": {m.__name__: m.__version__ for m in (np, torch, transformers)}, "checkpoints": {},
-                 "logits": {}}
+@dataclass(frozen=True)
+class GoldenImage:
+    family: str
+    key: str    # the configuration's key in the file's "logits"
+    path: Path
+
+
+def golden_key(family: str, dtype: str, kv: str) -> str:
+    return f"{family} dtype={dtype} kv={kv} max_seq=32"
+
+
+def golden_images(base: Path, only: set[str] | None = None) -> tuple[dict[str, str], list[GoldenImage]]:
+    """Every configuration (or those whose keys are in `only`) packed under `base`: the checkpoints' digests
+    (family -> digest) and the images."""
+    checkpoints, images = {}, []
     for name, arch, cfg in FAMILIES:
         seed = zlib.crc32(name.encode())  # its name's: a family added anywhere in the list moves no other's
         ckpt = make_family_checkpoint(arch, cfg, seed, base / name, portable=True)
-        out["checkpoints"][name] = checkpoint_digest(ckpt)
+        checkpoints[name] = checkpoint_digest(ckpt)
         for dtype in DTYPES:
             for kv in KV:
+                if only is not None and golden_key(name, dtype, kv) not in only:
+                    continue
                 image = base / f"{name}-{dtype}-{kv}.img"
                 pack(ckpt, image, max_seq=32, expert_align=64, dtype=DType.parse(dtype), kv=kv, measure_quality=False)
-                data = image.read_bytes()
-                runs = {steps_digest(run_steps(lib, data, options))
-                        for lib in libs for options in (None, Options(prefill_batch=5))}
-                assert len(runs) == 1, f"{name} {dtype} kv {kv}: kernel sets or the prefill batch disagree"
-                out["logits"][f"{name} dtype={dtype} kv={kv} max_seq=32"] = runs.pop()
+                images.append(GoldenImage(name, golden_key(name, dtype, kv), image))
+    return checkpoints, images
+
+
+def pinned() -> dict:
+    return json.loads(GOLDEN.read_text())
+
+
+@pytest.fixture(scope="module")
+def digests(tmp_path_factory, hosted_build) -> dict:
+    libs = [Lib(hosted_build / "libcolibri.so"), Lib(build("hosted", kernels="scalar") / "libcolibri.so")]
+    checkpoints, images = golden_images(tmp_path_factory.mktemp("golden"))
+    out: dict = {"versions": {m.__name__: m.__version__ for m in (np, torch, transformers)},
+                 "checkpoints": checkpoints, "logits": {}}
+    for image in images:
+        data = image.path.read_bytes()
+        runs = {steps_digest(run_steps(lib, data, options))
+                for lib in libs for options in (None, Options(prefill_batch=5))}
+        assert len(runs) == 1, f"{image.key}: kernel sets or the prefill batch disagree"
+        out["logits"][image.key] = runs.pop()
     return out
 
 
@@ -116,7 +143,7 @@ def test_every_configuration_keeps_its_bits(digests):
     if os.environ.get("COLIBRI_UPDATE_GOLDEN"):
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(json.dumps({k: dict(sorted(v.items())) for k, v in digests.items()}, indent=1) + "\n")
-    want = json.loads(GOLDEN.read_text())
+    want = pinned()
     assert len(digests["logits"]) == len(FAMILIES) * len(DTYPES) * len(KV)
     problems = compare(want, digests)
     assert not problems, "\n".join(problems[:20]) + f"\n({len(problems)} in all)"

@@ -3,9 +3,11 @@
 - `hosted`: the firmware is a Linux process speaking the protocol on stdin/stdout; `hosted_windows`
   is the same program built for Windows, run under Wine off Windows (colibri/sim/wine.py).
 - QEMU boards: QEMU runs the firmware with the board's arguments (boards/<name>/board.toml); its
-  UART is a TCP server on a free loopback port (`-serial tcp:127.0.0.1:0,server=on,wait=on`, the
-  port read back from QEMU's output, no race) reached through pyserial's `socket://`. QEMU waits
-  for the connection, so no early output is lost. The image is placed in RAM by QEMU's loader
+  UART is a TCP server on a free loopback port (`-serial tcp:127.0.0.1:0,server=on,wait=on,nodelay=on`,
+  the port read back from QEMU's output, no race) reached through pyserial's `socket://`. QEMU waits
+  for the connection, so no early output is lost; nodelay because the guest writes its answers a byte
+  at a time, and Nagle's algorithm held each answer's tail for the host's delayed ACK (about 40 ms a
+  request). The image is placed in RAM by QEMU's loader
   unless the caller uploads it over the link.
 - a real board: `open_port()` wraps a serial port in the same transport.
 
@@ -188,7 +190,7 @@ def _kernel(board: Board, firmware: Path) -> Path:
 def qemu_command(board: Board, firmware: Path, image: Path | None, gdb: bool = False) -> list[str]:
     spec = board.spec
     cmd = [spec["qemu"], *spec["qemu_args"], "-kernel", str(_kernel(board, firmware)),
-           "-serial", "tcp:127.0.0.1:0,server=on,wait=on"]
+           "-serial", "tcp:127.0.0.1:0,server=on,wait=on,nodelay=on"]
     if image is not None:
         if spec["image_loader"] == "multiboot":
             cmd += ["-initrd", str(image)]

@@ -1,0 +1,95 @@
+"""Today's bits on the boards: configurations of tests/test_golden.py run on x86_64_baremetal, cortex_m55,
+cortex_m4 (full and lean) and riscv64_virt must give the digests pinned in tests/golden/logits.json, with the
+prompt fed in one frame (the board's prefill batch) and a token a frame. Same image, same prompt: the same bits on
+every board, so the boards share the hosted build's pins. The lean Cortex-M4 build refuses the families whose
+mechanisms it leaves out, by name, and runs the others.
+
+By default each board runs every family once, at a weight dtype and KV dtype that rotate over the families (every
+mechanism, every dtype's kernels and both caches on every board: 22 images a board). COLIBRI_GOLDEN_FULL=1 runs
+all 220 configurations on every board (some minutes a board; run it before and after a change that could move
+bits, such as issue 28's steps). Each image is placed by QEMU's loader at boot: uploading over the Cortex-M
+boards' one-byte UART is slower than booting again."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conftest import build
+from test_families import FAMILIES
+from test_golden import AFTER, DTYPES, KV, PROMPT, golden_images, golden_key, pinned, steps_digest
+from colibri.image import read_image
+from colibri.protocol import Client, DeviceError, Sampling
+from colibri.sim.boards import load_board
+from colibri.sim.launch import start_board
+
+# (board, lean build)
+RUNS = [("x86_64_baremetal", False), ("cortex_m55", False), ("cortex_m4", False), ("cortex_m4", True),
+        ("riscv64_virt", False)]
+LEAN_REFUSES = ("deepseek_v2", "deepseek_v3", "gpt_oss", "gemma4")  # the families (name prefixes) lean=yes leaves out
+
+
+def selection() -> set[str] | None:
+    """The configurations the boards run: None for all of them (COLIBRI_GOLDEN_FULL=1), else each family once,
+    family i at dtype i mod 5 and KV dtype (i div 5) mod 2, so that every dtype meets both KV dtypes."""
+    if os.environ.get("COLIBRI_GOLDEN_FULL"):
+        return None
+    return {golden_key(name, DTYPES[i % len(DTYPES)], KV[i // len(DTYPES) % len(KV)])
+            for i, (name, _, _) in enumerate(FAMILIES)}
+
+
+def test_the_rotation_meets_every_dtype_with_both_caches():
+    keys = selection() if not os.environ.get("COLIBRI_GOLDEN_FULL") else set()
+    if keys:
+        assert len(keys) == len(FAMILIES)
+        assert {(d, k) for d in DTYPES for k in KV} <= {(key.split()[1][6:], key.split()[2][3:]) for key in keys}
+
+
+@pytest.fixture(scope="module")
+def configurations(tmp_path_factory):
+    return golden_images(tmp_path_factory.mktemp("golden"), selection())
+
+
+def sequence(client: Client, vocab: int, batched: bool) -> str:
+    """START, then PROMPT in one frame (batched) or a token a frame, then AFTER a token a frame: the digest of the
+    logits after the prompt and after each later token."""
+    client.start(Sampling())
+    if batched:
+        client.feed(PROMPT)
+    else:
+        for tok in PROMPT:
+            client.feed([tok])
+    rows = [client.logits(vocab)]
+    for tok in AFTER:
+        client.feed([tok])
+        rows.append(client.logits(vocab))
+    return steps_digest(rows)
+
+
+@pytest.mark.parametrize("board,lean", RUNS, ids=[b + ("-lean" if lean else "") for b, lean in RUNS])
+def test_board_keeps_the_pinned_bits(board, lean, configurations):
+    checkpoints, images = configurations
+    want = pinned()
+    assert checkpoints == want["checkpoints"], "the checkpoints are not the pinned ones: see tests/test_golden.py"
+    firmware = build(board, lean=lean) / "firmware.elf"
+    spec = load_board(board)
+    wrong, ran, refused = [], 0, 0
+    for image in images:
+        with start_board(spec, firmware, image.path) as device:
+            client = Client(device.link, timeout=120)
+            if lean and image.family.startswith(LEAN_REFUSES):
+                with pytest.raises(DeviceError, match="COLIBRI_E_UNSUPPORTED"):
+                    client.open()
+                refused += 1
+            else:
+                info = client.open()
+                windowed = read_image(image.path.read_bytes()).dims.sliding_window != 0  # lean: a token a pass (colibri.c)
+                assert (info.prefill_batch > 1) != (lean and windowed), f"{image.key}: prefill batch {info.prefill_batch}"
+                for batched in (True, False):
+                    if sequence(client, info.vocab_size, batched) != want["logits"][image.key]:
+                        wrong.append(f"{image.key} ({'prompt in one frame' if batched else 'a token a frame'})")
+                ran += 1
+            client.quit()
+        assert device.guest_code == 0, device.describe()
+    assert not wrong, f"{len(wrong)} of {2 * ran} runs differ from the pins, the first: " + "; ".join(wrong[:5])
+    assert ran + refused == len(images) and ran >= (len(images) // 2 if lean else len(images))
