@@ -1,6 +1,6 @@
 """The copies of the image format's and the link's facts, written from their one definition (format/schema.toml):
 the C header the runtime and the fuzz harness read (firmware/src/format.h), the Python constants (colibri/format.py,
-colibri/codes.py), the link fuzz harness's dictionary (tests/fuzz/link.dict), the tables of docs/FORMAT.md, and the
+colibri/codes.py), the fuzz harnesses' dictionaries (tests/fuzz/*.dict), the tables of docs/FORMAT.md, and the
 status codes, their messages and the link's frame types and error codes in firmware/include/colibri.h,
 firmware/src/colibri.c and boards/common/link.c, each between its markers (`schema:NAME` ... `/schema:NAME`).
 
@@ -27,6 +27,7 @@ API_HEADER = ROOT / "firmware" / "include" / "colibri.h"
 API_SOURCE = ROOT / "firmware" / "src" / "colibri.c"
 LINK_SOURCE = ROOT / "boards" / "common" / "link.c"
 LINK_DICT = ROOT / "tests" / "fuzz" / "link.dict"
+IMAGE_DICT = ROOT / "tests" / "fuzz" / "image.dict"
 LINK_ERROR_BASE = 200  # link-level error codes start above every colibri_status
 
 TYPE_BYTES = {"u16": 2, "u32": 4, "u64": 8, "f32": 4}
@@ -41,6 +42,7 @@ class Field:
     type: str
     doc: str
     offset: int
+    crc: bool = False
 
     @property
     def size(self) -> int:
@@ -78,7 +80,7 @@ def fields(rows: list[dict], total: int, what: str) -> list[Field]:
     """Rows laid out one after another from offset 0; they must fill `total` bytes exactly."""
     out, at = [], 0
     for row in rows:
-        f = Field(row["name"], row["c"], row["type"], row["doc"], at)
+        f = Field(row["name"], row["c"], row["type"], row["doc"], at, row.get("crc", False))
         out.append(f)
         at += f.size
     if at != total:
@@ -117,6 +119,18 @@ def _c_enum(prefix: str, items: list[tuple[str, int]], first_line: str) -> list[
     return out + [line, "};"]
 
 
+def _c_xmacro(name: str, prefix: str, rows: list[Field]) -> str:
+    """`#define NAME(X) X(H_A, 4) X(H_B, 8) ...`, continued over lines of at most 118 columns."""
+    out, line = [], f"#define {name}(X)"
+    for f in rows:
+        word = f" X({prefix}{f.c}, {f.size})"
+        if len(line) + len(word) > 116:
+            out.append(line + " \\")
+            line = "   "
+        line += word
+    return "\n".join(out + [line])
+
+
 def render_c(s: Schema) -> str:
     f = s.format
     flag_bits = [(fl["name"], bit) for bit, fl in enumerate(s.flags)]
@@ -147,6 +161,14 @@ def render_c(s: Schema) -> str:
     lines += _c_enum("H_", [(h.c, h.offset) for h in s.header], '/* Header field offsets (docs/FORMAT.md, "Header"). */\nenum {')
     lines += _c_enum("E_", [(e.c, e.offset) for e in s.entry],
                      '/* Tensor table entry field offsets (docs/FORMAT.md, "Tensor table"). */\nenum {')
+    lines += ["", *_c_comment("The fields as lists for code that walks them (the image fuzz harness's mutator), "
+                              "X(offset, bytes) each: the header's integers but its CRCs and flags, its floats, and "
+                              "every field of a table entry."),
+              _c_xmacro("IMG_HEADER_INTEGERS", "H_", [h for h in s.header if h.type in ("u16", "u32", "u64")
+                                                       and not h.crc and h.name != "flags"]),
+              _c_xmacro("IMG_HEADER_FLOATS", "H_", [h for h in s.header if h.type == "f32"]),
+              _c_xmacro("IMG_ENTRY_FIELDS", "E_", s.entry),
+              f"#define IMG_FLAG_COUNT {len(s.flags)}u"]
     lines += [""]
     lines += _c_enum("ROLE_", [(n, i + 1) for i, n in enumerate(s.role_names())], "enum tensor_role {")
     lines += _c_enum("DTYPE_", [(n, i) for i, n in enumerate(s.dtypes)] + [("COUNT", len(s.dtypes))], "enum tensor_dtype {")
@@ -253,12 +275,32 @@ def _c_link_region(s: Schema) -> str:
 def render_link_dict(s: Schema) -> str:
     """The link fuzz harness's libFuzzer dictionary: a frame's start, with each request type, and the payload
     lengths and words a mutation is likely to need."""
-    def esc(data: bytes) -> str:
-        return '"' + "".join(f"\\x{b:02x}" for b in data) + '"'
+    esc = _dict_entry
     sync = bytes(s.protocol["sync"])
     words = [s.protocol["max_payload"].to_bytes(2, "little"), b"\xff\xff", b"\x24\x00", b"\xff" * 4, bytes(8)]
     return "\n".join([f"# libFuzzer dictionary for the serial protocol (docs/PROTOCOL.md). {GENERATED}", esc(sync),
                       *(esc(sync + bytes([value])) for _, value in s.requests), *(esc(w) for w in words), ""])
+
+
+def render_image_dict(s: Schema) -> str:
+    """The image fuzz harness's libFuzzer dictionary: the magic, the format's sizes and limits as the header's
+    words, the values just past each limit, role and dtype numbers as an entry's u16s, and special floats."""
+    f = s.format
+    magic = f["magic"].encode() + bytes(8 - len(f["magic"]))
+    u32 = [f["version"], f["header_bytes"], f["entry_bytes"], f["align"], 1, 2, f["qblock"], f["max_top_k"],
+           f["max_top_k"] + 1, f["max_experts"], f["max_experts"] + 1, f["max_dim"], f["max_dim"] + 1,
+           8 * s.field("window_layers").size, 1 << 31, f["no_index"], (1 << len(s.flags)) - 1, 1 << len(s.flags)]
+    u64 = [2**64 - 1, 1 << 63, 2**64 - f["align"]]
+    u16 = [len(s.role_names()), len(s.role_names()) + 1, len(s.dtypes), len(s.dtypes) + 1]
+    floats = [b"\x00\x00\x80\x7f", b"\x00\x00\xc0\x7f", b"\x00\x00\x80\xff"]  # +inf, NaN, -inf
+    words = ([magic] + [v.to_bytes(4, "little") for v in u32] + [v.to_bytes(8, "little") for v in u64]
+             + [v.to_bytes(2, "little") for v in u16] + floats)
+    return "\n".join([f"# libFuzzer dictionary for Colibri images (docs/FORMAT.md). {GENERATED}",
+                      *(_dict_entry(w) for w in dict.fromkeys(words)), ""])  # each once, in order
+
+
+def _dict_entry(data: bytes) -> str:
+    return '"' + "".join(f"\\x{b:02x}" for b in data) + '"'
 
 
 def replace_region(text: str, name: str, body: str, where: str) -> str:
@@ -304,7 +346,7 @@ def outputs(s: Schema) -> dict[Path, str]:
             API_HEADER: replace_region(API_HEADER.read_text(), "status", _c_status_region(s), "colibri.h"),
             API_SOURCE: replace_region(API_SOURCE.read_text(), "status_messages", messages, "colibri.c"),
             LINK_SOURCE: replace_region(LINK_SOURCE.read_text(), "link", _c_link_region(s), "link.c"),
-            LINK_DICT: render_link_dict(s)}
+            LINK_DICT: render_link_dict(s), IMAGE_DICT: render_image_dict(s)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """format/schema.toml is the one definition of the image format's and the link's facts: the checked-in copies
 (firmware/src/format.h, colibri/format.py and codes.py, docs/FORMAT.md's tables, the status codes in colibri.h and
-colibri.c, the frame types in link.c) are what it writes, and the check notices when one is not."""
+colibri.c, the frame types in link.c, the fuzz dictionaries) are what it writes, and the check notices when one is not."""
 from __future__ import annotations
 
 import struct
@@ -19,7 +19,8 @@ def test_the_check_names_a_copy_edited_by_hand(tmp_path, monkeypatch, capsys):
     """A hand edit of any copy (a header offset in C, a flag in Python, a table row in the docs, a status code, its
     message, a frame type, a link error code) fails the check, and writing puts the schema's text back."""
     copies = {}
-    for attr in ("C_HEADER", "PY_MODULE", "PY_CODES", "DOC", "API_HEADER", "API_SOURCE", "LINK_SOURCE", "LINK_DICT"):
+    for attr in ("C_HEADER", "PY_MODULE", "PY_CODES", "DOC", "API_HEADER", "API_SOURCE", "LINK_SOURCE", "LINK_DICT",
+                 "IMAGE_DICT"):
         path = tmp_path / getattr(schema, attr).name
         path.write_text(getattr(schema, attr).read_text())
         monkeypatch.setattr(schema, attr, path)
@@ -29,7 +30,8 @@ def test_the_check_names_a_copy_edited_by_hand(tmp_path, monkeypatch, capsys):
              "DOC": ("| 76 | u32 | flags |", "| 77 | u32 | flags |"), "PY_CODES": ("REQ_TRACE = 0x0C", "REQ_TRACE = 0x0D"),
              "API_HEADER": ("COLIBRI_E_FETCH = 22,", "COLIBRI_E_FETCH = 23,"),
              "API_SOURCE": ('"arena overlaps the image"', '"arena overlap"'), "LINK_SOURCE": ("LINK_NOT_OPEN = 204", "LINK_NOT_OPEN = 209"),
-             "LINK_DICT": ('"\\xa5\\x5a\\x0c"', '"\\xa5\\x5a\\x0d"')}
+             "LINK_DICT": ('"\\xa5\\x5a\\x0c"', '"\\xa5\\x5a\\x0d"'),
+             "IMAGE_DICT": ('"\\x05\\x00\\x00\\x00"', '"\\x04\\x00\\x00\\x00"')}
     for attr, (old, new) in edits.items():
         path = copies[attr]
         original = path.read_text()
@@ -74,3 +76,22 @@ def test_a_marker_quoted_in_prose_is_not_one_and_a_broken_pair_is_refused():
                    "<!-- schema:x -->\nno end"):
         with pytest.raises(ValueError, match="needs one line starting with the marker schema:x"):
             schema.replace_region(broken, "x", "new", "t")
+
+
+def test_the_image_mutator_edits_every_header_and_entry_field():
+    """tests/fuzz/image_mutator.c edits the fields format.h lists: together with the CRCs (which the reseal
+    computes), the flags (edited a bit at a time) and the byte arrays (magic, window bitmap, reserved), the lists name
+    every header field, and every table-entry field, each with its size."""
+    import re
+    c_text = (ROOT / "firmware" / "src" / "format.h").read_text().replace("\\\n", " ")
+    def listed(macro: str) -> dict[str, int]:
+        body = re.search(rf"#define {macro}\(X\)(.*)", c_text).group(1)
+        return {name: int(size) for name, size in re.findall(r"X\([HE]_([A-Z0-9_]+), (\d+)\)", body)}
+    s = schema.load()
+    edited = listed("IMG_HEADER_INTEGERS") | listed("IMG_HEADER_FLOATS")
+    apart = {h.c for h in s.header if h.crc or h.name == "flags" or h.type.startswith("u8[")}
+    assert not edited.keys() & apart
+    assert edited | {c: 0 for c in apart} == {h.c: edited.get(h.c, 0) for h in s.header}
+    assert all(edited[h.c] == h.size for h in s.header if h.c in edited)
+    assert listed("IMG_ENTRY_FIELDS") == {e.c: e.size for e in s.entry}
+    assert {h.name for h in s.header if h.crc} == {"header_crc32", "payload_crc32", "meta_crc32"}

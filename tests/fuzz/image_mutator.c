@@ -4,7 +4,7 @@
  * (role, dtype, layer, dims, offsets, sizes), a whole entry emptied or given another's shape and place, or
  * the harness's mode bits -- after which the image is
  * resealed, so the edit meets the per-family checks (read_dims, the table's specs, the bounds) instead of
- * a CRC. Field offsets come from firmware/src/format.h, the verifier's definition. */
+ * a CRC. The fields and their offsets come from firmware/src/format.h (written from format/schema.toml). */
 #include <math.h> /* INFINITY, NAN: constants, no libm */
 #include <stdint.h>
 #include <string.h>
@@ -26,25 +26,11 @@ static uint32_t below(uint64_t *state, uint32_t n) { return (uint32_t)(next(stat
 typedef struct { uint16_t offset; uint8_t bytes; } field;
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-/* the header's integers: dimensions, counts, places (the CRC fields are left to reseal) */
-static const field header_ints[] = {
-    { H_VERSION, 4 }, { H_HEADER_BYTES, 4 }, { H_IMAGE_BYTES, 8 }, { H_ARCH, 4 }, { H_VOCAB, 4 }, { H_DIM, 4 },
-    { H_FFN, 4 }, { H_LAYERS, 4 }, { H_HEADS, 4 }, { H_KV_HEADS, 4 }, { H_HEAD_DIM, 4 }, { H_EXPERTS, 4 },
-    { H_TOP_K, 4 }, { H_MAX_SEQ, 4 }, { H_TABLE_OFFSET, 8 }, { H_N_TENSORS, 4 }, { H_ENTRY_BYTES, 4 },
-    { H_DATA_OFFSET, 8 }, { H_ARENA_BYTES, 8 }, { H_EXPERT_ALIGN, 4 }, { H_DENSE_FFN, 4 }, { H_SHARED_FFN, 4 },
-    { H_KV_DTYPE, 4 }, { H_EXPERT_OFFSET, 8 }, { H_EXPERT_CRC_OFFSET, 8 }, { H_META_OFFSET, 8 }, { H_META_BYTES, 8 },
-    { H_SLIDING_WINDOW, 4 }, { H_Q_LORA, 4 }, { H_KV_LORA, 4 }, { H_ROPE_DIM, 4 }, { H_V_HEAD_DIM, 4 },
-    { H_N_GROUP, 4 }, { H_TOPK_GROUP, 4 }, { H_GROUP_TOP, 4 }, { H_GLOBAL_HEAD_DIM, 4 }, { H_GLOBAL_KV_HEADS, 4 },
-    { H_PLE_DIM, 4 }, { H_KV_SHARED, 4 },
-};
-static const uint16_t header_floats[] = {
-    H_EPS, H_ROPE_THETA, H_CLIP_QKV, H_ATTN_SCALE, H_ROUTED_SCALE, H_SWIGLU_ALPHA, H_SWIGLU_LIMIT, H_EMBED_SCALE,
-    H_LOGIT_SOFTCAP,
-};
-static const field entry_fields[] = {
-    { E_ROLE, 2 }, { E_DTYPE, 2 }, { E_LAYER, 4 }, { E_EXPERT, 4 }, { E_NDIMS, 4 }, { E_DIM0, 4 }, { E_DIM1, 4 },
-    { E_GROUP, 4 }, { E_RESERVED, 4 }, { E_OFFSET, 8 }, { E_BYTES, 8 }, { E_SCALES_OFFSET, 8 }, { E_SCALES_BYTES, 8 },
-};
+/* the header's integers but its CRCs (left to reseal) and flags, its floats, a table entry's fields */
+#define FIELD(offset, bytes) { offset, bytes },
+static const field header_ints[] = { IMG_HEADER_INTEGERS(FIELD) };
+static const field header_floats[] = { IMG_HEADER_FLOATS(FIELD) };
+static const field entry_fields[] = { IMG_ENTRY_FIELDS(FIELD) };
 
 /* A value near the edges the checks draw: small counts, off by one or by an alignment, doubled or halved,
  * another field's value (dimensions that must or must not agree), the format's limits. */
@@ -98,10 +84,10 @@ static void mutate_structure(uint64_t *rng, uint8_t *mode, uint8_t *img, size_t 
         mutate_field(rng, img, f, get_le(img + g.offset, g.bytes));
         break;
     }
-    case 2: mutate_float(rng, img + header_floats[below(rng, COUNT(header_floats))]); break;
+    case 2: mutate_float(rng, img + header_floats[below(rng, COUNT(header_floats))].offset); break;
     case 3: { /* a flag bit: the known ones and the first unknown one */
         const uint32_t flags = (uint32_t)get_le(img + H_FLAGS, 4);
-        put_le(img + H_FLAGS, flags ^ (1u << below(rng, 20)), 4);
+        put_le(img + H_FLAGS, flags ^ (1u << below(rng, IMG_FLAG_COUNT + 1)), 4);
         break;
     }
     case 4: img[H_WINDOW_LAYERS + below(rng, 2)] ^= (uint8_t)(1u << below(rng, 8)); break; /* layers 0..15 */
