@@ -190,7 +190,7 @@ ROOTS = ["reset_handler", "board_main", "main"]
 
 
 def runtime_objects(board: str, mode: str) -> list[Path]:
-    objs = sorted((ROOT / "build" / board / mode / "firmware").glob("*.o"))
+    objs = sorted((ROOT / "build" / board / mode / "firmware").rglob("*.o"))  # with blocks/
     if not objs:
         raise FileNotFoundError(f"no runtime objects under build/{board}/{mode}: run `scons board={board} mode={mode}`")
     return objs

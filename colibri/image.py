@@ -356,7 +356,7 @@ def prefill_bytes(d: ModelDims, tokens: int) -> int:
 
 def _ring_row_bytes(d: ModelDims) -> int:
     """The K and V rows (MLA: K) of one position over every windowed layer that keeps a cache: what a prefill
-    pass saves of the window rings per token before it overwrites them (model.c, "a prefill batch and the
+    pass saves of the window rings per token before it overwrites them (blocks/rings.c, "a prefill batch and the
     window rings")."""
     elem = 2 if d.kv_dtype == KV_DTYPES["f16"] else 4
     return (1 if d.mla else 2) * elem * sum(d.layer_kv_dim(l) for l in range(d.n_layers) if d.windowed(l))

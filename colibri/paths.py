@@ -23,3 +23,9 @@ def find_root() -> Path:
 
 
 ROOT = find_root()
+
+
+def runtime_sources(root: Path = ROOT) -> list[Path]:
+    """The runtime's translation units, firmware/src/*.c, as SConstruct compiles them (model.c includes the blocks,
+    firmware/src/blocks/*.c)."""
+    return sorted((root / "firmware" / "src").glob("*.c"))

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import ROOT, build
 from colibri.image import read_image
+from colibri.paths import runtime_sources
 from colibri.protocol import Sampling, encode_frame, scripted_session
 
 PROMPT = [1, 5, 9, 3]
@@ -20,7 +21,7 @@ PROMPT = [1, 5, 9, 3]
 def image_run(out, cc: str, flags: list[str]) -> Path:
     """tests/image_run.c and the runtime's sources, built by `cc` with `flags` (a sanitizer) into `out`."""
     exe = out / "image_run"
-    sources = sorted(str(p) for p in (ROOT / "firmware" / "src").glob("*.c"))
+    sources = [str(p) for p in runtime_sources()]
     subprocess.run([cc, "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-g", "-O1", "-fno-omit-frame-pointer", *flags,
                     "-Ifirmware/include", "-Ifirmware/src", "tests/image_run.c", *sources, "-o", str(exe)],
                    cwd=ROOT, check=True)

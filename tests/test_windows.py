@@ -11,6 +11,7 @@ import pytest
 
 from conftest import ROOT, build
 from colibri import footprint
+from colibri.paths import runtime_sources
 
 # What every Windows 8 or later has: the C runtime that ships with Windows, the kernel, and the API set
 # that WaitOnAddress lives in.
@@ -39,7 +40,7 @@ GNU_SPELLINGS = re.compile(r"__attribute__|__builtin_(?!ia32_)|__asm__|\basm\b|_
 
 
 @pytest.mark.skipif(shutil.which("clang") is None, reason="clang is installed by tools/setup.sh")
-@pytest.mark.parametrize("source", sorted(p.name for p in (ROOT / "firmware" / "src").glob("*.c")))
+@pytest.mark.parametrize("source", [str(p.relative_to(ROOT / "firmware" / "src")) for p in runtime_sources()])
 def test_the_runtime_compiles_as_msvc_would(source):
     """Compiled in MSVC mode the runtime has no error or warning, and once preprocessed (the branches MSVC
     takes) no GCC spelling is left in the runtime's own lines."""
@@ -63,7 +64,7 @@ def test_the_runtime_compiles_as_msvc_would(source):
 
 def test_every_x86_guard_names_msvc_too():
     """MSVC defines _M_X64, not __x86_64__: a guard on __x86_64__ alone would leave MSVC the scalar code."""
-    for path in [*(ROOT / "firmware" / "src").glob("*.[ch]"), ROOT / "firmware" / "include" / "colibri.h"]:
+    for path in [*(ROOT / "firmware" / "src").rglob("*.[ch]"), ROOT / "firmware" / "include" / "colibri.h"]:
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if "__x86_64__" in line:
                 assert "_M_X64" in line, f"{path.name}:{n}: {line.strip()}"

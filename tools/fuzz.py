@@ -32,6 +32,8 @@ FUZZ = ROOT / "tests" / "fuzz"
 OUT = ROOT / "build" / "fuzz"
 RUNTIME = ROOT / "firmware" / "src"
 
+from colibri.paths import runtime_sources  # noqa: E402
+
 
 @dataclass(frozen=True)
 class Harness:
@@ -62,7 +64,7 @@ def build(name: str) -> Path:
     exe = OUT / f"fuzz_{name}"
     objects = OUT / f"untraced-{name}"
     inputs = [str(FUZZ / s) if "/" not in s else s for s in harness.sources]
-    for source in sorted(RUNTIME.glob("*.c")):
+    for source in runtime_sources():
         if harness.traced_runtime is not None and source.name not in harness.traced_runtime:
             objects.mkdir(exist_ok=True)
             obj = objects / f"{source.stem}.o"

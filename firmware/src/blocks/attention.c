@@ -1,0 +1,167 @@
+/* Standard attention (multi-head, grouped-query, sliding windows, Gemma 4's global layers and shared
+ * caches), the KV cache's rows, RoPE, and the heads' softmax(q K^T) V, which MLA shares.
+ * Compiled in model.c's unit (it includes this file), so its functions are static. */
+
+/* The KV cache holds f32 or f16 (rounded to nearest even) per the image's kv_dtype. */
+static void kv_store(const colibri_ctx *c, void *cache, size_t at, const float *v, uint32_t n) {
+    if (c->d.kv_dtype == KV_F16) {
+        for (uint32_t i = 0; i < n; i++) ((uint16_t *)cache)[at + i] = f32_to_f16(v[i]);
+    } else {
+        for (uint32_t i = 0; i < n; i++) ((float *)cache)[at + i] = v[i];
+    }
+}
+static float kv_dot(const colibri_ctx *c, const void *cache, size_t at, const float *q, uint32_t n) {
+    return c->d.kv_dtype == KV_F16 ? c->kernels->dot_f16((const uint16_t *)cache + at, q, n)
+                                   : c->kernels->dot_f32((const float *)cache + at, q, n);
+}
+/* out[i] += p * v[i] for one cached v row; the dtype is chosen once per row, not per element */
+static void kv_accumulate(const colibri_ctx *c, float *out, float p, const void *cache, size_t at, uint32_t n) {
+    if (c->d.kv_dtype == KV_F16) {
+        for (uint32_t i = 0; i < n; i++) out[i] += p * f16_to_f32(((const uint16_t *)cache)[at + i]);
+    } else {
+        for (uint32_t i = 0; i < n; i++) out[i] += p * ((const float *)cache)[at + i];
+    }
+}
+
+/* RMSNorm on each of n_heads heads of hd, with shared weights (w NULL: none, Gemma 4's v norm whatever the q/k one). */
+static void head_norm(const colibri_ctx *c, float *v, uint32_t n_heads, uint32_t hd, const float *w) {
+    for (uint32_t h = 0; h < n_heads; h++) rmsnorm(v + (size_t)h * hd, v + (size_t)h * hd, w, hd, c->d.eps);
+}
+
+/* q/k RMSNorm: across the whole projection, or on each head. */
+static void qk_norm(const colibri_ctx *c, float *v, uint32_t n_heads, uint32_t hd, const float *w) {
+    if (c->d.flags & IMG_FLAG_QK_NORM_FULL) rmsnorm(v, v, w, n_heads * hd, c->d.eps);
+    else head_norm(c, v, n_heads, hd, w);
+}
+
+static void clip(float *v, uint32_t n, float limit) {
+    for (uint32_t i = 0; i < n; i++) v[i] = v[i] > limit ? limit : (v[i] < -limit ? -limit : v[i]);
+}
+
+typedef struct {
+    colibri_ctx *c;
+    uint32_t layer, cache, pos, parts;
+    size_t layer_base;
+    const float *q_all;
+    float *out_all;
+} heads_work;
+
+/* Heads [n_heads * part / parts, n_heads * (part + 1) / parts) of a heads_work: each head has its own
+ * scores row (a.att) and output, so parts share nothing and a head's bits do not depend on its part. */
+static void heads_part(void *arg, uint32_t part) {
+    const heads_work *hw = arg;
+    colibri_ctx *c = hw->c;
+    const model_dims *d = &c->d;
+    const arena_buffers *a = &c->a;
+    const uint32_t cache = hw->cache;
+    const int mla = !COLIBRI_LEAN && d->kv_lora;
+    const uint32_t kd = mla ? d->att_dim : layer_head_dim(d, cache), vd = mla ? d->val_dim : kd;
+    const uint32_t group = d->n_heads / layer_kv_heads(d, cache), rows = kv_rows(d, cache), row_dim = layer_kv_dim(d, cache);
+    const uint32_t first = hw->pos >= rows ? hw->pos - rows + 1 : 0, seen = hw->pos - first + 1, first_row = first % rows;
+    const void *values = mla ? a->k_cache : a->v_cache;
+    const float *sinks = !COLIBRI_LEAN && (d->flags & IMG_FLAG_ATTN_SINKS) ? layer_w(c, hw->layer, ROLE_SINKS) : 0;
+    const uint32_t h_end = part_start(d->n_heads, part + 1, hw->parts);
+    for (uint32_t h = part_start(d->n_heads, part, hw->parts); h < h_end; h++) {
+        const float *q = hw->q_all + (size_t)h * kd;
+        const size_t kv_off = hw->layer_base + (size_t)(h / group) * kd;
+        float *att = a->att + (size_t)h * d->max_seq;
+        for (uint32_t t = 0, r = first_row; t < seen; t++, r = r + 1 == rows ? 0 : r + 1)
+            att[t] = kv_dot(c, a->k_cache, kv_off + (size_t)r * row_dim, q, kd) * d->attn_scale;
+        softmax(att, seen, sinks ? sinks + h : 0);
+        float *out = hw->out_all + (size_t)h * vd;
+        for (uint32_t i = 0; i < vd; i++) out[i] = 0.0f;
+        for (uint32_t t = 0, r = first_row; t < seen; t++, r = r + 1 == rows ? 0 : r + 1)
+            kv_accumulate(c, out, att[t], values, kv_off + (size_t)r * row_dim, vd);
+    }
+}
+
+/* softmax(q K^T * scale) V for every head of layer's token at position pos, over the positions the cache of
+ * `cache` (the layer itself, or the one whose cache it shares) still holds, oldest first (with a sliding window
+ * the ring's oldest row comes first); that cache starts at layer_base. Head h's query (att_dim wide, at q_all +
+ * h * att_dim) meets its KV head's key rows; its output is val_dim wide. MLA has one KV head whose key row
+ * starts with the latent, and the latent is the value (no V cache).
+ * The heads are split across the board's threads if it lends some (a part may have no head); the lean
+ * build, for boards without threads, leaves the split out. */
+static void attend_heads(colibri_ctx *c, uint32_t layer, uint32_t cache, size_t layer_base, uint32_t pos,
+                         const float *q_all, float *out_all) {
+    const uint32_t parts = COLIBRI_LEAN ? 1 : c->opts.parallel_parts;
+    heads_work hw = { c, layer, cache, pos, parts > 1 ? parts : 1, layer_base, q_all, out_all };
+    if (hw.parts > 1) c->opts.parallel_for(c->opts.user, heads_part, &hw, hw.parts);
+    else heads_part(&hw, 0);
+}
+
+/* RoPE on n vectors of dim (the rotated part of each head, `stride` apart) with this position's cos/sin
+ * rows: the two halves rotated together, or with `pairs` adjacent elements (DeepSeek's layout). */
+static void rope(float *v, uint32_t n, uint32_t stride, uint32_t dim, int pairs, const float *cos, const float *sin) {
+    const uint32_t half = dim / 2, second = pairs ? 1 : half, step = pairs ? 2 : 1;
+    for (uint32_t h = 0; h < n; h++) {
+        float *x = v + (size_t)h * stride;
+        for (uint32_t i = 0; i < half; i++) {
+            float *p = x + i * step, a = p[0], b = p[second];
+            p[0] = a * cos[i] - b * sin[i];
+            p[second] = b * cos[i] + a * sin[i];
+        }
+    }
+}
+
+/* Position pos's cos and sin rows of the RoPE tables `layer` rotates with (Gemma 4's global layers: their own). */
+static void rope_rows(const colibri_ctx *c, uint32_t layer, uint32_t pos, const float **cos, const float **sin) {
+    const model_dims *d = &c->d;
+    const int global = !COLIBRI_LEAN && (d->flags & IMG_FLAG_GLOBAL_ROPE) && !layer_windowed(d, layer);
+    const size_t at = (size_t)pos * ((global ? d->global_head_dim : d->rope_dim) / 2);
+    *cos = tensor(c, global_tensor_index(d, global ? ROLE_GLOBAL_ROPE_COS : ROLE_ROPE_COS)) + at;
+    *sin = tensor(c, global_tensor_index(d, global ? ROLE_GLOBAL_ROPE_SIN : ROLE_ROPE_SIN)) + at;
+}
+
+/* Standard attention's q, k, v for every token, then each token in turn: q/k (and v) norms, clipping, RoPE,
+ * its k and v into the cache, its heads. Tokens of a batch store and attend one after another, so within the
+ * layer no token reads a row a later one wrote; a layer sharing a windowed ring reads it after its owner stored
+ * the whole pass, so it takes the ring back to where it was before the pass and gives token t's row back just
+ * before t attends (n <= W there: colibri_open's batch_limit). The layer's widths are its own (Gemma 4's global
+ * layers have a head size and KV heads of theirs, and there v may be k's projection). Returns the output
+ * projection's input, q_dim of the layer per token. The cache's rows start at layer_base (attention). */
+static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint32_t layer, size_t layer_base) {
+    const model_dims *d = &c->d;
+    const uint32_t n = tb->n, hd = layer_head_dim(d, layer), kv_heads = layer_kv_heads(d, layer);
+    const uint32_t q_dim = d->n_heads * hd, kv_dim = kv_heads * hd, pairs = !COLIBRI_LEAN && (d->flags & IMG_FLAG_ROPE_PAIRS);
+    /* Gemma 4: a layer sharing an earlier one's KV cache computes only q; attention_k_eq_v: v is k's projection */
+    const uint32_t cache = kv_source(d, layer), shared = cache != layer;
+    const int k_is_v = !COLIBRI_LEAN && !shared && !present(c, layer_index(c, layer, ROLE_WV));
+    weight wq = matrix(c, layer_index(c, layer, ROLE_WQ)), wk = matrix(c, layer_index(c, layer, ROLE_WK)),
+           wv = matrix(c, layer_index(c, layer, ROLE_WV));
+    rows_work qkv = { .n_tok = n, .n = shared ? 1 : k_is_v ? 2 : 3, .x = tb->xn, .x_stride = d->dim,
+                      .out = { tb->q, tb->k, tb->v }, .out_stride = { q_dim, kv_dim, kv_dim }, .w = { wq, wk, wv } };
+    run_rows(c, tb, &qkv);
+    add_bias(c, tb->q, q_dim, n, layer, ROLE_BQ);
+    add_bias(c, tb->k, kv_dim, n, layer, ROLE_BK);
+    add_bias(c, tb->v, kv_dim, n, layer, ROLE_BV);
+    if (k_is_v)
+        for (size_t i = 0; i < (size_t)n * kv_dim; i++) tb->v[i] = tb->k[i];
+    const int qk_norms = (d->flags & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) != 0;
+    const int exchange = !COLIBRI_LEAN && shared && n > 1 && layer_windowed(d, cache); /* saved rows: the ring before */
+    if (exchange) ring_rows(c, cache, layer_base, c->rings.shared, 0, n, 1);
+    for (uint32_t t = 0; t < n; t++) {
+        const uint32_t pos = c->pos + t;
+        float *q = tb->q + (size_t)t * q_dim, *k = tb->k + (size_t)t * kv_dim, *v = tb->v + (size_t)t * kv_dim;
+        const float *cos, *sin;
+        rope_rows(c, layer, pos, &cos, &sin);
+        if (qk_norms) qk_norm(c, q, d->n_heads, hd, layer_w(c, layer, ROLE_Q_NORM));
+        if (d->clip_qkv > 0.0f) clip(q, q_dim, d->clip_qkv);
+        rope(q, d->n_heads, hd, hd, pairs, cos, sin);
+        if (!shared) { /* this position's k and v into the layer's cache */
+            if (qk_norms) qk_norm(c, k, kv_heads, hd, layer_w(c, layer, ROLE_K_NORM));
+            if (!COLIBRI_LEAN && (d->flags & IMG_FLAG_V_NORM)) head_norm(c, v, kv_heads, hd, 0);
+            if (d->clip_qkv > 0.0f) {
+                clip(k, kv_dim, d->clip_qkv);
+                clip(v, kv_dim, d->clip_qkv);
+            }
+            rope(k, kv_heads, hd, hd, pairs, cos, sin);
+            const size_t row = layer_base + (size_t)(pos % kv_rows(d, layer)) * kv_dim;
+            kv_store(c, c->a.k_cache, row, k, kv_dim);
+            kv_store(c, c->a.v_cache, row, v, kv_dim);
+        }
+        if (exchange) ring_rows(c, cache, layer_base, c->rings.shared, t, t + 1, 1); /* t's row back */
+        attend_heads(c, layer, cache, layer_base, pos, q, tb->attn_out + (size_t)t * q_dim);
+    }
+    return tb->attn_out;
+}

@@ -1,0 +1,173 @@
+/* The matrix driver: up to three matrices times the tokens' vectors, a fixed share of every matrix's rows
+ * per part, the parts on the board's threads if it lends some (rows.h's rows_work). */
+#include "rows.h"
+
+/* Builds whose kernel sets have no tiles leave the tile path out (it would be dead code: the Cortex-M4
+ * runtime must fit 16 KiB). */
+#if defined(COLIBRI_X86_SIMD)
+#define BUILD_HAS_TILES 1
+#else
+#define BUILD_HAS_TILES 0
+#endif
+
+/* Rows r and r + 1 of w times two vectors with the kernel set's tile (docs/KERNELS.md); 0 if it has none
+ * for w's dtype. out = { r.x0, r.x1, (r + 1).x0, (r + 1).x1 }. */
+static int tile_rows(const kernel_set *k, const weight *w, uint32_t r, const float *x0, const float *x1,
+                     const q8_vector *q0, const q8_vector *q1, float out[4]) {
+    switch (w->dtype) {
+    case DTYPE_Q8_0:
+        if (!k->tile_q8_0) return 0;
+        k->tile_q8_0((const int8_t *)w->data + (size_t)r * w->blocks * QBLOCK, w->scales + (size_t)r * w->blocks, q0, q1,
+                     w->blocks, out);
+        return 1;
+    case DTYPE_Q4_0:
+        if (!k->tile_q4_0) return 0;
+        k->tile_q4_0((const uint8_t *)w->data + (size_t)r * w->blocks * (QBLOCK / 2), w->scales + (size_t)r * w->blocks,
+                     q0, q1, w->blocks, out);
+        return 1;
+    case DTYPE_F32:
+        if (!k->tile_f32) return 0;
+        k->tile_f32((const float *)w->data + (size_t)r * w->cols, x0, x1, w->cols, out);
+        return 1;
+    case DTYPE_F16:
+        if (!k->tile_f16) return 0;
+        k->tile_f16((const uint16_t *)w->data + (size_t)r * w->cols, x0, x1, w->cols, out);
+        return 1;
+    default:
+        if (!k->tile_bf16) return 0;
+        k->tile_bf16((const uint16_t *)w->data + (size_t)r * w->cols, x0, x1, w->cols, out);
+        return 1;
+    }
+}
+
+static const float *token_x(const rows_work *m, uint32_t t) { return m->x + (size_t)t * m->x_stride; }
+static q8_vector token_q(const rows_work *m, uint32_t t) {
+    if (!m->xq.q) return (q8_vector){ 0, 0, 0 }; /* float matrices only: nothing was quantized */
+    const size_t b = (size_t)t * m->xq_blocks;
+    return (q8_vector){ m->xq.q + b * QBLOCK, m->xq.scale + b, m->xq.sum + b };
+}
+
+/* One token's rows [r0, r1) of w (x, or xq for the quantized dtypes), the dtype chosen once for all of
+ * them: on a small model (rows of two or three blocks) choosing per row cost decode a sixth of a token's
+ * instructions. */
+static void token_rows(const kernel_set *k, const weight *w, const float *x, const q8_vector *xq, float *out,
+                       uint32_t r0, uint32_t r1) {
+    const uint32_t cols = w->cols;
+    if (w->dtype == DTYPE_Q8_0) {
+        k->rows_q8_0((const int8_t *)w->data + (size_t)r0 * w->blocks * QBLOCK, w->scales + (size_t)r0 * w->blocks, xq,
+                     w->blocks, r1 - r0, out + r0);
+    } else if (w->dtype == DTYPE_Q4_0) {
+        k->rows_q4_0((const uint8_t *)w->data + (size_t)r0 * w->blocks * (QBLOCK / 2), w->scales + (size_t)r0 * w->blocks,
+                     xq, w->blocks, r1 - r0, out + r0);
+    } else if (w->dtype == DTYPE_F32) {
+        for (uint32_t r = r0; r < r1; r++) out[r] = k->dot_f32((const float *)w->data + (size_t)r * cols, x, cols);
+    } else {
+        float (*dot16)(const uint16_t *, const float *, uint32_t) = w->dtype == DTYPE_F16 ? k->dot_f16 : k->dot_bf16;
+        for (uint32_t r = r0; r < r1; r++) out[r] = dot16((const uint16_t *)w->data + (size_t)r * cols, x, cols);
+    }
+}
+
+/* Matrix j's rows [r0, r1) for every token: each row is read from memory once for all of them, in
+ * tiles of two rows and two tokens where the kernel set has them. */
+static void matrix_rows(const rows_work *m, uint32_t j, uint32_t r0, uint32_t r1) {
+    const weight *w = &m->w[j];
+    float *out = m->out[j];
+    const size_t os = m->out_stride[j];
+    if (m->n_tok == 1) {
+        const q8_vector q = token_q(m, 0);
+        token_rows(m->k, w, m->x, &q, out, r0, r1);
+        return;
+    }
+    uint32_t r = r0;
+    for (; r + 2 <= r1; r += 2) {
+        uint32_t t = 0;
+        for (; t + 2 <= m->n_tok; t += 2) {
+            const q8_vector q0 = token_q(m, t), q1 = token_q(m, t + 1);
+            float o[4];
+            if (!BUILD_HAS_TILES || !tile_rows(m->k, w, r, token_x(m, t), token_x(m, t + 1), &q0, &q1, o)) break;
+            out[t * os + r] = o[0];
+            out[(t + 1) * os + r] = o[1];
+            out[t * os + r + 1] = o[2];
+            out[(t + 1) * os + r + 1] = o[3];
+        }
+        for (; t < m->n_tok; t++) { /* no tile for this dtype, or the odd token */
+            const q8_vector q = token_q(m, t);
+            token_rows(m->k, w, token_x(m, t), &q, out + t * os, r, r + 2);
+        }
+    }
+    for (uint32_t t = 0; r < r1 && t < m->n_tok; t++) { /* the odd row */
+        const q8_vector q = token_q(m, t);
+        token_rows(m->k, w, token_x(m, t), &q, out + t * os, r, r1);
+    }
+}
+
+/* gpt-oss's expert activation of element i (transformers' GptOssExperts._apply_gate): the biases added, then
+ * with a limit the gate clamped above and up to +-limit, (up + 1) * gate * sigmoid(alpha * gate). */
+static float clamped_glu(const ffn_extras *e, float g, float u, uint32_t i) {
+    if (e->bias[0]) {
+        g += e->bias[0][i];
+        u += e->bias[1][i];
+    }
+    if (!(e->limit > 0.0f)) return g / (1.0f + colibri_expf(-g)) * u;
+    g = g > e->limit ? e->limit : g;
+    u = u > e->limit ? e->limit : (u < -e->limit ? -e->limit : u);
+    return (u + 1.0f) * (g / (1.0f + colibri_expf(-(e->alpha * g))));
+}
+
+static void rows_part(void *arg, uint32_t part) {
+    const rows_work *m = arg;
+    for (uint32_t j = 0; j < m->n; j++)
+        matrix_rows(m, j, part_start(m->w[j].rows, part, m->parts), part_start(m->w[j].rows, part + 1, m->parts));
+    if (m->epilogue != ROWS_ONLY) {
+        const uint32_t r0 = part_start(m->w[0].rows, part, m->parts), r1 = part_start(m->w[0].rows, part + 1, m->parts);
+        for (uint32_t t = 0; t < m->n_tok; t++) {
+            float *g = m->out[0] + (size_t)t * m->out_stride[0];
+            const float *u = m->out[1] + (size_t)t * m->out_stride[1];
+            if (!COLIBRI_LEAN && m->extras) {
+                const ffn_extras *e = m->extras;
+                for (uint32_t i = r0; i < r1; i++) g[i] = clamped_glu(e, g[i], u[i], i);
+            } else if (!COLIBRI_LEAN && m->epilogue == ROWS_GEGLU) {
+                for (uint32_t i = r0; i < r1; i++) g[i] = gelu_tanh(g[i]) * u[i];
+            } else {
+                m->k->swiglu(g + r0, u + r0, r1 - r0);
+            }
+        }
+    }
+}
+
+/* Run m: the inputs quantized first if a matrix wants it (the normed xn once per norm, since many
+ * matrices read it), then every part, on the board's threads if it lends some. */
+void run_rows(colibri_ctx *c, const token_buffers *tb, rows_work *m) {
+    uint64_t weights = 0;
+    int quantized = 0;
+    for (uint32_t j = 0; j < m->n; j++) {
+        weights += (uint64_t)m->w[j].rows * m->w[j].cols;
+        quantized |= m->w[j].dtype == DTYPE_Q8_0 || m->w[j].dtype == DTYPE_Q4_0;
+    }
+    m->k = c->kernels;
+    if (quantized) {
+        const int is_xn = m->x == tb->xn && m->n_tok == tb->n; /* all the tokens' xn: quantized once per norm */
+        const uint32_t blocks = c->d.in_blocks;
+        int8_t *q = is_xn ? tb->xq : tb->hq;
+        float *scale = is_xn ? tb->xq_scale : tb->hq_scale;
+        int32_t *sum = is_xn ? tb->xq_sum : tb->hq_sum;
+        if (!is_xn || !c->xn_quantized)
+            for (uint32_t t = 0; t < m->n_tok; t++)
+                c->kernels->quantize_q8_0(q + (size_t)t * blocks * QBLOCK, scale + (size_t)t * blocks,
+                                          sum + (size_t)t * blocks, m->x + (size_t)t * m->x_stride, m->w[0].cols);
+        c->xn_quantized |= is_xn;
+        m->xq = (q8_vector){ q, scale, sum };
+        m->xq_blocks = blocks;
+    }
+    m->parts = c->opts.parallel_parts > 1 && weights >= PARALLEL_MIN_WEIGHTS ? c->opts.parallel_parts : 1;
+    if (m->parts == 1) rows_part(m, 0);
+    else c->opts.parallel_for(c->opts.user, rows_part, m, m->parts);
+}
+
+/* out = w x for n_tok vectors x (strides: w's columns in, its rows out) */
+void matmul(colibri_ctx *c, const token_buffers *tb, float *out, const weight *w, const float *x,
+                   uint32_t n_tok) {
+    rows_work m = { .n_tok = n_tok, .n = 1, .x = x, .x_stride = w->cols, .out = { out }, .out_stride = { w->rows },
+                    .w = { *w } };
+    run_rows(c, tb, &m);
+}
