@@ -33,7 +33,7 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
     a.tensors = reserve_bytes(&p, d->n_tensors, TENSOR_REF_BYTES);
     a.x = reserve(&p, d->dim);
     a.xn = reserve(&p, d->dim);
-    const int mla = !COLIBRI_LEAN && d->kv_lora != 0;
+    const int mla = WITH_MLA && d->kv_lora != 0;
     a.q = reserve(&p, d->q_dim);
     a.q_a = mla ? reserve(&p, d->q_lora) : 0; /* MLA's buffers: none for standard attention */
     a.k_new = reserve(&p, d->kv_dim);
@@ -41,7 +41,7 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
     a.q_att = mla ? reserve(&p, (uint64_t)d->n_heads * d->att_dim) : 0;
     a.attn_out = reserve(&p, (uint64_t)d->n_heads * d->val_dim);
     a.o_in = mla ? reserve(&p, d->o_dim) : 0;
-    a.ple = !COLIBRI_LEAN && d->ple_dim ? reserve(&p, ((uint64_t)d->n_layers + 1) * d->ple_dim) : 0; /* lean: none */
+    a.ple = WITH_PER_LAYER_INPUTS && d->ple_dim ? reserve(&p, ((uint64_t)d->n_layers + 1) * d->ple_dim) : 0; /* lean: none */
     a.att = reserve(&p, (uint64_t)d->n_heads * d->max_seq);
     a.ffn_gate = reserve(&p, d->ffn_max);
     a.ffn_up = reserve(&p, d->ffn_max);
@@ -75,7 +75,7 @@ uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_b
     b->n = tokens;
     b->x = reserve(&p, n * d->dim);
     b->xn = reserve(&p, n * d->dim);
-    const int mla = !COLIBRI_LEAN && d->kv_lora != 0;
+    const int mla = WITH_MLA && d->kv_lora != 0;
     b->q = reserve(&p, n * d->q_dim);
     b->q_a = mla ? reserve(&p, n * d->q_lora) : 0; /* MLA's buffers: none for standard attention */
     b->k = reserve(&p, n * d->kv_dim);
@@ -83,7 +83,7 @@ uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_b
     b->q_att = mla ? reserve(&p, n * d->n_heads * d->att_dim) : 0;
     b->attn_out = reserve(&p, n * d->n_heads * d->val_dim);
     b->o_in = mla ? reserve(&p, n * d->o_dim) : 0;
-    b->ple = !COLIBRI_LEAN && d->ple_dim ? reserve(&p, n * ((uint64_t)d->n_layers + 1) * d->ple_dim) : 0;
+    b->ple = WITH_PER_LAYER_INPUTS && d->ple_dim ? reserve(&p, n * ((uint64_t)d->n_layers + 1) * d->ple_dim) : 0;
     b->moe_out = reserve(&p, n * d->dim);
     b->gate = reserve(&p, n * d->ffn_max);
     b->up = reserve(&p, n * d->ffn_max);
@@ -103,7 +103,7 @@ uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_b
     b->hq_sum = reserve(&p, n * d->in_blocks);
     /* the window rings' saved rows: every cache-owning windowed layer's, and where the shared one's start (none
      * in the lean build, which feeds a windowed model one token a pass: colibri_open's batch_limit) */
-    if (!COLIBRI_LEAN && d->window) {
+    if (WITH_WINDOW_RINGS && d->window) {
         ring_saves r = { 0, 0, tokens < d->window ? tokens : d->window };
         /* one position's rows over those layers; where the last one's start, the ring that windowed KV-sharing
          * layers read (kv_source: the last windowed layer before the sharing ones, all of which come last) */

@@ -35,8 +35,8 @@ static uint32_t batch_fit(const colibri_image_info *info, uint32_t asked, uint64
  * with the rows they overwrote (model.c), so a pass there holds at most the window's W rows. The lean build
  * leaves that saving of the rings out, and feeds a windowed model one token a pass. */
 static uint32_t batch_limit(const model_dims *d, uint32_t asked) {
-    if (COLIBRI_LEAN && d->window) return 0;
-    for (uint32_t l = COLIBRI_LEAN ? d->n_layers : d->first_shared; l < d->n_layers; l++)
+    if (!WITH_WINDOW_RINGS && d->window) return 0;
+    for (uint32_t l = WITH_GEMMA4 ? d->first_shared : d->n_layers; l < d->n_layers; l++)
         if (layer_windowed(d, l)) return asked < d->window ? asked : d->window;
     return asked;
 }

@@ -72,8 +72,8 @@ static int attention_dims(const uint8_t *h, model_dims *d) {
     d->attn_scale = rdf32(h + H_ATTN_SCALE);
     const uint32_t hd = d->head_dim, H = d->n_heads;
     /* Gemma 4's global layers: a head size and KV heads of their own (0: the others'; the lean build has none) */
-    const uint32_t global_hd = COLIBRI_LEAN ? 0 : rd32(h + H_GLOBAL_HEAD_DIM);
-    const uint32_t global_kv = COLIBRI_LEAN ? 0 : rd32(h + H_GLOBAL_KV_HEADS);
+    const uint32_t global_hd = WITH_GEMMA4 ? rd32(h + H_GLOBAL_HEAD_DIM) : 0;
+    const uint32_t global_kv = WITH_GEMMA4 ? rd32(h + H_GLOBAL_KV_HEADS) : 0;
     d->global_head_dim = global_hd ? global_hd : hd;
     d->global_kv_heads = global_kv ? global_kv : d->n_kv_heads;
     const uint32_t widest = hd > d->global_head_dim ? hd : d->global_head_dim;
@@ -82,7 +82,7 @@ static int attention_dims(const uint8_t *h, model_dims *d) {
         return 1;
     d->q_dim = H * widest;
     d->o_dim = H * d->v_head_dim; /* checked below */
-    if (COLIBRI_LEAN || d->kv_lora == 0) { /* without them, read_dims refuses kv_lora > 0 */
+    if (!WITH_MLA || d->kv_lora == 0) { /* without them, read_dims refuses kv_lora > 0 */
         const uint32_t global_kv_dim = d->global_kv_heads * d->global_head_dim; /* both <= n_heads * widest */
         d->kv_dim = d->n_kv_heads * hd > global_kv_dim ? d->n_kv_heads * hd : global_kv_dim;
         d->att_dim = d->val_dim = widest;
@@ -114,7 +114,7 @@ static int routing_dims(const uint8_t *h, model_dims *d) {
     d->group_top = rd32(h + H_GROUP_TOP);
     d->routed_scale = rdf32(h + H_ROUTED_SCALE);
     /* the lean build (n_group 1 already checked) neither reads nor uses swiglu_*: plain SwiGLU, as their 0 says */
-    if (COLIBRI_LEAN) return d->topk_group != 1 || d->group_top != 1 || d->routed_scale != 1.0f;
+    if (!WITH_ROUTERS) return d->topk_group != 1 || d->group_top != 1 || d->routed_scale != 1.0f;
     d->swiglu_alpha = rdf32(h + H_SWIGLU_ALPHA);
     d->swiglu_limit = rdf32(h + H_SWIGLU_LIMIT);
     /* gpt-oss's expert activation: limit and alpha finite and positive, with experts; else both 0 */
@@ -164,13 +164,13 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     if (d->n_experts > IMG_MAX_EXPERTS || d->top_k > IMG_MAX_TOP_K) return COLIBRI_E_IMAGE_DIMS;
     if (!(d->eps > 0.0f && d->eps < 1.0f) || !(d->clip_qkv >= 0.0f && d->clip_qkv < 3.0e38f)) /* rejects NaN */
         return COLIBRI_E_IMAGE_DIMS;
-    /* the lean build knows none of the newer families' mechanisms: their flags and fields are unsupported there */
-    if (d->flags & ~(COLIBRI_LEAN ? IMG_LEAN_FLAGS : IMG_KNOWN_FLAGS)) return COLIBRI_E_UNSUPPORTED;
-    if (COLIBRI_LEAN && (rd32(h + H_KV_LORA) || rd32(h + H_N_GROUP) != 1 || rd32(h + H_SWIGLU_LIMIT) ||
-                         rd32(h + H_SWIGLU_ALPHA)))
+    /* a mechanism the build leaves out (mechanisms.h): its flags and fields are unsupported there */
+    if (d->flags & ~BUILD_FLAGS) return COLIBRI_E_UNSUPPORTED;
+    if ((!WITH_MLA && rd32(h + H_KV_LORA)) || (!WITH_ROUTERS && rd32(h + H_N_GROUP) != 1) ||
+        (!WITH_EXPERT_EXTRAS && (rd32(h + H_SWIGLU_LIMIT) || rd32(h + H_SWIGLU_ALPHA))))
         return COLIBRI_E_UNSUPPORTED;
     if (attention_dims(h, d) || routing_dims(h, d)) return COLIBRI_E_IMAGE_DIMS;
-    if (!COLIBRI_LEAN) { /* Gemma 4's: 0 or a scale; its layer has a dense MLP everywhere, per-layer inputs only in it;
+    if (WITH_GEMMA4) { /* Gemma 4's: 0 or a scale; its layer has a dense MLP everywhere, per-layer inputs only in it;
                           * KV sharing only for standard attention (latent attention stores every layer's own rows) */
         d->embed_scale = rdf32(h + H_EMBED_SCALE);
         d->logit_softcap = rdf32(h + H_LOGIT_SOFTCAP);
@@ -183,15 +183,15 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
             (uint64_t)d->n_layers * d->ple_dim > IMG_MAX_DIM || shared >= d->n_layers || d->dense_ffn > IMG_MAX_DIM / 2)
             return COLIBRI_E_IMAGE_DIMS;
         d->first_shared = d->n_layers - shared;
-    } else { /* the lean build has none of Gemma 4's mechanisms, as their 0 says, and no layer shares a KV cache */
+    } else { /* a build without Gemma 4's mechanisms reads their fields as 0 (none), and no layer shares a KV cache */
         d->first_shared = d->n_layers;
     }
-    const uint32_t dense_max = COLIBRI_LEAN || !(d->flags & IMG_FLAG_DOUBLE_WIDE_MLP) ? d->dense_ffn : 2 * d->dense_ffn;
+    const uint32_t dense_max = !WITH_GEMMA4 || !(d->flags & IMG_FLAG_DOUBLE_WIDE_MLP) ? d->dense_ffn : 2 * d->dense_ffn;
     d->ffn_max = d->ffn > dense_max ? d->ffn : dense_max;
     if (d->shared_ffn > d->ffn_max) d->ffn_max = d->shared_ffn;
     uint32_t in_max = d->dim > d->q_dim ? d->dim : d->q_dim; /* the longest row: every matrix's columns */
     if (d->ffn_max > in_max) in_max = d->ffn_max;
-    if (!COLIBRI_LEAN) {
+    if (WITH_MLA || WITH_PER_LAYER_INPUTS) {
         const uint32_t newer_inputs[] = { d->q_lora, d->kv_lora, d->o_dim, d->ple_dim };
         for (unsigned i = 0; i < sizeof newer_inputs / sizeof newer_inputs[0]; i++)
             if (newer_inputs[i] > in_max) in_max = newer_inputs[i];
@@ -214,7 +214,7 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
         }
     }
     if (d->window ? (d->window > d->max_seq || !windowed) : windowed != 0) return COLIBRI_E_IMAGE_DIMS;
-    if (!COLIBRI_LEAN) { /* the last layer of each kind with a cache of its own: kv_source, found once, not per token */
+    if (WITH_GEMMA4) { /* the last layer of each kind with a cache of its own: kv_source, found once, not per token */
         d->kv_shared_source[0] = d->kv_shared_source[1] = IMG_NO_INDEX;
         for (uint32_t l = 0; l < d->first_shared; l++) d->kv_shared_source[layer_windowed(d, l)] = l;
         for (uint32_t l = d->first_shared; l < d->n_layers; l++)
@@ -285,14 +285,14 @@ static void spec_for(const model_dims *d, uint32_t i, int moe, tensor_spec *s) {
         s->role = ROLE_OUTPUT_NORM + (i - TENSORS_BEFORE_LAYERS - per_layer * d->n_layers);
     }
     const uint32_t D = d->dim, f = d->flags;
-    const int mla = !COLIBRI_LEAN && d->kv_lora != 0, q_lora = mla && d->q_lora != 0; /* WQ, WK, WV go with them */
+    const int mla = WITH_MLA && d->kv_lora != 0, q_lora = mla && d->q_lora != 0; /* WQ, WK, WV go with them */
     const int shared = moe && (f & (IMG_FLAG_SHARED_EXPERT | IMG_FLAG_SHARED_PLAIN)), qk_norm = (f & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) != 0;
     const int head_norm = (f & IMG_FLAG_QK_NORM_HEAD) != 0;
     /* the layer's attention widths (Gemma 4's global layers have their own; MLA's WK, WV and their norms are absent) */
     const uint32_t hd = layer_head_dim(d, s->layer), q_dim = d->n_heads * hd, kv_dim = layer_kv_dim(d, s->layer);
-    const int k_is_v = !COLIBRI_LEAN && (f & IMG_FLAG_K_EQ_V) && !layer_windowed(d, s->layer); /* no WV, no BV */
+    const int k_is_v = WITH_GEMMA4 && (f & IMG_FLAG_K_EQ_V) && !layer_windowed(d, s->layer); /* no WV, no BV */
     const int own_kv = !mla && !layer_kv_shared(d, s->layer); /* a KV-sharing layer has no k or v projection */
-    const int dense = !moe || (!COLIBRI_LEAN && (f & IMG_FLAG_GEMMA4_LAYER)); /* Gemma 4's MoE layers have it too */
+    const int dense = !moe || (WITH_GEMMA4 && (f & IMG_FLAG_GEMMA4_LAYER)); /* Gemma 4's MoE layers have it too */
     uint32_t rows = 0, cols = 0, present = 1; /* cols 0: a vector (norm weights, biases) */
     switch (s->role) {
     case ROLE_TOKEN_EMBD: case ROLE_LM_HEAD: rows = d->vocab; cols = D; break;
@@ -307,7 +307,7 @@ static void spec_for(const model_dims *d, uint32_t i, int moe, tensor_spec *s) {
     case ROLE_MOE_NORM: case ROLE_MOE_POST_NORM: case ROLE_ROUTER_NORM: case ROLE_EXPERT_SCALE: case ROLE_LAYER_SCALE:
     case ROLE_GLOBAL_ROPE_COS: case ROLE_GLOBAL_ROPE_SIN: case ROLE_PLE_GATE: case ROLE_PLE_PROJ: case ROLE_PLE_POST_NORM:
     case ROLE_PLE_EMBD: case ROLE_PLE_MODEL_PROJ: case ROLE_PLE_PROJ_NORM:
-        present = !COLIBRI_LEAN && newer_shape(d, s->role, moe, &rows, &cols);
+        present = WITH_NEWER_ROLES && newer_shape(d, s->role, moe, &rows, &cols);
         break;
     case ROLE_BQ: rows = q_dim; present = (f & IMG_FLAG_QKV_BIAS) != 0; break;
     case ROLE_BK: case ROLE_BV: rows = kv_dim; present = (f & IMG_FLAG_QKV_BIAS) && own_kv && !(s->role == ROLE_BV && k_is_v); break;
@@ -360,8 +360,8 @@ static colibri_status check_entry(const uint8_t *e, const tensor_spec *s, uint64
     if (dtype >= DTYPE_COUNT) return COLIBRI_E_IMAGE_DTYPE;
     /* vectors and the tables read as floats (RoPE, expert biases) are f32; any matrix may be narrower */
     const int table = s->role == ROLE_ROPE_COS || s->role == ROLE_ROPE_SIN ||
-                      (!COLIBRI_LEAN && ((s->role >= ROLE_EXPERT_GATE_BIAS && s->role <= ROLE_EXPERT_DOWN_BIAS) ||
-                                         s->role == ROLE_GLOBAL_ROPE_COS || s->role == ROLE_GLOBAL_ROPE_SIN));
+                      (WITH_EXPERT_EXTRAS && s->role >= ROLE_EXPERT_GATE_BIAS && s->role <= ROLE_EXPERT_DOWN_BIAS) ||
+                      (WITH_GEMMA4 && (s->role == ROLE_GLOBAL_ROPE_COS || s->role == ROLE_GLOBAL_ROPE_SIN));
     if (dtype != DTYPE_F32 && (s->ndims != 2 || table))
         return COLIBRI_E_IMAGE_DTYPE;
     const int quantized = dtype == DTYPE_Q8_0 || dtype == DTYPE_Q4_0;
@@ -433,7 +433,7 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
     colibri_status st = read_dims(img, &dims);
     if (st) return st;
     /* after read_dims, so that the lean build names a Gemma 4 image unsupported: its fields are reserved there */
-    for (uint32_t i = COLIBRI_LEAN ? H_GLOBAL_HEAD_DIM : H_RESERVED; i < IMG_HEADER_BYTES; i++)
+    for (uint32_t i = WITH_GEMMA4 ? H_RESERVED : H_GLOBAL_HEAD_DIM; i < IMG_HEADER_BYTES; i++)
         if (img[i]) return COLIBRI_E_IMAGE_HEADER;
     uint64_t per_layer = LAYER_FIXED + (uint64_t)TENSORS_PER_EXPERT * dims.n_experts;
     if (n_tensors != TENSORS_BEFORE_LAYERS + per_layer * dims.n_layers + TENSORS_AFTER_LAYERS) return COLIBRI_E_IMAGE_TABLE;

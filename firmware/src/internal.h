@@ -5,14 +5,7 @@
 #include "colibri.h"
 #include "format.h" /* the image format: sizes, flags, field offsets, roles (docs/FORMAT.md) */
 
-/* The mechanisms of the newer families (DeepSeek's latent attention and sigmoid, biased, group-limited router;
- * gpt-oss's sinks, top-k-then-softmax router, expert biases and clamped SwiGLU) are in by default; `scons
- * lean=yes` defines COLIBRI_LEAN 1, which leaves their code out (the Cortex-M4 runtime fits 16 KiB again) and
- * refuses an image that needs them (COLIBRI_E_UNSUPPORTED). Plain `if`s on it, not #if: both builds compile
- * every line. */
-#ifndef COLIBRI_LEAN
-#define COLIBRI_LEAN 0
-#endif
+#include "mechanisms.h" /* what this build computes: everything, or the lean build's part */
 
 /* x86-64 under GCC, Clang or MSVC with its SIMD kernels (x86.h has their intrinsics): CPUID chooses the kernels
  * and the CRC at open. */
@@ -64,13 +57,13 @@ static inline uint32_t kv_rows(const model_dims *d, uint32_t layer) {
 }
 /* A layer's head size and KV heads: Gemma 4's global layers have their own. */
 static inline uint32_t layer_head_dim(const model_dims *d, uint32_t layer) {
-    return !COLIBRI_LEAN && !layer_windowed(d, layer) ? d->global_head_dim : d->head_dim;
+    return WITH_GEMMA4 && !layer_windowed(d, layer) ? d->global_head_dim : d->head_dim;
 }
 static inline uint32_t layer_kv_heads(const model_dims *d, uint32_t layer) {
-    return !COLIBRI_LEAN && !layer_windowed(d, layer) ? d->global_kv_heads : d->n_kv_heads;
+    return WITH_GEMMA4 && !layer_windowed(d, layer) ? d->global_kv_heads : d->n_kv_heads;
 }
 /* Whether a layer shares an earlier layer's KV cache (Gemma 4's num_kv_shared_layers): it computes no k or v. */
-static inline int layer_kv_shared(const model_dims *d, uint32_t layer) { return !COLIBRI_LEAN && layer >= d->first_shared; }
+static inline int layer_kv_shared(const model_dims *d, uint32_t layer) { return WITH_GEMMA4 && layer >= d->first_shared; }
 /* The layer whose KV cache `layer` attends over: itself, or for a sharing layer the last layer before the sharing
  * ones of the same kind, windowed or not (read_dims finds both once; the verifier checks there is one). */
 static inline uint32_t kv_source(const model_dims *d, uint32_t layer) {
@@ -79,11 +72,11 @@ static inline uint32_t kv_source(const model_dims *d, uint32_t layer) {
 /* One position's K (and V) cache row in a layer: MLA's latent and rope key, or its KV heads; none when it shares. */
 static inline uint32_t layer_kv_dim(const model_dims *d, uint32_t layer) {
     if (layer_kv_shared(d, layer)) return 0;
-    return !COLIBRI_LEAN && d->kv_lora ? d->kv_dim : layer_kv_heads(d, layer) * layer_head_dim(d, layer);
+    return WITH_MLA && d->kv_lora ? d->kv_dim : layer_kv_heads(d, layer) * layer_head_dim(d, layer);
 }
 /* A layer's dense MLP width: Gemma 4's KV-sharing layers may have it doubled. */
 static inline uint32_t layer_dense_ffn(const model_dims *d, uint32_t layer) {
-    return d->dense_ffn << (!COLIBRI_LEAN && (d->flags & IMG_FLAG_DOUBLE_WIDE_MLP) && layer_kv_shared(d, layer));
+    return d->dense_ffn << (WITH_GEMMA4 && (d->flags & IMG_FLAG_DOUBLE_WIDE_MLP) && layer_kv_shared(d, layer));
 }
 
 /* ---- the work arena (mirrors arena_plan() in colibri/image.py) ---- */

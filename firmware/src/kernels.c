@@ -213,11 +213,11 @@ void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps) 
     float ss = 0.0f;
     for (uint32_t i = 0; i < n; i++) ss += x[i] * x[i];
     float scale = 1.0f / SQRTF(ss / (float)n + eps);
-    for (uint32_t i = 0; i < n; i++) out[i] = !COLIBRI_LEAN && !w ? x[i] * scale : (x[i] * scale) * w[i];
+    for (uint32_t i = 0; i < n; i++) out[i] = WITH_GEMMA4 && !w ? x[i] * scale : (x[i] * scale) * w[i];
 }
 
 void softmax(float *x, uint32_t n, const float *sink) {
-    if (COLIBRI_LEAN) sink = 0; /* no sinks in the lean build */
+    if (!WITH_SINKS) sink = 0;
     float max = x[0];
     for (uint32_t i = 1; i < n; i++)
         if (x[i] > max) max = x[i];

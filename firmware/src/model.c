@@ -70,7 +70,7 @@ static void post_norm(const colibri_ctx *c, const token_buffers *tb, float *v, u
     for (uint32_t t = 0; t < tb->n; t++)
         rmsnorm(v + (size_t)t * c->d.dim, v + (size_t)t * c->d.dim, layer_w(c, layer, role), c->d.dim, c->d.eps);
 }
-static int gemma4_layer(const model_dims *d) { return !COLIBRI_LEAN && (d->flags & IMG_FLAG_GEMMA4_LAYER); }
+static int gemma4_layer(const model_dims *d) { return WITH_GEMMA4 && (d->flags & IMG_FLAG_GEMMA4_LAYER); }
 /* Whether all n values are finite (x - x is 0 for finite x, NaN for inf and NaN). */
 static int all_finite(const float *v, uint32_t n) {
     for (uint32_t i = 0; i < n; i++)
@@ -126,7 +126,7 @@ static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer, s
     const model_dims *d = &c->d;
     const uint32_t n = tb->n;
     norm_inputs(c, tb, layer_w(c, layer, ROLE_ATTN_NORM));
-    const float *o_in = !COLIBRI_LEAN && d->kv_lora ? attention_mla(c, tb, layer, kv_base) : attention_mha(c, tb, layer, kv_base);
+    const float *o_in = WITH_MLA && d->kv_lora ? attention_mla(c, tb, layer, kv_base) : attention_mha(c, tb, layer, kv_base);
     weight wo = matrix(c, layer_index(c, layer, ROLE_WO));
     matmul(c, tb, tb->moe_out, &wo, o_in, n);
     add_bias(c, tb->moe_out, d->dim, n, layer, ROLE_BO);
@@ -217,7 +217,7 @@ static void trace_layer(colibri_ctx *c, const token_buffers *tb, const colibri_l
         t.pos = c->pos + i;
         t.experts = tb->topk_index + (size_t)i * c->d.top_k;
         t.weights = tb->topk_weight + (size_t)i * c->d.top_k;
-        if (!COLIBRI_LEAN) t.crc_output = residual_crc(c, tb, i);
+        if (WITH_TRACE_CRC) t.crc_output = residual_crc(c, tb, i);
         if (i + 1 < n) t.cycles_attention = t.cycles_router = t.cycles_ffn = t.crc_attention = 0;
         c->opts.trace(c->opts.user, &t);
     }
@@ -225,19 +225,19 @@ static void trace_layer(colibri_ctx *c, const token_buffers *tb, const colibri_l
 
 /* A pass that fails feeds none of its n tokens: nor do their rows stay in the window rings. */
 static colibri_status pass_failed(const colibri_ctx *c, uint32_t n, colibri_status st) {
-    if (!COLIBRI_LEAN && n > 1 && c->rings.rows) rings_save(c, n, 1);
+    if (WITH_WINDOW_RINGS && n > 1 && c->rings.rows) rings_save(c, n, 1);
     return st;
 }
 
 colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n, int want_logits) {
     const model_dims *d = &c->d;
     const token_buffers tb = tokens_in(c, n);
-    if (!COLIBRI_LEAN && n > 1 && c->rings.rows) rings_save(c, n, 0); /* over window rings: what the pass overwrites */
+    if (WITH_WINDOW_RINGS && n > 1 && c->rings.rows) rings_save(c, n, 0); /* over window rings: what the pass overwrites */
     weight embd = matrix(c, global_tensor_index(d, ROLE_TOKEN_EMBD));
     for (uint32_t t = 0; t < n; t++) weight_row(tb.x + (size_t)t * d->dim, &embd, tokens[t]);
-    if (!COLIBRI_LEAN && d->embed_scale != 0.0f)
+    if (WITH_GEMMA4 && d->embed_scale != 0.0f)
         for (size_t i = 0; i < (size_t)n * d->dim; i++) tb.x[i] *= d->embed_scale;
-    if (!COLIBRI_LEAN && d->ple_dim) per_layer_inputs(c, &tb, tokens);
+    if (WITH_PER_LAYER_INPUTS && d->ple_dim) per_layer_inputs(c, &tb, tokens);
 
     /* Each layer's KV rows follow every earlier layer's (arena_plan's order), so their starts are a running sum. A
      * sharing layer reads its kv_source's rows: the last layer of its kind with rows of its own, seen before it. */
@@ -250,7 +250,7 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
         uint64_t t0 = ctx_now(c);
         attention(c, &tb, layer, kind_base[windowed]);
         t.cycles_attention = ctx_now(c) - t0;
-        if (!COLIBRI_LEAN && c->opts.trace) t.crc_attention = residual_crc(c, &tb, n - 1);
+        if (WITH_TRACE_CRC && c->opts.trace) t.crc_attention = residual_crc(c, &tb, n - 1);
         c->stats.cycles_attention += t.cycles_attention;
         colibri_status st = ffn_block(c, &tb, layer, &t);
         if (st) return pass_failed(c, n, st);
@@ -271,7 +271,7 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
         matmul(c, &tb, c->a.logits, &lm_head, xn, 1);
         c->stats.cycles_lm_head += ctx_now(c) - t4;
         if (!all_finite(c->a.logits, d->vocab)) return pass_failed(c, n, COLIBRI_E_NONFINITE);
-        if (!COLIBRI_LEAN && d->logit_softcap != 0.0f) /* Gemma's final soft-capping: cap * tanh(logits / cap) */
+        if (WITH_GEMMA4 && d->logit_softcap != 0.0f) /* Gemma's final soft-capping: cap * tanh(logits / cap) */
             for (uint32_t i = 0; i < d->vocab; i++) c->a.logits[i] = d->logit_softcap * tanh_f(c->a.logits[i] / d->logit_softcap);
     }
     c->pos += n;

@@ -123,10 +123,10 @@ static void rows_part(void *arg, uint32_t part) {
         for (uint32_t t = 0; t < m->n_tok; t++) {
             float *g = m->out[0] + (size_t)t * m->out_stride[0];
             const float *u = m->out[1] + (size_t)t * m->out_stride[1];
-            if (!COLIBRI_LEAN && m->extras) {
+            if (WITH_EXPERT_EXTRAS && m->extras) {
                 const ffn_extras *e = m->extras;
                 for (uint32_t i = r0; i < r1; i++) g[i] = clamped_glu(e, g[i], u[i], i);
-            } else if (!COLIBRI_LEAN && m->epilogue == ROWS_GEGLU) {
+            } else if (WITH_GEMMA4 && m->epilogue == ROWS_GEGLU) {
                 for (uint32_t i = r0; i < r1; i++) g[i] = gelu_tanh(g[i]) * u[i];
             } else {
                 m->k->swiglu(g + r0, u + r0, r1 - r0);

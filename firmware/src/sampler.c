@@ -70,7 +70,7 @@ static uint32_t cut_candidates(const colibri_sampler *s, int cut_k, const float 
     while (heap > 0) {
         const uint32_t best = index[0];
         const float more = sum + p[best];
-        if (cut_k ? keep >= s->top_k && p[best] != p[kth] : !COLIBRI_LEAN && more == sum) break;
+        if (cut_k ? keep >= s->top_k && p[best] != p[kth] : WITH_TOP_P_STOP && more == sum) break;
         index[0] = index[--heap];
         sift_down(p, index, 0, heap);
         if (!cut_k || keep < s->top_k || logits[best] == logits[kth]) { /* past the k-th: its logit, not only its probability */

@@ -54,12 +54,12 @@ static void heads_part(void *arg, uint32_t part) {
     const model_dims *d = &c->d;
     const arena_buffers *a = &c->a;
     const uint32_t cache = hw->cache;
-    const int mla = !COLIBRI_LEAN && d->kv_lora;
+    const int mla = WITH_MLA && d->kv_lora;
     const uint32_t kd = mla ? d->att_dim : layer_head_dim(d, cache), vd = mla ? d->val_dim : kd;
     const uint32_t group = d->n_heads / layer_kv_heads(d, cache), rows = kv_rows(d, cache), row_dim = layer_kv_dim(d, cache);
     const uint32_t first = hw->pos >= rows ? hw->pos - rows + 1 : 0, seen = hw->pos - first + 1, first_row = first % rows;
     const void *values = mla ? a->k_cache : a->v_cache;
-    const float *sinks = !COLIBRI_LEAN && (d->flags & IMG_FLAG_ATTN_SINKS) ? layer_w(c, hw->layer, ROLE_SINKS) : 0;
+    const float *sinks = WITH_SINKS && (d->flags & IMG_FLAG_ATTN_SINKS) ? layer_w(c, hw->layer, ROLE_SINKS) : 0;
     const uint32_t h_end = part_start(d->n_heads, part + 1, hw->parts);
     for (uint32_t h = part_start(d->n_heads, part, hw->parts); h < h_end; h++) {
         const float *q = hw->q_all + (size_t)h * kd;
@@ -84,7 +84,7 @@ static void heads_part(void *arg, uint32_t part) {
  * build, for boards without threads, leaves the split out. */
 static void attend_heads(colibri_ctx *c, uint32_t layer, uint32_t cache, size_t layer_base, uint32_t pos,
                          const float *q_all, float *out_all) {
-    const uint32_t parts = COLIBRI_LEAN ? 1 : c->opts.parallel_parts;
+    const uint32_t parts = WITH_THREADED_HEADS ? c->opts.parallel_parts : 1;
     heads_work hw = { c, layer, cache, pos, parts > 1 ? parts : 1, layer_base, q_all, out_all };
     if (hw.parts > 1) c->opts.parallel_for(c->opts.user, heads_part, &hw, hw.parts);
     else heads_part(&hw, 0);
@@ -107,7 +107,7 @@ static void rope(float *v, uint32_t n, uint32_t stride, uint32_t dim, int pairs,
 /* Position pos's cos and sin rows of the RoPE tables `layer` rotates with (Gemma 4's global layers: their own). */
 static void rope_rows(const colibri_ctx *c, uint32_t layer, uint32_t pos, const float **cos, const float **sin) {
     const model_dims *d = &c->d;
-    const int global = !COLIBRI_LEAN && (d->flags & IMG_FLAG_GLOBAL_ROPE) && !layer_windowed(d, layer);
+    const int global = WITH_GEMMA4 && (d->flags & IMG_FLAG_GLOBAL_ROPE) && !layer_windowed(d, layer);
     const size_t at = (size_t)pos * ((global ? d->global_head_dim : d->rope_dim) / 2);
     *cos = tensor(c, global_tensor_index(d, global ? ROLE_GLOBAL_ROPE_COS : ROLE_ROPE_COS)) + at;
     *sin = tensor(c, global_tensor_index(d, global ? ROLE_GLOBAL_ROPE_SIN : ROLE_ROPE_SIN)) + at;
@@ -123,10 +123,10 @@ static void rope_rows(const colibri_ctx *c, uint32_t layer, uint32_t pos, const 
 static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint32_t layer, size_t layer_base) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n, hd = layer_head_dim(d, layer), kv_heads = layer_kv_heads(d, layer);
-    const uint32_t q_dim = d->n_heads * hd, kv_dim = kv_heads * hd, pairs = !COLIBRI_LEAN && (d->flags & IMG_FLAG_ROPE_PAIRS);
+    const uint32_t q_dim = d->n_heads * hd, kv_dim = kv_heads * hd, pairs = WITH_ROPE_PAIRS && (d->flags & IMG_FLAG_ROPE_PAIRS);
     /* Gemma 4: a layer sharing an earlier one's KV cache computes only q; attention_k_eq_v: v is k's projection */
     const uint32_t cache = kv_source(d, layer), shared = cache != layer;
-    const int k_is_v = !COLIBRI_LEAN && !shared && !present(c, layer_index(c, layer, ROLE_WV));
+    const int k_is_v = WITH_GEMMA4 && !shared && !present(c, layer_index(c, layer, ROLE_WV));
     weight wq = matrix(c, layer_index(c, layer, ROLE_WQ)), wk = matrix(c, layer_index(c, layer, ROLE_WK)),
            wv = matrix(c, layer_index(c, layer, ROLE_WV));
     rows_work qkv = { .n_tok = n, .n = shared ? 1 : k_is_v ? 2 : 3, .x = tb->xn, .x_stride = d->dim,
@@ -138,7 +138,7 @@ static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint3
     if (k_is_v)
         for (size_t i = 0; i < (size_t)n * kv_dim; i++) tb->v[i] = tb->k[i];
     const int qk_norms = (d->flags & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) != 0;
-    const int exchange = !COLIBRI_LEAN && shared && n > 1 && layer_windowed(d, cache); /* saved rows: the ring before */
+    const int exchange = WITH_WINDOW_RINGS && shared && n > 1 && layer_windowed(d, cache); /* saved rows: the ring before */
     if (exchange) ring_rows(c, cache, layer_base, c->rings.shared, 0, n, 1);
     for (uint32_t t = 0; t < n; t++) {
         const uint32_t pos = c->pos + t;
@@ -150,7 +150,7 @@ static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint3
         rope(q, d->n_heads, hd, hd, pairs, cos, sin);
         if (!shared) { /* this position's k and v into the layer's cache */
             if (qk_norms) qk_norm(c, k, kv_heads, hd, layer_w(c, layer, ROLE_K_NORM));
-            if (!COLIBRI_LEAN && (d->flags & IMG_FLAG_V_NORM)) head_norm(c, v, kv_heads, hd, 0);
+            if (WITH_GEMMA4 && (d->flags & IMG_FLAG_V_NORM)) head_norm(c, v, kv_heads, hd, 0);
             if (d->clip_qkv > 0.0f) {
                 clip(k, kv_dim, d->clip_qkv);
                 clip(v, kv_dim, d->clip_qkv);

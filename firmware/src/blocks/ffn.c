@@ -12,12 +12,12 @@ static void swiglu_ffn(colibri_ctx *c, const token_buffers *tb, uint32_t gate_in
                           .out_stride = { ffn, ffn },
                           .w = { matrix_in(c, gate_index, block, block_offset),
                                  matrix_in(c, gate_index + 1, block, block_offset) },
-                          .epilogue = !COLIBRI_LEAN && (c->d.flags & IMG_FLAG_GELU_TANH) ? ROWS_GEGLU : ROWS_SWIGLU, .extras = extras };
+                          .epilogue = WITH_GEMMA4 && (c->d.flags & IMG_FLAG_GELU_TANH) ? ROWS_GEGLU : ROWS_SWIGLU, .extras = extras };
     run_rows(c, tb, &gate_up);
     rows_work down = { .n_tok = n, .n = 1, .x = tb->gate, .x_stride = ffn, .out = { tb->ffn_out }, .out_stride = { dim },
                        .w = { matrix_in(c, gate_index + 2, block, block_offset) } };
     run_rows(c, tb, &down);
-    if (!COLIBRI_LEAN && extras && extras->bias[2])
+    if (WITH_EXPERT_EXTRAS && extras && extras->bias[2])
         for (uint32_t t = 0; t < n; t++)
             for (uint32_t i = 0; i < dim; i++) tb->ffn_out[(size_t)t * dim + i] += extras->bias[2][i];
 }

@@ -23,7 +23,7 @@ static float best_sum(const float *score, uint32_t n, uint32_t top) {
 }
 
 /* Where the choice scores are: after the scores, or in the lean build the scores themselves. */
-static float *choice_scores(const colibri_ctx *c) { return c->a.router + (COLIBRI_LEAN ? 0 : c->d.n_experts); }
+static float *choice_scores(const colibri_ctx *c) { return c->a.router + (WITH_ROUTERS ? c->d.n_experts : 0); }
 
 /* Layer's routing of the normed vector xn: its experts' scores (softmax over the experts, or each one's
  * sigmoid) into a->router[0, E), their choice scores (plus the router bias, which chooses but never weighs)
@@ -35,19 +35,19 @@ static colibri_status router_choice(colibri_ctx *c, const token_buffers *tb, uin
     float *score = c->a.router, *choice = choice_scores(c), *group = score + 2 * E;
     weight router = matrix(c, layer_index(c, layer, ROLE_ROUTER));
     matmul(c, tb, score, &router, xn, 1);
-    const float *bias = !COLIBRI_LEAN && (d->flags & IMG_FLAG_ROUTER_BIAS) ? layer_w(c, layer, ROLE_ROUTER_BIAS) : 0;
-    if (!COLIBRI_LEAN && (d->flags & IMG_FLAG_ROUTER_TOPK_SOFTMAX)) { /* the logits (plus the Linear's bias) */
+    const float *bias = WITH_ROUTERS && (d->flags & IMG_FLAG_ROUTER_BIAS) ? layer_w(c, layer, ROLE_ROUTER_BIAS) : 0;
+    if (WITH_ROUTERS && (d->flags & IMG_FLAG_ROUTER_TOPK_SOFTMAX)) { /* the logits (plus the Linear's bias) */
         for (uint32_t e = 0; bias && e < E; e++) score[e] += bias[e];
         bias = 0;
-    } else if (!COLIBRI_LEAN && (d->flags & IMG_FLAG_ROUTER_SIGMOID)) {
+    } else if (WITH_ROUTERS && (d->flags & IMG_FLAG_ROUTER_SIGMOID)) {
         for (uint32_t e = 0; e < E; e++) score[e] = 1.0f / (1.0f + colibri_expf(-score[e]));
     } else {
         softmax(score, E, 0);
     }
-    if (!COLIBRI_LEAN)
+    if (WITH_ROUTERS)
         for (uint32_t e = 0; e < E; e++) choice[e] = bias ? score[e] + bias[e] : score[e];
     if (!all_finite(choice, E)) return COLIBRI_E_NONFINITE; /* a NaN never wins a '>': expert 0 would be taken */
-    if (COLIBRI_LEAN || d->n_group == 1) return COLIBRI_OK;
+    if (!WITH_ROUTERS || d->n_group == 1) return COLIBRI_OK;
     for (uint32_t g = 0; g < d->n_group; g++) group[g] = best_sum(choice + g * per_group, per_group, d->group_top);
     for (uint32_t g = 0; g < d->n_group; g++) {
         uint32_t ahead = 0; /* groups ranked before g: a better sum, or the same and a lower index */
@@ -85,12 +85,12 @@ static colibri_status route_topk(colibri_ctx *c, const token_buffers *tb, uint32
             index[k] = pick_expert(c, &gate_weight[k]);
             sum += gate_weight[k];
         }
-        if (!COLIBRI_LEAN && (d->flags & IMG_FLAG_ROUTER_TOPK_SOFTMAX)) softmax(gate_weight, d->top_k, 0); /* gpt-oss */
+        if (WITH_ROUTERS && (d->flags & IMG_FLAG_ROUTER_TOPK_SOFTMAX)) softmax(gate_weight, d->top_k, 0); /* gpt-oss */
         const float norm = sum + 1e-20f;
         const float *expert_scale = gemma4_layer(d) ? layer_w(c, layer, ROLE_EXPERT_SCALE) : 0;
         for (uint32_t k = 0; k < d->top_k; k++) {
             if (d->flags & IMG_FLAG_NORM_TOPK) gate_weight[k] /= norm;
-            if (!COLIBRI_LEAN) gate_weight[k] *= d->routed_scale; /* 1 in the lean build */
+            if (WITH_ROUTERS) gate_weight[k] *= d->routed_scale; /* 1 without them */
             if (expert_scale) gate_weight[k] *= expert_scale[index[k]];
         }
     }

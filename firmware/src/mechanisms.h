@@ -1,0 +1,39 @@
+/* The mechanisms this build computes: the one place that knows what the lean build leaves out.
+ *
+ * Every build has the standard ones: attention with grouped KV heads, sliding windows, q/k norms, biases and
+ * clipping; a softmax router, shared experts, dense layers; every weight and KV dtype. `scons lean=yes` defines
+ * COLIBRI_LEAN 1 (the Cortex-M4's 16 KiB runtime: tools/size_gate.json) and leaves out those below. Each is
+ * tested with a plain `if (WITH_X && ...)`, never #if: both builds compile every line, and the lean one's
+ * compiler drops what it cannot reach. The verifier refuses an image that needs one (COLIBRI_E_UNSUPPORTED):
+ * BUILD_FLAGS for the flags (the schema's `lean` marks), and the header fields only these mechanisms use. */
+#ifndef COLIBRI_MECHANISMS_H
+#define COLIBRI_MECHANISMS_H
+
+#ifndef COLIBRI_LEAN
+#define COLIBRI_LEAN 0
+#endif
+
+#define WITH_MLA (!COLIBRI_LEAN)              /* DeepSeek's multi-head latent attention (blocks/mla.c) */
+#define WITH_ROUTERS (!COLIBRI_LEAN)          /* routers beyond a softmax: sigmoid scores, a choice bias, groups,
+                                               * routed_scale, gpt-oss's softmax over the top-k (blocks/router.c) */
+#define WITH_ROPE_PAIRS (!COLIBRI_LEAN)       /* RoPE on adjacent pairs (DeepSeek's layout) */
+#define WITH_EXPERT_EXTRAS (!COLIBRI_LEAN)    /* gpt-oss's expert biases and clamped SwiGLU */
+#define WITH_SINKS (!COLIBRI_LEAN)            /* gpt-oss's attention sinks */
+#define WITH_GEMMA4 (!COLIBRI_LEAN)           /* Gemma 4's layer: its extra norms, the dense MLP beside the experts,
+                                               * GeGLU, v norms, keys as values, global layers with their own
+                                               * widths and RoPE, KV sharing, the embedding scale and logit cap */
+#define WITH_PER_LAYER_INPUTS (!COLIBRI_LEAN) /* Gemma 4's per-layer inputs (blocks/ple.c) */
+#define WITH_WINDOW_RINGS (!COLIBRI_LEAN)     /* a prefill batch over window rings (blocks/rings.c); without it a
+                                               * windowed model is fed one token a pass */
+#define WITH_THREADED_HEADS (!COLIBRI_LEAN)   /* a token's attention heads split across the board's threads */
+#define WITH_TRACE_CRC (!COLIBRI_LEAN)        /* the trace's residual-stream CRCs */
+#define WITH_TOP_P_STOP (!COLIBRI_LEAN)       /* top-p sampling's early stop (sampler.c) */
+
+/* The tensor roles only those mechanisms use (image.c's newer_shape) */
+#define WITH_NEWER_ROLES (WITH_MLA || WITH_ROUTERS || WITH_EXPERT_EXTRAS || WITH_SINKS || WITH_GEMMA4 || \
+                          WITH_PER_LAYER_INPUTS)
+
+/* The image flags this build computes (format.h, from format/schema.toml) */
+#define BUILD_FLAGS (COLIBRI_LEAN ? IMG_LEAN_FLAGS : IMG_KNOWN_FLAGS)
+
+#endif
