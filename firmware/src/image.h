@@ -1,0 +1,106 @@
+/* The image as the runtime reads it: the model's dimensions (model_dims, read from the header by the verifier),
+ * the tensor table decoded at open (tensor_ref) and the verifier's entry points (image.c). */
+#ifndef COLIBRI_IMAGE_H
+#define COLIBRI_IMAGE_H
+
+#include "colibri.h"
+#include "format.h"     /* the image format: sizes, flags, field offsets, roles (docs/FORMAT.md) */
+#include "mechanisms.h" /* what this build computes */
+
+typedef struct {
+    uint32_t vocab, dim, ffn, n_layers, n_heads, n_kv_heads, head_dim, n_experts, top_k, max_seq;
+    uint32_t dense_ffn, shared_ffn; /* dense MLP and shared expert intermediate sizes (0: none) */
+    uint32_t flags;
+    uint32_t kv_dtype;              /* KV_F32 or KV_F16 */
+    float eps, clip_qkv;            /* clip_qkv 0: no clipping */
+    uint32_t window;                /* sliding window W of the windowed layers (0: none), 1 <= W <= max_seq */
+    uint8_t window_layers[IMG_WINDOW_LAYER_BYTES]; /* bit l % 8 of byte l / 8: layer l is windowed (a copy:
+                                                    * the KV plan must not follow an image that changes) */
+    /* Multi-head latent attention when kv_lora > 0 (DeepSeek): head_dim is a q/k head (nope + rope_dim), the
+     * KV cache holds the normed latent and the rotated rope part per position, and values are the latent. */
+    uint32_t q_lora, kv_lora, rope_dim, v_head_dim; /* q_lora 0: q = Wq x; rope_dim: the last dims of a head */
+    float attn_scale;                               /* the softmax scale, as the host computed it */
+    uint32_t n_group, topk_group, group_top;        /* group-limited routing (n_group 1: none) */
+    float routed_scale;                             /* times the routed experts' weights */
+    float swiglu_alpha, swiglu_limit;               /* limit > 0: the experts' clamped SwiGLU (gpt-oss) */
+    /* Gemma 4: the global (not windowed) layers' head size and KV heads (else head_dim and n_kv_heads) */
+    uint32_t global_head_dim, global_kv_heads;
+    float embed_scale, logit_softcap;               /* 0: none */
+    uint32_t ple_dim;                               /* Gemma 4's per-layer inputs: P per layer and token (0: none) */
+    uint32_t first_shared;                          /* Gemma 4: layers from it on share an earlier layer's KV cache */
+    uint32_t kv_shared_source[2];                   /* the cache a sharing layer reads, [windowed] (IMG_NO_INDEX: none) */
+    uint32_t q_dim, kv_dim, ffn_max;                /* the widest of any layer; kv_dim: a K cache row */
+    uint32_t att_dim, val_dim, o_dim;               /* per head: what attention dots and sums (the widest); Wo's input */
+    uint32_t in_blocks;             /* blocks of QBLOCK in the longest matvec input (for the quantized x) */
+    uint32_t n_tensors;             /* table entries: 3 + n_layers * (LAYER_FIXED + 3 * n_experts) + 2 */
+    /* the two tiers: set by image_verify() from the header and the table */
+    uint64_t resident_bytes;        /* [0, resident_bytes) is read in place */
+    uint64_t expert_block_max;      /* the largest routed expert block (gate, up, down and scales) */
+    uint32_t streamed_experts;      /* routed experts past resident_bytes */
+    uint64_t expert_crc_offset;     /* the expert CRC table: u32 per (layer, expert), layer-major */
+    uint64_t prefill_token_bytes;   /* batch_plan(d, 1) */
+} model_dims;
+
+/* Sliding-window attention: a windowed layer's token at position p sees positions p - W + 1 .. p, and its
+ * KV cache is a ring of W rows (position p in row p % W); every other layer keeps max_seq rows. */
+static inline int layer_windowed(const model_dims *d, uint32_t layer) {
+    return d->window && layer < 8u * IMG_WINDOW_LAYER_BYTES && ((d->window_layers[layer / 8u] >> (layer % 8u)) & 1u);
+}
+static inline uint32_t kv_rows(const model_dims *d, uint32_t layer) {
+    return layer_windowed(d, layer) ? d->window : d->max_seq;
+}
+/* A layer's head size and KV heads: Gemma 4's global layers have their own. */
+static inline uint32_t layer_head_dim(const model_dims *d, uint32_t layer) {
+    return WITH_GEMMA4 && !layer_windowed(d, layer) ? d->global_head_dim : d->head_dim;
+}
+static inline uint32_t layer_kv_heads(const model_dims *d, uint32_t layer) {
+    return WITH_GEMMA4 && !layer_windowed(d, layer) ? d->global_kv_heads : d->n_kv_heads;
+}
+/* Whether a layer shares an earlier layer's KV cache (Gemma 4's num_kv_shared_layers): it computes no k or v. */
+static inline int layer_kv_shared(const model_dims *d, uint32_t layer) { return WITH_GEMMA4 && layer >= d->first_shared; }
+/* The layer whose KV cache `layer` attends over: itself, or for a sharing layer the last layer before the sharing
+ * ones of the same kind, windowed or not (read_dims finds both once; the verifier checks there is one). */
+static inline uint32_t kv_source(const model_dims *d, uint32_t layer) {
+    return layer_kv_shared(d, layer) ? d->kv_shared_source[layer_windowed(d, layer)] : layer;
+}
+/* One position's K (and V) cache row in a layer: MLA's latent and rope key, or its KV heads; none when it shares. */
+static inline uint32_t layer_kv_dim(const model_dims *d, uint32_t layer) {
+    if (layer_kv_shared(d, layer)) return 0;
+    return WITH_MLA && d->kv_lora ? d->kv_dim : layer_kv_heads(d, layer) * layer_head_dim(d, layer);
+}
+/* A layer's dense MLP width: Gemma 4's KV-sharing layers may have it doubled. */
+static inline uint32_t layer_dense_ffn(const model_dims *d, uint32_t layer) {
+    return d->dense_ffn << (WITH_GEMMA4 && (d->flags & IMG_FLAG_DOUBLE_WIDE_MLP) && layer_kv_shared(d, layer));
+}
+
+/* One table entry as open() decoded and bounds-checked it: the forward pass reads these, never the
+ * image's table, so an image that changes after open can change values but never where reads go.
+ * Offsets, not pointers: the same 32 bytes on every board, and an expert's place inside a cache slot
+ * is its offset minus its block's. */
+typedef struct {
+    uint64_t offset;         /* of the values, from the image start */
+    uint64_t scales;         /* of the Q8_0/Q4_0 block scales (0: a float dtype) */
+    uint32_t rows, cols;     /* rows 0: an empty slot; cols 1 for a vector */
+    uint32_t dtype, reserved;
+} tensor_ref;
+#define TENSOR_REF_BYTES 32u
+
+/* ---- image.c ---- */
+uint32_t rd32(const uint8_t *p);
+uint64_t rd64(const uint8_t *p);
+/* Verification; fills dims and the table pointer on success. Mode 0: the whole image must be
+ * addressable and is checked, expert blocks included. IMG_VERIFY_RESIDENT: only [0, resident_bytes)
+ * must be; expert-part blocks are checked when fetched (experts.c). */
+#define IMG_VERIFY_RESIDENT 1u
+#define IMG_VERIFY_NO_CRC 2u /* every check but the CRCs over tensor and metadata bytes (colibri_image_inspect) */
+colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, model_dims *d, const uint8_t **table,
+                            colibri_image_info *info);
+uint32_t layer_tensor_index(const model_dims *d, uint32_t layer, uint32_t role);
+uint32_t expert_tensor_index(const model_dims *d, uint32_t layer, uint32_t expert, uint32_t role);
+uint32_t global_tensor_index(const model_dims *d, uint32_t role);
+/* Whether a table slot holds a tensor: its entry has dimensions (the verifier checked it matches the flags). */
+int tensor_present(const uint8_t *table, uint32_t index);
+/* Decode every entry of a verified table into refs (open() does this once). */
+void tensors_resolve(const uint8_t *table, uint32_t n_tensors, tensor_ref *refs);
+
+#endif

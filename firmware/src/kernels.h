@@ -1,0 +1,213 @@
+/* The kernels: the weight and quantized-vector views they read, each instruction set's table (kernel_set:
+ * every entry the scalar one's bits, docs/KERNELS.md), the scalar reference functions, CRC-32, and the
+ * compiler spellings the kernels share. */
+#ifndef COLIBRI_KERNELS_H
+#define COLIBRI_KERNELS_H
+
+#include "colibri.h"
+#include "format.h"
+
+/* x86-64 under GCC, Clang or MSVC with its SIMD kernels (x86.h has their intrinsics): CPUID chooses the kernels
+ * and the CRC at open. */
+#if (defined(__x86_64__) || defined(_M_X64)) && !defined(COLIBRI_KERNELS_SCALAR)
+#define COLIBRI_X86_SIMD 1
+#endif
+
+/* One weight matrix as the kernels see it (rows x cols, row-major). Quantized dtypes store each row
+ * as ceil(cols / QBLOCK) blocks, the last one zero-padded, with one f16 scale per block. */
+typedef struct {
+    const void *data;        /* f32 / f16 / bf16 elements, int8 values, or packed int4 pairs */
+    const uint16_t *scales;  /* f16 block scales (Q8_0, Q4_0), else NULL */
+    uint32_t dtype, rows, cols, blocks; /* blocks per row (quantized) */
+} weight;
+
+/* A vector quantized to Q8_0, the input of the quantized dot products: per block of QBLOCK elements
+ * the int8 values, their f32 scale, and the sum of the values (Q4_0 kernels may multiply unsigned
+ * nibbles and subtract 8 * sum instead of sign-extending every nibble). */
+typedef struct {
+    const int8_t *q;
+    const float *scale;
+    const int32_t *sum;
+} q8_vector;
+
+/* The dot-product kernels of one instruction set. Every entry gives the same bits as the scalar
+ * one (docs/KERNELS.md: the fixed summation order). For the float dtypes w is one row and x is f32; the
+ * quantized dtypes take `rows` consecutive rows of a matrix (row i's blocks right after row i - 1's, its
+ * scales likewise) times x quantized to Q8_0 (xq, one f32 scale per block), out[i] = row i . x: a small
+ * model's rows are two or three blocks long, and one call per row cost as much as the blocks. */
+typedef struct {
+    const char *name;
+    float (*dot_f32)(const float *w, const float *x, uint32_t n);
+    float (*dot_f16)(const uint16_t *w, const float *x, uint32_t n);
+    float (*dot_bf16)(const uint16_t *w, const float *x, uint32_t n);
+    void (*rows_q8_0)(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                      float *out);
+    void (*rows_q4_0)(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                      float *out);
+    /* x (n floats) quantized to Q8_0 as quantize_q8_0_scalar does, bit for bit */
+    void (*quantize_q8_0)(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n);
+    /* SwiGLU in place: g[i] = g[i] / (1 + colibri_expf(-g[i])) * u[i], as swiglu_scalar computes it */
+    void (*swiglu)(float *g, const float *u, uint32_t n);
+    /* Optional tiles for a prefill batch (NULL: the runtime makes four dots): two adjacent rows (the
+     * second starts where the first ends, its scales likewise) times two vectors, out = { row0.x0,
+     * row0.x1, row1.x0, row1.x1 }, each the same bits as the dot above. Each weight is loaded once for
+     * both tokens and each x once for both rows: half the loads of four dots. */
+    void (*tile_f32)(const float *w, const float *x0, const float *x1, uint32_t n, float out[4]);
+    void (*tile_f16)(const uint16_t *w, const float *x0, const float *x1, uint32_t n, float out[4]);
+    void (*tile_bf16)(const uint16_t *w, const float *x0, const float *x1, uint32_t n, float out[4]);
+    void (*tile_q8_0)(const int8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,
+                      uint32_t blocks, float out[4]);
+    void (*tile_q4_0)(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,
+                      uint32_t blocks, float out[4]);
+} kernel_set;
+
+/* ---- crc32.c ---- */
+/* Whether this CPU has the carry-less multiplication crc32_update can fold with: CPUID on x86-64 (a trap to the
+ * hypervisor in a VM), so asked once by whoever sums repeatedly, never per sum; no other build has the folding. */
+#if defined(COLIBRI_X86_SIMD)
+int crc32_cpu_clmul(void);
+/* colibri_crc32, with crc32_cpu_clmul()'s answer given (nonzero only where it said so). */
+uint32_t crc32_update(uint32_t crc, const void *data, size_t n, int clmul);
+#else
+static inline int crc32_cpu_clmul(void) { return 0; }
+static inline uint32_t crc32_update(uint32_t crc, const void *data, size_t n, int clmul) {
+    (void)clmul;
+    return colibri_crc32(crc, data, n);
+}
+#endif
+
+/* ---- kernels.c (scalar reference: deterministic, no FMA contraction) ---- */
+float colibri_expf(float x);
+uint16_t f32_to_f16(float f);  /* round to nearest even, as IEEE 754 */
+
+/* f16 and bf16 widened to f32, exactly; inline because every quantized block converts its scale. */
+static inline float f32_from_bits(uint32_t u) {
+    union { uint32_t u; float f; } v = { u };
+    return v.f;
+}
+static inline float f16_to_f32(uint16_t h) {
+#if defined(__ARM_FP16_FORMAT_IEEE) && defined(__ARM_FP) && (__ARM_FP & 2)
+    /* the FPU's VCVTB.F32.F16 (Cortex-M4 and M55: -mfp16-format=ieee): exact, so the same bits as below */
+    union { uint16_t u; __fp16 f; } half = { h };
+    return (float)half.f;
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7FFFu;
+    if (em >= 0x7C00u) return f32_from_bits(sign | 0x7F800000u | (em & 0x3FFu) << 13); /* inf, NaN */
+    if (em >= 0x0400u) return f32_from_bits(sign | (em + 0x1C000u) << 13);            /* normal: rebias 15 -> 127 */
+    float v = (float)em * 5.9604644775390625e-08f;                                    /* subnormal: em * 2^-24, exact */
+    return sign ? -v : v;
+#endif
+}
+static inline float bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+/* Q8_0 of n floats into ceil(n / QBLOCK) blocks (the last zero-padded), with each block's value sum: the
+ * activation side of the quantized dot products; the reference for every kernel set's quantize_q8_0. */
+void quantize_q8_0_scalar(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n);
+void swiglu_scalar(float *g, const float *u, uint32_t n);
+/* Row `row` of w as floats (the embedding lookup). */
+void weight_row(float *out, const weight *w, uint32_t row);
+extern const kernel_set kernels_scalar;
+extern const kernel_set kernels_mve, kernels_dsp, kernels_rvv; /* kernels_<isa>.c, in builds for that ISA */
+const kernel_set *kernels_x86_select(void);                     /* kernels_x86.c: AVX2 if CPUID says so */
+/* The fastest kernel set this build and this CPU support (CPUID on x86-64; fixed at build time elsewhere). */
+const kernel_set *kernels_select(void);
+float dot_f32_scalar(const float *w, const float *x, uint32_t n);
+float dot_f16_scalar(const uint16_t *w, const float *x, uint32_t n);
+float dot_bf16_scalar(const uint16_t *w, const float *x, uint32_t n);
+/* GCC's and Clang's spellings, and MSVC's beside them (docs/BOARDS.md, "With MSVC"). The square root is
+ * the instruction (sqrtss, vsqrt.f32, fsqrt.s): correctly rounded everywhere, no libm. */
+#if defined(__GNUC__) || defined(__clang__)
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#define SQRTF(x) __builtin_sqrtf(x)
+#if defined(__OPTIMIZE_SIZE__)
+#define UNROLLED /* -Os (the Cortex-M4): the loop is smaller */
+#else
+#define UNROLLED _Pragma("GCC unroll 16") /* a short loop written once, unrolled even where GCC would not */
+#endif
+#else
+#include <xmmintrin.h>
+#define ALWAYS_INLINE static __forceinline
+#define SQRTF(x) _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(x)))
+#define UNROLLED
+#endif
+
+/* Accumulators start at +0. A loop, not `= { 0 }`: that becomes a memset call, which on bare metal is a
+ * byte loop (the runtime is built with -fno-tree-loop-distribute-patterns, so this stays stores). */
+static inline void zero_lanes8(float *acc) {
+    UNROLLED for (int i = 0; i < 8; i++) acc[i] = 0.0f;
+}
+
+/* The fixed reduction trees every kernel ends with (docs/KERNELS.md): acc[i] + acc[i+4], then
+ * + [i+2], then + [i+1] over 8 lanes; 16 lanes first fold acc[i] + acc[i+8]. Inline: every row ends here. */
+static inline float sum_lanes8(const float acc[8]) {
+    float s4[4], s2[2];
+    UNROLLED for (int i = 0; i < 4; i++) s4[i] = acc[i] + acc[i + 4];
+    UNROLLED for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
+    return s2[0] + s2[1];
+}
+static inline float sum_lanes16(const float acc[16]) {
+    float s[8];
+    for (int i = 0; i < 8; i++) s[i] = acc[i] + acc[i + 8];
+    return sum_lanes8(s);
+}
+
+/* The exact integer dot product of block b of a Q8_0/Q4_0 row with block b of x's values. */
+typedef int32_t (*block_isum_fn)(const void *w_row, const int8_t *xq, uint32_t b);
+
+/* The float side of every quantized dot (docs/KERNELS.md): block b's integer sum times
+ * (w_scale * x_scale) into lane b % 8, then the tree. An ISA supplies only `isum`, inlined here. */
+ALWAYS_INLINE float dot_blocks(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks,
+                               block_isum_fn isum) {
+    float acc[8];
+    zero_lanes8(acc);
+    for (uint32_t b = 0; b < blocks; b++) acc[b % 8] += (float)isum(w, x->q, b) * (f16_to_f32(w_scale[b]) * x->scale[b]);
+    return sum_lanes8(acc);
+}
+
+/* One row's quantized dot, as each kernel set computes it (dot_blocks with its isum, or its own). */
+typedef float (*row_dot_fn)(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks);
+
+/* A kernel set's rows_q8_0 / rows_q4_0: `rows` rows of row_bytes each through `dot`, inlined, so a short
+ * row pays no call. x is copied first: out may alias anything a pointer to int8 reaches, and a copy keeps
+ * x's pointers in registers across the stores. */
+ALWAYS_INLINE void dot_rows(const void *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                            size_t row_bytes, float *out, row_dot_fn dot) {
+    const q8_vector xv = *x;
+    const uint8_t *row = w;
+    for (float *end = out + rows; out < end; out++, row += row_bytes, w_scale += blocks) *out = dot(row, w_scale, &xv, blocks);
+}
+/* Q8_0 quantization of one block of len <= QBLOCK values, in two steps an ISA supplies: the largest |v|,
+ * non-finite when any v is (the maximum of the magnitudes' bit patterns, as integers: that orders finite
+ * magnitudes as floats do and puts infinity, then NaN, above them), then q[i] = v[i] * inv rounded to
+ * nearest even and clamped to +-127 (NaN to 0), zero past len, returning the sum of the QBLOCK values. */
+typedef float (*block_amax_fn)(const float *v, uint32_t len);
+typedef int32_t (*block_round_fn)(int8_t *q, const float *v, uint32_t len, float inv);
+
+/* A kernel set's quantize_q8_0: per block d = amax / 127 (the block's scale) and inv = 1 / d (0 for an
+ * all-zero block), then the rounding. A block holding a NaN gets the scale NaN, one holding an infinity (and no
+ * NaN) the scale infinity, and either values 0 (v * inv is NaN or v * 0): its integer sum is 0, and 0 times a
+ * non-finite scale is NaN, so every dot product that reads the block is NaN, as an f32 matrix's would be
+ * non-finite, and the router's and the logits' checks see it (quantized to 0 with a finite scale instead, it
+ * would vanish and the logits come out finite). */
+ALWAYS_INLINE void quantize_blocks(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n, block_amax_fn amax,
+                                   block_round_fn round) {
+    for (uint32_t b = 0; b * QBLOCK < n; b++) {
+        const uint32_t len = n - b * QBLOCK < QBLOCK ? n - b * QBLOCK : QBLOCK;
+        const float d = amax(x + b * QBLOCK, len) / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
+        scale[b] = d;
+        sum[b] = round(xq + b * QBLOCK, x + b * QBLOCK, len, inv);
+    }
+}
+/* out = x / rms(x) * w; w NULL: no weights (Gemma 4's v norm) */
+void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
+/* tanh from colibri_expf: 1 - 2 / (e^2x + 1), which is 1 once e^2x overflows (Gemma 4's GeGLU and logit cap).
+ * Inline: only the builds that use it carry it. */
+static inline float tanh_f(float x) { return 1.0f - 2.0f / (colibri_expf(2.0f * x) + 1.0f); }
+/* gelu's tanh approximation, transformers' gelu_pytorch_tanh: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+static inline float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanh_f(0.7978845608028654f * (x + 0.044715f * (x * x * x))));
+}
+/* softmax over x[0, n); with a sink (gpt-oss: the head's learned logit) one more logit in the denominator only,
+ * so the n probabilities may sum to less than 1. */
+void softmax(float *x, uint32_t n, const float *sink);
+
+#endif
