@@ -20,8 +20,15 @@ class ImageInfo(C.Structure):
                 ("streamed_experts", C.c_uint32), ("prefill_token_bytes", C.c_uint64)]
 
 
-class Stats(C.Structure):
-    _fields_ = [("tokens_fed", C.c_uint32), ("prefill_batch", C.c_uint32)] + [(n, C.c_uint64) for n in (
+class Sized(C.Structure):
+    """A struct whose first field is its size, which the library checks (COLIBRI_E_API_MISMATCH): set to this
+    definition's size unless given."""
+    def __init__(self, **fields):
+        super().__init__(**{"size": C.sizeof(type(self)), **fields})
+
+
+class Stats(Sized):
+    _fields_ = [("size", C.c_uint32), ("tokens_fed", C.c_uint32), ("prefill_batch", C.c_uint32)] + [(n, C.c_uint64) for n in (
         "arena_bytes", "cycles_total", "cycles_attention", "cycles_router", "cycles_experts", "cycles_lm_head",
         "cycles_sampling", "expert_calls", "expert_hits", "expert_misses", "expert_bytes_fetched", "prefetch_issued",
         "prefetch_used", "cycles_fetch_wait")]
@@ -44,8 +51,8 @@ PART = C.CFUNCTYPE(None, C.c_void_p, C.c_uint32)
 PARALLEL_FOR = C.CFUNCTYPE(None, C.c_void_p, PART, C.c_void_p, C.c_uint32)
 
 
-class Options(C.Structure):
-    _fields_ = [("cycles", C.c_void_p), ("trace", C.c_void_p), ("user", C.c_void_p), ("expert_cache", C.c_uint32),
+class Options(Sized):
+    _fields_ = [("size", C.c_uint32), ("cycles", C.c_void_p), ("trace", C.c_void_p), ("user", C.c_void_p), ("expert_cache", C.c_uint32),
                 ("expert_policy", C.c_uint32), ("fetch", FETCH), ("fetch_start", FETCH_START), ("fetch_wait", FETCH_WAIT),
                 ("parallel_for", PARALLEL_FOR), ("parallel_parts", C.c_uint32), ("prefill_batch", C.c_uint32)]
 

@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
     colibri_status st = colibri_image_verify(image, size, &info);
     printf("verify %d", (int)st);
     if (st == COLIBRI_OK) {
-        colibri_options opts = { .prefill_batch = batch };
+        colibri_options opts = { .size = sizeof(colibri_options), .prefill_batch = batch };
         const uint64_t need = info.arena_bytes + colibri_prefill_bytes(&info, batch);
         colibri_ctx *ctx = 0;
         if (posix_memalign(&arena, COLIBRI_ARENA_ALIGN, (size_t)need)) return 2;

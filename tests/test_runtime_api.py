@@ -441,3 +441,26 @@ def test_a_step_whose_feed_fails_leaves_the_sampler_as_it_was(lib, images):
     assert lib.so.colibri_step(ctx.ctx, C.byref(s), C.byref(tok)) == STATUS["E_NONFINITE"]
     assert s.rng == before
     assert tok.value == 12345 and ctx.stats().tokens_fed == 1
+
+
+def test_a_header_and_library_that_disagree_are_named(lib, base):
+    """colibri_api_version() is the header's COLIBRI_API_VERSION, and a colibri_options or colibri_stats of another
+    size than the library's (an application built with another colibri.h) is refused, COLIBRI_E_API_MISMATCH, with
+    nothing written into the caller's struct: a smaller one would otherwise be overrun."""
+    import re
+    from capi import Options, Stats
+    from conftest import ROOT
+    header = (ROOT / "firmware" / "include" / "colibri.h").read_text()
+    lib.so.colibri_api_version.restype = C.c_uint32
+    assert lib.so.colibri_api_version() == int(re.search(r"#define COLIBRI_API_VERSION (\d+)u", header).group(1))
+    for size in (0, C.sizeof(Options) - 8, C.sizeof(Options) + 8):
+        assert Context(lib, base, options=Options(size=size)).open_status == STATUS["E_API_MISMATCH"], size
+    ctx = Context(lib, base, options=Options(prefill_batch=4))
+    assert ctx.open_status == 0 and ctx.stats().prefill_batch == 4
+    smaller = (C.c_uint8 * 24)(*([0xA5] * 24))
+    C.cast(smaller, C.POINTER(C.c_uint32))[0] = 24  # an older colibri_stats of 24 bytes
+    assert lib.so.colibri_get_stats(ctx.ctx, C.cast(smaller, C.POINTER(Stats))) == STATUS["E_API_MISMATCH"]
+    assert bytes(smaller)[4:] == b"\xA5" * 20
+    assert lib.so.colibri_get_stats(ctx.ctx, C.byref(Stats(size=C.sizeof(Stats) + 8))) == STATUS["E_API_MISMATCH"]
+    lib.so.colibri_strerror.restype = C.c_char_p
+    assert b"disagree" in lib.so.colibri_strerror(STATUS["E_API_MISMATCH"])

@@ -30,10 +30,10 @@ int main(int argc, char **argv) {
     if (st) return fail("verify", st);
     const size_t arena_size = (size_t)(info.arena_bytes + colibri_prefill_bytes(&info, batch) + 63) / 64 * 64;
     void *arena = aligned_alloc(COLIBRI_ARENA_ALIGN, arena_size);
-    colibri_options opts = { .prefill_batch = batch };
+    colibri_options opts = { .size = sizeof(colibri_options), .prefill_batch = batch };
     colibri_ctx *ctx;
     if (!arena || (st = colibri_open(image, image_size, arena, arena_size, &opts, &ctx, NULL))) return fail("open", st);
-    colibri_stats stats;
+    colibri_stats stats = COLIBRI_STATS_INIT;
     if (colibri_get_stats(ctx, &stats) || stats.prefill_batch != (batch > 1 ? batch : 0)) return fail("batch", COLIBRI_E_BAD_ARG);
 
     uint32_t *tokens = malloc(sizeof *tokens * (n ? n : 1));

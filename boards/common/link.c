@@ -196,7 +196,7 @@ static void parallel_for_board(void *user, void (*fn)(void *arg, uint32_t part),
 static void do_open(link_state *l, uint8_t seq, uint32_t len) {
     const board_io *io = l->io;
     if (len != 0 && len != 8) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
-    colibri_options opts = { .cycles = io->cycles, .user = l }; /* the trace hook only while tracing: do_start */
+    colibri_options opts = { .size = sizeof(colibri_options), .cycles = io->cycles, .user = l }; /* the trace hook only while tracing: do_start */
     if (io->parallel_for && io->parallel_parts > 1) {
         opts.parallel_for = parallel_for_board;
         opts.parallel_parts = io->parallel_parts;
@@ -226,7 +226,7 @@ static void do_open(link_state *l, uint8_t seq, uint32_t len) {
         return;
     }
     colibri_get_info(l->ctx, &info); /* open verified the image: no second CRC pass */
-    colibri_stats stats;
+    colibri_stats stats = COLIBRI_STATS_INIT;
     colibri_get_stats(l->ctx, &stats);
     l->info = info;
     colibri_sampler_init(&l->sampler, 0.0f, 0, 1.0f, 0);
@@ -275,7 +275,7 @@ static void do_feed(link_state *l, uint8_t seq, uint32_t len) {
     const uint8_t *r = l->rx;
     uint32_t n = len >= 4 ? get32(r) : 0;
     if (len < 8 || (len - 4) % 4 || n != (len - 4) / 4) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
-    colibri_stats stats;
+    colibri_stats stats = COLIBRI_STATS_INIT;
     colibri_get_stats(l->ctx, &stats);
     if (n > l->info.max_seq - stats.tokens_fed) { send_error(l, seq, COLIBRI_E_SEQ_FULL, l->info.max_seq); return; }
     for (uint32_t i = 0; i < n; i++)
@@ -285,7 +285,7 @@ static void do_feed(link_state *l, uint8_t seq, uint32_t len) {
     start_trace(l, stats.tokens_fed + n - 1);
     colibri_status st = colibri_feed(l->ctx, l->feed_tokens, n); /* one call: only the last token runs the lm_head */
     if (st) {
-        colibri_stats after;
+        colibri_stats after = COLIBRI_STATS_INIT;
         colibri_get_stats(l->ctx, &after);
         send_error(l, seq, st, after.tokens_fed - stats.tokens_fed); /* detail: which token of the request */
         return;
@@ -300,13 +300,13 @@ static void do_feed(link_state *l, uint8_t seq, uint32_t len) {
 /* STEP: sample the next token from the current logits and feed it. */
 static void do_step(link_state *l, uint8_t seq) {
     uint32_t tok;
-    colibri_stats before;
+    colibri_stats before = COLIBRI_STATS_INIT;
     colibri_get_stats(l->ctx, &before);
     start_trace(l, before.tokens_fed);
     uint64_t t0 = cycles_now(l->io);
     colibri_status st = colibri_step(l->ctx, &l->sampler, &tok);
     if (st) { send_error(l, seq, st, 0); return; }
-    colibri_stats stats;
+    colibri_stats stats = COLIBRI_STATS_INIT;
     colibri_get_stats(l->ctx, &stats);
     uint8_t *p = payload(l);
     put32(p, stats.tokens_fed);
@@ -327,7 +327,7 @@ static void do_logits(link_state *l, uint8_t seq, uint32_t len) {
         send_error(l, seq, LINK_BAD_PAYLOAD, vocab);
         return;
     }
-    colibri_stats stats;
+    colibri_stats stats = COLIBRI_STATS_INIT;
     colibri_get_stats(l->ctx, &stats);
     uint8_t *p = payload(l);
     put32(p, stats.tokens_fed);
@@ -418,7 +418,7 @@ static void do_upload_end(link_state *l, uint8_t seq) {
 }
 
 static void do_stats(link_state *l, uint8_t seq) {
-    colibri_stats s;
+    colibri_stats s = COLIBRI_STATS_INIT;
     colibri_get_stats(l->ctx, &s);
     uint8_t *p = payload(l);
     const uint64_t fields[] = { s.tokens_fed, s.arena_bytes, s.cycles_total, s.cycles_attention, s.cycles_router,

@@ -8,7 +8,7 @@
  *   colibri_image_info info;
  *   colibri_image_verify(image, image_size, &info);          // arena bytes needed: info.arena_bytes
  *   colibri_ctx *ctx;
- *   colibri_open(image, image_size, arena, arena_size, NULL, &ctx, NULL);
+ *   colibri_open(image, image_size, arena, arena_size, NULL, &ctx, NULL);  // or &opts: see colibri_options
  *   colibri_feed(ctx, prompt, n_prompt);                     // prefill: logits of the last token
  *   colibri_sampler s;
  *   colibri_sampler_init(&s, 0.0f, 0, 1.0f, 42);            // greedy
@@ -22,6 +22,11 @@
  *
  * libcolibri.a (and the hosted libcolibri.so) define no global symbol but the colibri_* ones declared
  * here: the runtime's internal names cannot collide with the application's.
+ *
+ * A library and a header from different versions cannot silently disagree: colibri_api_version() is the
+ * COLIBRI_API_VERSION the library was built with, and the structs the application fills in or reads back
+ * through a pointer (colibri_options, colibri_stats) carry their size, which the library checks
+ * (COLIBRI_E_API_MISMATCH).
  */
 #ifndef COLIBRI_H
 #define COLIBRI_H
@@ -61,6 +66,8 @@ typedef enum {
     COLIBRI_E_FETCH = 22,              /* the board's fetch hook failed; like E_NONFINITE, reset to go on */
     COLIBRI_E_EXPERT_CRC = 23,         /* an expert block does not match its CRC32 (when fetched, or at verify) */
     COLIBRI_E_ARENA_OVERLAP = 24,      /* the arena overlaps the image */
+    COLIBRI_E_API_MISMATCH = 25,       /* a struct's size field is not this library's size of it: the application
+                                          was built with another colibri.h */
     /* /schema:status */
     COLIBRI_STATUS_COUNT
 } colibri_status;
@@ -104,8 +111,10 @@ typedef struct {
 /* expert_policy bits */
 #define COLIBRI_PREFETCH 1u /* guess the next layer's experts (its router on this layer's input) and fetch them early */
 
-/* Optional platform hooks and the expert cache; pass NULL to colibri_open() for none. */
+/* Optional platform hooks and the expert cache; pass NULL to colibri_open() for none. Set `size` (COLIBRI_OPTIONS_INIT
+ * does): colibri_open() refuses options of another size with COLIBRI_E_API_MISMATCH. */
 typedef struct {
+    uint32_t size;             /* sizeof(colibri_options) */
     /* A monotonic cycle (or tick) counter, used only for the per-phase stats and the trace. */
     uint64_t (*cycles)(void *user);
     /* Called after every layer of every token, if set (flash.py --trace; colibri_set_trace() changes it). In a
@@ -144,12 +153,18 @@ typedef struct {
     uint32_t prefill_batch;    /* at most COLIBRI_MAX_BATCH */
 } colibri_options;
 
+/* Options with nothing set but their size: `colibri_options opts = COLIBRI_OPTIONS_INIT;`, or with more set
+ * `colibri_options opts = { .size = sizeof(colibri_options), .prefill_batch = 16 };` */
+#define COLIBRI_OPTIONS_INIT { .size = sizeof(colibri_options) }
+
 /* The most parts a parallel_for call is asked to run, and the largest prefill batch. */
 #define COLIBRI_MAX_PARTS 64u
 #define COLIBRI_MAX_BATCH 1024u
 
-/* Counters since the last colibri_open()/colibri_reset(); cycles are 0 without a cycles hook. */
+/* Counters since the last colibri_open()/colibri_reset(); cycles are 0 without a cycles hook. Set `size` before
+ * colibri_get_stats() (COLIBRI_STATS_INIT does): it refuses another size with COLIBRI_E_API_MISMATCH. */
 typedef struct {
+    uint32_t size;             /* sizeof(colibri_stats) */
     uint32_t tokens_fed;       /* positions in the KV cache */
     uint32_t prefill_batch;    /* tokens a pass computes together, as open chose it (0: one a pass) */
     uint64_t arena_bytes;      /* the arena used: the plan, plus the expert cache or the prefill batch */
@@ -168,6 +183,7 @@ typedef struct {
     uint64_t prefetch_used;          /* of those, the ones the router then chose */
     uint64_t cycles_fetch_wait;      /* in fetch and fetch_wait calls */
 } colibri_stats;
+#define COLIBRI_STATS_INIT { .size = sizeof(colibri_stats) }
 
 /* Sampler state. Use colibri_sampler_init(); fields are public so a board can log them. */
 typedef struct {
@@ -178,6 +194,11 @@ typedef struct {
 } colibri_sampler;
 
 typedef struct colibri_ctx colibri_ctx;
+
+/* The API's version: it changes whenever a declaration in this header does (a struct's layout, a function's
+ * arguments, a status). colibri_api_version() returns the value the library was built with. */
+#define COLIBRI_API_VERSION 1u
+uint32_t colibri_api_version(void);
 
 /* Check an image completely (header, CRCs, table, every offset and size) without touching an
  * arena. The image must start at a 64-byte aligned address (COLIBRI_E_BAD_ARG otherwise): its

@@ -9,10 +9,9 @@ _Static_assert(sizeof(struct colibri_ctx) <= ARENA_CTX_BYTES, "context must fit 
  * optional: it takes the room left, batch_fit). */
 static colibri_status arena_need(const colibri_image_info *info, const colibri_options *opts, uint64_t *need) {
     *need = info->arena_bytes;
-    if (opts && opts->parallel_parts > 1 && !opts->parallel_for) return COLIBRI_E_NULL;
-    if (opts && (opts->parallel_parts > COLIBRI_MAX_PARTS || opts->prefill_batch > COLIBRI_MAX_BATCH))
-        return COLIBRI_E_BAD_ARG;
-    if (!opts || !opts->expert_cache) return COLIBRI_OK; /* a prefill batch takes what room is left (batch_fit) */
+    if (opts->parallel_parts > 1 && !opts->parallel_for) return COLIBRI_E_NULL;
+    if (opts->parallel_parts > COLIBRI_MAX_PARTS || opts->prefill_batch > COLIBRI_MAX_BATCH) return COLIBRI_E_BAD_ARG;
+    if (!opts->expert_cache) return COLIBRI_OK; /* a prefill batch takes what room is left (batch_fit) */
     if (!opts->fetch) return COLIBRI_E_NULL;
     if (opts->expert_cache > info->streamed_experts) return COLIBRI_E_BAD_ARG;
     const uint32_t slots = opts->expert_cache < info->expert_cache_min ? info->expert_cache_min : opts->expert_cache;
@@ -44,19 +43,24 @@ static uint32_t batch_limit(const model_dims *d, uint32_t asked) {
 colibri_status colibri_open(const void *image, size_t image_size, void *arena, size_t arena_size,
                             const colibri_options *opts, colibri_ctx **ctx, uint64_t *arena_needed) {
     if (!image || !arena || !ctx) return COLIBRI_E_NULL;
-    const uint32_t slots = opts ? opts->expert_cache : 0;
+    colibri_options o = { .size = sizeof o }; /* none: every field 0 */
+    if (opts) {
+        if (opts->size != sizeof o) return COLIBRI_E_API_MISMATCH; /* before reading any other field */
+        o = *opts;
+    }
+    const uint32_t slots = o.expert_cache;
     model_dims d;
     const uint8_t *table;
     colibri_image_info info;
     colibri_status st = image_verify(image, image_size, slots ? IMG_VERIFY_RESIDENT : 0, &d, &table, &info);
     if (st) return st;
     uint64_t need;
-    st = arena_need(&info, opts, &need);
+    st = arena_need(&info, &o, &need);
     if (arena_needed) *arena_needed = need;
     if (st) return st;
     if ((uintptr_t)arena % COLIBRI_ARENA_ALIGN) return COLIBRI_E_ARENA_ALIGN;
     if (arena_size < need) return COLIBRI_E_ARENA_TOO_SMALL;
-    const uint32_t batch = opts && !slots ? batch_fit(&info, batch_limit(&d, opts->prefill_batch), arena_size - need) : 0;
+    const uint32_t batch = !slots ? batch_fit(&info, batch_limit(&d, o.prefill_batch), arena_size - need) : 0;
     need += colibri_prefill_bytes(&info, batch);
     const uintptr_t a0 = (uintptr_t)arena, i0 = (uintptr_t)image; /* sizes fit the address space: both are mapped */
     if (a0 < i0 + image_size && i0 < a0 + (uintptr_t)need) return COLIBRI_E_ARENA_OVERLAP;
@@ -67,7 +71,7 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     arena_plan(&d, arena, &a, &total); /* cannot fail: image_verify() ran the same plan */
     *c = (colibri_ctx){ .kernels = kernels_select(), .image = image, .info = info, .d = d, .a = a, .crc_clmul = crc32_cpu_clmul() };
     tensors_resolve(table, d.n_tensors, a.tensors); /* the last read of the table */
-    if (opts) c->opts = *opts;
+    c->opts = o;
     if (batch) batch_plan(&d, batch, (uint8_t *)arena + total, &c->batch, &c->rings); /* after the plan: no cache with a batch */
     if (slots) { /* the cache follows the plan: slot bookkeeping, the expert CRC table, then the slots */
         expert_cache *x = &c->cache;
@@ -171,9 +175,13 @@ colibri_status colibri_logits(const colibri_ctx *c, const float **logits, uint32
 
 colibri_status colibri_get_stats(const colibri_ctx *c, colibri_stats *stats) {
     if (!c || !stats) return COLIBRI_E_NULL;
+    if (stats->size != sizeof *stats) return COLIBRI_E_API_MISMATCH; /* a smaller struct would be overrun */
     *stats = c->stats;
+    stats->size = sizeof *stats;
     return COLIBRI_OK;
 }
+
+uint32_t colibri_api_version(void) { return COLIBRI_API_VERSION; }
 
 colibri_status colibri_get_info(const colibri_ctx *c, colibri_image_info *info) {
     if (!c || !info) return COLIBRI_E_NULL;
@@ -215,6 +223,7 @@ const char *colibri_strerror(colibri_status s) {
         [COLIBRI_E_FETCH] = "expert fetch hook failed",
         [COLIBRI_E_EXPERT_CRC] = "expert block CRC mismatch",
         [COLIBRI_E_ARENA_OVERLAP] = "arena overlaps the image",
+        [COLIBRI_E_API_MISMATCH] = "colibri.h and the library disagree",
         /* /schema:status_messages */
     };
     if ((unsigned)s >= COLIBRI_STATUS_COUNT) return "unknown status";

@@ -15,7 +15,6 @@ struct colibri_ctx {
     colibri_image_info info;
     model_dims d;
     arena_buffers a;
-    colibri_options opts;
     uint32_t pos;        /* tokens in the KV cache */
     int have_logits;
     int xn_quantized;    /* a.xq holds a.xn quantized (reset whenever xn is written) */
@@ -24,6 +23,7 @@ struct colibri_ctx {
     token_buffers batch; /* the prefill batch region (n 0: none) */
     ring_saves rings;    /* in it, the window rings' saved rows */
     colibri_stats stats;
+    colibri_options opts; /* last: the fields above are read more often, at shorter offsets */
 };
 
 /* Where routed expert (layer, expert)'s block starts in the image, and its bytes (gate to end of down). */

@@ -70,7 +70,7 @@ static void run(colibri_ctx *ctx, uint32_t vocab, size_t n_prompt) {
 static void run_streamed(const uint8_t *image, size_t size) {
     region slow = { image, size };
     const uint32_t top_k = size >= IMG_HEADER_BYTES ? (uint32_t)get_le(image + H_TOP_K, 4) : 1;
-    colibri_options opts = { .expert_cache = top_k, .fetch = fetch,
+    colibri_options opts = { .size = sizeof(colibri_options), .expert_cache = top_k, .fetch = fetch,
                              .user = &slow, .expert_policy = COLIBRI_PREFETCH };
     static uint8_t probe[64] __attribute__((aligned(64)));
     colibri_ctx *ctx = 0;
@@ -105,7 +105,7 @@ static void run_input(const uint8_t *data, size_t size) {
     } else if ((reached.verify = colibri_image_verify(image, size, &info)) == COLIBRI_OK && info.arena_bytes <= MAX_ARENA) {
         /* inspect checks a subset of what verify does: what verify passes, it passes with the same facts */
         if (inspect != COLIBRI_OK || memcmp(&inspected, &info, sizeof info) != 0) abort();
-        const colibri_options opts = { .prefill_batch = 3, .parallel_for = parts_reversed, .parallel_parts = 2 };
+        const colibri_options opts = { .size = sizeof(colibri_options), .prefill_batch = 3, .parallel_for = parts_reversed, .parallel_parts = 2 };
         const uint64_t bytes = info.arena_bytes + (batched ? colibri_prefill_bytes(&info, opts.prefill_batch) : 0);
         void *arena = 0;
         if (bytes <= MAX_ARENA && !posix_memalign(&arena, COLIBRI_ARENA_ALIGN, (size_t)bytes)) {
