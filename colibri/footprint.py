@@ -234,19 +234,20 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
             code, data = code + data - elf.sizes.get(".data", 0), 0  # one region: count .data once
         for region in mem["regions"]:
             used = (code if "code" in region["holds"] else 0) + (data if "data" in region["holds"] else 0)
-            bars.append(usage_bar(region["name"], used, region["bytes"]))
+            label = f"{region['name']} 0x{region['origin']:08X} ({', '.join(region['holds'])})"
+            bars.append(usage_bar(label, used, region["bytes"]))
             fits &= used <= region["bytes"]
         if image is not None:
             from colibri.image import prefill_bytes, read_image
             img = read_image(image.read_bytes())
-            for label, used, cap in (("image", len(img.data), mem["image_capacity"]),
-                                     ("arena (the image's exact plan)", img.header["arena_bytes"], mem["arena_capacity"])):
+            for label, used, cap in (("image", len(img.data), mem["image"]["bytes"]),
+                                     ("arena (the image's exact plan)", img.header["arena_bytes"], mem["arena"]["bytes"])):
                 bars.append(usage_bar(label, used, cap))
                 fits &= used <= cap
             batch = board.spec.get("prefill_batch", 0)
             if batch > 1:  # optional: without room for it the board opens with none (the same results, slower prompts)
                 bars.append(usage_bar(f"arena with a prefill batch of {batch} (open takes what fits)",
-                                      img.header["arena_bytes"] + prefill_bytes(img.dims, batch), mem["arena_capacity"]))
+                                      img.header["arena_bytes"] + prefill_bytes(img.dims, batch), mem["arena"]["bytes"]))
     stack = report.get("stack")
     if stack and stack["depth"] is not None:
         reserved = elf.sizes.get(".stack") or None

@@ -15,6 +15,7 @@ GATE_FILE = ROOT / "tools" / "size_gate.json"  # the runtime size limits per boa
 sys.path.insert(0, str(ROOT))
 
 from colibri.pack import pack  # noqa: E402
+from colibri.sim.boards import board_names, load_board  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -72,11 +73,19 @@ def make_checkpoint(cfg: TinyConfig, out: Path, max_shard_size: str | None = Non
     return out
 
 
-# Every board that runs models; each model test runs on each of them. "board@mode" is that board's
-# build in another mode: the hosted board also runs everything under ASan + UBSan.
-MODEL_BOARDS = ["hosted", "hosted@asan", "hosted_windows", "x86_64_baremetal", "cortex_m55", "cortex_m4", "riscv64_virt"]
+def _model_boards() -> list[str]:
+    """Every board folder (boards/*/board.toml); "board@asan" is a board built by the host's compiler again under
+    ASan + UBSan."""
+    out = []
+    for name in board_names():
+        out += [name, f"{name}@asan"] if load_board(name).spec["toolchain"] == "host" else [name]
+    return out
+
+
+# Every board that runs models, found by its folder; each model test runs on each of them.
+MODEL_BOARDS = _model_boards()
 # The boards that are an operating-system process (the protocol on stdin/stdout, the image a file)
-OS_BOARDS = ["hosted", "hosted_windows"]
+OS_BOARDS = [b for b in MODEL_BOARDS if "@" not in b and load_board(b).spec["link"] == "stdio"]
 RELEASE_BOARDS = [b for b in MODEL_BOARDS if "@" not in b]
 
 
@@ -183,7 +192,6 @@ def hosted_build() -> Path:
 @pytest.fixture(scope="session")
 def firmwares() -> dict[str, Path]:
     """Build every model board once per test session: board name -> firmware ELF."""
-    from colibri.sim.boards import load_board
     out = {}
     for run in MODEL_BOARDS:
         board, mode = (run.split("@") + ["release"])[:2]

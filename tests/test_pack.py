@@ -127,7 +127,7 @@ def test_cli_report_and_errors(checkpoints, tmp_path, capsys):
 
 def test_board_fit_is_checked(checkpoints, tmp_path, capsys):
     from colibri.sim.boards import Board, fit_report
-    tight = Board("tight", {"memory": {"image_capacity": 50_000, "arena_capacity": 1_000_000}})
+    tight = Board("tight", {"memory": {"image": {"origin": 0, "bytes": 50_000}, "arena": {"origin": 0, "bytes": 1_000_000}}})
     ok, lines = fit_report(tight, 72_000, 9_000)
     assert not ok and "22,000 bytes over" in "\n".join(lines)
     assert fit_report(tight, 50_000, 9_000)[0]

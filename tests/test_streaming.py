@@ -299,7 +299,7 @@ def test_cortex_m55_runs_a_model_whose_experts_are_4x_its_arena(firmwares, tmp_p
     flash) and reach the arena only through the fetch hook, four slots at a time."""
     from colibri.flash import verify
     from colibri.sim.boards import load_board
-    arena_capacity = load_board("cortex_m55").spec["memory"]["arena_capacity"]
+    arena_capacity = load_board("cortex_m55").spec["memory"]["arena"]["bytes"]
     blob = big_expert_image(arena_capacity)
     path = tmp_path / "big.img"
     path.write_bytes(blob)

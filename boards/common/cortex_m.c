@@ -1,9 +1,9 @@
 /* Shared startup and drivers of the Cortex-M boards (cortex_m4, cortex_m55 under QEMU's MPS2/MPS3
  * machines): vector table, reset handler (FPU/MVE enable, .data copy, .bss zero), HardFault
  * report, CMSDK APB UART, a 64-bit cycle counter, semihosting exit. Each board's board.toml
- * supplies the addresses as -D flags and its link.ld the memory map:
- *   BOARD_NAME, UART_BASE, CPU_HZ, IMAGE_BASE, IMAGE_CAPACITY (image and upload region),
- *   and the linker symbols __arena_start/__arena_end. */
+ * supplies the addresses as -D flags: BOARD_NAME, UART_BASE, CPU_HZ in its cflags, and from its [memory]
+ * (the memory map) IMAGE_BASE, IMAGE_CAPACITY (image and upload region) and the linker regions, whose ARENA
+ * gives the symbols __arena_start/__arena_end. */
 #include <stdint.h>
 
 #include "colibri.h"

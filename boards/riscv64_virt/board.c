@@ -1,5 +1,6 @@
 /* RISC-V 64 bare metal under QEMU virt: NS16550A UART at 0x10000000 (byte-spaced registers),
- * the `time` CSR (CLINT mtime, 10 MHz) as counter, exit through the sifive_test device. */
+ * the `time` CSR (CLINT mtime, 10 MHz) as counter, exit through the sifive_test device. The image region
+ * (IMAGE_BASE, IMAGE_CAPACITY) comes from board.toml's [memory], the arena from the linker's ARENA region. */
 #include <stdint.h>
 
 #include "colibri.h"
@@ -7,8 +8,6 @@
 
 #define UART 0x10000000u
 #define TEST_DEVICE 0x00100000u
-#define IMAGE_BASE 0x84000000u
-#define IMAGE_CAPACITY 0x08000000u /* up to the arena */
 #define TIMER_HZ 10000000u
 
 #define REG8(a) (*(volatile uint8_t *)(uintptr_t)(a))

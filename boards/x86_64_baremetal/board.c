@@ -1,6 +1,7 @@
 /* x86_64 bare metal under QEMU (-M pc): COM1 16550 UART by polling, the TSC as cycle counter
  * (calibrated against the PIT), exit codes through isa-debug-exit, the image as a multiboot
- * module or uploaded over the serial link. Memory map: docs/BOARDS.md. */
+ * module or uploaded over the serial link. Memory map: board.toml's [memory] (IMAGE_BASE: the upload region;
+ * ARENA_BASE: the arena, to the end of RAM), docs/BOARDS.md. */
 #include <stdint.h>
 
 #include "colibri.h"
@@ -8,8 +9,6 @@
 
 #define COM1 0x3F8
 #define DEBUG_EXIT_PORT 0xF4
-#define UPLOAD_BASE 0x01000000u   /* 16 MiB: serial uploads land here */
-#define ARENA_BASE 0x08000000u    /* 128 MiB: the work arena, up to the end of RAM */
 #define FAULT_EXIT_BASE 64        /* exit code 64 + vector for a CPU exception */
 
 static inline void outb(uint16_t port, uint8_t v) { __asm__ volatile("outb %0, %1" : : "a"(v), "Nd"(port)); }
@@ -109,8 +108,8 @@ void board_main(const struct mb_info *mbi) {
     board_io io = {
         .board = "x86_64_baremetal", .read_byte = uart_read_byte, .write = uart_write, .cycles = rdtsc,
         .cycle_hz = tsc_hz(),
-        .upload = (uint8_t *)(uintptr_t)UPLOAD_BASE,
-        .upload_capacity = ram_end > ARENA_BASE ? ARENA_BASE - UPLOAD_BASE : 0,
+        .upload = (uint8_t *)(uintptr_t)IMAGE_BASE,
+        .upload_capacity = ram_end > ARENA_BASE ? ARENA_BASE - IMAGE_BASE : 0,
         .arena = (void *)(uintptr_t)ARENA_BASE,
         .arena_size = ram_end > ARENA_BASE ? (size_t)(ram_end - ARENA_BASE) : 0, .prefill_batch = PREFILL_BATCH,
     };

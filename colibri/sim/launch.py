@@ -195,7 +195,7 @@ def qemu_command(board: Board, firmware: Path, image: Path | None, gdb: bool = F
         if spec["image_loader"] == "multiboot":
             cmd += ["-initrd", str(image)]
         elif spec["image_loader"] == "device-loader":
-            cmd += ["-device", f"loader,file={image},addr={spec['image_base']:#x},force-raw=on"]
+            cmd += ["-device", f"loader,file={image},addr={spec['memory']['image']['origin']:#x},force-raw=on"]
         else:
             raise ValueError(f"board {board.name}: unknown image_loader {spec['image_loader']!r}")
     if gdb:
