@@ -95,7 +95,7 @@ def tanh(x) -> np.ndarray:
 
 
 def gelu_tanh(x) -> np.ndarray:
-    """gelu_tanh (internal.h): 0.5 x (1 + tanh(0.7978845608028654 (x + 0.044715 x^3))), x^3 as (x x) x."""
+    """gelu_tanh (kernels.h): 0.5 x (1 + tanh(0.7978845608028654 (x + 0.044715 x^3))), x^3 as (x x) x."""
     x = f32(x)
     inner = F32(0.7978845608028654) * (x + F32(0.044715) * ((x * x) * x))
     return (F32(0.5) * x) * (ONE + tanh(inner))
@@ -139,7 +139,7 @@ def softmax(x: np.ndarray, sink: np.ndarray | None = None, mask: np.ndarray | No
 
 
 def lanes_tree(acc: np.ndarray, axis: int) -> np.ndarray:
-    """sum_lanes16 / sum_lanes8 (internal.h) over `axis` (16 or 8 lanes): fold the upper half onto the lower half
+    """sum_lanes16 / sum_lanes8 (kernels.h) over `axis` (16 or 8 lanes): fold the upper half onto the lower half
     until one lane is left."""
     while acc.shape[axis] > 1:
         half = acc.shape[axis] // 2

@@ -27,7 +27,7 @@ from colibri.format import (  # noqa: F401  (the format's constants, re-exported
     ROLES_BEFORE_LAYERS, VERSION, Role)
 
 ARENA_CTX_BYTES = 1280  # reserved at the start of the arena for the runtime's context struct
-TENSOR_REF_BYTES = 32   # one decoded table entry in the arena (tensor_ref in firmware/src/internal.h)
+TENSOR_REF_BYTES = 32   # one decoded table entry in the arena (tensor_ref in firmware/src/image.h)
 HEADER_STRUCT = struct.Struct(HEADER_FORMAT)  # every header field but `reserved`; zeros up to HEADER_BYTES
 HEADER_CRC_OFFSET = HEADER_OFFSETS["header_crc32"]
 ENTRY_STRUCT = struct.Struct(ENTRY_FORMAT)

@@ -26,6 +26,7 @@ int main(int argc, char **argv) {
     if (!image || fread(image, 1, image_size, f) != image_size) return 2;
     fclose(f);
 
+    if (colibri_api_version() != COLIBRI_API_VERSION) return fail("version", COLIBRI_E_API_MISMATCH); /* another library */
     colibri_image_info info;
     colibri_status st = colibri_image_verify(image, image_size, &info);
     if (st) return fail("verify", st);
@@ -46,6 +47,9 @@ int main(int argc, char **argv) {
         if ((st = colibri_step(ctx, &s, &tok))) return fail("step", st);
         printf("%u%c", tok, i + 1 < n ? ' ' : '\n');
     }
+    colibri_stats stats = COLIBRI_STATS_INIT; /* its size set: the library checks it */
+    if ((st = colibri_get_stats(ctx, &stats))) return fail("stats", st);
+    if (stats.tokens_fed != (uint32_t)n_prompt + (uint32_t)atoi(argv[2])) return fail("stats", COLIBRI_E_BAD_ARG);
     free(arena);
     free(image);
     return 0;

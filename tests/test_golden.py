@@ -5,7 +5,7 @@ rewrite of the runtime and the reference together (issue 28) must leave every di
 
 Each configuration runs on the hosted build's library with its fastest kernels and with the scalar ones, with
 and without a prefill batch: the four runs must give one digest. tests/test_golden_boards.py holds the QEMU boards
-to the same digests.
+to the same digests (22 of the configurations, every family once; all of them with COLIBRI_GOLDEN_FULL=1).
 
 The checkpoints' values come from numpy's generator seeded by the family's name (conftest.numpy_values); the file
 keeps each checkpoint's digest and the library versions it was made with, so a checkpoint made differently is

@@ -79,10 +79,14 @@ def test_a_marker_quoted_in_prose_is_not_one_and_a_broken_pair_is_refused():
 
 
 def test_the_image_mutator_edits_every_header_and_entry_field():
-    """tests/fuzz/image_mutator.c edits the fields format.h lists: together with the CRCs (which the reseal
-    computes), the flags (edited a bit at a time) and the byte arrays (magic, window bitmap, reserved), the lists name
-    every header field, and every table-entry field, each with its size."""
+    """tests/fuzz/image_mutator.c's structure edits walk the fields format.h lists, and the lists name every header
+    field but the CRCs (which the reseal computes), the flags (edited a bit at a time) and the byte arrays (the
+    magic and reserved bytes, left to libFuzzer's byte mutations; the window bitmap, whose first 16 layers' bits
+    the mutator flips), and every table-entry field, each with its size."""
     import re
+    mutator = (ROOT / "tests" / "fuzz" / "image_mutator.c").read_text()
+    for macro in ("IMG_HEADER_INTEGERS(FIELD)", "IMG_HEADER_FLOATS(FIELD)", "IMG_ENTRY_FIELDS(FIELD)", "IMG_FLAG_COUNT"):
+        assert macro in mutator, macro
     c_text = (ROOT / "firmware" / "src" / "format.h").read_text().replace("\\\n", " ")
     def listed(macro: str) -> dict[str, int]:
         body = re.search(rf"#define {macro}\(X\)(.*)", c_text).group(1)

@@ -23,10 +23,12 @@
  * libcolibri.a (and the hosted libcolibri.so) define no global symbol but the colibri_* ones declared
  * here: the runtime's internal names cannot collide with the application's.
  *
- * A library and a header from different versions cannot silently disagree: colibri_api_version() is the
- * COLIBRI_API_VERSION the library was built with, and the structs the application fills in or reads back
- * through a pointer (colibri_options, colibri_stats) carry their size, which the library checks
- * (COLIBRI_E_API_MISMATCH).
+ * A library and a header from different versions: colibri_api_version() is the COLIBRI_API_VERSION the library
+ * was built with, which covers every declaration here; an application that may meet another library checks it
+ * once (`colibri_api_version() == COLIBRI_API_VERSION`). The two structs most likely to grow, colibri_options and
+ * colibri_stats, also carry their size, which the library checks before reading or writing them
+ * (COLIBRI_E_API_MISMATCH: the size unset, or another colibri.h); colibri_image_info, colibri_sampler and
+ * colibri_layer_trace do not, so only the version check covers them.
  */
 #ifndef COLIBRI_H
 #define COLIBRI_H
@@ -66,8 +68,9 @@ typedef enum {
     COLIBRI_E_FETCH = 22,              /* the board's fetch hook failed; like E_NONFINITE, reset to go on */
     COLIBRI_E_EXPERT_CRC = 23,         /* an expert block does not match its CRC32 (when fetched, or at verify) */
     COLIBRI_E_ARENA_OVERLAP = 24,      /* the arena overlaps the image */
-    COLIBRI_E_API_MISMATCH = 25,       /* a struct's size field is not this library's size of it: the application
-                                          was built with another colibri.h */
+    COLIBRI_E_API_MISMATCH = 25,       /* a colibri_options or colibri_stats whose size field is not this
+                                          library's sizeof: unset (COLIBRI_OPTIONS_INIT, COLIBRI_STATS_INIT set
+                                          it), or from another colibri.h */
     /* /schema:status */
     COLIBRI_STATUS_COUNT
 } colibri_status;
@@ -155,7 +158,11 @@ typedef struct {
 
 /* Options with nothing set but their size: `colibri_options opts = COLIBRI_OPTIONS_INIT;`, or with more set
  * `colibri_options opts = { .size = sizeof(colibri_options), .prefill_batch = 16 };` */
+#ifdef __cplusplus /* designated initializers are C++20's */
+#define COLIBRI_OPTIONS_INIT { sizeof(colibri_options) }
+#else
 #define COLIBRI_OPTIONS_INIT { .size = sizeof(colibri_options) }
+#endif
 
 /* The most parts a parallel_for call is asked to run, and the largest prefill batch. */
 #define COLIBRI_MAX_PARTS 64u
@@ -183,7 +190,11 @@ typedef struct {
     uint64_t prefetch_used;          /* of those, the ones the router then chose */
     uint64_t cycles_fetch_wait;      /* in fetch and fetch_wait calls */
 } colibri_stats;
+#ifdef __cplusplus
+#define COLIBRI_STATS_INIT { sizeof(colibri_stats) }
+#else
 #define COLIBRI_STATS_INIT { .size = sizeof(colibri_stats) }
+#endif
 
 /* Sampler state. Use colibri_sampler_init(); fields are public so a board can log them. */
 typedef struct {
@@ -255,6 +266,8 @@ colibri_status colibri_sample(colibri_ctx *ctx, colibri_sampler *s, uint32_t *to
  * valid until the next feed/step/reset. */
 colibri_status colibri_logits(const colibri_ctx *ctx, const float **logits, uint32_t *vocab_size);
 
+/* The counters into *stats, whose size the caller sets first: `colibri_stats s = COLIBRI_STATS_INIT;`
+ * (COLIBRI_E_API_MISMATCH otherwise, and *stats is not written). */
 colibri_status colibri_get_stats(const colibri_ctx *ctx, colibri_stats *stats);
 
 /* The facts of the open image, as colibri_image_verify() reported them (without verifying again). */

@@ -1,4 +1,4 @@
-/* The public API: argument checks, state, stats. The math is in model.c. */
+/* The public API: argument checks, state, stats. The math is in model.c and its blocks. */
 #include "internal.h"
 
 uint64_t ctx_now(const colibri_ctx *c) { return c->opts.cycles ? c->opts.cycles(c->opts.user) : 0; }
@@ -31,7 +31,7 @@ static uint32_t batch_fit(const colibri_image_info *info, uint32_t asked, uint64
 }
 
 /* The longest pass a batch may take: a Gemma 4 layer sharing a windowed ring exchanges the pass's rows in it
- * with the rows they overwrote (model.c), so a pass there holds at most the window's W rows. The lean build
+ * with the rows they overwrote (blocks/attention.c), so a pass there holds at most the window's W rows. The lean build
  * leaves that saving of the rings out, and feeds a windowed model one token a pass. */
 static uint32_t batch_limit(const model_dims *d, uint32_t asked) {
     if (!WITH_WINDOW_RINGS && d->window) return 0;
@@ -223,7 +223,7 @@ const char *colibri_strerror(colibri_status s) {
         [COLIBRI_E_FETCH] = "expert fetch hook failed",
         [COLIBRI_E_EXPERT_CRC] = "expert block CRC mismatch",
         [COLIBRI_E_ARENA_OVERLAP] = "arena overlaps the image",
-        [COLIBRI_E_API_MISMATCH] = "colibri.h and the library disagree",
+        [COLIBRI_E_API_MISMATCH] = "struct size unset or from another colibri.h",
         /* /schema:status_messages */
     };
     if ((unsigned)s >= COLIBRI_STATUS_COUNT) return "unknown status";

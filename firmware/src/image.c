@@ -113,8 +113,9 @@ static int routing_dims(const uint8_t *h, model_dims *d) {
     d->topk_group = rd32(h + H_TOPK_GROUP);
     d->group_top = rd32(h + H_GROUP_TOP);
     d->routed_scale = rdf32(h + H_ROUTED_SCALE);
-    /* the lean build (n_group 1 already checked) neither reads nor uses swiglu_*: plain SwiGLU, as their 0 says */
-    if (!WITH_ROUTERS) return d->topk_group != 1 || d->group_top != 1 || d->routed_scale != 1.0f;
+    /* without the routers (n_group 1 already checked) and the expert extras (swiglu_* 0 already checked) neither
+     * is read: plain routing and SwiGLU, as their 0 says (the lean build: mechanisms.h) */
+    if (!WITH_ROUTERS || !WITH_EXPERT_EXTRAS) return d->topk_group != 1 || d->group_top != 1 || d->routed_scale != 1.0f;
     d->swiglu_alpha = rdf32(h + H_SWIGLU_ALPHA);
     d->swiglu_limit = rdf32(h + H_SWIGLU_LIMIT);
     /* gpt-oss's expert activation: limit and alpha finite and positive, with experts; else both 0 */

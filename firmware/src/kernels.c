@@ -58,7 +58,7 @@ uint16_t f32_to_f16(float f) {
     return (uint16_t)(sign | h);
 }
 
-/* ---- the fixed summation order (docs/KERNELS.md; the trees are in internal.h) ---- */
+/* ---- the fixed summation order (docs/KERNELS.md; the trees are in kernels.h) ---- */
 
 /* Float dots: element i goes to lane i % 16 (a product rounded, then added: no FMA), then the tree. */
 float dot_f32_scalar(const float *w, const float *x, uint32_t n) {

@@ -86,6 +86,7 @@ static void add_scaled(float *acc, float s, const float *v, uint32_t n) {
  * Each is compiled here, in this file's unit, as static functions the forward pass below calls: most are called
  * from one place, and in one unit the compiler inlines them there. Compiled as objects of their own, the calls
  * between them cost the Cortex-M4's lean runtime 700 bytes of its 16 KiB (docs/RUNTIME.md). */
+/* In this order: attention.c calls rings.c's ring_rows, mla.c attention.c's rope and heads, moe.c ffn.c's FFN. */
 #include "blocks/rings.c"     /* a prefill batch over window rings */
 #include "blocks/attention.c" /* standard attention, RoPE, the KV cache, the heads */
 #include "blocks/mla.c"       /* multi-head latent attention */

@@ -29,7 +29,7 @@ typedef struct {
  * COLIBRI_E_IMAGE_DIMS if the plan overflows size_t. */
 colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out, uint64_t *total);
 
-/* The activations of the n tokens one forward pass computes together (model.c): the plan's buffers for
+/* The activations of the n tokens one forward pass computes together (model.c and its blocks): the plan's buffers for
  * one token, or the prefill batch region for up to colibri_options.prefill_batch. Token t's vector starts
  * at t times the vector's length (dim, q_dim, kv_dim, ffn_max, top_k, in_blocks blocks). */
 typedef struct {
@@ -49,7 +49,7 @@ typedef struct {
     int32_t *xq_sum, *hq_sum;
 } token_buffers;
 
-/* The window rings' rows a prefill pass overwrites, saved before it (model.c, "a prefill batch and the window
+/* The window rings' rows a prefill pass overwrites, saved before it (blocks/rings.c, "a prefill batch and the window
  * rings"), in the prefill batch region after the token buffers: per cache-owning windowed layer, in layer order,
  * `rows` K rows then as many V rows (MLA: K only), in the cache's dtype. shared: those of the windowed layer
  * Gemma 4's sharing layers read (NULL: none). rows = min(batch, window), 0 without a window (and in the lean

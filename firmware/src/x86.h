@@ -4,7 +4,7 @@
 #ifndef COLIBRI_X86_H
 #define COLIBRI_X86_H
 
-#include "internal.h" /* COLIBRI_X86_SIMD */
+#include "internal.h" /* COLIBRI_X86_SIMD (kernels.h) */
 
 #if defined(COLIBRI_X86_SIMD)
 #include <immintrin.h>
