@@ -36,7 +36,7 @@ def run_kernel_check(board: str, elf: Path, extra_args: list[str] | None = None,
     # the hosted board maps an image before it serves; the check ignores it
     image = elf if b.spec["link"] == "stdio" else None
     out = bytearray()
-    with start_board(b, elf, image, extra_args) as dev:
+    with start_board(b, elf, image, extra_args, protocol=False) as dev:
         try:
             while True:
                 out += dev.link.read(1, 300)

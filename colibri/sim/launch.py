@@ -234,8 +234,9 @@ def keep_log(board: Board, log_path: Path, device: Device | None) -> Path | None
 
 @contextmanager
 def start_board(board: Board, firmware: Path, image: Path | None, extra_args: list[str] | None = None,
-                gdb: bool = False) -> Iterator[Device]:
-    """Run `firmware` on `board`. With image=None a QEMU board boots without one (upload it)."""
+                gdb: bool = False, protocol: bool = True) -> Iterator[Device]:
+    """Run `firmware` on `board`. With image=None a QEMU board boots without one (upload it). `protocol`: the
+    firmware serves the protocol (not a program such as kernel_check, which prints its own report)."""
     if not firmware.exists():
         raise FileNotFoundError(f"firmware {firmware} not found: build it with `scons board={board.name}`")
     with tempfile.TemporaryDirectory(prefix="colibri-") as tmp:
@@ -276,7 +277,8 @@ def start_board(board: Board, firmware: Path, image: Path | None, extra_args: li
                 # The first request after boot waits for QEMU's main loop on the Cortex-M boards' UART model (about
                 # a second: docs/BOARDS.md). One INFO with the boot timeout absorbs that wait, so the caller's own
                 # timeouts measure the link; INFO changes nothing on the device, and its protocol version is checked.
-                Client(device.link, timeout=3600.0 if gdb else BOOT_TIMEOUT, retries=0).info()
+                if protocol:
+                    Client(device.link, timeout=3600.0 if gdb else BOOT_TIMEOUT, retries=0).info()
             yield device
             try:  # a clean QUIT ends the process by itself
                 proc.wait(timeout=10)
