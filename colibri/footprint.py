@@ -30,7 +30,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
 from colibri.paths import ROOT
-from colibri.sim.boards import board_names, load_board
+from colibri.sim.boards import board_names, load_board, memory_region
 
 FORBIDDEN = re.compile(
     r"^(malloc|calloc|realloc|free|aligned_alloc|posix_memalign|memalign|valloc|pvalloc|reallocarray"
@@ -190,7 +190,7 @@ ROOTS = ["reset_handler", "board_main", "main"]
 
 
 def runtime_objects(board: str, mode: str) -> list[Path]:
-    objs = sorted((ROOT / "build" / board / mode / "firmware").rglob("*.o"))  # with blocks/
+    objs = sorted((ROOT / "build" / board / mode / "firmware").glob("*.o"))  # model.o holds the blocks
     if not objs:
         raise FileNotFoundError(f"no runtime objects under build/{board}/{mode}: run `scons board={board} mode={mode}`")
     return objs
@@ -240,14 +240,15 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
         if image is not None:
             from colibri.image import prefill_bytes, read_image
             img = read_image(image.read_bytes())
-            for label, used, cap in (("image", len(img.data), mem["image"]["bytes"]),
-                                     ("arena (the image's exact plan)", img.header["arena_bytes"], mem["arena"]["bytes"])):
+            image_cap, arena_cap = memory_region(board.spec, "image").bytes, memory_region(board.spec, "arena").bytes
+            for label, used, cap in (("image", len(img.data), image_cap),
+                                     ("arena (the image's exact plan)", img.header["arena_bytes"], arena_cap)):
                 bars.append(usage_bar(label, used, cap))
                 fits &= used <= cap
             batch = board.spec.get("prefill_batch", 0)
             if batch > 1:  # optional: without room for it the board opens with none (the same results, slower prompts)
                 bars.append(usage_bar(f"arena with a prefill batch of {batch} (open takes what fits)",
-                                      img.header["arena_bytes"] + prefill_bytes(img.dims, batch), mem["arena"]["bytes"]))
+                                      img.header["arena_bytes"] + prefill_bytes(img.dims, batch), arena_cap))
     stack = report.get("stack")
     if stack and stack["depth"] is not None:
         reserved = elf.sizes.get(".stack") or None

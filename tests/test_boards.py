@@ -51,3 +51,15 @@ def test_the_linker_regions_and_the_device_take_the_map(board):
         client.quit()
     image, arena = memory_region(spec, "image"), memory_region(spec, "arena")
     assert (info.image_capacity, info.arena_capacity) == (image.bytes, arena.bytes)
+
+
+@pytest.mark.parametrize("board", ["cortex_m4", "cortex_m55"])
+def test_a_board_just_started_answers_at_once(board):
+    """The Cortex-M boards' first request after boot waits about a second for QEMU's main loop (docs/BOARDS.md):
+    start_board takes that wait, so the first request its caller sends is answered well within a lossy-link
+    test's short timeout (a fault sweep with 0.4 s timeouts failed in CI without it)."""
+    out = build(board)
+    with start_board(load_board(board), out / "firmware.elf", None) as device:
+        client = Client(device.link, timeout=0.6, retries=0)
+        assert client.info().board == board
+        client.quit()

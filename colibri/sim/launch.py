@@ -35,7 +35,7 @@ import serial
 
 from colibri.protocol import Client, DeviceError, LinkClosed, LinkError, LinkTimeout
 from colibri.paths import ROOT
-from colibri.sim.boards import Board
+from colibri.sim.boards import Board, memory_region
 from colibri.sim.wine import wrap
 
 CONNECT_TIMEOUT = 15.0
@@ -195,7 +195,7 @@ def qemu_command(board: Board, firmware: Path, image: Path | None, gdb: bool = F
         if spec["image_loader"] == "multiboot":
             cmd += ["-initrd", str(image)]
         elif spec["image_loader"] == "device-loader":
-            cmd += ["-device", f"loader,file={image},addr={spec['memory']['image']['origin']:#x},force-raw=on"]
+            cmd += ["-device", f"loader,file={image},addr={memory_region(spec, 'image').origin:#x},force-raw=on"]
         else:
             raise ValueError(f"board {board.name}: unknown image_loader {spec['image_loader']!r}")
     if gdb:
