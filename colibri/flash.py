@@ -196,7 +196,7 @@ def against(checkpoint: Path, image_bytes: bytes | memoryview, prompt: list[int]
     from colibri.oracle import checkpoint_logits
     image = read_image(image_bytes)
     hf = checkpoint_logits(checkpoint, prompt + result.tokens)
-    narrow = image.dims.kv_dtype != 0 or any(e.shape and e.dtype != 0 for e in image.entries)
+    narrow = image.dims.kv_dtype != 0 or any(e.dtype != 0 for e in image.entries)
     if tolerance is None:
         tolerance = (5e-2 if narrow else 1e-3) * max(1.0, float(np.abs(hf).max()))
     try:

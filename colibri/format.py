@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 
 MAGIC = b'COLIBRI\x00'
-VERSION = 5
+VERSION = 6
 HEADER_BYTES = 384
 ENTRY_BYTES = 64
 ALIGN = 64
@@ -113,10 +113,87 @@ class Role(enum.IntEnum):
     PLE_PROJ_NORM = 56
 
 
+# A layer's facts a role's presence tests, after the flags' bits
+FACT_MOE = 1 << 19  # the layer routes to experts (the table lists its ROUTER)
+FACT_DENSE = 1 << 20  # the layer has a dense MLP: not a MoE layer, or GEMMA4_LAYER
+FACT_MLA = 1 << 21  # multi-head latent attention: kv_lora_rank > 0
+FACT_Q_LORA = 1 << 22  # MLA with q_lora_rank > 0
+FACT_OWN_KV = 1 << 23  # the layer projects its own k and v: not MLA and not a KV-sharing layer
+FACT_K_IS_V = 1 << 24  # a global layer with K_EQ_V: its values are its keys' projection
+FACT_QK_NORM = 1 << 25  # QK_NORM_HEAD or QK_NORM_FULL
+FACT_KV_SHARED = 1 << 26  # the layer reads an earlier layer's KV cache (the last kv_shared_layers layers)
+FACT_SHARED_FFN = 1 << 27  # a MoE layer with a shared expert: SHARED_EXPERT or SHARED_PLAIN
+FACT_PLE = 1 << 28  # Gemma 4's per-layer inputs: ple_dim > 0
+# The numbers shapes are made of, by position (ModelDims.terms computes them per layer)
+TERMS = ("none", "one", "V", "D", "S", "H", "E", "F", "Fd", "Fs", "rope_half", "global_rope_half", "q_dim", "kv_dim", "q_norm", "k_norm", "o_in", "q_lora", "kv_lora", "kv_a", "k_b_rows", "nope", "P", "LP",)
+# Each role: rows and columns (None: a vector) as TERMS indices, facts needed, facts refused
+ROLE_SHAPES = {
+    Role.TOKEN_EMBD: (2, 3, 0x0, 0x0),
+    Role.ROPE_COS: (4, 10, 0x0, 0x0),
+    Role.ROPE_SIN: (4, 10, 0x0, 0x0),
+    Role.ATTN_NORM: (3, None, 0x0, 0x0),
+    Role.WQ: (12, 3, 0x0, 0x400000),
+    Role.BQ: (12, None, 0x2, 0x0),
+    Role.WK: (13, 3, 0x800000, 0x0),
+    Role.BK: (13, None, 0x800002, 0x0),
+    Role.WV: (13, 3, 0x800000, 0x1000000),
+    Role.BV: (13, None, 0x800002, 0x1000000),
+    Role.WO: (3, 16, 0x0, 0x0),
+    Role.BO: (3, None, 0x4, 0x0),
+    Role.Q_NORM: (14, None, 0x2000000, 0x0),
+    Role.K_NORM: (15, None, 0x2000000, 0x4000000),
+    Role.SINKS: (5, None, 0x400, 0x0),
+    Role.WQ_A: (17, 3, 0x400000, 0x0),
+    Role.Q_A_NORM: (17, None, 0x400000, 0x0),
+    Role.WQ_B: (12, 17, 0x400000, 0x0),
+    Role.WKV_A: (19, 3, 0x200000, 0x0),
+    Role.KV_A_NORM: (18, None, 0x200000, 0x0),
+    Role.WK_B: (20, 21, 0x200000, 0x0),
+    Role.WV_B: (16, 18, 0x200000, 0x0),
+    Role.FFN_NORM: (3, None, 0x0, 0x0),
+    Role.DENSE_GATE: (8, 3, 0x100000, 0x0),
+    Role.DENSE_UP: (8, 3, 0x100000, 0x0),
+    Role.DENSE_DOWN: (3, 8, 0x100000, 0x0),
+    Role.ROUTER: (6, 3, 0x80000, 0x0),
+    Role.ROUTER_BIAS: (6, None, 0x80080, 0x0),
+    Role.EXPERT_GATE_BIAS: (6, 7, 0x80800, 0x0),
+    Role.EXPERT_UP_BIAS: (6, 7, 0x80800, 0x0),
+    Role.EXPERT_DOWN_BIAS: (6, 3, 0x80800, 0x0),
+    Role.SHARED_GATE: (9, 3, 0x8000000, 0x0),
+    Role.SHARED_UP: (9, 3, 0x8000000, 0x0),
+    Role.SHARED_DOWN: (3, 9, 0x8000000, 0x0),
+    Role.SHARED_EXPERT_GATE: (1, 3, 0x80020, 0x0),
+    Role.POST_ATTN_NORM: (3, None, 0x2000, 0x0),
+    Role.POST_FFN_NORM: (3, None, 0x2000, 0x0),
+    Role.DENSE_POST_NORM: (3, None, 0x82000, 0x0),
+    Role.MOE_NORM: (3, None, 0x82000, 0x0),
+    Role.MOE_POST_NORM: (3, None, 0x82000, 0x0),
+    Role.ROUTER_NORM: (3, None, 0x82000, 0x0),
+    Role.EXPERT_SCALE: (6, None, 0x82000, 0x0),
+    Role.LAYER_SCALE: (1, None, 0x2000, 0x0),
+    Role.PLE_GATE: (22, 3, 0x10000000, 0x0),
+    Role.PLE_PROJ: (3, 22, 0x10000000, 0x0),
+    Role.PLE_POST_NORM: (3, None, 0x10000000, 0x0),
+    Role.EXPERT_GATE: (7, 3, 0x80000, 0x0),
+    Role.EXPERT_UP: (7, 3, 0x80000, 0x0),
+    Role.EXPERT_DOWN: (3, 7, 0x80000, 0x0),
+    Role.OUTPUT_NORM: (3, None, 0x0, 0x0),
+    Role.LM_HEAD: (2, 3, 0x0, 0x0),
+    Role.GLOBAL_ROPE_COS: (4, 11, 0x20000, 0x0),
+    Role.GLOBAL_ROPE_SIN: (4, 11, 0x20000, 0x0),
+    Role.PLE_EMBD: (2, 23, 0x10000000, 0x0),
+    Role.PLE_MODEL_PROJ: (23, 3, 0x10000000, 0x0),
+    Role.PLE_PROJ_NORM: (22, None, 0x10000000, 0x0),
+}
+ROLE_GGUF = {Role.TOKEN_EMBD: "token_embd", Role.ROPE_COS: "rope_cos", Role.ROPE_SIN: "rope_sin", Role.ATTN_NORM: "attn_norm", Role.WQ: "attn_q", Role.BQ: "attn_q.bias", Role.WK: "attn_k", Role.BK: "attn_k.bias", Role.WV: "attn_v", Role.BV: "attn_v.bias", Role.WO: "attn_output", Role.BO: "attn_output.bias", Role.Q_NORM: "attn_q_norm", Role.K_NORM: "attn_k_norm", Role.SINKS: "attn_sinks", Role.WQ_A: "attn_q_a", Role.Q_A_NORM: "attn_q_a_norm", Role.WQ_B: "attn_q_b", Role.WKV_A: "attn_kv_a_mqa", Role.KV_A_NORM: "attn_kv_a_norm", Role.WK_B: "attn_k_b", Role.WV_B: "attn_v_b", Role.FFN_NORM: "ffn_norm", Role.DENSE_GATE: "ffn_gate", Role.DENSE_UP: "ffn_up", Role.DENSE_DOWN: "ffn_down", Role.ROUTER: "ffn_gate_inp", Role.ROUTER_BIAS: "exp_probs_b.bias", Role.EXPERT_GATE_BIAS: "ffn_gate_exps.bias", Role.EXPERT_UP_BIAS: "ffn_up_exps.bias", Role.EXPERT_DOWN_BIAS: "ffn_down_exps.bias", Role.SHARED_GATE: "ffn_gate_shexp", Role.SHARED_UP: "ffn_up_shexp", Role.SHARED_DOWN: "ffn_down_shexp", Role.SHARED_EXPERT_GATE: "ffn_gate_inp_shexp", Role.POST_ATTN_NORM: "post_attention_norm", Role.POST_FFN_NORM: "post_ffw_norm", Role.DENSE_POST_NORM: "post_ffw_norm_1", Role.MOE_NORM: "pre_ffw_norm_2", Role.MOE_POST_NORM: "post_ffw_norm_2", Role.ROUTER_NORM: "ffn_gate_inp_norm", Role.EXPERT_SCALE: "ffn_gate_inp.expert_scale", Role.LAYER_SCALE: "layer_output_scale", Role.PLE_GATE: "inp_gate", Role.PLE_PROJ: "proj", Role.PLE_POST_NORM: "post_norm", Role.EXPERT_GATE: "ffn_gate_exps", Role.EXPERT_UP: "ffn_up_exps", Role.EXPERT_DOWN: "ffn_down_exps", Role.OUTPUT_NORM: "output_norm", Role.LM_HEAD: "output", Role.GLOBAL_ROPE_COS: "rope_cos_global", Role.GLOBAL_ROPE_SIN: "rope_sin_global", Role.PLE_EMBD: "per_layer_token_embd", Role.PLE_MODEL_PROJ: "per_layer_model_proj", Role.PLE_PROJ_NORM: "per_layer_proj_norm"}
+F32_TABLES = (Role.ROPE_COS, Role.ROPE_SIN, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS, Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN,)  # matrices kept f32
+
 ROLES_BEFORE_LAYERS = (Role.TOKEN_EMBD, Role.ROPE_COS, Role.ROPE_SIN,)
 LAYER_ROLES = (Role.ATTN_NORM, Role.WQ, Role.BQ, Role.WK, Role.BK, Role.WV, Role.BV, Role.WO, Role.BO, Role.Q_NORM, Role.K_NORM, Role.SINKS, Role.WQ_A, Role.Q_A_NORM, Role.WQ_B, Role.WKV_A, Role.KV_A_NORM, Role.WK_B, Role.WV_B, Role.FFN_NORM, Role.DENSE_GATE, Role.DENSE_UP, Role.DENSE_DOWN, Role.ROUTER, Role.ROUTER_BIAS, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, Role.SHARED_EXPERT_GATE, Role.POST_ATTN_NORM, Role.POST_FFN_NORM, Role.DENSE_POST_NORM, Role.MOE_NORM, Role.MOE_POST_NORM, Role.ROUTER_NORM, Role.EXPERT_SCALE, Role.LAYER_SCALE, Role.PLE_GATE, Role.PLE_PROJ, Role.PLE_POST_NORM,)
 EXPERT_ROLES = (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN,)
 ROLES_AFTER_LAYERS = (Role.OUTPUT_NORM, Role.LM_HEAD, Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN, Role.PLE_EMBD, Role.PLE_MODEL_PROJ, Role.PLE_PROJ_NORM,)
 DTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0",)  # weight dtypes, valued by position
+# each dtype's storage: (elements per block, bytes per block, bytes of f16 scale per block)
+DTYPE_TRAITS = {"F32": (1, 4, 0), "F16": (1, 2, 0), "BF16": (1, 2, 0), "Q8_0": (32, 32, 2), "Q4_0": (32, 16, 2)}
 KV_DTYPES = {"f32": 0, "f16": 1}  # header kv_dtype
 QBLOCK = 32

@@ -1,4 +1,4 @@
-"""The Colibri image, format v5: constants, the memory plan, a writer and a reader.
+"""The Colibri image, format v6: constants, the memory plan, a writer and a reader.
 
 The byte layout is specified in docs/FORMAT.md; this module and firmware/src/image.c
 are the two implementations of it and are tested against each other.
@@ -24,7 +24,8 @@ from colibri.format import (  # noqa: F401  (the format's constants, re-exported
     FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_ROUTER_TOPK_SOFTMAX,
     FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN, FLAG_V_NORM, HEADER_BYTES, HEADER_FIELDS, HEADER_FORMAT, HEADER_OFFSETS,
     KNOWN_FLAGS, KV_DTYPES, LAYER_ROLES, LEAN_FLAGS, MAGIC, MAX_WINDOW_LAYERS, NO_INDEX, ROLES_AFTER_LAYERS,
-    ROLES_BEFORE_LAYERS, VERSION, Role)
+    ROLES_BEFORE_LAYERS, VERSION, F32_TABLES, FACT_DENSE, FACT_K_IS_V, FACT_KV_SHARED, FACT_MLA, FACT_MOE, FACT_OWN_KV,
+    FACT_PLE, FACT_Q_LORA, FACT_QK_NORM, FACT_SHARED_FFN, ROLE_GGUF, ROLE_SHAPES, TERMS, Role)
 
 ARENA_CTX_BYTES = 1280  # reserved at the start of the arena for the runtime's context struct
 TENSOR_REF_BYTES = 32   # one decoded table entry in the arena (tensor_ref in firmware/src/image.h)
@@ -32,8 +33,6 @@ HEADER_STRUCT = struct.Struct(HEADER_FORMAT)  # every header field but `reserved
 HEADER_CRC_OFFSET = HEADER_OFFSETS["header_crc32"]
 ENTRY_STRUCT = struct.Struct(ENTRY_FORMAT)
 
-# tables the runtime reads as floats, 2-D though they are
-F32_TABLES = (Role.ROPE_COS, Role.ROPE_SIN, Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS)
 
 
 @dataclass(frozen=True)
@@ -193,42 +192,50 @@ class ModelDims:
         """The widest K row of any layer (MLA has no V cache: values are the latent)."""
         return self.att_dim if self.mla else max(self.layer_kv_dim(layer) for layer in range(self.n_layers))
 
-    def present(self, role: Role, layer: int = NO_INDEX) -> bool:
-        """Whether this image holds a tensor for `role` in `layer` (absent slots are empty entries)."""
+    def facts(self, layer: int = NO_INDEX) -> int:
+        """The flags and what `layer` has beside them (format/schema.toml [[fact]]; image.c's layer_facts): what a
+        role's presence tests. A global tensor's roles test flags and model-wide facts only."""
+        facts = self.flags | (FACT_PLE if self.ple_dim else 0)
         if layer == NO_INDEX:
-            if role in (Role.PLE_EMBD, Role.PLE_MODEL_PROJ, Role.PLE_PROJ_NORM):
-                return self.ple_dim > 0
-            return role not in (Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN) or bool(self.flags & FLAG_GLOBAL_ROPE)
-        moe, mla = self.moe_layers[layer], self.mla
-        shared = moe and bool(self.flags & (FLAG_SHARED_EXPERT | FLAG_SHARED_PLAIN))
-        gemma, gemma_moe = bool(self.flags & FLAG_GEMMA4_LAYER), moe and bool(self.flags & FLAG_GEMMA4_LAYER)
-        k_is_v = bool(self.flags & FLAG_K_EQ_V) and not self.windowed(layer)
-        own_kv = not mla and not self.kv_shared(layer)  # a KV-sharing layer has no k or v projection
-        return {
-            Role.POST_ATTN_NORM: gemma, Role.POST_FFN_NORM: gemma, Role.LAYER_SCALE: gemma,
-            Role.DENSE_POST_NORM: gemma_moe, Role.MOE_NORM: gemma_moe, Role.MOE_POST_NORM: gemma_moe,
-            Role.ROUTER_NORM: gemma_moe, Role.EXPERT_SCALE: gemma_moe, Role.PLE_GATE: self.ple_dim > 0,
-            Role.PLE_PROJ: self.ple_dim > 0, Role.PLE_POST_NORM: self.ple_dim > 0,
-            Role.WQ: not (mla and self.q_lora_rank), Role.WK: own_kv, Role.WV: own_kv and not k_is_v,
-            Role.WQ_A: mla and self.q_lora_rank > 0, Role.Q_A_NORM: mla and self.q_lora_rank > 0,
-            Role.WQ_B: mla and self.q_lora_rank > 0, Role.WKV_A: mla, Role.KV_A_NORM: mla, Role.WK_B: mla,
-            Role.WV_B: mla, Role.ROUTER_BIAS: moe and bool(self.flags & FLAG_ROUTER_BIAS),
-            Role.SINKS: bool(self.flags & FLAG_ATTN_SINKS), Role.EXPERT_GATE_BIAS: moe and bool(self.flags & FLAG_EXPERT_BIAS),
-            Role.EXPERT_UP_BIAS: moe and bool(self.flags & FLAG_EXPERT_BIAS),
-            Role.EXPERT_DOWN_BIAS: moe and bool(self.flags & FLAG_EXPERT_BIAS),
-            Role.BQ: bool(self.flags & FLAG_QKV_BIAS), Role.BK: bool(self.flags & FLAG_QKV_BIAS) and own_kv,
-            Role.BV: bool(self.flags & FLAG_QKV_BIAS) and own_kv and not k_is_v, Role.BO: bool(self.flags & FLAG_O_BIAS),
-            Role.Q_NORM: bool(self.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)),
-            Role.K_NORM: bool(self.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)) and not self.kv_shared(layer),
-            Role.DENSE_GATE: not moe or gemma, Role.DENSE_UP: not moe or gemma, Role.DENSE_DOWN: not moe or gemma,
-            Role.ROUTER: moe, Role.EXPERT_GATE: moe, Role.EXPERT_UP: moe, Role.EXPERT_DOWN: moe,
-            Role.SHARED_GATE: shared, Role.SHARED_UP: shared, Role.SHARED_DOWN: shared,
-            Role.SHARED_EXPERT_GATE: moe and bool(self.flags & FLAG_SHARED_EXPERT),
-        }.get(role, True)
+            return facts
+        moe, mla, kv_shared = self.moe_layers[layer], self.mla, self.kv_shared(layer)
+        for fact, on in ((FACT_MOE, moe), (FACT_DENSE, not moe or self.flags & FLAG_GEMMA4_LAYER), (FACT_MLA, mla),
+                         (FACT_Q_LORA, mla and self.q_lora_rank), (FACT_OWN_KV, not mla and not kv_shared),
+                         (FACT_K_IS_V, self.flags & FLAG_K_EQ_V and not self.windowed(layer)),
+                         (FACT_QK_NORM, self.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)),
+                         (FACT_KV_SHARED, kv_shared),
+                         (FACT_SHARED_FFN, moe and self.flags & (FLAG_SHARED_EXPERT | FLAG_SHARED_PLAIN))):
+            facts |= fact if on else 0
+        return facts
+
+    def terms(self, layer: int = NO_INDEX) -> dict[str, int]:
+        """The numbers `layer`'s tensor shapes are made of (format/schema.toml [[term]]; image.c's shape_terms);
+        a global tensor's take any layer's."""
+        hd, kv_dim, fd = (self.head_dim, self.kv_dim, self.dense_ffn_size) if layer == NO_INDEX else \
+            (self.layer_head_dim(layer), self.layer_kv_dim(layer), self.layer_dense_ffn(layer))
+        q_dim, head_norm = self.n_heads * hd, bool(self.flags & FLAG_QK_NORM_HEAD)
+        terms = {"none": 0, "one": 1, "V": self.vocab_size, "D": self.hidden_size, "S": self.max_seq, "H": self.n_heads,
+                 "E": self.n_experts, "F": self.ffn_size, "Fd": fd, "Fs": self.shared_ffn_size,
+                 "rope_half": self.rope_width // 2, "global_rope_half": (self.global_head_dim or self.head_dim) // 2,
+                 "q_dim": q_dim, "kv_dim": kv_dim, "q_norm": hd if head_norm else q_dim,
+                 "k_norm": hd if head_norm else kv_dim, "o_in": self.o_dim if self.mla else q_dim,
+                 "q_lora": self.q_lora_rank, "kv_lora": self.kv_lora_rank,
+                 "kv_a": self.kv_lora_rank + self.rope_width,
+                 "k_b_rows": self.n_heads * self.kv_lora_rank, "nope": self.head_dim - self.rope_width,
+                 "P": self.ple_dim, "LP": self.n_layers * self.ple_dim}
+        assert tuple(terms) == TERMS, "ModelDims.terms computes every term of format/schema.toml"
+        return terms
+
+    def present(self, role: Role, layer: int = NO_INDEX) -> bool:
+        """Whether this image holds a tensor for `role` in `layer` (the table lists the tensors present)."""
+        _, _, need, deny = ROLE_SHAPES[role]
+        facts = self.facts(layer)
+        return facts & need == need and not facts & deny
 
 
-def table_entries(n_layers: int, n_experts: int) -> int:
-    """The tensor table's length: 3 global tensors, each layer's slots and its experts', 4 more globals."""
+def index_slots(n_layers: int, n_experts: int) -> int:
+    """The dense tensor index's length (colibri_open resolves the table into it): the global tensors before the
+    layers, each layer's slots and its experts', the global tensors after them."""
     return len(ROLES_BEFORE_LAYERS) + n_layers * (len(LAYER_ROLES) + len(EXPERT_ROLES) * n_experts) + len(ROLES_AFTER_LAYERS)
 
 
@@ -252,43 +259,10 @@ def canonical_order(d: ModelDims) -> Iterator[tuple[Role, int, int]]:
 
 
 def expected_shape(d: ModelDims, role: Role, layer: int = NO_INDEX) -> tuple[int, ...]:
-    D, F, FD, FS = d.hidden_size, d.ffn_size, d.dense_ffn_size, d.shared_ffn_size
-    head_norm = bool(d.flags & FLAG_QK_NORM_HEAD)
-    hd, q_dim, kv_dim = (d.head_dim, d.q_dim, d.kv_dim) if layer == NO_INDEX else \
-        (d.layer_head_dim(layer), d.layer_q_dim(layer), d.layer_kv_dim(layer))
-    FD = FD if layer == NO_INDEX else d.layer_dense_ffn(layer)
-    return {
-        Role.TOKEN_EMBD: (d.vocab_size, D),
-        Role.ROPE_COS: (d.max_seq, d.rope_width // 2),
-        Role.ROPE_SIN: (d.max_seq, d.rope_width // 2),
-        Role.GLOBAL_ROPE_COS: (d.max_seq, d.global_head_dim // 2),
-        Role.GLOBAL_ROPE_SIN: (d.max_seq, d.global_head_dim // 2),
-        Role.ATTN_NORM: (D,),
-        Role.WQ: (q_dim, D), Role.BQ: (q_dim,),
-        Role.WK: (kv_dim, D), Role.BK: (kv_dim,),
-        Role.WV: (kv_dim, D), Role.BV: (kv_dim,),
-        Role.WO: (D, d.o_dim if d.mla else q_dim), Role.BO: (D,),
-        Role.POST_ATTN_NORM: (D,), Role.POST_FFN_NORM: (D,), Role.DENSE_POST_NORM: (D,), Role.MOE_NORM: (D,),
-        Role.MOE_POST_NORM: (D,), Role.ROUTER_NORM: (D,), Role.EXPERT_SCALE: (d.n_experts,), Role.LAYER_SCALE: (1,),
-        Role.PLE_GATE: (d.ple_dim, D), Role.PLE_PROJ: (D, d.ple_dim), Role.PLE_POST_NORM: (D,),
-        Role.PLE_EMBD: (d.vocab_size, d.n_layers * d.ple_dim), Role.PLE_MODEL_PROJ: (d.n_layers * d.ple_dim, D),
-        Role.PLE_PROJ_NORM: (d.ple_dim,),
-        Role.WQ_A: (d.q_lora_rank, D), Role.Q_A_NORM: (d.q_lora_rank,), Role.WQ_B: (d.q_dim, d.q_lora_rank),
-        Role.WKV_A: (d.kv_lora_rank + d.rope_width, D), Role.KV_A_NORM: (d.kv_lora_rank,),
-        Role.WK_B: (d.n_heads * d.kv_lora_rank, d.head_dim - d.rope_width),
-        Role.WV_B: (d.n_heads * d.v_dim, d.kv_lora_rank),
-        Role.Q_NORM: (hd,) if head_norm else (q_dim,),
-        Role.K_NORM: (hd,) if head_norm else (kv_dim,),
-        Role.FFN_NORM: (D,),
-        Role.DENSE_GATE: (FD, D), Role.DENSE_UP: (FD, D), Role.DENSE_DOWN: (D, FD),
-        Role.ROUTER: (d.n_experts, D), Role.ROUTER_BIAS: (d.n_experts,), Role.SINKS: (d.n_heads,),
-        Role.EXPERT_GATE_BIAS: (d.n_experts, F), Role.EXPERT_UP_BIAS: (d.n_experts, F), Role.EXPERT_DOWN_BIAS: (d.n_experts, D),
-        Role.SHARED_GATE: (FS, D), Role.SHARED_UP: (FS, D), Role.SHARED_DOWN: (D, FS),
-        Role.SHARED_EXPERT_GATE: (1, D),
-        Role.EXPERT_GATE: (F, D), Role.EXPERT_UP: (F, D), Role.EXPERT_DOWN: (D, F),
-        Role.OUTPUT_NORM: (D,),
-        Role.LM_HEAD: (d.vocab_size, D),
-    }[role]
+    """A tensor's shape as format/schema.toml gives it: rows, then columns for a matrix."""
+    rows, cols, _, _ = ROLE_SHAPES[role]
+    terms = tuple(d.terms(layer).values())
+    return (terms[rows],) if cols is None else (terms[rows], terms[cols])
 
 
 def _token_widths(d: ModelDims) -> list[tuple[str, int]]:
@@ -314,7 +288,7 @@ def arena_plan(d: ModelDims) -> dict[str, tuple[int, int]]:
     ffn = max(d.ffn_size, d.dense_ffn_max, d.shared_ffn_size)
     in_blocks = _in_blocks(d)
     D = d.hidden_size
-    n_tensors = table_entries(d.n_layers, d.n_experts)
+    n_tensors = index_slots(d.n_layers, d.n_experts)
     buffers = [  # (name, bytes), in arena order
         ("tensors", TENSOR_REF_BYTES * n_tensors),  # the table, decoded by colibri_open
         ("x", 4 * D), ("xn", 4 * D), *((name, 4 * n) for name, n in _token_widths(d)),
@@ -380,7 +354,7 @@ class TensorEntry:
     layer: int
     expert: int
     dtype: DType
-    shape: tuple[int, ...]  # () for an absent slot
+    shape: tuple[int, ...]
     offset: int
     nbytes: int
     group_size: int = 0
@@ -388,7 +362,7 @@ class TensorEntry:
     scales_bytes: int = 0
 
     def pack(self) -> bytes:
-        dims = (list(self.shape) + [1] * (2 - len(self.shape))) if self.shape else [0, 0]
+        dims = list(self.shape) + [1] * (2 - len(self.shape))
         return ENTRY_STRUCT.pack(self.role, self.dtype, self.layer, self.expert, len(self.shape),
                                  dims[0], dims[1], self.group_size, 0, self.offset, self.nbytes,
                                  self.scales_offset, self.scales_bytes)
@@ -419,29 +393,7 @@ def entry_encoded(e: TensorEntry, values: bytes | memoryview | np.ndarray, scale
 def tensor_name(role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> str:
     """A tensor's name for humans and for `pack.py --keep` globs: llama.cpp's names (blk.3.attn_q,
     blk.3.ffn_gate_exps.5 for expert 5, token_embd, output)."""
-    names = {
-        Role.TOKEN_EMBD: "token_embd", Role.ROPE_COS: "rope_cos", Role.ROPE_SIN: "rope_sin",
-        Role.OUTPUT_NORM: "output_norm", Role.LM_HEAD: "output",
-        Role.ATTN_NORM: "attn_norm", Role.WQ: "attn_q", Role.BQ: "attn_q.bias", Role.WK: "attn_k",
-        Role.BK: "attn_k.bias", Role.WV: "attn_v", Role.BV: "attn_v.bias", Role.WO: "attn_output",
-        Role.BO: "attn_output.bias", Role.Q_NORM: "attn_q_norm", Role.K_NORM: "attn_k_norm", Role.FFN_NORM: "ffn_norm",
-        Role.WQ_A: "attn_q_a", Role.Q_A_NORM: "attn_q_a_norm", Role.WQ_B: "attn_q_b", Role.WKV_A: "attn_kv_a_mqa",
-        Role.KV_A_NORM: "attn_kv_a_norm", Role.WK_B: "attn_k_b", Role.WV_B: "attn_v_b",
-        Role.ROUTER_BIAS: "exp_probs_b.bias", Role.SINKS: "attn_sinks", Role.EXPERT_GATE_BIAS: "ffn_gate_exps.bias",
-        Role.EXPERT_UP_BIAS: "ffn_up_exps.bias", Role.EXPERT_DOWN_BIAS: "ffn_down_exps.bias",
-        Role.DENSE_GATE: "ffn_gate", Role.DENSE_UP: "ffn_up", Role.DENSE_DOWN: "ffn_down", Role.ROUTER: "ffn_gate_inp",
-        Role.SHARED_GATE: "ffn_gate_shexp", Role.SHARED_UP: "ffn_up_shexp", Role.SHARED_DOWN: "ffn_down_shexp",
-        Role.SHARED_EXPERT_GATE: "ffn_gate_inp_shexp",
-        Role.EXPERT_GATE: "ffn_gate_exps", Role.EXPERT_UP: "ffn_up_exps", Role.EXPERT_DOWN: "ffn_down_exps",
-        Role.POST_ATTN_NORM: "post_attention_norm", Role.POST_FFN_NORM: "post_ffw_norm",
-        Role.DENSE_POST_NORM: "post_ffw_norm_1", Role.MOE_NORM: "pre_ffw_norm_2", Role.MOE_POST_NORM: "post_ffw_norm_2",
-        Role.ROUTER_NORM: "ffn_gate_inp_norm", Role.EXPERT_SCALE: "ffn_gate_inp.expert_scale",
-        Role.LAYER_SCALE: "layer_output_scale", Role.GLOBAL_ROPE_COS: "rope_cos_global",
-        Role.GLOBAL_ROPE_SIN: "rope_sin_global", Role.PLE_GATE: "inp_gate", Role.PLE_PROJ: "proj",
-        Role.PLE_POST_NORM: "post_norm", Role.PLE_EMBD: "per_layer_token_embd",
-        Role.PLE_MODEL_PROJ: "per_layer_model_proj", Role.PLE_PROJ_NORM: "per_layer_proj_norm",
-    }
-    name = names[role]
+    name = ROLE_GGUF[role]
     if layer != NO_INDEX:
         name = f"blk.{layer}.{name}"
     return f"{name}.{expert}" if expert != NO_INDEX else name
@@ -457,7 +409,7 @@ class Image:
 
     def entry(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> TensorEntry:
         for e in self.entries:
-            if (e.role, e.layer, e.expert) == (role, layer, expert) and e.shape:
+            if (e.role, e.layer, e.expert) == (role, layer, expert):
                 return e
         raise KeyError(f"no tensor {role.name} layer={layer} expert={expert}")
 
@@ -495,7 +447,7 @@ class Image:
         out: dict[str, int] = {}
         seen = set()
         for e in self.entries:
-            if e.shape and e.offset not in seen:
+            if e.offset not in seen:
                 seen.add(e.offset)
                 name = DType(e.dtype).name.lower()
                 out[name] = out.get(name, 0) + e.end - e.offset
@@ -526,8 +478,8 @@ def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray
     """The image of `tensors` as bytes (write_image puts it in a file without holding it in memory).
 
     `tensors` are keyed by (role, layer, expert), ROPE_COS/ROPE_SIN included; a float array is stored
-    as f32, an `Encoded` tensor in its dtype. Slots the model does not use (dims.present) get empty
-    entries. Two tiers (docs/FORMAT.md): the resident part holds every tensor but the routed experts,
+    as f32, an `Encoded` tensor in its dtype. The table lists the tensors the model has (dims.present),
+    in canonical order; others in `tensors` are ignored. Two tiers (docs/FORMAT.md): the resident part holds every tensor but the routed experts,
     then the routed experts listed in `pinned` as (layer, expert); the expert part after it holds the
     other routed experts, which a board with an expert cache reads only through its fetch hook. Each
     routed expert's block (gate, up, down) starts at a multiple of expert_align (4096 lets a
@@ -598,7 +550,7 @@ def _lay_out(dims: ModelDims, tensors: dict, expert_align: int, pinned: frozense
     check_runnable(dims)
     if expert_align % ALIGN or expert_align <= 0:
         raise ValueError(f"expert_align must be a positive multiple of {ALIGN}")
-    order = list(canonical_order(dims))
+    order = [key for key in canonical_order(dims) if dims.present(key[0], key[1])]
     table_offset = HEADER_BYTES
     crc_offset = align_up(table_offset + len(order) * ENTRY_BYTES) if dims.n_experts else 0
     data_offset = align_up(crc_offset + 4 * dims.n_layers * dims.n_experts) if dims.n_experts else \
@@ -613,9 +565,6 @@ def _lay_out(dims: ModelDims, tensors: dict, expert_align: int, pinned: frozense
 
     def place(i: int, role: Role, layer: int, expert: int) -> None:
         nonlocal cursor
-        if not dims.present(role, layer):
-            entries[i] = TensorEntry(role, layer, expert, DType.F32, (), 0, 0)
-            return
         src = tensors[(role, layer, expert)]
         want = expected_shape(dims, role, layer)
         if tuple(src.shape) != want:
@@ -710,7 +659,7 @@ def window_bitmap(d: ModelDims) -> bytes:
 def expert_blocks(entries: list[TensorEntry]) -> Iterator[tuple[TensorEntry, TensorEntry]]:
     """(gate, down) of every routed expert: its block is [gate.offset, down.end)."""
     for i, e in enumerate(entries):
-        if e.role == Role.EXPERT_GATE and e.shape:
+        if e.role == Role.EXPERT_GATE:
             yield e, entries[i + 2]
 
 
@@ -761,15 +710,11 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
         except ValueError as exc:
             raise ImageError(f"metadata section is not JSON: {exc}") from None
     n_layers, n_experts = h["n_layers"], h["n_experts"]
-    per_layer = len(LAYER_ROLES) + len(EXPERT_ROLES) * n_experts
-    if h["n_tensors"] != table_entries(n_layers, n_experts):
-        raise ImageError(f"{h['n_tensors']} tensors, the dimensions need {table_entries(n_layers, n_experts)}")
-
-    def raw_entry(i: int) -> tuple:
-        return ENTRY_STRUCT.unpack_from(data, h["tensor_table_offset"] + i * ENTRY_BYTES)
-
-    router_slot = LAYER_ROLES.index(Role.ROUTER)
-    moe_layers = tuple(raw_entry(3 + layer * per_layer + router_slot)[4] > 0 for layer in range(n_layers))
+    if h["tensor_table_offset"] + h["n_tensors"] * ENTRY_BYTES > h["image_bytes"]:
+        raise ImageError(f"the tensor table ({h['n_tensors']} entries) ends past the image")
+    raw = [ENTRY_STRUCT.unpack_from(data, h["tensor_table_offset"] + i * ENTRY_BYTES) for i in range(h["n_tensors"])]
+    routed = {r[2] for r in raw if r[0] == Role.ROUTER}  # a MoE layer is one whose router the table lists
+    moe_layers = tuple(layer in routed for layer in range(n_layers))
     dims = ModelDims(**{k: h[k] for k in (
         "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
         "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "flags", "dense_ffn_size",
@@ -779,9 +724,12 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
         moe_layers=moe_layers,
         window_layers=tuple(bool(h["window_layers"][layer // 8] >> (layer % 8) & 1) if layer < MAX_WINDOW_LAYERS
                             else False for layer in range(n_layers)))
+    order = [key for key in canonical_order(dims) if dims.present(key[0], key[1])]
+    if len(raw) != len(order):
+        raise ImageError(f"{len(raw)} tensors listed, the dimensions and flags need {len(order)}")
     entries = []
-    for i, (role, layer, expert) in enumerate(canonical_order(dims)):
-        role_, dtype, layer_, expert_, ndims, dim0, dim1, group, _, off, nbytes, s_off, s_bytes = raw_entry(i)
+    for i, (role, layer, expert) in enumerate(order):
+        role_, dtype, layer_, expert_, ndims, dim0, dim1, group, _, off, nbytes, s_off, s_bytes = raw[i]
         try:
             e = TensorEntry(Role(role_), layer_, expert_, DType(dtype), (dim0, dim1)[:ndims], off, nbytes,
                             group, s_off, s_bytes)
@@ -789,7 +737,7 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
             raise ImageError(f"table entry {i}: {exc}") from None
         if (e.role, e.layer, e.expert) != (role, layer, expert):
             raise ImageError(f"table entry {i} is {e.role.name}/{e.layer}/{e.expert}, expected {role.name}/{layer}/{expert}")
-        if e.shape != (expected_shape(dims, role, layer) if dims.present(role, layer) else ()):
+        if e.shape != expected_shape(dims, role, layer):
             raise ImageError(f"table entry {i} ({role.name}) has shape {e.shape}")
         if e.offset % ALIGN or e.end > h["image_bytes"]:
             raise ImageError(f"table entry {i} ({role.name}) is misaligned or out of bounds")

@@ -17,7 +17,7 @@ import gguf
 import ml_dtypes
 import numpy as np
 
-from colibri.format import DTYPES, QBLOCK  # noqa: F401  (format/schema.toml's)
+from colibri.format import DTYPE_TRAITS, DTYPES, QBLOCK  # noqa: F401  (format/schema.toml's)
 
 
 class DType(enum.IntEnum):
@@ -29,8 +29,18 @@ class DType(enum.IntEnum):
     Q4_0 = DTYPES.index("Q4_0")
 
     @property
+    def block(self) -> int:
+        """Elements of a row stored together: QBLOCK for a quantized dtype, 1 for a float one."""
+        return DTYPE_TRAITS[self.name][0]
+
+    @property
+    def block_bytes(self) -> int:
+        return DTYPE_TRAITS[self.name][1]
+
+    @property
     def quantized(self) -> bool:
-        return self in (DType.Q8_0, DType.Q4_0)
+        """Whether each block carries an f16 scale."""
+        return DTYPE_TRAITS[self.name][2] > 0
 
     @classmethod
     def parse(cls, name: str) -> "DType":
@@ -41,7 +51,7 @@ class DType(enum.IntEnum):
 
 
 GGUF_TYPE = {DType.Q8_0: gguf.GGMLQuantizationType.Q8_0, DType.Q4_0: gguf.GGMLQuantizationType.Q4_0}
-VALUE_BYTES = {DType.Q8_0: QBLOCK, DType.Q4_0: QBLOCK // 2}  # per block
+VALUE_BYTES = {d: d.block_bytes for d in DType if d.quantized}  # per block
 
 
 def blocks(cols: int) -> int:
@@ -116,11 +126,9 @@ def stored_bytes(t: Encoded | Deferred) -> tuple[int, int]:
     """(value bytes, f16 scales) of a tensor as the image stores it, without encoding a Deferred one."""
     if isinstance(t, Encoded):
         return t.values.nbytes, 0 if t.scales is None else t.scales.size
-    if not t.dtype.quantized:
-        return t.size * (4 if t.dtype == DType.F32 else 2), 0
-    rows = int(np.prod(t.shape[:-1]))
-    nb = blocks(t.shape[-1])
-    return rows * nb * VALUE_BYTES[t.dtype], rows * nb
+    rows, cols = int(np.prod(t.shape[:-1])), t.shape[-1]
+    nb = -(-cols // t.dtype.block)
+    return rows * nb * t.dtype.block_bytes, rows * nb if t.dtype.quantized else 0
 
 
 def encode(arr: np.ndarray, dtype: DType) -> Encoded:

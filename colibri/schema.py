@@ -55,13 +55,31 @@ class Field:
 
 
 @dataclass(frozen=True)
+class RoleSpec:
+    """A tensor role: its shape as term names (rows, then columns for a matrix), the facts its presence needs and
+    refuses (a flag's or a fact's name each), its GGUF name, and whether a matrix of it must stay f32."""
+    name: str
+    part: str
+    shape: tuple[str, ...]
+    need: tuple[str, ...]
+    deny: tuple[str, ...]
+    gguf: str
+    f32: bool
+    follows: bool
+
+
+@dataclass(frozen=True)
 class Schema:
     format: dict
     header: list[Field]
     entry: list[Field]
     flags: list[dict]
-    roles: list[dict]   # segments: part, names, doc
+    roles: list[dict]   # segments: part, doc, tensors
+    role_specs: list[RoleSpec]
+    terms: list[dict]
+    facts: list[dict]
     dtypes: list[str]
+    dtype_traits: list[dict]  # name, block, bytes, scale_bytes
     kv_dtypes: list[str]
     protocol: dict
     statuses: list[dict]      # name, doc, message
@@ -70,7 +88,25 @@ class Schema:
     responses: list[tuple[str, int]]
 
     def role_names(self, part: str | None = None) -> list[str]:
-        return [n for seg in self.roles if part in (None, seg["part"]) for n in seg["names"]]
+        return [r.name for r in self.role_specs if part in (None, r.part)]
+
+    @property
+    def fact_bits(self) -> dict[str, int]:
+        """The bit of each name a role's `when` may test: the flags' own bits, then the facts'."""
+        names = [fl["name"] for fl in self.flags] + [fa["name"] for fa in self.facts]
+        return {name: bit for bit, name in enumerate(names)}
+
+    @property
+    def conditions(self) -> list[tuple[int, int]]:
+        """Each distinct presence condition as (facts needed, facts refused) masks, in the order roles first use
+        them (a role's is its index here)."""
+        bits = self.fact_bits
+        masks = [(sum(1 << bits[n] for n in r.need), sum(1 << bits[n] for n in r.deny)) for r in self.role_specs]
+        return list(dict.fromkeys(masks))
+
+    def condition(self, r: RoleSpec) -> int:
+        bits = self.fact_bits
+        return self.conditions.index((sum(1 << bits[n] for n in r.need), sum(1 << bits[n] for n in r.deny)))
 
     def field(self, name: str) -> Field:
         return next(f for f in self.header if f.name == name)
@@ -88,13 +124,56 @@ def fields(rows: list[dict], total: int, what: str) -> list[Field]:
     return out
 
 
+def _unique(names: list[str], what: str) -> None:
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"format/schema.toml: {what} {name} is defined twice")
+        seen.add(name)
+
+
+def role_specs(segments: list[dict], terms: list[str], facts: list[str], model_wide: set[str]) -> list[RoleSpec]:
+    """The roles of the `roles` segments, each shape and `when` checked against the terms and the facts (a global
+    role's against the flags and the model-wide facts: it belongs to no layer)."""
+    out = []
+    for seg in segments:
+        for t in seg["tensors"]:
+            where = f"format/schema.toml: role {t.get('name', '?')}"
+            shape = tuple(t["shape"])
+            if not 1 <= len(shape) <= 2 or any(term not in terms for term in shape):
+                raise ValueError(f"{where}: shape {list(shape)} must be one or two of the terms {', '.join(terms)}")
+            literals = [w.strip() for w in t.get("when", "").split("&") if w.strip()]
+            for w in literals:
+                if w.lstrip("!") not in facts:
+                    raise ValueError(f"{where}: `when` names {w.lstrip('!')}, neither a flag nor a fact")
+                if seg["part"] in ("before_layers", "after_layers") and w.lstrip("!") not in model_wide:
+                    raise ValueError(f"{where}: a global tensor's `when` may name flags and model-wide facts only, "
+                                     f"not {w.lstrip('!')}")
+            out.append(RoleSpec(t["name"], seg["part"], shape, tuple(w for w in literals if not w.startswith("!")),
+                                tuple(w[1:] for w in literals if w.startswith("!")), t["gguf"], t.get("f32", False),
+                                t.get("follows", False)))
+    return out
+
+
 def load(path: Path = SCHEMA) -> Schema:
     raw = tomllib.loads(path.read_text())
     fmt = raw["format"]
     header, entry = fields(raw["header"], fmt["header_bytes"], "header"), fields(raw["entry"], fmt["entry_bytes"], "entry")
     if len(raw["status"]) >= LINK_ERROR_BASE:
         raise ValueError(f"format/schema.toml: {len(raw['status'])} statuses reach the link's error codes")
-    return Schema(fmt, header, entry, raw["flag"], raw["roles"], [d["name"] for d in raw["dtype"]],
+    terms, facts = [t["name"] for t in raw["term"]], [fl["name"] for fl in raw["flag"]] + [f["name"] for f in raw["fact"]]
+    if terms[0] != "none":
+        raise ValueError("format/schema.toml: the first term must be `none` (a vector's missing dimension)")
+    if len(facts) > 32:
+        raise ValueError(f"format/schema.toml: {len(facts)} flags and facts do not fit the 32-bit fact word")
+    model_wide = {fl["name"] for fl in raw["flag"]} | {f["name"] for f in raw["fact"] if f.get("scope") == "model"}
+    roles = role_specs(raw["roles"], terms, facts, model_wide)
+    for names, what in (([h.name for h in header], "header field"), ([e.name for e in entry], "entry field"),
+                        (facts, "flag or fact"), (terms, "term"), ([r.name for r in roles], "role"),
+                        ([r.gguf for r in roles], "GGUF name"), ([st["name"] for st in raw["status"]], "status")):
+        _unique(names, what)
+    return Schema(fmt, header, entry, raw["flag"], raw["roles"], roles, raw["term"], raw["fact"],
+                  [d["name"] for d in raw["dtype"]], raw["dtype"],
                   [d["name"] for d in raw["kv_dtype"]], raw["protocol"], raw["status"],
                   [e["name"] for e in raw["link_error"]], [(r["name"], r["value"]) for r in raw["request"]],
                   [(r["name"], r["value"]) for r in raw["response"]])
@@ -120,15 +199,31 @@ def _c_enum(prefix: str, items: list[tuple[str, int]], first_line: str) -> list[
 
 
 def _c_xmacro(name: str, prefix: str, rows: list[Field]) -> str:
-    """`#define NAME(X) X(H_A, 4) X(H_B, 8) ...`, continued over lines of at most 118 columns."""
+    """`#define NAME(X) X(H_A, 4) X(H_B, 8) ...`: each field's offset constant and size."""
+    return _c_rows(name, [f"{prefix}{f.c}, {f.size}" for f in rows])
+
+
+def _c_rows(name: str, rows: list[str]) -> str:
+    """`#define NAME(X) X(a, b) X(c, d) ...`, continued over lines of at most 118 columns."""
     out, line = [], f"#define {name}(X)"
-    for f in rows:
-        word = f" X({prefix}{f.c}, {f.size})"
+    for row in rows:
+        word = f" X({row})"
         if len(line) + len(word) > 116:
             out.append(line + " \\")
             line = "   "
         line += word
     return "\n".join(out + [line])
+
+
+def _c_attrs(r: RoleSpec) -> str:
+    return " | ".join(name for name, on in (("IMG_ROLE_F32", r.f32), ("IMG_ROLE_FOLLOWS", r.follows)) if on) or "0"
+
+
+def _c_mask(s: Schema, mask: int) -> str:
+    """A fact mask as the C names of its bits (IMG_FLAG_X | IMG_FACT_Y), or 0."""
+    flags = {fl["name"] for fl in s.flags}
+    names = [f"IMG_{'FLAG' if n in flags else 'FACT'}_{n}" for n, bit in s.fact_bits.items() if mask >> bit & 1]
+    return " | ".join(names) or "0"
 
 
 def render_c(s: Schema) -> str:
@@ -142,6 +237,8 @@ def render_c(s: Schema) -> str:
                          "either behind. Plain C, no runtime declarations."),
              "#ifndef COLIBRI_FORMAT_H", "#define COLIBRI_FORMAT_H", "",
              f"/* ---- format v{f['version']} ---- */",
+             f"#define IMG_MAGIC 0x{int.from_bytes(f['magic'].encode() + bytes(8 - len(f['magic'])), 'little'):016X}ull "
+             f"/* \"{f['magic']}\\0\" as a little-endian u64 */",
              f"#define IMG_VERSION {f['version']}u",
              f"#define IMG_HEADER_BYTES {f['header_bytes']}u",
              f"#define IMG_ENTRY_BYTES {f['entry_bytes']}u",
@@ -172,12 +269,29 @@ def render_c(s: Schema) -> str:
     lines += [""]
     lines += _c_enum("ROLE_", [(n, i + 1) for i, n in enumerate(s.role_names())], "enum tensor_role {")
     lines += _c_enum("DTYPE_", [(n, i) for i, n in enumerate(s.dtypes)] + [("COUNT", len(s.dtypes))], "enum tensor_dtype {")
-    lines += [f"#define QBLOCK {f['qblock']}u /* elements per quantization block (Q8_0, Q4_0): GGUF's block size */"]
+    lines += [f"#define QBLOCK {f['qblock']}u /* elements per quantization block (Q8_0, Q4_0): GGUF's block size */",
+              "/* Each dtype's storage, X(dtype, elements per block, bytes per block, bytes of f16 scale per block). */",
+              _c_rows("IMG_DTYPES", [f"{d['name']}, {d['block']}, {d['bytes']}, {d['scale_bytes']}" for d in s.dtype_traits])]
     lines += _c_enum("KV_", [(n.upper(), i) for i, n in enumerate(s.kv_dtypes)], "enum kv_dtype {")
+    bits = s.fact_bits
+    lines += ["", *_c_comment("A layer's facts a role's presence tests, after the flags' bits (format/schema.toml)."),
+              *(f"#define IMG_FACT_{fa['name']} (1u << {bits[fa['name']]}) /* {fa['doc'].replace('`', '')} */"
+                for fa in s.facts)]
+    lines += _c_enum("TERM_", [(t["name"].upper(), i) for i, t in enumerate(s.terms)] + [("COUNT", len(s.terms))],
+                     "/* The numbers shapes are made of, computed per layer (image.c, shape_terms). */\nenum shape_term {")
+    lines += ["", *_c_comment("Each distinct presence condition, X(facts needed, facts refused); then each role in "
+                              "role order, X(role, rows term, columns term (TERM_NONE: a vector), condition, "
+                              "attributes)."),
+              "#define IMG_ROLE_F32 1u     /* a matrix that must stay f32 */",
+              "#define IMG_ROLE_FOLLOWS 2u /* starts where the tensor before it ends, aligned */",
+              _c_rows("IMG_CONDITIONS", [f"{_c_mask(s, need)}, {_c_mask(s, deny)}" for need, deny in s.conditions]),
+              _c_rows("IMG_ROLE_SPECS", [f"{r.name}, TERM_{r.shape[0].upper()}, "
+                                         f"TERM_{(r.shape[1] if len(r.shape) == 2 else 'none').upper()}, "
+                                         f"{s.condition(r)}, {_c_attrs(r)}" for r in s.role_specs])]
     lines += ["",
-              "/* Tensor table index layout: the global tensors before the layers, then per layer LAYER_FIXED slots",
-              " * followed by TENSORS_PER_EXPERT per routed expert, then the global tensors after the layers. A slot",
-              " * the model does not use holds an empty entry (n_dims 0). */",
+              "/* The dense tensor index (the table lists the tensors present in its order; open() resolves them into",
+              " * it): the global tensors before the layers, then per layer LAYER_FIXED slots followed by",
+              " * TENSORS_PER_EXPERT per routed expert, then the global tensors after the layers. */",
               f"#define TENSORS_BEFORE_LAYERS {len(s.role_names('before_layers'))}u",
               f"#define TENSORS_AFTER_LAYERS {len(s.role_names('after_layers'))}u",
               f"#define LAYER_FIXED {len(s.role_names('layer'))}u",
@@ -219,14 +333,31 @@ def render_py(s: Schema) -> str:
     value = 1
     for seg in s.roles:
         lines.append(f"    # {seg.get('doc') or seg['part'].replace('_', ' ')}")
-        for name in seg["names"]:
-            lines.append(f"    {name} = {value}")
+        for t in seg["tensors"]:
+            lines.append(f"    {t['name']} = {value}")
             value += 1
     lines += ["", ""]
+    bits = s.fact_bits
+    lines += ["# A layer's facts a role's presence tests, after the flags' bits"]
+    lines += [f"FACT_{fa['name']} = 1 << {bits[fa['name']]}  # {fa['doc']}" for fa in s.facts]
+    lines += ["# The numbers shapes are made of, by position (ModelDims.terms computes them per layer)",
+              "TERMS = (" + ", ".join(f'"{t["name"]}"' for t in s.terms) + ",)",
+              "# Each role: rows and columns (None: a vector) as TERMS indices, facts needed, facts refused",
+              "ROLE_SHAPES = {"]
+    terms = [t["name"] for t in s.terms]
+    for r in s.role_specs:
+        need, deny = s.conditions[s.condition(r)]
+        cols = terms.index(r.shape[1]) if len(r.shape) == 2 else None
+        lines.append(f"    Role.{r.name}: ({terms.index(r.shape[0])}, {cols}, 0x{need:X}, 0x{deny:X}),")
+    lines += ["}", "ROLE_GGUF = {" + ", ".join(f'Role.{r.name}: "{r.gguf}"' for r in s.role_specs) + "}",
+              "F32_TABLES = (" + ", ".join(f"Role.{r.name}" for r in s.role_specs if r.f32) + ",)  # matrices kept f32", ""]
     for part in ("before_layers", "layer", "expert", "after_layers"):
         const = {"layer": "LAYER_ROLES", "expert": "EXPERT_ROLES"}.get(part, "ROLES_" + part.upper())
         lines.append(f"{const} = (" + ", ".join(f"Role.{n}" for n in s.role_names(part)) + ",)")
     lines += ["DTYPES = (" + ", ".join(f'"{d}"' for d in s.dtypes) + ",)  # weight dtypes, valued by position",
+              "# each dtype's storage: (elements per block, bytes per block, bytes of f16 scale per block)",
+              "DTYPE_TRAITS = {" + ", ".join(f'"{d["name"]}": ({d["block"]}, {d["bytes"]}, {d["scale_bytes"]})'
+                                             for d in s.dtype_traits) + "}",
               "KV_DTYPES = {" + ", ".join(f'"{k}": {i}' for i, k in enumerate(s.kv_dtypes)) + "}  # header kv_dtype",
               f"QBLOCK = {f['qblock']}", ""]
     return "\n".join(lines)

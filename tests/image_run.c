@@ -24,7 +24,7 @@
     X(kv_lora) X(rope_dim) X(v_head_dim) X(attn_scale) X(n_group) X(topk_group) X(group_top) X(routed_scale)         \
     X(swiglu_alpha) X(swiglu_limit) X(global_head_dim) X(global_kv_heads) X(embed_scale) X(logit_softcap)            \
     X(ple_dim) X(first_shared) X(kv_shared_source) X(q_dim) X(kv_dim) X(ffn_max) X(att_dim) X(val_dim) X(o_dim)      \
-    X(in_blocks) X(n_tensors) X(resident_bytes) X(expert_block_max) X(streamed_experts) X(expert_crc_offset)         \
+    X(in_blocks) X(n_tensors) X(n_entries) X(resident_bytes) X(expert_block_max) X(streamed_experts) X(expert_crc_offset)         \
     X(prefill_token_bytes)
 /* the arena plan's and the prefill batch region's buffers, NULL or not */
 #define ARENA_FIELDS(X)                                                                                              \

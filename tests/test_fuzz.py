@@ -38,17 +38,26 @@ def test_seed_corpus_is_current(hosted_build):
 
 @pytest.mark.parametrize("harness", sorted(p.name for p in (fuzz.FUZZ / "regress").iterdir()))
 def test_past_findings_stay_fixed(harness):
-    """Inputs a campaign once crashed on (tests/fuzz/regress/<harness>/) run clean under ASan + UBSan:
-    image/quantize-nonfinite.img made quantize_q8_0 cast an infinite product to int8 (CI, 2026-11-30; rebuilt
-    for format v3 as the same case: a Q8_0 image whose layer-0 attention norm is infinite); image/crc-table-wraps*.img: an expert CRC table at
-    2^64 - 64 whose end wrapped to 0, read 64 bytes before the image by the verifier (mode 0) and by a streaming
-    open's copy of the table (mode 2; issue 26's review)."""
+    """Inputs a campaign once crashed on (tests/fuzz/regress/<harness>/, rebuilt for today's format by
+    `python tools/fuzz.py --make-seeds`: tools/fuzz.py's REGRESS says what each was) run clean under ASan + UBSan."""
     inputs = sorted((fuzz.FUZZ / "regress" / harness).glob("*"))
     assert inputs
     exe = fuzz.build(harness)
     done = subprocess.run([str(exe), *map(str, inputs)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr.count("Running:") == len(inputs)
+
+
+def test_past_findings_still_reach_their_fault():
+    """Each regression input gets as far as the fault it once hit and is stopped where the fix stops it (not at the
+    format version or a CRC): an input the format left behind would pass the test above without testing anything."""
+    from capi import STATUS
+    inputs = sorted((fuzz.FUZZ / "regress" / "image").glob("*"))
+    assert sorted(p.name for p in inputs) == sorted(fuzz.REGRESS)
+    got = dict(harness_report([str(p) for p in inputs]))
+    for name, (mode, want) in fuzz.REGRESS.items():
+        assert got[name]["mode"] == mode, name
+        assert {stage: got[name][stage] for stage in want} == {stage: STATUS[s] for stage, s in want.items()}, name
 
 
 def harness_report(args: list[str]) -> list[tuple[str, dict[str, int]]]:

@@ -259,14 +259,15 @@ def test_top_k_keeps_ties_with_the_kth_as_transformers_does(lib, images):
 def test_tensor_places_are_resolved_once_at_open(lib, base):
     """After open the runtime never reads the image's table again: a table rewritten under a live context
     (every offset pointed far outside the image) changes nothing, and the logits stay the same bits."""
-    from colibri.image import ENTRY_BYTES, HEADER_BYTES
+    from colibri.format import ENTRY_BYTES, ENTRY_OFFSETS, HEADER_OFFSETS
     ctx = Context(lib, base)
     assert ctx.feed([1, 2, 3]) == 0
     want = ctx.logits()
     assert lib.so.colibri_reset(ctx.ctx) == 0
-    n_tensors = struct.unpack_from("<I", base, 96)[0]
+    table, n_tensors = (struct.unpack_from(f, base, HEADER_OFFSETS[k])[0]
+                        for f, k in (("<Q", "tensor_table_offset"), ("<I", "n_tensors")))
     for i in range(n_tensors):
-        C.memmove(ctx.image.addr + HEADER_BYTES + i * ENTRY_BYTES + 32, struct.pack("<Q", 1 << 40), 8)
+        C.memmove(ctx.image.addr + table + i * ENTRY_BYTES + ENTRY_OFFSETS["offset"], struct.pack("<Q", 1 << 40), 8)
     assert ctx.feed([1, 2, 3]) == 0
     assert ctx.logits().tobytes() == want.tobytes()
 

@@ -31,7 +31,7 @@ def test_the_check_names_a_copy_edited_by_hand(tmp_path, monkeypatch, capsys):
              "API_HEADER": ("COLIBRI_E_FETCH = 22,", "COLIBRI_E_FETCH = 23,"),
              "API_SOURCE": ('"arena overlaps the image"', '"arena overlap"'), "LINK_SOURCE": ("LINK_NOT_OPEN = 204", "LINK_NOT_OPEN = 209"),
              "LINK_DICT": ('"\\xa5\\x5a\\x0c"', '"\\xa5\\x5a\\x0d"'),
-             "IMAGE_DICT": ('"\\x05\\x00\\x00\\x00"', '"\\x04\\x00\\x00\\x00"')}
+             "IMAGE_DICT": (f'"\\x{schema.load().format["version"]:02x}\\x00\\x00\\x00"', '"\\x04\\x00\\x00\\x00"')}
     for attr, (old, new) in edits.items():
         path = copies[attr]
         original = path.read_text()

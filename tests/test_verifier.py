@@ -12,7 +12,7 @@ from colibri import image as im
 from colibri.format import (ENTRY_OFFSETS, FLAG_ATTN_SINKS, FLAG_DOUBLE_WIDE_MLP, FLAG_EXPERT_BIAS, FLAG_GEMMA4_LAYER,
                             FLAG_GLOBAL_ROPE, FLAG_K_EQ_V, FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
                             FLAG_ROUTER_BIAS, FLAG_ROUTER_TOPK_SOFTMAX, FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN,
-                            KNOWN_FLAGS, LAYER_ROLES, ROLES_BEFORE_LAYERS)
+                            KNOWN_FLAGS)
 from colibri.image import ENTRY_BYTES, HEADER_BYTES, HEADER_CRC_OFFSET, HEADER_OFFSETS, crc32, read_image
 from colibri.rope import tables as rope_tables
 from colibri.schema import load as load_schema
@@ -55,7 +55,11 @@ def field(name: str, value, seal: bool = True):
     return put(FIELD_FORMAT[name], HEADER_OFFSETS[name], value, seal)
 
 
-FIRST_UP = len(ROLES_BEFORE_LAYERS) + len(LAYER_ROLES) + 1  # the globals, layer 0's slots, then expert 0 gate, up
+def index_of(b: bytes | bytearray, role: im.Role, layer: int, expert: int = im.NO_INDEX) -> int:
+    """The table entry listing (role, layer, expert): the table holds the present tensors only."""
+    n = get(b, "n_tensors")
+    keys = [struct.unpack_from("<HHII", b, entry(i, "role")) for i in range(n)]
+    return next(i for i, (r, _, l, e) in enumerate(keys) if (r, l, e) == (role, layer, expert))
 
 
 def swap_entries(b: bytearray) -> bytearray:
@@ -73,11 +77,12 @@ def flip(offset: int):
 
 def overlap_up_with_gate(b: bytearray) -> bytearray:
     """Point expert 0's up matrix at its gate matrix: in bounds and aligned, but not contiguous."""
-    gate_offset = struct.unpack_from("<Q", b, entry(FIRST_UP - 1, "offset"))[0]
-    return put("<Q", entry(FIRST_UP, "offset"), gate_offset)(b)
+    up = index_of(b, im.Role.EXPERT_UP, 0, 0)
+    gate_offset = struct.unpack_from("<Q", b, entry(up - 1, "offset"))[0]
+    return put("<Q", entry(up, "offset"), gate_offset)(b)
 
 
-# Entry 0 is the token embedding; entries 3+7.. are layer 0's first expert (gate, up, down).
+# Entry 0 is the token embedding, entry 3 layer 0's attention norm.
 CASES = [
     ("shorter than header", lambda b: b[:100], "E_IMAGE_TRUNCATED"),
     ("truncated", lambda b: b[:-64], "E_IMAGE_TRUNCATED"),
@@ -87,7 +92,8 @@ CASES = [
     ("version 2", field("version", 2), "E_IMAGE_VERSION"),
     ("version 3", field("version", 3), "E_IMAGE_VERSION"),
     ("version 4", field("version", 4), "E_IMAGE_VERSION"),
-    ("version 6", field("version", 6, seal=False), "E_IMAGE_VERSION"),
+    ("version 5", field("version", 5), "E_IMAGE_VERSION"),
+    ("version 7", field("version", 7, seal=False), "E_IMAGE_VERSION"),
     ("header byte flipped", flip(40), "E_IMAGE_HEADER_CRC"),
     ("resident byte flipped", lambda b: flip(get(b, "data_offset") + 5)(b), "E_IMAGE_PAYLOAD_CRC"),
     ("expert byte flipped", lambda b: flip(len(b) - 5)(b), "E_EXPERT_CRC"),  # the last expert's down matrix
@@ -152,17 +158,20 @@ CASES = [
     ("odd head_dim", field("head_dim", 7), "E_IMAGE_DIMS"),
     ("top_k > experts", field("top_k", 9), "E_IMAGE_DIMS"),
     # the caps that bound the router's work (top_k * n_experts per layer and token); at a cap the
-    # dimensions pass and the tensor count is what fails
+    # dimensions pass and the expert CRC table they need, which does not fit before the data, is what fails
     ("experts over the cap", lambda b: field("n_experts", 1025)(b), "E_IMAGE_DIMS"),
-    ("experts at the cap", lambda b: field("n_experts", 1024)(b), "E_IMAGE_TABLE"),
+    ("experts at the cap", lambda b: field("n_experts", 1024)(b), "E_IMAGE_HEADER"),
     ("top_k over the cap", lambda b: field("top_k", 65)(field("n_experts", 100, seal=False)(b)), "E_IMAGE_DIMS"),
-    ("top_k at the cap", lambda b: field("top_k", 64)(field("n_experts", 100, seal=False)(b)), "E_IMAGE_TABLE"),
+    ("top_k at the cap", lambda b: field("top_k", 64)(field("n_experts", 100, seal=False)(b)), "E_IMAGE_HEADER"),
     ("eps NaN", field("rms_norm_eps", float("nan")), "E_IMAGE_DIMS"),
     ("eps zero", field("rms_norm_eps", 0.0), "E_IMAGE_DIMS"),
     ("unknown arch", field("arch", 2), "E_UNSUPPORTED"),
     ("unknown flag", field("flags", KNOWN_FLAGS + 1), "E_UNSUPPORTED"),
     ("both q/k norm kinds", field("flags", FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL), "E_UNSUPPORTED"),
     ("tensor count", field("n_tensors", 10), "E_IMAGE_TABLE"),
+    ("last tensor left out", lambda b: field("n_tensors", get(b, "n_tensors") - 1)(b), "E_IMAGE_TABLE"),
+    ("a dense index past 2^32 slots", lambda b: field("n_layers", 1 << 24)(field("n_experts", 1024, seal=False)(b)),
+     "E_IMAGE_DIMS"),
     ("entries out of order", swap_entries, "E_IMAGE_TABLE"),
     ("wrong shape", put("<I", entry(0, "dim0"), 36), "E_IMAGE_TABLE"),
     ("wrong byte size", put("<Q", entry(0, "bytes"), 4), "E_IMAGE_TABLE"),

@@ -22,6 +22,7 @@ import struct
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,6 +200,7 @@ def make_seeds() -> None:
         if v.get("experts", 3):
             (out / f"{name}-streamed.img").write_bytes(b"\x03" + blob)  # and streams the expert part
         (out / f"{name}-batched.img").write_bytes(b"\x05" + blob)  # or feeds the prompt through a prefill batch
+    write_regress(image_of)
     # the link harness's board: the smallest MoE image (one layer, two experts, one streamed), because every OPEN
     # verifies it and every token runs it; the protocol's paths do not depend on the model's size
     seed_image().write_bytes(image_of(dict(flags=im.FLAG_NORM_TOPK, moe=(True,), experts=2, mla=dict(n_layers=1))))
@@ -222,6 +224,43 @@ def make_seeds() -> None:
         (link / f"{name}-frames.bin").write_bytes(b"\x00" + framed)
         (link / f"{name}-records.bin").write_bytes(b"\x01" + records)
     print(f"seeds written under {FUZZ / 'corpus'}")
+
+
+# Inputs a campaign once crashed on, rebuilt for today's format by write_regress (tests/fuzz/regress/image/): each
+# input's first byte (the harness's mode) and how far the harness gets on it since the fix (tests/test_fuzz.py).
+REGRESS = {
+    # quantize_q8_0 cast an infinite product to int8: a Q8_0 image whose layer-0 attention norm is infinite
+    "quantize-nonfinite.img": (1, {"verify": "OK", "open": "OK", "feed": "E_NONFINITE"}),
+    # an expert CRC table at 2^64 - 64 whose end wrapped to 0, read 64 bytes before the image by the verifier
+    # (mode 0) and by a streaming open's copy of the table (mode 2)
+    "crc-table-wraps.img": (0, {"verify": "E_IMAGE_HEADER"}),
+    "crc-table-wraps-streamed.img": (2, {"open": "E_IMAGE_HEADER"}),
+}
+
+
+def write_regress(image_of: Callable[[dict], bytes]) -> None:
+    """REGRESS's inputs, from the seeds' images (image_of: make_seeds's) with the fault each needs."""
+    import numpy as np
+
+    from colibri import image as im
+    from colibri.quant import DType
+
+    def sealed(blob: bytearray) -> bytes:
+        struct.pack_into("<I", blob, im.HEADER_CRC_OFFSET, 0)
+        struct.pack_into("<I", blob, im.HEADER_CRC_OFFSET, im.crc32(blob[:im.HEADER_BYTES]))
+        return bytes(blob)
+
+    q8 = bytearray(image_of(dict(flags=im.FLAG_NORM_TOPK, moe=(True, True), dtype=DType.Q8_0)))
+    norm = im.read_image(bytes(q8)).entry(im.Role.ATTN_NORM, 0)
+    q8[norm.offset:norm.offset + norm.nbytes] = np.full(norm.shape, np.inf, np.float32).tobytes()
+    wraps = bytearray(image_of(dict(flags=im.FLAG_NORM_TOPK, moe=(True, True), experts=8)))  # 4 * 2 * 8 = 64 bytes
+    struct.pack_into("<Q", wraps, im.HEADER_OFFSETS["expert_crc_offset"], 2**64 - 64)
+    blobs = {"quantize-nonfinite.img": bytes(q8), "crc-table-wraps.img": sealed(wraps),
+             "crc-table-wraps-streamed.img": sealed(wraps)}
+    out = FUZZ / "regress" / "image"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (mode, _) in REGRESS.items():
+        (out / name).write_bytes(bytes([mode]) + blobs[name])
 
 
 def summary(r: dict) -> str:

@@ -50,9 +50,9 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     }
     const uint32_t slots = o.expert_cache;
     model_dims d;
-    const uint8_t *table;
     colibri_image_info info;
-    colibri_status st = image_verify(image, image_size, slots ? IMG_VERIFY_RESIDENT : 0, &d, &table, &info);
+    const unsigned mode = slots ? IMG_VERIFY_RESIDENT : 0;
+    colibri_status st = image_verify(image, image_size, mode, &d, &info);
     if (st) return st;
     uint64_t need;
     st = arena_need(&info, &o, &need);
@@ -70,7 +70,12 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     uint64_t total;
     arena_plan(&d, arena, &a, &total); /* cannot fail: image_verify() ran the same plan */
     *c = (colibri_ctx){ .kernels = kernels_select(), .image = image, .info = info, .d = d, .a = a, .crc_clmul = crc32_cpu_clmul() };
-    tensors_resolve(table, d.n_tensors, a.tensors); /* the last read of the table */
+    /* the table walked again into the arena's dense index (the first walk had nowhere to put it): against the dims
+     * the plan was made for, so an image changed since is refused rather than half-read. The last read of the table. */
+    st = table_walk(image, &d, mode | IMG_VERIFY_NO_CRC, a.tensors); /* d: a copy, c->d keeps the first walk's */
+    if (st) return st;
+    if (d.expert_block_max != c->d.expert_block_max || d.streamed_experts != c->d.streamed_experts)
+        return COLIBRI_E_IMAGE_TABLE;
     c->opts = o;
     if (batch) batch_plan(&d, batch, (uint8_t *)arena + total, &c->batch, &c->rings); /* after the plan: no cache with a batch */
     if (slots) { /* the cache follows the plan: slot bookkeeping, the expert CRC table, then the slots */

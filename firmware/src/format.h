@@ -5,8 +5,9 @@
 #ifndef COLIBRI_FORMAT_H
 #define COLIBRI_FORMAT_H
 
-/* ---- format v5 ---- */
-#define IMG_VERSION 5u
+/* ---- format v6 ---- */
+#define IMG_MAGIC 0x00495242494C4F43ull /* "COLIBRI\0" as a little-endian u64 */
+#define IMG_VERSION 6u
 #define IMG_HEADER_BYTES 384u
 #define IMG_ENTRY_BYTES 64u
 #define IMG_ALIGN 64u
@@ -111,13 +112,73 @@ enum tensor_dtype {
     DTYPE_F32 = 0, DTYPE_F16 = 1, DTYPE_BF16 = 2, DTYPE_Q8_0 = 3, DTYPE_Q4_0 = 4, DTYPE_COUNT = 5
 };
 #define QBLOCK 32u /* elements per quantization block (Q8_0, Q4_0): GGUF's block size */
+/* Each dtype's storage, X(dtype, elements per block, bytes per block, bytes of f16 scale per block). */
+#define IMG_DTYPES(X) X(F32, 1, 4, 0) X(F16, 1, 2, 0) X(BF16, 1, 2, 0) X(Q8_0, 32, 32, 2) X(Q4_0, 32, 16, 2)
 enum kv_dtype {
     KV_F32 = 0, KV_F16 = 1
 };
 
-/* Tensor table index layout: the global tensors before the layers, then per layer LAYER_FIXED slots
- * followed by TENSORS_PER_EXPERT per routed expert, then the global tensors after the layers. A slot
- * the model does not use holds an empty entry (n_dims 0). */
+/* A layer's facts a role's presence tests, after the flags' bits (format/schema.toml). */
+#define IMG_FACT_MOE (1u << 19) /* the layer routes to experts (the table lists its ROUTER) */
+#define IMG_FACT_DENSE (1u << 20) /* the layer has a dense MLP: not a MoE layer, or GEMMA4_LAYER */
+#define IMG_FACT_MLA (1u << 21) /* multi-head latent attention: kv_lora_rank > 0 */
+#define IMG_FACT_Q_LORA (1u << 22) /* MLA with q_lora_rank > 0 */
+#define IMG_FACT_OWN_KV (1u << 23) /* the layer projects its own k and v: not MLA and not a KV-sharing layer */
+#define IMG_FACT_K_IS_V (1u << 24) /* a global layer with K_EQ_V: its values are its keys' projection */
+#define IMG_FACT_QK_NORM (1u << 25) /* QK_NORM_HEAD or QK_NORM_FULL */
+#define IMG_FACT_KV_SHARED (1u << 26) /* the layer reads an earlier layer's KV cache (the last kv_shared_layers layers) */
+#define IMG_FACT_SHARED_FFN (1u << 27) /* a MoE layer with a shared expert: SHARED_EXPERT or SHARED_PLAIN */
+#define IMG_FACT_PLE (1u << 28) /* Gemma 4's per-layer inputs: ple_dim > 0 */
+/* The numbers shapes are made of, computed per layer (image.c, shape_terms). */
+enum shape_term {
+    TERM_NONE = 0, TERM_ONE = 1, TERM_V = 2, TERM_D = 3, TERM_S = 4, TERM_H = 5, TERM_E = 6, TERM_F = 7, TERM_FD = 8,
+    TERM_FS = 9, TERM_ROPE_HALF = 10, TERM_GLOBAL_ROPE_HALF = 11, TERM_Q_DIM = 12, TERM_KV_DIM = 13, TERM_Q_NORM = 14,
+    TERM_K_NORM = 15, TERM_O_IN = 16, TERM_Q_LORA = 17, TERM_KV_LORA = 18, TERM_KV_A = 19, TERM_K_B_ROWS = 20,
+    TERM_NOPE = 21, TERM_P = 22, TERM_LP = 23, TERM_COUNT = 24
+};
+
+/* Each distinct presence condition, X(facts needed, facts refused); then each role in role order, X(role, rows term,
+ * columns term (TERM_NONE: a vector), condition, attributes). */
+#define IMG_ROLE_F32 1u     /* a matrix that must stay f32 */
+#define IMG_ROLE_FOLLOWS 2u /* starts where the tensor before it ends, aligned */
+#define IMG_CONDITIONS(X) X(0, 0) X(0, IMG_FACT_Q_LORA) X(IMG_FLAG_QKV_BIAS, 0) X(IMG_FACT_OWN_KV, 0) \
+    X(IMG_FLAG_QKV_BIAS | IMG_FACT_OWN_KV, 0) X(IMG_FACT_OWN_KV, IMG_FACT_K_IS_V) \
+    X(IMG_FLAG_QKV_BIAS | IMG_FACT_OWN_KV, IMG_FACT_K_IS_V) X(IMG_FLAG_O_BIAS, 0) X(IMG_FACT_QK_NORM, 0) \
+    X(IMG_FACT_QK_NORM, IMG_FACT_KV_SHARED) X(IMG_FLAG_ATTN_SINKS, 0) X(IMG_FACT_Q_LORA, 0) X(IMG_FACT_MLA, 0) \
+    X(IMG_FACT_DENSE, 0) X(IMG_FACT_MOE, 0) X(IMG_FLAG_ROUTER_BIAS | IMG_FACT_MOE, 0) \
+    X(IMG_FLAG_EXPERT_BIAS | IMG_FACT_MOE, 0) X(IMG_FACT_SHARED_FFN, 0) X(IMG_FLAG_SHARED_EXPERT | IMG_FACT_MOE, 0) \
+    X(IMG_FLAG_GEMMA4_LAYER, 0) X(IMG_FLAG_GEMMA4_LAYER | IMG_FACT_MOE, 0) X(IMG_FACT_PLE, 0) \
+    X(IMG_FLAG_GLOBAL_ROPE, 0)
+#define IMG_ROLE_SPECS(X) X(TOKEN_EMBD, TERM_V, TERM_D, 0, 0) X(ROPE_COS, TERM_S, TERM_ROPE_HALF, 0, IMG_ROLE_F32) \
+    X(ROPE_SIN, TERM_S, TERM_ROPE_HALF, 0, IMG_ROLE_F32) X(ATTN_NORM, TERM_D, TERM_NONE, 0, 0) \
+    X(WQ, TERM_Q_DIM, TERM_D, 1, 0) X(BQ, TERM_Q_DIM, TERM_NONE, 2, 0) X(WK, TERM_KV_DIM, TERM_D, 3, 0) \
+    X(BK, TERM_KV_DIM, TERM_NONE, 4, 0) X(WV, TERM_KV_DIM, TERM_D, 5, 0) X(BV, TERM_KV_DIM, TERM_NONE, 6, 0) \
+    X(WO, TERM_D, TERM_O_IN, 0, 0) X(BO, TERM_D, TERM_NONE, 7, 0) X(Q_NORM, TERM_Q_NORM, TERM_NONE, 8, 0) \
+    X(K_NORM, TERM_K_NORM, TERM_NONE, 9, 0) X(SINKS, TERM_H, TERM_NONE, 10, 0) X(WQ_A, TERM_Q_LORA, TERM_D, 11, 0) \
+    X(Q_A_NORM, TERM_Q_LORA, TERM_NONE, 11, 0) X(WQ_B, TERM_Q_DIM, TERM_Q_LORA, 11, 0) \
+    X(WKV_A, TERM_KV_A, TERM_D, 12, 0) X(KV_A_NORM, TERM_KV_LORA, TERM_NONE, 12, 0) \
+    X(WK_B, TERM_K_B_ROWS, TERM_NOPE, 12, 0) X(WV_B, TERM_O_IN, TERM_KV_LORA, 12, 0) \
+    X(FFN_NORM, TERM_D, TERM_NONE, 0, 0) X(DENSE_GATE, TERM_FD, TERM_D, 13, 0) \
+    X(DENSE_UP, TERM_FD, TERM_D, 13, IMG_ROLE_FOLLOWS) X(DENSE_DOWN, TERM_D, TERM_FD, 13, IMG_ROLE_FOLLOWS) \
+    X(ROUTER, TERM_E, TERM_D, 14, 0) X(ROUTER_BIAS, TERM_E, TERM_NONE, 15, 0) \
+    X(EXPERT_GATE_BIAS, TERM_E, TERM_F, 16, IMG_ROLE_F32) X(EXPERT_UP_BIAS, TERM_E, TERM_F, 16, IMG_ROLE_F32) \
+    X(EXPERT_DOWN_BIAS, TERM_E, TERM_D, 16, IMG_ROLE_F32) X(SHARED_GATE, TERM_FS, TERM_D, 17, 0) \
+    X(SHARED_UP, TERM_FS, TERM_D, 17, IMG_ROLE_FOLLOWS) X(SHARED_DOWN, TERM_D, TERM_FS, 17, IMG_ROLE_FOLLOWS) \
+    X(SHARED_EXPERT_GATE, TERM_ONE, TERM_D, 18, 0) X(POST_ATTN_NORM, TERM_D, TERM_NONE, 19, 0) \
+    X(POST_FFN_NORM, TERM_D, TERM_NONE, 19, 0) X(DENSE_POST_NORM, TERM_D, TERM_NONE, 20, 0) \
+    X(MOE_NORM, TERM_D, TERM_NONE, 20, 0) X(MOE_POST_NORM, TERM_D, TERM_NONE, 20, 0) \
+    X(ROUTER_NORM, TERM_D, TERM_NONE, 20, 0) X(EXPERT_SCALE, TERM_E, TERM_NONE, 20, 0) \
+    X(LAYER_SCALE, TERM_ONE, TERM_NONE, 19, 0) X(PLE_GATE, TERM_P, TERM_D, 21, 0) X(PLE_PROJ, TERM_D, TERM_P, 21, 0) \
+    X(PLE_POST_NORM, TERM_D, TERM_NONE, 21, 0) X(EXPERT_GATE, TERM_F, TERM_D, 14, 0) \
+    X(EXPERT_UP, TERM_F, TERM_D, 14, IMG_ROLE_FOLLOWS) X(EXPERT_DOWN, TERM_D, TERM_F, 14, IMG_ROLE_FOLLOWS) \
+    X(OUTPUT_NORM, TERM_D, TERM_NONE, 0, 0) X(LM_HEAD, TERM_V, TERM_D, 0, 0) \
+    X(GLOBAL_ROPE_COS, TERM_S, TERM_GLOBAL_ROPE_HALF, 22, IMG_ROLE_F32) \
+    X(GLOBAL_ROPE_SIN, TERM_S, TERM_GLOBAL_ROPE_HALF, 22, IMG_ROLE_F32) X(PLE_EMBD, TERM_V, TERM_LP, 21, 0) \
+    X(PLE_MODEL_PROJ, TERM_LP, TERM_D, 21, 0) X(PLE_PROJ_NORM, TERM_P, TERM_NONE, 21, 0)
+
+/* The dense tensor index (the table lists the tensors present in its order; open() resolves them into
+ * it): the global tensors before the layers, then per layer LAYER_FIXED slots followed by
+ * TENSORS_PER_EXPERT per routed expert, then the global tensors after the layers. */
 #define TENSORS_BEFORE_LAYERS 3u
 #define TENSORS_AFTER_LAYERS 7u
 #define LAYER_FIXED 43u

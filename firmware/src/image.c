@@ -1,6 +1,8 @@
-/* The image verifier: every byte that a later call reads is checked here first.
- * Layout: docs/FORMAT.md. All size arithmetic is 64-bit and overflow-checked. */
+/* The image verifier: the header and the model's dimensions; the tensor table's walk is table.c's. Every byte a
+ * later call reads is checked first. Layout: docs/FORMAT.md. All size arithmetic is 64-bit and overflow-checked. */
 #include "internal.h"
+
+uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
 uint32_t rd32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -8,54 +10,9 @@ uint32_t rd32(const uint8_t *p) {
 
 uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32; }
 
-static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-
 static float rdf32(const uint8_t *p) {
     union { uint32_t u; float f; } v = { rd32(p) };
     return v.f;
-}
-
-/* Checked arithmetic: return 0 on overflow. */
-static int add_ok(uint64_t a, uint64_t b, uint64_t *r) { *r = a + b; return *r >= a; }
-static int mul_ok(uint64_t a, uint64_t b, uint64_t *r) {
-    if (a != 0 && b > UINT64_MAX / a) return 0;
-    *r = a * b;
-    return 1;
-}
-static int align_ok(uint64_t a, uint64_t *r) {
-    if (!add_ok(a, IMG_ALIGN - 1, r)) return 0;
-    *r &= ~(uint64_t)(IMG_ALIGN - 1);
-    return 1;
-}
-
-static const uint8_t MAGIC[8] = { 'C', 'O', 'L', 'I', 'B', 'R', 'I', 0 };
-
-uint32_t layer_tensor_index(const model_dims *d, uint32_t layer, uint32_t role) {
-    return TENSORS_BEFORE_LAYERS + layer * (LAYER_FIXED + TENSORS_PER_EXPERT * d->n_experts) +
-           (role - ROLE_ATTN_NORM);
-}
-
-uint32_t expert_tensor_index(const model_dims *d, uint32_t layer, uint32_t expert, uint32_t role) {
-    return layer_tensor_index(d, layer, ROLE_ATTN_NORM) + LAYER_FIXED + expert * TENSORS_PER_EXPERT +
-           (role - ROLE_EXPERT_GATE);
-}
-
-uint32_t global_tensor_index(const model_dims *d, uint32_t role) {
-    if (role <= ROLE_ROPE_SIN) return role - ROLE_TOKEN_EMBD;
-    return layer_tensor_index(d, d->n_layers, ROLE_ATTN_NORM) + (role - ROLE_OUTPUT_NORM);
-}
-
-int tensor_present(const uint8_t *table, uint32_t index) {
-    return rd32(table + (size_t)index * IMG_ENTRY_BYTES + E_NDIMS) != 0;
-}
-
-void tensors_resolve(const uint8_t *table, uint32_t n_tensors, tensor_ref *refs) {
-    for (uint32_t i = 0; i < n_tensors; i++) {
-        const uint8_t *e = table + (size_t)i * IMG_ENTRY_BYTES;
-        refs[i] = (tensor_ref){ .offset = rd64(e + E_OFFSET), .scales = rd64(e + E_SCALES_OFFSET),
-                                .rows = rd32(e + E_NDIMS) ? rd32(e + E_DIM0) : 0, .cols = rd32(e + E_DIM1),
-                                .dtype = rd16(e + E_DTYPE) };
-    }
 }
 
 /* A scale the math multiplies by: finite and positive (rejects NaN). */
@@ -224,171 +181,12 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     return COLIBRI_OK;
 }
 
-/* The (role, layer, expert) the canonical table order puts at index i, and its shape; ndims 0
- * means the slot must be empty. `moe` says whether layer s->layer has routed experts. */
-typedef struct { uint32_t role, layer, expert, ndims, dim0, dim1; } tensor_spec;
 
-/* The shape of a slot only the newer families use (MLA's, the router bias, sinks, expert biases; cols stays 0
- * for a vector), and whether this model has it. */
-static int newer_shape(const model_dims *d, uint32_t role, int moe, uint32_t *rows, uint32_t *cols) {
-    const uint32_t f = d->flags;
-    const int mla = d->kv_lora != 0, q_lora = mla && d->q_lora != 0;
-    switch (role) {
-    case ROLE_WQ_A: *rows = d->q_lora; *cols = d->dim; return q_lora;
-    case ROLE_Q_A_NORM: *rows = d->q_lora; return q_lora;
-    case ROLE_WQ_B: *rows = d->q_dim; *cols = d->q_lora; return q_lora;
-    case ROLE_WKV_A: *rows = d->kv_dim; *cols = d->dim; return mla;
-    case ROLE_KV_A_NORM: *rows = d->kv_lora; return mla;
-    case ROLE_WK_B: *rows = d->n_heads * d->kv_lora; *cols = d->head_dim - d->rope_dim; return mla;
-    case ROLE_WV_B: *rows = d->o_dim; *cols = d->kv_lora; return mla;
-    case ROLE_SINKS: *rows = d->n_heads; return (f & IMG_FLAG_ATTN_SINKS) != 0;
-    case ROLE_ROUTER_BIAS: *rows = d->n_experts; return moe && (f & IMG_FLAG_ROUTER_BIAS);
-    case ROLE_POST_ATTN_NORM: case ROLE_POST_FFN_NORM: *rows = d->dim; return (f & IMG_FLAG_GEMMA4_LAYER) != 0;
-    case ROLE_LAYER_SCALE: *rows = 1; return (f & IMG_FLAG_GEMMA4_LAYER) != 0;
-    case ROLE_DENSE_POST_NORM: case ROLE_MOE_NORM: case ROLE_MOE_POST_NORM: case ROLE_ROUTER_NORM:
-        *rows = d->dim;
-        return moe && (f & IMG_FLAG_GEMMA4_LAYER);
-    case ROLE_EXPERT_SCALE: *rows = d->n_experts; return moe && (f & IMG_FLAG_GEMMA4_LAYER);
-    case ROLE_GLOBAL_ROPE_COS: case ROLE_GLOBAL_ROPE_SIN:
-        *rows = d->max_seq;
-        *cols = d->global_head_dim / 2;
-        return (f & IMG_FLAG_GLOBAL_ROPE) != 0;
-    /* Gemma 4's per-layer inputs: L * P <= 2^24 (read_dims) */
-    case ROLE_PLE_GATE: *rows = d->ple_dim; *cols = d->dim; return d->ple_dim != 0;
-    case ROLE_PLE_PROJ: *rows = d->dim; *cols = d->ple_dim; return d->ple_dim != 0;
-    case ROLE_PLE_POST_NORM: *rows = d->dim; return d->ple_dim != 0;
-    case ROLE_PLE_EMBD: *rows = d->vocab; *cols = d->n_layers * d->ple_dim; return d->ple_dim != 0;
-    case ROLE_PLE_MODEL_PROJ: *rows = d->n_layers * d->ple_dim; *cols = d->dim; return d->ple_dim != 0;
-    case ROLE_PLE_PROJ_NORM: *rows = d->ple_dim; return d->ple_dim != 0;
-    default: /* ROLE_EXPERT_GATE_BIAS, ROLE_EXPERT_UP_BIAS, ROLE_EXPERT_DOWN_BIAS */
-        *rows = d->n_experts;
-        *cols = role == ROLE_EXPERT_DOWN_BIAS ? d->dim : d->ffn;
-        return moe && (f & IMG_FLAG_EXPERT_BIAS);
-    }
-}
-
-static void spec_for(const model_dims *d, uint32_t i, int moe, tensor_spec *s) {
-    const uint32_t per_layer = LAYER_FIXED + TENSORS_PER_EXPERT * d->n_experts;
-    s->layer = s->expert = IMG_NO_INDEX;
-    if (i < TENSORS_BEFORE_LAYERS) {
-        s->role = ROLE_TOKEN_EMBD + i;
-    } else if (i - TENSORS_BEFORE_LAYERS < (uint64_t)per_layer * d->n_layers) {
-        uint32_t j = i - TENSORS_BEFORE_LAYERS;
-        s->layer = j / per_layer;
-        j %= per_layer;
-        if (j < LAYER_FIXED) {
-            s->role = ROLE_ATTN_NORM + j;
-        } else {
-            s->expert = (j - LAYER_FIXED) / TENSORS_PER_EXPERT;
-            s->role = ROLE_EXPERT_GATE + (j - LAYER_FIXED) % TENSORS_PER_EXPERT;
-        }
-    } else {
-        s->role = ROLE_OUTPUT_NORM + (i - TENSORS_BEFORE_LAYERS - per_layer * d->n_layers);
-    }
-    const uint32_t D = d->dim, f = d->flags;
-    const int mla = WITH_MLA && d->kv_lora != 0, q_lora = mla && d->q_lora != 0; /* WQ, WK, WV go with them */
-    const int shared = moe && (f & (IMG_FLAG_SHARED_EXPERT | IMG_FLAG_SHARED_PLAIN)), qk_norm = (f & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) != 0;
-    const int head_norm = (f & IMG_FLAG_QK_NORM_HEAD) != 0;
-    /* the layer's attention widths (Gemma 4's global layers have their own; MLA's WK, WV and their norms are absent) */
-    const uint32_t hd = layer_head_dim(d, s->layer), q_dim = d->n_heads * hd, kv_dim = layer_kv_dim(d, s->layer);
-    const int k_is_v = WITH_GEMMA4 && (f & IMG_FLAG_K_EQ_V) && !layer_windowed(d, s->layer); /* no WV, no BV */
-    const int own_kv = !mla && !layer_kv_shared(d, s->layer); /* a KV-sharing layer has no k or v projection */
-    const int dense = !moe || (WITH_GEMMA4 && (f & IMG_FLAG_GEMMA4_LAYER)); /* Gemma 4's MoE layers have it too */
-    uint32_t rows = 0, cols = 0, present = 1; /* cols 0: a vector (norm weights, biases) */
-    switch (s->role) {
-    case ROLE_TOKEN_EMBD: case ROLE_LM_HEAD: rows = d->vocab; cols = D; break;
-    case ROLE_ROPE_COS: case ROLE_ROPE_SIN: rows = d->max_seq; cols = d->rope_dim / 2; break;
-    case ROLE_ATTN_NORM: case ROLE_FFN_NORM: case ROLE_OUTPUT_NORM: rows = D; break;
-    case ROLE_WQ: rows = q_dim; cols = D; present = !q_lora; break;
-    case ROLE_WK: case ROLE_WV: rows = kv_dim; cols = D; present = own_kv && !(s->role == ROLE_WV && k_is_v); break;
-    case ROLE_WO: rows = D; cols = mla ? d->o_dim : q_dim; break;
-    case ROLE_WQ_A: case ROLE_Q_A_NORM: case ROLE_WQ_B: case ROLE_WKV_A: case ROLE_KV_A_NORM: case ROLE_WK_B:
-    case ROLE_WV_B: case ROLE_SINKS: case ROLE_ROUTER_BIAS: case ROLE_EXPERT_GATE_BIAS: case ROLE_EXPERT_UP_BIAS:
-    case ROLE_EXPERT_DOWN_BIAS: case ROLE_POST_ATTN_NORM: case ROLE_POST_FFN_NORM: case ROLE_DENSE_POST_NORM:
-    case ROLE_MOE_NORM: case ROLE_MOE_POST_NORM: case ROLE_ROUTER_NORM: case ROLE_EXPERT_SCALE: case ROLE_LAYER_SCALE:
-    case ROLE_GLOBAL_ROPE_COS: case ROLE_GLOBAL_ROPE_SIN: case ROLE_PLE_GATE: case ROLE_PLE_PROJ: case ROLE_PLE_POST_NORM:
-    case ROLE_PLE_EMBD: case ROLE_PLE_MODEL_PROJ: case ROLE_PLE_PROJ_NORM:
-        present = WITH_NEWER_ROLES && newer_shape(d, s->role, moe, &rows, &cols);
-        break;
-    case ROLE_BQ: rows = q_dim; present = (f & IMG_FLAG_QKV_BIAS) != 0; break;
-    case ROLE_BK: case ROLE_BV: rows = kv_dim; present = (f & IMG_FLAG_QKV_BIAS) && own_kv && !(s->role == ROLE_BV && k_is_v); break;
-    case ROLE_BO: rows = D; present = (f & IMG_FLAG_O_BIAS) != 0; break;
-    case ROLE_Q_NORM: rows = head_norm ? hd : q_dim; present = qk_norm; break;
-    case ROLE_K_NORM: rows = head_norm ? hd : kv_dim; present = qk_norm && !layer_kv_shared(d, s->layer); break;
-    case ROLE_DENSE_GATE: case ROLE_DENSE_UP: rows = layer_dense_ffn(d, s->layer); cols = D; present = dense; break;
-    case ROLE_DENSE_DOWN: rows = D; cols = layer_dense_ffn(d, s->layer); present = dense; break;
-    case ROLE_ROUTER: rows = d->n_experts; cols = D; present = moe; break;
-    case ROLE_SHARED_GATE: case ROLE_SHARED_UP: rows = d->shared_ffn; cols = D; present = shared; break;
-    case ROLE_SHARED_DOWN: rows = D; cols = d->shared_ffn; present = shared; break;
-    case ROLE_SHARED_EXPERT_GATE: rows = 1; cols = D; present = moe && (f & IMG_FLAG_SHARED_EXPERT); break;
-    case ROLE_EXPERT_GATE: case ROLE_EXPERT_UP: rows = d->ffn; cols = D; present = moe; break;
-    case ROLE_EXPERT_DOWN: rows = D; cols = d->ffn; present = moe; break;
-    default: break;
-    }
-    s->ndims = present ? (cols ? 2u : 1u) : 0u;
-    s->dim0 = present ? rows : 0;
-    s->dim1 = present ? (cols ? cols : 1u) : 0;
-}
-
-/* Bytes of a rows x cols tensor's values in `dtype`, and of its block scales (0 for float dtypes).
- * rows, cols <= 2^24, so nothing here can overflow 64 bits. */
-static void tensor_bytes(uint32_t dtype, uint64_t rows, uint64_t cols, uint64_t *values, uint64_t *scales) {
-    uint64_t blocks = rows * ((cols + QBLOCK - 1) / QBLOCK);
-    *scales = 0;
-    switch (dtype) {
-    case DTYPE_F32: *values = rows * cols * 4; break;
-    case DTYPE_F16: case DTYPE_BF16: *values = rows * cols * 2; break;
-    case DTYPE_Q8_0: *values = blocks * QBLOCK; *scales = blocks * 2; break;
-    default: *values = blocks * (QBLOCK / 2); *scales = blocks * 2; break; /* DTYPE_Q4_0 */
-    }
-}
-
-/* Check one table entry against its spec; its bytes must lie in [data_offset, limit). *end is where
- * its bytes (scales included) end. */
-static colibri_status check_entry(const uint8_t *e, const tensor_spec *s, uint64_t data_offset,
-                                  uint64_t limit, uint64_t *end) {
-    if (rd16(e + E_ROLE) != s->role || rd32(e + E_LAYER) != s->layer || rd32(e + E_EXPERT) != s->expert ||
-        rd32(e + E_NDIMS) != s->ndims || rd32(e + E_DIM0) != s->dim0 || rd32(e + E_DIM1) != s->dim1 ||
-        rd32(e + E_RESERVED) != 0)
-        return COLIBRI_E_IMAGE_TABLE;
-    uint32_t dtype = rd16(e + E_DTYPE);
-    uint64_t off = rd64(e + E_OFFSET), scales_off = rd64(e + E_SCALES_OFFSET);
-    if (s->ndims == 0) { /* an empty slot: nothing to read */
-        *end = 0;
-        return dtype == DTYPE_F32 && off == 0 && rd64(e + E_BYTES) == 0 && rd32(e + E_GROUP) == 0 && scales_off == 0 &&
-               rd64(e + E_SCALES_BYTES) == 0 ? COLIBRI_OK : COLIBRI_E_IMAGE_TABLE;
-    }
-    if (dtype >= DTYPE_COUNT) return COLIBRI_E_IMAGE_DTYPE;
-    /* vectors and the tables read as floats (RoPE, expert biases) are f32; any matrix may be narrower */
-    const int table = s->role == ROLE_ROPE_COS || s->role == ROLE_ROPE_SIN ||
-                      (WITH_EXPERT_EXTRAS && s->role >= ROLE_EXPERT_GATE_BIAS && s->role <= ROLE_EXPERT_DOWN_BIAS) ||
-                      (WITH_GEMMA4 && (s->role == ROLE_GLOBAL_ROPE_COS || s->role == ROLE_GLOBAL_ROPE_SIN));
-    if (dtype != DTYPE_F32 && (s->ndims != 2 || table))
-        return COLIBRI_E_IMAGE_DTYPE;
-    const int quantized = dtype == DTYPE_Q8_0 || dtype == DTYPE_Q4_0;
-    uint64_t bytes, scales;
-    tensor_bytes(dtype, s->dim0, s->dim1, &bytes, &scales);
-    if (rd32(e + E_GROUP) != (quantized ? QBLOCK : 0) || rd64(e + E_BYTES) != bytes || rd64(e + E_SCALES_BYTES) != scales)
-        return COLIBRI_E_IMAGE_TABLE;
-    if (off % IMG_ALIGN || off < data_offset || !add_ok(off, bytes, end) || *end > limit)
-        return COLIBRI_E_IMAGE_BOUNDS;
-    if (quantized) { /* the scales follow the values directly, so a tensor is one contiguous range */
-        uint64_t at;
-        if (!align_ok(*end, &at) || scales_off != at || !add_ok(scales_off, scales, end) || *end > limit)
-            return COLIBRI_E_IMAGE_BOUNDS;
-    } else if (scales_off != 0) {
-        return COLIBRI_E_IMAGE_TABLE;
-    }
-    return COLIBRI_OK;
-}
-
-colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, model_dims *d, const uint8_t **table,
-                            colibri_image_info *info) {
+colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, model_dims *d, colibri_image_info *info) {
     if (!img) return COLIBRI_E_NULL;
     if ((uintptr_t)img % IMG_ALIGN) return COLIBRI_E_BAD_ARG;
     if (size < IMG_HEADER_BYTES) return COLIBRI_E_IMAGE_TRUNCATED;
-    for (int i = 0; i < 8; i++)
-        if (img[i] != MAGIC[i]) return COLIBRI_E_IMAGE_MAGIC;
+    if (rd64(img + H_MAGIC) != IMG_MAGIC) return COLIBRI_E_IMAGE_MAGIC;
     if (rd32(img + H_VERSION) != IMG_VERSION) return COLIBRI_E_IMAGE_VERSION;
     static const uint8_t zero4[4] = { 0 };
     uint32_t crc = colibri_crc32(0, img, H_HEADER_CRC);
@@ -436,9 +234,12 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
     /* after read_dims, so that the lean build names a Gemma 4 image unsupported: its fields are reserved there */
     for (uint32_t i = WITH_GEMMA4 ? H_RESERVED : H_GLOBAL_HEAD_DIM; i < IMG_HEADER_BYTES; i++)
         if (img[i]) return COLIBRI_E_IMAGE_HEADER;
-    uint64_t per_layer = LAYER_FIXED + (uint64_t)TENSORS_PER_EXPERT * dims.n_experts;
-    if (n_tensors != TENSORS_BEFORE_LAYERS + per_layer * dims.n_layers + TENSORS_AFTER_LAYERS) return COLIBRI_E_IMAGE_TABLE;
-    dims.n_tensors = (uint32_t)n_tensors;
+    /* the dense index open() fills from the table: every layer's slots, present or not (< 2^32 of them) */
+    const uint64_t dense = TENSORS_BEFORE_LAYERS + (LAYER_FIXED + (uint64_t)TENSORS_PER_EXPERT * dims.n_experts) * dims.n_layers +
+                           TENSORS_AFTER_LAYERS;
+    if (dense > UINT32_MAX) return COLIBRI_E_IMAGE_DIMS;
+    dims.n_tensors = (uint32_t)dense;
+    dims.n_entries = (uint32_t)n_tensors;
     /* the expert CRC table: one u32 per (layer, expert), between the tensor table and the data */
     uint64_t crc_end; /* the table's bytes, < 2^24 * 2^10 * 4, fit; the offset plus them may wrap */
     if (dims.n_experts ? (crc_offset % IMG_ALIGN || crc_offset < table_end ||
@@ -446,40 +247,13 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
                        : crc_offset != 0)
         return COLIBRI_E_IMAGE_HEADER;
     dims.resident_bytes = resident;
-    dims.expert_crc_offset = crc_offset; /* expert_block_max and streamed_experts: 0 so far */
+    dims.expert_crc_offset = crc_offset;
 
-    uint64_t prev_end = 0, block_start = 0;
-    int moe = 0;
-    for (uint32_t i = 0; i < n_tensors; i++) {
-        tensor_spec s;
-        spec_for(&dims, i, moe, &s);
-        if (s.role == ROLE_ATTN_NORM) { /* a new layer: its kind is whether its router slot is filled */
-            moe = tensor_present(img + table_offset, i + (ROLE_ROUTER - ROLE_ATTN_NORM));
-            if (moe ? !dims.n_experts : !dims.dense_ffn) return COLIBRI_E_IMAGE_TABLE;
-        }
-        const uint8_t *e = img + table_offset + (uint64_t)i * IMG_ENTRY_BYTES;
-        const int routed = s.role == ROLE_EXPERT_GATE || s.role == ROLE_EXPERT_UP || s.role == ROLE_EXPERT_DOWN;
-        uint64_t end, aligned_prev;
-        st = check_entry(e, &s, data_offset, routed ? tensors_end : resident, &end);
-        if (st) return st;
-        /* the up and down matrices of a SwiGLU block follow its gate matrix directly: one read covers it */
-        const int follows = s.role == ROLE_EXPERT_UP || s.role == ROLE_EXPERT_DOWN || s.role == ROLE_SHARED_UP ||
-                            s.role == ROLE_SHARED_DOWN || s.role == ROLE_DENSE_UP || s.role == ROLE_DENSE_DOWN;
-        if (follows && s.ndims && (!align_ok(prev_end, &aligned_prev) || rd64(e + E_OFFSET) != aligned_prev))
-            return COLIBRI_E_IMAGE_BOUNDS;
-        prev_end = end;
-        if (s.role == ROLE_EXPERT_GATE && s.ndims) block_start = rd64(e + E_OFFSET);
-        if (s.role == ROLE_EXPERT_DOWN && s.ndims) { /* a routed expert's block: wholly in one tier */
-            const int streamed = block_start >= resident;
-            if (!streamed && end > resident) return COLIBRI_E_IMAGE_BOUNDS;
-            if (end - block_start > dims.expert_block_max) dims.expert_block_max = end - block_start;
-            dims.streamed_experts += (uint32_t)streamed;
-            if (sums && (full || !streamed)) { /* addressable now: check it now (a streamed one is checked when fetched) */
-                uint32_t want = rd32(img + crc_offset + 4ull * ((uint64_t)s.layer * dims.n_experts + s.expert));
-                if (crc32_update(0, img + block_start, (size_t)(end - block_start), clmul) != want) return COLIBRI_E_EXPERT_CRC;
-            }
-        }
-    }
+    dims.table_offset = table_offset;
+    dims.data_offset = data_offset;
+    dims.tensors_end = tensors_end;
+    st = table_walk(img, &dims, mode, 0);
+    if (st) return st;
 
     uint64_t arena;
     st = arena_plan(&dims, 0, 0, &arena);
@@ -488,7 +262,6 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
     if (rd64(img + H_ARENA_BYTES) != arena) return COLIBRI_E_IMAGE_PLAN;
 
     if (d) *d = dims;
-    if (table) *table = img + table_offset;
     if (info) {
         info->format_version = IMG_VERSION;
         info->image_bytes = image_bytes;
@@ -513,19 +286,11 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
     return COLIBRI_OK;
 }
 
-void expert_block(const colibri_ctx *c, uint32_t layer, uint32_t expert, uint64_t *offset, uint64_t *bytes) {
-    const tensor_ref *gate = &c->a.tensors[expert_tensor_index(&c->d, layer, expert, ROLE_EXPERT_GATE)];
-    const tensor_ref *down = gate + 2; /* up and down follow the gate: one contiguous block */
-    uint64_t values, scales;
-    tensor_bytes(down->dtype, down->rows, down->cols, &values, &scales);
-    *offset = gate->offset;
-    *bytes = (down->scales ? down->scales + scales : down->offset + values) - gate->offset;
-}
 
 colibri_status colibri_image_verify(const void *image, size_t size, colibri_image_info *info) {
-    return image_verify(image, size, 0, 0, 0, info);
+    return image_verify(image, size, 0, 0, info);
 }
 
 colibri_status colibri_image_inspect(const void *image, size_t size, colibri_image_info *info) {
-    return image_verify(image, size, IMG_VERIFY_NO_CRC, 0, 0, info);
+    return image_verify(image, size, IMG_VERIFY_NO_CRC, 0, info);
 }

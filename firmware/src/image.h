@@ -1,5 +1,5 @@
 /* The image as the runtime reads it: the model's dimensions (model_dims, read from the header by the verifier),
- * the tensor table decoded at open (tensor_ref) and the verifier's entry points (image.c). */
+ * the tensor table decoded at open (tensor_ref) and the verifier's entry points (image.c, table.c). */
 #ifndef COLIBRI_IMAGE_H
 #define COLIBRI_IMAGE_H
 
@@ -32,12 +32,15 @@ typedef struct {
     uint32_t q_dim, kv_dim, ffn_max;                /* the widest of any layer; kv_dim: a K cache row */
     uint32_t att_dim, val_dim, o_dim;               /* per head: what attention dots and sums (the widest); Wo's input */
     uint32_t in_blocks;             /* blocks of QBLOCK in the longest matvec input (for the quantized x) */
-    uint32_t n_tensors;             /* table entries: 3 + n_layers * (LAYER_FIXED + 3 * n_experts) + 2 */
+    uint32_t n_tensors;             /* the dense index: 3 + n_layers * (LAYER_FIXED + 3 * n_experts) + 7 slots */
+    uint32_t n_entries;             /* the table's entries: the tensors present */
     /* the two tiers: set by image_verify() from the header and the table */
     uint64_t resident_bytes;        /* [0, resident_bytes) is read in place */
     uint64_t expert_block_max;      /* the largest routed expert block (gate, up, down and scales) */
     uint32_t streamed_experts;      /* routed experts past resident_bytes */
     uint64_t expert_crc_offset;     /* the expert CRC table: u32 per (layer, expert), layer-major */
+    uint64_t table_offset, data_offset; /* the tensor table; where tensor bytes start */
+    uint64_t tensors_end;           /* where routed experts' bytes must end: the metadata section or image_bytes */
     uint64_t prefill_token_bytes;   /* batch_plan(d, 1) */
 } model_dims;
 
@@ -80,27 +83,50 @@ static inline uint32_t layer_dense_ffn(const model_dims *d, uint32_t layer) {
 typedef struct {
     uint64_t offset;         /* of the values, from the image start */
     uint64_t scales;         /* of the Q8_0/Q4_0 block scales (0: a float dtype) */
-    uint32_t rows, cols;     /* rows 0: an empty slot; cols 1 for a vector */
+    uint32_t rows, cols;     /* rows 0: absent (the table does not list it); cols 1 for a vector */
     uint32_t dtype, reserved;
 } tensor_ref;
 #define TENSOR_REF_BYTES 32u
 
+/* Each dtype's storage (format.h's IMG_DTYPES, from format/schema.toml): a row's elements in blocks of `block`, each
+ * block `bytes` long, and `scale_bytes` of f16 scale per block in the tensor's scales (0: a float dtype, none). */
+typedef struct { uint8_t block, bytes, scale_bytes; } dtype_traits;
+extern const dtype_traits DTYPE_TRAITS[DTYPE_COUNT];
+
+/* Checked arithmetic: return 0 on overflow. */
+static inline int add_ok(uint64_t a, uint64_t b, uint64_t *r) { *r = a + b; return *r >= a; }
+static inline int mul_ok(uint64_t a, uint64_t b, uint64_t *r) {
+    if (a != 0 && b > UINT64_MAX / a) return 0;
+    *r = a * b;
+    return 1;
+}
+static inline int align_ok(uint64_t a, uint64_t *r) {
+    if (!add_ok(a, IMG_ALIGN - 1, r)) return 0;
+    *r &= ~(uint64_t)(IMG_ALIGN - 1);
+    return 1;
+}
+
 /* ---- image.c ---- */
+/* Little-endian fields of the image, at any alignment. */
+uint16_t rd16(const uint8_t *p);
 uint32_t rd32(const uint8_t *p);
 uint64_t rd64(const uint8_t *p);
-/* Verification; fills dims and the table pointer on success. Mode 0: the whole image must be
- * addressable and is checked, expert blocks included. IMG_VERIFY_RESIDENT: only [0, resident_bytes)
- * must be; expert-part blocks are checked when fetched (experts.c). */
+/* Verification; fills dims (and info) on success. Mode 0: the whole image must be addressable and is checked, expert
+ * blocks included. IMG_VERIFY_RESIDENT: only [0, resident_bytes) must be; expert-part blocks are checked when fetched
+ * (experts.c). */
 #define IMG_VERIFY_RESIDENT 1u
 #define IMG_VERIFY_NO_CRC 2u /* every check but the CRCs over tensor and metadata bytes (colibri_image_inspect) */
-colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, model_dims *d, const uint8_t **table,
-                            colibri_image_info *info);
+colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, model_dims *d, colibri_image_info *info);
+
+/* ---- table.c ---- */
+/* The verifier's table walk, for a model of dims d (image_verify's): each entry the table lists against the tensor of
+ * the dense index's slot it is in (role, shape, dtype, bytes, bounds, the SwiGLU blocks' contiguity, each routed
+ * expert's block in one tier and, when addressable and not IMG_VERIFY_NO_CRC, its CRC). Sets d->expert_block_max and
+ * d->streamed_experts. With refs, refs[d->n_tensors] gets each slot's place (rows 0: absent; garbage on failure):
+ * open() walks a second time to fill the arena's dense index, the only reads of the table after verification. */
+colibri_status table_walk(const uint8_t *img, model_dims *d, unsigned mode, tensor_ref *refs);
 uint32_t layer_tensor_index(const model_dims *d, uint32_t layer, uint32_t role);
 uint32_t expert_tensor_index(const model_dims *d, uint32_t layer, uint32_t expert, uint32_t role);
 uint32_t global_tensor_index(const model_dims *d, uint32_t role);
-/* Whether a table slot holds a tensor: its entry has dimensions (the verifier checked it matches the flags). */
-int tensor_present(const uint8_t *table, uint32_t index);
-/* Decode every entry of a verified table into refs (open() does this once). */
-void tensors_resolve(const uint8_t *table, uint32_t n_tensors, tensor_ref *refs);
 
 #endif

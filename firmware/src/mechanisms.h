@@ -32,10 +32,6 @@
 #define WITH_TRACE_CRC (!COLIBRI_LEAN)        /* the trace's residual-stream CRCs */
 #define WITH_TOP_P_STOP (!COLIBRI_LEAN)       /* top-p sampling's early stop (sampler.c) */
 
-/* The tensor roles only those mechanisms use (image.c's newer_shape) */
-#define WITH_NEWER_ROLES (WITH_MLA || WITH_ROUTERS || WITH_EXPERT_EXTRAS || WITH_SINKS || WITH_GEMMA4 || \
-                          WITH_PER_LAYER_INPUTS)
-
 /* The image flags this build computes (format.h, from format/schema.toml) */
 #define BUILD_FLAGS (COLIBRI_LEAN ? IMG_LEAN_FLAGS : IMG_KNOWN_FLAGS)
 

@@ -47,9 +47,8 @@ static weight matrix(const colibri_ctx *c, uint32_t index) { return matrix_in(c,
 
 /* Rows [r0, r0 + n) of w, as a matrix of their own (one head's part of a per-head projection). */
 static weight weight_rows(const weight *w, uint32_t r0, uint32_t n) {
-    static const uint8_t elem_bytes[DTYPE_COUNT] = { 4, 2, 2, 1, 0 }; /* Q4_0: half a byte, below */
-    const size_t row_bytes = w->dtype == DTYPE_Q4_0 ? (size_t)w->blocks * (QBLOCK / 2)
-                             : w->dtype == DTYPE_Q8_0 ? (size_t)w->blocks * QBLOCK : (size_t)w->cols * elem_bytes[w->dtype];
+    const dtype_traits *t = &DTYPE_TRAITS[w->dtype];
+    const size_t row_bytes = (size_t)((w->cols + t->block - 1u) / t->block) * t->bytes;
     weight part = *w;
     part.rows = n;
     part.data = (const uint8_t *)w->data + r0 * row_bytes;
