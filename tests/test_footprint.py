@@ -176,3 +176,13 @@ def test_rvv_assembly_is_the_only_vector_code(firmwares):
         vector_code[obj.name] = sum(op.startswith("v") for op in ops)
     assert vector_code.pop("kernels_rvv.o") > 20
     assert not any(vector_code.values()), vector_code
+
+
+def test_every_runtime_file_reads_in_one_sitting():
+    """No runtime source file over 400 lines (issue 28): a file that grows past it is split by concern, as image.c
+    (the header) and table.c (the tensor table) were."""
+    from colibri.paths import runtime_sources
+    files = [*runtime_sources(), *(ROOT / "firmware" / "src").glob("*.h"), *(ROOT / "firmware" / "src" / "blocks").glob("*.c")]
+    assert len(files) > 20
+    long = {p.name: n for p in files if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long

@@ -1,6 +1,7 @@
-/* x86-64 SIMD for kernels_x86.c and crc32.c, under GCC and Clang (__x86_64__) or MSVC (_M_X64). GCC and
- * Clang compile a function for an instruction set when a target attribute asks (X86_TARGET); MSVC takes
- * the intrinsics in any function. Either way CPUID decides at open what runs (x86_cpuid, x86_xcr0). */
+/* x86-64 SIMD for kernels_x86.c, kernels_x86_quantized.c and crc32.c, under GCC and Clang
+ * (__x86_64__) or MSVC (_M_X64). GCC and Clang compile a function for an instruction set when a target attribute
+ * asks (X86_TARGET); MSVC takes the intrinsics in any function. Either way CPUID decides at open what runs
+ * (x86_cpuid, x86_xcr0). */
 #ifndef COLIBRI_X86_H
 #define COLIBRI_X86_H
 
@@ -37,6 +38,53 @@ static inline void x86_cpuid(unsigned leaf, unsigned subleaf, unsigned regs[4]) 
 static inline unsigned x86_xcr0(void) { return (unsigned)_xgetbv(0); }
 #define x86_prefetch(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 #endif
+
+/* The kernel sets' targets (kernels_x86.c, kernels_x86_quantized.c). */
+#define AVX2 X86_TARGET("avx2,f16c")
+#define AVX512 X86_TARGET("avx2,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
+
+/* Quantized weights stream through once per token: asking for them this far ahead keeps more
+ * cache-line fills in flight than the hardware prefetcher does for one stream (docs/PERFORMANCE.md:
+ * 4 KiB ahead lifts Q8_0 from 57% to 65-70% of the triad, Q4_0 from 43% to 52%; the float kernels
+ * gained nothing). A hint only: it never faults, even past the end of the image, and changes no result. */
+#define PREFETCH_AHEAD 4096
+static inline void prefetch(const void *p, size_t bytes) {
+    for (size_t off = 0; off < bytes; off += 64) x86_prefetch((const char *)p + PREFETCH_AHEAD + off);
+}
+
+/* 8 f16 weights as f32 (exact widening) */
+AVX2 static inline __m256 load8_f16(const void *w, uint32_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)w + i)));
+}
+
+/* sum_lanes8 of a register without leaving registers: the same additions, the same operands in the same
+ * order (so even a NaN's payload is the scalar tree's). */
+AVX2 static inline float sum8(__m256 acc) {
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)); /* acc[i] + acc[i + 4] */
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                                  /* s4[i] + s4[i + 2] */
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));                         /* s2[0] + s2[1] */
+}
+
+/* The sum of the 8 int32 lanes of one block: for the blocks after the last multiple of 8. */
+AVX2 static inline int32_t block_total(__m256i p) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* The quantized entries of the AVX2 and AVX-512 sets (kernels_x86_quantized.c), which the sets hold. */
+#define QUANTIZED_DECLS(set)                                                                                         \
+    void rows_q8_0_##set(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows, \
+                         float *out);                                                                                \
+    void rows_q4_0_##set(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows, \
+                         float *out);                                                                                \
+    void tile_q8_0_##set(const int8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,          \
+                         uint32_t blocks, float out[4]);                                                             \
+    void tile_q4_0_##set(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,         \
+                         uint32_t blocks, float out[4]);
+QUANTIZED_DECLS(avx2)
+QUANTIZED_DECLS(vnni)
 
 /* CPUID feature bits (Intel SDM vol. 2A, CPUID): leaf 1 ecx, leaf 7 ebx and ecx */
 #define X86_1_ECX_PCLMUL (1u << 1)
