@@ -47,8 +47,18 @@ class Family:
     gpt_oss: bool = False       # sinks, a top-k-then-softmax router, experts fused with biases, clamped SwiGLU
     gemma4: bool = False        # Gemma 4's layer, attention and rope per layer type (_gemma4)
     shared_prefix: str = "shared_expert"  # the shared expert's module under mlp.
+    router_name: str = "gate.weight"  # the router's tensor under moe_prefix
+    # the experts fused per layer under moe_prefix: gate and up as [E, 2F, D] (gate rows first), down as [E, D, F]
+    fused_experts: tuple[str, str] | None = None
+    flags: int = 0              # image flags the architecture always has
+    own_keys: tuple[str, ...] = ()  # config fields only this family reads: another family's config refuses them
+    attn_scale_key: str = ""    # config field of the softmax scale (else 1/sqrt(head_dim))
+    # config fields whose value multiplies a role's weights as packed (1 / value with `divide`): a scale the
+    # architecture applies to a layer's output, folded into the matrix that makes it
+    weight_scales: tuple[tuple[Role, str, bool], ...] = ()
 
 
+GRANITE_KEYS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")
 QWEN_MOE = dict(expert_ffn_key="moe_intermediate_size", moe_prefix="mlp",
                 expert_names=("gate_proj", "up_proj", "down_proj"), sparse_layer_rule=True)
 DEEPSEEK = dict(expert_ffn_key="moe_intermediate_size", moe_prefix="mlp",
@@ -68,11 +78,24 @@ FAMILIES = {
     "Qwen2ForCausalLM": Family(**DENSE, bias_key="", bias_default=True, bias_on_o=False),
     "Qwen3ForCausalLM": Family(**DENSE, qk_norm=FLAG_QK_NORM_HEAD),
     "GptOssForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size", moe_prefix="mlp",
-                                expert_names=("", "", ""), bias_default=True, gpt_oss=True),
+                                expert_names=("", "", ""), bias_default=True, gpt_oss=True, router_name="router.weight"),
     "DeepseekV2ForCausalLM": Family(moe=True, **DEEPSEEK, deepseek=2),
     "DeepseekV3ForCausalLM": Family(moe=True, **DEEPSEEK, deepseek=3),
     "Gemma4ForCausalLM": Family(moe=True, expert_ffn_key="moe_intermediate_size", moe_prefix="",
                                 expert_names=("", "", ""), qk_norm=FLAG_QK_NORM_HEAD, gemma4=True),
+    # Granite's multipliers: the embedding times embedding_multiplier, each layer's attention and MoE outputs times
+    # residual_multiplier before their residual add, the logits divided by logits_scaling; softmax over the top-k
+    # router logits (GraniteMoeTopKRouter)
+    "GraniteMoeForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size", moe_prefix="block_sparse_moe",
+                                    expert_names=("", "", ""), router_name="router.layer.weight",
+                                    fused_experts=("input_linear.weight", "output_linear.weight"),
+                                    flags=FLAG_ROUTER_TOPK_SOFTMAX, attn_scale_key="attention_multiplier",
+                                    own_keys=GRANITE_KEYS,
+                                    weight_scales=((Role.TOKEN_EMBD, "embedding_multiplier", False),
+                                                   (Role.WO, "residual_multiplier", False),
+                                                   (Role.BO, "residual_multiplier", False),
+                                                   (Role.EXPERT_DOWN, "residual_multiplier", False),
+                                                   (Role.LM_HEAD, "logits_scaling", True))),
 }
 
 GEMMA4_ONLY = ("hidden_activation", "enable_moe_block", "top_k_experts", "final_logit_softcapping", "per_layer_config",
@@ -90,7 +113,7 @@ HANDLED = {
       "qk_rope_head_dim", "qk_head_dim", "v_head_dim", "n_group", "topk_group", "topk_method", "routed_scaling_factor",
       "n_shared_experts", "rope_interleave", "scoring_func", "moe_layer_freq"),  # DeepSeek's (_deepseek)
     "swiglu_alpha", "swiglu_limit", "quantization_config",  # gpt-oss's (quantization_config: MXFP4 experts only)
-    *GEMMA4_ONLY,
+    *GEMMA4_ONLY, *GRANITE_KEYS,
 }
 DEEPSEEK_ONLY = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "n_group", "topk_group",
                  "topk_method", "routed_scaling_factor", "n_shared_experts", "first_k_dense_replace", "scoring_func",
@@ -370,7 +393,9 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
         if cfg.get(key) is not None and not fam.gpt_oss:
             raise UnsupportedModel(f"config field {key} is not understood for {arch} (only gpt-oss's MXFP4 experts and "
                                    "clamped SwiGLU are); refusing rather than ignoring it")
-    for owner, keys, mine in (("DeepSeek's architectures", DEEPSEEK_ONLY, fam.deepseek), ("Gemma 4", GEMMA4_ONLY, fam.gemma4)):
+    owners = [("DeepSeek's architectures", DEEPSEEK_ONLY, fam.deepseek), ("Gemma 4", GEMMA4_ONLY, fam.gemma4)]
+    owners += [(name, f.own_keys, f is fam) for name, f in FAMILIES.items() if f.own_keys]
+    for owner, keys, mine in owners:
         for key in keys if not mine else ():
             if cfg.get(key) is not None:
                 raise UnsupportedModel(f"config field {key}={cfg[key]!r} belongs to {owner}; {arch} "
@@ -394,7 +419,7 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
     any_moe, any_dense = any(moe_layers), not all(moe_layers)
     n_experts = _n_experts(cfg) if any_moe else 0
 
-    flags = fam.qk_norm | gemma_flags
+    flags = fam.qk_norm | gemma_flags | fam.flags
     top_k = int(cfg["top_k_experts" if fam.gemma4 else "num_experts_per_tok"]) if any_moe else 0
     mla, mla_flags = _deepseek(cfg, fam, any_moe, n_experts, top_k) if fam.deepseek else ({}, 0)
     if fam.gpt_oss:
@@ -408,7 +433,7 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
     if fam.gpt_oss and cfg.get("norm_topk_prob"):
         raise UnsupportedModel("config field norm_topk_prob=true: transformers' gpt-oss router takes a softmax over the "
                                "top-k logits and reads no norm_topk_prob")
-    if any_moe and norm_topk and not (fam.deepseek or fam.gpt_oss or fam.gemma4):
+    if any_moe and norm_topk and not (fam.deepseek or fam.gpt_oss or fam.gemma4 or fam.flags & FLAG_ROUTER_TOPK_SOFTMAX):
         flags |= FLAG_NORM_TOPK
     shared_ffn = int(cfg.get("shared_expert_intermediate_size") or 0) if fam.shared_expert and any_moe else 0
     if shared_ffn:
@@ -430,6 +455,10 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
         raise UnsupportedModel(f"config field rope_parameters/rope_scaling: {exc}") from None
     if fam.deepseek:  # the softmax scale: 1/sqrt(q/k head), times YaRN's mscale(factor, mscale_all_dim) squared
         mla["attn_scale"] = head_dim ** -0.5 * rope.deepseek_mscale(params) ** 2
+    if fam.attn_scale_key:
+        mla["attn_scale"] = _positive(cfg, fam.attn_scale_key)
+    for _, key, _ in fam.weight_scales:
+        _positive(cfg, key)
 
     dims = ModelDims(
         vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
@@ -453,6 +482,14 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
         raise UnsupportedModel(f"config field rms_norm_eps={dims.rms_norm_eps} must be in (0, 1)")
     extra.update(inv_freq=inv_freq, attention_factor=attention_factor)
     return dims, bool(cfg.get("tie_word_embeddings", fam.gemma4)), arch, extra
+
+
+def _positive(cfg: dict, key: str) -> float:
+    """A config field that must be a finite positive number (a scale the architecture multiplies by)."""
+    value = cfg.get(key)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+        raise UnsupportedModel(f"config field {key}={value!r} must be a positive number")
+    return float(value)
 
 
 def _shard_files(path: Path) -> list[Path]:
@@ -539,7 +576,7 @@ def hf_name(fam: Family, role: Role, layer: int, expert: int) -> str:
         Role.SINKS: a + "sinks",
         Role.DENSE_GATE: p + "mlp.gate_proj.weight", Role.DENSE_UP: p + "mlp.up_proj.weight",
         Role.DENSE_DOWN: p + "mlp.down_proj.weight",
-        Role.ROUTER: m + ("router.weight" if fam.gpt_oss else "gate.weight"),
+        Role.ROUTER: m + fam.router_name,
         Role.SHARED_GATE: sh + "gate_proj.weight", Role.SHARED_UP: sh + "up_proj.weight",
         Role.SHARED_DOWN: sh + "down_proj.weight", Role.SHARED_EXPERT_GATE: p + "mlp.shared_expert_gate.weight",
         Role.EXPERT_GATE: m + f"experts.{expert}.{g}.weight", Role.EXPERT_UP: m + f"experts.{expert}.{u}.weight",
@@ -606,6 +643,12 @@ def gpt_oss_expert_tensor(raw: dict, d: ModelDims, role: Role, layer: int, exper
     return [p + fused], _derived(source, shape, compute)
 
 
+def _scaled(t, factor: np.float32, divide: bool):
+    """t times factor (divided by it with `divide`), in f32, computed when read if t is."""
+    return _derived(t, tuple(t.shape), lambda: np.asarray(t, np.float32) / factor if divide
+                    else np.asarray(t, np.float32) * factor)
+
+
 def _derived(origin, shape: tuple[int, ...], compute):
     return Derived(shape, compute) if isinstance(origin, LazyTensor) else np.ascontiguousarray(compute())
 
@@ -633,13 +676,19 @@ def gemma4_tensor(raw: dict, d: ModelDims, role: Role, layer: int, expert: int) 
         t = raw[p + "router.scale"]
         return [p + "router.scale"], np.asarray(t, np.float32) * np.float32(d.hidden_size ** -0.5)
     if role in EXPERT_ROLES:
-        fused = p + ("experts.down_proj" if role == Role.EXPERT_DOWN else "experts.gate_up_proj")
-        F = d.ffn_size
-        rows = {Role.EXPERT_GATE: slice(0, F), Role.EXPERT_UP: slice(F, 2 * F), Role.EXPERT_DOWN: slice(None)}[role]
-        shape = (d.hidden_size, F) if role == Role.EXPERT_DOWN else (F, d.hidden_size)
-        source = raw[fused]
-        return [fused], _derived(source, shape, lambda: np.asarray(expert_of(source, expert), np.float32)[rows])
+        return fused_expert_tensor(raw, d, p + "experts.gate_up_proj", p + "experts.down_proj", role, expert)
     return [p + GEMMA4_NAMES[role]], raw[p + GEMMA4_NAMES[role]]
+
+
+def fused_expert_tensor(raw: dict, d: ModelDims, gate_up: str, down: str, role: Role, expert: int) -> tuple[list[str], object]:
+    """(checkpoint names read, tensor) for a routed expert's matrix from a layer's fused experts: gate and up as
+    `gate_up` [E, 2F, D], gate rows first, and down as `down` [E, D, F]."""
+    F = d.ffn_size
+    fused = down if role == Role.EXPERT_DOWN else gate_up
+    rows = {Role.EXPERT_GATE: slice(0, F), Role.EXPERT_UP: slice(F, 2 * F), Role.EXPERT_DOWN: slice(None)}[role]
+    shape = (d.hidden_size, F) if role == Role.EXPERT_DOWN else (F, d.hidden_size)
+    source = raw[fused]
+    return [fused], _derived(source, shape, lambda: np.asarray(expert_of(source, expert), np.float32)[rows])
 
 
 def checkpoint_tensor(raw: dict, fam: Family, d: ModelDims, key: tuple[Role, int, int]) -> tuple[list[str], object]:
@@ -651,6 +700,9 @@ def checkpoint_tensor(raw: dict, fam: Family, d: ModelDims, key: tuple[Role, int
         return gpt_oss_expert_tensor(raw, d, *key)
     if fam.gemma4 and (role in GEMMA4_NAMES or role in GEMMA4_GLOBALS or role in EXPERT_ROLES or role == Role.ROUTER_NORM):
         return gemma4_tensor(raw, d, *key)
+    if fam.fused_experts and role in EXPERT_ROLES:
+        m = f"model.layers.{key[1]}.{fam.moe_prefix}."
+        return fused_expert_tensor(raw, d, m + fam.fused_experts[0], m + fam.fused_experts[1], role, key[2])
     name = hf_name(fam, *key)
     if role in (Role.WK_B, Role.WV_B):
         split = name.replace("kv_b_proj", "k_b_proj" if role == Role.WK_B else "v_b_proj")
@@ -733,6 +785,9 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
         used.update(names)
     if lm_head not in tensors:
         tensors[lm_head] = tensors[(Role.TOKEN_EMBD, NO_INDEX, NO_INDEX)]  # same object: stored once
+    for role, config_key, divide in fam.weight_scales:  # each scaled tensor a new object (tied ones part here)
+        for key in [k for k in tensors if k[0] == role]:
+            tensors[key] = _scaled(tensors[key], np.float32(cfg[config_key]), divide)
     unused = sorted(name for name, t in raw.items() if name not in used and t.size)  # empty ones add nothing
     if unused:
         raise UnsupportedModel(f"checkpoint has tensors the runtime would ignore: {', '.join(unused[:5])}"

@@ -25,7 +25,7 @@ from colibri.format import (  # noqa: F401  (the format's constants, re-exported
     FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN, FLAG_V_NORM, HEADER_BYTES, HEADER_FIELDS, HEADER_FORMAT, HEADER_OFFSETS,
     KNOWN_FLAGS, KV_DTYPES, LAYER_ROLES, LEAN_FLAGS, MAGIC, MAX_WINDOW_LAYERS, NO_INDEX, ROLES_AFTER_LAYERS,
     ROLES_BEFORE_LAYERS, VERSION, F32_TABLES, FACT_DENSE, FACT_K_IS_V, FACT_KV_SHARED, FACT_MLA, FACT_MOE, FACT_OWN_KV,
-    FACT_PLE, FACT_Q_LORA, FACT_QK_NORM, FACT_SHARED_FFN, ROLE_GGUF, ROLE_SHAPES, TERMS, Role)
+    FACT_PLE, FACT_Q_LORA, FACT_QK_NORM, FACT_SHARED_FFN, MAX_EXPERTS, ROLE_GGUF, ROLE_SHAPES, TERMS, Role)
 
 ARENA_CTX_BYTES = 1280  # reserved at the start of the arena for the runtime's context struct
 TENSOR_REF_BYTES = 32   # one decoded table entry in the arena (tensor_ref in firmware/src/image.h)
@@ -193,7 +193,7 @@ class ModelDims:
         return self.att_dim if self.mla else max(self.layer_kv_dim(layer) for layer in range(self.n_layers))
 
     def facts(self, layer: int = NO_INDEX) -> int:
-        """The flags and what `layer` has beside them (format/schema.toml [[fact]]; image.c's layer_facts): what a
+        """The flags and what `layer` has beside them (format/schema.toml [[fact]]; table.c's layer_facts): what a
         role's presence tests. A global tensor's roles test flags and model-wide facts only."""
         facts = self.flags | (FACT_PLE if self.ple_dim else 0)
         if layer == NO_INDEX:
@@ -209,7 +209,7 @@ class ModelDims:
         return facts
 
     def terms(self, layer: int = NO_INDEX) -> dict[str, int]:
-        """The numbers `layer`'s tensor shapes are made of (format/schema.toml [[term]]; image.c's shape_terms);
+        """The numbers `layer`'s tensor shapes are made of (format/schema.toml [[term]]; table.c's shape_terms);
         a global tensor's take any layer's."""
         hd, kv_dim, fd = (self.head_dim, self.kv_dim, self.dense_ffn_size) if layer == NO_INDEX else \
             (self.layer_head_dim(layer), self.layer_kv_dim(layer), self.layer_dense_ffn(layer))
@@ -712,6 +712,9 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
     n_layers, n_experts = h["n_layers"], h["n_experts"]
     if h["tensor_table_offset"] + h["n_tensors"] * ENTRY_BYTES > h["image_bytes"]:
         raise ImageError(f"the tensor table ({h['n_tensors']} entries) ends past the image")
+    # every layer lists its attention norm: more layers than entries is refused before anything per layer is built
+    if n_layers > h["n_tensors"] or n_experts > MAX_EXPERTS:
+        raise ImageError(f"{n_layers} layers of {n_experts} experts in a table of {h['n_tensors']} entries")
     raw = [ENTRY_STRUCT.unpack_from(data, h["tensor_table_offset"] + i * ENTRY_BYTES) for i in range(h["n_tensors"])]
     routed = {r[2] for r in raw if r[0] == Role.ROUTER}  # a MoE layer is one whose router the table lists
     moe_layers = tuple(layer in routed for layer in range(n_layers))
@@ -724,11 +727,11 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
         moe_layers=moe_layers,
         window_layers=tuple(bool(h["window_layers"][layer // 8] >> (layer % 8) & 1) if layer < MAX_WINDOW_LAYERS
                             else False for layer in range(n_layers)))
-    order = [key for key in canonical_order(dims) if dims.present(key[0], key[1])]
-    if len(raw) != len(order):
-        raise ImageError(f"{len(raw)} tensors listed, the dimensions and flags need {len(order)}")
-    entries = []
+    order = (key for key in canonical_order(dims) if dims.present(key[0], key[1]))  # walked with the table: a short
+    entries = []                                                                    # table ends it
     for i, (role, layer, expert) in enumerate(order):
+        if i == len(raw):
+            raise ImageError(f"{len(raw)} tensors listed, the dimensions and flags need more")
         role_, dtype, layer_, expert_, ndims, dim0, dim1, group, _, off, nbytes, s_off, s_bytes = raw[i]
         try:
             e = TensorEntry(Role(role_), layer_, expert_, DType(dtype), (dim0, dim1)[:ndims], off, nbytes,
@@ -742,6 +745,8 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
         if e.offset % ALIGN or e.end > h["image_bytes"]:
             raise ImageError(f"table entry {i} ({role.name}) is misaligned or out of bounds")
         entries.append(e)
+    if len(entries) != len(raw):
+        raise ImageError(f"{len(raw)} tensors listed, the dimensions and flags need {len(entries)}")
     for gate, down in expert_blocks(entries if check_crcs else []):
         at = h["expert_crc_offset"] + 4 * (gate.layer * n_experts + gate.expert)
         if crc32(memoryview(data)[gate.offset:down.end]) != struct.unpack_from("<I", data, at)[0]:

@@ -132,9 +132,10 @@ def _unique(names: list[str], what: str) -> None:
         seen.add(name)
 
 
-def role_specs(segments: list[dict], terms: list[str], facts: list[str], model_wide: set[str]) -> list[RoleSpec]:
+def role_specs(segments: list[dict], terms: list[str], facts: list[str], model_wide: set[str],
+               layer_terms: set[str]) -> list[RoleSpec]:
     """The roles of the `roles` segments, each shape and `when` checked against the terms and the facts (a global
-    role's against the flags and the model-wide facts: it belongs to no layer)."""
+    role's against the model-wide terms, flags and facts: it belongs to no layer)."""
     out = []
     for seg in segments:
         for t in seg["tensors"]:
@@ -142,6 +143,9 @@ def role_specs(segments: list[dict], terms: list[str], facts: list[str], model_w
             shape = tuple(t["shape"])
             if not 1 <= len(shape) <= 2 or any(term not in terms for term in shape):
                 raise ValueError(f"{where}: shape {list(shape)} must be one or two of the terms {', '.join(terms)}")
+            if seg["part"] in ("before_layers", "after_layers") and set(shape) & layer_terms:
+                raise ValueError(f"{where}: a global tensor's shape may not use a layer's term "
+                                 f"({', '.join(sorted(set(shape) & layer_terms))})")
             literals = [w.strip() for w in t.get("when", "").split("&") if w.strip()]
             for w in literals:
                 if w.lstrip("!") not in facts:
@@ -167,7 +171,8 @@ def load(path: Path = SCHEMA) -> Schema:
     if len(facts) > 32:
         raise ValueError(f"format/schema.toml: {len(facts)} flags and facts do not fit the 32-bit fact word")
     model_wide = {fl["name"] for fl in raw["flag"]} | {f["name"] for f in raw["fact"] if f.get("scope") == "model"}
-    roles = role_specs(raw["roles"], terms, facts, model_wide)
+    layer_terms = {t["name"] for t in raw["term"] if t.get("scope") == "layer"}
+    roles = role_specs(raw["roles"], terms, facts, model_wide, layer_terms)
     for names, what in (([h.name for h in header], "header field"), ([e.name for e in entry], "entry field"),
                         (facts, "flag or fact"), (terms, "term"), ([r.name for r in roles], "role"),
                         ([r.gguf for r in roles], "GGUF name"), ([st["name"] for st in raw["status"]], "status")):
@@ -278,7 +283,7 @@ def render_c(s: Schema) -> str:
               *(f"#define IMG_FACT_{fa['name']} (1u << {bits[fa['name']]}) /* {fa['doc'].replace('`', '')} */"
                 for fa in s.facts)]
     lines += _c_enum("TERM_", [(t["name"].upper(), i) for i, t in enumerate(s.terms)] + [("COUNT", len(s.terms))],
-                     "/* The numbers shapes are made of, computed per layer (image.c, shape_terms). */\nenum shape_term {")
+                     "/* The numbers shapes are made of, computed per layer (table.c, shape_terms). */\nenum shape_term {")
     lines += ["", *_c_comment("Each distinct presence condition, X(facts needed, facts refused); then each role in "
                               "role order, X(role, rows term, columns term (TERM_NONE: a vector), condition, "
                               "attributes)."),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -112,6 +113,14 @@ FAMILIES += [
      num_kv_shared_layers=2, use_double_wide_mlp=True,
      layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])),
 ]
+FAMILIES += [
+    # Granite's multipliers (embedding, residual, attention, logits) folded into the weights they scale, with tied
+    # embeddings (the embedding and the head scaled apart) and q/k/v/o biases (the o bias scaled with o); fused
+    # experts; softmax over the router's top-k logits
+    ("granitemoe", "GraniteMoeForCausalLM", dict(SMALL, hidden_size=24, num_attention_heads=4, num_key_value_heads=2,
+     intermediate_size=10, num_local_experts=5, num_experts_per_tok=2, tie_word_embeddings=True, attention_bias=True,
+     embedding_multiplier=6.0, residual_multiplier=0.22, attention_multiplier=0.0625, logits_scaling=4.0)),
+]
 WINDOWED = {"gpt_oss", "gpt_oss_full", "mixtral_window", "qwen2_window", "qwen2moe_window", "qwen3moe_window", "gemma4",
             "gemma4_bias_ple", "gemma4_dense_kv_shared"}
 
@@ -153,6 +162,21 @@ def test_families_cover_the_variants(family_images):
     # a windowed layer's KV cache is a ring of the window: the plan holds W rows for it, not max_seq
     d = dims["qwen2_window"]
     assert [d.kv_rows(layer) for layer in range(3)] == [32, 3, 3]
+
+
+@pytest.mark.parametrize("field,value", [("logits_scaling", 0.0), ("residual_multiplier", -1.0),
+                                         ("embedding_multiplier", None), ("attention_multiplier", "0.1")])
+def test_granite_multipliers_must_be_positive_numbers(family_images, tmp_path, field, value):
+    """A multiplier the packer folds into the weights must be a finite positive number: 0 or a negative one would fold
+    into weights that compute something else than the checkpoint, a missing one nothing at all."""
+    from colibri.checkpoint import UnsupportedModel
+    ckpt = tmp_path / "granite"
+    shutil.copytree(family_images["granitemoe"][0], ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg[field] = value
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModel, match=field):
+        pack(ckpt, tmp_path / "x.img", max_seq=32, expert_align=64)
 
 
 @pytest.mark.parametrize("name", [f[0] for f in FAMILIES])
@@ -315,7 +339,7 @@ def test_lean_cortex_m4_fits_16_kib(family_images, firmwares):
         lean = flash.run_on_board(image, "cortex_m4", PROMPT, 4, Sampling(), True, firmware=out / "firmware.elf")
         full = flash.run_on_board(image, "cortex_m4", PROMPT, 4, Sampling(), True, firmware=firmwares["cortex_m4"])
         assert lean.tokens == full.tokens and lean.logits.tobytes() == full.logits.tobytes(), name
-    for name in ("deepseek_v3", "deepseek_v2", "gpt_oss", "gemma4"):
+    for name in ("deepseek_v3", "deepseek_v2", "gpt_oss", "gemma4", "granitemoe"):
         with pytest.raises(DeviceError) as err:
             flash.run_on_board(family_images[name][1], "cortex_m4", PROMPT, 1, Sampling(), False,
                                firmware=out / "firmware.elf")

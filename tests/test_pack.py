@@ -80,6 +80,7 @@ REFUSALS = [
     ({"rms_norm_eps": 0.0}, "rms_norm_eps"),
     ({"num_local_experts": 2048, "num_experts_per_tok": 2}, "num_local_experts"),
     ({"num_experts_per_tok": 65, "num_local_experts": 100}, "num_experts_per_tok"),
+    ({"residual_multiplier": 0.5}, "residual_multiplier"),  # Granite's: Mixtral does not read it
 ]
 
 
@@ -199,6 +200,21 @@ def test_older_image_is_refused_with_its_version(images, tmp_path):
     write_header(old, {**header, "version": 2})
     with pytest.raises(ImageError, match=f"format version 2; this host reads version {VERSION} only: pack the checkpoint again"):
         read_image(bytes(old))
+
+
+@pytest.mark.parametrize("field,value", [("n_layers", 1 << 24), ("n_layers", 3), ("n_tensors", 5)])
+def test_reader_refuses_a_table_its_dimensions_do_not_fit(images, field, value):
+    """The host's reader walks the table with the tensors the dimensions need and stops at the first that is not
+    there: a header naming 2^24 layers over a table of a few dozen entries is refused at once (no per-layer tuples
+    of 2^24), as are one layer too many and a table cut short."""
+    import time
+    from colibri.image import ImageError, write_header
+    data = bytearray(images["base"].read_bytes())
+    write_header(data, {**read_image(bytes(data)).header, field: value})
+    start = time.perf_counter()
+    with pytest.raises(ImageError, match="tensors listed|layers of|table entry"):
+        read_image(bytes(data), check_crcs=False)
+    assert time.perf_counter() - start < 1.0
 
 
 def test_pin_from_a_trace_puts_the_hot_experts_in_the_resident_part(checkpoints, tmp_path, capsys):

@@ -40,6 +40,25 @@ def run_image(exe: Path, image: Path, tokens: int, batch: int = 0) -> str:
     return proc.stdout.strip()
 
 
+def test_open_reads_each_table_entry_once_a_walk(images, tmp_path):
+    """The verifier's walk copies each table entry once and checks and uses only the copy, so an image that changes
+    while it is verified or opened cannot slip an unchecked offset past the checks: counted on table.c's calls to
+    the image readers (tests/entry_reads.c), the two walks (verify, then open's) read no entry field from the image
+    but a layer's and a role, which find a layer's router before its entries are copied (and decide nothing the
+    copy is not checked against)."""
+    exe = tmp_path / "entry_reads"
+    sources = [str(p) for p in runtime_sources()]
+    subprocess.run(["gcc", "-std=c11", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                    "-Wl,--wrap=rd16,--wrap=rd32,--wrap=rd64", "-Ifirmware/include", "-Ifirmware/src",
+                    "tests/entry_reads.c", *sources, "-lm", "-o", str(exe)], cwd=ROOT, check=True)
+    from colibri.format import ENTRY_OFFSETS
+    done = subprocess.run([str(exe), str(images["base"])], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[:3000]
+    fields = {int(w[1]): int(w[3]) for w in map(str.split, done.stdout.splitlines()) if w[0] == "field"}
+    assert int(done.stdout.split()[-1]) > 10
+    assert set(fields) <= {ENTRY_OFFSETS["role"], ENTRY_OFFSETS["layer"]}, fields
+
+
 def test_image_run_feeds_a_clean_image(asan_image_run, images):
     """The harness of the two tests below runs a model: 40 tokens, one at a time and in batches of 16."""
     assert run_image(asan_image_run, images["base"], 40) == "verify 0 open 0 feed 0"

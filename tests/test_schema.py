@@ -50,6 +50,26 @@ def test_fields_must_fill_the_header_exactly(tmp_path):
         schema.load(bad)
 
 
+@pytest.mark.parametrize("old,new,error", [
+    ('{ name = "WQ", shape = ["q_dim", "D"]', '{ name = "WQ", shape = ["q_width", "D"]', "must be one or two of the terms"),
+    ('when = "QKV_BIAS & OWN_KV & !K_IS_V"', 'when = "QKV_BIAS & OWN_KV & !K_IS_Q"', "names K_IS_Q, neither a flag nor a fact"),
+    ('{ name = "OUTPUT_NORM", shape = ["D"]', '{ name = "OUTPUT_NORM", shape = ["q_dim"]', "a global tensor's shape may not use"),
+    ('when = "GLOBAL_ROPE", gguf = "rope_cos_global"', 'when = "MOE", gguf = "rope_cos_global"',
+     "a global tensor's `when` may name flags and model-wide facts only"),
+    ('{ name = "BQ",', '{ name = "WQ",', "role WQ is defined twice"),
+])
+def test_a_role_the_runtime_could_not_read_is_refused(tmp_path, old, new, error):
+    """A role's shape and presence are checked when the schema is read: terms and facts that exist, a global tensor
+    that tests nothing of a layer (the runtime computes a global's terms and facts for no particular layer), names
+    once."""
+    text = schema.SCHEMA.read_text()
+    assert old in text
+    bad = tmp_path / "schema.toml"
+    bad.write_text(text.replace(old, new, 1))
+    with pytest.raises(ValueError, match=error):
+        schema.load(bad)
+
+
 def test_the_python_copy_lays_the_header_out_as_the_c_copy_does():
     """Each header field's offset as Python's struct module places it by colibri/format.py's format string is its H_
     constant in format.h (the runtime's verifier reads the C; the packer writes with the Python), and the packed

@@ -129,7 +129,7 @@ enum kv_dtype {
 #define IMG_FACT_KV_SHARED (1u << 26) /* the layer reads an earlier layer's KV cache (the last kv_shared_layers layers) */
 #define IMG_FACT_SHARED_FFN (1u << 27) /* a MoE layer with a shared expert: SHARED_EXPERT or SHARED_PLAIN */
 #define IMG_FACT_PLE (1u << 28) /* Gemma 4's per-layer inputs: ple_dim > 0 */
-/* The numbers shapes are made of, computed per layer (image.c, shape_terms). */
+/* The numbers shapes are made of, computed per layer (table.c, shape_terms). */
 enum shape_term {
     TERM_NONE = 0, TERM_ONE = 1, TERM_V = 2, TERM_D = 3, TERM_S = 4, TERM_H = 5, TERM_E = 6, TERM_F = 7, TERM_FD = 8,
     TERM_FS = 9, TERM_ROPE_HALF = 10, TERM_GLOBAL_ROPE_HALF = 11, TERM_Q_DIM = 12, TERM_KV_DIM = 13, TERM_Q_NORM = 14,

@@ -192,7 +192,11 @@ colibri_status table_walk(const uint8_t *img, model_dims *d, unsigned mode, tens
         if (ref) *ref = (tensor_ref){ 0 }; /* rows 0: absent, until its entry is checked */
         if (!s.ndims) continue;
         if (next == d->n_entries) return COLIBRI_E_IMAGE_TABLE;
-        const uint8_t *e = entries + (size_t)next++ * IMG_ENTRY_BYTES;
+        /* the entry copied once: every check and every place taken from it reads the same bytes, whatever the
+         * image does meanwhile */
+        uint8_t e[IMG_ENTRY_BYTES];
+        const uint8_t *listed = entries + (size_t)next++ * IMG_ENTRY_BYTES;
+        for (uint32_t k = 0; k < IMG_ENTRY_BYTES; k++) e[k] = listed[k];
         const int routed = s.expert != IMG_NO_INDEX; /* a routed expert's: may lie in the expert part */
         uint64_t end, aligned_prev;
         const colibri_status st = check_entry(e, &s, d->data_offset, routed ? d->tensors_end : d->resident_bytes, &end);
