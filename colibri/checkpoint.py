@@ -49,6 +49,7 @@ class Family:
     shared_prefix: str = "shared_expert"  # the shared expert's module under mlp.
     router_name: str = "gate.weight"  # the router's tensor under moe_prefix
     # the experts fused per layer under moe_prefix: gate and up as [E, 2F, D] (gate rows first), down as [E, D, F]
+    # (a GGUF file's experts, split by llama.cpp's converter, come under expert_names instead)
     fused_experts: tuple[str, str] | None = None
     flags: int = 0              # image flags the architecture always has
     own_keys: tuple[str, ...] = ()  # config fields only this family reads: another family's config refuses them
@@ -87,7 +88,7 @@ FAMILIES = {
     # residual_multiplier before their residual add, the logits divided by logits_scaling; softmax over the top-k
     # router logits (GraniteMoeTopKRouter)
     "GraniteMoeForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size", moe_prefix="block_sparse_moe",
-                                    expert_names=("", "", ""), router_name="router.layer.weight",
+                                    expert_names=("gate_proj", "up_proj", "down_proj"), router_name="router.layer.weight",
                                     fused_experts=("input_linear.weight", "output_linear.weight"),
                                     flags=FLAG_ROUTER_TOPK_SOFTMAX, attn_scale_key="attention_multiplier",
                                     own_keys=GRANITE_KEYS,
@@ -700,8 +701,8 @@ def checkpoint_tensor(raw: dict, fam: Family, d: ModelDims, key: tuple[Role, int
         return gpt_oss_expert_tensor(raw, d, *key)
     if fam.gemma4 and (role in GEMMA4_NAMES or role in GEMMA4_GLOBALS or role in EXPERT_ROLES or role == Role.ROUTER_NORM):
         return gemma4_tensor(raw, d, *key)
-    if fam.fused_experts and role in EXPERT_ROLES:
-        m = f"model.layers.{key[1]}.{fam.moe_prefix}."
+    m = f"model.layers.{key[1]}.{fam.moe_prefix}."
+    if fam.fused_experts and role in EXPERT_ROLES and m + fam.fused_experts[0] in raw:
         return fused_expert_tensor(raw, d, m + fam.fused_experts[0], m + fam.fused_experts[1], role, key[2])
     name = hf_name(fam, *key)
     if role in (Role.WK_B, Role.WV_B):

@@ -35,7 +35,12 @@ KEPT_TYPES = {gguf.GGMLQuantizationType.Q8_0: DType.Q8_0, gguf.GGMLQuantizationT
 EXACT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
 # llama.cpp architecture -> HF architecture (llama with experts is Mixtral)
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
-                 "qwen3moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
+                 "qwen3moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "granitemoe": "GraniteMoeForCausalLM"}
+# Architectures whose q and k rows llama.cpp's converter permutes (LlamaModel and its subclasses): undone on reading
+PERMUTED_QK = ("llama", "granitemoe")
+# Granite's multipliers: the GGUF key each is written under (conversion/granite.py) -> its transformers config field
+GRANITE_SCALES = {Keys.LLM.EMBEDDING_SCALE: "embedding_multiplier", Keys.LLM.RESIDUAL_SCALE: "residual_multiplier",
+                  Keys.Attention.SCALE: "attention_multiplier", Keys.LLM.LOGIT_SCALE: "logits_scaling"}
 # Architectures whose routing renormalization llama.cpp fixes in code rather than in the file (the norm_w
 # argument of build_moe_ffn in its src/models/<arch>.cpp): its converter writes no expert_weights_norm
 # for them, so a file as found runs as llama.cpp runs it, unless the key or --norm-topk-prob says otherwise.
@@ -176,7 +181,7 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
         cfg["clip_qkv"] = float(clamp)
     if arch == "deepseek2":
         cfg.update(_deepseek2(field, k, n_layers, n_head, tensors))
-        return cfg, _hf_tensors(tensors, arch, n_layers, n_head, n_head_kv), converted
+        return cfg, _hf_tensors(tensors, arch, cfg["architectures"][0], n_layers, n_head, n_head_kv), converted
     if arch == "gpt-oss":
         cfg.update(_gpt_oss(field, k, n_layers, n_experts, tensors))
         return cfg, _gpt_oss_tensors(tensors, n_layers), converted
@@ -185,8 +190,10 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
         cfg["qkv_bias"] = has_bias
     elif arch not in ("qwen2",):
         cfg["attention_bias"] = has_bias
+    if arch == "granitemoe":
+        cfg.update({hf: float(field(k(key))) for key, hf in GRANITE_SCALES.items()})
     if n_experts:  # under the name the family's transformers config takes (so --against builds the right model)
-        cfg["num_local_experts" if arch == "llama" else "num_experts"] = n_experts
+        cfg["num_local_experts" if arch in ("llama", "granitemoe") else "num_experts"] = n_experts
         cfg["num_experts_per_tok"] = int(field(k(Keys.LLM.EXPERT_USED_COUNT)))
         expert_ff = field(k(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH), None, required=False)
         if arch in ("qwen2moe", "qwen3moe"):
@@ -203,7 +210,7 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
                  if _name(MODEL_TENSOR.FFN_GATE_INP, layer) + ".weight" not in tensors]
         if dense and arch in ("qwen2moe", "qwen3moe"):
             cfg["mlp_only_layers"] = dense
-    return cfg, _hf_tensors(tensors, arch, n_layers, n_head, n_head_kv), converted
+    return cfg, _hf_tensors(tensors, arch, hf_arch, n_layers, n_head, n_head_kv), converted
 
 
 def _file_tensor(file: OpenFile, t) -> FileTensor:
@@ -386,8 +393,12 @@ def _heads_stacked(t: np.ndarray | Encoded) -> np.ndarray | Encoded:
     return t.reshape(-1, t.shape[-1])
 
 
-def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, n_layers: int, n_head: int,
+def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, hf_arch: str, n_layers: int, n_head: int,
                 n_head_kv: int) -> dict[str, LazyTensor]:
+    """The tensors under the names the HF family's mapping reads (colibri/checkpoint.py's FAMILIES: its MoE block's
+    prefix, router and per-expert names), each layer's experts split from llama.cpp's stacks."""
+    from colibri.checkpoint import FAMILIES
+    fam = FAMILIES[hf_arch]
     out: dict[str, LazyTensor] = {}
     pending = dict(tensors)
 
@@ -398,7 +409,6 @@ def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, n_layers: int, n_head
     take(_name(MODEL_TENSOR.TOKEN_EMBD) + ".weight", "model.embed_tokens.weight")
     take(_name(MODEL_TENSOR.OUTPUT_NORM) + ".weight", "model.norm.weight")
     take(_name(MODEL_TENSOR.OUTPUT) + ".weight", "lm_head.weight")
-    mixtral = arch == "llama"
     for layer in range(n_layers):
         p = f"model.layers.{layer}."
         for t, hf in {**LAYER_TENSORS, **(DEEPSEEK_TENSORS if arch == "deepseek2" else {})}.items():
@@ -411,19 +421,17 @@ def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, n_layers: int, n_head
                 out[f"{p}self_attn.{which}.weight"] = _lazy((t.shape[0] * t.shape[1], t.shape[2]), t, _heads_stacked)
         router = _name(MODEL_TENSOR.FFN_GATE_INP, layer) + ".weight"
         if router in pending:
-            out[p + ("block_sparse_moe.gate.weight" if mixtral else "mlp.gate.weight")] = pending.pop(router)
+            out[f"{p}{fam.moe_prefix}.{fam.router_name}"] = pending.pop(router)
         for t, which in EXPERT_TENSORS.items():
             name = _name(t, layer) + ".weight"
             if name not in pending:
                 continue
             stacked = pending.pop(name)
+            expert_name = fam.expert_names[("gate", "up", "down").index(which)]
             for e in range(stacked.shape[0]):
-                if mixtral:
-                    hf = f"{p}block_sparse_moe.experts.{e}.{ {'gate': 'w1', 'up': 'w3', 'down': 'w2'}[which]}.weight"
-                else:
-                    hf = f"{p}mlp.experts.{e}.{which}_proj.weight"
+                hf = f"{p}{fam.moe_prefix}.experts.{e}.{expert_name}.weight"
                 out[hf] = Derived(stacked.shape[1:], functools.partial(stacked.expert, e))  # its bytes alone
-        if arch == "llama":  # undo convert_hf_to_gguf's q/k permutation
+        if arch in PERMUTED_QK:  # undo convert_hf_to_gguf's q/k permutation
             for proj, heads in (("q_proj", n_head), ("k_proj", n_head_kv)):
                 for kind in ("weight", "bias"):
                     key = f"{p}self_attn.{proj}.{kind}"

@@ -24,10 +24,17 @@ def _gguf_as_checkpoint(src: Path, out: Path) -> Path:
     import transformers
     from safetensors.numpy import save_file
 
-    from colibri.checkpoint import kv_b_join
+    from colibri.checkpoint import FAMILIES, kv_b_join
     from colibri.gguf_input import read_gguf
     cfg, tensors, _ = read_gguf(src)
     tensors = {name: np.asarray(t, dtype=np.float32) for name, t in tensors.items()}  # read now: transformers loads it all
+    fam = FAMILIES[cfg["architectures"][0]]
+    for layer in range(cfg["num_hidden_layers"]) if fam.fused_experts else ():  # Granite: its experts fused again
+        m = f"model.layers.{layer}.{fam.moe_prefix}."
+        gate, up, down = ([tensors.pop(f"{m}experts.{e}.{which}.weight") for e in range(cfg["num_local_experts"])]
+                          for which in fam.expert_names)
+        tensors[m + fam.fused_experts[0]] = np.stack([np.concatenate([g, u]) for g, u in zip(gate, up)])
+        tensors[m + fam.fused_experts[1]] = np.stack(down)
     for name in [n for n in tensors if n.endswith("self_attn.k_b_proj.weight")]:  # deepseek2: kv_b_proj as HF has it
         v_name = name.replace("k_b_proj", "v_b_proj")
         tensors[name.replace("k_b_proj", "kv_b_proj")] = kv_b_join(tensors.pop(name), tensors.pop(v_name),

@@ -2,7 +2,7 @@
 
 Independent of colibri/gguf_input.py, which reads it back: llama.cpp's tensor names and metadata keys
 (from the `gguf` package), experts stacked into one 3-D tensor per layer, q/k rows permuted for the
-`llama` architecture, kv_b_proj split per head into attn_k_b (transposed) and attn_v_b for `deepseek2`,
+`llama` and `granitemoe` architectures, Granite's fused experts split, kv_b_proj split per head into attn_k_b (transposed) and attn_v_b for `deepseek2`,
 and the chosen storage type for matrices (1-D tensors stay F32, as in llama.cpp).
 """
 from __future__ import annotations
@@ -17,7 +17,8 @@ from safetensors.numpy import load_file
 
 ARCH = {"MixtralForCausalLM": "llama", "LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
         "Qwen3ForCausalLM": "qwen3", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe",
-        "OlmoeForCausalLM": "olmoe", "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2"}
+        "OlmoeForCausalLM": "olmoe", "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2",
+        "GraniteMoeForCausalLM": "granitemoe"}
 Q = gguf.GGMLQuantizationType
 
 
@@ -131,6 +132,11 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
         w.add_value_length(cfg["head_dim"])
     if cfg.get("clip_qkv"):
         w.add_clamp_kqv(cfg["clip_qkv"])
+    if arch == "granitemoe":  # conversion/granite.py: the multipliers under llama.cpp's scale keys
+        w.add_attention_scale(cfg["attention_multiplier"])
+        w.add_embedding_scale(cfg["embedding_multiplier"])
+        w.add_residual_scale(cfg["residual_multiplier"])
+        w.add_logit_scale(cfg["logits_scaling"])
     if n_experts:
         w.add_expert_count(n_experts)
         w.add_expert_used_count(cfg["num_experts_per_tok"])
@@ -138,7 +144,7 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         if cfg.get("shared_expert_intermediate_size"):
             w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
-        if write_norm_key and arch != "llama":
+        if write_norm_key and arch not in ("llama", "granitemoe"):
             w.add_expert_weights_norm(bool(cfg.get("norm_topk_prob", False)))
 
     def name(tensor: MODEL_TENSOR, layer: int | None = None, kind: str = "weight") -> str:
@@ -164,6 +170,8 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
             "mlp.down_proj.weight": name(MODEL_TENSOR.FFN_DOWN, layer),
             "mlp.gate.weight": name(MODEL_TENSOR.FFN_GATE_INP, layer),
             "block_sparse_moe.gate.weight": name(MODEL_TENSOR.FFN_GATE_INP, layer),
+            "block_sparse_moe.router.layer.weight": name(MODEL_TENSOR.FFN_GATE_INP, layer),
+            "block_sparse_moe.output_linear.weight": name(MODEL_TENSOR.FFN_DOWN_EXP, layer),
             "mlp.shared_expert.gate_proj.weight": name(MODEL_TENSOR.FFN_GATE_SHEXP, layer),
             "mlp.shared_expert.up_proj.weight": name(MODEL_TENSOR.FFN_UP_SHEXP, layer),
             "mlp.shared_expert.down_proj.weight": name(MODEL_TENSOR.FFN_DOWN_SHEXP, layer),
@@ -190,7 +198,12 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
             for kind in ("weight", "bias"):
                 key = f"{p}self_attn.{proj}.{kind}"
                 if key in t:
-                    _add(w, name(tensor, layer, kind), permute(t[key], heads) if arch == "llama" else t[key], qtype)
+                    _add(w, name(tensor, layer, kind), permute(t[key], heads) if arch in ("llama", "granitemoe") else t[key],
+                         qtype)
+        if p + "block_sparse_moe.input_linear.weight" in t:  # Granite's gate and up, split as its converter splits them
+            gate_up, ffn = t[p + "block_sparse_moe.input_linear.weight"], cfg["intermediate_size"]
+            _add(w, name(MODEL_TENSOR.FFN_GATE_EXP, layer), gate_up[:, :ffn], qtype)
+            _add(w, name(MODEL_TENSOR.FFN_UP_EXP, layer), gate_up[:, ffn:], qtype)
         expert_names = ({"gate": "w1", "up": "w3", "down": "w2"} if hf_arch == "MixtralForCausalLM"
                         else {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"})
         moe = "block_sparse_moe" if hf_arch == "MixtralForCausalLM" else "mlp"

@@ -205,7 +205,10 @@ def test_converter_files_are_as_llama_cpp_writes_them():
     one 3-D tensor per layer, Qwen2-MoE's shared expert and its gate, a real tokenizer, the converter's q8_0."""
     names = {f: {t.name for t in gguf.GGUFReader(str(FIXTURES / f"{f}.gguf")).tensors} for f in CONVERTED}
     assert set(names) == {"converted-mixtral-q8_0", "converted-qwen2moe-q4_k_m", "converted-deepseek3-q8_0",
-                          "converted-gpt-oss-q8_0"}
+                          "converted-gpt-oss-q8_0", "converted-granitemoe-q8_0"}
+    granite = gguf.GGUFReader(str(FIXTURES / "converted-granitemoe-q8_0.gguf")).fields
+    assert {"granitemoe.embedding_scale", "granitemoe.residual_scale", "granitemoe.attention.scale",
+            "granitemoe.logit_scale"} <= set(granite)  # its multipliers, under llama.cpp's scale keys
     assert {"blk.0.attn_sinks.weight", "blk.0.ffn_gate_exps.bias", "blk.0.ffn_gate_inp.bias"} <= names["converted-gpt-oss-q8_0"]
     oss = {t.name: gguf.GGMLQuantizationType(t.tensor_type).name
            for t in gguf.GGUFReader(str(FIXTURES / "converted-gpt-oss-q8_0.gguf")).tensors}

@@ -66,6 +66,12 @@ CONVERTED = [
     ("gpt-oss", "GptOssForCausalLM", dict(hidden_size=32, intermediate_size=32, num_hidden_layers=2,
      num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
      sliding_window=4), "q8_0", None),
+    # Granite MoE: its multipliers (the converter's scale keys), experts fused in the checkpoint and split by the
+    # converter, q/k rows permuted as for llama
+    ("granitemoe", "GraniteMoeForCausalLM", dict(hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+     embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0),
+     "q8_0", None),
 ]
 
 
