@@ -486,10 +486,13 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
 
 
 def _positive(cfg: dict, key: str) -> float:
-    """A config field that must be a finite positive number (a scale the architecture multiplies by)."""
+    """A config field that must be a positive number whose f32 and its reciprocal are finite and nonzero (a scale the
+    architecture multiplies or divides by, which the packer folds into f32 weights)."""
     value = cfg.get(key)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
-        raise UnsupportedModel(f"config field {key}={value!r} must be a positive number")
+    f32 = np.finfo(np.float32)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not f32.tiny <= value <= 1 / f32.tiny:
+        raise UnsupportedModel(f"config field {key}={value!r} must be a positive number between {f32.tiny:.3g} and "
+                               f"{1 / f32.tiny:.3g}")
     return float(value)
 
 
@@ -684,11 +687,15 @@ def gemma4_tensor(raw: dict, d: ModelDims, role: Role, layer: int, expert: int) 
 def fused_expert_tensor(raw: dict, d: ModelDims, gate_up: str, down: str, role: Role, expert: int) -> tuple[list[str], object]:
     """(checkpoint names read, tensor) for a routed expert's matrix from a layer's fused experts: gate and up as
     `gate_up` [E, 2F, D], gate rows first, and down as `down` [E, D, F]."""
-    F = d.ffn_size
+    F, D, E = d.ffn_size, d.hidden_size, d.n_experts
     fused = down if role == Role.EXPERT_DOWN else gate_up
     rows = {Role.EXPERT_GATE: slice(0, F), Role.EXPERT_UP: slice(F, 2 * F), Role.EXPERT_DOWN: slice(None)}[role]
-    shape = (d.hidden_size, F) if role == Role.EXPERT_DOWN else (F, d.hidden_size)
+    shape = (D, F) if role == Role.EXPERT_DOWN else (F, D)
     source = raw[fused]
+    stored = (E, D, F) if role == Role.EXPERT_DOWN else (E, 2 * F, D)
+    if tuple(source.shape) != stored:  # the config's sizes must describe the tensor the rows are cut from
+        raise UnsupportedModel(f"checkpoint tensor {fused} has shape {list(source.shape)}; the config's expert count, "
+                               f"expert size and hidden_size make it {list(stored)}")
     return [fused], _derived(source, shape, lambda: np.asarray(expert_of(source, expert), np.float32)[rows])
 
 
@@ -789,6 +796,7 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
     for role, config_key, divide in fam.weight_scales:  # each scaled tensor a new object (tied ones part here)
         for key in [k for k in tensors if k[0] == role]:
             tensors[key] = _scaled(tensors[key], np.float32(cfg[config_key]), divide)
+    tied = tied and tensors[lm_head] is tensors[(Role.TOKEN_EMBD, NO_INDEX, NO_INDEX)]  # stored once only when still one
     unused = sorted(name for name, t in raw.items() if name not in used and t.size)  # empty ones add nothing
     if unused:
         raise UnsupportedModel(f"checkpoint has tensors the runtime would ignore: {', '.join(unused[:5])}"

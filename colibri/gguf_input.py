@@ -5,13 +5,14 @@ cannot drift apart. What this module undoes:
 - llama.cpp's names and metadata keys (taken from the `gguf` package's constants);
 - experts stored as one 3-D tensor per layer (split back into one matrix per expert);
 - the q/k row permutation llama.cpp's converter applies for the `llama` architecture (Llama and
-  Mixtral), so that its interleaved RoPE matches; the runtime uses rotate-half;
+  Mixtral) and `granitemoe`, so that its interleaved RoPE matches; the runtime uses rotate-half;
 - `gpt-oss`: experts as separate gate, up and down stacks (MXFP4 in llama.cpp's converter's files, dequantized
   exactly like any other type the image has no dtype for) fused back into transformers' layout;
 - `deepseek2` (DeepSeek-V2/V3): kv_b_proj arrives already split into attn_k_b (transposed per head) and
   attn_v_b, the runtime's own WK_B and WV_B layout, so they are kept as they are;
 - storage types: Q8_0 and Q4_0 tensors are kept as they are (host.quant.Encoded), so packing them to
-  the same dtype carries them over bit for bit; every other type the `gguf` package can dequantize
+  the same dtype carries them over bit for bit (but for a tensor the family scales when packing: Granite's
+  multipliers, checkpoint.py's weight_scales); every other type the `gguf` package can dequantize
   (F16, BF16, Q4_1, Q5_0, Q5_1, the K-quants, the IQ types, ...) is widened to f32 exactly, and the
   packer converts it to the dtype asked for. `read_gguf` says which types it converted.
 The architecture and the config keys are checked before any tensor is read, so a refusal of a

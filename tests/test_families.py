@@ -165,10 +165,12 @@ def test_families_cover_the_variants(family_images):
 
 
 @pytest.mark.parametrize("field,value", [("logits_scaling", 0.0), ("residual_multiplier", -1.0),
-                                         ("embedding_multiplier", None), ("attention_multiplier", "0.1")])
+                                         ("embedding_multiplier", None), ("attention_multiplier", "0.1"),
+                                         ("embedding_multiplier", 1e39), ("logits_scaling", 1e-46)])
 def test_granite_multipliers_must_be_positive_numbers(family_images, tmp_path, field, value):
-    """A multiplier the packer folds into the weights must be a finite positive number: 0 or a negative one would fold
-    into weights that compute something else than the checkpoint, a missing one nothing at all."""
+    """A multiplier the packer folds into the weights must be a positive number f32 holds, reciprocal too: 0, a
+    negative one or 1e39 would fold into zero, flipped or infinite weights; a missing one is asked for (transformers
+    would take 1.0) rather than guessed."""
     from colibri.checkpoint import UnsupportedModel
     ckpt = tmp_path / "granite"
     shutil.copytree(family_images["granitemoe"][0], ckpt)
@@ -176,6 +178,23 @@ def test_granite_multipliers_must_be_positive_numbers(family_images, tmp_path, f
     cfg[field] = value
     (ckpt / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedModel, match=field):
+        pack(ckpt, tmp_path / "x.img", max_seq=32, expert_align=64)
+
+
+def test_granite_fused_experts_must_have_the_configs_shape(family_images, tmp_path):
+    """The gate and up rows are cut from input_linear at intermediate_size: a config that disagrees with the tensor
+    is refused naming it (cut elsewhere, the rows would still have the shape the image asks for). A tied checkpoint
+    whose embedding and head the multipliers scale apart is reported as two tensors, as it is stored."""
+    from colibri.checkpoint import UnsupportedModel
+    ckpt = tmp_path / "granite"
+    shutil.copytree(family_images["granitemoe"][0], ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    assert cfg["tie_word_embeddings"]
+    report = pack(ckpt, tmp_path / "ok.img", max_seq=32, expert_align=64)
+    assert report["tied_embeddings"] is False
+    cfg["intermediate_size"] -= 2
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModel, match=r"input_linear.weight has shape \[5, 20, 24\]"):
         pack(ckpt, tmp_path / "x.img", max_seq=32, expert_align=64)
 
 
