@@ -16,88 +16,17 @@ import ml_dtypes
 import numpy as np
 
 from colibri import rope
+from colibri.families import FAMILIES, Family  # noqa: F401  (Family: the record checkpoint.py's functions take)
 from colibri.format import MAX_EXPERTS, MAX_TOP_K  # the verifier's caps: they bound the router's work
 from colibri.lazy import Derived, FileTensor, LazyTensor, OpenFile, expert_of
 from colibri.quant import mxfp4_dequantize
-from colibri.image import (EXPERT_ROLES, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
-                           FLAG_QKV_BIAS, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_SHARED_EXPERT,
+from colibri.image import (EXPERT_ROLES, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QKV_BIAS, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_SHARED_EXPERT,
                            FLAG_SHARED_PLAIN, FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_ROUTER_TOPK_SOFTMAX, FLAG_GEMMA4_LAYER,
                            FLAG_GELU_TANH, FLAG_V_NORM, FLAG_K_EQ_V, FLAG_GLOBAL_ROPE, FLAG_DOUBLE_WIDE_MLP, LAYER_ROLES, MAX_WINDOW_LAYERS,
                            NO_INDEX, ModelDims, Role)
 
 DEFAULT_MAX_SEQ = 256
 
-
-@dataclass(frozen=True)
-class Family:
-    """What distinguishes an architecture; the numbers themselves always come from the config."""
-    moe: bool
-    expert_ffn_key: str         # config key of a routed expert's intermediate size
-    moe_prefix: str             # tensor names of the MoE block: router and experts
-    expert_names: tuple[str, str, str]  # gate, up, down inside an expert
-    qk_norm: int = 0            # FLAG_QK_NORM_HEAD or FLAG_QK_NORM_FULL
-    shared_expert: bool = False
-    sparse_layer_rule: bool = False  # mlp_only_layers and decoder_sparse_step pick dense layers
-    norm_topk_default: bool | None = None  # None: read norm_topk_prob; True/False: fixed by the architecture
-    bias_key: str = "attention_bias"  # config key of the q/k/v(/o) bias switch
-    bias_default: bool = False
-    bias_on_o: bool = True
-    clip_qkv: bool = False      # the family's modeling file clamps q, k, v (after the q/k norms) by clip_qkv
-    deepseek: int = 0           # 2 or 3: DeepSeek-V2/V3 (multi-head latent attention, their routers)
-    gpt_oss: bool = False       # sinks, a top-k-then-softmax router, experts fused with biases, clamped SwiGLU
-    gemma4: bool = False        # Gemma 4's layer, attention and rope per layer type (_gemma4)
-    shared_prefix: str = "shared_expert"  # the shared expert's module under mlp.
-    router_name: str = "gate.weight"  # the router's tensor under moe_prefix
-    # the experts fused per layer under moe_prefix: gate and up as [E, 2F, D] (gate rows first), down as [E, D, F]
-    # (a GGUF file's experts, split by llama.cpp's converter, come under expert_names instead)
-    fused_experts: tuple[str, str] | None = None
-    flags: int = 0              # image flags the architecture always has
-    own_keys: tuple[str, ...] = ()  # config fields only this family reads: another family's config refuses them
-    attn_scale_key: str = ""    # config field of the softmax scale (else 1/sqrt(head_dim))
-    # config fields whose value multiplies a role's weights as packed (1 / value with `divide`): a scale the
-    # architecture applies to a layer's output, folded into the matrix that makes it
-    weight_scales: tuple[tuple[Role, str, bool], ...] = ()
-
-
-GRANITE_KEYS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")
-QWEN_MOE = dict(expert_ffn_key="moe_intermediate_size", moe_prefix="mlp",
-                expert_names=("gate_proj", "up_proj", "down_proj"), sparse_layer_rule=True)
-DEEPSEEK = dict(expert_ffn_key="moe_intermediate_size", moe_prefix="mlp",
-                expert_names=("gate_proj", "up_proj", "down_proj"), shared_prefix="shared_experts")
-DENSE = dict(moe=False, expert_ffn_key="", moe_prefix="", expert_names=("", "", ""))
-FAMILIES = {
-    "MixtralForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size",
-                                 moe_prefix="block_sparse_moe", expert_names=("w1", "w3", "w2"),
-                                 norm_topk_default=True, bias_key=""),  # transformers' Mixtral has no biases
-    "Qwen2MoeForCausalLM": Family(moe=True, **QWEN_MOE, shared_expert=True, bias_key="qkv_bias", bias_default=True,
-                                  bias_on_o=False),
-    "Qwen3MoeForCausalLM": Family(moe=True, **QWEN_MOE, qk_norm=FLAG_QK_NORM_HEAD),
-    "OlmoeForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size",
-                               moe_prefix="mlp", expert_names=("gate_proj", "up_proj", "down_proj"),
-                               qk_norm=FLAG_QK_NORM_FULL, clip_qkv=True),
-    "LlamaForCausalLM": Family(**DENSE),
-    "Qwen2ForCausalLM": Family(**DENSE, bias_key="", bias_default=True, bias_on_o=False),
-    "Qwen3ForCausalLM": Family(**DENSE, qk_norm=FLAG_QK_NORM_HEAD),
-    "GptOssForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size", moe_prefix="mlp",
-                                expert_names=("", "", ""), bias_default=True, gpt_oss=True, router_name="router.weight"),
-    "DeepseekV2ForCausalLM": Family(moe=True, **DEEPSEEK, deepseek=2),
-    "DeepseekV3ForCausalLM": Family(moe=True, **DEEPSEEK, deepseek=3),
-    "Gemma4ForCausalLM": Family(moe=True, expert_ffn_key="moe_intermediate_size", moe_prefix="",
-                                expert_names=("", "", ""), qk_norm=FLAG_QK_NORM_HEAD, gemma4=True),
-    # Granite's multipliers: the embedding times embedding_multiplier, each layer's attention and MoE outputs times
-    # residual_multiplier before their residual add, the logits divided by logits_scaling; softmax over the top-k
-    # router logits (GraniteMoeTopKRouter)
-    "GraniteMoeForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size", moe_prefix="block_sparse_moe",
-                                    expert_names=("gate_proj", "up_proj", "down_proj"), router_name="router.layer.weight",
-                                    fused_experts=("input_linear.weight", "output_linear.weight"),
-                                    flags=FLAG_ROUTER_TOPK_SOFTMAX, attn_scale_key="attention_multiplier",
-                                    own_keys=GRANITE_KEYS,
-                                    weight_scales=((Role.TOKEN_EMBD, "embedding_multiplier", False),
-                                                   (Role.WO, "residual_multiplier", False),
-                                                   (Role.BO, "residual_multiplier", False),
-                                                   (Role.EXPERT_DOWN, "residual_multiplier", False),
-                                                   (Role.LM_HEAD, "logits_scaling", True))),
-}
 
 GEMMA4_ONLY = ("hidden_activation", "enable_moe_block", "top_k_experts", "final_logit_softcapping", "per_layer_config",
                "global_head_dim", "num_global_key_value_heads", "attention_k_eq_v", "use_bidirectional_attention",
@@ -114,7 +43,7 @@ HANDLED = {
       "qk_rope_head_dim", "qk_head_dim", "v_head_dim", "n_group", "topk_group", "topk_method", "routed_scaling_factor",
       "n_shared_experts", "rope_interleave", "scoring_func", "moe_layer_freq"),  # DeepSeek's (_deepseek)
     "swiglu_alpha", "swiglu_limit", "quantization_config",  # gpt-oss's (quantization_config: MXFP4 experts only)
-    *GEMMA4_ONLY, *GRANITE_KEYS,
+    *GEMMA4_ONLY, *(key for fam in FAMILIES.values() for key in fam.own_keys),
 }
 DEEPSEEK_ONLY = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "n_group", "topk_group",
                  "topk_method", "routed_scaling_factor", "n_shared_experts", "first_k_dense_replace", "scoring_func",

@@ -28,6 +28,7 @@ import gguf
 import numpy as np
 from gguf.constants import MODEL_TENSOR, TENSOR_NAMES, Keys
 
+from colibri.families import FAMILIES
 from colibri.lazy import Derived, FileTensor, LazyTensor, OpenFile
 from colibri.quant import DType, Encoded, from_gguf_blocks
 
@@ -35,13 +36,10 @@ KEPT_TYPES = {gguf.GGMLQuantizationType.Q8_0: DType.Q8_0, gguf.GGMLQuantizationT
 # widened to f32 with nothing lost: not worth naming in the conversion report
 EXACT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
 # llama.cpp architecture -> HF architecture (llama with experts is Mixtral)
-ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
-                 "qwen3moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "granitemoe": "GraniteMoeForCausalLM"}
+# (the families' own: colibri/families/, gguf_arch; llama, deepseek2 and gpt-oss are mapped below)
+ARCHITECTURES = {fam.gguf_arch: arch for arch, fam in FAMILIES.items() if fam.gguf_arch}
 # Architectures whose q and k rows llama.cpp's converter permutes (LlamaModel and its subclasses): undone on reading
-PERMUTED_QK = ("llama", "granitemoe")
-# Granite's multipliers: the GGUF key each is written under (conversion/granite.py) -> its transformers config field
-GRANITE_SCALES = {Keys.LLM.EMBEDDING_SCALE: "embedding_multiplier", Keys.LLM.RESIDUAL_SCALE: "residual_multiplier",
-                  Keys.Attention.SCALE: "attention_multiplier", Keys.LLM.LOGIT_SCALE: "logits_scaling"}
+PERMUTED_QK = ("llama", *(fam.gguf_arch for fam in FAMILIES.values() if fam.gguf_permuted_qk))
 # Architectures whose routing renormalization llama.cpp fixes in code rather than in the file (the norm_w
 # argument of build_moe_ffn in its src/models/<arch>.cpp): its converter writes no expert_weights_norm
 # for them, so a file as found runs as llama.cpp runs it, unless the key or --norm-topk-prob says otherwise.
@@ -191,10 +189,9 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
         cfg["qkv_bias"] = has_bias
     elif arch not in ("qwen2",):
         cfg["attention_bias"] = has_bias
-    if arch == "granitemoe":
-        cfg.update({hf: float(field(k(key))) for key, hf in GRANITE_SCALES.items()})
+    cfg.update({hf: float(field(k(key))) for key, hf in FAMILIES[hf_arch].gguf_config})  # e.g. Granite's multipliers
     if n_experts:  # under the name the family's transformers config takes (so --against builds the right model)
-        cfg["num_local_experts" if arch in ("llama", "granitemoe") else "num_experts"] = n_experts
+        cfg[FAMILIES[hf_arch].n_experts_key] = n_experts
         cfg["num_experts_per_tok"] = int(field(k(Keys.LLM.EXPERT_USED_COUNT)))
         expert_ff = field(k(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH), None, required=False)
         if arch in ("qwen2moe", "qwen3moe"):
@@ -398,7 +395,6 @@ def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, hf_arch: str, n_layer
                 n_head_kv: int) -> dict[str, LazyTensor]:
     """The tensors under the names the HF family's mapping reads (colibri/checkpoint.py's FAMILIES: its MoE block's
     prefix, router and per-expert names), each layer's experts split from llama.cpp's stacks."""
-    from colibri.checkpoint import FAMILIES
     fam = FAMILIES[hf_arch]
     out: dict[str, LazyTensor] = {}
     pending = dict(tensors)

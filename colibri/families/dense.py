@@ -1,0 +1,10 @@
+"""The dense models: Llama, Qwen2 (q/k/v biases always), Qwen3 (per-head q/k norms)."""
+from colibri.families.base import Family
+from colibri.format import FLAG_QK_NORM_HEAD
+
+DENSE = dict(moe=False, expert_ffn_key="", moe_prefix="", expert_names=("", "", ""))
+FAMILIES = {
+    "LlamaForCausalLM": Family(**DENSE),
+    "Qwen2ForCausalLM": Family(**DENSE, bias_key="", bias_default=True, bias_on_o=False, gguf_arch="qwen2"),
+    "Qwen3ForCausalLM": Family(**DENSE, qk_norm=FLAG_QK_NORM_HEAD, gguf_arch="qwen3"),
+}

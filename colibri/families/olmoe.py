@@ -1,0 +1,9 @@
+"""OLMoE: q/k norms across the whole projections, clip_qkv."""
+from colibri.families.base import Family
+from colibri.format import FLAG_QK_NORM_FULL
+
+FAMILIES = {
+    "OlmoeForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size", moe_prefix="mlp",
+                               expert_names=("gate_proj", "up_proj", "down_proj"), qk_norm=FLAG_QK_NORM_FULL,
+                               clip_qkv=True, gguf_arch="olmoe"),
+}
