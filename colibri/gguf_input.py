@@ -12,7 +12,7 @@ cannot drift apart. What this module undoes:
   attn_v_b, the runtime's own WK_B and WV_B layout, so they are kept as they are;
 - storage types: Q8_0 and Q4_0 tensors are kept as they are (host.quant.Encoded), so packing them to
   the same dtype carries them over bit for bit (but for a tensor the family scales when packing: Granite's
-  multipliers, checkpoint.py's weight_scales); every other type the `gguf` package can dequantize
+  multipliers, colibri/families/granite.py's weight_scales); every other type the `gguf` package can dequantize
   (F16, BF16, Q4_1, Q5_0, Q5_1, the K-quants, the IQ types, ...) is widened to f32 exactly, and the
   packer converts it to the dtype asked for. `read_gguf` says which types it converted.
 The architecture and the config keys are checked before any tensor is read, so a refusal of a

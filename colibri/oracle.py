@@ -31,7 +31,7 @@ def _gguf_as_checkpoint(src: Path, out: Path) -> Path:
     fam = FAMILIES[cfg["architectures"][0]]
     for layer in range(cfg["num_hidden_layers"]) if fam.fused_experts else ():  # Granite: its experts fused again
         m = f"model.layers.{layer}.{fam.moe_prefix}."
-        gate, up, down = ([tensors.pop(f"{m}experts.{e}.{which}.weight") for e in range(cfg["num_local_experts"])]
+        gate, up, down = ([tensors.pop(f"{m}experts.{e}.{which}.weight") for e in range(cfg[fam.n_experts_key])]
                           for which in fam.expert_names)
         tensors[m + fam.fused_experts[0]] = np.stack([np.concatenate([g, u]) for g, u in zip(gate, up)])
         tensors[m + fam.fused_experts[1]] = np.stack(down)

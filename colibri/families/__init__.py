@@ -1,8 +1,8 @@
 """The model families the packer maps (colibri/checkpoint.py for Hugging Face checkpoints, colibri/gguf_input.py for
 GGUF files), one file each: a file declares FAMILIES, its architectures' `Family` records, and this package gathers
-every file's (adding a family is adding a file). A family that needs no new runtime mechanism is all data: its tensor names, config keys, fixed flags, the
-config fields only it reads and the multipliers folded into weights (granite.py is one). DeepSeek's, gpt-oss's and
-Gemma 4's mappings still have code of their own in checkpoint.py, switched on by their records' fields."""
+every file's. What a record holds and what still takes code is in docs/RUNTIME.md ("Adding a family"); granite.py
+is a family that is data only. DeepSeek's, gpt-oss's and Gemma 4's mappings still have code of their own in
+checkpoint.py, switched on by their records' fields."""
 from __future__ import annotations
 
 import importlib
@@ -19,5 +19,9 @@ for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):  # ev
         if _arch in FAMILIES:
             raise ValueError(f"{_module.__name__}: architecture {_arch} is declared twice")
         FAMILIES[_arch] = _family
+# gguf_input.py maps llama, deepseek2 and gpt-oss itself, and each other GGUF architecture to one family
+_gguf = [f.gguf_arch for f in FAMILIES.values() if f.gguf_arch]
+if len(set(_gguf)) != len(_gguf) or {"llama", "deepseek2", "gpt-oss"} & set(_gguf):
+    raise ValueError(f"colibri/families: GGUF architectures {_gguf} name one twice or one gguf_input.py maps itself")
 
 __all__ = ["FAMILIES", "Family"]

@@ -13,7 +13,7 @@ class Family:
     expert_ffn_key: str         # config key of a routed expert's intermediate size
     moe_prefix: str             # tensor names of the MoE block: router and experts
     expert_names: tuple[str, str, str]  # gate, up, down inside an expert
-    n_experts_key: str = "num_experts"  # config key of the routed expert count (as the family's config writes it)
+    n_experts_key: str = "num_experts"  # the config key a GGUF file's expert count is written under
     qk_norm: int = 0            # FLAG_QK_NORM_HEAD or FLAG_QK_NORM_FULL
     shared_expert: bool = False
     sparse_layer_rule: bool = False  # mlp_only_layers and decoder_sparse_step pick dense layers
