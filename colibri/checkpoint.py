@@ -22,7 +22,7 @@ from colibri.lazy import Derived, FileTensor, LazyTensor, OpenFile, expert_of
 from colibri.quant import mxfp4_dequantize
 from colibri.image import (EXPERT_ROLES, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QKV_BIAS, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_SHARED_EXPERT,
                            FLAG_SHARED_PLAIN, FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_ROUTER_TOPK_SOFTMAX, FLAG_GEMMA4_LAYER,
-                           FLAG_GELU_TANH, FLAG_V_NORM, FLAG_K_EQ_V, FLAG_GLOBAL_ROPE, FLAG_DOUBLE_WIDE_MLP, LAYER_ROLES, MAX_WINDOW_LAYERS,
+                           FLAG_GELU_TANH, FLAG_V_NORM, LAYER_ROLES, MAX_LAYERS,
                            NO_INDEX, ModelDims, Role)
 
 DEFAULT_MAX_SEQ = 256
@@ -278,18 +278,16 @@ def _gemma4(cfg: dict, n_layers: int, head_dim: int, max_seq: int) -> tuple[dict
     if not 0 <= shared < n_layers or {types[layer] for layer in range(first, n_layers)} - set(types[:first]):
         raise UnsupportedModel(f"config field num_kv_shared_layers={shared}: each sharing layer needs an earlier layer "
                                "of its kind (sliding or full attention) that computes its own keys and values")
-    flags = FLAG_GEMMA4_LAYER | FLAG_GELU_TANH | FLAG_V_NORM | FLAG_GLOBAL_ROPE
-    if shared and cfg.get("use_double_wide_mlp"):
-        flags |= FLAG_DOUBLE_WIDE_MLP
+    flags = FLAG_GEMMA4_LAYER | FLAG_GELU_TANH | FLAG_V_NORM
     if cfg.get("enable_moe_block"):  # its router always renormalizes the top-k
         flags |= FLAG_NORM_TOPK
-    if cfg.get("attention_k_eq_v"):
-        flags |= FLAG_K_EQ_V
     softcap = cfg.get("final_logit_softcapping")
     if softcap is not None and not softcap > 0:
         raise UnsupportedModel(f"config field final_logit_softcapping={softcap} must be positive or null")
     fields = dict(global_head_dim=g_head, global_kv_heads=g_kv, attn_scale=1.0, logit_softcap=float(softcap or 0.0),
-                  ple_dim=ple, kv_shared_layers=shared,
+                  ple_dim=ple, kv_shared_layers=shared, global_rope=True,
+                  double_wide_mlp=bool(shared and cfg.get("use_double_wide_mlp")),
+                  k_eq_v=bool(cfg.get("attention_k_eq_v")),
                   embed_scale=float(np.float32(cfg["hidden_size"] ** 0.5)),
                   # a window the sequence never outgrows is kept (at max_seq): the layer kinds differ in more than it
                   sliding_window=min(window, max_seq) if any(sliding) else 0, window_layers=sliding)
@@ -343,9 +341,8 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
         _window_layers(cfg, arch, n_layers)
     if window >= max_seq and not fam.gemma4:  # the window never leaves anything out: plain attention, a cache of max_seq
         window, window_layers = 0, (False,) * n_layers
-    if window and n_layers > MAX_WINDOW_LAYERS and any(window_layers[MAX_WINDOW_LAYERS:]):
-        raise UnsupportedModel(f"sliding-window layers past layer {MAX_WINDOW_LAYERS} (config field layer_types): "
-                               f"the image marks windowed layers among the first {MAX_WINDOW_LAYERS} only")
+    if n_layers > MAX_LAYERS:
+        raise UnsupportedModel(f"config field num_hidden_layers={n_layers}: an image holds at most {MAX_LAYERS} layers")
     any_moe, any_dense = any(moe_layers), not all(moe_layers)
     n_experts = _n_experts(cfg) if any_moe else 0
 

@@ -1,4 +1,4 @@
-"""The Colibri image, format v6: constants, the memory plan, a writer and a reader.
+"""The Colibri image, format v7: constants, the memory plan, a writer and a reader.
 
 The byte layout is specified in docs/FORMAT.md; this module and firmware/src/image.c
 are the two implementations of it and are tested against each other.
@@ -19,19 +19,21 @@ import numpy as np
 from colibri.quant import QBLOCK, Deferred, DType, Encoded, blocks, stored_bytes
 
 from colibri.format import (  # noqa: F401  (the format's constants, re-exported: format/schema.toml is their source)
-    ALIGN, ARCH_MOE, ENTRY_BYTES, ENTRY_FORMAT, EXPERT_ROLES, FLAG_ATTN_SINKS, FLAG_DOUBLE_WIDE_MLP, FLAG_EXPERT_BIAS,
-    FLAG_GELU_TANH, FLAG_GEMMA4_LAYER, FLAG_GLOBAL_ROPE, FLAG_K_EQ_V, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL,
+    ALIGN, ARCH_MOE, ARENA_CTX_BYTES, ENTRY_BYTES, ENTRY_FORMAT, EXPERT_ROLES, FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS,
+    FLAG_GELU_TANH, FLAG_GEMMA4_LAYER, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL,
     FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_ROUTER_TOPK_SOFTMAX,
     FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN, FLAG_V_NORM, HEADER_BYTES, HEADER_FIELDS, HEADER_FORMAT, HEADER_OFFSETS,
-    KNOWN_FLAGS, KV_DTYPES, LAYER_ROLES, LEAN_FLAGS, MAGIC, MAX_WINDOW_LAYERS, NO_INDEX, ROLES_AFTER_LAYERS,
-    ROLES_BEFORE_LAYERS, VERSION, F32_TABLES, FACT_DENSE, FACT_K_IS_V, FACT_KV_SHARED, FACT_MLA, FACT_MOE, FACT_OWN_KV,
-    FACT_PLE, FACT_Q_LORA, FACT_QK_NORM, FACT_SHARED_FFN, MAX_EXPERTS, ROLE_GGUF, ROLE_SHAPES, TERMS, Role)
+    KNOWN_FLAGS, KV_DTYPES, LAYER_ROLES, LEAN_FLAGS, MAGIC, NO_INDEX, ROLES_AFTER_LAYERS,
+    ROLES_BEFORE_LAYERS, VERSION, F32_TABLES, FACT_DENSE, FACT_GLOBAL_ROPE, FACT_K_IS_V, FACT_KV_SHARED, FACT_MLA,
+    FACT_MOE, FACT_OWN_KV, FACT_PLE, FACT_Q_LORA, FACT_QK_NORM, FACT_SHARED_FFN, LAYER_ATTN_LATENT, LAYER_ATTN_STANDARD,
+    LAYER_BYTES, LAYER_FFN_DENSE, LAYER_FFN_MOE, LAYER_FFN_MOE_AND_DENSE, LAYER_FIELDS, LAYER_FORMAT, LAYER_OPT_GLOBAL_ROPE,
+    LAYER_OPT_K_IS_V, MAX_EXPERTS, MAX_LAYER_KINDS, MAX_LAYERS, ROLE_GGUF, ROLE_SHAPES, TERMS, Role)
 
-ARENA_CTX_BYTES = 1280  # reserved at the start of the arena for the runtime's context struct
 TENSOR_REF_BYTES = 32   # one decoded table entry in the arena (tensor_ref in firmware/src/image.h)
 HEADER_STRUCT = struct.Struct(HEADER_FORMAT)  # every header field but `reserved`; zeros up to HEADER_BYTES
 HEADER_CRC_OFFSET = HEADER_OFFSETS["header_crc32"]
 ENTRY_STRUCT = struct.Struct(ENTRY_FORMAT)
+LAYER_STRUCT = struct.Struct(LAYER_FORMAT)  # a layer kind's record (docs/FORMAT.md "Layers")
 
 
 
@@ -85,6 +87,9 @@ class ModelDims:
     # Gemma 4's KV sharing: the last kv_shared_layers layers compute no keys or values; each attends over the
     # cache of the last earlier layer of its kind (windowed or global), which it shares
     kv_shared_layers: int = 0
+    double_wide_mlp: bool = False  # Gemma 4: the KV-sharing layers' dense MLP is 2·dense_ffn_size wide
+    k_eq_v: bool = False           # Gemma 4: a global layer's values are its keys' projection
+    global_rope: bool = False      # Gemma 4: the global layers rotate with RoPE tables of their own head size
 
     @property
     def mla(self) -> bool:
@@ -130,11 +135,31 @@ class ModelDims:
         return max(l for l in range(first) if self.windowed(l) == self.windowed(layer))
 
     def layer_dense_ffn(self, layer: int) -> int:
-        return self.dense_ffn_size * (2 if self.flags & FLAG_DOUBLE_WIDE_MLP and self.kv_shared(layer) else 1)
+        return self.dense_ffn_size * (2 if self.double_wide_mlp and self.kv_shared(layer) else 1)
 
     @property
     def dense_ffn_max(self) -> int:
-        return self.dense_ffn_size * (2 if self.flags & FLAG_DOUBLE_WIDE_MLP and self.kv_shared_layers else 1)
+        return self.dense_ffn_size * (2 if self.double_wide_mlp and self.kv_shared_layers else 1)
+
+    def layer_record(self, layer: int) -> tuple[int, ...]:
+        """`layer`'s record (docs/FORMAT.md "Layers"), its fields in LAYER_FIELDS order: 0 where the header's value
+        holds, as the writer stores it."""
+        moe, own = self.moe_layers[layer], not self.windowed(layer)  # Gemma 4's global layers: their own geometry
+        gemma = bool(self.flags & FLAG_GEMMA4_LAYER)
+        ffn = (LAYER_FFN_MOE_AND_DENSE if gemma else LAYER_FFN_MOE) if moe else LAYER_FFN_DENSE
+        options = ((LAYER_OPT_K_IS_V if self.k_eq_v and own else 0)
+                   | (LAYER_OPT_GLOBAL_ROPE if self.global_rope and own else 0))
+        shared = self.kv_shared(layer)
+        return (LAYER_ATTN_LATENT if self.mla else LAYER_ATTN_STANDARD, ffn, options, 0,
+                self.global_head_dim if own else 0, self.global_kv_heads if own else 0,
+                self.sliding_window if self.windowed(layer) else 0, self.kv_source(layer) if shared else NO_INDEX,
+                2 * self.dense_ffn_size if self.double_wide_mlp and shared else 0)
+
+    def layer_kinds(self) -> tuple[list[tuple[int, ...]], bytes]:
+        """The header's kinds (the distinct records, in the order layers first have them) and its layer_kind map."""
+        records = [self.layer_record(layer) for layer in range(self.n_layers)]
+        kinds = list(dict.fromkeys(records))
+        return kinds, bytes(kinds.index(r) for r in records)
 
     def layer_kv_dim(self, layer: int) -> int:
         """One position's row of the layer's K cache (and V cache); 0 for a KV-sharing layer, which has none."""
@@ -195,13 +220,14 @@ class ModelDims:
     def facts(self, layer: int = NO_INDEX) -> int:
         """The flags and what `layer` has beside them (format/schema.toml [[fact]]; table.c's layer_facts): what a
         role's presence tests. A global tensor's roles test flags and model-wide facts only."""
-        facts = self.flags | (FACT_PLE if self.ple_dim else 0)
+        global_rope = self.global_rope and not all(self.windowed(l) for l in range(self.n_layers))
+        facts = self.flags | (FACT_PLE if self.ple_dim else 0) | (FACT_GLOBAL_ROPE if global_rope else 0)
         if layer == NO_INDEX:
             return facts
         moe, mla, kv_shared = self.moe_layers[layer], self.mla, self.kv_shared(layer)
         for fact, on in ((FACT_MOE, moe), (FACT_DENSE, not moe or self.flags & FLAG_GEMMA4_LAYER), (FACT_MLA, mla),
                          (FACT_Q_LORA, mla and self.q_lora_rank), (FACT_OWN_KV, not mla and not kv_shared),
-                         (FACT_K_IS_V, self.flags & FLAG_K_EQ_V and not self.windowed(layer)),
+                         (FACT_K_IS_V, self.k_eq_v and not self.windowed(layer)),
                          (FACT_QK_NORM, self.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)),
                          (FACT_KV_SHARED, kv_shared),
                          (FACT_SHARED_FFN, moe and self.flags & (FLAG_SHARED_EXPERT | FLAG_SHARED_PLAIN))):
@@ -541,9 +567,17 @@ def check_runnable(d: ModelDims) -> None:
     if d.mla and d.kv_shared_layers:
         raise ValueError(f"kv_lora_rank={d.kv_lora_rank} with kv_shared_layers={d.kv_shared_layers}: latent attention "
                          "keeps every layer's own KV cache; the runtime shares caches for standard attention only")
-    if d.global_head_dim not in (0, d.head_dim) and not d.flags & FLAG_GLOBAL_ROPE:
+    if d.global_head_dim not in (0, d.head_dim) and not d.global_rope:
         raise ValueError(f"global_head_dim={d.global_head_dim} differs from head_dim={d.head_dim} without "
-                         "FLAG_GLOBAL_ROPE: the global layers need RoPE tables of their own head size")
+                         "global_rope: the global layers need RoPE tables of their own head size")
+    gemma_only = [name for name, on in (("kv_shared_layers", d.kv_shared_layers), ("k_eq_v", d.k_eq_v),
+                                        ("global_rope", d.global_rope), ("double_wide_mlp", d.double_wide_mlp)) if on]
+    if gemma_only and not d.flags & FLAG_GEMMA4_LAYER:
+        raise ValueError(f"{', '.join(gemma_only)} without FLAG_GEMMA4_LAYER: the runtime has them in Gemma 4's layer only")
+    if d.n_layers > MAX_LAYERS:
+        raise ValueError(f"{d.n_layers} layers: an image holds at most {MAX_LAYERS}")
+    if len(d.layer_kinds()[0]) > MAX_LAYER_KINDS:
+        raise ValueError(f"{len(d.layer_kinds()[0])} kinds of layer: an image holds at most {MAX_LAYER_KINDS}")
 
 
 def _lay_out(dims: ModelDims, tensors: dict, expert_align: int, pinned: frozenset, meta: dict | None) -> _Plan:
@@ -623,6 +657,7 @@ def _fill(write: Callable[[int, bytes | np.ndarray], None], read: Callable[[int,
             crc = zlib.crc32(read(at, min(window, end - at)), crc)
         return crc & 0xFFFFFFFF
     d = plan.dims
+    kinds, kind_map = d.layer_kinds()
     for gate, down in expert_blocks(plan.entries):
         write(plan.crc_offset + 4 * (gate.layer * d.n_experts + gate.expert), struct.pack("<I", crc_of(gate.offset, down.end)))
     header = dict(
@@ -637,23 +672,13 @@ def _fill(write: Callable[[int, bytes | np.ndarray], None], read: Callable[[int,
         dense_ffn_size=d.dense_ffn_size, shared_ffn_size=d.shared_ffn_size, clip_qkv=d.clip_qkv,
         kv_dtype=d.kv_dtype, expert_offset=plan.expert_offset, expert_crc_offset=plan.crc_offset,
         meta_offset=plan.meta_offset, meta_bytes=len(plan.meta), meta_crc32=crc32(plan.meta) if plan.meta else 0,
-        sliding_window=d.sliding_window, window_layers=window_bitmap(d),
+        layer_kinds=len(kinds), kinds=b"".join(LAYER_STRUCT.pack(*k) for k in kinds), layer_kind=kind_map,
         q_lora_rank=d.q_lora_rank, kv_lora_rank=d.kv_lora_rank, rope_dim=d.rope_width, v_head_dim=d.v_dim,
         attn_scale=d.scale, n_group=d.n_group, topk_group=d.topk_group, group_top=d.group_top,
         routed_scale=d.routed_scale, swiglu_alpha=d.swiglu_alpha, swiglu_limit=d.swiglu_limit,
-        global_head_dim=d.global_head_dim, global_kv_heads=d.global_kv_heads, embed_scale=d.embed_scale,
-        logit_softcap=d.logit_softcap, ple_dim=d.ple_dim, kv_shared_layers=d.kv_shared_layers,
+        embed_scale=d.embed_scale, logit_softcap=d.logit_softcap, ple_dim=d.ple_dim,
     )
     write(0, header_block(header))
-
-
-def window_bitmap(d: ModelDims) -> bytes:
-    """The header's window_layers: bit l % 8 of byte l // 8 set when layer l has the sliding window."""
-    bits = bytearray(64)
-    for layer, windowed in enumerate(d.window_layers if d.sliding_window else ()):
-        if windowed:
-            bits[layer // 8] |= 1 << (layer % 8)
-    return bytes(bits)
 
 
 def expert_blocks(entries: list[TensorEntry]) -> Iterator[tuple[TensorEntry, TensorEntry]]:
@@ -664,7 +689,7 @@ def expert_blocks(entries: list[TensorEntry]) -> Iterator[tuple[TensorEntry, Ten
 
 
 def header_block(header: dict) -> bytes:
-    """The 256 header bytes of `header`, with its CRC (the CRC field is zero while summing)."""
+    """The HEADER_BYTES header bytes of `header`, with its CRC (the CRC field is zero while summing)."""
     raw = bytearray(HEADER_BYTES)
     HEADER_STRUCT.pack_into(raw, 0, *(header[k] if k != "header_crc32" else 0 for k in HEADER_FIELDS))
     struct.pack_into("<I", raw, HEADER_CRC_OFFSET, crc32(raw))
@@ -672,8 +697,32 @@ def header_block(header: dict) -> bytes:
 
 
 def write_header(buf: bytearray | memoryview, header: dict) -> None:
-    """Pack `header` into buf[0:256] with its CRC."""
+    """Pack `header` into buf[0:HEADER_BYTES] with its CRC."""
     buf[:HEADER_BYTES] = header_block(header)
+
+
+def layer_fields(h: dict) -> dict:
+    """ModelDims' per-layer fields from the header's layer records (docs/FORMAT.md "Layers"). The host models the
+    layers its families make (one window, Gemma 4's global layers and its KV sharing in the last layers): records
+    beyond those are refused, checked by writing the fields' records back."""
+    n_layers, n_kinds = h["n_layers"], h["layer_kinds"]
+    if not 1 <= n_kinds <= MAX_LAYER_KINDS or n_layers > MAX_LAYERS:
+        raise ImageError(f"{n_layers} layers of {n_kinds} kinds: an image has 1 to {MAX_LAYER_KINDS} kinds and at "
+                         f"most {MAX_LAYERS} layers")
+    kinds = [LAYER_STRUCT.unpack_from(h["kinds"], k * LAYER_BYTES) for k in range(n_kinds)]
+    if any(k >= n_kinds for k in h["layer_kind"][:n_layers]):
+        raise ImageError(f"a layer's kind is not one of the {n_kinds} records")
+    records = [dict(zip(LAYER_FIELDS, kinds[k])) for k in h["layer_kind"][:n_layers]]
+    windows = {r["window"] for r in records if r["window"]}
+    own = [r for r in records if not r["window"]]  # Gemma 4's global layers
+    fields = dict(moe_layers=tuple(r["ffn"] != LAYER_FFN_DENSE for r in records),
+                  sliding_window=max(windows, default=0), window_layers=tuple(bool(r["window"]) for r in records),
+                  global_head_dim=own[0]["head_dim"] if own else 0, global_kv_heads=own[0]["kv_heads"] if own else 0,
+                  kv_shared_layers=sum(r["kv_source"] != NO_INDEX for r in records),
+                  double_wide_mlp=any(r["dense_ffn"] for r in records),
+                  k_eq_v=any(r["options"] & LAYER_OPT_K_IS_V for r in records),
+                  global_rope=any(r["options"] & LAYER_OPT_GLOBAL_ROPE for r in records))
+    return fields
 
 
 def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
@@ -716,17 +765,16 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
     if n_layers > h["n_tensors"] or n_experts > MAX_EXPERTS:
         raise ImageError(f"{n_layers} layers of {n_experts} experts in a table of {h['n_tensors']} entries")
     raw = [ENTRY_STRUCT.unpack_from(data, h["tensor_table_offset"] + i * ENTRY_BYTES) for i in range(h["n_tensors"])]
-    routed = {r[2] for r in raw if r[0] == Role.ROUTER}  # a MoE layer is one whose router the table lists
-    moe_layers = tuple(layer in routed for layer in range(n_layers))
     dims = ModelDims(**{k: h[k] for k in (
         "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
         "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "flags", "dense_ffn_size",
-        "shared_ffn_size", "clip_qkv", "kv_dtype", "sliding_window", "q_lora_rank", "kv_lora_rank", "rope_dim",
+        "shared_ffn_size", "clip_qkv", "kv_dtype", "q_lora_rank", "kv_lora_rank", "rope_dim",
         "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha",
-        "swiglu_limit", "global_head_dim", "global_kv_heads", "embed_scale", "logit_softcap", "ple_dim", "kv_shared_layers")},
-        moe_layers=moe_layers,
-        window_layers=tuple(bool(h["window_layers"][layer // 8] >> (layer % 8) & 1) if layer < MAX_WINDOW_LAYERS
-                            else False for layer in range(n_layers)))
+        "swiglu_limit", "embed_scale", "logit_softcap", "ple_dim")}, **layer_fields(h))
+    listed = [LAYER_STRUCT.unpack_from(h["kinds"], k * LAYER_BYTES) for k in h["layer_kind"][:n_layers]]
+    if [dims.layer_record(layer) for layer in range(n_layers)] != listed:
+        raise ImageError("the layer records are not a kind of layer this host models (one window; Gemma 4's global "
+                         "layers and its KV sharing in the last layers)")
     order = (key for key in canonical_order(dims) if dims.present(key[0], key[1]))  # walked with the table: a short
     entries = []                                                                    # table ends it
     for i, (role, layer, expert) in enumerate(order):

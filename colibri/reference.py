@@ -32,7 +32,7 @@ import numpy as np
 
 from colibri import arith
 from colibri.arith import F32, ONE, ZERO
-from colibri.image import (FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_GELU_TANH, FLAG_GEMMA4_LAYER, FLAG_GLOBAL_ROPE,
+from colibri.image import (FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_GELU_TANH, FLAG_GEMMA4_LAYER,
                            FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS,
                            FLAG_ROUTER_SIGMOID, FLAG_ROUTER_TOPK_SOFTMAX, FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN,
                            FLAG_V_NORM, KV_DTYPES, NO_INDEX, Image, Role)
@@ -216,7 +216,7 @@ class Reference:
 
     def _rope_tables(self, layer: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         d = self.d
-        global_rope = d.flags & FLAG_GLOBAL_ROPE and not d.windowed(layer)
+        global_rope = d.global_rope and not d.windowed(layer)
         cos = self._t(Role.GLOBAL_ROPE_COS if global_rope else Role.ROPE_COS)[:n]
         sin = self._t(Role.GLOBAL_ROPE_SIN if global_rope else Role.ROPE_SIN)[:n]
         return cos, sin

@@ -20,12 +20,11 @@
 /* every model_dims field (padding is not a field: it may stay undefined) */
 #define DIMS_FIELDS(X)                                                                                               \
     X(vocab) X(dim) X(ffn) X(n_layers) X(n_heads) X(n_kv_heads) X(head_dim) X(n_experts) X(top_k) X(max_seq)         \
-    X(dense_ffn) X(shared_ffn) X(flags) X(kv_dtype) X(eps) X(clip_qkv) X(window) X(window_layers) X(q_lora)          \
-    X(kv_lora) X(rope_dim) X(v_head_dim) X(attn_scale) X(n_group) X(topk_group) X(group_top) X(routed_scale)         \
-    X(swiglu_alpha) X(swiglu_limit) X(global_head_dim) X(global_kv_heads) X(embed_scale) X(logit_softcap)            \
-    X(ple_dim) X(first_shared) X(kv_shared_source) X(q_dim) X(kv_dim) X(ffn_max) X(att_dim) X(val_dim) X(o_dim)      \
-    X(in_blocks) X(n_tensors) X(n_entries) X(resident_bytes) X(expert_block_max) X(streamed_experts) X(expert_crc_offset)         \
-    X(prefill_token_bytes)
+    X(dense_ffn) X(shared_ffn) X(flags) X(kv_dtype) X(eps) X(clip_qkv) X(window) X(global_head_dim) X(shared_ring)   \
+    X(q_lora) X(kv_lora) X(rope_dim) X(v_head_dim) X(attn_scale) X(n_group) X(topk_group) X(group_top)               \
+    X(routed_scale) X(swiglu_alpha) X(swiglu_limit) X(embed_scale) X(logit_softcap) X(ple_dim) X(q_dim) X(kv_dim)    \
+    X(ffn_max) X(att_dim) X(val_dim) X(o_dim) X(in_blocks) X(n_tensors) X(n_entries) X(resident_bytes)               \
+    X(expert_block_max) X(streamed_experts) X(expert_crc_offset) X(prefill_token_bytes) X(kinds) X(kind_of)
 /* the arena plan's and the prefill batch region's buffers, NULL or not */
 #define ARENA_FIELDS(X)                                                                                              \
     X(tensors) X(x) X(xn) X(q) X(q_a) X(k_new) X(v_new) X(q_att) X(attn_out) X(o_in) X(ple) X(att) X(ffn_gate)       \

@@ -9,10 +9,10 @@ import pytest
 
 from capi import STATUS, Lib
 from colibri import image as im
-from colibri.format import (ENTRY_OFFSETS, FLAG_ATTN_SINKS, FLAG_DOUBLE_WIDE_MLP, FLAG_EXPERT_BIAS, FLAG_GEMMA4_LAYER,
-                            FLAG_GLOBAL_ROPE, FLAG_K_EQ_V, FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
+from colibri.format import (ENTRY_OFFSETS, FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_GEMMA4_LAYER,
+                            FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
                             FLAG_ROUTER_BIAS, FLAG_ROUTER_TOPK_SOFTMAX, FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN,
-                            KNOWN_FLAGS)
+                            KNOWN_FLAGS, LAYER_BYTES, LAYER_FFN_DENSE, LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V)
 from colibri.image import ENTRY_BYTES, HEADER_BYTES, HEADER_CRC_OFFSET, HEADER_OFFSETS, crc32, read_image
 from colibri.rope import tables as rope_tables
 from colibri.schema import load as load_schema
@@ -38,6 +38,23 @@ def put(fmt: str, offset: int, value, seal: bool = True):
 
 
 FIELD_FORMAT = {f.name: "<" + f.struct_code for f in load_schema().header}
+
+
+LAYER_FIELD = {f.name: ("<" + f.struct_code, f.offset) for f in load_schema().layer}
+
+
+def kind(k: int, name: str, value, seal: bool = True):
+    """A mutation setting field `name` of layer record k (format/schema.toml [[layer]])."""
+    fmt, offset = LAYER_FIELD[name]
+    return put(fmt, HEADER_OFFSETS["kinds"] + k * LAYER_BYTES + offset, value, seal)
+
+
+def second_kind(b: bytearray) -> bytearray:
+    """Layer 1 given a kind of its own, a copy of layer 0's (unsealed): a mutation then changes it alone."""
+    at = HEADER_OFFSETS["kinds"]
+    b[at + LAYER_BYTES:at + 2 * LAYER_BYTES] = b[at:at + LAYER_BYTES]
+    b[HEADER_OFFSETS["layer_kind"] + 1] = 1
+    return field("layer_kinds", 2, seal=False)(b)
 
 
 def entry(i: int, name: str) -> int:
@@ -93,7 +110,8 @@ CASES = [
     ("version 3", field("version", 3), "E_IMAGE_VERSION"),
     ("version 4", field("version", 4), "E_IMAGE_VERSION"),
     ("version 5", field("version", 5), "E_IMAGE_VERSION"),
-    ("version 7", field("version", 7, seal=False), "E_IMAGE_VERSION"),
+    ("version 6", field("version", 6), "E_IMAGE_VERSION"),
+    ("version 8", field("version", 8, seal=False), "E_IMAGE_VERSION"),
     ("header byte flipped", flip(40), "E_IMAGE_HEADER_CRC"),
     ("resident byte flipped", lambda b: flip(get(b, "data_offset") + 5)(b), "E_IMAGE_PAYLOAD_CRC"),
     ("expert byte flipped", lambda b: flip(len(b) - 5)(b), "E_EXPERT_CRC"),  # the last expert's down matrix
@@ -105,20 +123,32 @@ CASES = [
      "E_IMAGE_BOUNDS"),
     ("table byte flipped", flip(TABLE + 33), "E_IMAGE_PAYLOAD_CRC"),
     ("reserved header byte", put("<B", HEADER_OFFSETS["reserved"] + 8, 1), "E_IMAGE_HEADER"),
-    # Gemma 4's fields (288..303) and flags 13..17
-    ("odd global head size", field("global_head_dim", 7), "E_IMAGE_DIMS"),
-    ("global KV heads that do not divide the heads", field("global_kv_heads", 3), "E_IMAGE_DIMS"),
-    ("global head size without its RoPE tables", field("global_head_dim", 12), "E_IMAGE_DIMS"),
-    ("global head size the table lacks", lambda b: field("global_head_dim", 12)(field("flags", FLAG_NORM_TOPK | FLAG_GLOBAL_ROPE, seal=False)(b)),
-     "E_IMAGE_TABLE"),
+    # the layer records (format/schema.toml [[layer]]); the base image has one kind, MoE layers
+    ("no layer kinds", field("layer_kinds", 0), "E_IMAGE_DIMS"),
+    ("nine layer kinds", field("layer_kinds", 9), "E_IMAGE_DIMS"),
+    ("a layer of a kind past the records", put("<B", HEADER_OFFSETS["layer_kind"] + 1, 1), "E_IMAGE_DIMS"),
+    ("257 layers", field("n_layers", 257), "E_IMAGE_DIMS"),
+    ("odd layer head size", kind(0, "head_dim", 7), "E_IMAGE_DIMS"),
+    ("layer KV heads that do not divide the heads", kind(0, "kv_heads", 3), "E_IMAGE_DIMS"),
+    ("a head size of its own without its RoPE tables", kind(0, "head_dim", 12), "E_IMAGE_DIMS"),
+    ("latent attention in a model without it", kind(0, "attention", 1), "E_IMAGE_DIMS"),
+    ("an unknown feed-forward block", kind(0, "ffn", 3), "E_IMAGE_DIMS"),
+    ("a dense layer without a width", kind(0, "ffn", LAYER_FFN_DENSE), "E_IMAGE_DIMS"),
+    ("a width on a MoE layer", kind(0, "dense_ffn", 8), "E_IMAGE_DIMS"),
+    ("a reserved record byte", kind(0, "reserved", 1), "E_IMAGE_DIMS"),
+    ("an unknown layer option", kind(0, "options", 0x80), "E_IMAGE_DIMS"),
+    ("keys as values outside Gemma 4's layer", kind(0, "options", LAYER_OPT_K_IS_V), "E_IMAGE_DIMS"),
+    ("global RoPE outside Gemma 4's layer", kind(0, "options", LAYER_OPT_GLOBAL_ROPE), "E_IMAGE_DIMS"),
+    ("KV sharing outside Gemma 4's layer", lambda b: kind(1, "kv_source", 0)(second_kind(b)), "E_IMAGE_DIMS"),
+    ("a window longer than max_seq", kind(0, "window", 49), "E_IMAGE_DIMS"),
+    ("two windows", lambda b: kind(1, "window", 4)(kind(0, "window", 3, seal=False)(second_kind(b))), "E_IMAGE_DIMS"),
+    ("a window the plan does not know", kind(0, "window", 3), "E_IMAGE_PLAN"),
+    ("a second kind the same as the first", lambda b: reseal(second_kind(b)), "OK"),
+    # Gemma 4's fields and flags 13..15
     ("embedding scale NaN", field("embed_scale", float("nan")), "E_IMAGE_DIMS"),
     ("logit cap negative", field("logit_softcap", -30.0), "E_IMAGE_DIMS"),
     ("per-layer inputs outside Gemma 4's layer", field("ple_dim", 4), "E_IMAGE_DIMS"),
-    ("KV sharing outside Gemma 4's layer", field("kv_shared_layers", 1), "E_IMAGE_DIMS"),
-    ("double-wide MLP without KV sharing", field("flags", FLAG_NORM_TOPK | FLAG_DOUBLE_WIDE_MLP), "E_IMAGE_DIMS"),
     ("Gemma 4 layer without a dense MLP", field("flags", FLAG_NORM_TOPK | FLAG_GEMMA4_LAYER), "E_IMAGE_DIMS"),
-    ("keys as values, yet a WV", field("flags", FLAG_NORM_TOPK | FLAG_K_EQ_V), "E_IMAGE_TABLE"),
-    ("global RoPE tables the table lacks", field("flags", FLAG_NORM_TOPK | FLAG_GLOBAL_ROPE), "E_IMAGE_TABLE"),
     # gpt-oss's expert activation (280, 284) and flags 10..12
     ("SwiGLU limit without alpha", field("swiglu_limit", 7.0), "E_IMAGE_DIMS"),
     ("SwiGLU alpha NaN", lambda b: field("swiglu_alpha", float("nan"))(field("swiglu_limit", 7.0, seal=False)(b)), "E_IMAGE_DIMS"),
@@ -145,11 +175,6 @@ CASES = [
     ("plain shared expert without a size", field("flags", FLAG_SHARED_PLAIN), "E_IMAGE_DIMS"),
     ("router bias the table lacks", field("flags", FLAG_NORM_TOPK | FLAG_ROUTER_BIAS), "E_IMAGE_TABLE"),
     # the sliding window (176) and its layers (bitmap at 180); the base images have 2 layers, max_seq 48
-    ("window without a windowed layer", field("sliding_window", 3), "E_IMAGE_DIMS"),
-    ("windowed layer without a window", put("<B", HEADER_OFFSETS["window_layers"], 1), "E_IMAGE_DIMS"),
-    ("windowed layer past the last", lambda b: put("<B", HEADER_OFFSETS["window_layers"], 4)(field("sliding_window", 3, seal=False)(b)), "E_IMAGE_DIMS"),
-    ("window longer than max_seq", lambda b: put("<B", HEADER_OFFSETS["window_layers"], 1)(field("sliding_window", 49, seal=False)(b)), "E_IMAGE_DIMS"),
-    ("window the plan does not know", lambda b: put("<B", HEADER_OFFSETS["window_layers"], 1)(field("sliding_window", 3, seal=False)(b)), "E_IMAGE_PLAN"),
     ("table offset past data", field("tensor_table_offset", 1 << 40), "E_IMAGE_HEADER"),
     ("entry size", field("entry_bytes", 32), "E_IMAGE_HEADER"),
     ("vocab zero", field("vocab_size", 0), "E_IMAGE_DIMS"),
@@ -170,7 +195,7 @@ CASES = [
     ("both q/k norm kinds", field("flags", FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL), "E_UNSUPPORTED"),
     ("tensor count", field("n_tensors", 10), "E_IMAGE_TABLE"),
     ("last tensor left out", lambda b: field("n_tensors", get(b, "n_tensors") - 1)(b), "E_IMAGE_TABLE"),
-    ("a dense index past 2^32 slots", lambda b: field("n_layers", 1 << 24)(field("n_experts", 1024, seal=False)(b)),
+    ("2^24 layers of 1024 experts", lambda b: field("n_layers", 1 << 24)(field("n_experts", 1024, seal=False)(b)),
      "E_IMAGE_DIMS"),
     ("entries out of order", swap_entries, "E_IMAGE_TABLE"),
     ("wrong shape", put("<I", entry(0, "dim0"), 36), "E_IMAGE_TABLE"),
@@ -333,23 +358,22 @@ def mla_sharing_image() -> bytes:
     first one's KV cache: the plan gives it no KV rows, but latent attention stores and reads its own."""
     dims = im.ModelDims(**TINY, head_dim=8, flags=im.FLAG_GEMMA4_LAYER, kv_lora_rank=4, rope_dim=4, v_head_dim=4)
     buf = bytearray(im.build_image(dims, random_tensors(dims)))
-    struct.pack_into("<I", buf, 308, 1)  # kv_shared_layers: changes no tensor of latent attention
-    struct.pack_into("<Q", buf, 112, im.arena_bytes(replace(dims, kv_shared_layers=1)))
+    kind(1, "kv_source", 0, seal=False)(second_kind(buf))  # changes no tensor of latent attention
+    struct.pack_into("<Q", buf, HEADER_OFFSETS["arena_bytes"], im.arena_bytes(replace(dims, kv_shared_layers=1)))
     return bytes(reseal(buf))
 
 
 def global_head_without_rope_image() -> bytes:
     """Two global layers of head size 8 where head_dim is 4, rotated with ROPE_COS/SIN ([max_seq, 2]) because the
-    GLOBAL_ROPE flag and its tables ([max_seq, 4]) were taken out; ROPE_SIN moved to the image's last bytes (a
+    GLOBAL_ROPE option and its tables ([max_seq, 4]) were taken out; ROPE_SIN moved to the image's last bytes (a
     legal place), so rope()'s four values a row read past the image at the last position."""
-    dims = im.ModelDims(**TINY, head_dim=4, global_head_dim=8, flags=im.FLAG_GLOBAL_ROPE)
+    dims = im.ModelDims(**TINY, head_dim=4, global_head_dim=8, global_rope=True, flags=im.FLAG_GEMMA4_LAYER)
     buf = bytearray(im.build_image(dims, random_tensors(dims)))
     entries = read_image(bytes(buf)).entries
     index = {e.role: i for i, e in enumerate(entries) if e.layer == im.NO_INDEX}
-    struct.pack_into("<I", buf, 76, 0)  # flags
-    for role in (im.Role.GLOBAL_ROPE_COS, im.Role.GLOBAL_ROPE_SIN):
-        at = entry(index[role], "role")
-        buf[at:at + ENTRY_BYTES] = im.TensorEntry(role, im.NO_INDEX, im.NO_INDEX, im.DType.F32, (), 0, 0).pack()
+    assert index[im.Role.GLOBAL_ROPE_SIN] == len(entries) - 1 == index[im.Role.GLOBAL_ROPE_COS] + 1
+    kind(0, "options", 0, seal=False)(buf)
+    field("n_tensors", len(entries) - 2, seal=False)(buf)  # the global tables, the table's last two entries
     sin = entries[index[im.Role.ROPE_SIN]]
     assert len(buf) == entries[index[im.Role.GLOBAL_ROPE_SIN]].end and (len(buf) - sin.nbytes) % 64 == 0
     struct.pack_into("<Q", buf, entry(index[im.Role.ROPE_SIN], "offset"), len(buf) - sin.nbytes)

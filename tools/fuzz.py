@@ -158,14 +158,16 @@ def make_seeds() -> None:
         # Gemma 4: its layer (the dense MLP beside the experts), GeGLU, v norms, a windowed layer and a global one
         # of its own head size, KV heads (values its keys) and RoPE, the embedding scale, the logit cap, per-layer inputs
         "gemma4": dict(flags=im.FLAG_NORM_TOPK | im.FLAG_QK_NORM_HEAD | im.FLAG_GEMMA4_LAYER | im.FLAG_GELU_TANH
-                       | im.FLAG_V_NORM | im.FLAG_K_EQ_V | im.FLAG_GLOBAL_ROPE, moe=(True, True), dense=10,
-                       dtype=DType.Q4_0, mla=dict(global_head_dim=8, global_kv_heads=1, embed_scale=2.8,
+                       | im.FLAG_V_NORM, moe=(True, True), dense=10,
+                       dtype=DType.Q4_0, mla=dict(global_head_dim=8, global_kv_heads=1, embed_scale=2.8, k_eq_v=True,
+                                                  global_rope=True,
                                                   logit_softcap=30.0, attn_scale=1.0, sliding_window=3,
                                                   window_layers=(True, False), ple_dim=4)),
         # its dense models' path: a layer sharing an earlier one's KV cache, its MLP twice as wide
         "gemma4-dense-shared": dict(flags=im.FLAG_QK_NORM_HEAD | im.FLAG_GEMMA4_LAYER | im.FLAG_GELU_TANH | im.FLAG_V_NORM
-                                    | im.FLAG_GLOBAL_ROPE | im.FLAG_DOUBLE_WIDE_MLP, moe=(False, False, False), dense=10,
+                                    , moe=(False, False, False), dense=10,
                                     experts=0, mla=dict(n_layers=3, global_head_dim=8, embed_scale=2.0, attn_scale=1.0,
+                                                        global_rope=True, double_wide_mlp=True,
                                                         sliding_window=3, window_layers=(True, False, True), ple_dim=2,
                                                         kv_shared_layers=1)),
         # a metadata section (the host's tokenizer and template; its own CRC, which the harness reseals too)

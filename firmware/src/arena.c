@@ -105,22 +105,17 @@ uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_b
      * in the lean build, which feeds a windowed model one token a pass: colibri_open's batch_limit) */
     if (WITH_WINDOW_RINGS && d->window) {
         ring_saves r = { 0, 0, tokens < d->window ? tokens : d->window };
-        /* one position's rows over those layers; where the last one's start, the ring that windowed KV-sharing
-         * layers read (kv_source: the last windowed layer before the sharing ones, all of which come last) */
-        uint64_t row = 0, last_at = 0;
-        int sharing = 0;
+        /* one position's rows over those layers; where the shared ring's start (the one windowed KV-sharing layers
+         * read: shared_ring) */
+        uint64_t row = 0, shared_at = 0;
         for (uint32_t l = 0; l < d->n_layers; l++) {
-            if (!layer_windowed(d, l)) continue;
-            if (layer_kv_shared(d, l)) {
-                sharing = 1;
-            } else {
-                last_at = row;
-                row += layer_kv_dim(d, l);
-            }
+            if (!layer_windowed(d, l) || layer_kv_shared(d, l)) continue;
+            if (l == d->shared_ring) shared_at = row;
+            row += layer_kv_dim(d, l);
         }
         const uint64_t per_row = (uint64_t)(mla ? 1 : 2) * r.rows * (d->kv_dtype == KV_F16 ? 2 : 4);
         r.saved = reserve_bytes(&p, row * per_row, 1);
-        r.shared = base && sharing ? r.saved + last_at * per_row : 0;
+        r.shared = base && d->shared_ring != IMG_NO_INDEX ? r.saved + shared_at * per_row : 0;
         if (rings) *rings = r;
     }
     return p.offset;

@@ -35,8 +35,7 @@ static uint32_t batch_fit(const colibri_image_info *info, uint32_t asked, uint64
  * leaves that saving of the rings out, and feeds a windowed model one token a pass. */
 static uint32_t batch_limit(const model_dims *d, uint32_t asked) {
     if (!WITH_WINDOW_RINGS && d->window) return 0;
-    for (uint32_t l = WITH_GEMMA4 ? d->first_shared : d->n_layers; l < d->n_layers; l++)
-        if (layer_windowed(d, l)) return asked < d->window ? asked : d->window;
+    if (WITH_GEMMA4 && d->shared_ring != IMG_NO_INDEX) return asked < d->window ? asked : d->window;
     return asked;
 }
 

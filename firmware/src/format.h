@@ -5,10 +5,10 @@
 #ifndef COLIBRI_FORMAT_H
 #define COLIBRI_FORMAT_H
 
-/* ---- format v6 ---- */
+/* ---- format v7 ---- */
 #define IMG_MAGIC 0x00495242494C4F43ull /* "COLIBRI\0" as a little-endian u64 */
-#define IMG_VERSION 6u
-#define IMG_HEADER_BYTES 384u
+#define IMG_VERSION 7u
+#define IMG_HEADER_BYTES 768u
 #define IMG_ENTRY_BYTES 64u
 #define IMG_ALIGN 64u
 #define IMG_ARCH_MOE 1u
@@ -39,23 +39,20 @@
 /* the top-k of the router logits plus ROUTER_BIAS are chosen and weighted by a softmax over them (the bias is the
  * router's own, not a choice bias; not with ROUTER_SIGMOID, NORM_TOPK or groups) */
 #define IMG_FLAG_ROUTER_TOPK_SOFTMAX (1u << 12)
-/* Gemma 4's layer (below; needs dense_ffn_size > 0) */
+/* Gemma 4's layer (below; its MoE layers are MOE_AND_DENSE) */
 #define IMG_FLAG_GEMMA4_LAYER (1u << 13)
 /* every FFN's activation is gelu's tanh approximation (GeGLU), not silu */
 #define IMG_FLAG_GELU_TANH (1u << 14)
 /* RMSNorm without weights on each head of v */
 #define IMG_FLAG_V_NORM (1u << 15)
-/* a global layer's values are its keys' projection (no WV, BV), before the k norm and RoPE */
-#define IMG_FLAG_K_EQ_V (1u << 16)
-/* global layers rotate with GLOBAL_ROPE_COS/SIN */
-#define IMG_FLAG_GLOBAL_ROPE (1u << 17)
-/* the KV-sharing layers' dense MLP is 2·dense_ffn_size wide (needs kv_shared_layers > 0) */
-#define IMG_FLAG_DOUBLE_WIDE_MLP (1u << 18)
-#define IMG_KNOWN_FLAGS 0x7FFFFu
+#define IMG_KNOWN_FLAGS 0xFFFFu
 #define IMG_LEAN_FLAGS 0x13Fu /* the lean build's (COLIBRI_LEAN): NORM_TOPK, QKV_BIAS, O_BIAS, QK_NORM_HEAD, QK_NORM_FULL, SHARED_EXPERT, SHARED_PLAIN */
 #define IMG_NO_INDEX 0xFFFFFFFFu
 #define IMG_MAX_DIM 0x1000000u /* any single dimension; keeps every product of two in 64 bits */
-#define IMG_WINDOW_LAYER_BYTES 64u /* the header's window_layers bitmap */
+#define IMG_LAYER_BYTES 24u /* a layer kind's record */
+#define IMG_MAX_LAYER_KINDS 8u /* records in the header */
+#define IMG_MAX_LAYERS 256u /* the header's layer_kind map: a byte per layer */
+#define ARENA_CTX_BYTES 1792u /* the arena's first bytes: the context struct */
 #define IMG_MAX_EXPERTS 1024u
 #define IMG_MAX_TOP_K 64u
 
@@ -66,33 +63,48 @@ enum {
     H_EXPERTS = 64, H_TOP_K = 68, H_MAX_SEQ = 72, H_FLAGS = 76, H_EPS = 80, H_ROPE_THETA = 84, H_TABLE_OFFSET = 88,
     H_N_TENSORS = 96, H_ENTRY_BYTES = 100, H_DATA_OFFSET = 104, H_ARENA_BYTES = 112, H_EXPERT_ALIGN = 120,
     H_DENSE_FFN = 124, H_SHARED_FFN = 128, H_CLIP_QKV = 132, H_KV_DTYPE = 136, H_EXPERT_OFFSET = 140,
-    H_EXPERT_CRC_OFFSET = 148, H_META_OFFSET = 156, H_META_BYTES = 164, H_META_CRC = 172, H_SLIDING_WINDOW = 176,
-    H_WINDOW_LAYERS = 180, H_Q_LORA = 244, H_KV_LORA = 248, H_ROPE_DIM = 252, H_V_HEAD_DIM = 256, H_ATTN_SCALE = 260,
-    H_N_GROUP = 264, H_TOPK_GROUP = 268, H_GROUP_TOP = 272, H_ROUTED_SCALE = 276, H_SWIGLU_ALPHA = 280,
-    H_SWIGLU_LIMIT = 284, H_GLOBAL_HEAD_DIM = 288, H_GLOBAL_KV_HEADS = 292, H_EMBED_SCALE = 296,
-    H_LOGIT_SOFTCAP = 300, H_PLE_DIM = 304, H_KV_SHARED = 308, H_RESERVED = 312
+    H_EXPERT_CRC_OFFSET = 148, H_META_OFFSET = 156, H_META_BYTES = 164, H_META_CRC = 172, H_Q_LORA = 176,
+    H_KV_LORA = 180, H_ROPE_DIM = 184, H_V_HEAD_DIM = 188, H_ATTN_SCALE = 192, H_N_GROUP = 196, H_TOPK_GROUP = 200,
+    H_GROUP_TOP = 204, H_ROUTED_SCALE = 208, H_SWIGLU_ALPHA = 212, H_SWIGLU_LIMIT = 216, H_LAYER_KINDS = 220,
+    H_KINDS = 224, H_LAYER_KIND = 416, H_EMBED_SCALE = 672, H_LOGIT_SOFTCAP = 676, H_PLE_DIM = 680, H_RESERVED = 684
 };
 /* Tensor table entry field offsets (docs/FORMAT.md, "Tensor table"). */
 enum {
     E_ROLE = 0, E_DTYPE = 2, E_LAYER = 4, E_EXPERT = 8, E_NDIMS = 12, E_DIM0 = 16, E_DIM1 = 20, E_GROUP = 24,
     E_RESERVED = 28, E_OFFSET = 32, E_BYTES = 40, E_SCALES_OFFSET = 48, E_SCALES_BYTES = 56
 };
+/* Layer record field offsets (docs/FORMAT.md, "Layers"). */
+enum {
+    R_ATTENTION = 0, R_FFN = 1, R_OPTIONS = 2, R_RESERVED = 3, R_HEAD_DIM = 4, R_KV_HEADS = 8, R_WINDOW = 12,
+    R_KV_SOURCE = 16, R_DENSE_FFN = 20
+};
+#define LAYER_ATTN_STANDARD 0u /* grouped-query attention over the layer's KV heads (the header's q/k norm, bias and clip flags apply) */
+#define LAYER_ATTN_LATENT 1u /* multi-head latent attention (MLA, below): every layer's, exactly when kv_lora_rank > 0 */
+#define LAYER_FFN_DENSE 0u /* a dense MLP */
+#define LAYER_FFN_MOE 1u /* top-k routed experts (with the shared expert the flags name); needs E > 0 */
+#define LAYER_FFN_MOE_AND_DENSE 2u /* routed experts beside a dense MLP: every MoE layer of a GEMMA4_LAYER model, and only there */
+#define LAYER_OPT_K_IS_V (1u << 0) /* the layer's values are its keys' projection (no WV, BV), before the k norm and RoPE (standard attention with GEMMA4_LAYER) */
+#define LAYER_OPT_GLOBAL_ROPE (1u << 1) /* the layer rotates with GLOBAL_ROPE_COS/SIN, whose rows are its head size / 2 (every such layer has the same; standard attention with GEMMA4_LAYER) */
+#define LAYER_KNOWN_OPTIONS 0x3u
 
 /* The fields as lists for code that walks them (the image fuzz harness's mutator), X(offset, bytes) each: the
- * header's integers but its CRCs and flags, its floats, and every field of a table entry. */
+ * header's integers but its CRCs and flags, its floats, every field of a table entry, and every field of a layer
+ * record. */
 #define IMG_HEADER_INTEGERS(X) X(H_VERSION, 4) X(H_HEADER_BYTES, 4) X(H_IMAGE_BYTES, 8) X(H_ARCH, 4) X(H_VOCAB, 4) \
     X(H_DIM, 4) X(H_FFN, 4) X(H_LAYERS, 4) X(H_HEADS, 4) X(H_KV_HEADS, 4) X(H_HEAD_DIM, 4) X(H_EXPERTS, 4) \
     X(H_TOP_K, 4) X(H_MAX_SEQ, 4) X(H_TABLE_OFFSET, 8) X(H_N_TENSORS, 4) X(H_ENTRY_BYTES, 4) X(H_DATA_OFFSET, 8) \
     X(H_ARENA_BYTES, 8) X(H_EXPERT_ALIGN, 4) X(H_DENSE_FFN, 4) X(H_SHARED_FFN, 4) X(H_KV_DTYPE, 4) \
-    X(H_EXPERT_OFFSET, 8) X(H_EXPERT_CRC_OFFSET, 8) X(H_META_OFFSET, 8) X(H_META_BYTES, 8) X(H_SLIDING_WINDOW, 4) \
-    X(H_Q_LORA, 4) X(H_KV_LORA, 4) X(H_ROPE_DIM, 4) X(H_V_HEAD_DIM, 4) X(H_N_GROUP, 4) X(H_TOPK_GROUP, 4) \
-    X(H_GROUP_TOP, 4) X(H_GLOBAL_HEAD_DIM, 4) X(H_GLOBAL_KV_HEADS, 4) X(H_PLE_DIM, 4) X(H_KV_SHARED, 4)
+    X(H_EXPERT_OFFSET, 8) X(H_EXPERT_CRC_OFFSET, 8) X(H_META_OFFSET, 8) X(H_META_BYTES, 8) X(H_Q_LORA, 4) \
+    X(H_KV_LORA, 4) X(H_ROPE_DIM, 4) X(H_V_HEAD_DIM, 4) X(H_N_GROUP, 4) X(H_TOPK_GROUP, 4) X(H_GROUP_TOP, 4) \
+    X(H_LAYER_KINDS, 4) X(H_PLE_DIM, 4)
 #define IMG_HEADER_FLOATS(X) X(H_EPS, 4) X(H_ROPE_THETA, 4) X(H_CLIP_QKV, 4) X(H_ATTN_SCALE, 4) X(H_ROUTED_SCALE, 4) \
     X(H_SWIGLU_ALPHA, 4) X(H_SWIGLU_LIMIT, 4) X(H_EMBED_SCALE, 4) X(H_LOGIT_SOFTCAP, 4)
 #define IMG_ENTRY_FIELDS(X) X(E_ROLE, 2) X(E_DTYPE, 2) X(E_LAYER, 4) X(E_EXPERT, 4) X(E_NDIMS, 4) X(E_DIM0, 4) \
     X(E_DIM1, 4) X(E_GROUP, 4) X(E_RESERVED, 4) X(E_OFFSET, 8) X(E_BYTES, 8) X(E_SCALES_OFFSET, 8) \
     X(E_SCALES_BYTES, 8)
-#define IMG_FLAG_COUNT 19u
+#define IMG_LAYER_FIELDS(X) X(R_ATTENTION, 1) X(R_FFN, 1) X(R_OPTIONS, 1) X(R_RESERVED, 1) X(R_HEAD_DIM, 4) \
+    X(R_KV_HEADS, 4) X(R_WINDOW, 4) X(R_KV_SOURCE, 4) X(R_DENSE_FFN, 4)
+#define IMG_FLAG_COUNT 16u
 
 enum tensor_role {
     ROLE_TOKEN_EMBD = 1, ROLE_ROPE_COS = 2, ROLE_ROPE_SIN = 3, ROLE_ATTN_NORM = 4, ROLE_WQ = 5, ROLE_BQ = 6,
@@ -119,16 +131,17 @@ enum kv_dtype {
 };
 
 /* A layer's facts a role's presence tests, after the flags' bits (format/schema.toml). */
-#define IMG_FACT_MOE (1u << 19) /* the layer routes to experts (the table lists its ROUTER) */
-#define IMG_FACT_DENSE (1u << 20) /* the layer has a dense MLP: not a MoE layer, or GEMMA4_LAYER */
-#define IMG_FACT_MLA (1u << 21) /* multi-head latent attention: kv_lora_rank > 0 */
-#define IMG_FACT_Q_LORA (1u << 22) /* MLA with q_lora_rank > 0 */
-#define IMG_FACT_OWN_KV (1u << 23) /* the layer projects its own k and v: not MLA and not a KV-sharing layer */
-#define IMG_FACT_K_IS_V (1u << 24) /* a global layer with K_EQ_V: its values are its keys' projection */
-#define IMG_FACT_QK_NORM (1u << 25) /* QK_NORM_HEAD or QK_NORM_FULL */
-#define IMG_FACT_KV_SHARED (1u << 26) /* the layer reads an earlier layer's KV cache (the last kv_shared_layers layers) */
-#define IMG_FACT_SHARED_FFN (1u << 27) /* a MoE layer with a shared expert: SHARED_EXPERT or SHARED_PLAIN */
-#define IMG_FACT_PLE (1u << 28) /* Gemma 4's per-layer inputs: ple_dim > 0 */
+#define IMG_FACT_MOE (1u << 16) /* the layer routes to experts: its record's ffn is MOE or MOE_AND_DENSE */
+#define IMG_FACT_DENSE (1u << 17) /* the layer has a dense MLP: its record's ffn is DENSE or MOE_AND_DENSE */
+#define IMG_FACT_MLA (1u << 18) /* multi-head latent attention: kv_lora_rank > 0 */
+#define IMG_FACT_Q_LORA (1u << 19) /* MLA with q_lora_rank > 0 */
+#define IMG_FACT_OWN_KV (1u << 20) /* the layer projects its own k and v: not MLA and not a KV-sharing layer */
+#define IMG_FACT_K_IS_V (1u << 21) /* the layer's record has the K_IS_V option: its values are its keys' projection */
+#define IMG_FACT_QK_NORM (1u << 22) /* QK_NORM_HEAD or QK_NORM_FULL */
+#define IMG_FACT_KV_SHARED (1u << 23) /* the layer's record names a kv_source: it reads that earlier layer's KV cache */
+#define IMG_FACT_SHARED_FFN (1u << 24) /* a MoE layer with a shared expert: SHARED_EXPERT or SHARED_PLAIN */
+#define IMG_FACT_GLOBAL_ROPE (1u << 25) /* some layer's record has the GLOBAL_ROPE option: the image holds the global RoPE tables */
+#define IMG_FACT_PLE (1u << 26) /* Gemma 4's per-layer inputs: ple_dim > 0 */
 /* The numbers shapes are made of, computed per layer (table.c, shape_terms). */
 enum shape_term {
     TERM_NONE = 0, TERM_ONE = 1, TERM_V = 2, TERM_D = 3, TERM_S = 4, TERM_H = 5, TERM_E = 6, TERM_F = 7, TERM_FD = 8,
@@ -148,7 +161,7 @@ enum shape_term {
     X(IMG_FACT_DENSE, 0) X(IMG_FACT_MOE, 0) X(IMG_FLAG_ROUTER_BIAS | IMG_FACT_MOE, 0) \
     X(IMG_FLAG_EXPERT_BIAS | IMG_FACT_MOE, 0) X(IMG_FACT_SHARED_FFN, 0) X(IMG_FLAG_SHARED_EXPERT | IMG_FACT_MOE, 0) \
     X(IMG_FLAG_GEMMA4_LAYER, 0) X(IMG_FLAG_GEMMA4_LAYER | IMG_FACT_MOE, 0) X(IMG_FACT_PLE, 0) \
-    X(IMG_FLAG_GLOBAL_ROPE, 0)
+    X(IMG_FACT_GLOBAL_ROPE, 0)
 #define IMG_ROLE_SPECS(X) X(TOKEN_EMBD, TERM_V, TERM_D, 0, 0) X(ROPE_COS, TERM_S, TERM_ROPE_HALF, 0, IMG_ROLE_F32) \
     X(ROPE_SIN, TERM_S, TERM_ROPE_HALF, 0, IMG_ROLE_F32) X(ATTN_NORM, TERM_D, TERM_NONE, 0, 0) \
     X(WQ, TERM_Q_DIM, TERM_D, 1, 0) X(BQ, TERM_Q_DIM, TERM_NONE, 2, 0) X(WK, TERM_KV_DIM, TERM_D, 3, 0) \

@@ -4,53 +4,100 @@
 
 uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
-uint32_t rd32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
+uint32_t rd32(const uint8_t *p) { return le32(p); }
 
 uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32; }
 
 static float rdf32(const uint8_t *p) {
-    union { uint32_t u; float f; } v = { rd32(p) };
+    union { uint32_t u; float f; } v = { le32(p) };
     return v.f;
 }
 
 /* A scale the math multiplies by: finite and positive (rejects NaN). */
 static int scale_ok(float s) { return s > 0.0f && s < 3.0e38f; }
 
-/* The attention's widths. Standard attention: RoPE over the whole head, values a head wide. MLA: one
- * latent shared by every head (n_kv_heads 1), RoPE on the last rope_dim dims of a q/k head, none of the
- * options standard attention has (biases, q/k norms, clipping). Nonzero: the dimensions are invalid. */
+/* The layers' kinds (docs/FORMAT.md "Layers"): each record resolved (a 0 is the header's value) and checked on its
+ * own, then each layer's kind and the KV cache it reads. Sets the widest head and dense MLP of any layer, the window,
+ * the global RoPE tables' head size and the ring windowed sharing layers read. Nonzero: invalid. */
+static int layer_kinds(const uint8_t *h, model_dims *d) {
+    const uint32_t n_kinds = le32(h + H_LAYER_KINDS), mla = d->kv_lora != 0;
+    if (n_kinds == 0 || n_kinds > IMG_MAX_LAYER_KINDS || d->n_layers > IMG_MAX_LAYERS) return 1;
+    const int gemma = WITH_GEMMA4 && (d->flags & IMG_FLAG_GEMMA4_LAYER); /* a build without Gemma 4 refused the flag */
+    d->att_dim = d->head_dim;
+    for (uint32_t k = 0; k < n_kinds; k++) {
+        const uint8_t *r = h + H_KINDS + k * IMG_LAYER_BYTES;
+        layer_kind *t = &d->kinds[k];
+        const uint32_t hd = le32(r + R_HEAD_DIM), kv = le32(r + R_KV_HEADS), fd = le32(r + R_DENSE_FFN);
+        const uint32_t ffn = t->ffn = r[R_FFN], window = t->window = le32(r + R_WINDOW);
+        t->kv_source = le32(r + R_KV_SOURCE);
+        t->dense_ffn = ffn == LAYER_FFN_MOE ? 0 : fd ? fd : d->dense_ffn;
+        /* latent attention is every layer's; the feed-forward block: experts need E > 0, a dense MLP a width (and no
+         * other layer one), Gemma 4's MoE layers one beside */
+        if (r[R_ATTENTION] != (mla ? LAYER_ATTN_LATENT : LAYER_ATTN_STANDARD) || r[R_RESERVED] || ffn > LAYER_FFN_MOE_AND_DENSE ||
+            (ffn != LAYER_FFN_DENSE && (!d->n_experts || (ffn == LAYER_FFN_MOE_AND_DENSE) != gemma)) ||
+            (ffn != LAYER_FFN_MOE) != (t->dense_ffn != 0) || (ffn == LAYER_FFN_MOE && fd) || fd > IMG_MAX_DIM)
+            return 1;
+        /* a window: 1 <= W <= max_seq, the same W in every windowed layer */
+        if (window > d->max_seq || (window && d->window && window != d->window)) return 1;
+        if (window) d->window = window;
+        if (t->dense_ffn > d->ffn_max) d->ffn_max = t->dense_ffn;
+        /* a geometry of its own, options and cache sharing: Gemma 4's, with standard attention; a head of its own
+         * size rotates with the global tables, all of one size */
+        const uint32_t options = t->options = r[R_OPTIONS];
+        t->head_dim = hd ? hd : d->head_dim;
+        t->kv_heads = kv ? kv : d->n_kv_heads;
+        if (!gemma || mla) {
+            if (hd | kv | options || t->kv_source != IMG_NO_INDEX) return 1;
+            continue;
+        }
+        const int global_rope = (options & LAYER_OPT_GLOBAL_ROPE) != 0;
+        if ((options & ~LAYER_KNOWN_OPTIONS) || t->head_dim % 2 || t->head_dim > IMG_MAX_DIM || t->kv_heads > IMG_MAX_DIM ||
+            d->n_heads % t->kv_heads || (!global_rope && t->head_dim != d->head_dim) ||
+            (global_rope && d->global_head_dim && t->head_dim != d->global_head_dim))
+            return 1;
+        if (global_rope) d->global_head_dim = t->head_dim;
+        if (t->head_dim > d->att_dim) d->att_dim = t->head_dim; /* the widest head (MLA's is set after) */
+    }
+    /* each layer's kind; a sharing layer's source comes before it, keeps its own cache of the same geometry, and
+     * every windowed sharing layer reads one ring (the one a prefill pass's saved rows stand for: arena.c) */
+    d->shared_ring = IMG_NO_INDEX;
+    for (uint32_t l = 0; l < d->n_layers; l++) {
+        if ((d->kind_of[l] = h[H_LAYER_KIND + l]) >= n_kinds) return 1;
+        const layer_kind *t = kind_of(d, l);
+        const uint32_t src = t->kv_source;
+        if (!WITH_GEMMA4 || src == IMG_NO_INDEX) continue;
+        const layer_kind *s = kind_of(d, src < l ? src : l);
+        if (src >= l || s->kv_source != IMG_NO_INDEX || s->head_dim != t->head_dim || s->kv_heads != t->kv_heads ||
+            s->window != t->window || (t->window && d->shared_ring != IMG_NO_INDEX && d->shared_ring != src))
+            return 1;
+        if (t->window) d->shared_ring = src;
+    }
+    return 0;
+}
+
+/* The attention's widths, after layer_kinds. Standard attention: RoPE over the whole head, values a head wide. MLA:
+ * one latent shared by every head (n_kv_heads 1), RoPE on the last rope_dim dims of a q/k head, none of the options
+ * standard attention has (biases, q/k norms, clipping). Nonzero: the dimensions are invalid. */
 static int attention_dims(const uint8_t *h, model_dims *d) {
-    d->q_lora = rd32(h + H_Q_LORA);
-    d->kv_lora = rd32(h + H_KV_LORA);
-    d->rope_dim = rd32(h + H_ROPE_DIM);
-    d->v_head_dim = rd32(h + H_V_HEAD_DIM);
+    d->q_lora = le32(h + H_Q_LORA);
+    d->rope_dim = le32(h + H_ROPE_DIM);
+    d->v_head_dim = le32(h + H_V_HEAD_DIM);
     d->attn_scale = rdf32(h + H_ATTN_SCALE);
-    const uint32_t hd = d->head_dim, H = d->n_heads;
-    /* Gemma 4's global layers: a head size and KV heads of their own (0: the others'; the lean build has none) */
-    const uint32_t global_hd = WITH_GEMMA4 ? rd32(h + H_GLOBAL_HEAD_DIM) : 0;
-    const uint32_t global_kv = WITH_GEMMA4 ? rd32(h + H_GLOBAL_KV_HEADS) : 0;
-    d->global_head_dim = global_hd ? global_hd : hd;
-    d->global_kv_heads = global_kv ? global_kv : d->n_kv_heads;
-    const uint32_t widest = hd > d->global_head_dim ? hd : d->global_head_dim;
-    if (!scale_ok(d->attn_scale) || (uint64_t)H * widest > IMG_MAX_DIM || d->global_head_dim % 2 ||
-        H % d->global_kv_heads)
-        return 1;
+    const uint32_t hd = d->head_dim, H = d->n_heads, widest = d->att_dim;
+    if (!scale_ok(d->attn_scale) || (uint64_t)H * widest > IMG_MAX_DIM) return 1;
     d->q_dim = H * widest;
     d->o_dim = H * d->v_head_dim; /* checked below */
     if (!WITH_MLA || d->kv_lora == 0) { /* without them, read_dims refuses kv_lora > 0 */
-        const uint32_t global_kv_dim = d->global_kv_heads * d->global_head_dim; /* both <= n_heads * widest */
-        d->kv_dim = d->n_kv_heads * hd > global_kv_dim ? d->n_kv_heads * hd : global_kv_dim;
-        d->att_dim = d->val_dim = widest;
-        /* RoPE turns a whole head, with the table of the layer's head size: ROPE_COS/SIN hold head_dim / 2 a row,
-         * so a global head size of its own needs its own tables (GLOBAL_ROPE's, global_head_dim / 2 a row) */
-        return d->q_lora || d->rope_dim != hd || d->v_head_dim != hd ||
-               (global_hd && global_hd != hd && !(d->flags & IMG_FLAG_GLOBAL_ROPE));
+        d->kv_dim = WITH_GEMMA4 ? 0 : d->n_kv_heads * hd; /* the widest K row (Gemma 4: its layers, which may differ) */
+        for (uint32_t l = 0; WITH_GEMMA4 && l < d->n_layers; l++) /* each <= n_heads * widest */
+            if (layer_kv_dim(d, l) > d->kv_dim) d->kv_dim = layer_kv_dim(d, l);
+        d->val_dim = widest;
+        /* RoPE turns a whole head, with the table of the layer's head size (layer_kinds) */
+        return d->q_lora || d->rope_dim != hd || d->v_head_dim != hd;
     }
     const uint32_t options = IMG_FLAG_QKV_BIAS | IMG_FLAG_O_BIAS | IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL |
-                             IMG_FLAG_V_NORM | IMG_FLAG_K_EQ_V | IMG_FLAG_GLOBAL_ROPE;
-    if (d->n_kv_heads != 1 || (d->flags & options) || global_hd || global_kv || d->clip_qkv != 0.0f || d->rope_dim % 2 || d->rope_dim == 0 ||
+                             IMG_FLAG_V_NORM;
+    if (d->n_kv_heads != 1 || (d->flags & options) || d->clip_qkv != 0.0f || d->rope_dim % 2 || d->rope_dim == 0 ||
         d->rope_dim >= hd || d->q_lora > IMG_MAX_DIM || d->kv_lora > IMG_MAX_DIM || d->v_head_dim == 0 ||
         d->v_head_dim > IMG_MAX_DIM)
         return 1;
@@ -66,9 +113,9 @@ static int attention_dims(const uint8_t *h, model_dims *d) {
  * them kept, a group scored by its best group_top scores, and enough experts kept for top_k. Without
  * experts: all 1. Nonzero: invalid. */
 static int routing_dims(const uint8_t *h, model_dims *d) {
-    d->n_group = rd32(h + H_N_GROUP);
-    d->topk_group = rd32(h + H_TOPK_GROUP);
-    d->group_top = rd32(h + H_GROUP_TOP);
+    d->n_group = le32(h + H_N_GROUP);
+    d->topk_group = le32(h + H_TOPK_GROUP);
+    d->group_top = le32(h + H_GROUP_TOP);
     d->routed_scale = rdf32(h + H_ROUTED_SCALE);
     /* without the routers (n_group 1 already checked) and the expert extras (swiglu_* 0 already checked) neither
      * is read: plain routing and SwiGLU, as their 0 says (the lean build: mechanisms.h) */
@@ -91,23 +138,23 @@ static int routing_dims(const uint8_t *h, model_dims *d) {
 }
 
 static colibri_status read_dims(const uint8_t *h, model_dims *d) {
-    if (rd32(h + H_ARCH) != IMG_ARCH_MOE) return COLIBRI_E_UNSUPPORTED;
-    d->vocab = rd32(h + H_VOCAB);
-    d->dim = rd32(h + H_DIM);
-    d->ffn = rd32(h + H_FFN);
-    d->n_layers = rd32(h + H_LAYERS);
-    d->n_heads = rd32(h + H_HEADS);
-    d->n_kv_heads = rd32(h + H_KV_HEADS);
-    d->head_dim = rd32(h + H_HEAD_DIM);
-    d->n_experts = rd32(h + H_EXPERTS);
-    d->top_k = rd32(h + H_TOP_K);
-    d->max_seq = rd32(h + H_MAX_SEQ);
-    d->dense_ffn = rd32(h + H_DENSE_FFN);
-    d->shared_ffn = rd32(h + H_SHARED_FFN);
-    d->flags = rd32(h + H_FLAGS);
+    if (le32(h + H_ARCH) != IMG_ARCH_MOE) return COLIBRI_E_UNSUPPORTED;
+    d->vocab = le32(h + H_VOCAB);
+    d->dim = le32(h + H_DIM);
+    d->ffn = le32(h + H_FFN);
+    d->n_layers = le32(h + H_LAYERS);
+    d->n_heads = le32(h + H_HEADS);
+    d->n_kv_heads = le32(h + H_KV_HEADS);
+    d->head_dim = le32(h + H_HEAD_DIM);
+    d->n_experts = le32(h + H_EXPERTS);
+    d->top_k = le32(h + H_TOP_K);
+    d->max_seq = le32(h + H_MAX_SEQ);
+    d->dense_ffn = le32(h + H_DENSE_FFN);
+    d->shared_ffn = le32(h + H_SHARED_FFN);
+    d->flags = le32(h + H_FLAGS);
     d->eps = rdf32(h + H_EPS);
     d->clip_qkv = rdf32(h + H_CLIP_QKV);
-    d->kv_dtype = rd32(h + H_KV_DTYPE);
+    d->kv_dtype = le32(h + H_KV_DTYPE);
     if (d->kv_dtype != KV_F32 && d->kv_dtype != KV_F16) return COLIBRI_E_IMAGE_DTYPE;
     const uint32_t nonzero[] = { d->vocab, d->dim, d->n_layers, d->n_heads, d->n_kv_heads, d->head_dim, d->max_seq };
     for (unsigned i = 0; i < sizeof nonzero / sizeof nonzero[0]; i++)
@@ -124,28 +171,21 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
         return COLIBRI_E_IMAGE_DIMS;
     /* a mechanism the build leaves out (mechanisms.h): its flags and fields are unsupported there */
     if (d->flags & ~BUILD_FLAGS) return COLIBRI_E_UNSUPPORTED;
-    if ((!WITH_MLA && rd32(h + H_KV_LORA)) || (!WITH_ROUTERS && rd32(h + H_N_GROUP) != 1) ||
-        (!WITH_EXPERT_EXTRAS && (rd32(h + H_SWIGLU_LIMIT) || rd32(h + H_SWIGLU_ALPHA))))
+    if ((!WITH_MLA && le32(h + H_KV_LORA)) || (!WITH_ROUTERS && le32(h + H_N_GROUP) != 1) ||
+        (!WITH_EXPERT_EXTRAS && (le32(h + H_SWIGLU_LIMIT) || le32(h + H_SWIGLU_ALPHA))))
         return COLIBRI_E_UNSUPPORTED;
-    if (attention_dims(h, d) || routing_dims(h, d)) return COLIBRI_E_IMAGE_DIMS;
-    if (WITH_GEMMA4) { /* Gemma 4's: 0 or a scale; its layer has a dense MLP everywhere, per-layer inputs only in it;
-                          * KV sharing only for standard attention (latent attention stores every layer's own rows) */
+    d->kv_lora = WITH_MLA ? le32(h + H_KV_LORA) : 0;
+    if (layer_kinds(h, d) || attention_dims(h, d) || routing_dims(h, d)) return COLIBRI_E_IMAGE_DIMS;
+    if (WITH_GEMMA4) { /* Gemma 4's: 0 or a scale; per-layer inputs only in its layer */
         d->embed_scale = rdf32(h + H_EMBED_SCALE);
         d->logit_softcap = rdf32(h + H_LOGIT_SOFTCAP);
-        d->ple_dim = rd32(h + H_PLE_DIM);
-        const uint32_t shared = rd32(h + H_KV_SHARED);
-        const int gemma = (d->flags & IMG_FLAG_GEMMA4_LAYER) != 0;
+        d->ple_dim = le32(h + H_PLE_DIM);
         if (!(d->embed_scale == 0.0f || scale_ok(d->embed_scale)) || !(d->logit_softcap == 0.0f || scale_ok(d->logit_softcap)) ||
-            (gemma && !d->dense_ffn) || ((d->ple_dim || shared) && !gemma) || (shared && d->kv_lora) ||
-            ((d->flags & IMG_FLAG_DOUBLE_WIDE_MLP) && !shared) ||
-            (uint64_t)d->n_layers * d->ple_dim > IMG_MAX_DIM || shared >= d->n_layers || d->dense_ffn > IMG_MAX_DIM / 2)
+            (d->ple_dim && !(d->flags & IMG_FLAG_GEMMA4_LAYER)) || (uint64_t)d->n_layers * d->ple_dim > IMG_MAX_DIM)
             return COLIBRI_E_IMAGE_DIMS;
-        d->first_shared = d->n_layers - shared;
-    } else { /* a build without Gemma 4's mechanisms reads their fields as 0 (none), and no layer shares a KV cache */
-        d->first_shared = d->n_layers;
     }
-    const uint32_t dense_max = !WITH_GEMMA4 || !(d->flags & IMG_FLAG_DOUBLE_WIDE_MLP) ? d->dense_ffn : 2 * d->dense_ffn;
-    d->ffn_max = d->ffn > dense_max ? d->ffn : dense_max;
+    if (d->ffn > d->ffn_max) d->ffn_max = d->ffn; /* layer_kinds set the widest dense MLP of Gemma 4's records */
+    if (d->dense_ffn > d->ffn_max) d->ffn_max = d->dense_ffn;
     if (d->shared_ffn > d->ffn_max) d->ffn_max = d->shared_ffn;
     uint32_t in_max = d->dim > d->q_dim ? d->dim : d->q_dim; /* the longest row: every matrix's columns */
     if (d->ffn_max > in_max) in_max = d->ffn_max;
@@ -159,25 +199,6 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     const uint32_t shared = d->flags & (IMG_FLAG_SHARED_EXPERT | IMG_FLAG_SHARED_PLAIN);
     if (shared == (IMG_FLAG_SHARED_EXPERT | IMG_FLAG_SHARED_PLAIN)) return COLIBRI_E_UNSUPPORTED;
     if (!shared != !d->shared_ffn || (d->shared_ffn && !d->n_experts)) return COLIBRI_E_IMAGE_DIMS;
-    /* a window: 1 <= W <= max_seq (Gemma 4 keeps a window its sequence never outgrows: its layer kinds differ in
-     * more than it) and at least one windowed layer, no bit past the last layer; none: no bit */
-    d->window = rd32(h + H_SLIDING_WINDOW);
-    uint32_t windowed = 0;
-    for (uint32_t i = 0; i < IMG_WINDOW_LAYER_BYTES; i++) {
-        d->window_layers[i] = h[H_WINDOW_LAYERS + i];
-        for (uint32_t bit = 0; bit < 8; bit++) {
-            if (!((d->window_layers[i] >> bit) & 1u)) continue;
-            if (8 * i + bit >= d->n_layers) return COLIBRI_E_IMAGE_DIMS;
-            windowed++;
-        }
-    }
-    if (d->window ? (d->window > d->max_seq || !windowed) : windowed != 0) return COLIBRI_E_IMAGE_DIMS;
-    if (WITH_GEMMA4) { /* the last layer of each kind with a cache of its own: kv_source, found once, not per token */
-        d->kv_shared_source[0] = d->kv_shared_source[1] = IMG_NO_INDEX;
-        for (uint32_t l = 0; l < d->first_shared; l++) d->kv_shared_source[layer_windowed(d, l)] = l;
-        for (uint32_t l = d->first_shared; l < d->n_layers; l++)
-            if (kv_source(d, l) == IMG_NO_INDEX) return COLIBRI_E_IMAGE_DIMS; /* no earlier layer of its kind keeps a cache */
-    }
     return COLIBRI_OK;
 }
 
@@ -232,13 +253,14 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
     colibri_status st = read_dims(img, &dims);
     if (st) return st;
     /* after read_dims, so that the lean build names a Gemma 4 image unsupported: its fields are reserved there */
-    for (uint32_t i = WITH_GEMMA4 ? H_RESERVED : H_GLOBAL_HEAD_DIM; i < IMG_HEADER_BYTES; i++)
+    for (uint32_t i = WITH_GEMMA4 ? H_RESERVED : H_EMBED_SCALE; i < IMG_HEADER_BYTES; i++)
         if (img[i]) return COLIBRI_E_IMAGE_HEADER;
-    /* the dense index open() fills from the table: every layer's slots, present or not (< 2^32 of them) */
-    const uint64_t dense = TENSORS_BEFORE_LAYERS + (LAYER_FIXED + (uint64_t)TENSORS_PER_EXPERT * dims.n_experts) * dims.n_layers +
-                           TENSORS_AFTER_LAYERS;
-    if (dense > UINT32_MAX) return COLIBRI_E_IMAGE_DIMS;
-    dims.n_tensors = (uint32_t)dense;
+    /* the dense index open() fills from the table: every layer's slots, present or not (the caps on layers and
+     * experts keep it far below 2^32) */
+    _Static_assert(TENSORS_BEFORE_LAYERS + (LAYER_FIXED + TENSORS_PER_EXPERT * (uint64_t)IMG_MAX_EXPERTS) * IMG_MAX_LAYERS +
+                       TENSORS_AFTER_LAYERS < UINT32_MAX / 2, "the dense index fits a u32");
+    dims.n_tensors = TENSORS_BEFORE_LAYERS + (LAYER_FIXED + TENSORS_PER_EXPERT * dims.n_experts) * dims.n_layers +
+                     TENSORS_AFTER_LAYERS;
     dims.n_entries = (uint32_t)n_tensors;
     /* the expert CRC table: one u32 per (layer, expert), between the tensor table and the data */
     uint64_t crc_end; /* the table's bytes, < 2^24 * 2^10 * 4, fit; the offset plus them may wrap */

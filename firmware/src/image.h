@@ -7,15 +7,25 @@
 #include "format.h"     /* the image format: sizes, flags, field offsets, roles (docs/FORMAT.md) */
 #include "mechanisms.h" /* what this build computes */
 
+/* A layer kind, as the verifier resolved its record (docs/FORMAT.md "Layers"): the header's value where the record
+ * has 0, so every later read takes it from here, never from the image. */
+typedef struct {
+    uint8_t ffn, options;            /* LAYER_FFN_*, LAYER_OPT_* bits (the attention is every layer's: MLA or not) */
+    uint32_t head_dim, kv_heads;     /* the layer's q/k head size and KV heads */
+    uint32_t window;                 /* W (0: none) */
+    uint32_t kv_source;              /* the layer whose KV cache it reads (IMG_NO_INDEX: its own) */
+    uint32_t dense_ffn;              /* its dense MLP's width (0: none) */
+} layer_kind;
+
 typedef struct {
     uint32_t vocab, dim, ffn, n_layers, n_heads, n_kv_heads, head_dim, n_experts, top_k, max_seq;
     uint32_t dense_ffn, shared_ffn; /* dense MLP and shared expert intermediate sizes (0: none) */
     uint32_t flags;
     uint32_t kv_dtype;              /* KV_F32 or KV_F16 */
     float eps, clip_qkv;            /* clip_qkv 0: no clipping */
-    uint32_t window;                /* sliding window W of the windowed layers (0: none), 1 <= W <= max_seq */
-    uint8_t window_layers[IMG_WINDOW_LAYER_BYTES]; /* bit l % 8 of byte l / 8: layer l is windowed (a copy:
-                                                    * the KV plan must not follow an image that changes) */
+    uint32_t window;                /* the W of the windowed layers (every one has the same; 0: none) */
+    uint32_t global_head_dim;       /* the head size of the layers rotating with GLOBAL_ROPE's tables (0: none) */
+    uint32_t shared_ring;           /* the windowed layer whose ring the windowed sharing layers read (IMG_NO_INDEX: none) */
     /* Multi-head latent attention when kv_lora > 0 (DeepSeek): head_dim is a q/k head (nope + rope_dim), the
      * KV cache holds the normed latent and the rotated rope part per position, and values are the latent. */
     uint32_t q_lora, kv_lora, rope_dim, v_head_dim; /* q_lora 0: q = Wq x; rope_dim: the last dims of a head */
@@ -23,12 +33,8 @@ typedef struct {
     uint32_t n_group, topk_group, group_top;        /* group-limited routing (n_group 1: none) */
     float routed_scale;                             /* times the routed experts' weights */
     float swiglu_alpha, swiglu_limit;               /* limit > 0: the experts' clamped SwiGLU (gpt-oss) */
-    /* Gemma 4: the global (not windowed) layers' head size and KV heads (else head_dim and n_kv_heads) */
-    uint32_t global_head_dim, global_kv_heads;
     float embed_scale, logit_softcap;               /* 0: none */
     uint32_t ple_dim;                               /* Gemma 4's per-layer inputs: P per layer and token (0: none) */
-    uint32_t first_shared;                          /* Gemma 4: layers from it on share an earlier layer's KV cache */
-    uint32_t kv_shared_source[2];                   /* the cache a sharing layer reads, [windowed] (IMG_NO_INDEX: none) */
     uint32_t q_dim, kv_dim, ffn_max;                /* the widest of any layer; kv_dim: a K cache row */
     uint32_t att_dim, val_dim, o_dim;               /* per head: what attention dots and sums (the widest); Wo's input */
     uint32_t in_blocks;             /* blocks of QBLOCK in the longest matvec input (for the quantized x) */
@@ -42,39 +48,38 @@ typedef struct {
     uint64_t table_offset, data_offset; /* the tensor table; where tensor bytes start */
     uint64_t tensors_end;           /* where routed experts' bytes must end: the metadata section or image_bytes */
     uint64_t prefill_token_bytes;   /* batch_plan(d, 1) */
+    /* the layers' kinds: layer l is kinds[kind_of[l]] (copies: the KV plan must not follow an image that changes);
+     * last, so that the fields above keep short offsets */
+    layer_kind kinds[IMG_MAX_LAYER_KINDS];
+    uint8_t kind_of[IMG_MAX_LAYERS];
 } model_dims;
 
+static inline const layer_kind *kind_of(const model_dims *d, uint32_t layer) { return &d->kinds[d->kind_of[layer]]; }
 /* Sliding-window attention: a windowed layer's token at position p sees positions p - W + 1 .. p, and its
  * KV cache is a ring of W rows (position p in row p % W); every other layer keeps max_seq rows. */
-static inline int layer_windowed(const model_dims *d, uint32_t layer) {
-    return d->window && layer < 8u * IMG_WINDOW_LAYER_BYTES && ((d->window_layers[layer / 8u] >> (layer % 8u)) & 1u);
-}
-static inline uint32_t kv_rows(const model_dims *d, uint32_t layer) {
-    return layer_windowed(d, layer) ? d->window : d->max_seq;
-}
-/* A layer's head size and KV heads: Gemma 4's global layers have their own. */
+static inline int layer_windowed(const model_dims *d, uint32_t layer) { return kind_of(d, layer)->window != 0; }
+uint32_t kv_rows(const model_dims *d, uint32_t layer); /* table.c */
+/* A layer's head size and KV heads: the header's, but in Gemma 4's layers with a geometry of their own. */
 static inline uint32_t layer_head_dim(const model_dims *d, uint32_t layer) {
-    return WITH_GEMMA4 && !layer_windowed(d, layer) ? d->global_head_dim : d->head_dim;
+    return WITH_GEMMA4 ? kind_of(d, layer)->head_dim : d->head_dim;
 }
 static inline uint32_t layer_kv_heads(const model_dims *d, uint32_t layer) {
-    return WITH_GEMMA4 && !layer_windowed(d, layer) ? d->global_kv_heads : d->n_kv_heads;
+    return WITH_GEMMA4 ? kind_of(d, layer)->kv_heads : d->n_kv_heads;
 }
 /* Whether a layer shares an earlier layer's KV cache (Gemma 4's num_kv_shared_layers): it computes no k or v. */
-static inline int layer_kv_shared(const model_dims *d, uint32_t layer) { return WITH_GEMMA4 && layer >= d->first_shared; }
-/* The layer whose KV cache `layer` attends over: itself, or for a sharing layer the last layer before the sharing
- * ones of the same kind, windowed or not (read_dims finds both once; the verifier checks there is one). */
+static inline int layer_kv_shared(const model_dims *d, uint32_t layer) {
+    return WITH_GEMMA4 && kind_of(d, layer)->kv_source != IMG_NO_INDEX;
+}
+/* The layer whose KV cache `layer` attends over: itself, or the one its record names. */
 static inline uint32_t kv_source(const model_dims *d, uint32_t layer) {
-    return layer_kv_shared(d, layer) ? d->kv_shared_source[layer_windowed(d, layer)] : layer;
+    return layer_kv_shared(d, layer) ? kind_of(d, layer)->kv_source : layer;
 }
 /* One position's K (and V) cache row in a layer: MLA's latent and rope key, or its KV heads; none when it shares. */
 static inline uint32_t layer_kv_dim(const model_dims *d, uint32_t layer) {
     if (layer_kv_shared(d, layer)) return 0;
     return WITH_MLA && d->kv_lora ? d->kv_dim : layer_kv_heads(d, layer) * layer_head_dim(d, layer);
 }
-/* A layer's dense MLP width: Gemma 4's KV-sharing layers may have it doubled. */
-static inline uint32_t layer_dense_ffn(const model_dims *d, uint32_t layer) {
-    return d->dense_ffn << (WITH_GEMMA4 && (d->flags & IMG_FLAG_DOUBLE_WIDE_MLP) && layer_kv_shared(d, layer));
-}
+static inline uint32_t layer_dense_ffn(const model_dims *d, uint32_t layer) { return kind_of(d, layer)->dense_ffn; }
 
 /* One table entry as open() decoded and bounds-checked it: the forward pass reads these, never the
  * image's table, so an image that changes after open can change values but never where reads go.
@@ -107,6 +112,17 @@ static inline int align_ok(uint64_t a, uint64_t *r) {
 }
 
 /* ---- image.c ---- */
+/* A little-endian u32 of the image, at any alignment: inline where the verifier reads the header (a compiler turns it
+ * into one load where the target allows), and rd32 out of line, the one entry the table's reads go through. */
+static inline uint32_t le32(const uint8_t *p) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint32_t v;
+    __builtin_memcpy(&v, p, 4);
+    return v;
+#else
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+#endif
+}
 /* Little-endian fields of the image, at any alignment. */
 uint16_t rd16(const uint8_t *p);
 uint32_t rd32(const uint8_t *p);

@@ -13,7 +13,6 @@ struct colibri_ctx {
     const kernel_set *kernels;
     const uint8_t *image;
     colibri_image_info info;
-    model_dims d;
     arena_buffers a;
     uint32_t pos;        /* tokens in the KV cache */
     int have_logits;
@@ -23,7 +22,8 @@ struct colibri_ctx {
     token_buffers batch; /* the prefill batch region (n 0: none) */
     ring_saves rings;    /* in it, the window rings' saved rows */
     colibri_stats stats;
-    colibri_options opts; /* last: the fields above are read more often, at shorter offsets */
+    colibri_options opts;
+    model_dims d;        /* last: the fields above are read at shorter offsets, and its own end with the layer kinds */
 };
 
 /* Where routed expert (layer, expert)'s block starts in the image, and its bytes (gate to end of down). */

@@ -223,6 +223,13 @@ static void trace_layer(colibri_ctx *c, const token_buffers *tb, const colibri_l
     }
 }
 
+/* Where layer `layer`'s KV rows start in the cache: after every earlier layer's. */
+static size_t kv_start(const model_dims *d, uint32_t layer) {
+    size_t at = 0;
+    for (uint32_t l = 0; l < layer; l++) at += (size_t)kv_rows(d, l) * layer_kv_dim(d, l);
+    return at;
+}
+
 /* A pass that fails feeds none of its n tokens: nor do their rows stay in the window rings. */
 static colibri_status pass_failed(const colibri_ctx *c, uint32_t n, colibri_status st) {
     if (WITH_WINDOW_RINGS && n > 1 && c->rings.rows) rings_save(c, n, 1);
@@ -240,15 +247,14 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
     if (WITH_PER_LAYER_INPUTS && d->ple_dim) per_layer_inputs(c, &tb, tokens);
 
     /* Each layer's KV rows follow every earlier layer's (arena_plan's order), so their starts are a running sum. A
-     * sharing layer reads its kv_source's rows: the last layer of its kind with rows of its own, seen before it. */
-    size_t kv_end = 0, kind_base[2] = { 0, 0 }; /* [windowed] */
+     * sharing layer reads its kv_source's rows, which start where that layer's do. */
+    size_t kv_end = 0;
     for (uint32_t layer = 0; layer < d->n_layers; layer++) {
         colibri_layer_trace t = { .layer = layer, .cycles_expert = c->a.topk_cycles };
-        const int windowed = layer_windowed(d, layer);
-        if (!layer_kv_shared(d, layer)) kind_base[windowed] = kv_end;
+        const size_t kv_base = layer_kv_shared(d, layer) ? kv_start(d, kv_source(d, layer)) : kv_end;
         kv_end += (size_t)kv_rows(d, layer) * layer_kv_dim(d, layer);
         uint64_t t0 = ctx_now(c);
-        attention(c, &tb, layer, kind_base[windowed]);
+        attention(c, &tb, layer, kv_base);
         t.cycles_attention = ctx_now(c) - t0;
         if (WITH_TRACE_CRC && c->opts.trace) t.crc_attention = residual_crc(c, &tb, n - 1);
         c->stats.cycles_attention += t.cycles_attention;

@@ -6,7 +6,6 @@
 #include "image.h"
 
 /* ---- the work arena (mirrors arena_plan() in colibri/image.py) ---- */
-#define ARENA_CTX_BYTES 1280u
 
 typedef struct {
     tensor_ref *tensors; /* every table entry, decoded at open */

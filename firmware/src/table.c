@@ -18,17 +18,6 @@ uint32_t global_tensor_index(const model_dims *d, uint32_t role) {
     return layer_tensor_index(d, d->n_layers, ROLE_ATTN_NORM) + (role - ROLE_OUTPUT_NORM);
 }
 
-/* Whether layer `layer` is a MoE layer: the table lists a ROUTER among its entries, which start at entry `first`
- * (the verifier then checks every one of them against what that kind of layer holds). */
-static int layer_has_router(const uint8_t *table, uint32_t first, uint32_t n_entries, uint32_t layer) {
-    for (uint32_t i = first; i < n_entries; i++) {
-        const uint8_t *e = table + (size_t)i * IMG_ENTRY_BYTES;
-        if (rd32(e + E_LAYER) != layer || rd16(e + E_ROLE) > ROLE_ROUTER) return 0;
-        if (rd16(e + E_ROLE) == ROLE_ROUTER) return 1;
-    }
-    return 0;
-}
-
 /* Each role's shape and presence, from format/schema.toml: rows and columns as terms (TERM_NONE: a vector), the
  * condition its presence needs (facts needed and refused), and its IMG_ROLE_* attributes. */
 #define CONDITION_ROW(need, deny) { need, deny },
@@ -36,20 +25,24 @@ static int layer_has_router(const uint8_t *table, uint32_t first, uint32_t n_ent
 static const struct { uint32_t need, deny; } CONDITIONS[] = { IMG_CONDITIONS(CONDITION_ROW) };
 static const struct { uint8_t rows, cols, when, attrs; } ROLE_SPECS[] = { IMG_ROLE_SPECS(ROLE_ROW) }; /* [role - 1] */
 
-/* A layer's facts beside the image's flags (format/schema.toml [[fact]]): what a role's presence tests. `moe`:
- * whether the layer routes to experts. The global tensors' roles test flags and PLE only. */
-static uint32_t layer_facts(const model_dims *d, uint32_t layer, int moe) {
+uint32_t kv_rows(const model_dims *d, uint32_t layer) { return layer_windowed(d, layer) ? d->window : d->max_seq; }
+
+/* A layer's facts beside the image's flags (format/schema.toml [[fact]]): what a role's presence tests, from its
+ * kind. The global tensors' roles test flags and the model-wide facts only (any layer's facts hold those). */
+static uint32_t layer_facts(const model_dims *d, uint32_t layer) {
     const uint32_t f = d->flags;
-    const int mla = WITH_MLA && d->kv_lora != 0, kv_shared = layer_kv_shared(d, layer);
+    const layer_kind *k = kind_of(d, layer);
+    const int mla = WITH_MLA && d->kv_lora != 0, kv_shared = layer_kv_shared(d, layer), moe = k->ffn != LAYER_FFN_DENSE;
     uint32_t facts = f;
     if (moe) facts |= IMG_FACT_MOE;
-    if (!moe || (f & IMG_FLAG_GEMMA4_LAYER)) facts |= IMG_FACT_DENSE; /* Gemma 4's MoE layers have one too */
+    if (k->ffn != LAYER_FFN_MOE) facts |= IMG_FACT_DENSE;
     if (mla) facts |= IMG_FACT_MLA | (d->q_lora ? IMG_FACT_Q_LORA : 0);
     if (!mla && !kv_shared) facts |= IMG_FACT_OWN_KV;
-    if ((f & IMG_FLAG_K_EQ_V) && !layer_windowed(d, layer)) facts |= IMG_FACT_K_IS_V;
+    if (WITH_GEMMA4 && (k->options & LAYER_OPT_K_IS_V)) facts |= IMG_FACT_K_IS_V;
     if (f & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) facts |= IMG_FACT_QK_NORM;
     if (kv_shared) facts |= IMG_FACT_KV_SHARED;
     if (moe && (f & (IMG_FLAG_SHARED_EXPERT | IMG_FLAG_SHARED_PLAIN))) facts |= IMG_FACT_SHARED_FFN;
+    if (WITH_GEMMA4 && d->global_head_dim) facts |= IMG_FACT_GLOBAL_ROPE;
     if (d->ple_dim) facts |= IMG_FACT_PLE;
     return facts;
 }
@@ -181,11 +174,11 @@ colibri_status table_walk(const uint8_t *img, model_dims *d, unsigned mode, tens
     for (uint32_t i = 0; i < d->n_tensors; i++) {
         tensor_spec s;
         slot_of(d, i, &s);
-        if (i == 0 || s.role == ROLE_ATTN_NORM) { /* a new layer: its kind is whether the table lists its router */
-            const int moe = s.layer != IMG_NO_INDEX && layer_has_router(entries, next, d->n_entries, s.layer);
-            if (s.layer != IMG_NO_INDEX && (moe ? !d->n_experts : !d->dense_ffn)) return COLIBRI_E_IMAGE_TABLE;
-            facts = layer_facts(d, s.layer, moe);
-            shape_terms(d, s.layer, terms);
+        if (i == 0 || s.role == ROLE_ATTN_NORM) { /* a new layer (a global tensor's take layer 0's: any layer's hold
+                                                    * the model-wide facts and terms, all a global role may use) */
+            const uint32_t layer = s.layer != IMG_NO_INDEX ? s.layer : 0;
+            facts = layer_facts(d, layer);
+            shape_terms(d, layer, terms);
         }
         spec_for(facts, terms, &s);
         tensor_ref *ref = refs ? &refs[i] : 0;

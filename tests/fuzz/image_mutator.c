@@ -1,6 +1,6 @@
 /* Structure-aware mutation for fuzz_image.c. Half the time libFuzzer's own byte-level mutation
  * (LLVMFuzzerMutate, with the dictionary); otherwise one to three edits of the image's structure -- a header
- * dimension, a float parameter, an offset, a flag bit, a window-layer bit, a field of a tensor table entry
+ * dimension, a float parameter, an offset, a flag bit, a layer record's field or a layer's kind, a field of a tensor table entry
  * (role, dtype, layer, dims, offsets, sizes), a whole entry emptied or given another's shape and place, or
  * the harness's mode bits -- after which the image is
  * resealed, so the edit meets the per-family checks (read_dims, the table's specs, the bounds) instead of
@@ -26,11 +26,12 @@ static uint32_t below(uint64_t *state, uint32_t n) { return (uint32_t)(next(stat
 typedef struct { uint16_t offset; uint8_t bytes; } field;
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-/* the header's integers but its CRCs (left to reseal) and flags, its floats, a table entry's fields */
+/* the header's integers but its CRCs (left to reseal) and flags, its floats, a table entry's and a layer record's fields */
 #define FIELD(offset, bytes) { offset, bytes },
 static const field header_ints[] = { IMG_HEADER_INTEGERS(FIELD) };
 static const field header_floats[] = { IMG_HEADER_FLOATS(FIELD) };
 static const field entry_fields[] = { IMG_ENTRY_FIELDS(FIELD) };
+static const field layer_fields[] = { IMG_LAYER_FIELDS(FIELD) };
 
 /* A value near the edges the checks draw: small counts, off by one or by an alignment, doubled or halved,
  * another field's value (dimensions that must or must not agree), the format's limits. */
@@ -90,7 +91,18 @@ static void mutate_structure(uint64_t *rng, uint8_t *mode, uint8_t *img, size_t 
         put_le(img + H_FLAGS, flags ^ (1u << below(rng, IMG_FLAG_COUNT + 1)), 4);
         break;
     }
-    case 4: img[H_WINDOW_LAYERS + below(rng, 2)] ^= (uint8_t)(1u << below(rng, 8)); break; /* layers 0..15 */
+    case 4: { /* a field of one of the first kinds' records, perhaps set to another kind's; or layer 0..3's kind */
+        const uint32_t k = below(rng, 3), j = below(rng, 3);
+        const field f = layer_fields[below(rng, COUNT(layer_fields))];
+        if (below(rng, 4) == 0) {
+            img[H_LAYER_KIND + below(rng, 4)] = (uint8_t)below(rng, 3);
+            put_le(img + H_LAYER_KINDS, 1 + below(rng, 3), 4);
+        } else {
+            mutate_field(rng, img + H_KINDS + k * IMG_LAYER_BYTES, f,
+                         get_le(img + H_KINDS + j * IMG_LAYER_BYTES + f.offset, f.bytes));
+        }
+        break;
+    }
     case 5: case 6: { /* a table entry's field, perhaps set to another entry's */
         if (!entries) break;
         uint8_t *e = img + table + below(rng, (uint32_t)entries) * IMG_ENTRY_BYTES;

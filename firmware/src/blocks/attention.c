@@ -107,7 +107,7 @@ static void rope(float *v, uint32_t n, uint32_t stride, uint32_t dim, int pairs,
 /* Position pos's cos and sin rows of the RoPE tables `layer` rotates with (Gemma 4's global layers: their own). */
 static void rope_rows(const colibri_ctx *c, uint32_t layer, uint32_t pos, const float **cos, const float **sin) {
     const model_dims *d = &c->d;
-    const int global = WITH_GEMMA4 && (d->flags & IMG_FLAG_GLOBAL_ROPE) && !layer_windowed(d, layer);
+    const int global = WITH_GEMMA4 && (kind_of(d, layer)->options & LAYER_OPT_GLOBAL_ROPE);
     const size_t at = (size_t)pos * ((global ? d->global_head_dim : d->rope_dim) / 2);
     *cos = tensor(c, global_tensor_index(d, global ? ROLE_GLOBAL_ROPE_COS : ROLE_ROPE_COS)) + at;
     *sin = tensor(c, global_tensor_index(d, global ? ROLE_GLOBAL_ROPE_SIN : ROLE_ROPE_SIN)) + at;
