@@ -710,8 +710,16 @@ def layer_fields(h: dict) -> dict:
         raise ImageError(f"{n_layers} layers of {n_kinds} kinds: an image has 1 to {MAX_LAYER_KINDS} kinds and at "
                          f"most {MAX_LAYERS} layers")
     kinds = [LAYER_STRUCT.unpack_from(h["kinds"], k * LAYER_BYTES) for k in range(n_kinds)]
-    if any(k >= n_kinds for k in h["layer_kind"][:n_layers]):
-        raise ImageError(f"a layer's kind is not one of the {n_kinds} records")
+    if set(h["layer_kind"][:n_layers]) != set(range(n_kinds)):
+        raise ImageError(f"the layers' kinds are not the {n_kinds} records, each some layer's")
+    if any(h["kinds"][n_kinds * LAYER_BYTES:]) or any(h["layer_kind"][n_layers:]):
+        raise ImageError("bytes past the layer records or past the last layer's kind are not 0")
+    for k in kinds:
+        r = dict(zip(LAYER_FIELDS, k))
+        head, kv = r["head_dim"] or h["head_dim"], r["kv_heads"] or h["n_kv_heads"]
+        dense = r["ffn"] != LAYER_FFN_MOE and not (r["dense_ffn"] or h["dense_ffn_size"])
+        if head % 2 or not kv or h["n_heads"] % kv or r["window"] > h["max_seq"] or dense:
+            raise ImageError(f"a layer record the runtime refuses: {r}")
     records = [dict(zip(LAYER_FIELDS, kinds[k])) for k in h["layer_kind"][:n_layers]]
     windows = {r["window"] for r in records if r["window"]}
     own = [r for r in records if not r["window"]]  # Gemma 4's global layers
@@ -772,7 +780,11 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
         "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha",
         "swiglu_limit", "embed_scale", "logit_softcap", "ple_dim")}, **layer_fields(h))
     listed = [LAYER_STRUCT.unpack_from(h["kinds"], k * LAYER_BYTES) for k in h["layer_kind"][:n_layers]]
-    if [dims.layer_record(layer) for layer in range(n_layers)] != listed:
+    try:
+        written = [dims.layer_record(layer) for layer in range(n_layers)]
+    except ValueError:  # a sharing layer with no earlier layer of its kind to share
+        written = []
+    if written != listed:
         raise ImageError("the layer records are not a kind of layer this host models (one window; Gemma 4's global "
                          "layers and its KV sharing in the last layers)")
     order = (key for key in canonical_order(dims) if dims.present(key[0], key[1]))  # walked with the table: a short

@@ -144,6 +144,9 @@ CASES = [
     ("two windows", lambda b: kind(1, "window", 4)(kind(0, "window", 3, seal=False)(second_kind(b))), "E_IMAGE_DIMS"),
     ("a window the plan does not know", kind(0, "window", 3), "E_IMAGE_PLAN"),
     ("a second kind the same as the first", lambda b: reseal(second_kind(b)), "OK"),
+    ("a record no layer has", lambda b: put("<B", HEADER_OFFSETS["layer_kind"] + 1, 0)(second_kind(b)), "E_IMAGE_DIMS"),
+    ("a byte past the records", put("<B", HEADER_OFFSETS["kinds"] + LAYER_BYTES + 5, 1), "E_IMAGE_DIMS"),
+    ("a kind past the last layer", put("<B", HEADER_OFFSETS["layer_kind"] + 2, 1), "E_IMAGE_DIMS"),
     # Gemma 4's fields and flags 13..15
     ("embedding scale NaN", field("embed_scale", float("nan")), "E_IMAGE_DIMS"),
     ("logit cap negative", field("logit_softcap", -30.0), "E_IMAGE_DIMS"),
@@ -412,3 +415,17 @@ def test_an_expert_crc_table_that_wraps_past_2_64_is_refused(lib):
     struct.pack_into("<Q", data, HEADER_OFFSETS["expert_crc_offset"], (1 << 64) - table_bytes)
     status, _ = lib.verify(bytes(reseal(data)))
     assert status == STATUS["E_IMAGE_HEADER"], f"got status {status}"
+
+
+def test_the_host_reader_refuses_what_the_verifier_refuses():
+    """Records the C verifier refuses, or the host cannot express, are an ImageError of read_image, never another
+    exception (review of format v7: a windowed layer sharing with no earlier windowed layer raised ValueError)."""
+    dims = im.ModelDims(**{**TINY, "n_layers": 3, "moe_layers": (False,) * 3}, head_dim=4, flags=FLAG_GEMMA4_LAYER)
+    base = bytearray(im.build_image(dims, random_tensors(dims)))
+    sharing = kind(1, "kv_source", 0)(kind(1, "window", 3, seal=False)(second_kind(bytearray(base))))
+    unused = put("<B", HEADER_OFFSETS["layer_kind"] + 1, 0)(second_kind(bytearray(base)))
+    odd_kv = kind(0, "kv_heads", 3)(bytearray(base))
+    for bad in (sharing, unused, odd_kv):
+        with pytest.raises(im.ImageError):
+            read_image(bytes(bad))
+

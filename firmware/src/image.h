@@ -115,7 +115,7 @@ static inline int align_ok(uint64_t a, uint64_t *r) {
 /* A little-endian u32 of the image, at any alignment: inline where the verifier reads the header (a compiler turns it
  * into one load where the target allows), and rd32 out of line, the one entry the table's reads go through. */
 static inline uint32_t le32(const uint8_t *p) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     uint32_t v;
     __builtin_memcpy(&v, p, 4);
     return v;
