@@ -49,15 +49,15 @@ def dense_layers(layers: int) -> im.ModelDims:
 
 
 def test_work_per_token_is_linear_in_layers(work_count, tmp_path):
-    """4 tokens through 512 and through 2,048 layers: 4.0x the instructions (each layer does the same work). Where a
-    layer's KV rows start was a walk over every earlier layer, once per layer and token: 7.2x here, and the ratio
-    grows with the layers (issue 26, item 5)."""
+    """4 tokens through 64 and through 256 layers (an image's most): 4.0x the instructions (each layer does the same
+    work). Where a layer's KV rows start was a walk over every earlier layer, once per layer and token, the ratio grew
+    with the layers (7.2x at 512 and 2,048; issue 26, item 5)."""
     counts = {}
-    for layers in (512, 2048):
+    for layers in (64, 256):
         image = tmp_path / f"dense{layers}.img"
         image.write_bytes(random_image(dense_layers(layers), DType.F32, expert_align=64))
         counts[layers] = feed_instructions(work_count, image, 0, 4)
-    assert counts[2048] / counts[512] < 4.4, counts
+    assert counts[256] / counts[64] < 4.4, counts
 
 
 def test_a_prefill_batch_costs_no_more_than_one_token_a_pass(work_count, tmp_path):
