@@ -58,7 +58,7 @@ static int layer_kinds(const uint8_t *h, model_dims *d) {
         if (global_rope) d->global_head_dim = t->head_dim;
         if (t->head_dim > d->att_dim) d->att_dim = t->head_dim; /* the widest head (MLA's is set after) */
     }
-    /* each layer's kind; a sharing layer's source comes before it, keeps its own cache of the same geometry, and
+    /* each layer's kind; a sharing layer's source comes before it, keeps its own cache of the same geometry and options, and
      * every windowed sharing layer reads one ring (the one a prefill pass's saved rows stand for: arena.c) */
     d->shared_ring = IMG_NO_INDEX;
     uint32_t used = 0; /* every record is some layer's kind: none adds a window or a width no layer has */
@@ -70,7 +70,7 @@ static int layer_kinds(const uint8_t *h, model_dims *d) {
         if (!WITH_GEMMA4 || src == IMG_NO_INDEX) continue;
         const layer_kind *s = kind_of(d, src < l ? src : l);
         if (src >= l || s->kv_source != IMG_NO_INDEX || s->head_dim != t->head_dim || s->kv_heads != t->kv_heads ||
-            s->window != t->window || (t->window && d->shared_ring != IMG_NO_INDEX && d->shared_ring != src))
+            s->window != t->window || s->options != t->options || (t->window && d->shared_ring != IMG_NO_INDEX && d->shared_ring != src))
             return 1;
         if (t->window) d->shared_ring = src;
     }

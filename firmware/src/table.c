@@ -174,8 +174,9 @@ colibri_status table_walk(const uint8_t *img, model_dims *d, unsigned mode, tens
     for (uint32_t i = 0; i < d->n_tensors; i++) {
         tensor_spec s;
         slot_of(d, i, &s);
-        if (i == 0 || s.role == ROLE_ATTN_NORM) { /* a new layer (a global tensor's take layer 0's: any layer's hold
-                                                    * the model-wide facts and terms, all a global role may use) */
+        if (i == 0 || s.role == ROLE_ATTN_NORM) { /* a new layer (the global tensors take layer 0's before the layers
+                                                    * and the last layer's after them: any layer's hold the model-wide
+                                                    * facts and terms, all a global role may use) */
             const uint32_t layer = s.layer != IMG_NO_INDEX ? s.layer : 0;
             facts = layer_facts(d, layer);
             shape_terms(d, layer, terms);
