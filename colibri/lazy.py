@@ -1,6 +1,6 @@
 """Checkpoint tensors read from their file only when their values are asked for, one at a time.
 
-Packing streams (colibri/image.py write_image encodes one tensor, writes it, lets it go), so what it
+Packing streams (colibri/writer.py write_image encodes one tensor, writes it, lets it go), so what it
 holds is bounded by a few times the largest tensor, never the model. A tensor's bytes are read with
 pread at the offset its file's header gave, once per file: nothing is memory-mapped, because every page
 of a mapping that a process has touched counts toward its resident memory until the mapping goes, so

@@ -107,7 +107,7 @@ class Encoded:
 
 @dataclass(frozen=True)
 class Deferred:
-    """A tensor to be encoded in `dtype` only when its bytes are written (colibri/image.py write_image):
+    """A tensor to be encoded in `dtype` only when its bytes are written (colibri/writer.py write_image):
     `load()` gives its values then (an array, anything np.asarray turns into one, or an Encoded tensor, kept
     bit for bit when already in `dtype`), so packing holds one tensor at a time, never the model."""
     dtype: DType

@@ -338,7 +338,7 @@ def test_crc32_matches_zlib_on_every_path(lib):
 
 
 def test_host_mirror_of_the_prefill_batch_bytes(lib, images):
-    """colibri/image.py prefill_bytes (what footprint.py reports before flashing) equals the runtime's
+    """colibri/plan.py prefill_bytes (what footprint.py reports before flashing) equals the runtime's
     colibri_prefill_bytes for every test image and a few batch sizes."""
     from colibri.image import prefill_bytes
     for path in images.values():

@@ -1,5 +1,5 @@
 /* The memory plan: one arena, laid out once at open, nothing allocated afterwards.
- * The host computes the same plan (colibri/image.py: arena_plan) and stores its total in the image;
+ * The host computes the same plan (colibri/plan.py: arena_plan) and stores its total in the image;
  * image_verify() rejects an image whose plan disagrees. */
 #include "internal.h"
 

@@ -5,7 +5,7 @@
 
 #include "image.h"
 
-/* ---- the work arena (mirrors arena_plan() in colibri/image.py) ---- */
+/* ---- the work arena (mirrors arena_plan() in colibri/plan.py) ---- */
 
 typedef struct {
     tensor_ref *tensors; /* every table entry, decoded at open */

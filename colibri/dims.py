@@ -1,0 +1,269 @@
+"""The model's geometry as the image records it: ModelDims (the header's dimensions and each layer's record, with
+what a layer has and the numbers its tensor shapes are made of), the dense tensor index and the table's order.
+The verifier's side is firmware/src/image.c and table.c; docs/FORMAT.md is the layout."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from colibri.format import (ALIGN, EXPERT_ROLES, FACT_DENSE, FACT_GLOBAL_ROPE, FACT_K_IS_V, FACT_KV_SHARED, FACT_MLA,
+                            FACT_MOE, FACT_OWN_KV, FACT_PLE, FACT_Q_LORA, FACT_QK_NORM, FACT_SHARED_FFN, FLAG_GEMMA4_LAYER,
+                            FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN,
+                            KV_DTYPES, LAYER_ATTN_LATENT, LAYER_ATTN_STANDARD, LAYER_FFN_DENSE, LAYER_FFN_MOE,
+                            LAYER_FFN_MOE_AND_DENSE, LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V, LAYER_ROLES, NO_INDEX,
+                            ROLE_SHAPES, ROLES_AFTER_LAYERS, ROLES_BEFORE_LAYERS, TERMS, Role)
+
+@dataclass(frozen=True)
+class ModelDims:
+    vocab_size: int
+    hidden_size: int
+    ffn_size: int          # one routed expert's intermediate size (0 without experts)
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    n_experts: int         # 0 for a dense model
+    top_k: int
+    max_seq: int
+    rms_norm_eps: float
+    rope_theta: float
+    flags: int = FLAG_NORM_TOPK
+    dense_ffn_size: int = 0      # intermediate size of the dense MLP layers
+    shared_ffn_size: int = 0     # intermediate size of the shared expert
+    clip_qkv: float = 0.0        # clamp q, k, v to +-clip_qkv after the projections (0: off)
+    kv_dtype: int = 0            # KV cache elements: 0 f32, 1 f16
+    moe_layers: tuple[bool, ...] = ()  # per layer: routed experts (True) or a dense MLP (False)
+    # Sliding-window attention: a windowed layer's token at position p sees positions p - W + 1 .. p only,
+    # and its KV cache is a ring of W positions. 0: every layer sees every position before it.
+    sliding_window: int = 0
+    window_layers: tuple[bool, ...] = ()  # per layer: windowed (True); all False without a window
+    # Multi-head latent attention (DeepSeek-V2/V3) when kv_lora_rank > 0: head_dim is the q/k head
+    # (nope + rope_dim), the KV cache holds kv_lora_rank + rope_dim per position, values are v_head_dim.
+    q_lora_rank: int = 0         # q = WQ_B norm(WQ_A x); 0: q = WQ x
+    kv_lora_rank: int = 0
+    rope_dim: int = 0            # the dims of each head RoPE rotates (the last ones); 0: head_dim
+    v_head_dim: int = 0          # 0: head_dim
+    attn_scale: float = 0.0      # the softmax scale; 0: 1/sqrt(head_dim) rounded to f32
+    # Routing: experts in n_group groups, a group scored by the sum of its best group_top choice scores,
+    # the best topk_group groups kept; the chosen weights times routed_scale.
+    n_group: int = 1
+    topk_group: int = 1
+    group_top: int = 1
+    routed_scale: float = 1.0
+    # gpt-oss's expert activation when swiglu_limit > 0: gate clamped above, up to +-limit,
+    # (up + 1) * gate * sigmoid(swiglu_alpha * gate); 0: SwiGLU, silu(gate) * up
+    swiglu_alpha: float = 0.0
+    swiglu_limit: float = 0.0
+    # Gemma 4: the global (not windowed) layers' head size and KV heads; 0: head_dim and n_kv_heads
+    global_head_dim: int = 0
+    global_kv_heads: int = 0
+    embed_scale: float = 0.0     # times each embedding row (Gemma: sqrt(hidden_size), rounded to f32); 0: none
+    logit_softcap: float = 0.0   # logits = cap * tanh(logits / cap); 0: none
+    ple_dim: int = 0             # Gemma 4's per-layer inputs: P values per layer and token; 0: none
+    # Gemma 4's KV sharing: the last kv_shared_layers layers compute no keys or values; each attends over the
+    # cache of the last earlier layer of its kind (windowed or global), which it shares
+    kv_shared_layers: int = 0
+    double_wide_mlp: bool = False  # Gemma 4: the KV-sharing layers' dense MLP is 2·dense_ffn_size wide
+    k_eq_v: bool = False           # Gemma 4: a global layer's values are its keys' projection
+    global_rope: bool = False      # Gemma 4: the global layers rotate with RoPE tables of their own head size
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def rope_width(self) -> int:
+        return self.rope_dim or self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def scale(self) -> float:
+        """The softmax scale as stored (f32)."""
+        if self.attn_scale:
+            return float(np.float32(self.attn_scale))
+        return float(np.float32(1.0) / np.sqrt(np.float32(self.head_dim)))
+
+    def windowed(self, layer: int) -> bool:
+        return bool(self.sliding_window) and self.window_layers[layer]
+
+    def layer_head_dim(self, layer: int) -> int:
+        """A head's size in `layer`: Gemma 4's global layers have their own."""
+        return self.head_dim if self.windowed(layer) else self.global_head_dim or self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        return self.n_kv_heads if self.windowed(layer) else self.global_kv_heads or self.n_kv_heads
+
+    def layer_q_dim(self, layer: int) -> int:
+        return self.n_heads * self.layer_head_dim(layer)
+
+    def kv_shared(self, layer: int) -> bool:
+        return layer >= self.n_layers - self.kv_shared_layers
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose KV cache `layer` attends over: itself, or for a KV-sharing layer the last layer before
+        the sharing ones of the same kind (transformers' "store" layer)."""
+        if not self.kv_shared(layer):
+            return layer
+        first = self.n_layers - self.kv_shared_layers
+        return max(l for l in range(first) if self.windowed(l) == self.windowed(layer))
+
+    def layer_dense_ffn(self, layer: int) -> int:
+        return self.dense_ffn_size * (2 if self.double_wide_mlp and self.kv_shared(layer) else 1)
+
+    @property
+    def dense_ffn_max(self) -> int:
+        return self.dense_ffn_size * (2 if self.double_wide_mlp and self.kv_shared_layers else 1)
+
+    def layer_record(self, layer: int) -> tuple[int, ...]:
+        """`layer`'s record (docs/FORMAT.md "Layers"), its fields in LAYER_FIELDS order: 0 where the header's value
+        holds, as the writer stores it."""
+        moe, own = self.moe_layers[layer], not self.windowed(layer)  # Gemma 4's global layers: their own geometry
+        gemma = bool(self.flags & FLAG_GEMMA4_LAYER)
+        ffn = (LAYER_FFN_MOE_AND_DENSE if gemma else LAYER_FFN_MOE) if moe else LAYER_FFN_DENSE
+        options = ((LAYER_OPT_K_IS_V if self.k_eq_v and own else 0)
+                   | (LAYER_OPT_GLOBAL_ROPE if self.global_rope and own else 0))
+        shared = self.kv_shared(layer)
+        return (LAYER_ATTN_LATENT if self.mla else LAYER_ATTN_STANDARD, ffn, options, 0,
+                self.global_head_dim if own else 0, self.global_kv_heads if own else 0,
+                self.sliding_window if self.windowed(layer) else 0, self.kv_source(layer) if shared else NO_INDEX,
+                2 * self.dense_ffn_size if self.double_wide_mlp and shared else 0)
+
+    def layer_kinds(self) -> tuple[list[tuple[int, ...]], bytes]:
+        """The header's kinds (the distinct records, in the order layers first have them) and its layer_kind map."""
+        records = [self.layer_record(layer) for layer in range(self.n_layers)]
+        kinds = list(dict.fromkeys(records))
+        return kinds, bytes(kinds.index(r) for r in records)
+
+    def layer_kv_dim(self, layer: int) -> int:
+        """One position's row of the layer's K cache (and V cache); 0 for a KV-sharing layer, which has none."""
+        if self.kv_shared(layer):
+            return 0
+        return self.att_dim if self.mla else self.layer_kv_heads(layer) * self.layer_head_dim(layer)
+
+    @property
+    def max_head_dim(self) -> int:
+        return max(self.head_dim, self.global_head_dim)
+
+    @property
+    def att_dim(self) -> int:
+        """Per head, the widest of what attention dots: the latent and the rope part (MLA), or a head."""
+        return self.kv_lora_rank + self.rope_width if self.mla else self.max_head_dim
+
+    @property
+    def val_dim(self) -> int:
+        """Per head, the widest of what attention sums: the latent (MLA), or a head."""
+        return self.kv_lora_rank if self.mla else self.max_head_dim
+
+    @property
+    def o_dim(self) -> int:
+        """The output projection's input: every head's value."""
+        return self.n_heads * self.v_dim
+
+    def kv_rows(self, layer: int) -> int:
+        """Positions layer `layer` keeps in its KV cache: the window for a windowed layer, else max_seq."""
+        return self.sliding_window if self.windowed(layer) else self.max_seq
+
+    def kv_position_bytes(self, expanded: bool = False) -> int:
+        """KV cache bytes one position takes over all layers: K and V rows, or MLA's one latent row. With
+        `expanded`, what keys and values a head each would take (MLA's saving: docs/MODELS.md)."""
+        elem = 2 if self.kv_dtype == KV_DTYPES["f16"] else 4
+        if expanded:
+            return elem * self.n_layers * self.n_heads * (self.head_dim + self.v_dim)
+        return (1 if self.mla else 2) * elem * sum(self.layer_kv_dim(layer) for layer in range(self.n_layers))
+
+    def kv_cache_bytes(self) -> int:
+        """The arena's KV cache: every layer's rows (a windowed layer's ring holds W)."""
+        elem = 2 if self.kv_dtype == KV_DTYPES["f16"] else 4
+        return (1 if self.mla else 2) * elem * self.kv_cache_elements()
+
+    def kv_cache_elements(self) -> int:
+        """Elements of the K cache (the V cache has as many): each layer's rows of its row width."""
+        return sum(self.kv_rows(layer) * self.layer_kv_dim(layer) for layer in range(self.n_layers))
+
+    @property
+    def q_dim(self) -> int:
+        """The widest q projection of any layer."""
+        return self.n_heads * self.max_head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """The widest K row of any layer (MLA has no V cache: values are the latent)."""
+        return self.att_dim if self.mla else max(self.layer_kv_dim(layer) for layer in range(self.n_layers))
+
+    def facts(self, layer: int = NO_INDEX) -> int:
+        """The flags and what `layer` has beside them (format/schema.toml [[fact]]; table.c's layer_facts): what a
+        role's presence tests. A global tensor's roles test flags and model-wide facts only."""
+        global_rope = self.global_rope and not all(self.windowed(l) for l in range(self.n_layers))
+        facts = self.flags | (FACT_PLE if self.ple_dim else 0) | (FACT_GLOBAL_ROPE if global_rope else 0)
+        if layer == NO_INDEX:
+            return facts
+        moe, mla, kv_shared = self.moe_layers[layer], self.mla, self.kv_shared(layer)
+        for fact, on in ((FACT_MOE, moe), (FACT_DENSE, not moe or self.flags & FLAG_GEMMA4_LAYER), (FACT_MLA, mla),
+                         (FACT_Q_LORA, mla and self.q_lora_rank), (FACT_OWN_KV, not mla and not kv_shared),
+                         (FACT_K_IS_V, self.k_eq_v and not self.windowed(layer)),
+                         (FACT_QK_NORM, self.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)),
+                         (FACT_KV_SHARED, kv_shared),
+                         (FACT_SHARED_FFN, moe and self.flags & (FLAG_SHARED_EXPERT | FLAG_SHARED_PLAIN))):
+            facts |= fact if on else 0
+        return facts
+
+    def terms(self, layer: int = NO_INDEX) -> dict[str, int]:
+        """The numbers `layer`'s tensor shapes are made of (format/schema.toml [[term]]; table.c's shape_terms);
+        a global tensor's take any layer's."""
+        hd, kv_dim, fd = (self.head_dim, self.kv_dim, self.dense_ffn_size) if layer == NO_INDEX else \
+            (self.layer_head_dim(layer), self.layer_kv_dim(layer), self.layer_dense_ffn(layer))
+        q_dim, head_norm = self.n_heads * hd, bool(self.flags & FLAG_QK_NORM_HEAD)
+        terms = {"none": 0, "one": 1, "V": self.vocab_size, "D": self.hidden_size, "S": self.max_seq, "H": self.n_heads,
+                 "E": self.n_experts, "F": self.ffn_size, "Fd": fd, "Fs": self.shared_ffn_size,
+                 "rope_half": self.rope_width // 2, "global_rope_half": (self.global_head_dim or self.head_dim) // 2,
+                 "q_dim": q_dim, "kv_dim": kv_dim, "q_norm": hd if head_norm else q_dim,
+                 "k_norm": hd if head_norm else kv_dim, "o_in": self.o_dim if self.mla else q_dim,
+                 "q_lora": self.q_lora_rank, "kv_lora": self.kv_lora_rank,
+                 "kv_a": self.kv_lora_rank + self.rope_width,
+                 "k_b_rows": self.n_heads * self.kv_lora_rank, "nope": self.head_dim - self.rope_width,
+                 "P": self.ple_dim, "LP": self.n_layers * self.ple_dim}
+        assert tuple(terms) == TERMS, "ModelDims.terms computes every term of format/schema.toml"
+        return terms
+
+    def present(self, role: Role, layer: int = NO_INDEX) -> bool:
+        """Whether this image holds a tensor for `role` in `layer` (the table lists the tensors present)."""
+        _, _, need, deny = ROLE_SHAPES[role]
+        facts = self.facts(layer)
+        return facts & need == need and not facts & deny
+
+
+def index_slots(n_layers: int, n_experts: int) -> int:
+    """The dense tensor index's length (colibri_open resolves the table into it): the global tensors before the
+    layers, each layer's slots and its experts', the global tensors after them."""
+    return len(ROLES_BEFORE_LAYERS) + n_layers * (len(LAYER_ROLES) + len(EXPERT_ROLES) * n_experts) + len(ROLES_AFTER_LAYERS)
+
+
+def align_up(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+def canonical_order(d: ModelDims) -> Iterator[tuple[Role, int, int]]:
+    """Every tensor of an image as (role, layer, expert), in table order."""
+    yield Role.TOKEN_EMBD, NO_INDEX, NO_INDEX
+    yield Role.ROPE_COS, NO_INDEX, NO_INDEX
+    yield Role.ROPE_SIN, NO_INDEX, NO_INDEX
+    for layer in range(d.n_layers):
+        for role in LAYER_ROLES:
+            yield role, layer, NO_INDEX
+        for expert in range(d.n_experts):
+            for role in EXPERT_ROLES:
+                yield role, layer, expert
+    for role in ROLES_AFTER_LAYERS:
+        yield role, NO_INDEX, NO_INDEX
+
+
+def expected_shape(d: ModelDims, role: Role, layer: int = NO_INDEX) -> tuple[int, ...]:
+    """A tensor's shape as format/schema.toml gives it: rows, then columns for a matrix."""
+    rows, cols, _, _ = ROLE_SHAPES[role]
+    terms = tuple(d.terms(layer).values())
+    return (terms[rows],) if cols is None else (terms[rows], terms[cols])

@@ -1,0 +1,200 @@
+"""The image reader: the header, the layer records, the table and the CRCs checked as the verifier checks them, into
+an Image (the dimensions, the entries and the bytes, never copied) (docs/FORMAT.md)."""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from colibri.dims import ModelDims, canonical_order, expected_shape
+from colibri.format import (ALIGN, ENTRY_BYTES, HEADER_BYTES, HEADER_FIELDS, LAYER_BYTES, LAYER_FFN_DENSE, LAYER_FFN_MOE, LAYER_FIELDS,
+                            LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V, MAGIC, MAX_EXPERTS, MAX_LAYER_KINDS, MAX_LAYERS,
+                            NO_INDEX, VERSION, Role)
+from colibri.quant import DType, Encoded
+from colibri.table import (ENTRY_STRUCT, HEADER_CRC_OFFSET, HEADER_STRUCT, LAYER_STRUCT, TensorEntry, crc32,
+                           entry_encoded, expert_blocks)
+
+class ImageError(ValueError):
+    """The bytes are not a valid Colibri image of the version this host reads."""
+
+
+@dataclass
+class Image:
+    dims: ModelDims
+    header: dict
+    entries: list[TensorEntry]
+    data: bytes | memoryview = field(repr=False)
+    meta: dict | None = None  # the metadata section: tokenizer, chat template (colibri/text.py)
+
+    def entry(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> TensorEntry:
+        for e in self.entries:
+            if (e.role, e.layer, e.expert) == (role, layer, expert):
+                return e
+        raise KeyError(f"no tensor {role.name} layer={layer} expert={expert}")
+
+    def encoded(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> Encoded:
+        """A tensor as stored (values and, if quantized, scales), without copying."""
+        e = self.entry(role, layer, expert)
+        return entry_encoded(e, self.data, self.data, e.offset, e.scales_offset)
+
+    def tensor(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
+        """A tensor's values as float32 (exactly what the runtime computes with)."""
+        enc = self.encoded(role, layer, expert)
+        return enc.values if enc.dtype == DType.F32 else enc.decode()
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes read in place; routed experts past them form the expert part (docs/FORMAT.md)."""
+        return self.header["expert_offset"]
+
+    def expert_block(self, layer: int, expert: int) -> tuple[int, int]:
+        """(offset, bytes) of a routed expert's block: gate, up and down with their scales."""
+        gate, down = self.entry(Role.EXPERT_GATE, layer, expert), self.entry(Role.EXPERT_DOWN, layer, expert)
+        return gate.offset, down.end - gate.offset
+
+    @property
+    def expert_block_bytes(self) -> int:
+        """The largest routed expert block: the size of one expert cache slot."""
+        return max((down.end - gate.offset for gate, down in expert_blocks(self.entries)), default=0)
+
+    def streamed_experts(self) -> list[tuple[int, int]]:
+        """(layer, expert) of every routed expert in the expert part."""
+        return [(g.layer, g.expert) for g, _ in expert_blocks(self.entries) if g.offset >= self.resident_bytes]
+
+    def bytes_by_dtype(self) -> dict[str, int]:
+        """Bytes of tensor data per dtype (tied tensors counted once)."""
+        out: dict[str, int] = {}
+        seen = set()
+        for e in self.entries:
+            if e.offset not in seen:
+                seen.add(e.offset)
+                name = DType(e.dtype).name.lower()
+                out[name] = out.get(name, 0) + e.end - e.offset
+        return out
+
+
+def open_image(path: Path, check_crcs: bool = True) -> Image:
+    """read_image of a file through a read-only memory map: the weights are paged in only when read
+    (check_crcs=False reads only the header, the table and the metadata section: the tensor bytes are
+    left to the device, which checks every CRC when it opens the image)."""
+    size = path.stat().st_size
+    if size == 0:
+        raise ImageError(f"{path} is empty")
+    return read_image(np.memmap(path, dtype=np.uint8, mode="r"), check_crcs)
+
+
+def layer_fields(h: dict) -> dict:
+    """ModelDims' per-layer fields from the header's layer records (docs/FORMAT.md "Layers"). The host models the
+    layers its families make (one window, Gemma 4's global layers and its KV sharing in the last layers): records
+    beyond those are refused, checked by writing the fields' records back."""
+    n_layers, n_kinds = h["n_layers"], h["layer_kinds"]
+    if not 1 <= n_kinds <= MAX_LAYER_KINDS or n_layers > MAX_LAYERS:
+        raise ImageError(f"{n_layers} layers of {n_kinds} kinds: an image has 1 to {MAX_LAYER_KINDS} kinds and at "
+                         f"most {MAX_LAYERS} layers")
+    kinds = [LAYER_STRUCT.unpack_from(h["kinds"], k * LAYER_BYTES) for k in range(n_kinds)]
+    if set(h["layer_kind"][:n_layers]) != set(range(n_kinds)):
+        raise ImageError(f"the layers' kinds are not the {n_kinds} records, each some layer's")
+    if any(h["kinds"][n_kinds * LAYER_BYTES:]) or any(h["layer_kind"][n_layers:]):
+        raise ImageError("bytes past the layer records or past the last layer's kind are not 0")
+    for k in kinds:
+        r = dict(zip(LAYER_FIELDS, k))
+        head, kv = r["head_dim"] or h["head_dim"], r["kv_heads"] or h["n_kv_heads"]
+        dense = r["ffn"] != LAYER_FFN_MOE and not (r["dense_ffn"] or h["dense_ffn_size"])
+        if head % 2 or not kv or h["n_heads"] % kv or r["window"] > h["max_seq"] or dense:
+            raise ImageError(f"a layer record the runtime refuses: {r}")
+    records = [dict(zip(LAYER_FIELDS, kinds[k])) for k in h["layer_kind"][:n_layers]]
+    windows = {r["window"] for r in records if r["window"]}
+    own = [r for r in records if not r["window"]]  # Gemma 4's global layers
+    fields = dict(moe_layers=tuple(r["ffn"] != LAYER_FFN_DENSE for r in records),
+                  sliding_window=max(windows, default=0), window_layers=tuple(bool(r["window"]) for r in records),
+                  global_head_dim=own[0]["head_dim"] if own else 0, global_kv_heads=own[0]["kv_heads"] if own else 0,
+                  kv_shared_layers=sum(r["kv_source"] != NO_INDEX for r in records),
+                  double_wide_mlp=any(r["dense_ffn"] for r in records),
+                  k_eq_v=any(r["options"] & LAYER_OPT_K_IS_V for r in records),
+                  global_rope=any(r["options"] & LAYER_OPT_GLOBAL_ROPE for r in records))
+    return fields
+
+
+def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
+    """Parse and check an image (header, CRCs, table order, presence, shapes, bounds): bytes, or a
+    read-only np.memmap of an image file (open_image)."""
+    if len(data) < HEADER_BYTES:
+        raise ImageError(f"image is {len(data)} bytes, shorter than its {HEADER_BYTES}-byte header")
+    h = dict(zip(HEADER_FIELDS, HEADER_STRUCT.unpack_from(data, 0)))
+    if h["magic"] != MAGIC:
+        raise ImageError("bad magic: not a Colibri image")
+    if h["version"] != VERSION:
+        raise ImageError(f"format version {h['version']}; this host reads version {VERSION} only: "
+                         "pack the checkpoint again with host/pack.py")
+    hdr = bytearray(data[:HEADER_BYTES])
+    struct.pack_into("<I", hdr, HEADER_CRC_OFFSET, 0)
+    if crc32(hdr) != h["header_crc32"]:
+        raise ImageError("header CRC mismatch")
+    if h["image_bytes"] > len(data):
+        raise ImageError(f"image is truncated: header says {h['image_bytes']} bytes, got {len(data)}")
+    if not h["tensor_table_offset"] <= h["expert_offset"] <= h["image_bytes"]:
+        raise ImageError(f"expert part offset {h['expert_offset']} is outside the image")
+    if check_crcs and crc32(memoryview(data)[HEADER_BYTES:h["expert_offset"]]) != h["payload_crc32"]:
+        raise ImageError("payload CRC mismatch")
+    meta: dict | None = None
+    if h["meta_bytes"]:
+        end = h["meta_offset"] + h["meta_bytes"]
+        if h["meta_offset"] < h["expert_offset"] or end > h["image_bytes"]:
+            raise ImageError("metadata section outside the image")
+        raw = bytes(memoryview(data)[h["meta_offset"]:end])
+        if crc32(raw) != h["meta_crc32"]:  # small: always checked
+            raise ImageError("metadata section CRC mismatch")
+        try:
+            meta = json.loads(raw)
+        except ValueError as exc:
+            raise ImageError(f"metadata section is not JSON: {exc}") from None
+    n_layers, n_experts = h["n_layers"], h["n_experts"]
+    if h["tensor_table_offset"] + h["n_tensors"] * ENTRY_BYTES > h["image_bytes"]:
+        raise ImageError(f"the tensor table ({h['n_tensors']} entries) ends past the image")
+    # every layer lists its attention norm: more layers than entries is refused before anything per layer is built
+    if n_layers > h["n_tensors"] or n_experts > MAX_EXPERTS:
+        raise ImageError(f"{n_layers} layers of {n_experts} experts in a table of {h['n_tensors']} entries")
+    raw = [ENTRY_STRUCT.unpack_from(data, h["tensor_table_offset"] + i * ENTRY_BYTES) for i in range(h["n_tensors"])]
+    dims = ModelDims(**{k: h[k] for k in (
+        "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+        "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "flags", "dense_ffn_size",
+        "shared_ffn_size", "clip_qkv", "kv_dtype", "q_lora_rank", "kv_lora_rank", "rope_dim",
+        "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha",
+        "swiglu_limit", "embed_scale", "logit_softcap", "ple_dim")}, **layer_fields(h))
+    listed = [LAYER_STRUCT.unpack_from(h["kinds"], k * LAYER_BYTES) for k in h["layer_kind"][:n_layers]]
+    try:
+        written = [dims.layer_record(layer) for layer in range(n_layers)]
+    except ValueError:  # a sharing layer with no earlier layer of its kind to share
+        written = []
+    if written != listed:
+        raise ImageError("the layer records are not a kind of layer this host models (one window; Gemma 4's global "
+                         "layers and its KV sharing in the last layers)")
+    order = (key for key in canonical_order(dims) if dims.present(key[0], key[1]))  # walked with the table: a short
+    entries = []                                                                    # table ends it
+    for i, (role, layer, expert) in enumerate(order):
+        if i == len(raw):
+            raise ImageError(f"{len(raw)} tensors listed, the dimensions and flags need more")
+        role_, dtype, layer_, expert_, ndims, dim0, dim1, group, _, off, nbytes, s_off, s_bytes = raw[i]
+        try:
+            e = TensorEntry(Role(role_), layer_, expert_, DType(dtype), (dim0, dim1)[:ndims], off, nbytes,
+                            group, s_off, s_bytes)
+        except ValueError as exc:
+            raise ImageError(f"table entry {i}: {exc}") from None
+        if (e.role, e.layer, e.expert) != (role, layer, expert):
+            raise ImageError(f"table entry {i} is {e.role.name}/{e.layer}/{e.expert}, expected {role.name}/{layer}/{expert}")
+        if e.shape != expected_shape(dims, role, layer):
+            raise ImageError(f"table entry {i} ({role.name}) has shape {e.shape}")
+        if e.offset % ALIGN or e.end > h["image_bytes"]:
+            raise ImageError(f"table entry {i} ({role.name}) is misaligned or out of bounds")
+        entries.append(e)
+    if len(entries) != len(raw):
+        raise ImageError(f"{len(raw)} tensors listed, the dimensions and flags need {len(entries)}")
+    for gate, down in expert_blocks(entries if check_crcs else []):
+        at = h["expert_crc_offset"] + 4 * (gate.layer * n_experts + gate.expert)
+        if crc32(memoryview(data)[gate.offset:down.end]) != struct.unpack_from("<I", data, at)[0]:
+            raise ImageError(f"expert {gate.expert} of layer {gate.layer}: block CRC mismatch")
+    # a view, not a copy: a memory-mapped image file stays on disk
+    return Image(dims, h, entries, memoryview(data)[:h["image_bytes"]], meta)
