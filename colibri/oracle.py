@@ -24,7 +24,8 @@ def _gguf_as_checkpoint(src: Path, out: Path) -> Path:
     import transformers
     from safetensors.numpy import save_file
 
-    from colibri.checkpoint import FAMILIES, kv_b_join
+    from colibri.checkpoint import FAMILIES
+    from colibri.families.deepseek import kv_b_join
     from colibri.gguf_input import read_gguf
     cfg, tensors, _ = read_gguf(src)
     tensors = {name: np.asarray(t, dtype=np.float32) for name, t in tensors.items()}  # read now: transformers loads it all

@@ -1,8 +1,8 @@
 """The model families the packer maps (colibri/checkpoint.py for Hugging Face checkpoints, colibri/gguf_input.py for
 GGUF files), one file each: a file declares FAMILIES, its architectures' `Family` records, and this package gathers
 every file's. What a record holds and what still takes code is in docs/RUNTIME.md ("Adding a family"); granite.py
-is a family that is data only. DeepSeek's, gpt-oss's and Gemma 4's mappings still have code of their own in
-checkpoint.py, switched on by their records' fields."""
+is a family that is data only; deepseek.py, gpt_oss.py and gemma4.py keep the code their mechanisms need as the hooks
+their records name (base.py)."""
 from __future__ import annotations
 
 import importlib

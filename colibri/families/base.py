@@ -1,9 +1,40 @@
-"""What a family file declares: the Family record (colibri/families/__init__.py says how to add one)."""
+"""What a family file declares: the Family record, and what a family with mechanisms of its own gives its hooks and
+gets back from them (colibri/families/__init__.py says how to add one); the helpers its tensor hook may use."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
 
 from colibri.format import Role
+from colibri.lazy import Derived, LazyTensor, expert_of
+
+
+class UnsupportedModel(ValueError):
+    """The checkpoint asks for something the runtime would not compute exactly."""
+
+
+@dataclass(frozen=True)
+class ConfigContext:
+    """What the common mapping (checkpoint.py's read_config) has read when a family's `derive` hook runs."""
+    n_layers: int
+    head_dim: int
+    max_seq: int
+    any_moe: bool
+    n_experts: int
+    top_k: int
+
+
+@dataclass
+class OwnFields:
+    """What a family's `derive` hook reads from its config: ModelDims fields (one the common mapping also sets, such
+    as n_kv_heads, dense_ffn_size, shared_ffn_size or the window's sliding_window and window_layers, replaces its
+    value), image flags, and RoPE parameters per layer type (sliding_attention, full_attention) for a family whose
+    global layers rotate with tables of their own (else the config's one set)."""
+    fields: dict
+    flags: int = 0
+    rope: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -22,9 +53,6 @@ class Family:
     bias_default: bool = False
     bias_on_o: bool = True
     clip_qkv: bool = False      # the family's modeling file clamps q, k, v (after the q/k norms) by clip_qkv
-    deepseek: int = 0           # 2 or 3: DeepSeek-V2/V3 (multi-head latent attention, their routers)
-    gpt_oss: bool = False       # sinks, a top-k-then-softmax router, experts fused with biases, clamped SwiGLU
-    gemma4: bool = False        # Gemma 4's layer, attention and rope per layer type (checkpoint.py's _gemma4)
     shared_prefix: str = "shared_expert"  # the shared expert's module under mlp.
     router_name: str = "gate.weight"  # the router's tensor under moe_prefix
     # the experts fused per layer under moe_prefix: gate and up as [E, 2F, D] (gate rows first), down as [E, D, F]
@@ -32,6 +60,11 @@ class Family:
     fused_experts: tuple[str, str] | None = None
     flags: int = 0              # image flags the architecture always has
     own_keys: tuple[str, ...] = ()  # config fields only this family reads: another family's config refuses them
+    reads: tuple[str, ...] = ()     # config fields its hooks read that other families' configs may carry too
+    top_k_key: str = "num_experts_per_tok"  # config key of the experts a token takes
+    tied_default: bool = False      # tie_word_embeddings when the config leaves it out
+    routes_itself: bool = False     # its `derive` sets the router's flags: norm_topk_prob is not read for it
+    router_bias_name: str = "gate.e_score_correction_bias"  # ROUTER_BIAS under moe_prefix
     attn_scale_key: str = ""    # config field of the softmax scale (else 1/sqrt(head_dim))
     # config fields whose value multiplies a role's weights as packed (1 / value with `divide`): a scale the
     # architecture applies to a layer's output, folded into the matrix that makes it
@@ -43,3 +76,30 @@ class Family:
     gguf_arch: str = ""
     gguf_permuted_qk: bool = False
     gguf_config: tuple[tuple[str, str], ...] = ()
+    # A family with mechanisms of its own has hooks, functions in its file (None: the common mapping's rule):
+    moe_layer_rule: Callable[[dict, int], tuple[bool, ...]] | None = None  # which of the n layers route to experts
+    head_dim_rule: Callable[[dict], int] | None = None  # a q/k head's size (else head_dim, or hidden / heads)
+    derive: Callable[[dict, ConfigContext], OwnFields] | None = None  # its own fields, flags and RoPE
+    # (the checkpoint names read, the tensor) of a runtime tensor (role, layer, expert) it stores otherwise than the
+    # common names say, given the checkpoint's tensors and the ModelDims; None: the common names
+    tensor: Callable[[dict, object, tuple[Role, int, int]], tuple[list[str], object] | None] | None = None
+
+
+def derived_tensor(origin, shape: tuple[int, ...], compute):
+    """compute()'s f32 array: now if `origin` is in memory, when read if it is a tensor of a file."""
+    return Derived(shape, compute) if isinstance(origin, LazyTensor) else np.ascontiguousarray(compute())
+
+
+def fused_expert_tensor(raw: dict, d, gate_up: str, down: str, role: Role, expert: int) -> tuple[list[str], object]:
+    """(checkpoint names read, tensor) for a routed expert's matrix from a layer's fused experts: gate and up as
+    `gate_up` [E, 2F, D], gate rows first, and down as `down` [E, D, F]."""
+    F, D, E = d.ffn_size, d.hidden_size, d.n_experts
+    fused = down if role == Role.EXPERT_DOWN else gate_up
+    rows = {Role.EXPERT_GATE: slice(0, F), Role.EXPERT_UP: slice(F, 2 * F), Role.EXPERT_DOWN: slice(None)}[role]
+    shape = (D, F) if role == Role.EXPERT_DOWN else (F, D)
+    source = raw[fused]
+    stored = (E, D, F) if role == Role.EXPERT_DOWN else (E, 2 * F, D)
+    if tuple(source.shape) != stored:  # the config's sizes must describe the tensor the rows are cut from
+        raise UnsupportedModel(f"checkpoint tensor {fused} has shape {list(source.shape)}; the config's expert count, "
+                               f"expert size and hidden_size make it {list(stored)}")
+    return [fused], derived_tensor(source, shape, lambda: np.asarray(expert_of(source, expert), np.float32)[rows])
