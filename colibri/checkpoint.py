@@ -17,7 +17,7 @@ import numpy as np
 
 from colibri import rope
 from colibri.families import FAMILIES, Family
-from colibri.families.base import ConfigContext, OwnFields, UnsupportedModel, derived_tensor, fused_expert_tensor
+from colibri.families.base import WINDOW_RULES, ConfigContext, OwnFields, UnsupportedModel, derived_tensor, fused_expert_tensor
 from colibri.format import MAX_EXPERTS, MAX_TOP_K  # the verifier's caps: they bound the router's work
 from colibri.lazy import FileTensor, LazyTensor, OpenFile
 from colibri.image import (EXPERT_ROLES, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QKV_BIAS, FLAG_SHARED_EXPERT, FLAG_ROUTER_TOPK_SOFTMAX,
@@ -90,36 +90,23 @@ def _moe_layers(cfg: dict, fam: Family, n_layers: int) -> tuple[bool, ...]:
     return tuple(layer not in dense and n_experts > 0 and (layer + 1) % step == 0 for layer in range(n_layers))
 
 
-WINDOWED_FAMILIES = ("GptOssForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM",
-                     "Qwen3MoeForCausalLM")
-
-
-def _window_layers(cfg: dict, arch: str, n_layers: int) -> tuple[int, tuple[bool, ...]]:
-    """The sliding window W and which layers have it, as transformers decides them (W 0: no window).
-    A config that lists layer_types (transformers 5 writes it) says it per layer; otherwise each family's
-    configuration class derives it: Mixtral and Qwen3-MoE window every layer when sliding_window is set
-    (Qwen3-MoE only with use_sliding_window); Qwen2 and Qwen3 window the layers from max_window_layers on;
-    Qwen2-MoE the even-numbered layers (0, 2, ...) below max_window_layers; gpt-oss the even-numbered layers."""
+def _window_layers(cfg: dict, fam: Family, n_layers: int) -> tuple[int, tuple[bool, ...]]:
+    """The sliding window W and which layers have it, as transformers decides them (W 0: no window): the family's
+    window rule (Family.window_rule), when its switch (use_sliding_window) is on where it has one; layer_types, where
+    the config lists them and the family reads them, says it per layer."""
     window = cfg.get("sliding_window")
-    use = arch in ("MixtralForCausalLM", "GptOssForCausalLM") or cfg.get("use_sliding_window", False)  # no switch
-    types = cfg.get("layer_types")
-    if arch not in WINDOWED_FAMILIES or not window or not use:
+    use = not fam.window_switch or cfg.get("use_sliding_window", False)
+    types = cfg.get("layer_types") if fam.window_layer_types else None
+    if not fam.window_rule or not window or not use:
         layers = (False,) * n_layers  # (Llama and OLMoE have no window in transformers)
-    elif arch in ("MixtralForCausalLM", "Qwen3MoeForCausalLM"):  # these two do not read layer_types
-        layers = (True,) * n_layers
     elif types is not None:
         if len(types) != n_layers or set(types) - {"sliding_attention", "full_attention"}:
             raise UnsupportedModel(f"config field layer_types={types!r}: need {n_layers} entries, each "
                                    "'sliding_attention' or 'full_attention'")
         layers = tuple(t == "sliding_attention" for t in types)
-    elif arch == "GptOssForCausalLM":  # its configuration class: the even layers (0, 2, ...) windowed
-        layers = tuple(layer % 2 == 0 for layer in range(n_layers))
-    elif arch == "Qwen2MoeForCausalLM":
-        limit = int(cfg.get("max_window_layers", 28))
-        layers = tuple(layer % 2 == 0 and layer < limit for layer in range(n_layers))
     else:
         limit = int(cfg.get("max_window_layers", 28))
-        layers = tuple(layer >= limit for layer in range(n_layers))
+        layers = tuple(WINDOW_RULES[fam.window_rule](layer, limit) for layer in range(n_layers))
     if not any(layers):
         return 0, layers
     if int(window) < 1:
@@ -165,7 +152,7 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
     if "window_layers" in fields:  # the family's own window rule
         window, window_layers = fields.pop("sliding_window"), fields.pop("window_layers")
     else:
-        window, window_layers = _window_layers(cfg, arch, n_layers)
+        window, window_layers = _window_layers(cfg, fam, n_layers)
         if window >= max_seq:  # the window never leaves anything out: plain attention, a cache of max_seq
             window, window_layers = 0, (False,) * n_layers
 

@@ -43,7 +43,7 @@ PERMUTED_QK = ("llama", *(fam.gguf_arch for fam in FAMILIES.values() if fam.gguf
 # Architectures whose routing renormalization llama.cpp fixes in code rather than in the file (the norm_w
 # argument of build_moe_ffn in its src/models/<arch>.cpp): its converter writes no expert_weights_norm
 # for them, so a file as found runs as llama.cpp runs it, unless the key or --norm-topk-prob says otherwise.
-LLAMA_CPP_NORM_TOPK = {"qwen2moe": False, "qwen3moe": True, "olmoe": False}
+LLAMA_CPP_NORM_TOPK = {fam.gguf_arch: fam.gguf_norm_topk for fam in FAMILIES.values() if fam.gguf_norm_topk is not None}
 # deepseek2 tensors -> HF name suffix after "model.layers.N." (k_b/v_b: the runtime's WK_B/WV_B, checkpoint.py)
 DEEPSEEK_TENSORS = {
     MODEL_TENSOR.ATTN_Q_A: "self_attn.q_a_proj", MODEL_TENSOR.ATTN_Q_A_NORM: "self_attn.q_a_layernorm",
@@ -184,20 +184,16 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     if arch == "gpt-oss":
         cfg.update(_gpt_oss(field, k, n_layers, n_experts, tensors))
         return cfg, _gpt_oss_tensors(tensors, n_layers), converted
-    has_bias = _name(MODEL_TENSOR.ATTN_Q, 0) + ".bias" in tensors
-    if arch == "qwen2moe":
-        cfg["qkv_bias"] = has_bias
-    elif arch not in ("qwen2",):
-        cfg["attention_bias"] = has_bias
-    cfg.update({hf: float(field(k(key))) for key, hf in FAMILIES[hf_arch].gguf_config})  # e.g. Granite's multipliers
+    fam = FAMILIES[hf_arch]
+    if fam.bias_key:  # the family's switch of the q/k/v(/o) biases (Qwen2's are always there)
+        cfg[fam.bias_key] = _name(MODEL_TENSOR.ATTN_Q, 0) + ".bias" in tensors
+    cfg.update({hf: float(field(k(key))) for key, hf in fam.gguf_config})  # e.g. Granite's multipliers
     if n_experts:  # under the name the family's transformers config takes (so --against builds the right model)
-        cfg[FAMILIES[hf_arch].n_experts_key] = n_experts
+        cfg[fam.n_experts_key] = n_experts
         cfg["num_experts_per_tok"] = int(field(k(Keys.LLM.EXPERT_USED_COUNT)))
         expert_ff = field(k(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH), None, required=False)
-        if arch in ("qwen2moe", "qwen3moe"):
-            cfg["moe_intermediate_size"] = int(expert_ff or ff)
-        elif expert_ff:
-            cfg["intermediate_size"] = int(expert_ff)
+        if expert_ff or ff:  # (a llama file's experts: feed_forward_length, the same key as transformers')
+            cfg[fam.expert_ffn_key] = int(expert_ff or ff)
         shared_ff = field(k(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH), None, required=False)
         if shared_ff:
             cfg["shared_expert_intermediate_size"] = int(shared_ff)
@@ -206,7 +202,7 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
         # dense layers are the blocks without a router
         dense = [layer for layer in range(n_layers)
                  if _name(MODEL_TENSOR.FFN_GATE_INP, layer) + ".weight" not in tensors]
-        if dense and arch in ("qwen2moe", "qwen3moe"):
+        if dense and fam.sparse_layer_rule:
             cfg["mlp_only_layers"] = dense
     return cfg, _hf_tensors(tensors, arch, hf_arch, n_layers, n_head, n_head_kv), converted
 

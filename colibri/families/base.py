@@ -37,6 +37,14 @@ class OwnFields:
     rope: dict | None = None
 
 
+# The layers a family's window rule gives it (layer, max_window_layers): every layer, the even ones, the even ones
+# below max_window_layers (Qwen2-MoE), those from max_window_layers on (Qwen2, Qwen3)
+WINDOW_RULES: dict[str, Callable[[int, int], bool]] = {
+    "all": lambda layer, limit: True, "even": lambda layer, limit: layer % 2 == 0,
+    "even_below_max": lambda layer, limit: layer % 2 == 0 and layer < limit,
+    "from_max": lambda layer, limit: layer >= limit}
+
+
 @dataclass(frozen=True)
 class Family:
     """What distinguishes an architecture; the numbers themselves always come from the config."""
@@ -76,6 +84,15 @@ class Family:
     gguf_arch: str = ""
     gguf_permuted_qk: bool = False
     gguf_config: tuple[tuple[str, str], ...] = ()
+    # the routing renormalization llama.cpp fixes in code for the architecture (the norm_w argument of build_moe_ffn in
+    # its src/models/<arch>.cpp; its converter writes no expert_weights_norm): None where the file says it
+    gguf_norm_topk: bool | None = None
+    # The sliding window as the family's configuration class places it when the config lists no layer_types
+    # (WINDOW_RULES: "" none, the family has no window), whether use_sliding_window must switch it on, and whether
+    # the config's layer_types (transformers 5 writes it) says it per layer
+    window_rule: str = ""
+    window_switch: bool = True
+    window_layer_types: bool = True
     # A family with mechanisms of its own has hooks, functions in its file (None: the common mapping's rule):
     moe_layer_rule: Callable[[dict, int], tuple[bool, ...]] | None = None  # which of the n layers route to experts
     head_dim_rule: Callable[[dict], int] | None = None  # a q/k head's size (else head_dim, or hidden / heads)
@@ -83,6 +100,10 @@ class Family:
     # (the checkpoint names read, the tensor) of a runtime tensor (role, layer, expert) it stores otherwise than the
     # common names say, given the checkpoint's tensors and the ModelDims; None: the common names
     tensor: Callable[[dict, object, tuple[Role, int, int]], tuple[list[str], object] | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.window_rule and self.window_rule not in WINDOW_RULES:
+            raise ValueError(f"window_rule {self.window_rule!r} is not one of {', '.join(WINDOW_RULES)}")
 
 
 def derived_tensor(origin, shape: tuple[int, ...], compute):

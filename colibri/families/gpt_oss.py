@@ -61,7 +61,8 @@ def tensor(raw: dict, d, key: tuple[Role, int, int]) -> tuple[list[str], object]
 FAMILIES = {
     "GptOssForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size", moe_prefix="mlp",
                                 expert_names=("", "", ""), bias_default=True, router_name="router.weight",
-                                router_bias_name="router.bias", routes_itself=True,
+                                router_bias_name="router.bias", routes_itself=True, window_rule="even",
+                                window_switch=False,
                                 own_keys=("swiglu_alpha", "swiglu_limit", "quantization_config"),
                                 derive=derive, tensor=tensor),
 }

@@ -5,5 +5,5 @@ from colibri.format import FLAG_QK_NORM_FULL
 FAMILIES = {
     "OlmoeForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size", moe_prefix="mlp",
                                expert_names=("gate_proj", "up_proj", "down_proj"), qk_norm=FLAG_QK_NORM_FULL,
-                               clip_qkv=True, gguf_arch="olmoe"),
+                               clip_qkv=True, gguf_arch="olmoe", gguf_norm_topk=False),
 }

@@ -7,6 +7,8 @@ QWEN_MOE = dict(moe=True, expert_ffn_key="moe_intermediate_size", moe_prefix="ml
                 expert_names=("gate_proj", "up_proj", "down_proj"), sparse_layer_rule=True)
 FAMILIES = {
     "Qwen2MoeForCausalLM": Family(**QWEN_MOE, shared_expert=True, bias_key="qkv_bias", bias_default=True,
-                                  bias_on_o=False, gguf_arch="qwen2moe"),
-    "Qwen3MoeForCausalLM": Family(**QWEN_MOE, qk_norm=FLAG_QK_NORM_HEAD, gguf_arch="qwen3moe"),
+                                  bias_on_o=False, gguf_arch="qwen2moe", window_rule="even_below_max",
+                                  gguf_norm_topk=False),
+    "Qwen3MoeForCausalLM": Family(**QWEN_MOE, qk_norm=FLAG_QK_NORM_HEAD, gguf_arch="qwen3moe", window_rule="all", gguf_norm_topk=True,
+                                  window_layer_types=False),
 }
