@@ -3,50 +3,50 @@ firmware/src/arena.c plans it (tests/test_footprint.py holds the two equal), the
 cache's bytes (docs/FORMAT.md "The memory plan", docs/STREAMING.md)."""
 from __future__ import annotations
 
+import math
+
 from colibri.dims import ModelDims, align_up, index_slots
-from colibri.format import ARENA_CTX_BYTES, KV_DTYPES
+from colibri.format import ARENA_CTX_BYTES, KV_DTYPES, PLAN_BUFFERS, PLAN_CONDITIONS, PLAN_TERMS
 from colibri.quant import QBLOCK, blocks
 
 TENSOR_REF_BYTES = 32   # one decoded table entry in the arena (tensor_ref in firmware/src/image.h)
 
 
-def _token_widths(d: ModelDims) -> list[tuple[str, int]]:
-    """One token's attention buffers and per-layer inputs (floats), in plan order: q, q_a (the q-LoRA's rank),
-    k_new, v_new, q_att (MLA: each head's query against the latent), attn_out (what attention sums), o_in (MLA:
-    the output projection's input), ple (Gemma 4: every layer's input, then one gate of ple_dim)."""
-    mla = d.mla
-    return [("q", d.q_dim), ("q_a", d.q_lora_rank), ("k_new", d.kv_dim), ("v_new", 0 if mla else d.kv_dim),
-            ("q_att", d.n_heads * d.att_dim if mla else 0), ("attn_out", d.n_heads * d.val_dim),
-            ("o_in", d.o_dim if mla else 0), ("ple", (d.n_layers + 1) * d.ple_dim)]
+def plan_terms(d: ModelDims, tokens: int = 1) -> dict[str, int]:
+    """The numbers the plan's buffer sizes are made of (format/schema.toml [[plan_term]]; arena.c computes the same
+    from model_dims), for a pass of `tokens` tokens."""
+    in_blocks = blocks(max(d.hidden_size, d.q_dim, max(d.ffn_size, d.dense_ffn_max, d.shared_ffn_size), d.q_lora_rank,
+                           d.kv_lora_rank, d.o_dim, d.ple_dim))  # Q8_0 blocks of the longest input a matrix reads
+    terms = {"n_tensors": index_slots(d.n_layers, d.n_experts), "D": d.hidden_size, "q_dim": d.q_dim,
+             "q_lora": d.q_lora_rank, "kv_dim": d.kv_dim, "H": d.n_heads, "att_dim": d.att_dim, "val_dim": d.val_dim,
+             "o_dim": d.o_dim, "P": d.ple_dim, "L1": d.n_layers + 1, "S": d.max_seq,
+             "ffn_max": max(d.ffn_size, d.dense_ffn_max, d.shared_ffn_size), "E": d.n_experts, "n_group": d.n_group,
+             "K": d.top_k, "V": d.vocab_size, "in_blocks": in_blocks, "QBLOCK": QBLOCK,
+             "kv_cache": d.kv_cache_elements(), "kv_elem": 2 if d.kv_dtype == KV_DTYPES["f16"] else 4,
+             "tensor_ref": TENSOR_REF_BYTES, "n": tokens}
+    assert tuple(terms) == PLAN_TERMS, "plan_terms computes every plan term of format/schema.toml"
+    return terms
 
 
-def _in_blocks(d: ModelDims) -> int:
-    """Q8_0 blocks of the longest input a matrix reads (the quantized activation buffers)."""
-    ffn = max(d.ffn_size, d.dense_ffn_max, d.shared_ffn_size)
-    return blocks(max(d.hidden_size, d.q_dim, ffn, d.q_lora_rank, d.kv_lora_rank, d.o_dim, d.ple_dim))
+def buffers(d: ModelDims, lifetime: str, tokens: int = 1) -> list[tuple[str, int]]:
+    """(buffer, bytes) of `lifetime`'s buffers in plan order (format/schema.toml [[buffer]]): 0 for one whose
+    condition does not hold."""
+    terms = plan_terms(d, tokens)
+    conditions = {"": True, "mla": d.mla, "!mla": not d.mla, "ple": d.ple_dim != 0}
+    assert set(conditions) - {""} == set(PLAN_CONDITIONS), "buffers tests every plan condition of format/schema.toml"
+
+    def value(factor: int | str) -> int:
+        return factor if isinstance(factor, int) else terms[factor]
+    return [(name, value(elem) * sum(math.prod(value(f) for f in product) for product in count)
+             if conditions[when] else 0)
+            for name, life, elem, count, when in PLAN_BUFFERS if life == lifetime]
 
 
 def arena_plan(d: ModelDims) -> dict[str, tuple[int, int]]:
-    """The runtime's work arena: name -> (offset, bytes). Mirrors arena_plan() in firmware/src/arena.c."""
-    kv_cache = d.kv_cache_elements()
-    kv_size = 2 if d.kv_dtype == KV_DTYPES["f16"] else 4
-    ffn = max(d.ffn_size, d.dense_ffn_max, d.shared_ffn_size)
-    in_blocks = _in_blocks(d)
-    D = d.hidden_size
-    n_tensors = index_slots(d.n_layers, d.n_experts)
-    buffers = [  # (name, bytes), in arena order
-        ("tensors", TENSOR_REF_BYTES * n_tensors),  # the table, decoded by colibri_open
-        ("x", 4 * D), ("xn", 4 * D), *((name, 4 * n) for name, n in _token_widths(d)),
-        ("att", 4 * d.n_heads * d.max_seq), ("ffn_gate", 4 * ffn), ("ffn_up", 4 * ffn),
-        ("ffn_out", 4 * D), ("moe_out", 4 * D), ("router", 4 * (2 * d.n_experts + d.n_group)), ("topk_weight", 4 * d.top_k),
-        ("topk_index", 4 * d.top_k), ("topk_cycles", 8 * d.top_k), ("logits", 4 * d.vocab_size),
-        ("probs", 4 * d.vocab_size), ("sample_index", 4 * d.vocab_size),
-        ("xq", in_blocks * QBLOCK), ("xq_scale", 4 * in_blocks), ("xq_sum", 4 * in_blocks),
-        ("hq", in_blocks * QBLOCK), ("hq_scale", 4 * in_blocks), ("hq_sum", 4 * in_blocks),
-        ("k_cache", kv_size * kv_cache), ("v_cache", 0 if d.mla else kv_size * kv_cache),
-    ]
+    """The runtime's work arena: name -> (offset, bytes). Mirrors arena_plan() in firmware/src/arena.c: both lay out
+    the schema's buffers of the model's lifetime, after the context."""
     plan, offset = {}, ARENA_CTX_BYTES
-    for name, nbytes in buffers:
+    for name, nbytes in buffers(d, "model"):
         plan[name] = (offset, nbytes)
         offset += align_up(nbytes)
     plan["total"] = (0, offset)
@@ -59,17 +59,11 @@ def arena_bytes(d: ModelDims) -> int:
 
 def prefill_bytes(d: ModelDims, tokens: int) -> int:
     """Arena bytes a prefill batch of `tokens` adds after the plan (colibri_prefill_bytes(): tokens times
-    batch_plan() for one token in firmware/src/arena.c, each buffer 64-byte aligned); 0 for one token."""
+    batch_plan() for one token in firmware/src/arena.c, each buffer 64-byte aligned, and a token's saved ring
+    rows); 0 for one token."""
     if tokens <= 1:
         return 0
-    ffn = max(d.ffn_size, d.dense_ffn_max, d.shared_ffn_size)
-    in_blocks = _in_blocks(d)
-    D, k = d.hidden_size, d.top_k
-    per_token = [4 * D, 4 * D, *(4 * n for _, n in _token_widths(d)), 4 * D,  # x .. ple, moe_out
-                 4 * ffn, 4 * ffn, 4 * D, 4 * D, 4 * k * D,  # gate, up, ffn_out, gx, expert_out
-                 4, 4 * k, 4 * k, 4 * d.n_experts, 4 * k,  # scalar, topk_index, topk_weight, first_pair, next_pair
-                 in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks, in_blocks * QBLOCK, 4 * in_blocks, 4 * in_blocks,
-                 _ring_row_bytes(d)]  # a token's saved ring rows
+    per_token = [nbytes for _, nbytes in buffers(d, "pass")] + [_ring_row_bytes(d)]
     return tokens * sum(align_up(n) for n in per_token)
 
 

@@ -2,7 +2,8 @@
 the C header the runtime and the fuzz harness read (firmware/src/format.h), the Python constants (colibri/format.py,
 colibri/codes.py), the fuzz harnesses' dictionaries (tests/fuzz/*.dict), the tables of docs/FORMAT.md, and the
 status codes, their messages and the link's frame types and error codes in firmware/include/colibri.h,
-firmware/src/colibri.c and boards/common/link.c, each between its markers (`schema:NAME` ... `/schema:NAME`).
+firmware/src/colibri.c and boards/common/link.c, and the memory plan's buffer tables in firmware/src/arena.c, each
+between its markers (`schema:NAME` ... `/schema:NAME`).
 
   python -m colibri.schema           # write the copies that differ
   python -m colibri.schema --check   # exit 1 naming each copy that is not what the schema gives
@@ -26,6 +27,7 @@ DOC = ROOT / "docs" / "FORMAT.md"
 API_HEADER = ROOT / "firmware" / "include" / "colibri.h"
 API_SOURCE = ROOT / "firmware" / "src" / "colibri.c"
 LINK_SOURCE = ROOT / "boards" / "common" / "link.c"
+ARENA_SOURCE = ROOT / "firmware" / "src" / "arena.c"
 LINK_DICT = ROOT / "tests" / "fuzz" / "link.dict"
 IMAGE_DICT = ROOT / "tests" / "fuzz" / "image.dict"
 LINK_ERROR_BASE = 200  # link-level error codes start above every colibri_status
@@ -88,6 +90,9 @@ class Schema:
     link_errors: list[str]
     requests: list[tuple[str, int]]
     responses: list[tuple[str, int]]
+    plan_terms: list[dict]      # name, c, doc: the numbers buffer sizes are made of
+    plan_conditions: list[dict]  # name, c, doc
+    buffers: list[dict]          # name, lifetime, elem, count (as products: [[factor, ...], ...]), when, doc
 
     def role_names(self, part: str | None = None) -> list[str]:
         return [r.name for r in self.role_specs if part in (None, r.part)]
@@ -161,6 +166,28 @@ def role_specs(segments: list[dict], terms: list[str], facts: list[str], model_w
     return out
 
 
+def plan_buffers(raw: dict) -> tuple[list[dict], list[dict], list[dict]]:
+    """The memory plan's terms, conditions and buffers, each buffer's `count` parsed into products of factors (a
+    term's name or a number) and checked: every term, condition and lifetime known, no buffer named twice in one
+    lifetime."""
+    terms, conditions = raw["plan_term"], raw["plan_condition"]
+    term_names, condition_names = {t["name"] for t in terms}, {c["name"] for c in conditions}
+    buffers, seen = [], set()
+    for b in raw["buffer"]:
+        where = f"format/schema.toml: buffer {b.get('name', '?')}"
+        products = [[f.strip() for f in product.split("*")] for product in b["count"].split("+")]
+        for factor in [b["elem"], *(f for product in products for f in product)]:
+            if not factor.isdigit() and factor not in term_names:
+                raise ValueError(f"{where}: {factor!r} is neither a number nor a plan term")
+        if b.get("when", "") and b["when"] not in condition_names:
+            raise ValueError(f"{where}: when = {b['when']!r} is not a plan condition")
+        if b["lifetime"] not in ("model", "pass") or (b["lifetime"], b["name"]) in seen:
+            raise ValueError(f"{where}: lifetime {b['lifetime']!r} is not model or pass, or the buffer is listed twice")
+        seen.add((b["lifetime"], b["name"]))
+        buffers.append({**b, "count": products, "when": b.get("when", ""), "doc": b.get("doc", "")})
+    return terms, conditions, buffers
+
+
 def load(path: Path = SCHEMA) -> Schema:
     raw = tomllib.loads(path.read_text())
     fmt = raw["format"]
@@ -189,11 +216,12 @@ def load(path: Path = SCHEMA) -> Schema:
                         (facts, "flag or fact"), (terms, "term"), ([r.name for r in roles], "role"),
                         ([r.gguf for r in roles], "GGUF name"), ([st["name"] for st in raw["status"]], "status")):
         _unique(names, what)
+    plan_terms, plan_conditions, buffers = plan_buffers(raw)
     return Schema(fmt, header, entry, layer, layer_values, raw["flag"], raw["roles"], roles, raw["term"], raw["fact"],
                   [d["name"] for d in raw["dtype"]], raw["dtype"],
                   [d["name"] for d in raw["kv_dtype"]], raw["protocol"], raw["status"],
                   [e["name"] for e in raw["link_error"]], [(r["name"], r["value"]) for r in raw["request"]],
-                  [(r["name"], r["value"]) for r in raw["response"]])
+                  [(r["name"], r["value"]) for r in raw["response"]], plan_terms, plan_conditions, buffers)
 
 
 def _c_comment(text: str, indent: str = "") -> list[str]:
@@ -397,7 +425,17 @@ def render_py(s: Schema) -> str:
               "DTYPE_TRAITS = {" + ", ".join(f'"{d["name"]}": ({d["block"]}, {d["bytes"]}, {d["scale_bytes"]})'
                                              for d in s.dtype_traits) + "}",
               "KV_DTYPES = {" + ", ".join(f'"{k}": {i}' for i, k in enumerate(s.kv_dtypes)) + "}  # header kv_dtype",
-              f"QBLOCK = {f['qblock']}", ""]
+              f"QBLOCK = {f['qblock']}", "",
+              "# The memory plan's buffers (colibri/plan.py lays them out): name, lifetime, element bytes (a number or a",
+              "# plan term), count as a sum of products of factors (numbers or plan terms), condition ('' always)",
+              "PLAN_TERMS = (" + ", ".join(f'"{t["name"]}"' for t in s.plan_terms) + ",)",
+              "PLAN_CONDITIONS = (" + ", ".join(f'"{c["name"]}"' for c in s.plan_conditions) + ",)",
+              "PLAN_BUFFERS = ("]
+    for b in s.buffers:
+        count = tuple(tuple(int(f) if f.isdigit() else f for f in product) for product in b["count"])
+        elem = int(b["elem"]) if b["elem"].isdigit() else b["elem"]
+        lines.append(f"    ({b['name']!r}, {b['lifetime']!r}, {elem!r}, {count!r}, {b['when']!r}),")
+    lines += [")", ""]
     return "\n".join(lines)
 
 
@@ -439,6 +477,23 @@ def _c_link_region(s: Schema) -> str:
                       *_c_enum("", [(f.split(" = ")[0], f.split(" = ")[1]) for f in frames], "enum {"),
                       "/* Link-level error codes, above the runtime's colibri_status values. */",
                       *_c_enum("", [(e.split(" = ")[0], e.split(" = ")[1]) for e in errors], "enum {")])
+
+
+def _c_plan_region(s: Schema) -> str:
+    """arena.c's buffer tables: X(buffer, element bytes, count, condition) per lifetime, as C over model_dims d."""
+    term_c = {t["name"]: t["c"] for t in s.plan_terms}
+    cond_c = {c["name"]: c["c"] for c in s.plan_conditions}
+
+    def c_of(factor: str) -> str:
+        return factor + "u" if factor.isdigit() else term_c[factor]
+
+    out = []
+    for lifetime, macro in (("model", "PLAN_MODEL_BUFFERS"), ("pass", "PLAN_PASS_BUFFERS")):
+        rows = [f"{b['name']}, {c_of(b['elem'])}, "
+                + " + ".join("(uint64_t)" + " * ".join(c_of(f) for f in product) for product in b["count"])
+                + f", {cond_c[b['when']] if b['when'] else '1'}" for b in s.buffers if b["lifetime"] == lifetime]
+        out.append(_c_rows(macro, rows))
+    return "\n".join(out)
 
 
 def render_link_dict(s: Schema) -> str:
@@ -503,7 +558,14 @@ def render_doc_sections(s: Schema) -> dict[str, str]:
         values += [f"| {'options' if kind == 'option' else kind} | {1 << i if kind == 'option' else i} | "
                    f"`LAYER_{ {'attention': 'ATTN', 'ffn': 'FFN', 'option': 'OPT'}[kind]}_{v['name']}` | {v['doc']} |"
                    for i, v in enumerate(vals)]
-    return {"header": "\n".join(_md_table(s.header) + ["", "Flags:", ""] + flags),
+    def count(b: dict) -> str:
+        return " + ".join("·".join(product) for product in b["count"])
+    plan = ["| buffer | lifetime | element bytes | count | when | |", "| --- | --- | --- | --- | --- | --- |"] + [
+        f"| {b['name']} | {b['lifetime']} | {b['elem']} | {count(b)} | {b['when'] or 'always'} | {b['doc']} |"
+        for b in s.buffers]
+    plan += ["", "| term | |", "| --- | --- |"] + [f"| {t['name']} | {t['doc']} |" for t in s.plan_terms]
+    return {"plan": "\n".join(plan),
+            "header": "\n".join(_md_table(s.header) + ["", "Flags:", ""] + flags),
             "entry": "\n".join(_md_table(entry)),
             "layer": "\n".join(_md_table(s.layer) + [""] + values)}
 
@@ -521,6 +583,7 @@ def outputs(s: Schema) -> dict[Path, str]:
             API_HEADER: replace_region(API_HEADER.read_text(), "status", _c_status_region(s), "colibri.h"),
             API_SOURCE: replace_region(API_SOURCE.read_text(), "status_messages", messages, "colibri.c"),
             LINK_SOURCE: replace_region(LINK_SOURCE.read_text(), "link", _c_link_region(s), "link.c"),
+            ARENA_SOURCE: replace_region(ARENA_SOURCE.read_text(), "plan", _c_plan_region(s), "arena.c"),
             LINK_DICT: render_link_dict(s), IMAGE_DICT: render_image_dict(s)}
 
 

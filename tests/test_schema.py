@@ -57,6 +57,10 @@ def test_fields_must_fill_the_header_exactly(tmp_path):
     ('when = "GLOBAL_ROPE", gguf = "rope_cos_global"', 'when = "MOE", gguf = "rope_cos_global"',
      "a global tensor's `when` may name flags and model-wide facts only"),
     ('{ name = "BQ",', '{ name = "WQ",', "role WQ is defined twice"),
+    ('name = "q_att"\nlifetime = "model"\nelem = "4"\ncount = "H * att_dim"',
+     'name = "q_att"\nlifetime = "model"\nelem = "4"\ncount = "H * att_width"', "'att_width' is neither a number nor"),
+    ('count = "in_blocks * QBLOCK"\n', 'count = "in_blocks * QBLOCK"\nwhen = "quantized"\n', "is not a plan condition"),
+    ('name = "xn"\nlifetime = "model"', 'name = "x"\nlifetime = "model"', "listed twice"),
 ])
 def test_a_role_the_runtime_could_not_read_is_refused(tmp_path, old, new, error):
     """A role's shape and presence are checked when the schema is read: terms and facts that exist, a global tensor
@@ -101,16 +105,17 @@ def test_a_marker_quoted_in_prose_is_not_one_and_a_broken_pair_is_refused():
 def test_the_image_mutator_edits_every_header_and_entry_field():
     """tests/fuzz/image_mutator.c's structure edits walk the fields format.h lists, and the lists name every header
     field but the CRCs (which the reseal computes), the flags (edited a bit at a time) and the byte arrays (the
-    magic and reserved bytes, left to libFuzzer's byte mutations; the window bitmap, whose first 16 layers' bits
-    the mutator flips), and every table-entry field, each with its size."""
+    magic and reserved bytes, left to libFuzzer's byte mutations; the layer records and kinds, which the mutator
+    edits a field at a time), and every table-entry and layer-record field, each with its size."""
     import re
     mutator = (ROOT / "tests" / "fuzz" / "image_mutator.c").read_text()
-    for macro in ("IMG_HEADER_INTEGERS(FIELD)", "IMG_HEADER_FLOATS(FIELD)", "IMG_ENTRY_FIELDS(FIELD)", "IMG_FLAG_COUNT"):
+    for macro in ("IMG_HEADER_INTEGERS(FIELD)", "IMG_HEADER_FLOATS(FIELD)", "IMG_ENTRY_FIELDS(FIELD)",
+                  "IMG_LAYER_FIELDS(FIELD)", "H_KINDS", "H_LAYER_KIND", "IMG_FLAG_COUNT"):
         assert macro in mutator, macro
     c_text = (ROOT / "firmware" / "src" / "format.h").read_text().replace("\\\n", " ")
     def listed(macro: str) -> dict[str, int]:
         body = re.search(rf"#define {macro}\(X\)(.*)", c_text).group(1)
-        return {name: int(size) for name, size in re.findall(r"X\([HE]_([A-Z0-9_]+), (\d+)\)", body)}
+        return {name: int(size) for name, size in re.findall(r"X\([HER]_([A-Z0-9_]+), (\d+)\)", body)}
     s = schema.load()
     edited = listed("IMG_HEADER_INTEGERS") | listed("IMG_HEADER_FLOATS")
     apart = {h.c for h in s.header if h.crc or h.name == "flags" or h.type.startswith("u8[")}
@@ -118,4 +123,5 @@ def test_the_image_mutator_edits_every_header_and_entry_field():
     assert edited | {c: 0 for c in apart} == {h.c: edited.get(h.c, 0) for h in s.header}
     assert all(edited[h.c] == h.size for h in s.header if h.c in edited)
     assert listed("IMG_ENTRY_FIELDS") == {e.c: e.size for e in s.entry}
+    assert listed("IMG_LAYER_FIELDS") == {r.c: r.size for r in s.layer}
     assert {h.name for h in s.header if h.crc} == {"header_crc32", "payload_crc32", "meta_crc32"}

@@ -19,49 +19,63 @@ static void *reserve_bytes(planner *p, uint64_t count, uint32_t size) {
     return at;
 }
 
+/* `count` floats (or other 4-byte elements): the plan's most common buffer, a call with an argument less. */
 static void *reserve(planner *p, uint64_t count) { return reserve_bytes(p, count, 4); }
+#define RESERVE_IN(p, elem, count) ((elem) == 4u ? reserve(p, count) : reserve_bytes(p, count, elem))
+
+/* The buffers of each lifetime in order, X(buffer, element bytes, count, condition): C over model_dims d (and the
+ * local kv_cache, and a pass's n tokens) */
+/* schema:plan (written by python -m colibri.schema from format/schema.toml) */
+#define PLAN_MODEL_BUFFERS(X) X(tensors, TENSOR_REF_BYTES, (uint64_t)d->n_tensors, 1) X(x, 4u, (uint64_t)d->dim, 1) \
+    X(xn, 4u, (uint64_t)d->dim, 1) X(q, 4u, (uint64_t)d->q_dim, 1) \
+    X(q_a, 4u, (uint64_t)d->q_lora, WITH_MLA && d->kv_lora != 0) X(k_new, 4u, (uint64_t)d->kv_dim, 1) \
+    X(v_new, 4u, (uint64_t)d->kv_dim, !(WITH_MLA && d->kv_lora != 0)) \
+    X(q_att, 4u, (uint64_t)d->n_heads * d->att_dim, WITH_MLA && d->kv_lora != 0) \
+    X(attn_out, 4u, (uint64_t)d->n_heads * d->val_dim, 1) \
+    X(o_in, 4u, (uint64_t)d->o_dim, WITH_MLA && d->kv_lora != 0) \
+    X(ple, 4u, (uint64_t)(d->n_layers + 1u) * d->ple_dim, WITH_PER_LAYER_INPUTS && d->ple_dim != 0) \
+    X(att, 4u, (uint64_t)d->n_heads * d->max_seq, 1) X(ffn_gate, 4u, (uint64_t)d->ffn_max, 1) \
+    X(ffn_up, 4u, (uint64_t)d->ffn_max, 1) X(ffn_out, 4u, (uint64_t)d->dim, 1) X(moe_out, 4u, (uint64_t)d->dim, 1) \
+    X(router, 4u, (uint64_t)2u * d->n_experts + (uint64_t)d->n_group, 1) X(topk_weight, 4u, (uint64_t)d->top_k, 1) \
+    X(topk_index, 4u, (uint64_t)d->top_k, 1) X(topk_cycles, 8u, (uint64_t)d->top_k, 1) \
+    X(logits, 4u, (uint64_t)d->vocab, 1) X(probs, 4u, (uint64_t)d->vocab, 1) \
+    X(sample_index, 4u, (uint64_t)d->vocab, 1) X(xq, 1u, (uint64_t)d->in_blocks * QBLOCK, 1) \
+    X(xq_scale, 4u, (uint64_t)d->in_blocks, 1) X(xq_sum, 4u, (uint64_t)d->in_blocks, 1) \
+    X(hq, 1u, (uint64_t)d->in_blocks * QBLOCK, 1) X(hq_scale, 4u, (uint64_t)d->in_blocks, 1) \
+    X(hq_sum, 4u, (uint64_t)d->in_blocks, 1) \
+    X(k_cache, 1u, (uint64_t)(d->kv_dtype == KV_F16 ? 2u : 4u) * kv_cache, 1) \
+    X(v_cache, 1u, (uint64_t)(d->kv_dtype == KV_F16 ? 2u : 4u) * kv_cache, !(WITH_MLA && d->kv_lora != 0))
+#define PLAN_PASS_BUFFERS(X) X(x, 4u, (uint64_t)n * d->dim, 1) X(xn, 4u, (uint64_t)n * d->dim, 1) \
+    X(q, 4u, (uint64_t)n * d->q_dim, 1) X(q_a, 4u, (uint64_t)n * d->q_lora, WITH_MLA && d->kv_lora != 0) \
+    X(k, 4u, (uint64_t)n * d->kv_dim, 1) X(v, 4u, (uint64_t)n * d->kv_dim, !(WITH_MLA && d->kv_lora != 0)) \
+    X(q_att, 4u, (uint64_t)n * d->n_heads * d->att_dim, WITH_MLA && d->kv_lora != 0) \
+    X(attn_out, 4u, (uint64_t)n * d->n_heads * d->val_dim, 1) \
+    X(o_in, 4u, (uint64_t)n * d->o_dim, WITH_MLA && d->kv_lora != 0) \
+    X(ple, 4u, (uint64_t)n * (d->n_layers + 1u) * d->ple_dim, WITH_PER_LAYER_INPUTS && d->ple_dim != 0) \
+    X(moe_out, 4u, (uint64_t)n * d->dim, 1) X(gate, 4u, (uint64_t)n * d->ffn_max, 1) \
+    X(up, 4u, (uint64_t)n * d->ffn_max, 1) X(ffn_out, 4u, (uint64_t)n * d->dim, 1) \
+    X(gx, 4u, (uint64_t)n * d->dim, 1) X(expert_out, 4u, (uint64_t)n * d->top_k * d->dim, 1) \
+    X(scalar, 4u, (uint64_t)n, 1) X(topk_index, 4u, (uint64_t)n * d->top_k, 1) \
+    X(topk_weight, 4u, (uint64_t)n * d->top_k, 1) X(first_pair, 4u, (uint64_t)d->n_experts, 1) \
+    X(next_pair, 4u, (uint64_t)n * d->top_k, 1) X(xq, 1u, (uint64_t)n * d->in_blocks * QBLOCK, 1) \
+    X(xq_scale, 4u, (uint64_t)n * d->in_blocks, 1) X(xq_sum, 4u, (uint64_t)n * d->in_blocks, 1) \
+    X(hq, 1u, (uint64_t)n * d->in_blocks * QBLOCK, 1) X(hq_scale, 4u, (uint64_t)n * d->in_blocks, 1) \
+    X(hq_sum, 4u, (uint64_t)n * d->in_blocks, 1)
+/* /schema:plan */
 
 colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out, uint64_t *total) {
     planner p = { ARENA_CTX_BYTES, 0, base };
     arena_buffers a;
     uint64_t rows = 0, kv_cache = 0; /* every layer's positions (a windowed layer's ring holds W) of its row width */
     for (uint32_t layer = 0; layer < d->n_layers; layer++) {
-        rows += kv_rows(d, layer);
-        kv_cache += (uint64_t)kv_rows(d, layer) * layer_kv_dim(d, layer);
+        const uint32_t layer_rows = kv_rows(d, layer);
+        rows += layer_rows;
+        kv_cache += (uint64_t)layer_rows * layer_kv_dim(d, layer);
     }
     if (rows > IMG_MAX_DIM) return COLIBRI_E_IMAGE_DIMS; /* layers x positions: keeps kv_cache below 2^48 */
-    a.tensors = reserve_bytes(&p, d->n_tensors, TENSOR_REF_BYTES);
-    a.x = reserve(&p, d->dim);
-    a.xn = reserve(&p, d->dim);
-    const int mla = WITH_MLA && d->kv_lora != 0;
-    a.q = reserve(&p, d->q_dim);
-    a.q_a = mla ? reserve(&p, d->q_lora) : 0; /* MLA's buffers: none for standard attention */
-    a.k_new = reserve(&p, d->kv_dim);
-    a.v_new = mla ? 0 : reserve(&p, d->kv_dim);
-    a.q_att = mla ? reserve(&p, (uint64_t)d->n_heads * d->att_dim) : 0;
-    a.attn_out = reserve(&p, (uint64_t)d->n_heads * d->val_dim);
-    a.o_in = mla ? reserve(&p, d->o_dim) : 0;
-    a.ple = WITH_PER_LAYER_INPUTS && d->ple_dim ? reserve(&p, ((uint64_t)d->n_layers + 1) * d->ple_dim) : 0; /* lean: none */
-    a.att = reserve(&p, (uint64_t)d->n_heads * d->max_seq);
-    a.ffn_gate = reserve(&p, d->ffn_max);
-    a.ffn_up = reserve(&p, d->ffn_max);
-    a.ffn_out = reserve(&p, d->dim);
-    a.moe_out = reserve(&p, d->dim);
-    a.router = reserve(&p, 2ull * d->n_experts + d->n_group); /* scores, choice scores, group scores */
-    a.topk_weight = reserve(&p, d->top_k);
-    a.topk_index = reserve(&p, d->top_k);
-    a.topk_cycles = reserve(&p, 2ull * d->top_k); /* u64s; every buffer starts 64-byte aligned */
-    a.logits = reserve(&p, d->vocab);
-    a.probs = reserve(&p, d->vocab);
-    a.sample_index = reserve(&p, d->vocab);
-    a.xq = reserve_bytes(&p, (uint64_t)d->in_blocks * QBLOCK, 1);
-    a.xq_scale = reserve(&p, d->in_blocks);
-    a.xq_sum = reserve(&p, d->in_blocks);
-    a.hq = reserve_bytes(&p, (uint64_t)d->in_blocks * QBLOCK, 1);
-    a.hq_scale = reserve(&p, d->in_blocks);
-    a.hq_sum = reserve(&p, d->in_blocks);
-    a.k_cache = reserve_bytes(&p, kv_cache, d->kv_dtype == KV_F16 ? 2 : 4);
-    a.v_cache = mla ? 0 : reserve_bytes(&p, kv_cache, d->kv_dtype == KV_F16 ? 2 : 4);
+#define RESERVE(buffer, elem, count, when) a.buffer = (when) ? RESERVE_IN(&p, elem, count) : 0;
+    PLAN_MODEL_BUFFERS(RESERVE)
+#undef RESERVE
     if (p.overflow || p.offset > (uint64_t)SIZE_MAX) return COLIBRI_E_IMAGE_DIMS;
     if (out) *out = a;
     *total = p.offset;
@@ -73,34 +87,9 @@ uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_b
     token_buffers unused, *b = out ? out : &unused; /* no out: only the bytes are wanted */
     const uint64_t n = tokens;
     b->n = tokens;
-    b->x = reserve(&p, n * d->dim);
-    b->xn = reserve(&p, n * d->dim);
-    const int mla = WITH_MLA && d->kv_lora != 0;
-    b->q = reserve(&p, n * d->q_dim);
-    b->q_a = mla ? reserve(&p, n * d->q_lora) : 0; /* MLA's buffers: none for standard attention */
-    b->k = reserve(&p, n * d->kv_dim);
-    b->v = mla ? 0 : reserve(&p, n * d->kv_dim);
-    b->q_att = mla ? reserve(&p, n * d->n_heads * d->att_dim) : 0;
-    b->attn_out = reserve(&p, n * d->n_heads * d->val_dim);
-    b->o_in = mla ? reserve(&p, n * d->o_dim) : 0;
-    b->ple = WITH_PER_LAYER_INPUTS && d->ple_dim ? reserve(&p, n * ((uint64_t)d->n_layers + 1) * d->ple_dim) : 0;
-    b->moe_out = reserve(&p, n * d->dim);
-    b->gate = reserve(&p, n * d->ffn_max);
-    b->up = reserve(&p, n * d->ffn_max);
-    b->ffn_out = reserve(&p, n * d->dim);
-    b->gx = reserve(&p, n * d->dim);
-    b->expert_out = reserve(&p, n * d->top_k * d->dim);
-    b->scalar = reserve(&p, n);
-    b->topk_index = reserve(&p, n * d->top_k);
-    b->topk_weight = reserve(&p, n * d->top_k);
-    b->first_pair = reserve(&p, d->n_experts); /* once a batch, not per token */
-    b->next_pair = reserve(&p, n * d->top_k);
-    b->xq = reserve_bytes(&p, n * d->in_blocks * QBLOCK, 1);
-    b->xq_scale = reserve(&p, n * d->in_blocks);
-    b->xq_sum = reserve(&p, n * d->in_blocks);
-    b->hq = reserve_bytes(&p, n * d->in_blocks * QBLOCK, 1);
-    b->hq_scale = reserve(&p, n * d->in_blocks);
-    b->hq_sum = reserve(&p, n * d->in_blocks);
+#define RESERVE(buffer, elem, count, when) b->buffer = (when) ? RESERVE_IN(&p, elem, count) : 0;
+    PLAN_PASS_BUFFERS(RESERVE)
+#undef RESERVE
     /* the window rings' saved rows: every cache-owning windowed layer's, and where the shared one's start (none
      * in the lean build, which feeds a windowed model one token a pass: colibri_open's batch_limit) */
     if (WITH_WINDOW_RINGS && d->window) {
@@ -113,7 +102,7 @@ uint64_t batch_plan(const model_dims *d, uint32_t tokens, uint8_t *base, token_b
             if (l == d->shared_ring) shared_at = row;
             row += layer_kv_dim(d, l);
         }
-        const uint64_t per_row = (uint64_t)(mla ? 1 : 2) * r.rows * (d->kv_dtype == KV_F16 ? 2 : 4);
+        const uint64_t per_row = (uint64_t)(WITH_MLA && d->kv_lora ? 1 : 2) * r.rows * (d->kv_dtype == KV_F16 ? 2 : 4);
         r.saved = reserve_bytes(&p, row * per_row, 1);
         r.shared = base && d->shared_ring != IMG_NO_INDEX ? r.saved + shared_at * per_row : 0;
         if (rings) *rings = r;

@@ -62,9 +62,14 @@ static int layer_kinds(const uint8_t *h, model_dims *d) {
      * every windowed sharing layer reads one ring (the one a prefill pass's saved rows stand for: arena.c) */
     d->shared_ring = IMG_NO_INDEX;
     uint32_t used = 0; /* every record is some layer's kind: none adds a window or a width no layer has */
-    for (uint32_t l = 0; l < d->n_layers; l++) {
-        if ((d->kind_of[l] = h[H_LAYER_KIND + l]) >= n_kinds) return 1;
-        used |= 1u << d->kind_of[l];
+    for (uint32_t l = 0; l < IMG_MAX_LAYERS; l++) { /* (and the bytes past the last layer's are 0) */
+        const uint8_t kind = h[H_LAYER_KIND + l];
+        if (l >= d->n_layers) {
+            if (kind) return 1;
+            continue;
+        }
+        if ((d->kind_of[l] = kind) >= n_kinds) return 1;
+        used |= 1u << kind;
         const layer_kind *t = kind_of(d, l);
         const uint32_t src = t->kv_source;
         if (!WITH_GEMMA4 || src == IMG_NO_INDEX) continue;
@@ -74,10 +79,9 @@ static int layer_kinds(const uint8_t *h, model_dims *d) {
             return 1;
         if (t->window) d->shared_ring = src;
     }
-    /* and the bytes past the records and past the last layer's kind are 0: one model, one header */
-    _Static_assert(H_LAYER_KIND == H_KINDS + IMG_MAX_LAYER_KINDS * IMG_LAYER_BYTES, "the map follows the records");
-    for (uint32_t i = H_KINDS + n_kinds * IMG_LAYER_BYTES; i < H_LAYER_KIND + IMG_MAX_LAYERS; i++)
-        if (h[i] && (i < H_LAYER_KIND || i >= H_LAYER_KIND + d->n_layers)) return 1;
+    /* and the bytes past the records are 0: one model, one header */
+    for (uint32_t i = H_KINDS + n_kinds * IMG_LAYER_BYTES; i < H_KINDS + IMG_MAX_LAYER_KINDS * IMG_LAYER_BYTES; i++)
+        if (h[i]) return 1;
     return used != (1u << n_kinds) - 1;
 }
 
