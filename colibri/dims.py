@@ -3,6 +3,7 @@ what a layer has and the numbers its tensor shapes are made of), the dense tenso
 The verifier's side is firmware/src/image.c and table.c; docs/FORMAT.md is the layout."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -12,8 +13,32 @@ from colibri.format import (ALIGN, EXPERT_ROLES, FACT_DENSE, FACT_GLOBAL_ROPE, F
                             FACT_MOE, FACT_OWN_KV, FACT_PLE, FACT_Q_LORA, FACT_QK_NORM, FACT_SHARED_FFN, FLAG_GEMMA4_LAYER,
                             FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN,
                             KV_DTYPES, LAYER_ATTN_LATENT, LAYER_ATTN_STANDARD, LAYER_FFN_DENSE, LAYER_FFN_MOE,
-                            LAYER_FFN_MOE_AND_DENSE, LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V, LAYER_ROLES, NO_INDEX,
+                            LAYER_FFN_MOE_AND_DENSE, LAYER_FIELDS, LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V, LAYER_ROLES, NO_INDEX,
                             ROLE_SHAPES, ROLES_AFTER_LAYERS, ROLES_BEFORE_LAYERS, TERMS, Role)
+
+@dataclass(frozen=True)
+class LayerKind:
+    """A layer's record resolved (docs/FORMAT.md "Layers"): the header's value where the record has 0, and no dense
+    width in a layer of routed experts only. What the runtime's model_dims.kinds holds."""
+    attention: int   # LAYER_ATTN_*
+    ffn: int         # LAYER_FFN_*
+    options: int     # LAYER_OPT_* bits
+    head_dim: int
+    kv_heads: int
+    window: int      # W (0: none)
+    kv_source: int   # the layer whose KV cache it reads (NO_INDEX: its own)
+    dense_ffn: int   # its dense MLP's width (0: none)
+
+    @classmethod
+    def resolve(cls, r: dict, d: "ModelDims") -> "LayerKind":
+        dense = 0 if r["ffn"] == LAYER_FFN_MOE else r["dense_ffn"] or d.dense_ffn_size
+        return cls(r["attention"], r["ffn"], r["options"], r["head_dim"] or d.head_dim, r["kv_heads"] or d.n_kv_heads,
+                   r["window"], r["kv_source"], dense)
+
+    @property
+    def moe(self) -> bool:
+        return self.ffn != LAYER_FFN_DENSE
+
 
 @dataclass(frozen=True)
 class ModelDims:
@@ -88,49 +113,23 @@ class ModelDims:
             return float(np.float32(self.attn_scale))
         return float(np.float32(1.0) / np.sqrt(np.float32(self.head_dim)))
 
-    def windowed(self, layer: int) -> bool:
-        return bool(self.sliding_window) and self.window_layers[layer]
-
-    def layer_head_dim(self, layer: int) -> int:
-        """A head's size in `layer`: Gemma 4's global layers have their own."""
-        return self.head_dim if self.windowed(layer) else self.global_head_dim or self.head_dim
-
-    def layer_kv_heads(self, layer: int) -> int:
-        return self.n_kv_heads if self.windowed(layer) else self.global_kv_heads or self.n_kv_heads
-
-    def layer_q_dim(self, layer: int) -> int:
-        return self.n_heads * self.layer_head_dim(layer)
-
-    def kv_shared(self, layer: int) -> bool:
-        return layer >= self.n_layers - self.kv_shared_layers
-
-    def kv_source(self, layer: int) -> int:
-        """The layer whose KV cache `layer` attends over: itself, or for a KV-sharing layer the last layer before
-        the sharing ones of the same kind (transformers' "store" layer)."""
-        if not self.kv_shared(layer):
-            return layer
-        first = self.n_layers - self.kv_shared_layers
-        return max(l for l in range(first) if self.windowed(l) == self.windowed(layer))
-
-    def layer_dense_ffn(self, layer: int) -> int:
-        return self.dense_ffn_size * (2 if self.double_wide_mlp and self.kv_shared(layer) else 1)
-
-    @property
-    def dense_ffn_max(self) -> int:
-        return self.dense_ffn_size * (2 if self.double_wide_mlp and self.kv_shared_layers else 1)
-
     def layer_record(self, layer: int) -> tuple[int, ...]:
-        """`layer`'s record (docs/FORMAT.md "Layers"), its fields in LAYER_FIELDS order: 0 where the header's value
-        holds, as the writer stores it."""
-        moe, own = self.moe_layers[layer], not self.windowed(layer)  # Gemma 4's global layers: their own geometry
+        """`layer`'s record (docs/FORMAT.md "Layers"), its fields in LAYER_FIELDS order, as the writer stores it (0
+        where the header's value holds), from the fields above: the window on the window layers; Gemma 4's global
+        layers (those without) with their own geometry and options; its last kv_shared_layers layers reading the
+        cache of the last earlier layer of their kind, windowed or global (transformers' "store" layer)."""
+        windowed = [bool(self.sliding_window) and self.window_layers[l] for l in range(self.n_layers)]
+        own = not windowed[layer]
         gemma = bool(self.flags & FLAG_GEMMA4_LAYER)
-        ffn = (LAYER_FFN_MOE_AND_DENSE if gemma else LAYER_FFN_MOE) if moe else LAYER_FFN_DENSE
+        ffn = (LAYER_FFN_MOE_AND_DENSE if gemma else LAYER_FFN_MOE) if self.moe_layers[layer] else LAYER_FFN_DENSE
         options = ((LAYER_OPT_K_IS_V if self.k_eq_v and own else 0)
                    | (LAYER_OPT_GLOBAL_ROPE if self.global_rope and own else 0))
-        shared = self.kv_shared(layer)
+        first_shared = self.n_layers - self.kv_shared_layers
+        shared = layer >= first_shared
+        source = max(l for l in range(first_shared) if windowed[l] == windowed[layer]) if shared else NO_INDEX
         return (LAYER_ATTN_LATENT if self.mla else LAYER_ATTN_STANDARD, ffn, options, 0,
                 self.global_head_dim if own else 0, self.global_kv_heads if own else 0,
-                self.sliding_window if self.windowed(layer) else 0, self.kv_source(layer) if shared else NO_INDEX,
+                self.sliding_window if windowed[layer] else 0, source,
                 2 * self.dense_ffn_size if self.double_wide_mlp and shared else 0)
 
     def layer_kinds(self) -> tuple[list[tuple[int, ...]], bytes]:
@@ -138,6 +137,40 @@ class ModelDims:
         records = [self.layer_record(layer) for layer in range(self.n_layers)]
         kinds = list(dict.fromkeys(records))
         return kinds, bytes(kinds.index(r) for r in records)
+
+    @functools.cached_property
+    def layers(self) -> tuple[LayerKind, ...]:
+        """Every layer's record resolved, as the verifier holds them (image.c's layer_kinds): what the per-layer
+        accessors below, the plan and the reference read."""
+        return tuple(LayerKind.resolve(dict(zip(LAYER_FIELDS, self.layer_record(layer))), self)
+                     for layer in range(self.n_layers))
+
+    def windowed(self, layer: int) -> bool:
+        return self.layers[layer].window != 0
+
+    def layer_head_dim(self, layer: int) -> int:
+        """A head's size in `layer`: Gemma 4's global layers have their own."""
+        return self.layers[layer].head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        return self.layers[layer].kv_heads
+
+    def layer_q_dim(self, layer: int) -> int:
+        return self.n_heads * self.layer_head_dim(layer)
+
+    def kv_shared(self, layer: int) -> bool:
+        return self.layers[layer].kv_source != NO_INDEX
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose KV cache `layer` attends over: itself, or the one its record names."""
+        return self.layers[layer].kv_source if self.kv_shared(layer) else layer
+
+    def layer_dense_ffn(self, layer: int) -> int:
+        return self.layers[layer].dense_ffn
+
+    @property
+    def dense_ffn_max(self) -> int:
+        return self.dense_ffn_size * (2 if self.double_wide_mlp and self.kv_shared_layers else 1)
 
     def layer_kv_dim(self, layer: int) -> int:
         """One position's row of the layer's K cache (and V cache); 0 for a KV-sharing layer, which has none."""
@@ -198,14 +231,15 @@ class ModelDims:
     def facts(self, layer: int = NO_INDEX) -> int:
         """The flags and what `layer` has beside them (format/schema.toml [[fact]]; table.c's layer_facts): what a
         role's presence tests. A global tensor's roles test flags and model-wide facts only."""
-        global_rope = self.global_rope and not all(self.windowed(l) for l in range(self.n_layers))
+        global_rope = any(k.options & LAYER_OPT_GLOBAL_ROPE for k in self.layers)
         facts = self.flags | (FACT_PLE if self.ple_dim else 0) | (FACT_GLOBAL_ROPE if global_rope else 0)
         if layer == NO_INDEX:
             return facts
-        moe, mla, kv_shared = self.moe_layers[layer], self.mla, self.kv_shared(layer)
-        for fact, on in ((FACT_MOE, moe), (FACT_DENSE, not moe or self.flags & FLAG_GEMMA4_LAYER), (FACT_MLA, mla),
+        k = self.layers[layer]
+        moe, mla, kv_shared = k.moe, self.mla, k.kv_source != NO_INDEX
+        for fact, on in ((FACT_MOE, moe), (FACT_DENSE, k.ffn != LAYER_FFN_MOE), (FACT_MLA, mla),
                          (FACT_Q_LORA, mla and self.q_lora_rank), (FACT_OWN_KV, not mla and not kv_shared),
-                         (FACT_K_IS_V, self.k_eq_v and not self.windowed(layer)),
+                         (FACT_K_IS_V, k.options & LAYER_OPT_K_IS_V),
                          (FACT_QK_NORM, self.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)),
                          (FACT_KV_SHARED, kv_shared),
                          (FACT_SHARED_FFN, moe and self.flags & (FLAG_SHARED_EXPERT | FLAG_SHARED_PLAIN))):

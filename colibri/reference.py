@@ -35,7 +35,7 @@ from colibri.arith import F32, ONE, ZERO
 from colibri.image import (FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_GELU_TANH, FLAG_GEMMA4_LAYER,
                            FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS,
                            FLAG_ROUTER_SIGMOID, FLAG_ROUTER_TOPK_SOFTMAX, FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN,
-                           FLAG_V_NORM, KV_DTYPES, NO_INDEX, Image, Role)
+                           FLAG_V_NORM, KV_DTYPES, LAYER_OPT_GLOBAL_ROPE, NO_INDEX, Image, Role)
 from colibri.quant import Encoded, quantized_matmul
 
 
@@ -216,7 +216,7 @@ class Reference:
 
     def _rope_tables(self, layer: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         d = self.d
-        global_rope = d.global_rope and not d.windowed(layer)
+        global_rope = d.layers[layer].options & LAYER_OPT_GLOBAL_ROPE
         cos = self._t(Role.GLOBAL_ROPE_COS if global_rope else Role.ROPE_COS)[:n]
         sin = self._t(Role.GLOBAL_ROPE_SIN if global_rope else Role.ROPE_SIN)[:n]
         return cos, sin
@@ -370,7 +370,7 @@ class Reference:
         FFN_NORM. Gemma 4 routes on x normed by ROUTER_NORM, runs the experts on x normed by MOE_NORM and the
         dense MLP beside them, norms each part after, and their sum too."""
         d = self.d
-        gemma, routed = bool(d.flags & FLAG_GEMMA4_LAYER), bool(d.moe_layers[layer])
+        gemma, routed = bool(d.flags & FLAG_GEMMA4_LAYER), d.layers[layer].moe
         out = np.zeros_like(x)
         if routed:
             router_xn = self.norm(x, Role.ROUTER_NORM if gemma else Role.FFN_NORM, layer)
