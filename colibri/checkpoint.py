@@ -34,7 +34,6 @@ HANDLED = {
     "rope_parameters", "rope_scaling", "tie_word_embeddings", "hidden_act", "sliding_window",
     "use_sliding_window", "layer_types", "attention_bias", "qkv_bias", "mlp_bias", "clip_qkv", "norm_topk_prob",
     "decoder_sparse_step", "mlp_only_layers", "max_window_layers", "architectures", "model_type",
-    "rope_interleave",  # DeepSeek-V3's (rope.py reads it beside its RoPE fields)
     *(key for fam in FAMILIES.values() for key in (*fam.own_keys, *fam.reads)),  # the families' own
 }
 # Fields that do not change inference math (training-only, generation defaults, bookkeeping).
@@ -105,8 +104,10 @@ def _window_layers(cfg: dict, fam: Family, n_layers: int) -> tuple[int, tuple[bo
                                    "'sliding_attention' or 'full_attention'")
         layers = tuple(t == "sliding_attention" for t in types)
     else:
-        limit = int(cfg.get("max_window_layers", 28))
-        layers = tuple(WINDOW_RULES[fam.window_rule](layer, limit) for layer in range(n_layers))
+        limit = cfg.get("max_window_layers", 28) if fam.window_rule in ("even_below_max", "from_max") else 0
+        if not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit != int(limit):
+            raise UnsupportedModel(f"config field max_window_layers={limit!r} must be a whole number")
+        layers = tuple(WINDOW_RULES[fam.window_rule](layer, int(limit)) for layer in range(n_layers))
     if not any(layers):
         return 0, layers
     if int(window) < 1:
@@ -175,11 +176,11 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
 
     extra = {}
     try:
-        params = own.rope["sliding_attention"] if own.rope else rope.rope_parameters(cfg)
+        params = (own.rope or {}).get("sliding_attention") or rope.rope_parameters(cfg)
         inv_freq, attention_factor = rope.frequencies(params, fields.get("rope_dim", head_dim), limit)
         if own.rope:  # the global layers' tables, of their own head size
             extra["global_rope"] = rope.frequencies(own.rope["full_attention"], fields["global_head_dim"], limit)
-    except (rope.UnsupportedRope, KeyError) as exc:
+    except (rope.UnsupportedRope, KeyError, TypeError, AttributeError) as exc:  # (a field of the wrong type)
         raise UnsupportedModel(f"config field rope_parameters/rope_scaling: {exc}") from None
     if fam.attn_scale_key:
         fields["attn_scale"] = _positive(cfg, fam.attn_scale_key)
@@ -300,7 +301,7 @@ def hf_name(fam: Family, role: Role, layer: int, expert: int) -> str:
         Role.Q_NORM: a + "q_norm.weight", Role.K_NORM: a + "k_norm.weight",
         Role.WQ_A: a + "q_a_proj.weight", Role.Q_A_NORM: a + "q_a_layernorm.weight", Role.WQ_B: a + "q_b_proj.weight",
         Role.WKV_A: a + "kv_a_proj_with_mqa.weight", Role.KV_A_NORM: a + "kv_a_layernorm.weight",
-        Role.WK_B: a + "kv_b_proj.weight", Role.WV_B: a + "kv_b_proj.weight",  # split by kv_b_part
+        Role.WK_B: a + "kv_b_proj.weight", Role.WV_B: a + "kv_b_proj.weight",  # split by families/deepseek.py
         Role.ROUTER_BIAS: m + fam.router_bias_name,
         Role.SINKS: a + "sinks",
         Role.DENSE_GATE: p + "mlp.gate_proj.weight", Role.DENSE_UP: p + "mlp.up_proj.weight",

@@ -188,7 +188,7 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     if fam.bias_key:  # the family's switch of the q/k/v(/o) biases (Qwen2's are always there)
         cfg[fam.bias_key] = _name(MODEL_TENSOR.ATTN_Q, 0) + ".bias" in tensors
     cfg.update({hf: float(field(k(key))) for key, hf in fam.gguf_config})  # e.g. Granite's multipliers
-    if n_experts:  # under the name the family's transformers config takes (so --against builds the right model)
+    if n_experts and fam.moe:  # under the name the family's transformers config takes (so --against builds it)
         cfg[fam.n_experts_key] = n_experts
         cfg["num_experts_per_tok"] = int(field(k(Keys.LLM.EXPERT_USED_COUNT)))
         expert_ff = field(k(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH), None, required=False)

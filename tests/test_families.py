@@ -591,3 +591,25 @@ def test_every_dtype_is_bit_identical_to_the_reference(name, norms, family_image
             assert ctx.feed([t]) == 0
             rows.append(ctx.logits().copy())
         assert_bit_identical(np.stack(rows), Reference(read_image(image.read_bytes())).forward(tokens), f"{dtype.name} kv {kv}")
+
+
+@pytest.mark.parametrize("arch,changes,field", [
+    ("Qwen3MoeForCausalLM", {"max_window_layers": None}, None),    # its rule windows every layer: never read
+    ("Qwen2ForCausalLM", {"max_window_layers": None}, "max_window_layers"),
+    ("Qwen2ForCausalLM", {"max_window_layers": "x"}, "max_window_layers"),
+], ids=["not read where the rule needs none", "null where it is read", "a string where it is read"])
+def test_max_window_layers_is_read_only_by_the_rules_that_need_it(arch, changes, field):
+    """A family's window rule reads max_window_layers only if it places the window by it (review of the families as
+    data: every rule had read it, and a null one raised TypeError in a family that never uses it)."""
+    from colibri.checkpoint import UnsupportedModel, read_config
+    cfg = {"architectures": [arch], "vocab_size": 16, "hidden_size": 8, "intermediate_size": 12,
+           "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64,
+           "sliding_window": 4, "use_sliding_window": True, **changes}
+    if arch == "Qwen3MoeForCausalLM":
+        cfg.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=6)
+    if field is None:
+        dims = read_config(cfg, 32)[0]
+        assert dims.sliding_window == 4 and all(dims.window_layers)
+    else:
+        with pytest.raises(UnsupportedModel, match=field):
+            read_config(cfg, 32)

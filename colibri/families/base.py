@@ -28,10 +28,12 @@ class ConfigContext:
 
 @dataclass
 class OwnFields:
-    """What a family's `derive` hook reads from its config: ModelDims fields (one the common mapping also sets, such
-    as n_kv_heads, dense_ffn_size, shared_ffn_size or the window's sliding_window and window_layers, replaces its
-    value), image flags, and RoPE parameters per layer type (sliding_attention, full_attention) for a family whose
-    global layers rotate with tables of their own (else the config's one set)."""
+    """What a family's `derive` hook reads from its config: ModelDims fields, image flags, and RoPE parameters per
+    layer type (sliding_attention, full_attention) for a family whose global layers rotate with tables of their own
+    (else the config's one set; with them `fields` must give global_head_dim, their head size). Of the fields the
+    common mapping sets itself, these may be given here and replace its value: n_kv_heads, dense_ffn_size,
+    shared_ffn_size, attn_scale, and sliding_window with window_layers (both, and then the window is kept even when
+    the sequence never outgrows it); any other it sets (head_dim, flags, ffn_size, top_k, ...) may not."""
     fields: dict
     flags: int = 0
     rope: dict | None = None
@@ -48,18 +50,18 @@ WINDOW_RULES: dict[str, Callable[[int, int], bool]] = {
 @dataclass(frozen=True)
 class Family:
     """What distinguishes an architecture; the numbers themselves always come from the config."""
-    moe: bool
+    moe: bool                   # has routed experts (else every layer a dense MLP)
     expert_ffn_key: str         # config key of a routed expert's intermediate size
     moe_prefix: str             # tensor names of the MoE block: router and experts
     expert_names: tuple[str, str, str]  # gate, up, down inside an expert
     n_experts_key: str = "num_experts"  # the config key a GGUF file's expert count is written under
     qk_norm: int = 0            # FLAG_QK_NORM_HEAD or FLAG_QK_NORM_FULL
-    shared_expert: bool = False
+    shared_expert: bool = False  # a gated shared expert of shared_expert_intermediate_size in MoE layers
     sparse_layer_rule: bool = False  # mlp_only_layers and decoder_sparse_step pick dense layers
     norm_topk_default: bool | None = None  # None: read norm_topk_prob; True/False: fixed by the architecture
     bias_key: str = "attention_bias"  # config key of the q/k/v(/o) bias switch
-    bias_default: bool = False
-    bias_on_o: bool = True
+    bias_default: bool = False  # q/k/v(/o) biases when the config has no bias_key (or the family none)
+    bias_on_o: bool = True      # the bias switch covers o too (Qwen2's: q, k, v only)
     clip_qkv: bool = False      # the family's modeling file clamps q, k, v (after the q/k norms) by clip_qkv
     shared_prefix: str = "shared_expert"  # the shared expert's module under mlp.
     router_name: str = "gate.weight"  # the router's tensor under moe_prefix
@@ -85,7 +87,9 @@ class Family:
     gguf_permuted_qk: bool = False
     gguf_config: tuple[tuple[str, str], ...] = ()
     # the routing renormalization llama.cpp fixes in code for the architecture (the norm_w argument of build_moe_ffn in
-    # its src/models/<arch>.cpp; its converter writes no expert_weights_norm): None where the file says it
+    # its src/models/<arch>.cpp; its converter writes no expert_weights_norm): a file's expert_weights_norm key or
+    # --norm-topk-prob overrides it. None: gguf_input.py sets no norm_topk_prob, and the family's own rule holds
+    # (norm_topk_default, or a router that renormalizes nothing)
     gguf_norm_topk: bool | None = None
     # The sliding window as the family's configuration class places it when the config lists no layer_types
     # (WINDOW_RULES: "" none, the family has no window), whether use_sliding_window must switch it on, and whether

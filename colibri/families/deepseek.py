@@ -133,7 +133,7 @@ def tensor(raw: dict, d, key: tuple[Role, int, int]) -> tuple[list[str], object]
 
 DEEPSEEK = dict(moe=True, expert_ffn_key="moe_intermediate_size", moe_prefix="mlp",
                 expert_names=("gate_proj", "up_proj", "down_proj"), shared_prefix="shared_experts", bias_key="",
-                own_keys=OWN_KEYS, reads=("n_routed_experts", "qk_head_dim", "v_head_dim"), routes_itself=True,
+                own_keys=OWN_KEYS, reads=("n_routed_experts", "qk_head_dim", "v_head_dim", "rope_interleave"), routes_itself=True,
                 moe_layer_rule=moe_layers, head_dim_rule=head_dim, tensor=tensor)
 FAMILIES = {
     "DeepseekV2ForCausalLM": Family(**DEEPSEEK, derive=partial(derive, 2)),
