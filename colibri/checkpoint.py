@@ -201,10 +201,11 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
     if dims.n_heads % dims.n_kv_heads:
         raise UnsupportedModel(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={dims.n_kv_heads}")
     if any_moe and not 1 <= dims.top_k <= dims.n_experts:
-        raise UnsupportedModel(f"num_experts_per_tok={dims.top_k} must be between 1 and the expert count {n_experts}")
+        raise UnsupportedModel(f"config field {fam.top_k_key}={dims.top_k} must be between 1 and the expert count "
+                               f"{n_experts}")
     if n_experts > MAX_EXPERTS or dims.top_k > MAX_TOP_K:
         raise UnsupportedModel(f"{n_experts} experts, top-{dims.top_k}: the runtime takes at most {MAX_EXPERTS} experts "
-                               f"per layer and top-{MAX_TOP_K} (config fields num_local_experts/num_experts_per_tok)")
+                               f"per layer and top-{MAX_TOP_K} (config fields num_local_experts/{fam.top_k_key})")
     if not 0.0 < dims.rms_norm_eps < 1.0:
         raise UnsupportedModel(f"config field rms_norm_eps={dims.rms_norm_eps} must be in (0, 1)")
     extra.update(inv_freq=inv_freq, attention_factor=attention_factor)
