@@ -79,8 +79,8 @@ class Family:
     # config fields whose value multiplies a role's weights as packed (1 / value with `divide`): a scale the
     # architecture applies to a layer's output, folded into the matrix that makes it
     weight_scales: tuple[tuple[Role, str, bool], ...] = ()
-    # llama.cpp: the GGUF architecture its converter writes (gguf_input.py reads it as this family; "" for the
-    # architectures gguf_input.py maps itself: llama, deepseek2, gpt-oss), whether the converter permutes q and k
+    # llama.cpp: the GGUF architecture its converter writes (gguf_input.py reads it as this family; "" for none, and
+    # for llama, which gguf_input.py maps itself: Llama, or Mixtral with experts), whether the converter permutes q and k
     # rows (LlamaModel and its subclasses), and config fields read from GGUF keys ({arch} in the key: the
     # architecture), each required
     gguf_arch: str = ""
@@ -91,6 +91,14 @@ class Family:
     # --norm-topk-prob overrides it. None: gguf_input.py sets no norm_topk_prob, and the family's own rule holds
     # (norm_topk_default, or a router that renormalizes nothing)
     gguf_norm_topk: bool | None = None
+    # an architecture whose GGUF file needs reading of its own (hooks in its family file, over gguf_common.GGUFFile):
+    # its config fields (then gguf_input.py reads no more keys for it), its tensors under transformers' names (None:
+    # gguf_input.py's common naming, with gguf_layer_tensors' extra per-layer names), whether its key_length is a q/k
+    # head (DeepSeek's is the latent's)
+    gguf_read_config: Callable[[object], dict] | None = None
+    gguf_read_tensors: Callable[[object], dict] | None = None
+    gguf_layer_tensors: tuple[tuple[object, str], ...] = ()
+    gguf_key_length_is_head: bool = True
     # The sliding window as the family's configuration class places it when the config lists no layer_types
     # (WINDOW_RULES: "" none, the family has no window), whether use_sliding_window must switch it on, and whether
     # the config's layer_types (transformers 5 writes it) says it per layer

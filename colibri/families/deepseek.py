@@ -7,8 +7,11 @@ from functools import partial
 
 import numpy as np
 
+import gguf
+
 from colibri import rope
 from colibri.families.base import ConfigContext, Family, OwnFields, UnsupportedModel
+from colibri.gguf_common import MODEL_TENSOR, GGUFError, GGUFFile, Keys, gguf_name
 from colibri.format import (FLAG_NORM_TOPK, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_SHARED_PLAIN,
                             MAX_TOP_K, Role)
 from colibri.lazy import Derived, LazyTensor
@@ -131,11 +134,75 @@ def tensor(raw: dict, d, key: tuple[Role, int, int]) -> tuple[list[str], object]
     return [name], kv_b_part(raw[name], d, role)
 
 
+def gguf_config(f: GGUFFile) -> dict:
+    """The DeepSeek-V2/V3 config fields of a deepseek2 file, as llama.cpp runs it: the gating function
+    the file names (llama.cpp's default, softmax, when it names none), groups scored by their best two
+    experts (llama.cpp's build_moe_ffn does so for any gating function: transformers' V3, never its V2),
+    RoPE on adjacent pairs."""
+    field, k, n_layers, n_head, tensors = f.field, f.key, f.n_layers, f.n_head, f.tensors
+    gating = field(k(Keys.LLM.EXPERT_GATING_FUNC), None, required=False)
+    sigmoid = gating == gguf.ExpertGatingFuncType.SIGMOID
+    if gating not in (None, gguf.ExpertGatingFuncType.SOFTMAX, gguf.ExpertGatingFuncType.SIGMOID):
+        raise GGUFError(f"GGUF key {k(Keys.LLM.EXPERT_GATING_FUNC)}={gating} is neither softmax nor sigmoid")
+    has_bias = any(gguf_name(MODEL_TENSOR.FFN_EXP_PROBS_B, layer) + ".bias" in tensors for layer in range(n_layers))
+    if has_bias != sigmoid:
+        raise GGUFError("GGUF deepseek2 file with " + ("a router bias (exp_probs_b) but no sigmoid gating function "
+                        f"({k(Keys.LLM.EXPERT_GATING_FUNC)}): DeepSeek-V3 scores by sigmoid, and llama.cpp would "
+                        "use softmax here; convert it from a config.json with scoring_func \"sigmoid\"" if has_bias
+                        else "sigmoid gating but no router bias (exp_probs_b): neither DeepSeek-V2 nor V3"))
+    n_group = int(field(k(Keys.LLM.EXPERT_GROUP_COUNT), 1, required=False))
+    topk_group = int(field(k(Keys.LLM.EXPERT_GROUP_USED_COUNT), n_group, required=False))
+    if n_group > 1 and not sigmoid:
+        raise GGUFError(f"GGUF key {k(Keys.LLM.EXPERT_GROUP_COUNT)}={n_group} with softmax gating: llama.cpp scores a "
+                        "group by its best two experts, transformers' DeepSeek-V2 by its best one; refusing to pick")
+    scaling = field(k(Keys.Rope.SCALING_TYPE), None, required=False)
+    if scaling and scaling != "none":
+        raise GGUFError(f"GGUF key {k(Keys.Rope.SCALING_TYPE)}={scaling!r}: RoPE scaling of a deepseek2 file is not "
+                        "read yet (llama.cpp folds YaRN's mscale into its own keys); pack the safetensors checkpoint")
+    rope = int(field(k(Keys.Rope.DIMENSION_COUNT)))
+    key_mla, value_mla = field(k(Keys.Attention.KEY_LENGTH_MLA), None), field(k(Keys.Attention.VALUE_LENGTH_MLA), None)
+    ff = field(k(Keys.LLM.FEED_FORWARD_LENGTH), 0, required=False)
+    q_lora = field(k(Keys.Attention.Q_LORA_RANK), None, required=False)
+    cfg = {
+        "architectures": ["DeepseekV3ForCausalLM" if sigmoid else "DeepseekV2ForCausalLM"],
+        "num_key_value_heads": n_head,  # the file says 1: MLA's latent, which the runtime's image says too
+        "q_lora_rank": int(q_lora) if q_lora else None, "kv_lora_rank": int(field(k(Keys.Attention.KV_LORA_RANK))),
+        "qk_rope_head_dim": rope, "qk_nope_head_dim": int(key_mla) - rope, "v_head_dim": int(value_mla),
+        "first_k_dense_replace": int(field(k(Keys.LLM.LEADING_DENSE_BLOCK_COUNT), 0, required=False)),
+        "intermediate_size": int(ff), "n_shared_experts": int(field(k(Keys.LLM.EXPERT_SHARED_COUNT), 0, required=False)),
+        "routed_scaling_factor": float(field(k(Keys.LLM.EXPERT_WEIGHTS_SCALE), 1.0, required=False)),
+        "norm_topk_prob": bool(field(k(Keys.LLM.EXPERT_WEIGHTS_NORM), False, required=False)),
+        "n_group": n_group, "topk_group": topk_group,
+    }
+    if sigmoid:
+        cfg["rope_interleave"] = True  # llama.cpp rotates adjacent pairs
+    else:
+        cfg["topk_method"] = "greedy"
+    n_experts = int(field(k(Keys.LLM.EXPERT_COUNT), 0, required=False))
+    if n_experts:
+        cfg["n_routed_experts"] = n_experts
+        cfg["num_experts_per_tok"] = int(field(k(Keys.LLM.EXPERT_USED_COUNT)))
+        cfg["moe_intermediate_size"] = int(field(k(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)))
+    return cfg
+
+
+# a deepseek2 file's own tensors -> HF name suffix after "model.layers.N." (k_b/v_b: the runtime's WK_B/WV_B)
+GGUF_TENSORS = {
+    MODEL_TENSOR.ATTN_Q_A: "self_attn.q_a_proj", MODEL_TENSOR.ATTN_Q_A_NORM: "self_attn.q_a_layernorm",
+    MODEL_TENSOR.ATTN_Q_B: "self_attn.q_b_proj", MODEL_TENSOR.ATTN_KV_A_MQA: "self_attn.kv_a_proj_with_mqa",
+    MODEL_TENSOR.ATTN_KV_A_NORM: "self_attn.kv_a_layernorm", MODEL_TENSOR.ATTN_KV_B: "self_attn.kv_b_proj",
+    MODEL_TENSOR.ATTN_K_B: "self_attn.k_b_proj", MODEL_TENSOR.ATTN_V_B: "self_attn.v_b_proj",
+    MODEL_TENSOR.FFN_GATE_SHEXP: "mlp.shared_experts.gate_proj", MODEL_TENSOR.FFN_UP_SHEXP: "mlp.shared_experts.up_proj",
+    MODEL_TENSOR.FFN_DOWN_SHEXP: "mlp.shared_experts.down_proj",
+}
+
+
 DEEPSEEK = dict(moe=True, expert_ffn_key="moe_intermediate_size", moe_prefix="mlp",
                 expert_names=("gate_proj", "up_proj", "down_proj"), shared_prefix="shared_experts", bias_key="",
                 own_keys=OWN_KEYS, reads=("n_routed_experts", "qk_head_dim", "v_head_dim", "rope_interleave"), routes_itself=True,
-                moe_layer_rule=moe_layers, head_dim_rule=head_dim, tensor=tensor)
-FAMILIES = {
-    "DeepseekV2ForCausalLM": Family(**DEEPSEEK, derive=partial(derive, 2)),
+                moe_layer_rule=moe_layers, head_dim_rule=head_dim, tensor=tensor,
+                gguf_read_config=gguf_config, gguf_layer_tensors=tuple(GGUF_TENSORS.items()), gguf_key_length_is_head=False)
+FAMILIES = {  # a deepseek2 file names V2; its gguf_config names V3 for a sigmoid router
+    "DeepseekV2ForCausalLM": Family(**DEEPSEEK, derive=partial(derive, 2), gguf_arch="deepseek2"),
     "DeepseekV3ForCausalLM": Family(**DEEPSEEK, derive=partial(derive, 3)),
 }

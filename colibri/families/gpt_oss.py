@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from colibri.families.base import ConfigContext, Family, OwnFields, UnsupportedModel, derived_tensor
+from colibri.gguf_common import (MODEL_TENSOR, GGUFError, GGUFFile, Keys, fused_gate_up, gguf_name, lazy,
+                                 transposed)
 from colibri.format import FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_ROUTER_BIAS, FLAG_ROUTER_TOPK_SOFTMAX, Role
-from colibri.lazy import expert_of
+from colibri.lazy import Derived, LazyTensor, expert_of
 from colibri.quant import mxfp4_dequantize
 
 EXPERTS = (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS,
@@ -58,11 +60,89 @@ def tensor(raw: dict, d, key: tuple[Role, int, int]) -> tuple[list[str], object]
     return [p + fused], derived_tensor(source, shape, compute)
 
 
+# llama.cpp's expert activation for gpt-oss (src/llama-graph.cpp, LLM_FFN_SWIGLU_OAI_MOE): constants, not keys
+LLAMA_CPP_SWIGLU_ALPHA, LLAMA_CPP_SWIGLU_LIMIT = 1.702, 7.0
+
+
+def gguf_config(f: GGUFFile) -> dict:
+    """The gpt-oss config fields of a gpt-oss file, as llama.cpp runs it: the sliding window on the even
+    layers (its swa pattern 2), its constant SwiGLU alpha and limit, YaRN with the correction range rounded
+    to whole dimensions (ggml's rope_yarn_corr_dims floors and ceils)."""
+    field, k, n_layers, n_experts, tensors = f.field, f.key, f.n_layers, f.n_experts, f.tensors
+    if field(k(Keys.Attention.SLIDING_WINDOW_PATTERN), None, required=False) is not None:
+        raise GGUFError(f"GGUF key {k(Keys.Attention.SLIDING_WINDOW_PATTERN)} is not read; llama.cpp's gpt-oss "
+                        "files window the even layers")
+    cfg = {
+        "sliding_window": int(field(k(Keys.Attention.SLIDING_WINDOW))),
+        "layer_types": ["sliding_attention" if layer % 2 == 0 else "full_attention" for layer in range(n_layers)],
+        "swiglu_alpha": LLAMA_CPP_SWIGLU_ALPHA, "swiglu_limit": LLAMA_CPP_SWIGLU_LIMIT,
+        "attention_bias": gguf_name(MODEL_TENSOR.ATTN_Q, 0) + ".bias" in tensors,
+        "num_local_experts": n_experts, "num_experts_per_tok": int(field(k(Keys.LLM.EXPERT_USED_COUNT))),
+        "intermediate_size": int(field(k(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH))),
+    }
+    scaling = field(k(Keys.Rope.SCALING_TYPE), None, required=False)
+    if scaling == "yarn":
+        cfg["rope_scaling"] = {
+            "rope_type": "yarn", "factor": float(field(k(Keys.Rope.SCALING_FACTOR))), "truncate": True,
+            "original_max_position_embeddings": int(field(k(Keys.Rope.SCALING_ORIG_CTX_LEN))),
+            "beta_fast": float(field(k(Keys.Rope.SCALING_YARN_BETA_FAST), 32.0, required=False)),
+            "beta_slow": float(field(k(Keys.Rope.SCALING_YARN_BETA_SLOW), 1.0, required=False)),
+        }
+    return cfg
+
+
+def gguf_tensors(f: GGUFFile) -> dict[str, LazyTensor | np.ndarray]:
+    """A gpt-oss file's tensors under transformers' names and in its layout: every layer's experts fused
+    (gate_up_proj [E, D, 2F], gate and up interleaved by column; down_proj [E, F, D]), as GptOssExperts holds them.
+    The other tensors stay as stored (a Q8_0/Q4_0 one carries over unchanged)."""
+    n_layers, pending = f.n_layers, dict(f.tensors)
+    out: dict[str, LazyTensor | np.ndarray] = {}
+
+    def take(name_in_file: str) -> LazyTensor:
+        if name_in_file not in pending:
+            raise GGUFError(f"GGUF file lacks tensor {name_in_file}")
+        return pending.pop(name_in_file)
+
+    out["model.embed_tokens.weight"] = take(gguf_name(MODEL_TENSOR.TOKEN_EMBD) + ".weight")
+    out["model.norm.weight"] = take(gguf_name(MODEL_TENSOR.OUTPUT_NORM) + ".weight")
+    if gguf_name(MODEL_TENSOR.OUTPUT) + ".weight" in pending:
+        out["lm_head.weight"] = take(gguf_name(MODEL_TENSOR.OUTPUT) + ".weight")
+    for layer in range(n_layers):
+        p = f"model.layers.{layer}."
+        name = lambda t, kind="weight": f"{gguf_name(t, layer)}.{kind}"  # noqa: E731
+        out[p + "input_layernorm.weight"] = take(name(MODEL_TENSOR.ATTN_NORM))
+        out[p + "post_attention_layernorm.weight"] = take(name(MODEL_TENSOR.ATTN_POST_NORM))
+        out[p + "self_attn.sinks"] = take(name(MODEL_TENSOR.ATTN_SINKS))
+        for t, proj in ((MODEL_TENSOR.ATTN_Q, "q_proj"), (MODEL_TENSOR.ATTN_K, "k_proj"), (MODEL_TENSOR.ATTN_V, "v_proj"),
+                        (MODEL_TENSOR.ATTN_OUT, "o_proj")):
+            for kind in ("weight", "bias"):
+                if name(t, kind) in pending:
+                    out[f"{p}self_attn.{proj}.{kind}"] = take(name(t, kind))
+        out[p + "mlp.router.weight"] = take(name(MODEL_TENSOR.FFN_GATE_INP))
+        out[p + "mlp.router.bias"] = take(name(MODEL_TENSOR.FFN_GATE_INP, "bias"))
+        gate, up = take(name(MODEL_TENSOR.FFN_GATE_EXP)), take(name(MODEL_TENSOR.FFN_UP_EXP))  # [E, F, D]
+        n_experts, ffn, hidden = gate.shape
+        out[p + "mlp.experts.gate_up_proj"] = Derived(
+            (n_experts, hidden, 2 * ffn), lambda gate=gate, up=up: fused_gate_up(gate.load(), up.load()),
+            lambda i, gate=gate, up=up: fused_gate_up(gate.expert(i), up.expert(i)))
+        bias = np.empty((n_experts, 2 * ffn), np.float32)
+        bias[:, 0::2] = np.asarray(take(name(MODEL_TENSOR.FFN_GATE_EXP, "bias")), np.float32)
+        bias[:, 1::2] = np.asarray(take(name(MODEL_TENSOR.FFN_UP_EXP, "bias")), np.float32)
+        out[p + "mlp.experts.gate_up_proj_bias"] = bias
+        down = take(name(MODEL_TENSOR.FFN_DOWN_EXP))  # [E, D, F]
+        out[p + "mlp.experts.down_proj"] = lazy((n_experts, ffn, hidden), down, transposed, transposed)
+        out[p + "mlp.experts.down_proj_bias"] = take(name(MODEL_TENSOR.FFN_DOWN_EXP, "bias"))
+    if pending:
+        raise GGUFError(f"GGUF tensors the runtime would not use: {', '.join(sorted(pending)[:5])}")
+    return out
+
+
 FAMILIES = {
     "GptOssForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size", moe_prefix="mlp",
                                 expert_names=("", "", ""), bias_default=True, router_name="router.weight",
                                 router_bias_name="router.bias", routes_itself=True, window_rule="even",
                                 window_switch=False,
                                 own_keys=("swiglu_alpha", "swiglu_limit", "quantization_config"),
-                                derive=derive, tensor=tensor),
+                                derive=derive, tensor=tensor, gguf_arch="gpt-oss", gguf_read_config=gguf_config,
+                                gguf_read_tensors=gguf_tensors),
 }

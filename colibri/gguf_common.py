@@ -1,0 +1,68 @@
+"""What reading a GGUF file needs in more than one place: its errors, llama.cpp's tensor names, the file as a family's
+GGUF hooks see it (GGUFFile), and the layouts undone lazily (colibri/gguf_input.py reads the file; a family file's
+gguf_config and gguf_tensors hooks read what is its own)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from gguf.constants import MODEL_TENSOR, TENSOR_NAMES, Keys  # noqa: F401  (Keys: the hooks' keys, from here)
+
+from colibri.lazy import Derived, LazyTensor
+from colibri.quant import Encoded
+
+
+class GGUFError(ValueError):
+    """The GGUF file lacks something required or holds something unsupported."""
+
+
+def gguf_name(t: MODEL_TENSOR, layer: int | None = None) -> str:
+    return TENSOR_NAMES[t].format(bid=layer)
+
+
+@dataclass
+class GGUFFile:
+    """A GGUF file as a family's hooks read it: `field(key, default=None, required=True)` its metadata, `key(name)`
+    a key template ({arch} filled in), the counts every architecture has, and its tensors by llama.cpp's names."""
+    field: Callable
+    key: Callable[[str], str]
+    n_layers: int
+    n_head: int
+    n_head_kv: int
+    n_experts: int
+    tensors: dict
+
+
+def lazy(shape: tuple[int, ...], t: LazyTensor, fn, by_expert=None) -> Derived:
+    """`fn` of a tensor's values, computed when they are read (`by_expert(values of sub-tensor i)`: its
+    sub-tensor i alone)."""
+    return Derived(shape, lambda: fn(t.load()), None if by_expert is None else lambda i: by_expert(t.expert(i)))
+
+
+def floats(t: np.ndarray | Encoded) -> np.ndarray:
+    """Values as f32 (Q8_0/Q4_0 widened exactly)."""
+    return t.decode() if isinstance(t, Encoded) else np.asarray(t, np.float32)
+
+
+def transposed(t: np.ndarray | Encoded) -> np.ndarray:
+    """The last two axes swapped, as f32."""
+    return np.ascontiguousarray(np.swapaxes(floats(t), -1, -2))
+
+
+def fused_gate_up(gate: np.ndarray | Encoded, up: np.ndarray | Encoded) -> np.ndarray:
+    """gate and up [..., F, D] (one expert or all of a layer) as transformers' gate_up_proj [..., D, 2F],
+    gate and up interleaved by column."""
+    g, u = floats(gate), floats(up)
+    fused = np.empty((*g.shape[:-2], 2 * g.shape[-2], g.shape[-1]), np.float32)
+    fused[..., 0::2, :], fused[..., 1::2, :] = g, u
+    return transposed(fused)
+
+
+def heads_stacked(t: np.ndarray | Encoded) -> np.ndarray | Encoded:
+    """A per-head [H, rows, cols] tensor (attn_k_b, attn_v_b) as one matrix [H * rows, cols]."""
+    if isinstance(t, Encoded):
+        h, rows = t.shape[0], t.shape[1]
+        return Encoded(t.dtype, (h * rows, t.shape[2]), t.values.reshape(h * rows, *t.values.shape[2:]),
+                       t.scales.reshape(h * rows, -1))
+    return t.reshape(-1, t.shape[-1])
