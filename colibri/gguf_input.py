@@ -53,10 +53,11 @@ LAYER_TENSORS = {
     MODEL_TENSOR.ATTN_V: "self_attn.v_proj", MODEL_TENSOR.ATTN_OUT: "self_attn.o_proj",
     MODEL_TENSOR.ATTN_Q_NORM: "self_attn.q_norm", MODEL_TENSOR.ATTN_K_NORM: "self_attn.k_norm",
     MODEL_TENSOR.FFN_GATE: "mlp.gate_proj", MODEL_TENSOR.FFN_UP: "mlp.up_proj", MODEL_TENSOR.FFN_DOWN: "mlp.down_proj",
-    MODEL_TENSOR.FFN_GATE_SHEXP: "mlp.shared_expert.gate_proj", MODEL_TENSOR.FFN_UP_SHEXP: "mlp.shared_expert.up_proj",
-    MODEL_TENSOR.FFN_DOWN_SHEXP: "mlp.shared_expert.down_proj",
     MODEL_TENSOR.FFN_GATE_INP_SHEXP: "mlp.shared_expert_gate",
 }
+# the shared expert's matrices -> their names under the family's shared expert module (Family.shared_prefix)
+SHARED_TENSORS = {MODEL_TENSOR.FFN_GATE_SHEXP: "gate_proj", MODEL_TENSOR.FFN_UP_SHEXP: "up_proj",
+                  MODEL_TENSOR.FFN_DOWN_SHEXP: "down_proj"}
 EXPERT_TENSORS = {MODEL_TENSOR.FFN_GATE_EXP: "gate", MODEL_TENSOR.FFN_UP_EXP: "up", MODEL_TENSOR.FFN_DOWN_EXP: "down"}
 
 
@@ -221,10 +222,11 @@ def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, hf_arch: str, n_layer
     take(gguf_name(MODEL_TENSOR.OUTPUT) + ".weight", "lm_head.weight")
     for layer in range(n_layers):
         p = f"model.layers.{layer}."
-        for t, hf in {**LAYER_TENSORS, **dict(fam.gguf_layer_tensors)}.items():
+        shared = {t: f"mlp.{fam.shared_prefix}.{name}" for t, name in SHARED_TENSORS.items()}
+        for t, hf in {**LAYER_TENSORS, **shared, **dict(fam.gguf_layer_tensors)}.items():
             for kind in ("weight", "bias"):
                 take(f"{gguf_name(t, layer)}.{kind}", f"{p}{hf}.{kind}")
-        take(gguf_name(MODEL_TENSOR.FFN_EXP_PROBS_B, layer) + ".bias", p + "mlp.gate.e_score_correction_bias")
+        take(gguf_name(MODEL_TENSOR.FFN_EXP_PROBS_B, layer) + ".bias", f"{p}{fam.moe_prefix}.{fam.router_bias_name}")
         for which in ("k_b_proj", "v_b_proj"):
             if f"{p}self_attn.{which}.weight" in out:
                 t = out[f"{p}self_attn.{which}.weight"]

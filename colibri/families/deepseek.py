@@ -192,8 +192,6 @@ GGUF_TENSORS = {
     MODEL_TENSOR.ATTN_Q_B: "self_attn.q_b_proj", MODEL_TENSOR.ATTN_KV_A_MQA: "self_attn.kv_a_proj_with_mqa",
     MODEL_TENSOR.ATTN_KV_A_NORM: "self_attn.kv_a_layernorm", MODEL_TENSOR.ATTN_KV_B: "self_attn.kv_b_proj",
     MODEL_TENSOR.ATTN_K_B: "self_attn.k_b_proj", MODEL_TENSOR.ATTN_V_B: "self_attn.v_b_proj",
-    MODEL_TENSOR.FFN_GATE_SHEXP: "mlp.shared_experts.gate_proj", MODEL_TENSOR.FFN_UP_SHEXP: "mlp.shared_experts.up_proj",
-    MODEL_TENSOR.FFN_DOWN_SHEXP: "mlp.shared_experts.down_proj",
 }
 
 
