@@ -429,3 +429,21 @@ def test_the_host_reader_refuses_what_the_verifier_refuses():
         with pytest.raises(im.ImageError):
             read_image(bytes(bad))
 
+
+
+def test_a_sharing_layer_with_options_its_source_lacks_is_refused(lib):
+    """A KV-sharing layer reads its source's cache as that layer stored it: a record whose options differ from its
+    source's (here keys as values, which the source's cache was not made with) is refused, not run (review of format
+    v7: only the head size, KV heads and window had been compared)."""
+    dims = im.ModelDims(**{**TINY, "n_layers": 3, "moe_layers": (False,) * 3}, head_dim=4,
+                        flags=FLAG_GEMMA4_LAYER, sliding_window=3, window_layers=(True, False, True), kv_shared_layers=1)
+    base = bytearray(im.build_image(dims, random_tensors(dims)))
+    kinds, kind_map = dims.layer_kinds()
+    assert status_of(lib, base) == STATUS["OK"] and len(kinds) == 3 and kind_map == bytes([0, 1, 2])
+    assert dims.kv_source(2) == 0  # the sharer, kind 2, reads the windowed layer 0
+    changed = kind(2, "options", LAYER_OPT_K_IS_V)(bytearray(base))
+    assert status_of(lib, changed) == STATUS["E_IMAGE_DIMS"]
+
+
+def status_of(lib, image: bytes | bytearray) -> int:
+    return lib.verify(bytes(image))[0]
