@@ -9,12 +9,58 @@ from typing import Iterator
 
 import numpy as np
 
-from colibri.format import (ALIGN, EXPERT_ROLES, FACT_DENSE, FACT_GLOBAL_ROPE, FACT_K_IS_V, FACT_KV_SHARED, FACT_MLA,
-                            FACT_MOE, FACT_OWN_KV, FACT_PLE, FACT_Q_LORA, FACT_QK_NORM, FACT_SHARED_FFN, FLAG_GEMMA4_LAYER,
-                            FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN,
+from colibri import format as fmt
+from colibri.format import (ALIGN, EXPERT_ROLES, FACT_DENSE, FACT_GLOBAL_ROPE_TABLES, FACT_KV_SHARED, FACT_MLA, FACT_MOE,
+                            FACT_OWN_KV, FACT_PLE, FACT_Q_LORA, FACT_QK_NORM, FACT_SHARED_FFN, FACT_SHARED_GATED,
                             KV_DTYPES, LAYER_ATTN_LATENT, LAYER_ATTN_STANDARD, LAYER_FFN_DENSE, LAYER_FFN_MOE,
-                            LAYER_FFN_MOE_AND_DENSE, LAYER_FIELDS, LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V, LAYER_ROLES, NO_INDEX,
-                            ROLE_SHAPES, ROLES_AFTER_LAYERS, ROLES_BEFORE_LAYERS, TERMS, Role)
+                            LAYER_FFN_MOE_AND_DENSE, LAYER_FIELDS, LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V,
+                            LAYER_QK_NORM_HEAD, LAYER_ROLES, NO_INDEX, ROLE_SHAPES, ROLES_AFTER_LAYERS, ROLES_BEFORE_LAYERS,
+                            TERMS, Role)
+
+# What a config asks of every layer (ModelDims.flags): the families set these, and layer_record writes them into each
+# layer's record (docs/FORMAT.md "Layers"), the image's only copy. Each names the record's value or options it gives.
+FLAG_NORM_TOPK = 1 << 0       # options NORM_TOPK (layers with experts)
+FLAG_QKV_BIAS = 1 << 1        # options QKV_BIAS
+FLAG_O_BIAS = 1 << 2          # options O_BIAS
+FLAG_QK_NORM_HEAD = 1 << 3    # qk_norm HEAD
+FLAG_QK_NORM_FULL = 1 << 4    # qk_norm FULL
+FLAG_SHARED_EXPERT = 1 << 5   # shared GATED (layers with experts)
+FLAG_ROUTER_SIGMOID = 1 << 6  # router SIGMOID (layers with experts)
+FLAG_ROUTER_BIAS = 1 << 7     # options ROUTER_BIAS (layers with experts)
+FLAG_SHARED_PLAIN = 1 << 8    # shared PLAIN (layers with experts)
+FLAG_ROPE_PAIRS = 1 << 9      # options ROPE_PAIRS
+FLAG_ATTN_SINKS = 1 << 10     # options ATTN_SINKS
+FLAG_EXPERT_BIAS = 1 << 11    # options EXPERT_BIAS (layers with experts)
+FLAG_ROUTER_TOPK_SOFTMAX = 1 << 12  # router TOPK_SOFTMAX (layers with experts)
+FLAG_GEMMA4_LAYER = 1 << 13   # Gemma 4's layer: options POST_ATTN_NORM, POST_FFN_NORM, LAYER_SCALE; ffn MOE_AND_DENSE
+FLAG_GELU_TANH = 1 << 14      # activation GELU_TANH
+FLAG_V_NORM = 1 << 15         # options V_NORM
+# flag -> the option it sets in every layer, and in the layers with experts
+_OPTION_OF = {FLAG_QKV_BIAS: fmt.LAYER_OPT_QKV_BIAS, FLAG_O_BIAS: fmt.LAYER_OPT_O_BIAS,
+              FLAG_ROPE_PAIRS: fmt.LAYER_OPT_ROPE_PAIRS, FLAG_ATTN_SINKS: fmt.LAYER_OPT_ATTN_SINKS,
+              FLAG_V_NORM: fmt.LAYER_OPT_V_NORM,
+              FLAG_GEMMA4_LAYER: fmt.LAYER_OPT_POST_ATTN_NORM | fmt.LAYER_OPT_POST_FFN_NORM | fmt.LAYER_OPT_LAYER_SCALE}
+_EXPERT_OPTION_OF = {FLAG_NORM_TOPK: fmt.LAYER_OPT_NORM_TOPK, FLAG_ROUTER_BIAS: fmt.LAYER_OPT_ROUTER_BIAS,
+                     FLAG_EXPERT_BIAS: fmt.LAYER_OPT_EXPERT_BIAS}
+# the u8 fields' values: (flag, value) pairs, the first that the flags have; else 0
+_VALUE_OF = {"router": ((FLAG_ROUTER_TOPK_SOFTMAX, fmt.LAYER_ROUTER_TOPK_SOFTMAX), (FLAG_ROUTER_SIGMOID, fmt.LAYER_ROUTER_SIGMOID)),
+             "activation": ((FLAG_GELU_TANH, fmt.LAYER_ACT_GELU_TANH),),
+             "qk_norm": ((FLAG_QK_NORM_HEAD, fmt.LAYER_QK_NORM_HEAD), (FLAG_QK_NORM_FULL, fmt.LAYER_QK_NORM_FULL)),
+             "shared": ((FLAG_SHARED_EXPERT, fmt.LAYER_SHARED_GATED), (FLAG_SHARED_PLAIN, fmt.LAYER_SHARED_PLAIN))}
+
+
+def record_value(flags: int, field: str) -> int:
+    """The record's `field` (router, activation, qk_norm, shared) the flags give."""
+    return next((value for flag, value in _VALUE_OF[field] if flags & flag), 0)
+
+
+def flags_of_record(r: dict) -> int:
+    """The flags whose record `r` is (the inverse of layer_record's mapping, for the reader)."""
+    flags = sum(flag for field, pairs in _VALUE_OF.items() for flag, value in pairs if value and r[field] == value)
+    for table in (_OPTION_OF, _EXPERT_OPTION_OF):
+        flags |= sum(flag for flag, opt in table.items() if r["options"] & opt == opt)
+    return flags
+
 
 @dataclass(frozen=True)
 class LayerKind:
@@ -22,6 +68,10 @@ class LayerKind:
     width in a layer of routed experts only. What the runtime's model_dims.kinds holds."""
     attention: int   # LAYER_ATTN_*
     ffn: int         # LAYER_FFN_*
+    router: int      # LAYER_ROUTER_*
+    activation: int  # LAYER_ACT_*
+    qk_norm: int     # LAYER_QK_NORM_*
+    shared: int      # LAYER_SHARED_*
     options: int     # LAYER_OPT_* bits
     head_dim: int
     kv_heads: int
@@ -32,8 +82,8 @@ class LayerKind:
     @classmethod
     def resolve(cls, r: dict, d: "ModelDims") -> "LayerKind":
         dense = 0 if r["ffn"] == LAYER_FFN_MOE else r["dense_ffn"] or d.dense_ffn_size
-        return cls(r["attention"], r["ffn"], r["options"], r["head_dim"] or d.head_dim, r["kv_heads"] or d.n_kv_heads,
-                   r["window"], r["kv_source"], dense)
+        return cls(r["attention"], r["ffn"], r["router"], r["activation"], r["qk_norm"], r["shared"], r["options"],
+                   r["head_dim"] or d.head_dim, r["kv_heads"] or d.n_kv_heads, r["window"], r["kv_source"], dense)
 
     @property
     def moe(self) -> bool:
@@ -115,19 +165,24 @@ class ModelDims:
 
     def layer_record(self, layer: int) -> tuple[int, ...]:
         """`layer`'s record (docs/FORMAT.md "Layers"), its fields in LAYER_FIELDS order, as the writer stores it (0
-        where the header's value holds), from the fields above: the window on the window layers; Gemma 4's global
-        layers (those without) with their own geometry and options; its last kv_shared_layers layers reading the
-        cache of the last earlier layer of their kind, windowed or global (transformers' "store" layer)."""
+        where the header's value holds), from the fields above: the flags' values and options (those of experts in
+        the layers with experts); the window on the window layers; Gemma 4's global layers (those without) with
+        their own geometry and options; its last kv_shared_layers layers reading the cache of the last earlier layer
+        of their kind, windowed or global (transformers' "store" layer)."""
         windowed = [bool(self.sliding_window) and self.window_layers[l] for l in range(self.n_layers)]
-        own = not windowed[layer]
-        gemma = bool(self.flags & FLAG_GEMMA4_LAYER)
-        ffn = (LAYER_FFN_MOE_AND_DENSE if gemma else LAYER_FFN_MOE) if self.moe_layers[layer] else LAYER_FFN_DENSE
+        own, moe, flags = not windowed[layer], self.moe_layers[layer], self.flags
+        gemma = bool(flags & FLAG_GEMMA4_LAYER)
+        ffn = (LAYER_FFN_MOE_AND_DENSE if gemma else LAYER_FFN_MOE) if moe else LAYER_FFN_DENSE
         options = ((LAYER_OPT_K_IS_V if self.k_eq_v and own else 0)
-                   | (LAYER_OPT_GLOBAL_ROPE if self.global_rope and own else 0))
+                   | (LAYER_OPT_GLOBAL_ROPE if self.global_rope and own else 0)
+                   | sum(opt for flag, opt in _OPTION_OF.items() if flags & flag)
+                   | sum(opt for flag, opt in _EXPERT_OPTION_OF.items() if moe and flags & flag))
         first_shared = self.n_layers - self.kv_shared_layers
         shared = layer >= first_shared
         source = max(l for l in range(first_shared) if windowed[l] == windowed[layer]) if shared else NO_INDEX
-        return (LAYER_ATTN_LATENT if self.mla else LAYER_ATTN_STANDARD, ffn, options, 0,
+        return (LAYER_ATTN_LATENT if self.mla else LAYER_ATTN_STANDARD, ffn,
+                record_value(flags, "router") if moe else 0, record_value(flags, "activation"),
+                record_value(flags, "qk_norm"), record_value(flags, "shared") if moe else 0, 0, options,
                 self.global_head_dim if own else 0, self.global_kv_heads if own else 0,
                 self.sliding_window if windowed[layer] else 0, source,
                 2 * self.dense_ffn_size if self.double_wide_mlp and shared else 0)
@@ -229,29 +284,28 @@ class ModelDims:
         return self.att_dim if self.mla else max(self.layer_kv_dim(layer) for layer in range(self.n_layers))
 
     def facts(self, layer: int = NO_INDEX) -> int:
-        """The flags and what `layer` has beside them (format/schema.toml [[fact]]; table.c's layer_facts): what a
-        role's presence tests. A global tensor's roles test flags and model-wide facts only."""
+        """`layer`'s options and what its record and the header say beside them (format/schema.toml [[fact]];
+        table.c's layer_facts): what a role's presence tests. A global tensor's roles test model-wide facts only."""
         global_rope = any(k.options & LAYER_OPT_GLOBAL_ROPE for k in self.layers)
-        facts = self.flags | (FACT_PLE if self.ple_dim else 0) | (FACT_GLOBAL_ROPE if global_rope else 0)
+        facts = (FACT_PLE if self.ple_dim else 0) | (FACT_GLOBAL_ROPE_TABLES if global_rope else 0)
         if layer == NO_INDEX:
             return facts
         k = self.layers[layer]
         moe, mla, kv_shared = k.moe, self.mla, k.kv_source != NO_INDEX
         for fact, on in ((FACT_MOE, moe), (FACT_DENSE, k.ffn != LAYER_FFN_MOE), (FACT_MLA, mla),
                          (FACT_Q_LORA, mla and self.q_lora_rank), (FACT_OWN_KV, not mla and not kv_shared),
-                         (FACT_K_IS_V, k.options & LAYER_OPT_K_IS_V),
-                         (FACT_QK_NORM, self.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)),
-                         (FACT_KV_SHARED, kv_shared),
-                         (FACT_SHARED_FFN, moe and self.flags & (FLAG_SHARED_EXPERT | FLAG_SHARED_PLAIN))):
+                         (FACT_QK_NORM, k.qk_norm), (FACT_KV_SHARED, kv_shared), (FACT_SHARED_FFN, k.shared),
+                         (FACT_SHARED_GATED, k.shared == fmt.LAYER_SHARED_GATED)):
             facts |= fact if on else 0
-        return facts
+        return facts | k.options
 
     def terms(self, layer: int = NO_INDEX) -> dict[str, int]:
         """The numbers `layer`'s tensor shapes are made of (format/schema.toml [[term]]; table.c's shape_terms);
         a global tensor's take any layer's."""
         hd, kv_dim, fd = (self.head_dim, self.kv_dim, self.dense_ffn_size) if layer == NO_INDEX else \
             (self.layer_head_dim(layer), self.layer_kv_dim(layer), self.layer_dense_ffn(layer))
-        q_dim, head_norm = self.n_heads * hd, bool(self.flags & FLAG_QK_NORM_HEAD)
+        q_dim = self.n_heads * hd
+        head_norm = layer != NO_INDEX and self.layers[layer].qk_norm == LAYER_QK_NORM_HEAD
         terms = {"none": 0, "one": 1, "V": self.vocab_size, "D": self.hidden_size, "S": self.max_seq, "H": self.n_heads,
                  "E": self.n_experts, "F": self.ffn_size, "Fd": fd, "Fs": self.shared_ffn_size,
                  "rope_half": self.rope_width // 2, "global_rope_half": (self.global_head_dim or self.head_dim) // 2,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 
 MAGIC = b'COLIBRI\x00'
-VERSION = 7
+VERSION = 8
 HEADER_BYTES = 768
 ENTRY_BYTES = 64
 ALIGN = 64
@@ -13,47 +13,54 @@ NO_INDEX = 0xFFFFFFFF
 MAX_DIM = 0x1000000
 MAX_EXPERTS = 1024
 MAX_TOP_K = 64
-LAYER_BYTES = 24  # a layer kind's record
+LAYER_BYTES = 32  # a layer kind's record
 MAX_LAYER_KINDS = 8  # records in the header
 MAX_LAYERS = 256  # the header's layer_kind map: a byte per layer
 ARENA_CTX_BYTES = 1792  # the arena's first bytes: the runtime's context struct
 
 # The header: every field but `reserved` packed little-endian, then zeros to HEADER_BYTES
-HEADER_FIELDS = ("magic", "version", "header_bytes", "image_bytes", "header_crc32", "payload_crc32", "arch", "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim", "n_experts", "top_k", "max_seq", "flags", "rms_norm_eps", "rope_theta", "tensor_table_offset", "n_tensors", "entry_bytes", "data_offset", "arena_bytes", "expert_align", "dense_ffn_size", "shared_ffn_size", "clip_qkv", "kv_dtype", "expert_offset", "expert_crc_offset", "meta_offset", "meta_bytes", "meta_crc32", "q_lora_rank", "kv_lora_rank", "rope_dim", "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha", "swiglu_limit", "layer_kinds", "kinds", "layer_kind", "embed_scale", "logit_softcap", "ple_dim",)
-HEADER_FORMAT = "<8sIIQIIIIIIIIIIIIIIffQIIQQIIIfIQQQQIIIIIfIIIfffI192s256sffI"
-HEADER_OFFSETS = {"magic": 0, "version": 8, "header_bytes": 12, "image_bytes": 16, "header_crc32": 24, "payload_crc32": 28, "arch": 32, "vocab_size": 36, "hidden_size": 40, "ffn_size": 44, "n_layers": 48, "n_heads": 52, "n_kv_heads": 56, "head_dim": 60, "n_experts": 64, "top_k": 68, "max_seq": 72, "flags": 76, "rms_norm_eps": 80, "rope_theta": 84, "tensor_table_offset": 88, "n_tensors": 96, "entry_bytes": 100, "data_offset": 104, "arena_bytes": 112, "expert_align": 120, "dense_ffn_size": 124, "shared_ffn_size": 128, "clip_qkv": 132, "kv_dtype": 136, "expert_offset": 140, "expert_crc_offset": 148, "meta_offset": 156, "meta_bytes": 164, "meta_crc32": 172, "q_lora_rank": 176, "kv_lora_rank": 180, "rope_dim": 184, "v_head_dim": 188, "attn_scale": 192, "n_group": 196, "topk_group": 200, "group_top": 204, "routed_scale": 208, "swiglu_alpha": 212, "swiglu_limit": 216, "layer_kinds": 220, "kinds": 224, "layer_kind": 416, "embed_scale": 672, "logit_softcap": 676, "ple_dim": 680, "reserved": 684}
+HEADER_FIELDS = ("magic", "version", "header_bytes", "image_bytes", "header_crc32", "payload_crc32", "arch", "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim", "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "tensor_table_offset", "n_tensors", "entry_bytes", "data_offset", "arena_bytes", "expert_align", "dense_ffn_size", "shared_ffn_size", "clip_qkv", "kv_dtype", "expert_offset", "expert_crc_offset", "meta_offset", "meta_bytes", "meta_crc32", "q_lora_rank", "kv_lora_rank", "rope_dim", "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha", "swiglu_limit", "layer_kinds", "kinds", "layer_kind", "embed_scale", "logit_softcap", "ple_dim",)
+HEADER_FORMAT = "<8sIIQIIIIIIIIIIIIIffQIIQQIIIfIQQQQIIIIIfIIIfffI256s256sffI"
+HEADER_OFFSETS = {"magic": 0, "version": 8, "header_bytes": 12, "image_bytes": 16, "header_crc32": 24, "payload_crc32": 28, "arch": 32, "vocab_size": 36, "hidden_size": 40, "ffn_size": 44, "n_layers": 48, "n_heads": 52, "n_kv_heads": 56, "head_dim": 60, "n_experts": 64, "top_k": 68, "max_seq": 72, "rms_norm_eps": 76, "rope_theta": 80, "tensor_table_offset": 84, "n_tensors": 92, "entry_bytes": 96, "data_offset": 100, "arena_bytes": 108, "expert_align": 116, "dense_ffn_size": 120, "shared_ffn_size": 124, "clip_qkv": 128, "kv_dtype": 132, "expert_offset": 136, "expert_crc_offset": 144, "meta_offset": 152, "meta_bytes": 160, "meta_crc32": 168, "q_lora_rank": 172, "kv_lora_rank": 176, "rope_dim": 180, "v_head_dim": 184, "attn_scale": 188, "n_group": 192, "topk_group": 196, "group_top": 200, "routed_scale": 204, "swiglu_alpha": 208, "swiglu_limit": 212, "layer_kinds": 216, "kinds": 220, "layer_kind": 476, "embed_scale": 732, "logit_softcap": 736, "ple_dim": 740, "reserved": 744}
 ENTRY_FIELDS = ("role", "dtype", "layer", "expert", "n_dims", "dim0", "dim1", "group_size", "reserved", "offset", "bytes", "scales_offset", "scales_bytes",)
 ENTRY_OFFSETS = {"role": 0, "dtype": 2, "layer": 4, "expert": 8, "n_dims": 12, "dim0": 16, "dim1": 20, "group_size": 24, "reserved": 28, "offset": 32, "bytes": 40, "scales_offset": 48, "scales_bytes": 56}
 ENTRY_FORMAT = "<HHIIIIIIIQQQQ"
-LAYER_FIELDS = ("attention", "ffn", "options", "reserved", "head_dim", "kv_heads", "window", "kv_source", "dense_ffn",)
-LAYER_FORMAT = "<BBBBIIIII"
+LAYER_FIELDS = ("attention", "ffn", "router", "activation", "qk_norm", "shared", "reserved", "options", "head_dim", "kv_heads", "window", "kv_source", "dense_ffn",)
+LAYER_FORMAT = "<BBBBBBHIIIIII"
 
-LAYER_ATTN_STANDARD = 0  # grouped-query attention over the layer's KV heads (the header's q/k norm, bias and clip flags apply)
-LAYER_ATTN_LATENT = 1  # multi-head latent attention (MLA, below): every layer's, exactly when kv_lora_rank > 0
+LAYER_ATTN_STANDARD = 0  # grouped-query attention over the layer's KV heads
+LAYER_ATTN_LATENT = 1  # multi-head latent attention (MLA, below): every layer's, exactly when kv_lora_rank > 0; no q/k norm, biases, sinks, v norm, keys as values, geometry of its own or shared cache
 LAYER_FFN_DENSE = 0  # a dense MLP
-LAYER_FFN_MOE = 1  # top-k routed experts (with the shared expert the flags name); needs E > 0
-LAYER_FFN_MOE_AND_DENSE = 2  # routed experts beside a dense MLP: every MoE layer of a `GEMMA4_LAYER` model, and only there
-LAYER_OPT_K_IS_V = 1 << 0  # the layer's values are its keys' projection (no `WV`, `BV`), before the k norm and RoPE (standard attention with GEMMA4_LAYER)
-LAYER_OPT_GLOBAL_ROPE = 1 << 1  # the layer rotates with `GLOBAL_ROPE_COS`/`SIN`, whose rows are its head size / 2 (every such layer has the same; standard attention with GEMMA4_LAYER)
-
-FLAG_NORM_TOPK = 1 << 0
-FLAG_QKV_BIAS = 1 << 1
-FLAG_O_BIAS = 1 << 2
-FLAG_QK_NORM_HEAD = 1 << 3
-FLAG_QK_NORM_FULL = 1 << 4
-FLAG_SHARED_EXPERT = 1 << 5
-FLAG_ROUTER_SIGMOID = 1 << 6
-FLAG_ROUTER_BIAS = 1 << 7
-FLAG_SHARED_PLAIN = 1 << 8
-FLAG_ROPE_PAIRS = 1 << 9
-FLAG_ATTN_SINKS = 1 << 10
-FLAG_EXPERT_BIAS = 1 << 11
-FLAG_ROUTER_TOPK_SOFTMAX = 1 << 12
-FLAG_GEMMA4_LAYER = 1 << 13
-FLAG_GELU_TANH = 1 << 14
-FLAG_V_NORM = 1 << 15
-KNOWN_FLAGS = 0xFFFF
-LEAN_FLAGS = 0x13F
+LAYER_FFN_MOE = 1  # top-k routed experts (with the record's shared expert); needs E > 0
+LAYER_FFN_MOE_AND_DENSE = 2  # routed experts beside a dense MLP, as Gemma 4 has them: the router reads x normed by `ROUTER_NORM`, the experts x normed by `MOE_NORM`, and each part is normed after (`MOE_POST_NORM`, `DENSE_POST_NORM`) before their sum; the chosen weights are times `EXPERT_SCALE`
+LAYER_ROUTER_SOFTMAX = 0  # a softmax over every expert's logit; the top k weigh with their probabilities
+LAYER_ROUTER_SIGMOID = 1  # each expert's sigmoid
+LAYER_ROUTER_TOPK_SOFTMAX = 2  # the top-k of the logits plus `ROUTER_BIAS` are chosen and weighted by a softmax over them (the bias is the router's own, not a choice bias; not with `NORM_TOPK` or groups)
+LAYER_ACT_SILU = 0  # SwiGLU: silu(gate) · up
+LAYER_ACT_GELU_TANH = 1  # GeGLU: gelu's tanh approximation of gate, times up
+LAYER_QK_NORM_NONE = 0  # none
+LAYER_QK_NORM_HEAD = 1  # RMSNorm on each head of q and k (weights [hd])
+LAYER_QK_NORM_FULL = 2  # RMSNorm across the whole q and k projections (weights [H·hd], [KV·hd])
+LAYER_SHARED_NONE = 0  # none
+LAYER_SHARED_GATED = 1  # a shared expert scaled by sigmoid(`SHARED_EXPERT_GATE` · x)
+LAYER_SHARED_PLAIN = 2  # an ungated shared expert
+LAYER_OPT_NORM_TOPK = 1 << 0  # renormalize the top-k router weights to sum to 1 (a layer with experts)
+LAYER_OPT_QKV_BIAS = 1 << 1  # q, k, v biases (standard attention)
+LAYER_OPT_O_BIAS = 1 << 2  # output-projection bias (standard attention)
+LAYER_OPT_ROUTER_BIAS = 1 << 3  # `ROUTER_BIAS` [E] is added to the scores to choose experts (not to weigh them); with `TOPK_SOFTMAX`, to the logits (a layer with experts)
+LAYER_OPT_EXPERT_BIAS = 1 << 4  # routed experts' gate, up and down have biases (`EXPERT_*_BIAS`; a layer with experts)
+LAYER_OPT_ROPE_PAIRS = 1 << 5  # RoPE rotates adjacent pairs (x0, x1), (x2, x3), ... instead of the two halves
+LAYER_OPT_ATTN_SINKS = 1 << 6  # a learned logit per head (`SINKS` [H]) joins each attention softmax's denominator (standard attention)
+LAYER_OPT_V_NORM = 1 << 7  # RMSNorm without weights on each head of v (standard attention)
+LAYER_OPT_K_IS_V = 1 << 8  # the layer's values are its keys' projection (no `WV`, `BV`), before the k norm and RoPE (standard attention)
+LAYER_OPT_GLOBAL_ROPE = 1 << 9  # the layer rotates with `GLOBAL_ROPE_COS`/`SIN`, whose rows are its head size / 2 (every such layer has the same; standard attention)
+LAYER_OPT_POST_ATTN_NORM = 1 << 10  # attention's output is normed by `POST_ATTN_NORM` before the residual add
+LAYER_OPT_POST_FFN_NORM = 1 << 11  # the feed-forward block's output is normed by `POST_FFN_NORM` before the residual add
+LAYER_OPT_LAYER_SCALE = 1 << 12  # x is multiplied by `LAYER_SCALE` after the layer (and after its per-layer input)
+LAYER_KNOWN_OPTIONS = 0x1FFF
+LAYER_LEAN_OPTIONS = 0x7
+# The record's fields that take a table's values: (values, the lean build's as a mask of 1 << value)
+LAYER_ENUMS = {"attention": (2, 0x1), "ffn": (3, 0x3), "router": (3, 0x1), "activation": (2, 0x1), "qk_norm": (3, 0x7), "shared": (3, 0x7)}
 
 
 class Role(enum.IntEnum):
@@ -96,7 +103,7 @@ class Role(enum.IntEnum):
     SHARED_UP = 33
     SHARED_DOWN = 34
     SHARED_EXPERT_GATE = 35
-    # Gemma 4's layer (GEMMA4_LAYER)
+    # norms after attention and the FFN, MoE beside a dense MLP (MOE & DENSE), the scale after a layer: Gemma 4's
     POST_ATTN_NORM = 36
     POST_FFN_NORM = 37
     DENSE_POST_NORM = 38
@@ -123,18 +130,18 @@ class Role(enum.IntEnum):
     PLE_PROJ_NORM = 56
 
 
-# A layer's facts a role's presence tests, after the flags' bits
-FACT_MOE = 1 << 16  # the layer routes to experts: its record's ffn is MOE or MOE_AND_DENSE
-FACT_DENSE = 1 << 17  # the layer has a dense MLP: its record's ffn is DENSE or MOE_AND_DENSE
-FACT_MLA = 1 << 18  # multi-head latent attention: kv_lora_rank > 0
-FACT_Q_LORA = 1 << 19  # MLA with q_lora_rank > 0
-FACT_OWN_KV = 1 << 20  # the layer projects its own k and v: not MLA and not a KV-sharing layer
-FACT_K_IS_V = 1 << 21  # the layer's record has the K_IS_V option: its values are its keys' projection
-FACT_QK_NORM = 1 << 22  # QK_NORM_HEAD or QK_NORM_FULL
-FACT_KV_SHARED = 1 << 23  # the layer's record names a kv_source: it reads that earlier layer's KV cache
-FACT_SHARED_FFN = 1 << 24  # a MoE layer with a shared expert: SHARED_EXPERT or SHARED_PLAIN
-FACT_GLOBAL_ROPE = 1 << 25  # some layer's record has the GLOBAL_ROPE option: the image holds the global RoPE tables
-FACT_PLE = 1 << 26  # Gemma 4's per-layer inputs: ple_dim > 0
+# A layer's facts a role's presence tests, after its options' bits
+FACT_MOE = 1 << 13  # the layer routes to experts: its record's ffn is MOE or MOE_AND_DENSE
+FACT_DENSE = 1 << 14  # the layer has a dense MLP: its record's ffn is DENSE or MOE_AND_DENSE
+FACT_MLA = 1 << 15  # multi-head latent attention: kv_lora_rank > 0
+FACT_Q_LORA = 1 << 16  # MLA with q_lora_rank > 0
+FACT_OWN_KV = 1 << 17  # the layer projects its own k and v: not MLA and not a KV-sharing layer
+FACT_QK_NORM = 1 << 18  # the record's qk_norm is HEAD or FULL
+FACT_KV_SHARED = 1 << 19  # the layer's record names a kv_source: it reads that earlier layer's KV cache
+FACT_SHARED_FFN = 1 << 20  # a layer with experts and a shared expert: the record's shared is GATED or PLAIN
+FACT_SHARED_GATED = 1 << 21  # the record's shared is GATED
+FACT_GLOBAL_ROPE_TABLES = 1 << 22  # some layer's record has the GLOBAL_ROPE option: the image holds the global RoPE tables
+FACT_PLE = 1 << 23  # Gemma 4's per-layer inputs: ple_dim > 0
 # The numbers shapes are made of, by position (ModelDims.terms computes them per layer)
 TERMS = ("none", "one", "V", "D", "S", "H", "E", "F", "Fd", "Fs", "rope_half", "global_rope_half", "q_dim", "kv_dim", "q_norm", "k_norm", "o_in", "q_lora", "kv_lora", "kv_a", "k_b_rows", "nope", "P", "LP",)
 # Each role: rows and columns (None: a vector) as TERMS indices, facts needed, facts refused
@@ -143,58 +150,58 @@ ROLE_SHAPES = {
     Role.ROPE_COS: (4, 10, 0x0, 0x0),
     Role.ROPE_SIN: (4, 10, 0x0, 0x0),
     Role.ATTN_NORM: (3, None, 0x0, 0x0),
-    Role.WQ: (12, 3, 0x0, 0x80000),
+    Role.WQ: (12, 3, 0x0, 0x10000),
     Role.BQ: (12, None, 0x2, 0x0),
-    Role.WK: (13, 3, 0x100000, 0x0),
-    Role.BK: (13, None, 0x100002, 0x0),
-    Role.WV: (13, 3, 0x100000, 0x200000),
-    Role.BV: (13, None, 0x100002, 0x200000),
+    Role.WK: (13, 3, 0x20000, 0x0),
+    Role.BK: (13, None, 0x20002, 0x0),
+    Role.WV: (13, 3, 0x20000, 0x100),
+    Role.BV: (13, None, 0x20002, 0x100),
     Role.WO: (3, 16, 0x0, 0x0),
     Role.BO: (3, None, 0x4, 0x0),
-    Role.Q_NORM: (14, None, 0x400000, 0x0),
-    Role.K_NORM: (15, None, 0x400000, 0x800000),
-    Role.SINKS: (5, None, 0x400, 0x0),
-    Role.WQ_A: (17, 3, 0x80000, 0x0),
-    Role.Q_A_NORM: (17, None, 0x80000, 0x0),
-    Role.WQ_B: (12, 17, 0x80000, 0x0),
-    Role.WKV_A: (19, 3, 0x40000, 0x0),
-    Role.KV_A_NORM: (18, None, 0x40000, 0x0),
-    Role.WK_B: (20, 21, 0x40000, 0x0),
-    Role.WV_B: (16, 18, 0x40000, 0x0),
+    Role.Q_NORM: (14, None, 0x40000, 0x0),
+    Role.K_NORM: (15, None, 0x40000, 0x80000),
+    Role.SINKS: (5, None, 0x40, 0x0),
+    Role.WQ_A: (17, 3, 0x10000, 0x0),
+    Role.Q_A_NORM: (17, None, 0x10000, 0x0),
+    Role.WQ_B: (12, 17, 0x10000, 0x0),
+    Role.WKV_A: (19, 3, 0x8000, 0x0),
+    Role.KV_A_NORM: (18, None, 0x8000, 0x0),
+    Role.WK_B: (20, 21, 0x8000, 0x0),
+    Role.WV_B: (16, 18, 0x8000, 0x0),
     Role.FFN_NORM: (3, None, 0x0, 0x0),
-    Role.DENSE_GATE: (8, 3, 0x20000, 0x0),
-    Role.DENSE_UP: (8, 3, 0x20000, 0x0),
-    Role.DENSE_DOWN: (3, 8, 0x20000, 0x0),
-    Role.ROUTER: (6, 3, 0x10000, 0x0),
-    Role.ROUTER_BIAS: (6, None, 0x10080, 0x0),
-    Role.EXPERT_GATE_BIAS: (6, 7, 0x10800, 0x0),
-    Role.EXPERT_UP_BIAS: (6, 7, 0x10800, 0x0),
-    Role.EXPERT_DOWN_BIAS: (6, 3, 0x10800, 0x0),
-    Role.SHARED_GATE: (9, 3, 0x1000000, 0x0),
-    Role.SHARED_UP: (9, 3, 0x1000000, 0x0),
-    Role.SHARED_DOWN: (3, 9, 0x1000000, 0x0),
-    Role.SHARED_EXPERT_GATE: (1, 3, 0x10020, 0x0),
-    Role.POST_ATTN_NORM: (3, None, 0x2000, 0x0),
-    Role.POST_FFN_NORM: (3, None, 0x2000, 0x0),
-    Role.DENSE_POST_NORM: (3, None, 0x12000, 0x0),
-    Role.MOE_NORM: (3, None, 0x12000, 0x0),
-    Role.MOE_POST_NORM: (3, None, 0x12000, 0x0),
-    Role.ROUTER_NORM: (3, None, 0x12000, 0x0),
-    Role.EXPERT_SCALE: (6, None, 0x12000, 0x0),
-    Role.LAYER_SCALE: (1, None, 0x2000, 0x0),
-    Role.PLE_GATE: (22, 3, 0x4000000, 0x0),
-    Role.PLE_PROJ: (3, 22, 0x4000000, 0x0),
-    Role.PLE_POST_NORM: (3, None, 0x4000000, 0x0),
-    Role.EXPERT_GATE: (7, 3, 0x10000, 0x0),
-    Role.EXPERT_UP: (7, 3, 0x10000, 0x0),
-    Role.EXPERT_DOWN: (3, 7, 0x10000, 0x0),
+    Role.DENSE_GATE: (8, 3, 0x4000, 0x0),
+    Role.DENSE_UP: (8, 3, 0x4000, 0x0),
+    Role.DENSE_DOWN: (3, 8, 0x4000, 0x0),
+    Role.ROUTER: (6, 3, 0x2000, 0x0),
+    Role.ROUTER_BIAS: (6, None, 0x2008, 0x0),
+    Role.EXPERT_GATE_BIAS: (6, 7, 0x2010, 0x0),
+    Role.EXPERT_UP_BIAS: (6, 7, 0x2010, 0x0),
+    Role.EXPERT_DOWN_BIAS: (6, 3, 0x2010, 0x0),
+    Role.SHARED_GATE: (9, 3, 0x100000, 0x0),
+    Role.SHARED_UP: (9, 3, 0x100000, 0x0),
+    Role.SHARED_DOWN: (3, 9, 0x100000, 0x0),
+    Role.SHARED_EXPERT_GATE: (1, 3, 0x200000, 0x0),
+    Role.POST_ATTN_NORM: (3, None, 0x400, 0x0),
+    Role.POST_FFN_NORM: (3, None, 0x800, 0x0),
+    Role.DENSE_POST_NORM: (3, None, 0x6000, 0x0),
+    Role.MOE_NORM: (3, None, 0x6000, 0x0),
+    Role.MOE_POST_NORM: (3, None, 0x6000, 0x0),
+    Role.ROUTER_NORM: (3, None, 0x6000, 0x0),
+    Role.EXPERT_SCALE: (6, None, 0x6000, 0x0),
+    Role.LAYER_SCALE: (1, None, 0x1000, 0x0),
+    Role.PLE_GATE: (22, 3, 0x800000, 0x0),
+    Role.PLE_PROJ: (3, 22, 0x800000, 0x0),
+    Role.PLE_POST_NORM: (3, None, 0x800000, 0x0),
+    Role.EXPERT_GATE: (7, 3, 0x2000, 0x0),
+    Role.EXPERT_UP: (7, 3, 0x2000, 0x0),
+    Role.EXPERT_DOWN: (3, 7, 0x2000, 0x0),
     Role.OUTPUT_NORM: (3, None, 0x0, 0x0),
     Role.LM_HEAD: (2, 3, 0x0, 0x0),
-    Role.GLOBAL_ROPE_COS: (4, 11, 0x2000000, 0x0),
-    Role.GLOBAL_ROPE_SIN: (4, 11, 0x2000000, 0x0),
-    Role.PLE_EMBD: (2, 23, 0x4000000, 0x0),
-    Role.PLE_MODEL_PROJ: (23, 3, 0x4000000, 0x0),
-    Role.PLE_PROJ_NORM: (22, None, 0x4000000, 0x0),
+    Role.GLOBAL_ROPE_COS: (4, 11, 0x400000, 0x0),
+    Role.GLOBAL_ROPE_SIN: (4, 11, 0x400000, 0x0),
+    Role.PLE_EMBD: (2, 23, 0x800000, 0x0),
+    Role.PLE_MODEL_PROJ: (23, 3, 0x800000, 0x0),
+    Role.PLE_PROJ_NORM: (22, None, 0x800000, 0x0),
 }
 ROLE_GGUF = {Role.TOKEN_EMBD: "token_embd", Role.ROPE_COS: "rope_cos", Role.ROPE_SIN: "rope_sin", Role.ATTN_NORM: "attn_norm", Role.WQ: "attn_q", Role.BQ: "attn_q.bias", Role.WK: "attn_k", Role.BK: "attn_k.bias", Role.WV: "attn_v", Role.BV: "attn_v.bias", Role.WO: "attn_output", Role.BO: "attn_output.bias", Role.Q_NORM: "attn_q_norm", Role.K_NORM: "attn_k_norm", Role.SINKS: "attn_sinks", Role.WQ_A: "attn_q_a", Role.Q_A_NORM: "attn_q_a_norm", Role.WQ_B: "attn_q_b", Role.WKV_A: "attn_kv_a_mqa", Role.KV_A_NORM: "attn_kv_a_norm", Role.WK_B: "attn_k_b", Role.WV_B: "attn_v_b", Role.FFN_NORM: "ffn_norm", Role.DENSE_GATE: "ffn_gate", Role.DENSE_UP: "ffn_up", Role.DENSE_DOWN: "ffn_down", Role.ROUTER: "ffn_gate_inp", Role.ROUTER_BIAS: "exp_probs_b.bias", Role.EXPERT_GATE_BIAS: "ffn_gate_exps.bias", Role.EXPERT_UP_BIAS: "ffn_up_exps.bias", Role.EXPERT_DOWN_BIAS: "ffn_down_exps.bias", Role.SHARED_GATE: "ffn_gate_shexp", Role.SHARED_UP: "ffn_up_shexp", Role.SHARED_DOWN: "ffn_down_shexp", Role.SHARED_EXPERT_GATE: "ffn_gate_inp_shexp", Role.POST_ATTN_NORM: "post_attention_norm", Role.POST_FFN_NORM: "post_ffw_norm", Role.DENSE_POST_NORM: "post_ffw_norm_1", Role.MOE_NORM: "pre_ffw_norm_2", Role.MOE_POST_NORM: "post_ffw_norm_2", Role.ROUTER_NORM: "ffn_gate_inp_norm", Role.EXPERT_SCALE: "ffn_gate_inp.expert_scale", Role.LAYER_SCALE: "layer_output_scale", Role.PLE_GATE: "inp_gate", Role.PLE_PROJ: "proj", Role.PLE_POST_NORM: "post_norm", Role.EXPERT_GATE: "ffn_gate_exps", Role.EXPERT_UP: "ffn_up_exps", Role.EXPERT_DOWN: "ffn_down_exps", Role.OUTPUT_NORM: "output_norm", Role.LM_HEAD: "output", Role.GLOBAL_ROPE_COS: "rope_cos_global", Role.GLOBAL_ROPE_SIN: "rope_sin_global", Role.PLE_EMBD: "per_layer_token_embd", Role.PLE_MODEL_PROJ: "per_layer_model_proj", Role.PLE_PROJ_NORM: "per_layer_proj_norm"}
 F32_TABLES = (Role.ROPE_COS, Role.ROPE_SIN, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS, Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN,)  # matrices kept f32

@@ -2,14 +2,16 @@
 an Image (the dimensions, the entries and the bytes, never copied) (docs/FORMAT.md)."""
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from colibri.dims import ModelDims, canonical_order, expected_shape
+from colibri.dims import ModelDims, canonical_order, expected_shape, flags_of_record
 from colibri.format import (ALIGN, ENTRY_BYTES, HEADER_BYTES, HEADER_FIELDS, LAYER_BYTES, LAYER_FFN_DENSE, LAYER_FFN_MOE, LAYER_FIELDS,
                             LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V, MAGIC, MAX_EXPERTS, MAX_LAYER_KINDS, MAX_LAYERS,
                             NO_INDEX, VERSION, Role)
@@ -87,9 +89,9 @@ def open_image(path: Path, check_crcs: bool = True) -> Image:
 
 
 def layer_fields(h: dict) -> dict:
-    """ModelDims' per-layer fields from the header's layer records (docs/FORMAT.md "Layers"). The host models the
-    layers its families make (one window, Gemma 4's global layers and its KV sharing in the last layers): records
-    beyond those are refused, checked by writing the fields' records back."""
+    """ModelDims' flags and per-layer fields from the header's layer records (docs/FORMAT.md "Layers"). The host
+    models the layers its families make (the same flags in every layer, one window, Gemma 4's global layers and its
+    KV sharing in the last layers): records beyond those are refused, checked by writing the fields' records back."""
     n_layers, n_kinds = h["n_layers"], h["layer_kinds"]
     if not 1 <= n_kinds <= MAX_LAYER_KINDS or n_layers > MAX_LAYERS:
         raise ImageError(f"{n_layers} layers of {n_kinds} kinds: an image has 1 to {MAX_LAYER_KINDS} kinds and at "
@@ -108,7 +110,8 @@ def layer_fields(h: dict) -> dict:
     records = [dict(zip(LAYER_FIELDS, kinds[k])) for k in h["layer_kind"][:n_layers]]
     windows = {r["window"] for r in records if r["window"]}
     own = [r for r in records if not r["window"]]  # Gemma 4's global layers
-    fields = dict(moe_layers=tuple(r["ffn"] != LAYER_FFN_DENSE for r in records),
+    fields = dict(flags=functools.reduce(operator.or_, map(flags_of_record, records), 0),
+                  moe_layers=tuple(r["ffn"] != LAYER_FFN_DENSE for r in records),
                   sliding_window=max(windows, default=0), window_layers=tuple(bool(r["window"]) for r in records),
                   global_head_dim=own[0]["head_dim"] if own else 0, global_kv_heads=own[0]["kv_heads"] if own else 0,
                   kv_shared_layers=sum(r["kv_source"] != NO_INDEX for r in records),
@@ -160,7 +163,7 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
     raw = [ENTRY_STRUCT.unpack_from(data, h["tensor_table_offset"] + i * ENTRY_BYTES) for i in range(h["n_tensors"])]
     dims = ModelDims(**{k: h[k] for k in (
         "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
-        "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "flags", "dense_ffn_size",
+        "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "dense_ffn_size",
         "shared_ffn_size", "clip_qkv", "kv_dtype", "q_lora_rank", "kv_lora_rank", "rope_dim",
         "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha",
         "swiglu_limit", "embed_scale", "logit_softcap", "ple_dim")}, **layer_fields(h))
@@ -170,13 +173,13 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
     except ValueError:  # a sharing layer with no earlier layer of its kind to share
         written = []
     if written != listed:
-        raise ImageError("the layer records are not a kind of layer this host models (one window; Gemma 4's global "
-                         "layers and its KV sharing in the last layers)")
+        raise ImageError("the layer records are not a kind of layer this host models (the same mechanisms in every "
+                         "layer, one window; Gemma 4's global layers and its KV sharing in the last layers)")
     order = (key for key in canonical_order(dims) if dims.present(key[0], key[1]))  # walked with the table: a short
     entries = []                                                                    # table ends it
     for i, (role, layer, expert) in enumerate(order):
         if i == len(raw):
-            raise ImageError(f"{len(raw)} tensors listed, the dimensions and flags need more")
+            raise ImageError(f"{len(raw)} tensors listed, the dimensions and layer records need more")
         role_, dtype, layer_, expert_, ndims, dim0, dim1, group, _, off, nbytes, s_off, s_bytes = raw[i]
         try:
             e = TensorEntry(Role(role_), layer_, expert_, DType(dtype), (dim0, dim1)[:ndims], off, nbytes,
@@ -191,7 +194,7 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
             raise ImageError(f"table entry {i} ({role.name}) is misaligned or out of bounds")
         entries.append(e)
     if len(entries) != len(raw):
-        raise ImageError(f"{len(raw)} tensors listed, the dimensions and flags need {len(entries)}")
+        raise ImageError(f"{len(raw)} tensors listed, the dimensions and layer records need {len(entries)}")
     for gate, down in expert_blocks(entries if check_crcs else []):
         at = h["expert_crc_offset"] + 4 * (gate.layer * n_experts + gate.expert)
         if crc32(memoryview(data)[gate.offset:down.end]) != struct.unpack_from("<I", data, at)[0]:

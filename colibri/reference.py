@@ -32,10 +32,12 @@ import numpy as np
 
 from colibri import arith
 from colibri.arith import F32, ONE, ZERO
-from colibri.image import (FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_GELU_TANH, FLAG_GEMMA4_LAYER,
-                           FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS,
-                           FLAG_ROUTER_SIGMOID, FLAG_ROUTER_TOPK_SOFTMAX, FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN,
-                           FLAG_V_NORM, KV_DTYPES, LAYER_OPT_GLOBAL_ROPE, NO_INDEX, Image, Role)
+from colibri.image import (KV_DTYPES, LAYER_ACT_GELU_TANH, LAYER_FFN_MOE_AND_DENSE, LAYER_OPT_ATTN_SINKS,
+                           LAYER_OPT_EXPERT_BIAS, LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_LAYER_SCALE, LAYER_OPT_NORM_TOPK,
+                           LAYER_OPT_POST_ATTN_NORM, LAYER_OPT_POST_FFN_NORM, LAYER_OPT_ROPE_PAIRS,
+                           LAYER_OPT_ROUTER_BIAS, LAYER_OPT_V_NORM, LAYER_QK_NORM_FULL, LAYER_QK_NORM_NONE,
+                           LAYER_ROUTER_SIGMOID, LAYER_ROUTER_TOPK_SOFTMAX, LAYER_SHARED_GATED, LAYER_SHARED_PLAIN,
+                           NO_INDEX, Image, Role)
 from colibri.quant import Encoded, quantized_matmul
 
 
@@ -226,7 +228,8 @@ class Reference:
         input [n, H * v_head_dim]."""
         d = self.d
         n, H, hd, lat = xn.shape[0], d.n_heads, d.head_dim, d.kv_lora_rank
-        nope, pairs = hd - d.rope_width, bool(d.flags & FLAG_ROPE_PAIRS)
+        kind = d.layers[layer]
+        nope, pairs = hd - d.rope_width, bool(kind.options & LAYER_OPT_ROPE_PAIRS)
         if d.q_lora_rank:
             q = self.linear(self.norm(self.linear(xn, Role.WQ_A, layer), Role.Q_A_NORM, layer), Role.WQ_B, layer)
         else:
@@ -238,20 +241,20 @@ class Reference:
         q_att = np.concatenate([self.per_head(q[..., :nope], Role.WK_B, layer),
                                 rope(q[..., nope:], cos, sin, pairs)], axis=-1)           # [n, H, lat + rope]
         key = self._cache(np.concatenate([latent, rope(kv[:, None, lat:], cos, sin, pairs)[:, 0]], axis=-1))
-        sinks = self._t(Role.SINKS, layer) if d.flags & FLAG_ATTN_SINKS else None
+        sinks = self._t(Role.SINKS, layer) if kind.options & LAYER_OPT_ATTN_SINKS else None
         summed = self.attend(q_att, key[:, None], key[:, None, :lat], self._seen(n, layer), sinks)  # [n, H, lat]
         return self.per_head(summed, Role.WV_B, layer).reshape(n, d.o_dim)
 
     def mha(self, xn: np.ndarray, layer: int) -> np.ndarray:
         """Standard attention (attention_mha): the output projection's input [n, H * head size]."""
         d = self.d
-        n, hd, kv_heads = xn.shape[0], d.layer_head_dim(layer), d.layer_kv_heads(layer)
-        qk_norm = d.flags & (FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL)
-        pairs = bool(d.flags & FLAG_ROPE_PAIRS)
+        n, hd, kv_heads, kind = xn.shape[0], d.layer_head_dim(layer), d.layer_kv_heads(layer), d.layers[layer]
+        qk_norm = kind.qk_norm != LAYER_QK_NORM_NONE
+        pairs = bool(kind.options & LAYER_OPT_ROPE_PAIRS)
         cos, sin = self._rope_tables(layer, n)
 
         def normed(t: np.ndarray, role: Role, heads: int) -> np.ndarray:  # q/k norm: the whole row, or each head
-            if d.flags & FLAG_QK_NORM_FULL:
+            if kind.qk_norm == LAYER_QK_NORM_FULL:
                 return self.norm(t.reshape(n, -1), role, layer).reshape(n, heads, hd)
             return self.norm(t, role, layer)
 
@@ -269,21 +272,21 @@ class Reference:
             k, v = k.reshape(n, kv_heads, hd), v.reshape(n, kv_heads, hd)
             if qk_norm:
                 k = normed(k, Role.K_NORM, kv_heads)
-            if d.flags & FLAG_V_NORM:
+            if kind.options & LAYER_OPT_V_NORM:
                 v = arith.rmsnorm(v, None, d.rms_norm_eps)
             if d.clip_qkv:
                 k, v = (np.clip(t, -F32(d.clip_qkv), F32(d.clip_qkv)) for t in (k, v))
             k, v = self._cache(rope(k, cos, sin, pairs)), self._cache(v)
             self._kv[layer] = (k, v)
-        sinks = self._t(Role.SINKS, layer) if d.flags & FLAG_ATTN_SINKS else None
+        sinks = self._t(Role.SINKS, layer) if kind.options & LAYER_OPT_ATTN_SINKS else None
         return self.attend(q, k, v, self._seen(n, layer), sinks).reshape(n, d.n_heads * hd)
 
     def attention(self, x: np.ndarray, layer: int) -> np.ndarray:
-        """What the attention half adds to x: Wo attention(rmsnorm(x)) (+ bo), normed after in Gemma 4."""
+        """What the attention half adds to x: Wo attention(rmsnorm(x)) (+ bo), normed after with POST_ATTN_NORM."""
         d = self.d
         xn = self.norm(x, Role.ATTN_NORM, layer)
         out = self._proj(self.mla(xn, layer) if d.mla else self.mha(xn, layer), Role.WO, Role.BO, layer)
-        return self.norm(out, Role.POST_ATTN_NORM, layer) if d.flags & FLAG_GEMMA4_LAYER else out
+        return self.norm(out, Role.POST_ATTN_NORM, layer) if d.layers[layer].options & LAYER_OPT_POST_ATTN_NORM else out
 
     # ---- the FFN half ----
 
@@ -295,12 +298,12 @@ class Reference:
         the best choice left, ties to the lower index; the weights are the picked scores (a softmax of them
         in gpt-oss), divided by their sum + 1e-20 when renormalized, times routed_scale (and Gemma 4's
         per-expert scale)."""
-        d = self.d
+        d, kind = self.d, self.d.layers[layer]
         logits = self.linear(xn, Role.ROUTER, layer)
-        bias = self._t(Role.ROUTER_BIAS, layer) if d.flags & FLAG_ROUTER_BIAS else None
-        if d.flags & FLAG_ROUTER_TOPK_SOFTMAX:
+        bias = self._t(Role.ROUTER_BIAS, layer) if kind.options & LAYER_OPT_ROUTER_BIAS else None
+        if kind.router == LAYER_ROUTER_TOPK_SOFTMAX:
             scores, bias = (logits + bias if bias is not None else logits), None
-        elif d.flags & FLAG_ROUTER_SIGMOID:
+        elif kind.router == LAYER_ROUTER_SIGMOID:
             scores = arith.sigmoid(logits)
         else:
             scores = arith.softmax(logits)
@@ -318,31 +321,32 @@ class Reference:
         idx = np.argsort(-choice, axis=-1, kind="stable")[:, :d.top_k]
         w = np.take_along_axis(scores, idx, axis=-1)
         total = arith.seq_sum(w)
-        if d.flags & FLAG_ROUTER_TOPK_SOFTMAX:
+        if kind.router == LAYER_ROUTER_TOPK_SOFTMAX:
             w = arith.softmax(w)
-        if d.flags & FLAG_NORM_TOPK:
+        if kind.options & LAYER_OPT_NORM_TOPK:
             w = w / (total + F32(1e-20))[:, None]
         w = w * F32(d.routed_scale)
-        if d.flags & FLAG_GEMMA4_LAYER:
+        if kind.ffn == LAYER_FFN_MOE_AND_DENSE:
             w = w * self._t(Role.EXPERT_SCALE, layer)[idx]
         return idx, w
 
     def glu(self, x: np.ndarray, gate: Role, up: Role, down: Role, layer: int, expert: int = NO_INDEX) -> np.ndarray:
-        """down(act(gate x) * up x) as swiglu_ffn computes it: SwiGLU, GeGLU with FLAG_GELU_TANH, or for a
+        """down(act(gate x) * up x) as swiglu_ffn computes it: SwiGLU, GeGLU with the layer's GELU_TANH, or for a
         gpt-oss expert its biases and clamped SwiGLU."""
-        d = self.d
+        d, kind = self.d, self.d.layers[layer]
         g, u = self.linear(x, gate, layer, expert), self.linear(x, up, layer, expert)
-        extras = expert != NO_INDEX and (d.flags & FLAG_EXPERT_BIAS or d.swiglu_limit > 0)
+        biased = bool(kind.options & LAYER_OPT_EXPERT_BIAS)
+        extras = expert != NO_INDEX and (biased or d.swiglu_limit > 0)
         if extras:
-            if d.flags & FLAG_EXPERT_BIAS:
+            if biased:
                 g, u = g + self._t(Role.EXPERT_GATE_BIAS, layer)[expert], u + self._t(Role.EXPERT_UP_BIAS, layer)[expert]
             h = clamped_glu(g, u, d.swiglu_alpha, d.swiglu_limit) if d.swiglu_limit > 0 else arith.silu_times(g, u)
-        elif d.flags & FLAG_GELU_TANH:
+        elif kind.activation == LAYER_ACT_GELU_TANH:
             h = arith.gelu_tanh(g) * u
         else:
             h = arith.silu_times(g, u)
         y = self.linear(h, down, layer, expert)
-        return y + self._t(Role.EXPERT_DOWN_BIAS, layer)[expert] if extras and d.flags & FLAG_EXPERT_BIAS else y
+        return y + self._t(Role.EXPERT_DOWN_BIAS, layer)[expert] if extras and biased else y
 
     def experts(self, xn: np.ndarray, router_xn: np.ndarray, layer: int) -> np.ndarray:
         """The routed experts' sum (and the shared expert's), routed on router_xn, reading xn: each token adds
@@ -358,19 +362,20 @@ class Reference:
         out = np.zeros((xn.shape[0], d.hidden_size), F32)
         for k in range(d.top_k):
             out += w[:, k, None] * outs[:, k]
-        if d.flags & FLAG_SHARED_EXPERT:
+        shared = d.layers[layer].shared
+        if shared == LAYER_SHARED_GATED:
             gate = arith.sigmoid(self.linear(xn, Role.SHARED_EXPERT_GATE, layer))
             out += gate * self.glu(xn, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, layer)
-        elif d.flags & FLAG_SHARED_PLAIN:
+        elif shared == LAYER_SHARED_PLAIN:
             out += ONE * self.glu(xn, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, layer)
         return out
 
     def ffn(self, x: np.ndarray, layer: int) -> np.ndarray:
         """What the FFN half adds to x (ffn_block): the routed experts, or the dense MLP, on x normed by
-        FFN_NORM. Gemma 4 routes on x normed by ROUTER_NORM, runs the experts on x normed by MOE_NORM and the
-        dense MLP beside them, norms each part after, and their sum too."""
-        d = self.d
-        gemma, routed = bool(d.flags & FLAG_GEMMA4_LAYER), d.layers[layer].moe
+        FFN_NORM. MOE_AND_DENSE (Gemma 4's) routes on x normed by ROUTER_NORM, runs the experts on x normed by
+        MOE_NORM and the dense MLP beside them, and norms each part after; POST_FFN_NORM norms their sum."""
+        kind = self.d.layers[layer]
+        gemma, routed = kind.ffn == LAYER_FFN_MOE_AND_DENSE, kind.moe
         out = np.zeros_like(x)
         if routed:
             router_xn = self.norm(x, Role.ROUTER_NORM if gemma else Role.FFN_NORM, layer)
@@ -383,7 +388,7 @@ class Reference:
             if gemma and routed:
                 h = self.norm(h, Role.DENSE_POST_NORM, layer)
             out = out + ONE * h
-        return self.norm(out, Role.POST_FFN_NORM, layer) if gemma else out
+        return self.norm(out, Role.POST_FFN_NORM, layer) if kind.options & LAYER_OPT_POST_FFN_NORM else out
 
     # ---- Gemma 4's per-layer inputs ----
 
@@ -417,15 +422,14 @@ class Reference:
         if d.embed_scale:
             x = x * F32(d.embed_scale)
         ple = self.per_layer_inputs(tokens, x) if d.ple_dim else None
-        gemma = d.flags & FLAG_GEMMA4_LAYER
         self._kv = {}
         for layer in range(d.n_layers):
             x = x + self.attention(x, layer)
             after_attention = x
             x = x + self.ffn(x, layer)
-            if gemma:
-                if ple is not None:
-                    x = x + self.per_layer_input(x, ple[:, layer], layer)
+            if ple is not None:
+                x = x + self.per_layer_input(x, ple[:, layer], layer)
+            if d.layers[layer].options & LAYER_OPT_LAYER_SCALE:
                 x = x * self._t(Role.LAYER_SCALE, layer)[0]
             if self.residuals is not None:
                 self.residuals[layer] = (after_attention, x)

@@ -76,8 +76,7 @@ class Schema:
     header: list[Field]
     entry: list[Field]
     layer: list[Field]        # a layer kind's record
-    layer_values: dict[str, list[dict]]  # attention, ffn, option: the record's names (values; option: bits)
-    flags: list[dict]
+    layer_values: dict[str, list[dict]]  # each u8 field's values, and the options' bits (LAYER_VALUES), with `lean`
     roles: list[dict]   # segments: part, doc, tensors
     role_specs: list[RoleSpec]
     terms: list[dict]
@@ -99,8 +98,8 @@ class Schema:
 
     @property
     def fact_bits(self) -> dict[str, int]:
-        """The bit of each name a role's `when` may test: the flags' own bits, then the facts'."""
-        names = [fl["name"] for fl in self.flags] + [fa["name"] for fa in self.facts]
+        """The bit of each name a role's `when` may test: the layer options' own bits, then the facts'."""
+        names = [o["name"] for o in self.layer_values["option"]] + [fa["name"] for fa in self.facts]
         return {name: bit for bit, name in enumerate(names)}
 
     @property
@@ -117,6 +116,22 @@ class Schema:
 
     def field(self, name: str) -> Field:
         return next(f for f in self.header if f.name == name)
+
+    @property
+    def layer_enums(self) -> list[tuple[Field, str, list[dict]]]:
+        """Each u8 field of the record that takes a table's values: the field, its names' prefix, the values."""
+        return [(next(r for r in self.layer if r.name == kind), prefix, self.layer_values[kind])
+                for kind, prefix in LAYER_VALUES.items() if kind != "option"]
+
+
+# The record's value tables: format/schema.toml's [[layer_KIND]] and the prefix of their names (LAYER_ATTN_STANDARD).
+LAYER_VALUES = {"attention": "ATTN", "ffn": "FFN", "router": "ROUTER", "activation": "ACT", "qk_norm": "QK_NORM",
+                "shared": "SHARED", "option": "OPT"}
+
+
+def lean_mask(values: list[dict]) -> int:
+    """The values (or option bits) the lean build keeps, as a mask of 1 << value."""
+    return sum(1 << i for i, v in enumerate(values) if v["lean"])
 
 
 def fields(rows: list[dict], total: int, what: str) -> list[Field]:
@@ -142,7 +157,7 @@ def _unique(names: list[str], what: str) -> None:
 def role_specs(segments: list[dict], terms: list[str], facts: list[str], model_wide: set[str],
                layer_terms: set[str]) -> list[RoleSpec]:
     """The roles of the `roles` segments, each shape and `when` checked against the terms and the facts (a global
-    role's against the model-wide terms, flags and facts: it belongs to no layer)."""
+    role's against the model-wide terms and facts: it belongs to no layer)."""
     out = []
     for seg in segments:
         for t in seg["tensors"]:
@@ -156,9 +171,9 @@ def role_specs(segments: list[dict], terms: list[str], facts: list[str], model_w
             literals = [w.strip() for w in t.get("when", "").split("&") if w.strip()]
             for w in literals:
                 if w.lstrip("!") not in facts:
-                    raise ValueError(f"{where}: `when` names {w.lstrip('!')}, neither a flag nor a fact")
+                    raise ValueError(f"{where}: `when` names {w.lstrip('!')}, neither a layer option nor a fact")
                 if seg["part"] in ("before_layers", "after_layers") and w.lstrip("!") not in model_wide:
-                    raise ValueError(f"{where}: a global tensor's `when` may name flags and model-wide facts only, "
+                    raise ValueError(f"{where}: a global tensor's `when` may name model-wide facts only, "
                                      f"not {w.lstrip('!')}")
             out.append(RoleSpec(t["name"], seg["part"], shape, tuple(w for w in literals if not w.startswith("!")),
                                 tuple(w[1:] for w in literals if w.startswith("!")), t["gguf"], t.get("f32", False),
@@ -197,27 +212,30 @@ def load(path: Path = SCHEMA) -> Schema:
     if sizes.get("kinds") != fmt["max_layer_kinds"] * fmt["layer_bytes"] or sizes.get("layer_kind") != fmt["max_layers"]:
         raise ValueError("format/schema.toml: the header's kinds must hold max_layer_kinds records and layer_kind a "
                          "byte per layer up to max_layers")
-    layer_values = {"attention": raw["layer_attention"], "ffn": raw["layer_ffn"], "option": raw["layer_option"]}
-    if len(layer_values["option"]) > 8:
-        raise ValueError("format/schema.toml: more layer options than the record's u8 options holds")
+    layer_values = {kind: raw[f"layer_{kind}"] for kind in LAYER_VALUES}
+    if len(layer_values["option"]) > 32 or any(len(vals) > 32 for vals in layer_values.values()):
+        raise ValueError("format/schema.toml: more layer options than the record's u32 options holds, or more values "
+                         "of a field than a 32-bit lean mask holds")
+    if {r.name for r in layer} < set(LAYER_VALUES) - {"option"}:
+        raise ValueError("format/schema.toml: every [[layer_KIND]] table needs its u8 field in [[layer]]")
     if len(raw["status"]) >= LINK_ERROR_BASE:
         raise ValueError(f"format/schema.toml: {len(raw['status'])} statuses reach the link's error codes")
-    terms, facts = [t["name"] for t in raw["term"]], [fl["name"] for fl in raw["flag"]] + [f["name"] for f in raw["fact"]]
+    terms, facts = [t["name"] for t in raw["term"]], [o["name"] for o in raw["layer_option"]] + [f["name"] for f in raw["fact"]]
     if terms[0] != "none":
         raise ValueError("format/schema.toml: the first term must be `none` (a vector's missing dimension)")
     if len(facts) > 32:
-        raise ValueError(f"format/schema.toml: {len(facts)} flags and facts do not fit the 32-bit fact word")
-    model_wide = {fl["name"] for fl in raw["flag"]} | {f["name"] for f in raw["fact"] if f.get("scope") == "model"}
+        raise ValueError(f"format/schema.toml: {len(facts)} layer options and facts do not fit the 32-bit fact word")
+    model_wide = {f["name"] for f in raw["fact"] if f.get("scope") == "model"}
     layer_terms = {t["name"] for t in raw["term"] if t.get("scope") == "layer"}
     roles = role_specs(raw["roles"], terms, facts, model_wide, layer_terms)
     for names, what in (([h.name for h in header], "header field"), ([e.name for e in entry], "entry field"),
                         ([r.name for r in layer], "layer record field"),
                         *((([v["name"] for v in vals]), f"layer {kind}") for kind, vals in layer_values.items()),
-                        (facts, "flag or fact"), (terms, "term"), ([r.name for r in roles], "role"),
+                        (facts, "layer option or fact"), (terms, "term"), ([r.name for r in roles], "role"),
                         ([r.gguf for r in roles], "GGUF name"), ([st["name"] for st in raw["status"]], "status")):
         _unique(names, what)
     plan_terms, plan_conditions, buffers = plan_buffers(raw)
-    return Schema(fmt, header, entry, layer, layer_values, raw["flag"], raw["roles"], roles, raw["term"], raw["fact"],
+    return Schema(fmt, header, entry, layer, layer_values, raw["roles"], roles, raw["term"], raw["fact"],
                   [d["name"] for d in raw["dtype"]], raw["dtype"],
                   [d["name"] for d in raw["kv_dtype"]], raw["protocol"], raw["status"],
                   [e["name"] for e in raw["link_error"]], [(r["name"], r["value"]) for r in raw["request"]],
@@ -265,18 +283,15 @@ def _c_attrs(r: RoleSpec) -> str:
 
 
 def _c_mask(s: Schema, mask: int) -> str:
-    """A fact mask as the C names of its bits (IMG_FLAG_X | IMG_FACT_Y), or 0."""
-    flags = {fl["name"] for fl in s.flags}
-    names = [f"IMG_{'FLAG' if n in flags else 'FACT'}_{n}" for n, bit in s.fact_bits.items() if mask >> bit & 1]
+    """A fact mask as the C names of its bits (LAYER_OPT_X | IMG_FACT_Y), or 0."""
+    options = {o["name"] for o in s.layer_values["option"]}
+    names = [f"LAYER_OPT_{n}" if n in options else f"IMG_FACT_{n}" for n, bit in s.fact_bits.items() if mask >> bit & 1]
     return " | ".join(names) or "0"
 
 
 def render_c(s: Schema) -> str:
     f = s.format
-    flag_bits = [(fl["name"], bit) for bit, fl in enumerate(s.flags)]
-    known = (1 << len(s.flags)) - 1
-    lean = sum(1 << bit for bit, fl in enumerate(s.flags) if fl["lean"])
-    lines = [*_c_comment(f"{GENERATED} The image format (docs/FORMAT.md): sizes, flags, header and table-entry field "
+    lines = [*_c_comment(f"{GENERATED} The image format (docs/FORMAT.md): sizes, layer records, header and table-entry field "
                          "offsets, tensor roles and dtypes. The one definition the runtime's verifier (image.c) and the "
                          "fuzz harness's reseal (tests/fuzz/fuzz_image.c) both read, so a format change cannot leave "
                          "either behind. Plain C, no runtime declarations."),
@@ -289,13 +304,7 @@ def render_c(s: Schema) -> str:
              f"#define IMG_ENTRY_BYTES {f['entry_bytes']}u",
              f"#define IMG_ALIGN {f['align']}u",
              f"#define IMG_ARCH_MOE {f['arch_moe']}u"]
-    for (name, bit), fl in zip(flag_bits, s.flags):
-        lines += _c_comment(fl["doc"])
-        lines.append(f"#define IMG_FLAG_{name} (1u << {bit})")
-    lines += [f"#define IMG_KNOWN_FLAGS 0x{known:X}u",
-              f"#define IMG_LEAN_FLAGS 0x{lean:X}u /* the lean build's (COLIBRI_LEAN): "
-              + ", ".join(n for n, fl in zip((n for n, _ in flag_bits), s.flags) if fl["lean"]) + " */",
-              f"#define IMG_NO_INDEX 0x{f['no_index']:X}u",
+    lines += [f"#define IMG_NO_INDEX 0x{f['no_index']:X}u",
               f"#define IMG_MAX_DIM 0x{f['max_dim']:X}u /* any single dimension; keeps every product of two in 64 bits */",
               f"#define IMG_LAYER_BYTES {f['layer_bytes']}u /* a layer kind's record */",
               f"#define IMG_MAX_LAYER_KINDS {f['max_layer_kinds']}u /* records in the header */",
@@ -308,21 +317,26 @@ def render_c(s: Schema) -> str:
                      '/* Tensor table entry field offsets (docs/FORMAT.md, "Tensor table"). */\nenum {')
     lines += _c_enum("R_", [(r.c, r.offset) for r in s.layer],
                      '/* Layer record field offsets (docs/FORMAT.md, "Layers"). */\nenum {')
-    for kind, prefix in (("attention", "LAYER_ATTN_"), ("ffn", "LAYER_FFN_")):
-        lines += [f"#define {prefix}{v['name']} {i}u /* {v['doc'].replace('`', '')} */"
-                  for i, v in enumerate(s.layer_values[kind])]
-    lines += [f"#define LAYER_OPT_{v['name']} (1u << {i}) /* {v['doc'].replace('`', '')} */"
-              for i, v in enumerate(s.layer_values["option"])]
-    lines += [f"#define LAYER_KNOWN_OPTIONS 0x{(1 << len(s.layer_values['option'])) - 1:X}u"]
+    for field, prefix, values in s.layer_enums:
+        lines += [f"#define LAYER_{prefix}_{v['name']} {i}u /* {v['doc'].replace('`', '')} */" for i, v in enumerate(values)]
+    options = s.layer_values["option"]
+    lines += [f"#define LAYER_OPT_{v['name']} (1u << {i}) /* {v['doc'].replace('`', '')} */" for i, v in enumerate(options)]
+    lines += [f"#define LAYER_KNOWN_OPTIONS 0x{(1 << len(options)) - 1:X}u",
+              f"#define LAYER_LEAN_OPTIONS 0x{lean_mask(options):X}u /* the lean build's (COLIBRI_LEAN): "
+              + ", ".join(v["name"] for v in options if v["lean"]) + " */",
+              f"#define LAYER_OPTION_COUNT {len(options)}u",
+              *_c_comment("The record's fields that take a table's values, X(offset, values, the lean build's as a "
+                          "mask of 1 << value)."),
+              _c_rows("IMG_LAYER_ENUMS", [f"R_{field.c}, {len(values)}u, 0x{lean_mask(values):X}u"
+                                          for field, _, values in s.layer_enums])]
     lines += ["", *_c_comment("The fields as lists for code that walks them (the image fuzz harness's mutator), "
-                              "X(offset, bytes) each: the header's integers but its CRCs and flags, its floats, "
+                              "X(offset, bytes) each: the header's integers but its CRCs, its floats, "
                               "every field of a table entry, and every field of a layer record."),
               _c_xmacro("IMG_HEADER_INTEGERS", "H_", [h for h in s.header if h.type in ("u16", "u32", "u64")
-                                                       and not h.crc and h.name != "flags"]),
+                                                       and not h.crc]),
               _c_xmacro("IMG_HEADER_FLOATS", "H_", [h for h in s.header if h.type == "f32"]),
               _c_xmacro("IMG_ENTRY_FIELDS", "E_", s.entry),
-              _c_xmacro("IMG_LAYER_FIELDS", "R_", s.layer),
-              f"#define IMG_FLAG_COUNT {len(s.flags)}u"]
+              _c_xmacro("IMG_LAYER_FIELDS", "R_", s.layer)]
     lines += [""]
     lines += _c_enum("ROLE_", [(n, i + 1) for i, n in enumerate(s.role_names())], "enum tensor_role {")
     lines += _c_enum("DTYPE_", [(n, i) for i, n in enumerate(s.dtypes)] + [("COUNT", len(s.dtypes))], "enum tensor_dtype {")
@@ -331,7 +345,7 @@ def render_c(s: Schema) -> str:
               _c_rows("IMG_DTYPES", [f"{d['name']}, {d['block']}, {d['bytes']}, {d['scale_bytes']}" for d in s.dtype_traits])]
     lines += _c_enum("KV_", [(n.upper(), i) for i, n in enumerate(s.kv_dtypes)], "enum kv_dtype {")
     bits = s.fact_bits
-    lines += ["", *_c_comment("A layer's facts a role's presence tests, after the flags' bits (format/schema.toml)."),
+    lines += ["", *_c_comment("A layer's facts a role's presence tests, after its options' bits (format/schema.toml)."),
               *(f"#define IMG_FACT_{fa['name']} (1u << {bits[fa['name']]}) /* {fa['doc'].replace('`', '')} */"
                 for fa in s.facts)]
     lines += _c_enum("TERM_", [(t["name"].upper(), i) for i, t in enumerate(s.terms)] + [("COUNT", len(s.terms))],
@@ -387,14 +401,15 @@ def render_py(s: Schema) -> str:
              "LAYER_FIELDS = (" + ", ".join(f'"{r.name}"' for r in s.layer) + ",)",
              f'LAYER_FORMAT = "<{"".join(r.struct_code for r in s.layer)}"',
              ""]
-    lines += [f"LAYER_ATTN_{v['name']} = {i}  # {v['doc']}" for i, v in enumerate(s.layer_values["attention"])]
-    lines += [f"LAYER_FFN_{v['name']} = {i}  # {v['doc']}" for i, v in enumerate(s.layer_values["ffn"])]
-    lines += [f"LAYER_OPT_{v['name']} = 1 << {i}  # {v['doc']}" for i, v in enumerate(s.layer_values["option"])]
-    lines += [""]
-    for bit, fl in enumerate(s.flags):
-        lines.append(f"FLAG_{fl['name']} = 1 << {bit}")
-    lines += [f"KNOWN_FLAGS = 0x{(1 << len(s.flags)) - 1:X}",
-              f"LEAN_FLAGS = 0x{sum(1 << b for b, fl in enumerate(s.flags) if fl['lean']):X}", "", "",
+    for field, prefix, values in s.layer_enums:
+        lines += [f"LAYER_{prefix}_{v['name']} = {i}  # {v['doc']}" for i, v in enumerate(values)]
+    options = s.layer_values["option"]
+    lines += [f"LAYER_OPT_{v['name']} = 1 << {i}  # {v['doc']}" for i, v in enumerate(options)]
+    lines += [f"LAYER_KNOWN_OPTIONS = 0x{(1 << len(options)) - 1:X}",
+              f"LAYER_LEAN_OPTIONS = 0x{lean_mask(options):X}",
+              "# The record's fields that take a table's values: (values, the lean build's as a mask of 1 << value)",
+              "LAYER_ENUMS = {" + ", ".join(f'"{field.name}": ({len(values)}, 0x{lean_mask(values):X})'
+                                            for field, _, values in s.layer_enums) + "}", "", "",
               "class Role(enum.IntEnum):"]
     value = 1
     for seg in s.roles:
@@ -404,7 +419,7 @@ def render_py(s: Schema) -> str:
             value += 1
     lines += ["", ""]
     bits = s.fact_bits
-    lines += ["# A layer's facts a role's presence tests, after the flags' bits"]
+    lines += ["# A layer's facts a role's presence tests, after its options' bits"]
     lines += [f"FACT_{fa['name']} = 1 << {bits[fa['name']]}  # {fa['doc']}" for fa in s.facts]
     lines += ["# The numbers shapes are made of, by position (ModelDims.terms computes them per layer)",
               "TERMS = (" + ", ".join(f'"{t["name"]}"' for t in s.terms) + ",)",
@@ -513,7 +528,8 @@ def render_image_dict(s: Schema) -> str:
     magic = f["magic"].encode() + bytes(8 - len(f["magic"]))
     u32 = [f["version"], f["header_bytes"], f["entry_bytes"], f["align"], 1, 2, f["qblock"], f["max_top_k"],
            f["max_top_k"] + 1, f["max_experts"], f["max_experts"] + 1, f["max_dim"], f["max_dim"] + 1,
-           f["max_layers"], f["max_layers"] + 1, f["max_layer_kinds"], f["max_layer_kinds"] + 1, 1 << 31, f["no_index"], (1 << len(s.flags)) - 1, 1 << len(s.flags)]
+           f["max_layers"], f["max_layers"] + 1, f["max_layer_kinds"], f["max_layer_kinds"] + 1, 1 << 31, f["no_index"],
+           (1 << len(s.layer_values["option"])) - 1, 1 << len(s.layer_values["option"])]
     u64 = [2**64 - 1, 1 << 63, 2**64 - f["align"]]
     u16 = [len(s.role_names()), len(s.role_names()) + 1, len(s.dtypes), len(s.dtypes) + 1]
     floats = [b"\x00\x00\x80\x7f", b"\x00\x00\xc0\x7f", b"\x00\x00\x80\xff"]  # +inf, NaN, -inf
@@ -551,12 +567,10 @@ def _md_table(rows: list[Field]) -> list[str]:
 def render_doc_sections(s: Schema) -> dict[str, str]:
     roles = ", ".join(f"{n}={i + 1}" for i, n in enumerate(s.role_names()))
     entry = [Field(e.name, e.c, e.type, f"{e.doc} {roles}" if e.name == "role" else e.doc, e.offset) for e in s.entry]
-    flags = ["| bit | flag | lean build | meaning |", "| --- | --- | --- | --- |"] + [
-        f"| {bit} | `{fl['name']}` | {'yes' if fl['lean'] else 'no'} | {fl['doc']} |" for bit, fl in enumerate(s.flags)]
-    values = ["| field | value | name | meaning |", "| --- | --- | --- | --- |"]
+    values = ["| field | value | name | lean build | meaning |", "| --- | --- | --- | --- | --- |"]
     for kind, vals in s.layer_values.items():
-        values += [f"| {'options' if kind == 'option' else kind} | {1 << i if kind == 'option' else i} | "
-                   f"`LAYER_{ {'attention': 'ATTN', 'ffn': 'FFN', 'option': 'OPT'}[kind]}_{v['name']}` | {v['doc']} |"
+        values += [f"| {'options' if kind == 'option' else kind} | {f'1 << {i}' if kind == 'option' else i} | "
+                   f"`LAYER_{LAYER_VALUES[kind]}_{v['name']}` | {'yes' if v['lean'] else 'no'} | {v['doc']} |"
                    for i, v in enumerate(vals)]
     def count(b: dict) -> str:
         return " + ".join("·".join(product) for product in b["count"])
@@ -565,7 +579,7 @@ def render_doc_sections(s: Schema) -> dict[str, str]:
         for b in s.buffers]
     plan += ["", "| term | |", "| --- | --- |"] + [f"| {t['name']} | {t['doc']} |" for t in s.plan_terms]
     return {"plan": "\n".join(plan),
-            "header": "\n".join(_md_table(s.header) + ["", "Flags:", ""] + flags),
+            "header": "\n".join(_md_table(s.header)),
             "entry": "\n".join(_md_table(entry)),
             "layer": "\n".join(_md_table(s.layer) + [""] + values)}
 

@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from colibri.dims import ModelDims, align_up, canonical_order, expected_shape
-from colibri.format import (ALIGN, ARCH_MOE, ENTRY_BYTES, EXPERT_ROLES, F32_TABLES, FLAG_GEMMA4_LAYER, HEADER_BYTES,
+from colibri.format import (ALIGN, ARCH_MOE, ENTRY_BYTES, EXPERT_ROLES, F32_TABLES, HEADER_BYTES,
                             MAGIC, MAX_LAYER_KINDS, MAX_LAYERS, VERSION, Role)
 from colibri.plan import arena_bytes
 from colibri.quant import QBLOCK, Deferred, DType, Encoded, stored_bytes
@@ -91,10 +91,6 @@ def check_runnable(d: ModelDims) -> None:
     if d.global_head_dim not in (0, d.head_dim) and not d.global_rope:
         raise ValueError(f"global_head_dim={d.global_head_dim} differs from head_dim={d.head_dim} without "
                          "global_rope: the global layers need RoPE tables of their own head size")
-    gemma_only = [name for name, on in (("kv_shared_layers", d.kv_shared_layers), ("k_eq_v", d.k_eq_v),
-                                        ("global_rope", d.global_rope), ("double_wide_mlp", d.double_wide_mlp)) if on]
-    if gemma_only and not d.flags & FLAG_GEMMA4_LAYER:
-        raise ValueError(f"{', '.join(gemma_only)} without FLAG_GEMMA4_LAYER: the runtime has them in Gemma 4's layer only")
     if d.n_layers > MAX_LAYERS:
         raise ValueError(f"{d.n_layers} layers: an image holds at most {MAX_LAYERS}")
     if len(d.layer_kinds()[0]) > MAX_LAYER_KINDS:
@@ -186,7 +182,7 @@ def _fill(write: Callable[[int, bytes | np.ndarray], None], read: Callable[[int,
         header_crc32=0, payload_crc32=crc_of(HEADER_BYTES, plan.expert_offset),
         arch=ARCH_MOE, vocab_size=d.vocab_size, hidden_size=d.hidden_size, ffn_size=d.ffn_size,
         n_layers=d.n_layers, n_heads=d.n_heads, n_kv_heads=d.n_kv_heads, head_dim=d.head_dim,
-        n_experts=d.n_experts, top_k=d.top_k, max_seq=d.max_seq, flags=d.flags,
+        n_experts=d.n_experts, top_k=d.top_k, max_seq=d.max_seq,
         rms_norm_eps=d.rms_norm_eps, rope_theta=d.rope_theta,
         tensor_table_offset=plan.table_offset, n_tensors=len(plan.entries), entry_bytes=ENTRY_BYTES,
         data_offset=plan.data_offset, arena_bytes=arena_bytes(d), expert_align=plan.expert_align,

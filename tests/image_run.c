@@ -20,7 +20,7 @@
 /* every model_dims field (padding is not a field: it may stay undefined) */
 #define DIMS_FIELDS(X)                                                                                               \
     X(vocab) X(dim) X(ffn) X(n_layers) X(n_heads) X(n_kv_heads) X(head_dim) X(n_experts) X(top_k) X(max_seq)         \
-    X(dense_ffn) X(shared_ffn) X(flags) X(kv_dtype) X(eps) X(clip_qkv) X(window) X(global_head_dim) X(shared_ring)   \
+    X(dense_ffn) X(shared_ffn) X(kv_dtype) X(eps) X(clip_qkv) X(window) X(global_head_dim) X(shared_ring)   \
     X(q_lora) X(kv_lora) X(rope_dim) X(v_head_dim) X(attn_scale) X(n_group) X(topk_group) X(group_top)               \
     X(routed_scale) X(swiglu_alpha) X(swiglu_limit) X(embed_scale) X(logit_softcap) X(ple_dim) X(q_dim) X(kv_dim)    \
     X(ffn_max) X(att_dim) X(val_dim) X(o_dim) X(in_blocks) X(n_tensors) X(n_entries) X(resident_bytes)               \

@@ -26,8 +26,8 @@ def test_the_check_names_a_copy_edited_by_hand(tmp_path, monkeypatch, capsys):
         monkeypatch.setattr(schema, attr, path)
         copies[attr] = path
     monkeypatch.setattr(schema, "ROOT", tmp_path)
-    edits = {"C_HEADER": ("H_FLAGS = 76", "H_FLAGS = 77"), "PY_MODULE": ("FLAG_V_NORM = 1 << 15", "FLAG_V_NORM = 1 << 16"),
-             "DOC": ("| 76 | u32 | flags |", "| 77 | u32 | flags |"), "PY_CODES": ("REQ_TRACE = 0x0C", "REQ_TRACE = 0x0D"),
+    edits = {"C_HEADER": ("H_EPS = 76", "H_EPS = 77"), "PY_MODULE": ("LAYER_OPT_V_NORM = 1 << 7", "LAYER_OPT_V_NORM = 1 << 8"),
+             "DOC": ("| 76 | f32 | rms_norm_eps |", "| 77 | f32 | rms_norm_eps |"), "PY_CODES": ("REQ_TRACE = 0x0C", "REQ_TRACE = 0x0D"),
              "API_HEADER": ("COLIBRI_E_FETCH = 22,", "COLIBRI_E_FETCH = 23,"),
              "API_SOURCE": ('"arena overlaps the image"', '"arena overlap"'), "LINK_SOURCE": ("LINK_NOT_OPEN = 204", "LINK_NOT_OPEN = 209"),
              "LINK_DICT": ('"\\xa5\\x5a\\x0c"', '"\\xa5\\x5a\\x0d"'),
@@ -43,7 +43,7 @@ def test_the_check_names_a_copy_edited_by_hand(tmp_path, monkeypatch, capsys):
 
 
 def test_fields_must_fill_the_header_exactly(tmp_path):
-    text = schema.SCHEMA.read_text().replace('type = "u8[84]"', 'type = "u8[80]"')
+    text = schema.SCHEMA.read_text().replace('type = "u8[24]"', 'type = "u8[20]"')
     bad = tmp_path / "schema.toml"
     bad.write_text(text)
     with pytest.raises(ValueError, match="the header fields take 764 bytes, not 768"):
@@ -52,10 +52,12 @@ def test_fields_must_fill_the_header_exactly(tmp_path):
 
 @pytest.mark.parametrize("old,new,error", [
     ('{ name = "WQ", shape = ["q_dim", "D"]', '{ name = "WQ", shape = ["q_width", "D"]', "must be one or two of the terms"),
-    ('when = "QKV_BIAS & OWN_KV & !K_IS_V"', 'when = "QKV_BIAS & OWN_KV & !K_IS_Q"', "names K_IS_Q, neither a flag nor a fact"),
+    ('when = "QKV_BIAS & OWN_KV & !K_IS_V"', 'when = "QKV_BIAS & OWN_KV & !K_IS_Q"', "names K_IS_Q, neither a layer option nor a fact"),
     ('{ name = "OUTPUT_NORM", shape = ["D"]', '{ name = "OUTPUT_NORM", shape = ["q_dim"]', "a global tensor's shape may not use"),
-    ('when = "GLOBAL_ROPE", gguf = "rope_cos_global"', 'when = "MOE", gguf = "rope_cos_global"',
-     "a global tensor's `when` may name flags and model-wide facts only"),
+    ('when = "GLOBAL_ROPE_TABLES", gguf = "rope_cos_global"', 'when = "MOE", gguf = "rope_cos_global"',
+     "a global tensor's `when` may name model-wide facts only"),
+    ('when = "GLOBAL_ROPE_TABLES", gguf = "rope_cos_global"', 'when = "GLOBAL_ROPE", gguf = "rope_cos_global"',
+     "a global tensor's `when` may name model-wide facts only"),
     ('{ name = "BQ",', '{ name = "WQ",', "role WQ is defined twice"),
     ('name = "q_att"\nlifetime = "model"\nelem = "4"\ncount = "H * att_dim"',
      'name = "q_att"\nlifetime = "model"\nelem = "4"\ncount = "H * att_width"', "'att_width' is neither a number nor"),
@@ -104,13 +106,13 @@ def test_a_marker_quoted_in_prose_is_not_one_and_a_broken_pair_is_refused():
 
 def test_the_image_mutator_edits_every_header_and_entry_field():
     """tests/fuzz/image_mutator.c's structure edits walk the fields format.h lists, and the lists name every header
-    field but the CRCs (which the reseal computes), the flags (edited a bit at a time) and the byte arrays (the
-    magic and reserved bytes, left to libFuzzer's byte mutations; the layer records and kinds, which the mutator
-    edits a field at a time), and every table-entry and layer-record field, each with its size."""
+    field but the CRCs (which the reseal computes) and the byte arrays (the magic and reserved bytes, left to
+    libFuzzer's byte mutations; the layer records and kinds, which the mutator edits a field at a time, and a record's
+    options a bit at a time), and every table-entry and layer-record field, each with its size."""
     import re
     mutator = (ROOT / "tests" / "fuzz" / "image_mutator.c").read_text()
     for macro in ("IMG_HEADER_INTEGERS(FIELD)", "IMG_HEADER_FLOATS(FIELD)", "IMG_ENTRY_FIELDS(FIELD)",
-                  "IMG_LAYER_FIELDS(FIELD)", "H_KINDS", "H_LAYER_KIND", "IMG_FLAG_COUNT"):
+                  "IMG_LAYER_FIELDS(FIELD)", "H_KINDS", "H_LAYER_KIND", "LAYER_OPTION_COUNT", "R_OPTIONS"):
         assert macro in mutator, macro
     c_text = (ROOT / "firmware" / "src" / "format.h").read_text().replace("\\\n", " ")
     def listed(macro: str) -> dict[str, int]:
@@ -118,7 +120,7 @@ def test_the_image_mutator_edits_every_header_and_entry_field():
         return {name: int(size) for name, size in re.findall(r"X\([HER]_([A-Z0-9_]+), (\d+)\)", body)}
     s = schema.load()
     edited = listed("IMG_HEADER_INTEGERS") | listed("IMG_HEADER_FLOATS")
-    apart = {h.c for h in s.header if h.crc or h.name == "flags" or h.type.startswith("u8[")}
+    apart = {h.c for h in s.header if h.crc or h.type.startswith("u8[")}
     assert not edited.keys() & apart
     assert edited | {c: 0 for c in apart} == {h.c: edited.get(h.c, 0) for h in s.header}
     assert all(edited[h.c] == h.size for h in s.header if h.c in edited)

@@ -9,10 +9,11 @@ import pytest
 
 from capi import STATUS, Lib
 from colibri import image as im
-from colibri.format import (ENTRY_OFFSETS, FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_GEMMA4_LAYER,
-                            FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
-                            FLAG_ROUTER_BIAS, FLAG_ROUTER_TOPK_SOFTMAX, FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN,
-                            KNOWN_FLAGS, LAYER_BYTES, LAYER_FFN_DENSE, LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V)
+from colibri.dims import FLAG_GEMMA4_LAYER
+from colibri.format import (ENTRY_OFFSETS, LAYER_BYTES, LAYER_ENUMS, LAYER_FFN_DENSE, LAYER_FFN_MOE_AND_DENSE,
+                            LAYER_KNOWN_OPTIONS, LAYER_OPT_ATTN_SINKS, LAYER_OPT_EXPERT_BIAS, LAYER_OPT_GLOBAL_ROPE,
+                            LAYER_OPT_K_IS_V, LAYER_OPT_ROUTER_BIAS, LAYER_ROUTER_SIGMOID,
+                            LAYER_ROUTER_TOPK_SOFTMAX, LAYER_SHARED_PLAIN)
 from colibri.image import ENTRY_BYTES, HEADER_BYTES, HEADER_CRC_OFFSET, HEADER_OFFSETS, crc32, read_image
 from colibri.rope import tables as rope_tables
 from colibri.schema import load as load_schema
@@ -47,6 +48,15 @@ def kind(k: int, name: str, value, seal: bool = True):
     """A mutation setting field `name` of layer record k (format/schema.toml [[layer]])."""
     fmt, offset = LAYER_FIELD[name]
     return put(fmt, HEADER_OFFSETS["kinds"] + k * LAYER_BYTES + offset, value, seal)
+
+
+def with_options(k: int, bits: int, seal: bool = True):
+    """A mutation adding option bits to layer record k."""
+    fmt, offset = LAYER_FIELD["options"]
+    def mutate(b: bytearray) -> bytearray:
+        at = HEADER_OFFSETS["kinds"] + k * LAYER_BYTES + offset
+        return put(fmt, at, struct.unpack_from(fmt, b, at)[0] | bits, seal)(b)
+    return mutate
 
 
 def second_kind(b: bytearray) -> bytearray:
@@ -111,7 +121,8 @@ CASES = [
     ("version 4", field("version", 4), "E_IMAGE_VERSION"),
     ("version 5", field("version", 5), "E_IMAGE_VERSION"),
     ("version 6", field("version", 6), "E_IMAGE_VERSION"),
-    ("version 8", field("version", 8, seal=False), "E_IMAGE_VERSION"),
+    ("version 7", field("version", 7), "E_IMAGE_VERSION"),
+    ("version 9", field("version", 9, seal=False), "E_IMAGE_VERSION"),
     ("header byte flipped", flip(40), "E_IMAGE_HEADER_CRC"),
     ("resident byte flipped", lambda b: flip(get(b, "data_offset") + 5)(b), "E_IMAGE_PAYLOAD_CRC"),
     ("expert byte flipped", lambda b: flip(len(b) - 5)(b), "E_EXPERT_CRC"),  # the last expert's down matrix
@@ -123,7 +134,7 @@ CASES = [
      "E_IMAGE_BOUNDS"),
     ("table byte flipped", flip(TABLE + 33), "E_IMAGE_PAYLOAD_CRC"),
     ("reserved header byte", put("<B", HEADER_OFFSETS["reserved"] + 8, 1), "E_IMAGE_HEADER"),
-    # the layer records (format/schema.toml [[layer]]); the base image has one kind, MoE layers
+    # the layer records (format/schema.toml [[layer]]); the base image has one kind, MoE layers with NORM_TOPK
     ("no layer kinds", field("layer_kinds", 0), "E_IMAGE_DIMS"),
     ("nine layer kinds", field("layer_kinds", 9), "E_IMAGE_DIMS"),
     ("a layer of a kind past the records", put("<B", HEADER_OFFSETS["layer_kind"] + 1, 1), "E_IMAGE_DIMS"),
@@ -136,10 +147,20 @@ CASES = [
     ("a dense layer without a width", kind(0, "ffn", LAYER_FFN_DENSE), "E_IMAGE_DIMS"),
     ("a width on a MoE layer", kind(0, "dense_ffn", 8), "E_IMAGE_DIMS"),
     ("a reserved record byte", kind(0, "reserved", 1), "E_IMAGE_DIMS"),
-    ("an unknown layer option", kind(0, "options", 0x80), "E_IMAGE_DIMS"),
-    ("keys as values outside Gemma 4's layer", kind(0, "options", LAYER_OPT_K_IS_V), "E_IMAGE_DIMS"),
-    ("global RoPE outside Gemma 4's layer", kind(0, "options", LAYER_OPT_GLOBAL_ROPE), "E_IMAGE_DIMS"),
-    ("KV sharing outside Gemma 4's layer", lambda b: kind(1, "kv_source", 0)(second_kind(b)), "E_IMAGE_DIMS"),
+    ("an unknown layer option", with_options(0, LAYER_KNOWN_OPTIONS + 1), "E_IMAGE_DIMS"),
+    *((f"an unknown {name} value", kind(0, name, count), "E_IMAGE_DIMS") for name, (count, _) in LAYER_ENUMS.items()),
+    ("keys as values the table contradicts", with_options(0, LAYER_OPT_K_IS_V), "E_IMAGE_TABLE"),
+    ("global RoPE without its tables", with_options(0, LAYER_OPT_GLOBAL_ROPE), "E_IMAGE_TABLE"),
+    ("KV sharing the table contradicts", lambda b: kind(1, "kv_source", 0)(second_kind(b)), "E_IMAGE_TABLE"),
+    ("KV sharing with a later layer", lambda b: kind(0, "kv_source", 1)(second_kind(b)), "E_IMAGE_DIMS"),
+    ("a dense layer with a router", lambda b: kind(0, "router", LAYER_ROUTER_SIGMOID)(
+        kind(0, "options", 0, seal=False)(kind(0, "dense_ffn", 8, seal=False)(kind(0, "ffn", LAYER_FFN_DENSE, seal=False)(b)))),
+     "E_IMAGE_DIMS"),
+    ("a dense layer with the experts' options", lambda b: kind(0, "dense_ffn", 8)(kind(0, "ffn", LAYER_FFN_DENSE, seal=False)(b)),
+     "E_IMAGE_DIMS"),
+    ("a dense layer with a shared expert", lambda b: kind(0, "shared", LAYER_SHARED_PLAIN)(
+        kind(0, "options", 0, seal=False)(kind(0, "dense_ffn", 8, seal=False)(kind(0, "ffn", LAYER_FFN_DENSE, seal=False)(b)))),
+     "E_IMAGE_DIMS"),
     ("a window longer than max_seq", kind(0, "window", 49), "E_IMAGE_DIMS"),
     ("two windows", lambda b: kind(1, "window", 4)(kind(0, "window", 3, seal=False)(second_kind(b))), "E_IMAGE_DIMS"),
     ("a window the plan does not know", kind(0, "window", 3), "E_IMAGE_PLAN"),
@@ -147,19 +168,21 @@ CASES = [
     ("a record no layer has", lambda b: put("<B", HEADER_OFFSETS["layer_kind"] + 1, 0)(second_kind(b)), "E_IMAGE_DIMS"),
     ("a byte past the records", put("<B", HEADER_OFFSETS["kinds"] + LAYER_BYTES + 5, 1), "E_IMAGE_DIMS"),
     ("a kind past the last layer", put("<B", HEADER_OFFSETS["layer_kind"] + 2, 1), "E_IMAGE_DIMS"),
-    # Gemma 4's fields and flags 13..15
+    # Gemma 4's fields and its experts beside a dense MLP
     ("embedding scale NaN", field("embed_scale", float("nan")), "E_IMAGE_DIMS"),
     ("logit cap negative", field("logit_softcap", -30.0), "E_IMAGE_DIMS"),
-    ("per-layer inputs outside Gemma 4's layer", field("ple_dim", 4), "E_IMAGE_DIMS"),
-    ("Gemma 4 layer without a dense MLP", field("flags", FLAG_NORM_TOPK | FLAG_GEMMA4_LAYER), "E_IMAGE_DIMS"),
-    # gpt-oss's expert activation (280, 284) and flags 10..12
+    ("per-layer inputs the table lacks", field("ple_dim", 4), "E_IMAGE_TABLE"),
+    ("experts beside a dense MLP without its width", kind(0, "ffn", LAYER_FFN_MOE_AND_DENSE), "E_IMAGE_DIMS"),
+    # gpt-oss's expert activation and router
     ("SwiGLU limit without alpha", field("swiglu_limit", 7.0), "E_IMAGE_DIMS"),
     ("SwiGLU alpha NaN", lambda b: field("swiglu_alpha", float("nan"))(field("swiglu_limit", 7.0, seal=False)(b)), "E_IMAGE_DIMS"),
     ("SwiGLU limit negative", lambda b: field("swiglu_alpha", 1.7)(field("swiglu_limit", -1.0, seal=False)(b)), "E_IMAGE_DIMS"),
-    ("top-k softmax with renormalization", field("flags", FLAG_NORM_TOPK | FLAG_ROUTER_TOPK_SOFTMAX), "E_IMAGE_DIMS"),
-    ("sinks the table lacks", field("flags", FLAG_NORM_TOPK | FLAG_ATTN_SINKS), "E_IMAGE_TABLE"),
-    ("expert biases the table lacks", field("flags", FLAG_NORM_TOPK | FLAG_EXPERT_BIAS), "E_IMAGE_TABLE"),
-    # attention (244..263) and routing (264..279) fields; the base image: 4 heads of 6, 2 KV heads, 4 experts, top-2
+    ("top-k softmax with renormalization", kind(0, "router", LAYER_ROUTER_TOPK_SOFTMAX), "E_IMAGE_DIMS"),
+    ("top-k softmax with groups", lambda b: kind(0, "router", LAYER_ROUTER_TOPK_SOFTMAX)(
+        kind(0, "options", 0, seal=False)(field("n_group", 2, seal=False)(b))), "E_IMAGE_DIMS"),
+    ("sinks the table lacks", with_options(0, LAYER_OPT_ATTN_SINKS), "E_IMAGE_TABLE"),
+    ("expert biases the table lacks", with_options(0, LAYER_OPT_EXPERT_BIAS), "E_IMAGE_TABLE"),
+    # attention and routing fields; the base image: 4 heads of 6, 2 KV heads, 4 experts, top-2
     ("q-LoRA without latent attention", field("q_lora_rank", 8), "E_IMAGE_DIMS"),
     ("latent attention with two KV heads", field("kv_lora_rank", 8), "E_IMAGE_DIMS"),
     ("RoPE over part of a standard head", field("rope_dim", 4), "E_IMAGE_DIMS"),
@@ -174,9 +197,9 @@ CASES = [
     ("a group scored by more experts than it has", lambda b: field("group_top", 3)(field("n_group", 2, seal=False)(b)),
      "E_IMAGE_DIMS"),
     ("kept groups too small for top_k", lambda b: field("n_group", 4)(b), "E_IMAGE_DIMS"),
-    ("both shared-expert kinds", field("flags", FLAG_SHARED_EXPERT | FLAG_SHARED_PLAIN), "E_UNSUPPORTED"),
-    ("plain shared expert without a size", field("flags", FLAG_SHARED_PLAIN), "E_IMAGE_DIMS"),
-    ("router bias the table lacks", field("flags", FLAG_NORM_TOPK | FLAG_ROUTER_BIAS), "E_IMAGE_TABLE"),
+    ("plain shared expert without a size", kind(0, "shared", LAYER_SHARED_PLAIN), "E_IMAGE_DIMS"),
+    ("a shared expert's size without one", field("shared_ffn_size", 8), "E_IMAGE_DIMS"),
+    ("router bias the table lacks", with_options(0, LAYER_OPT_ROUTER_BIAS), "E_IMAGE_TABLE"),
     # the sliding window (176) and its layers (bitmap at 180); the base images have 2 layers, max_seq 48
     ("table offset past data", field("tensor_table_offset", 1 << 40), "E_IMAGE_HEADER"),
     ("entry size", field("entry_bytes", 32), "E_IMAGE_HEADER"),
@@ -194,8 +217,6 @@ CASES = [
     ("eps NaN", field("rms_norm_eps", float("nan")), "E_IMAGE_DIMS"),
     ("eps zero", field("rms_norm_eps", 0.0), "E_IMAGE_DIMS"),
     ("unknown arch", field("arch", 2), "E_UNSUPPORTED"),
-    ("unknown flag", field("flags", KNOWN_FLAGS + 1), "E_UNSUPPORTED"),
-    ("both q/k norm kinds", field("flags", FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL), "E_UNSUPPORTED"),
     ("tensor count", field("n_tensors", 10), "E_IMAGE_TABLE"),
     ("last tensor left out", lambda b: field("n_tensors", get(b, "n_tensors") - 1)(b), "E_IMAGE_TABLE"),
     ("2^24 layers of 1024 experts", lambda b: field("n_layers", 1 << 24)(field("n_experts", 1024, seal=False)(b)),
@@ -375,7 +396,9 @@ def global_head_without_rope_image() -> bytes:
     entries = read_image(bytes(buf)).entries
     index = {e.role: i for i, e in enumerate(entries) if e.layer == im.NO_INDEX}
     assert index[im.Role.GLOBAL_ROPE_SIN] == len(entries) - 1 == index[im.Role.GLOBAL_ROPE_COS] + 1
-    kind(0, "options", 0, seal=False)(buf)
+    fmt, offset = LAYER_FIELD["options"]
+    at = HEADER_OFFSETS["kinds"] + offset
+    struct.pack_into(fmt, buf, at, struct.unpack_from(fmt, buf, at)[0] & ~LAYER_OPT_GLOBAL_ROPE)
     field("n_tensors", len(entries) - 2, seal=False)(buf)  # the global tables, the table's last two entries
     sin = entries[index[im.Role.ROPE_SIN]]
     assert len(buf) == entries[index[im.Role.GLOBAL_ROPE_SIN]].end and (len(buf) - sin.nbytes) % 64 == 0
@@ -441,7 +464,7 @@ def test_a_sharing_layer_with_options_its_source_lacks_is_refused(lib):
     kinds, kind_map = dims.layer_kinds()
     assert status_of(lib, base) == STATUS["OK"] and len(kinds) == 3 and kind_map == bytes([0, 1, 2])
     assert dims.kv_source(2) == 0  # the sharer, kind 2, reads the windowed layer 0
-    changed = kind(2, "options", LAYER_OPT_K_IS_V)(bytearray(base))
+    changed = with_options(2, LAYER_OPT_K_IS_V)(bytearray(base))
     assert status_of(lib, changed) == STATUS["E_IMAGE_DIMS"]
 
 

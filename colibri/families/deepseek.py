@@ -12,8 +12,8 @@ import gguf
 from colibri import rope
 from colibri.families.base import ConfigContext, Family, OwnFields, UnsupportedModel
 from colibri.gguf_common import MODEL_TENSOR, GGUFError, GGUFFile, Keys, gguf_name
-from colibri.format import (FLAG_NORM_TOPK, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_SHARED_PLAIN,
-                            MAX_TOP_K, Role)
+from colibri.format import MAX_TOP_K, Role
+from colibri.dims import FLAG_NORM_TOPK, FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_SHARED_PLAIN
 from colibri.lazy import Derived, LazyTensor
 
 OWN_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "n_group", "topk_group",

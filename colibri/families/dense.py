@@ -1,6 +1,6 @@
 """The dense models: Llama, Qwen2 (q/k/v biases always), Qwen3 (per-head q/k norms)."""
 from colibri.families.base import Family
-from colibri.format import FLAG_QK_NORM_HEAD
+from colibri.dims import FLAG_QK_NORM_HEAD
 
 DENSE = dict(moe=False, expert_ffn_key="", moe_prefix="", expert_names=("", "", ""))
 FAMILIES = {

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from colibri.families.base import ConfigContext, Family, OwnFields, UnsupportedModel, fused_expert_tensor
-from colibri.format import (EXPERT_ROLES, FLAG_GELU_TANH, FLAG_GEMMA4_LAYER, FLAG_NORM_TOPK, FLAG_QK_NORM_HEAD,
-                            FLAG_V_NORM, Role)
+from colibri.format import EXPERT_ROLES, Role
+from colibri.dims import FLAG_GELU_TANH, FLAG_GEMMA4_LAYER, FLAG_NORM_TOPK, FLAG_QK_NORM_HEAD, FLAG_V_NORM
 
 OWN_KEYS = ("hidden_activation", "enable_moe_block", "top_k_experts", "final_logit_softcapping", "per_layer_config",
             "global_head_dim", "num_global_key_value_heads", "attention_k_eq_v", "use_bidirectional_attention",

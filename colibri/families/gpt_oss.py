@@ -8,7 +8,8 @@ import numpy as np
 from colibri.families.base import ConfigContext, Family, OwnFields, UnsupportedModel, derived_tensor
 from colibri.gguf_common import (MODEL_TENSOR, GGUFError, GGUFFile, Keys, fused_gate_up, gguf_name, lazy,
                                  transposed)
-from colibri.format import FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_ROUTER_BIAS, FLAG_ROUTER_TOPK_SOFTMAX, Role
+from colibri.format import Role
+from colibri.dims import FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_ROUTER_BIAS, FLAG_ROUTER_TOPK_SOFTMAX
 from colibri.lazy import Derived, LazyTensor, expert_of
 from colibri.quant import mxfp4_dequantize
 

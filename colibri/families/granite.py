@@ -4,7 +4,8 @@ their residual add, so o, its bias and each expert's down; the head divided by l
 as the softmax scale, a softmax over the top-k router logits, the experts fused; from GGUF, llama.cpp's granitemoe
 (conversion/granite.py: the multipliers under its scale keys, the experts split, q/k rows permuted)."""
 from colibri.families.base import Family
-from colibri.format import FLAG_ROUTER_TOPK_SOFTMAX, Role
+from colibri.format import Role
+from colibri.dims import FLAG_ROUTER_TOPK_SOFTMAX
 
 FAMILIES = {
     "GraniteMoeForCausalLM": Family(

@@ -1,6 +1,6 @@
 """OLMoE: q/k norms across the whole projections, clip_qkv."""
 from colibri.families.base import Family
-from colibri.format import FLAG_QK_NORM_FULL
+from colibri.dims import FLAG_QK_NORM_FULL
 
 FAMILIES = {
     "OlmoeForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size", moe_prefix="mlp",

@@ -1,7 +1,7 @@
 """Qwen2-MoE and Qwen3-MoE: dense layers by mlp_only_layers and decoder_sparse_step; Qwen2-MoE's shared expert and
 q/k/v biases, Qwen3-MoE's per-head q/k norms."""
 from colibri.families.base import Family
-from colibri.format import FLAG_QK_NORM_HEAD
+from colibri.dims import FLAG_QK_NORM_HEAD
 
 QWEN_MOE = dict(moe=True, expert_ffn_key="moe_intermediate_size", moe_prefix="mlp",
                 expert_names=("gate_proj", "up_proj", "down_proj"), sparse_layer_rule=True)

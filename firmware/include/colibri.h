@@ -58,7 +58,8 @@ typedef enum {
     COLIBRI_E_IMAGE_BOUNDS = 13,       /* a tensor's bytes are misaligned or outside the image */
     COLIBRI_E_IMAGE_DTYPE = 14,        /* a tensor dtype this build does not implement */
     COLIBRI_E_IMAGE_PLAN = 15,         /* the image's arena plan disagrees with the runtime's */
-    COLIBRI_E_UNSUPPORTED = 16,        /* architecture, flag or mechanism this runtime (or its lean build) lacks */
+    COLIBRI_E_UNSUPPORTED = 16,        /* architecture, layer kind or mechanism this runtime (or its lean build)
+                                          lacks */
     COLIBRI_E_TOKEN_RANGE = 17,        /* a token id >= vocab size */
     COLIBRI_E_SEQ_FULL = 18,           /* the sequence would exceed the image's max_seq */
     COLIBRI_E_NO_LOGITS = 19,          /* step/logits before any token was fed */

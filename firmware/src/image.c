@@ -16,45 +16,69 @@ static float rdf32(const uint8_t *p) {
 /* A scale the math multiplies by: finite and positive (rejects NaN). */
 static int scale_ok(float s) { return s > 0.0f && s < 3.0e38f; }
 
+/* The options only standard attention has, and those only a layer with experts has. */
+#define STANDARD_OPTIONS (LAYER_OPT_QKV_BIAS | LAYER_OPT_O_BIAS | LAYER_OPT_ATTN_SINKS | LAYER_OPT_V_NORM | \
+                          LAYER_OPT_K_IS_V | LAYER_OPT_GLOBAL_ROPE)
+#define EXPERT_OPTIONS (LAYER_OPT_NORM_TOPK | LAYER_OPT_ROUTER_BIAS | LAYER_OPT_EXPERT_BIAS)
+
+/* The record's fields that take a table's values: offset, how many, the lean build's as a mask (format.h). */
+#define ENUM_ROW(offset, count, lean) { offset, count, lean },
+static const struct { uint8_t offset, count, lean; } LAYER_ENUMS[] = { IMG_LAYER_ENUMS(ENUM_ROW) };
+
 /* The layers' kinds (docs/FORMAT.md "Layers"): each record resolved (a 0 is the header's value) and checked on its
  * own, then each layer's kind and the KV cache it reads. Sets the widest head and dense MLP of any layer, the window,
- * the global RoPE tables' head size and the ring windowed sharing layers read. Nonzero: invalid. */
-static int layer_kinds(const uint8_t *h, model_dims *d) {
+ * the global RoPE tables' head size and the ring windowed sharing layers read. A record with a value or option the
+ * build leaves out is COLIBRI_E_UNSUPPORTED; any other invalid one COLIBRI_E_IMAGE_DIMS. */
+static colibri_status layer_kinds(const uint8_t *h, model_dims *d) {
     const uint32_t n_kinds = le32(h + H_LAYER_KINDS), mla = d->kv_lora != 0;
-    if (n_kinds == 0 || n_kinds > IMG_MAX_LAYER_KINDS || d->n_layers > IMG_MAX_LAYERS) return 1;
-    const int gemma = WITH_GEMMA4 && (d->flags & IMG_FLAG_GEMMA4_LAYER); /* a build without Gemma 4 refused the flag */
+    if (n_kinds == 0 || n_kinds > IMG_MAX_LAYER_KINDS || d->n_layers > IMG_MAX_LAYERS) return COLIBRI_E_IMAGE_DIMS;
     d->att_dim = d->head_dim;
     for (uint32_t k = 0; k < n_kinds; k++) {
         const uint8_t *r = h + H_KINDS + k * IMG_LAYER_BYTES;
+        for (unsigned i = 0; i < sizeof LAYER_ENUMS / sizeof LAYER_ENUMS[0]; i++) {
+            if (r[LAYER_ENUMS[i].offset] >= LAYER_ENUMS[i].count) return COLIBRI_E_IMAGE_DIMS;
+            if (COLIBRI_LEAN && !(LAYER_ENUMS[i].lean >> r[LAYER_ENUMS[i].offset] & 1)) return COLIBRI_E_UNSUPPORTED;
+        }
         layer_kind *t = &d->kinds[k];
         const uint32_t hd = le32(r + R_HEAD_DIM), kv = le32(r + R_KV_HEADS), fd = le32(r + R_DENSE_FFN);
-        const uint32_t ffn = t->ffn = r[R_FFN], window = t->window = le32(r + R_WINDOW);
+        const uint32_t options = t->options = le32(r + R_OPTIONS), window = t->window = le32(r + R_WINDOW);
         t->kv_source = le32(r + R_KV_SOURCE);
+        if ((options & ~LAYER_KNOWN_OPTIONS) || rd16(r + R_RESERVED)) return COLIBRI_E_IMAGE_DIMS;
+        /* what only Gemma 4's mechanisms use: a geometry of its own and a shared cache */
+        if ((options & ~BUILD_OPTIONS) || (!WITH_GEMMA4 && (hd | kv || t->kv_source != IMG_NO_INDEX)))
+            return COLIBRI_E_UNSUPPORTED;
+        const uint32_t ffn = t->ffn = r[R_FFN];
+        t->router = r[R_ROUTER];
+        t->activation = r[R_ACTIVATION];
+        t->qk_norm = r[R_QK_NORM];
+        t->shared = r[R_SHARED];
         t->dense_ffn = ffn == LAYER_FFN_MOE ? 0 : fd ? fd : d->dense_ffn;
-        /* latent attention is every layer's; the feed-forward block: experts need E > 0, a dense MLP a width (and no
-         * other layer one), Gemma 4's MoE layers one beside */
-        if (r[R_ATTENTION] != (mla ? LAYER_ATTN_LATENT : LAYER_ATTN_STANDARD) || r[R_RESERVED] || ffn > LAYER_FFN_MOE_AND_DENSE ||
-            (ffn != LAYER_FFN_DENSE && (!d->n_experts || (ffn == LAYER_FFN_MOE_AND_DENSE) != gemma)) ||
-            (ffn != LAYER_FFN_MOE) != (t->dense_ffn != 0) || (ffn == LAYER_FFN_MOE && fd) || fd > IMG_MAX_DIM)
-            return 1;
+        /* latent attention is every layer's; the feed-forward block: experts need E > 0 and come with their router,
+         * options and shared expert (one exactly when the header sizes it), a dense MLP needs a width (and no other
+         * layer one); gpt-oss's top-k softmax weighs its own way */
+        if (r[R_ATTENTION] != (mla ? LAYER_ATTN_LATENT : LAYER_ATTN_STANDARD) ||
+            (ffn == LAYER_FFN_DENSE ? (t->router | t->shared || (options & EXPERT_OPTIONS))
+                                    : (!d->n_experts || !t->shared != !d->shared_ffn)) ||
+            (ffn == LAYER_FFN_MOE ? fd != 0 : t->dense_ffn == 0) || fd > IMG_MAX_DIM ||
+            (WITH_ROUTERS && t->router == LAYER_ROUTER_TOPK_SOFTMAX && ((options & LAYER_OPT_NORM_TOPK) || le32(h + H_N_GROUP) != 1)))
+            return COLIBRI_E_IMAGE_DIMS;
         /* a window: 1 <= W <= max_seq, the same W in every windowed layer */
-        if (window > d->max_seq || (window && d->window && window != d->window)) return 1;
+        if (window > d->max_seq || (window && d->window && window != d->window)) return COLIBRI_E_IMAGE_DIMS;
         if (window) d->window = window;
         if (t->dense_ffn > d->ffn_max) d->ffn_max = t->dense_ffn;
-        /* a geometry of its own, options and cache sharing: Gemma 4's, with standard attention; a head of its own
-         * size rotates with the global tables, all of one size */
-        const uint32_t options = t->options = r[R_OPTIONS];
+        /* a geometry of its own, attention's options and cache sharing: standard attention's; a head of its own size
+         * rotates with the global tables, all of one size */
         t->head_dim = hd ? hd : d->head_dim;
         t->kv_heads = kv ? kv : d->n_kv_heads;
-        if (!gemma || mla) {
-            if (hd | kv | options || t->kv_source != IMG_NO_INDEX) return 1;
+        if (!WITH_GEMMA4) continue; /* the header's geometry (a record of its own: refused above) */
+        if (WITH_MLA && mla) {
+            if (hd | kv || (options & STANDARD_OPTIONS) || t->qk_norm || t->kv_source != IMG_NO_INDEX) return COLIBRI_E_IMAGE_DIMS;
             continue;
         }
         const int global_rope = (options & LAYER_OPT_GLOBAL_ROPE) != 0;
-        if ((options & ~LAYER_KNOWN_OPTIONS) || t->head_dim % 2 || t->head_dim > IMG_MAX_DIM || t->kv_heads > IMG_MAX_DIM ||
-            d->n_heads % t->kv_heads || (!global_rope && t->head_dim != d->head_dim) ||
-            (global_rope && d->global_head_dim && t->head_dim != d->global_head_dim))
-            return 1;
+        if (t->head_dim % 2 || t->head_dim > IMG_MAX_DIM || t->kv_heads > IMG_MAX_DIM || d->n_heads % t->kv_heads ||
+            (!global_rope && t->head_dim != d->head_dim) || (global_rope && d->global_head_dim && t->head_dim != d->global_head_dim))
+            return COLIBRI_E_IMAGE_DIMS;
         if (global_rope) d->global_head_dim = t->head_dim;
         if (t->head_dim > d->att_dim) d->att_dim = t->head_dim; /* the widest head (MLA's is set after) */
     }
@@ -65,10 +89,10 @@ static int layer_kinds(const uint8_t *h, model_dims *d) {
     for (uint32_t l = 0; l < IMG_MAX_LAYERS; l++) { /* (and the bytes past the last layer's are 0) */
         const uint8_t kind = h[H_LAYER_KIND + l];
         if (l >= d->n_layers) {
-            if (kind) return 1;
+            if (kind) return COLIBRI_E_IMAGE_DIMS;
             continue;
         }
-        if ((d->kind_of[l] = kind) >= n_kinds) return 1;
+        if ((d->kind_of[l] = kind) >= n_kinds) return COLIBRI_E_IMAGE_DIMS;
         used |= 1u << kind;
         const layer_kind *t = kind_of(d, l);
         const uint32_t src = t->kv_source;
@@ -76,18 +100,18 @@ static int layer_kinds(const uint8_t *h, model_dims *d) {
         const layer_kind *s = kind_of(d, src < l ? src : l);
         if (src >= l || s->kv_source != IMG_NO_INDEX || s->head_dim != t->head_dim || s->kv_heads != t->kv_heads ||
             s->window != t->window || s->options != t->options || (t->window && d->shared_ring != IMG_NO_INDEX && d->shared_ring != src))
-            return 1;
+            return COLIBRI_E_IMAGE_DIMS;
         if (t->window) d->shared_ring = src;
     }
     /* and the bytes past the records are 0: one model, one header */
     for (uint32_t i = H_KINDS + n_kinds * IMG_LAYER_BYTES; i < H_KINDS + IMG_MAX_LAYER_KINDS * IMG_LAYER_BYTES; i++)
-        if (h[i]) return 1;
-    return used != (1u << n_kinds) - 1;
+        if (h[i]) return COLIBRI_E_IMAGE_DIMS;
+    return used != (1u << n_kinds) - 1 ? COLIBRI_E_IMAGE_DIMS : COLIBRI_OK;
 }
 
 /* The attention's widths, after layer_kinds. Standard attention: RoPE over the whole head, values a head wide. MLA:
- * one latent shared by every head (n_kv_heads 1), RoPE on the last rope_dim dims of a q/k head, none of the options
- * standard attention has (biases, q/k norms, clipping). Nonzero: the dimensions are invalid. */
+ * one latent shared by every head (n_kv_heads 1), RoPE on the last rope_dim dims of a q/k head, no clipping (nor the
+ * options standard attention has: layer_kinds). Nonzero: the dimensions are invalid. */
 static int attention_dims(const uint8_t *h, model_dims *d) {
     d->q_lora = le32(h + H_Q_LORA);
     d->rope_dim = le32(h + H_ROPE_DIM);
@@ -105,9 +129,7 @@ static int attention_dims(const uint8_t *h, model_dims *d) {
         /* RoPE turns a whole head, with the table of the layer's head size (layer_kinds) */
         return d->q_lora || d->rope_dim != hd || d->v_head_dim != hd;
     }
-    const uint32_t options = IMG_FLAG_QKV_BIAS | IMG_FLAG_O_BIAS | IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL |
-                             IMG_FLAG_V_NORM;
-    if (d->n_kv_heads != 1 || (d->flags & options) || d->clip_qkv != 0.0f || d->rope_dim % 2 || d->rope_dim == 0 ||
+    if (d->n_kv_heads != 1 || d->clip_qkv != 0.0f || d->rope_dim % 2 || d->rope_dim == 0 ||
         d->rope_dim >= hd || d->q_lora > IMG_MAX_DIM || d->kv_lora > IMG_MAX_DIM || d->v_head_dim == 0 ||
         d->v_head_dim > IMG_MAX_DIM)
         return 1;
@@ -135,10 +157,6 @@ static int routing_dims(const uint8_t *h, model_dims *d) {
     /* gpt-oss's expert activation: limit and alpha finite and positive, with experts; else both 0 */
     if (d->swiglu_limit != 0.0f || d->swiglu_alpha != 0.0f)
         if (!scale_ok(d->swiglu_limit) || !scale_ok(d->swiglu_alpha) || !d->n_experts) return 1;
-    /* top-k then softmax: its own weights, no sigmoid, renormalization or groups */
-    if ((d->flags & IMG_FLAG_ROUTER_TOPK_SOFTMAX) &&
-        ((d->flags & (IMG_FLAG_ROUTER_SIGMOID | IMG_FLAG_NORM_TOPK)) || d->n_group != 1))
-        return 1;
     if (!scale_ok(d->routed_scale) || d->n_group == 0 || d->n_group > IMG_MAX_TOP_K || d->topk_group == 0 || d->topk_group > d->n_group)
         return 1;
     if (!d->n_experts) return d->n_group != 1 || d->topk_group != 1 || d->group_top != 1;
@@ -161,7 +179,6 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     d->max_seq = le32(h + H_MAX_SEQ);
     d->dense_ffn = le32(h + H_DENSE_FFN);
     d->shared_ffn = le32(h + H_SHARED_FFN);
-    d->flags = le32(h + H_FLAGS);
     d->eps = rdf32(h + H_EPS);
     d->clip_qkv = rdf32(h + H_CLIP_QKV);
     d->kv_dtype = le32(h + H_KV_DTYPE);
@@ -179,19 +196,21 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     if (d->n_experts > IMG_MAX_EXPERTS || d->top_k > IMG_MAX_TOP_K) return COLIBRI_E_IMAGE_DIMS;
     if (!(d->eps > 0.0f && d->eps < 1.0f) || !(d->clip_qkv >= 0.0f && d->clip_qkv < 3.0e38f)) /* rejects NaN */
         return COLIBRI_E_IMAGE_DIMS;
-    /* a mechanism the build leaves out (mechanisms.h): its flags and fields are unsupported there */
-    if (d->flags & ~BUILD_FLAGS) return COLIBRI_E_UNSUPPORTED;
+    /* a mechanism the build leaves out (mechanisms.h): its fields are unsupported there (its records': layer_kinds) */
     if ((!WITH_MLA && le32(h + H_KV_LORA)) || (!WITH_ROUTERS && le32(h + H_N_GROUP) != 1) ||
         (!WITH_EXPERT_EXTRAS && (le32(h + H_SWIGLU_LIMIT) || le32(h + H_SWIGLU_ALPHA))))
         return COLIBRI_E_UNSUPPORTED;
     d->kv_lora = WITH_MLA ? le32(h + H_KV_LORA) : 0;
-    if (layer_kinds(h, d) || attention_dims(h, d) || routing_dims(h, d)) return COLIBRI_E_IMAGE_DIMS;
-    if (WITH_GEMMA4) { /* Gemma 4's: 0 or a scale; per-layer inputs only in its layer */
+    if (d->shared_ffn && !d->n_experts) return COLIBRI_E_IMAGE_DIMS;
+    const colibri_status st = layer_kinds(h, d);
+    if (st) return st;
+    if (attention_dims(h, d) || routing_dims(h, d)) return COLIBRI_E_IMAGE_DIMS;
+    if (WITH_GEMMA4) { /* Gemma 4's: 0 or a scale; per-layer inputs */
         d->embed_scale = rdf32(h + H_EMBED_SCALE);
         d->logit_softcap = rdf32(h + H_LOGIT_SOFTCAP);
         d->ple_dim = le32(h + H_PLE_DIM);
         if (!(d->embed_scale == 0.0f || scale_ok(d->embed_scale)) || !(d->logit_softcap == 0.0f || scale_ok(d->logit_softcap)) ||
-            (d->ple_dim && !(d->flags & IMG_FLAG_GEMMA4_LAYER)) || (uint64_t)d->n_layers * d->ple_dim > IMG_MAX_DIM)
+            (uint64_t)d->n_layers * d->ple_dim > IMG_MAX_DIM)
             return COLIBRI_E_IMAGE_DIMS;
     }
     if (d->ffn > d->ffn_max) d->ffn_max = d->ffn; /* layer_kinds set the widest dense MLP of Gemma 4's records */
@@ -205,10 +224,6 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
             if (newer_inputs[i] > in_max) in_max = newer_inputs[i];
     }
     d->in_blocks = (in_max + QBLOCK - 1) / QBLOCK;
-    if ((d->flags & IMG_FLAG_QK_NORM_HEAD) && (d->flags & IMG_FLAG_QK_NORM_FULL)) return COLIBRI_E_UNSUPPORTED;
-    const uint32_t shared = d->flags & (IMG_FLAG_SHARED_EXPERT | IMG_FLAG_SHARED_PLAIN);
-    if (shared == (IMG_FLAG_SHARED_EXPERT | IMG_FLAG_SHARED_PLAIN)) return COLIBRI_E_UNSUPPORTED;
-    if (!shared != !d->shared_ffn || (d->shared_ffn && !d->n_experts)) return COLIBRI_E_IMAGE_DIMS;
     return COLIBRI_OK;
 }
 

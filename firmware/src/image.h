@@ -4,13 +4,15 @@
 #define COLIBRI_IMAGE_H
 
 #include "colibri.h"
-#include "format.h"     /* the image format: sizes, flags, field offsets, roles (docs/FORMAT.md) */
+#include "format.h"     /* the image format: sizes, layer records, field offsets, roles (docs/FORMAT.md) */
 #include "mechanisms.h" /* what this build computes */
 
 /* A layer kind, as the verifier resolved its record (docs/FORMAT.md "Layers"): the header's value where the record
  * has 0, so every later read takes it from here, never from the image. */
 typedef struct {
-    uint8_t ffn, options;            /* LAYER_FFN_*, LAYER_OPT_* bits (the attention is every layer's: MLA or not) */
+    uint8_t ffn, router, activation, qk_norm, shared; /* LAYER_FFN_*, LAYER_ROUTER_*, ... (the attention is every
+                                                       * layer's: MLA or not) */
+    uint32_t options;                /* LAYER_OPT_* bits */
     uint32_t head_dim, kv_heads;     /* the layer's q/k head size and KV heads */
     uint32_t window;                 /* W (0: none) */
     uint32_t kv_source;              /* the layer whose KV cache it reads (IMG_NO_INDEX: its own) */
@@ -20,7 +22,6 @@ typedef struct {
 typedef struct {
     uint32_t vocab, dim, ffn, n_layers, n_heads, n_kv_heads, head_dim, n_experts, top_k, max_seq;
     uint32_t dense_ffn, shared_ffn; /* dense MLP and shared expert intermediate sizes (0: none) */
-    uint32_t flags;
     uint32_t kv_dtype;              /* KV_F32 or KV_F16 */
     float eps, clip_qkv;            /* clip_qkv 0: no clipping */
     uint32_t window;                /* the W of the windowed layers (every one has the same; 0: none) */

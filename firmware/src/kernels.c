@@ -1,5 +1,6 @@
 /* Scalar reference kernels. Built with -ffp-contract=off and without fast-math, so every board
  * rounds the same way and the scalar path gives bit-identical results everywhere. */
+#define KERNEL_HELPERS_HERE /* the out-of-line copy of the kernel helpers under -Os (kernels.h) */
 #include "internal.h"
 
 static float from_bits(uint32_t u) {

@@ -80,12 +80,26 @@ static inline uint32_t crc32_update(uint32_t crc, const void *data, size_t n, in
 float colibri_expf(float x);
 uint16_t f32_to_f16(float f);  /* round to nearest even, as IEEE 754 */
 
-/* f16 and bf16 widened to f32, exactly; inline because every quantized block converts its scale. */
+/* The helpers every kernel unit calls (f16_to_f32, sum_lanes8): inline, but under -Os (the Cortex-M4's size-gated
+ * build) one out-of-line copy in kernels.c, which defines KERNEL_HELPERS_HERE, instead of a static one in each unit
+ * that calls them. */
+#if !defined(__OPTIMIZE_SIZE__)
+#define KERNEL_HELPER static inline
+#elif defined(KERNEL_HELPERS_HERE)
+#define KERNEL_HELPER
+#endif
+#ifndef KERNEL_HELPER
+float f16_to_f32(uint16_t h);
+float sum_lanes8(const float acc[8]);
+#endif
+
+/* f16 and bf16 widened to f32, exactly. */
 static inline float f32_from_bits(uint32_t u) {
     union { uint32_t u; float f; } v = { u };
     return v.f;
 }
-static inline float f16_to_f32(uint16_t h) {
+#ifdef KERNEL_HELPER
+KERNEL_HELPER float f16_to_f32(uint16_t h) {
 #if defined(__ARM_FP16_FORMAT_IEEE) && defined(__ARM_FP) && (__ARM_FP & 2)
     /* the FPU's VCVTB.F32.F16 (Cortex-M4 and M55: -mfp16-format=ieee): exact, so the same bits as below */
     union { uint16_t u; __fp16 f; } half = { h };
@@ -98,6 +112,7 @@ static inline float f16_to_f32(uint16_t h) {
     return sign ? -v : v;
 #endif
 }
+#endif
 static inline float bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
 /* Q8_0 of n floats into ceil(n / QBLOCK) blocks (the last zero-padded), with each block's value sum: the
  * activation side of the quantized dot products; the reference for every kernel set's quantize_q8_0. */
@@ -138,12 +153,14 @@ static inline void zero_lanes8(float *acc) {
 
 /* The fixed reduction trees every kernel ends with (docs/KERNELS.md): acc[i] + acc[i+4], then
  * + [i+2], then + [i+1] over 8 lanes; 16 lanes first fold acc[i] + acc[i+8]. Inline: every row ends here. */
-static inline float sum_lanes8(const float acc[8]) {
+#ifdef KERNEL_HELPER
+KERNEL_HELPER float sum_lanes8(const float acc[8]) {
     float s4[4], s2[2];
     UNROLLED for (int i = 0; i < 4; i++) s4[i] = acc[i] + acc[i + 4];
     UNROLLED for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
     return s2[0] + s2[1];
 }
+#endif
 static inline float sum_lanes16(const float acc[16]) {
     float s[8];
     for (int i = 0; i < 8; i++) s[i] = acc[i] + acc[i + 8];

@@ -5,9 +5,9 @@
  * COLIBRI_LEAN 1 (the Cortex-M4's 16 KiB runtime: tools/size_gate.json) and leaves out those below. Each is
  * tested with a plain `if (WITH_X && ...)`, never #if: both builds compile every line, and the lean one's
  * compiler drops what it cannot reach. The verifier refuses an image that needs one of those that change results
- * (COLIBRI_E_UNSUPPORTED): BUILD_FLAGS for the flags (the schema's `lean` marks), and the header fields only they
- * use; the rest (window rings, threaded heads, trace CRCs, the top-p stop) change speed or what is reported only.
- * They are one switch, COLIBRI_LEAN, named apart so that each use says which mechanism it serves: BUILD_FLAGS and
+ * (COLIBRI_E_UNSUPPORTED): BUILD_OPTIONS and the lean marks of the layer record's values (format/schema.toml),
+ * and the header fields only they use; the rest (window rings, threaded heads, trace CRCs, the top-p stop) change speed or what is reported only.
+ * They are one switch, COLIBRI_LEAN, named apart so that each use says which mechanism it serves: BUILD_OPTIONS and
  * the verifier's checks follow COLIBRI_LEAN, so one of them alone cannot be turned off (asserted below). */
 #ifndef COLIBRI_MECHANISMS_H
 #define COLIBRI_MECHANISMS_H
@@ -32,14 +32,14 @@
 #define WITH_TRACE_CRC (!COLIBRI_LEAN)        /* the trace's residual-stream CRCs */
 #define WITH_TOP_P_STOP (!COLIBRI_LEAN)       /* top-p sampling's early stop (sampler.c) */
 
-/* The image flags this build computes (format.h, from format/schema.toml) */
-#define BUILD_FLAGS (COLIBRI_LEAN ? IMG_LEAN_FLAGS : IMG_KNOWN_FLAGS)
+/* The layer options this build computes (format.h, from format/schema.toml) */
+#define BUILD_OPTIONS (COLIBRI_LEAN ? LAYER_LEAN_OPTIONS : LAYER_KNOWN_OPTIONS)
 
 _Static_assert(WITH_MLA == !COLIBRI_LEAN && WITH_ROUTERS == !COLIBRI_LEAN && WITH_ROPE_PAIRS == !COLIBRI_LEAN &&
                    WITH_EXPERT_EXTRAS == !COLIBRI_LEAN && WITH_SINKS == !COLIBRI_LEAN && WITH_GEMMA4 == !COLIBRI_LEAN &&
                    WITH_PER_LAYER_INPUTS == !COLIBRI_LEAN && WITH_WINDOW_RINGS == !COLIBRI_LEAN &&
                    WITH_THREADED_HEADS == !COLIBRI_LEAN && WITH_TRACE_CRC == !COLIBRI_LEAN &&
                    WITH_TOP_P_STOP == !COLIBRI_LEAN,
-               "the mechanisms are one switch (COLIBRI_LEAN): BUILD_FLAGS and the verifier follow it");
+               "the mechanisms are one switch (COLIBRI_LEAN): BUILD_OPTIONS and the verifier follow it");
 
 #endif

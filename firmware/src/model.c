@@ -1,6 +1,7 @@
 /* The forward pass, following transformers' implementations of the supported families (docs/MODELS.md):
  *   x = embed[token]
- *   per layer:  h = rmsnorm(x)
+ *   per layer (each as its record says: docs/FORMAT.md "Layers"):
+ *               h = rmsnorm(x)
  *               q, k, v = Wq h (+bq), Wk h (+bk), Wv h (+bv); optional q/k RMSNorm (per head or
  *               across the projection) and clipping; rotate-half RoPE on q and k
  *               x += Wo attention(q, K cache, V cache) (+bo), with optional per-head sinks; or DeepSeek's
@@ -9,8 +10,8 @@
  *               x += dense SwiGLU MLP(h), or in a MoE layer
  *                    sum over the top-k experts of w_k * expert_k(h) (+ sigmoid(g . h) * shared(h), or
  *                    + shared(h)); the routers of route_topk; gpt-oss's expert biases and clamped SwiGLU
- *               Gemma 4's layer normalizes attention's and the FFN's outputs, runs the dense GeGLU MLP beside its
- *               experts and scales x per layer (ffn_block); its global layers have their own widths and RoPE
+ *               Gemma 4's layers normalize attention's and the FFN's outputs, run the dense GeGLU MLP beside their
+ *               experts and scale x per layer (ffn_block); its global layers have their own widths and RoPE
  *   logits = lm_head(rmsnorm(x)), soft-capped in Gemma
  * Weights are read in place from the image, in their stored dtype (f32, f16, bf16, Q8_0, Q4_0), except
  * routed experts with an expert cache, which come through it (experts.c); the KV cache (f32 or f16)
@@ -69,7 +70,10 @@ static void post_norm(const colibri_ctx *c, const token_buffers *tb, float *v, u
     for (uint32_t t = 0; t < tb->n; t++)
         rmsnorm(v + (size_t)t * c->d.dim, v + (size_t)t * c->d.dim, layer_w(c, layer, role), c->d.dim, c->d.eps);
 }
-static int gemma4_layer(const model_dims *d) { return WITH_GEMMA4 && (d->flags & IMG_FLAG_GEMMA4_LAYER); }
+/* Whether `layer`'s record has option `opt` that only a Gemma 4 mechanism computes (the lean build has none). */
+static int gemma4_option(const model_dims *d, uint32_t layer, uint32_t opt) {
+    return WITH_GEMMA4 && (kind_of(d, layer)->options & opt);
+}
 /* Whether all n values are finite (x - x is 0 for finite x, NaN for inf and NaN). */
 static int all_finite(const float *v, uint32_t n) {
     for (uint32_t i = 0; i < n; i++)
@@ -119,8 +123,8 @@ static void norm_inputs(colibri_ctx *c, const token_buffers *tb, const float *we
     c->xn_quantized = 0;
 }
 
-/* The attention half of a layer for every token: x += Wo attention(rmsnorm(x)) (+ bo), normed first in
- * Gemma 4. Token t sits at position c->pos + t and sees the positions before it, its batch-mates included.
+/* The attention half of a layer for every token: x += Wo attention(rmsnorm(x)) (+ bo), its output normed first
+ * with POST_ATTN_NORM. Token t sits at position c->pos + t and sees the positions before it, its batch-mates included.
  * kv_base: where the rows of the cache it attends over (kv_source's) start in the KV cache. */
 static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer, size_t kv_base) {
     const model_dims *d = &c->d;
@@ -130,7 +134,7 @@ static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer, s
     weight wo = matrix(c, layer_index(c, layer, ROLE_WO));
     matmul(c, tb, tb->moe_out, &wo, o_in, n);
     add_bias(c, tb->moe_out, d->dim, n, layer, ROLE_BO);
-    if (gemma4_layer(d)) post_norm(c, tb, tb->moe_out, layer, ROLE_POST_ATTN_NORM);
+    if (gemma4_option(d, layer, LAYER_OPT_POST_ATTN_NORM)) post_norm(c, tb, tb->moe_out, layer, ROLE_POST_ATTN_NORM);
     for (size_t i = 0; i < (size_t)n * d->dim; i++) tb->x[i] += tb->moe_out[i];
 }
 
@@ -144,53 +148,54 @@ static void accumulate(const colibri_ctx *c, const token_buffers *tb, const floa
 }
 
 /* The FFN half of a layer into moe_out: routed experts (+ shared expert), or the dense MLP, each reading x
- * normed by FFN_NORM. Gemma 4's layer has the dense MLP in every layer and in a MoE layer the experts beside
- * it, routed on x normed by ROUTER_NORM and reading x normed by MOE_NORM; each part is normed after, and their
- * sum too. Fills `t` (one token: per-expert cycles). */
+ * normed by FFN_NORM. MOE_AND_DENSE (Gemma 4's) has the experts beside the dense MLP, routed on x normed by
+ * ROUTER_NORM and reading x normed by MOE_NORM, each part normed after; with POST_FFN_NORM the sum is too. Fills `t`
+ * (one token: per-expert cycles). */
 static colibri_status ffn_block(colibri_ctx *c, const token_buffers *tb, uint32_t layer, colibri_layer_trace *t) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n;
-    const int gemma = gemma4_layer(d), routed = present(c, layer_index(c, layer, ROLE_ROUTER));
+    const layer_kind *kind = kind_of(d, layer);
+    const uint32_t shared = kind->shared;
+    const int routed = kind->ffn != LAYER_FFN_DENSE, both = WITH_GEMMA4 && kind->ffn == LAYER_FFN_MOE_AND_DENSE;
     uint64_t t0 = ctx_now(c), t1 = t0;
     for (size_t i = 0; i < (size_t)n * d->dim; i++) tb->moe_out[i] = 0.0f;
-    norm_inputs(c, tb, layer_w(c, layer, gemma && routed ? ROLE_ROUTER_NORM : ROLE_FFN_NORM));
+    norm_inputs(c, tb, layer_w(c, layer, both ? ROLE_ROUTER_NORM : ROLE_FFN_NORM));
     if (routed) {
         colibri_status st = route_topk(c, tb, layer);
         if (st) return st;
-        if (gemma) norm_inputs(c, tb, layer_w(c, layer, ROLE_MOE_NORM));
+        if (both) norm_inputs(c, tb, layer_w(c, layer, ROLE_MOE_NORM));
         t1 = ctx_now(c);
         uint32_t slot[IMG_MAX_TOP_K]; /* one token's routed experts' cache slots (a cache means one token a pass) */
         if (c->cache.n_slots) {
             st = experts_load(c, layer, slot);
             if (st) return st;
             const uint32_t next = layer + 1;
-            if ((c->opts.expert_policy & COLIBRI_PREFETCH) && next < d->n_layers &&
-                present(c, layer_index(c, next, ROLE_ROUTER)))
+            if ((c->opts.expert_policy & COLIBRI_PREFETCH) && next < d->n_layers && kind_of(d, next)->ffn != LAYER_FFN_DENSE)
                 prefetch_next(c, tb, next);
         }
         st = routed_experts(c, tb, layer, slot);
         if (st) return st;
-        if (d->flags & (IMG_FLAG_SHARED_EXPERT | IMG_FLAG_SHARED_PLAIN)) {
+        if (shared != LAYER_SHARED_NONE) {
             const float *scale = &one; /* ungated: each token's weight 1 (stride 0) */
-            if (d->flags & IMG_FLAG_SHARED_EXPERT) { /* gated by sigmoid(g . x) */
+            if (shared == LAYER_SHARED_GATED) { /* gated by sigmoid(g . x) */
                 weight gate = matrix(c, layer_index(c, layer, ROLE_SHARED_EXPERT_GATE));
                 matmul(c, tb, tb->scalar, &gate, tb->xn, n);
                 for (uint32_t g = 0; g < n; g++) tb->scalar[g] = 1.0f / (1.0f + colibri_expf(-tb->scalar[g]));
                 scale = tb->scalar;
             }
-            swiglu_ffn(c, tb, layer_index(c, layer, ROLE_SHARED_GATE), c->image, 0, tb->xn, n, 0);
+            swiglu_ffn(c, tb, layer, layer_index(c, layer, ROLE_SHARED_GATE), c->image, 0, tb->xn, n, 0);
             accumulate(c, tb, scale, scale == &one ? 0 : 1);
         }
-        if (gemma) post_norm(c, tb, tb->moe_out, layer, ROLE_MOE_POST_NORM);
+        if (both) post_norm(c, tb, tb->moe_out, layer, ROLE_MOE_POST_NORM);
     }
     t->n_routed = routed ? d->top_k : 0;
-    if (!routed || gemma) {
-        if (gemma) norm_inputs(c, tb, layer_w(c, layer, ROLE_FFN_NORM)); /* xn holds the experts' norm */
-        swiglu_ffn(c, tb, layer_index(c, layer, ROLE_DENSE_GATE), c->image, 0, tb->xn, n, 0);
-        if (gemma && routed) post_norm(c, tb, tb->ffn_out, layer, ROLE_DENSE_POST_NORM);
+    if (!routed || both) {
+        if (both) norm_inputs(c, tb, layer_w(c, layer, ROLE_FFN_NORM)); /* xn holds the experts' norm */
+        swiglu_ffn(c, tb, layer, layer_index(c, layer, ROLE_DENSE_GATE), c->image, 0, tb->xn, n, 0);
+        if (both) post_norm(c, tb, tb->ffn_out, layer, ROLE_DENSE_POST_NORM);
         accumulate(c, tb, &one, 0);
     }
-    if (gemma) post_norm(c, tb, tb->moe_out, layer, ROLE_POST_FFN_NORM);
+    if (gemma4_option(d, layer, LAYER_OPT_POST_FFN_NORM)) post_norm(c, tb, tb->moe_out, layer, ROLE_POST_FFN_NORM);
     uint64_t t2 = ctx_now(c);
     t->cycles_router = t1 - t0;
     t->cycles_ffn = t2 - t1;
@@ -261,8 +266,8 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
         colibri_status st = ffn_block(c, &tb, layer, &t);
         if (st) return pass_failed(c, n, st);
         for (size_t i = 0; i < (size_t)n * d->dim; i++) tb.x[i] += tb.moe_out[i];
-        if (gemma4_layer(d)) { /* Gemma 4's per-layer input, and its scalar per layer */
-            if (d->ple_dim) per_layer_input(c, &tb, layer);
+        if (WITH_PER_LAYER_INPUTS && d->ple_dim) per_layer_input(c, &tb, layer); /* Gemma 4's per-layer input */
+        if (gemma4_option(d, layer, LAYER_OPT_LAYER_SCALE)) { /* and its scalar per layer */
             const float scale = layer_w(c, layer, ROLE_LAYER_SCALE)[0];
             for (size_t i = 0; i < (size_t)n * d->dim; i++) tb.x[i] *= scale;
         }

@@ -27,22 +27,22 @@ static const struct { uint8_t rows, cols, when, attrs; } ROLE_SPECS[] = { IMG_RO
 
 uint32_t kv_rows(const model_dims *d, uint32_t layer) { return layer_windowed(d, layer) ? d->window : d->max_seq; }
 
-/* A layer's facts beside the image's flags (format/schema.toml [[fact]]): what a role's presence tests, from its
- * kind. The global tensors' roles test flags and the model-wide facts only (any layer's facts hold those). */
+/* A layer's facts (format/schema.toml [[fact]]): what a role's presence tests, its record's options and what its
+ * record and the header say beside them. The global tensors' roles test the model-wide facts only (any layer's
+ * facts hold those). */
 static uint32_t layer_facts(const model_dims *d, uint32_t layer) {
-    const uint32_t f = d->flags;
     const layer_kind *k = kind_of(d, layer);
     const int mla = WITH_MLA && d->kv_lora != 0, kv_shared = layer_kv_shared(d, layer), moe = k->ffn != LAYER_FFN_DENSE;
-    uint32_t facts = f;
+    uint32_t facts = k->options;
     if (moe) facts |= IMG_FACT_MOE;
     if (k->ffn != LAYER_FFN_MOE) facts |= IMG_FACT_DENSE;
     if (mla) facts |= IMG_FACT_MLA | (d->q_lora ? IMG_FACT_Q_LORA : 0);
     if (!mla && !kv_shared) facts |= IMG_FACT_OWN_KV;
-    if (WITH_GEMMA4 && (k->options & LAYER_OPT_K_IS_V)) facts |= IMG_FACT_K_IS_V;
-    if (f & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) facts |= IMG_FACT_QK_NORM;
+    if (k->qk_norm) facts |= IMG_FACT_QK_NORM;
     if (kv_shared) facts |= IMG_FACT_KV_SHARED;
-    if (moe && (f & (IMG_FLAG_SHARED_EXPERT | IMG_FLAG_SHARED_PLAIN))) facts |= IMG_FACT_SHARED_FFN;
-    if (WITH_GEMMA4 && d->global_head_dim) facts |= IMG_FACT_GLOBAL_ROPE;
+    if (k->shared) facts |= IMG_FACT_SHARED_FFN; /* a dense layer has none: layer_kinds */
+    if (k->shared == LAYER_SHARED_GATED) facts |= IMG_FACT_SHARED_GATED;
+    if (WITH_GEMMA4 && d->global_head_dim) facts |= IMG_FACT_GLOBAL_ROPE_TABLES;
     if (d->ple_dim) facts |= IMG_FACT_PLE;
     return facts;
 }
@@ -51,7 +51,7 @@ static uint32_t layer_facts(const model_dims *d, uint32_t layer) {
 static void shape_terms(const model_dims *d, uint32_t layer, uint32_t t[TERM_COUNT]) {
     _Static_assert(TERM_COUNT == 24, "shape_terms sets every term of format/schema.toml");
     const uint32_t hd = layer_head_dim(d, layer), q_dim = d->n_heads * hd, kv_dim = layer_kv_dim(d, layer);
-    const int head_norm = (d->flags & IMG_FLAG_QK_NORM_HEAD) != 0, mla = WITH_MLA && d->kv_lora != 0;
+    const int head_norm = kind_of(d, layer)->qk_norm == LAYER_QK_NORM_HEAD, mla = WITH_MLA && d->kv_lora != 0;
     t[TERM_NONE] = 0;
     t[TERM_ONE] = 1;
     t[TERM_V] = d->vocab;

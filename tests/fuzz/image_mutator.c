@@ -1,7 +1,7 @@
 /* Structure-aware mutation for fuzz_image.c. Half the time libFuzzer's own byte-level mutation
  * (LLVMFuzzerMutate, with the dictionary); otherwise one to three edits of the image's structure -- a header
- * dimension, a float parameter, an offset, a flag bit, a layer record's field or a layer's kind, a field of a tensor table entry
- * (role, dtype, layer, dims, offsets, sizes), a whole entry emptied or given another's shape and place, or
+ * dimension, a float parameter, an offset, a layer record's option bit or field or a layer's kind, a field of a
+ * tensor table entry (role, dtype, layer, dims, offsets, sizes), a whole entry emptied or given another's shape and place, or
  * the harness's mode bits -- after which the image is
  * resealed, so the edit meets the per-family checks (read_dims, the table's specs, the bounds) instead of
  * a CRC. The fields and their offsets come from firmware/src/format.h (written from format/schema.toml). */
@@ -26,7 +26,7 @@ static uint32_t below(uint64_t *state, uint32_t n) { return (uint32_t)(next(stat
 typedef struct { uint16_t offset; uint8_t bytes; } field;
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-/* the header's integers but its CRCs (left to reseal) and flags, its floats, a table entry's and a layer record's fields */
+/* the header's integers but its CRCs (left to reseal), its floats, a table entry's and a layer record's fields */
 #define FIELD(offset, bytes) { offset, bytes },
 static const field header_ints[] = { IMG_HEADER_INTEGERS(FIELD) };
 static const field header_floats[] = { IMG_HEADER_FLOATS(FIELD) };
@@ -86,9 +86,9 @@ static void mutate_structure(uint64_t *rng, uint8_t *mode, uint8_t *img, size_t 
         break;
     }
     case 2: mutate_float(rng, img + header_floats[below(rng, COUNT(header_floats))].offset); break;
-    case 3: { /* a flag bit: the known ones and the first unknown one */
-        const uint32_t flags = (uint32_t)get_le(img + H_FLAGS, 4);
-        put_le(img + H_FLAGS, flags ^ (1u << below(rng, IMG_FLAG_COUNT + 1)), 4);
+    case 3: { /* an option bit of one of the first kinds' records: the known ones and the first unknown one */
+        uint8_t *options = img + H_KINDS + below(rng, 3) * IMG_LAYER_BYTES + R_OPTIONS;
+        put_le(options, (uint32_t)get_le(options, 4) ^ (1u << below(rng, LAYER_OPTION_COUNT + 1)), 4);
         break;
     }
     case 4: { /* a field of one of the first kinds' records, perhaps set to another kind's; or layer 0..3's kind */
@@ -112,7 +112,7 @@ static void mutate_structure(uint64_t *rng, uint8_t *mode, uint8_t *img, size_t 
         else mutate_field(rng, e, f, get_le(other + f.offset, f.bytes));
         break;
     }
-    case 7: { /* a whole entry: emptied (a tensor the flags may no longer want), or another's shape and place */
+    case 7: { /* a whole entry: emptied (a tensor the records may no longer want), or another's shape and place */
         if (!entries) break;
         uint8_t *e = img + table + below(rng, (uint32_t)entries) * IMG_ENTRY_BYTES;
         const uint8_t *other = img + table + below(rng, (uint32_t)entries) * IMG_ENTRY_BYTES;

@@ -28,9 +28,9 @@ static void head_norm(const colibri_ctx *c, float *v, uint32_t n_heads, uint32_t
     for (uint32_t h = 0; h < n_heads; h++) rmsnorm(v + (size_t)h * hd, v + (size_t)h * hd, w, hd, c->d.eps);
 }
 
-/* q/k RMSNorm: across the whole projection, or on each head. */
-static void qk_norm(const colibri_ctx *c, float *v, uint32_t n_heads, uint32_t hd, const float *w) {
-    if (c->d.flags & IMG_FLAG_QK_NORM_FULL) rmsnorm(v, v, w, n_heads * hd, c->d.eps);
+/* q/k RMSNorm: across the whole projection (`full`), or on each head. */
+static void qk_norm(const colibri_ctx *c, int full, float *v, uint32_t n_heads, uint32_t hd, const float *w) {
+    if (full) rmsnorm(v, v, w, n_heads * hd, c->d.eps);
     else head_norm(c, v, n_heads, hd, w);
 }
 
@@ -59,7 +59,7 @@ static void heads_part(void *arg, uint32_t part) {
     const uint32_t group = d->n_heads / layer_kv_heads(d, cache), rows = kv_rows(d, cache), row_dim = layer_kv_dim(d, cache);
     const uint32_t first = hw->pos >= rows ? hw->pos - rows + 1 : 0, seen = hw->pos - first + 1, first_row = first % rows;
     const void *values = mla ? a->k_cache : a->v_cache;
-    const float *sinks = WITH_SINKS && (d->flags & IMG_FLAG_ATTN_SINKS) ? layer_w(c, hw->layer, ROLE_SINKS) : 0;
+    const float *sinks = WITH_SINKS && (kind_of(d, hw->layer)->options & LAYER_OPT_ATTN_SINKS) ? layer_w(c, hw->layer, ROLE_SINKS) : 0;
     const uint32_t h_end = part_start(d->n_heads, part + 1, hw->parts);
     for (uint32_t h = part_start(d->n_heads, part, hw->parts); h < h_end; h++) {
         const float *q = hw->q_all + (size_t)h * kd;
@@ -122,8 +122,9 @@ static void rope_rows(const colibri_ctx *c, uint32_t layer, uint32_t pos, const 
  * projection's input, q_dim of the layer per token. The cache's rows start at layer_base (attention). */
 static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint32_t layer, size_t layer_base) {
     const model_dims *d = &c->d;
+    const layer_kind *kind = kind_of(d, layer);
     const uint32_t n = tb->n, hd = layer_head_dim(d, layer), kv_heads = layer_kv_heads(d, layer);
-    const uint32_t q_dim = d->n_heads * hd, kv_dim = kv_heads * hd, pairs = WITH_ROPE_PAIRS && (d->flags & IMG_FLAG_ROPE_PAIRS);
+    const uint32_t q_dim = d->n_heads * hd, kv_dim = kv_heads * hd, pairs = WITH_ROPE_PAIRS && (kind->options & LAYER_OPT_ROPE_PAIRS);
     /* Gemma 4: a layer sharing an earlier one's KV cache computes only q; attention_k_eq_v: v is k's projection */
     const uint32_t cache = kv_source(d, layer), shared = cache != layer;
     const int k_is_v = WITH_GEMMA4 && !shared && !present(c, layer_index(c, layer, ROLE_WV));
@@ -137,7 +138,7 @@ static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint3
     add_bias(c, tb->v, kv_dim, n, layer, ROLE_BV);
     if (k_is_v)
         for (size_t i = 0; i < (size_t)n * kv_dim; i++) tb->v[i] = tb->k[i];
-    const int qk_norms = (d->flags & (IMG_FLAG_QK_NORM_HEAD | IMG_FLAG_QK_NORM_FULL)) != 0;
+    const int qk_norms = kind->qk_norm != LAYER_QK_NORM_NONE, full_norm = kind->qk_norm == LAYER_QK_NORM_FULL;
     const int exchange = WITH_WINDOW_RINGS && shared && n > 1 && layer_windowed(d, cache); /* saved rows: the ring before */
     if (exchange) ring_rows(c, cache, layer_base, c->rings.shared, 0, n, 1);
     for (uint32_t t = 0; t < n; t++) {
@@ -145,12 +146,12 @@ static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint3
         float *q = tb->q + (size_t)t * q_dim, *k = tb->k + (size_t)t * kv_dim, *v = tb->v + (size_t)t * kv_dim;
         const float *cos, *sin;
         rope_rows(c, layer, pos, &cos, &sin);
-        if (qk_norms) qk_norm(c, q, d->n_heads, hd, layer_w(c, layer, ROLE_Q_NORM));
+        if (qk_norms) qk_norm(c, full_norm, q, d->n_heads, hd, layer_w(c, layer, ROLE_Q_NORM));
         if (d->clip_qkv > 0.0f) clip(q, q_dim, d->clip_qkv);
         rope(q, d->n_heads, hd, hd, pairs, cos, sin);
         if (!shared) { /* this position's k and v into the layer's cache */
-            if (qk_norms) qk_norm(c, k, kv_heads, hd, layer_w(c, layer, ROLE_K_NORM));
-            if (WITH_GEMMA4 && (d->flags & IMG_FLAG_V_NORM)) head_norm(c, v, kv_heads, hd, 0);
+            if (qk_norms) qk_norm(c, full_norm, k, kv_heads, hd, layer_w(c, layer, ROLE_K_NORM));
+            if (WITH_GEMMA4 && (kind->options & LAYER_OPT_V_NORM)) head_norm(c, v, kv_heads, hd, 0);
             if (d->clip_qkv > 0.0f) {
                 clip(k, kv_dim, d->clip_qkv);
                 clip(v, kv_dim, d->clip_qkv);

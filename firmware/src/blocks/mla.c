@@ -22,7 +22,7 @@ static void per_head(colibri_ctx *c, const token_buffers *tb, const weight *w, u
 static const float *attention_mla(colibri_ctx *c, const token_buffers *tb, uint32_t layer, size_t layer_base) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n, H = d->n_heads, hd = d->head_dim, rope_dim = d->rope_dim, nope = hd - rope_dim;
-    const uint32_t lat = d->kv_lora, kd = d->att_dim, pairs = (d->flags & IMG_FLAG_ROPE_PAIRS) != 0;
+    const uint32_t lat = d->kv_lora, kd = d->att_dim, pairs = (kind_of(d, layer)->options & LAYER_OPT_ROPE_PAIRS) != 0;
     weight wkv_a = matrix(c, layer_index(c, layer, ROLE_WKV_A));
     const int lora = d->q_lora != 0; /* q = WQ_B rmsnorm(WQ_A x), or WQ x */
     rows_work a = { .n_tok = n, .n = 2, .x = tb->xn, .x_stride = d->dim, .out = { lora ? tb->q_a : tb->q, tb->k },

@@ -44,13 +44,13 @@ static colibri_status routed_experts(colibri_ctx *c, const token_buffers *tb, ui
                 if (st) return st;
             }
             ffn_extras extras = { .alpha = d->swiglu_alpha, .limit = d->swiglu_limit };
-            if (WITH_EXPERT_EXTRAS && (d->flags & IMG_FLAG_EXPERT_BIAS)) {
+            if (WITH_EXPERT_EXTRAS && (kind_of(d, layer)->options & LAYER_OPT_EXPERT_BIAS)) {
                 extras.bias[0] = layer_w(c, layer, ROLE_EXPERT_GATE_BIAS) + (size_t)expert * d->ffn;
                 extras.bias[1] = layer_w(c, layer, ROLE_EXPERT_UP_BIAS) + (size_t)expert * d->ffn;
                 extras.bias[2] = layer_w(c, layer, ROLE_EXPERT_DOWN_BIAS) + (size_t)expert * d->dim;
             }
             const int plain = !WITH_EXPERT_EXTRAS || (!extras.bias[0] && !(extras.limit > 0.0f));
-            swiglu_ffn(c, tb, expert_tensor_index(d, layer, expert, ROLE_EXPERT_GATE), block, block_offset, x, members,
+            swiglu_ffn(c, tb, layer, expert_tensor_index(d, layer, expert, ROLE_EXPERT_GATE), block, block_offset, x, members,
                        plain ? 0 : &extras);
             if (tb->expert_out) {
                 uint32_t m = 0;

@@ -35,11 +35,12 @@ static colibri_status router_choice(colibri_ctx *c, const token_buffers *tb, uin
     float *score = c->a.router, *choice = choice_scores(c), *group = score + 2 * E;
     weight router = matrix(c, layer_index(c, layer, ROLE_ROUTER));
     matmul(c, tb, score, &router, xn, 1);
-    const float *bias = WITH_ROUTERS && (d->flags & IMG_FLAG_ROUTER_BIAS) ? layer_w(c, layer, ROLE_ROUTER_BIAS) : 0;
-    if (WITH_ROUTERS && (d->flags & IMG_FLAG_ROUTER_TOPK_SOFTMAX)) { /* the logits (plus the Linear's bias) */
+    const layer_kind *kind = kind_of(d, layer);
+    const float *bias = WITH_ROUTERS && (kind->options & LAYER_OPT_ROUTER_BIAS) ? layer_w(c, layer, ROLE_ROUTER_BIAS) : 0;
+    if (WITH_ROUTERS && kind->router == LAYER_ROUTER_TOPK_SOFTMAX) { /* the logits (plus the Linear's bias) */
         for (uint32_t e = 0; bias && e < E; e++) score[e] += bias[e];
         bias = 0;
-    } else if (WITH_ROUTERS && (d->flags & IMG_FLAG_ROUTER_SIGMOID)) {
+    } else if (WITH_ROUTERS && kind->router == LAYER_ROUTER_SIGMOID) {
         for (uint32_t e = 0; e < E; e++) score[e] = 1.0f / (1.0f + colibri_expf(-score[e]));
     } else {
         softmax(score, E, 0);
@@ -76,6 +77,7 @@ static uint32_t pick_expert(const colibri_ctx *c, float *score) {
  * routed_scale. */
 static colibri_status route_topk(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
     const model_dims *d = &c->d;
+    const layer_kind *kind = kind_of(d, layer);
     for (uint32_t t = 0; t < tb->n; t++) {
         colibri_status st = router_choice(c, tb, layer, tb->xn + (size_t)t * d->dim);
         if (st) return st;
@@ -85,11 +87,11 @@ static colibri_status route_topk(colibri_ctx *c, const token_buffers *tb, uint32
             index[k] = pick_expert(c, &gate_weight[k]);
             sum += gate_weight[k];
         }
-        if (WITH_ROUTERS && (d->flags & IMG_FLAG_ROUTER_TOPK_SOFTMAX)) softmax(gate_weight, d->top_k, 0); /* gpt-oss */
+        if (WITH_ROUTERS && kind->router == LAYER_ROUTER_TOPK_SOFTMAX) softmax(gate_weight, d->top_k, 0); /* gpt-oss */
         const float norm = sum + 1e-20f;
-        const float *expert_scale = gemma4_layer(d) ? layer_w(c, layer, ROLE_EXPERT_SCALE) : 0;
+        const float *expert_scale = WITH_GEMMA4 && kind->ffn == LAYER_FFN_MOE_AND_DENSE ? layer_w(c, layer, ROLE_EXPERT_SCALE) : 0;
         for (uint32_t k = 0; k < d->top_k; k++) {
-            if (d->flags & IMG_FLAG_NORM_TOPK) gate_weight[k] /= norm;
+            if (kind->options & LAYER_OPT_NORM_TOPK) gate_weight[k] /= norm;
             if (WITH_ROUTERS) gate_weight[k] *= d->routed_scale; /* 1 without them */
             if (expert_scale) gate_weight[k] *= expert_scale[index[k]];
         }
