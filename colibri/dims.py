@@ -143,6 +143,10 @@ class ModelDims:
     double_wide_mlp: bool = False  # Gemma 4: the KV-sharing layers' dense MLP is 2·dense_ffn_size wide
     k_eq_v: bool = False           # Gemma 4: a global layer's values are its keys' projection
     global_rope: bool = False      # Gemma 4: the global layers rotate with RoPE tables of their own head size
+    # The layers' records as an image holds them (one per layer, LAYER_FIELDS order), when given: the reader's, so
+    # that the host computes any image the verifier accepts as its records say. Empty: layer_record derives each
+    # from the fields above (the packer's side).
+    records: tuple[tuple[int, ...], ...] = ()
 
     @property
     def mla(self) -> bool:
@@ -168,7 +172,9 @@ class ModelDims:
         where the header's value holds), from the fields above: the flags' values and options (those of experts in
         the layers with experts); the window on the window layers; Gemma 4's global layers (those without) with
         their own geometry and options; its last kv_shared_layers layers reading the cache of the last earlier layer
-        of their kind, windowed or global (transformers' "store" layer)."""
+        of their kind, windowed or global (transformers' "store" layer). Given `records`, the one listed."""
+        if self.records:
+            return self.records[layer]
         windowed = [bool(self.sliding_window) and self.window_layers[l] for l in range(self.n_layers)]
         own, moe, flags = not windowed[layer], self.moe_layers[layer], self.flags
         gemma = bool(flags & FLAG_GEMMA4_LAYER)
@@ -225,7 +231,8 @@ class ModelDims:
 
     @property
     def dense_ffn_max(self) -> int:
-        return self.dense_ffn_size * (2 if self.double_wide_mlp and self.kv_shared_layers else 1)
+        """The widest dense MLP: the header's width or any layer's (arena.c's ffn_max counts both)."""
+        return max([self.dense_ffn_size, *(k.dense_ffn for k in self.layers)])
 
     def layer_kv_dim(self, layer: int) -> int:
         """One position's row of the layer's K cache (and V cache); 0 for a KV-sharing layer, which has none."""
@@ -235,7 +242,12 @@ class ModelDims:
 
     @property
     def max_head_dim(self) -> int:
-        return max(self.head_dim, self.global_head_dim)
+        return max([self.head_dim, *(k.head_dim for k in self.layers)])
+
+    @property
+    def global_rope_dim(self) -> int:
+        """The head size of the layers rotating with GLOBAL_ROPE's tables (every such layer has the same); 0: none."""
+        return next((k.head_dim for k in self.layers if k.options & LAYER_OPT_GLOBAL_ROPE), 0)
 
     @property
     def att_dim(self) -> int:
@@ -254,7 +266,7 @@ class ModelDims:
 
     def kv_rows(self, layer: int) -> int:
         """Positions layer `layer` keeps in its KV cache: the window for a windowed layer, else max_seq."""
-        return self.sliding_window if self.windowed(layer) else self.max_seq
+        return self.layers[layer].window or self.max_seq
 
     def kv_position_bytes(self, expanded: bool = False) -> int:
         """KV cache bytes one position takes over all layers: K and V rows, or MLA's one latent row. With
@@ -308,7 +320,7 @@ class ModelDims:
         head_norm = layer != NO_INDEX and self.layers[layer].qk_norm == LAYER_QK_NORM_HEAD
         terms = {"none": 0, "one": 1, "V": self.vocab_size, "D": self.hidden_size, "S": self.max_seq, "H": self.n_heads,
                  "E": self.n_experts, "F": self.ffn_size, "Fd": fd, "Fs": self.shared_ffn_size,
-                 "rope_half": self.rope_width // 2, "global_rope_half": (self.global_head_dim or self.head_dim) // 2,
+                 "rope_half": self.rope_width // 2, "global_rope_half": self.global_rope_dim // 2,
                  "q_dim": q_dim, "kv_dim": kv_dim, "q_norm": hd if head_norm else q_dim,
                  "k_norm": hd if head_norm else kv_dim, "o_in": self.o_dim if self.mla else q_dim,
                  "q_lora": self.q_lora_rank, "kv_lora": self.kv_lora_rank,

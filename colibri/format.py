@@ -59,6 +59,8 @@ LAYER_OPT_POST_FFN_NORM = 1 << 11  # the feed-forward block's output is normed b
 LAYER_OPT_LAYER_SCALE = 1 << 12  # x is multiplied by `LAYER_SCALE` after the layer (and after its per-layer input)
 LAYER_KNOWN_OPTIONS = 0x1FFF
 LAYER_LEAN_OPTIONS = 0x7
+LAYER_STANDARD_OPTIONS = 0x3C6  # a record with them needs standard attention
+LAYER_EXPERT_OPTIONS = 0x19  # a record with them needs experts
 # The record's fields that take a table's values: (values, the lean build's as a mask of 1 << value)
 LAYER_ENUMS = {"attention": (2, 0x1), "ffn": (3, 0x3), "router": (3, 0x1), "activation": (2, 0x1), "qk_norm": (3, 0x7), "shared": (3, 0x7)}
 

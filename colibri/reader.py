@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 
 from colibri.dims import ModelDims, canonical_order, expected_shape, flags_of_record
-from colibri.format import (ALIGN, ENTRY_BYTES, HEADER_BYTES, HEADER_FIELDS, LAYER_BYTES, LAYER_FFN_DENSE, LAYER_FFN_MOE, LAYER_FIELDS,
-                            LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V, MAGIC, MAX_EXPERTS, MAX_LAYER_KINDS, MAX_LAYERS,
-                            NO_INDEX, VERSION, Role)
+from colibri.format import (ALIGN, ENTRY_BYTES, HEADER_BYTES, HEADER_FIELDS, LAYER_ATTN_LATENT, LAYER_ATTN_STANDARD,
+                            LAYER_BYTES, LAYER_ENUMS, LAYER_EXPERT_OPTIONS, LAYER_FFN_DENSE, LAYER_FFN_MOE, LAYER_FIELDS,
+                            LAYER_KNOWN_OPTIONS, LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V, LAYER_OPT_NORM_TOPK,
+                            LAYER_ROUTER_TOPK_SOFTMAX, LAYER_STANDARD_OPTIONS, MAGIC, MAX_DIM, MAX_EXPERTS,
+                            MAX_LAYER_KINDS, MAX_LAYERS, NO_INDEX, VERSION, Role)
 from colibri.quant import DType, Encoded
 from colibri.table import (ENTRY_STRUCT, HEADER_CRC_OFFSET, HEADER_STRUCT, LAYER_STRUCT, TensorEntry, crc32,
                            entry_encoded, expert_blocks)
@@ -88,37 +90,85 @@ def open_image(path: Path, check_crcs: bool = True) -> Image:
     return read_image(np.memmap(path, dtype=np.uint8, mode="r"), check_crcs)
 
 
+def check_records(h: dict, kinds: list[dict], kind_of: list[int]) -> None:
+    """The layer records as the verifier checks them (image.c, layer_kinds; docs/FORMAT.md "Layers"): each record
+    on its own, then each layer's kind and the KV cache it reads. ImageError names the first record refused."""
+    mla, window, global_head = h["kv_lora_rank"] != 0, 0, 0
+    for k, r in enumerate(kinds):
+        def refuse(why: str) -> ImageError:
+            return ImageError(f"layer record {k}: {why}")
+        for name, (count, _) in LAYER_ENUMS.items():
+            if r[name] >= count:
+                raise refuse(f"{name} {r[name]} is not one of its {count} values")
+        options, ffn, fd = r["options"], r["ffn"], r["dense_ffn"]
+        if options & ~LAYER_KNOWN_OPTIONS or r["reserved"]:
+            raise refuse(f"options 0x{options:X} or reserved {r['reserved']}: unknown bits")
+        if r["attention"] != (LAYER_ATTN_LATENT if mla else LAYER_ATTN_STANDARD):
+            raise refuse("its attention is not the model's (latent exactly when kv_lora_rank > 0)")
+        if ffn == LAYER_FFN_DENSE and (r["router"] or r["shared"] or options & LAYER_EXPERT_OPTIONS):
+            raise refuse("a dense layer with a router, a shared expert or the experts' options")
+        if ffn != LAYER_FFN_DENSE and (not h["n_experts"] or bool(r["shared"]) != bool(h["shared_ffn_size"])):
+            raise refuse("experts without E > 0, or a shared expert not exactly when shared_ffn_size > 0")
+        if (fd != 0 if ffn == LAYER_FFN_MOE else not (fd or h["dense_ffn_size"])) or fd > MAX_DIM:
+            raise refuse("a dense width not exactly when it has a dense MLP")
+        if r["router"] == LAYER_ROUTER_TOPK_SOFTMAX and (options & LAYER_OPT_NORM_TOPK or h["n_group"] != 1):
+            raise refuse("the top-k softmax router with renormalization or groups")
+        if r["window"] > h["max_seq"] or (r["window"] and window and r["window"] != window):
+            raise refuse(f"window {r['window']}: more than max_seq, or another than an earlier layer's")
+        window = r["window"] or window
+        if mla:
+            if r["head_dim"] or r["kv_heads"] or options & LAYER_STANDARD_OPTIONS or r["qk_norm"] \
+                    or r["kv_source"] != NO_INDEX:
+                raise refuse("latent attention with standard attention's geometry, options or a shared cache")
+            continue
+        head, kv = r["head_dim"] or h["head_dim"], r["kv_heads"] or h["n_kv_heads"]
+        global_rope = options & LAYER_OPT_GLOBAL_ROPE
+        if head % 2 or head > MAX_DIM or not kv or kv > MAX_DIM or h["n_heads"] % kv or \
+                (head != h["head_dim"] and not global_rope) or (global_rope and global_head and head != global_head):
+            raise refuse(f"head size {head} or {kv} KV heads (even, dividing the heads; a size of its own only "
+                         "with GLOBAL_ROPE, the same in every such layer)")
+        global_head = head if global_rope else global_head
+    resolved = [(r["head_dim"] or h["head_dim"], r["kv_heads"] or h["n_kv_heads"], r["window"], r["options"])
+                for r in kinds]
+    ring = NO_INDEX
+    for layer, k in enumerate(kind_of):
+        source = kinds[k]["kv_source"]
+        if source == NO_INDEX:
+            continue
+        if source >= layer or kinds[kind_of[source]]["kv_source"] != NO_INDEX or \
+                resolved[kind_of[source]] != resolved[k] or (kinds[k]["window"] and ring not in (NO_INDEX, source)):
+            raise ImageError(f"layer {layer} shares the KV cache of layer {source}, which is not an earlier layer "
+                             "keeping its own of the same geometry, window and options (or another ring)")
+        ring = source if kinds[k]["window"] else ring
+
+
 def layer_fields(h: dict) -> dict:
-    """ModelDims' flags and per-layer fields from the header's layer records (docs/FORMAT.md "Layers"). The host
-    models the layers its families make (the same flags in every layer, one window, Gemma 4's global layers and its
-    KV sharing in the last layers): records beyond those are refused, checked by writing the fields' records back."""
+    """ModelDims' records and per-layer fields from the header's layer records (docs/FORMAT.md "Layers"), checked
+    as the verifier checks them. The host computes a layer from its record; the config-style fields (flags,
+    windows, Gemma 4's global layers, ...) say what the records hold where every layer agrees, for summaries."""
     n_layers, n_kinds = h["n_layers"], h["layer_kinds"]
     if not 1 <= n_kinds <= MAX_LAYER_KINDS or n_layers > MAX_LAYERS:
         raise ImageError(f"{n_layers} layers of {n_kinds} kinds: an image has 1 to {MAX_LAYER_KINDS} kinds and at "
                          f"most {MAX_LAYERS} layers")
-    kinds = [LAYER_STRUCT.unpack_from(h["kinds"], k * LAYER_BYTES) for k in range(n_kinds)]
-    if set(h["layer_kind"][:n_layers]) != set(range(n_kinds)):
+    kinds = [dict(zip(LAYER_FIELDS, LAYER_STRUCT.unpack_from(h["kinds"], k * LAYER_BYTES))) for k in range(n_kinds)]
+    kind_of = list(h["layer_kind"][:n_layers])
+    if set(kind_of) != set(range(n_kinds)):
         raise ImageError(f"the layers' kinds are not the {n_kinds} records, each some layer's")
     if any(h["kinds"][n_kinds * LAYER_BYTES:]) or any(h["layer_kind"][n_layers:]):
         raise ImageError("bytes past the layer records or past the last layer's kind are not 0")
-    for k in kinds:
-        r = dict(zip(LAYER_FIELDS, k))
-        head, kv = r["head_dim"] or h["head_dim"], r["kv_heads"] or h["n_kv_heads"]
-        dense = r["ffn"] != LAYER_FFN_MOE and not (r["dense_ffn"] or h["dense_ffn_size"])
-        if head % 2 or not kv or h["n_heads"] % kv or r["window"] > h["max_seq"] or dense:
-            raise ImageError(f"a layer record the runtime refuses: {r}")
-    records = [dict(zip(LAYER_FIELDS, kinds[k])) for k in h["layer_kind"][:n_layers]]
+    check_records(h, kinds, kind_of)
+    records = [kinds[k] for k in kind_of]
     windows = {r["window"] for r in records if r["window"]}
     own = [r for r in records if not r["window"]]  # Gemma 4's global layers
-    fields = dict(flags=functools.reduce(operator.or_, map(flags_of_record, records), 0),
-                  moe_layers=tuple(r["ffn"] != LAYER_FFN_DENSE for r in records),
-                  sliding_window=max(windows, default=0), window_layers=tuple(bool(r["window"]) for r in records),
-                  global_head_dim=own[0]["head_dim"] if own else 0, global_kv_heads=own[0]["kv_heads"] if own else 0,
-                  kv_shared_layers=sum(r["kv_source"] != NO_INDEX for r in records),
-                  double_wide_mlp=any(r["dense_ffn"] for r in records),
-                  k_eq_v=any(r["options"] & LAYER_OPT_K_IS_V for r in records),
-                  global_rope=any(r["options"] & LAYER_OPT_GLOBAL_ROPE for r in records))
-    return fields
+    return dict(records=tuple(tuple(r.values()) for r in records),
+                flags=functools.reduce(operator.or_, map(flags_of_record, records), 0),
+                moe_layers=tuple(r["ffn"] != LAYER_FFN_DENSE for r in records),
+                sliding_window=max(windows, default=0), window_layers=tuple(bool(r["window"]) for r in records),
+                global_head_dim=own[0]["head_dim"] if own else 0, global_kv_heads=own[0]["kv_heads"] if own else 0,
+                kv_shared_layers=sum(r["kv_source"] != NO_INDEX for r in records),
+                double_wide_mlp=any(r["dense_ffn"] for r in records),
+                k_eq_v=any(r["options"] & LAYER_OPT_K_IS_V for r in records),
+                global_rope=any(r["options"] & LAYER_OPT_GLOBAL_ROPE for r in records))
 
 
 def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
@@ -167,14 +217,6 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
         "shared_ffn_size", "clip_qkv", "kv_dtype", "q_lora_rank", "kv_lora_rank", "rope_dim",
         "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha",
         "swiglu_limit", "embed_scale", "logit_softcap", "ple_dim")}, **layer_fields(h))
-    listed = [LAYER_STRUCT.unpack_from(h["kinds"], k * LAYER_BYTES) for k in h["layer_kind"][:n_layers]]
-    try:
-        written = [dims.layer_record(layer) for layer in range(n_layers)]
-    except ValueError:  # a sharing layer with no earlier layer of its kind to share
-        written = []
-    if written != listed:
-        raise ImageError("the layer records are not a kind of layer this host models (the same mechanisms in every "
-                         "layer, one window; Gemma 4's global layers and its KV sharing in the last layers)")
     order = (key for key in canonical_order(dims) if dims.present(key[0], key[1]))  # walked with the table: a short
     entries = []                                                                    # table ends it
     for i, (role, layer, expert) in enumerate(order):

@@ -192,7 +192,7 @@ class Reference:
         i, j = np.arange(n)[:, None], np.arange(n)[None, :]
         seen = j <= i
         if self.d.windowed(layer):
-            seen &= j > i - self.d.sliding_window
+            seen &= j > i - self.d.layers[layer].window
         return seen
 
     def attend(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, seen: np.ndarray,

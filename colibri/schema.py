@@ -134,6 +134,14 @@ def lean_mask(values: list[dict]) -> int:
     return sum(1 << i for i, v in enumerate(values) if v["lean"])
 
 
+OPTION_NEEDS = {"standard_attention": "STANDARD", "experts": "EXPERT"}  # an option's `needs`, and its mask's name
+
+
+def needs_mask(options: list[dict], needs: str) -> int:
+    """The options a record may have only with `needs` (OPTION_NEEDS), as a mask."""
+    return sum(1 << i for i, v in enumerate(options) if v.get("needs") == needs)
+
+
 def fields(rows: list[dict], total: int, what: str) -> list[Field]:
     """Rows laid out one after another from offset 0; they must fill `total` bytes exactly."""
     out, at = [], 0
@@ -216,6 +224,8 @@ def load(path: Path = SCHEMA) -> Schema:
     if len(layer_values["option"]) > 32 or any(len(vals) > 32 for vals in layer_values.values()):
         raise ValueError("format/schema.toml: more layer options than the record's u32 options holds, or more values "
                          "of a field than a 32-bit lean mask holds")
+    if any(v.get("needs", "standard_attention") not in OPTION_NEEDS for v in layer_values["option"]):
+        raise ValueError(f"format/schema.toml: a layer option's `needs` is one of {', '.join(OPTION_NEEDS)}")
     if {r.name for r in layer} < set(LAYER_VALUES) - {"option"}:
         raise ValueError("format/schema.toml: every [[layer_KIND]] table needs its u8 field in [[layer]]")
     if len(raw["status"]) >= LINK_ERROR_BASE:
@@ -325,6 +335,8 @@ def render_c(s: Schema) -> str:
               f"#define LAYER_LEAN_OPTIONS 0x{lean_mask(options):X}u /* the lean build's (COLIBRI_LEAN): "
               + ", ".join(v["name"] for v in options if v["lean"]) + " */",
               f"#define LAYER_OPTION_COUNT {len(options)}u",
+              *(f"#define LAYER_{mask}_OPTIONS 0x{needs_mask(options, needs):X}u /* a record with them needs "
+                f"{needs.replace('_', ' ')} */" for needs, mask in OPTION_NEEDS.items()),
               *_c_comment("The record's fields that take a table's values, X(offset, values, the lean build's as a "
                           "mask of 1 << value)."),
               _c_rows("IMG_LAYER_ENUMS", [f"R_{field.c}, {len(values)}u, 0x{lean_mask(values):X}u"
@@ -407,6 +419,8 @@ def render_py(s: Schema) -> str:
     lines += [f"LAYER_OPT_{v['name']} = 1 << {i}  # {v['doc']}" for i, v in enumerate(options)]
     lines += [f"LAYER_KNOWN_OPTIONS = 0x{(1 << len(options)) - 1:X}",
               f"LAYER_LEAN_OPTIONS = 0x{lean_mask(options):X}",
+              *(f"LAYER_{mask}_OPTIONS = 0x{needs_mask(options, needs):X}  # a record with them needs "
+                f"{needs.replace('_', ' ')}" for needs, mask in OPTION_NEEDS.items()),
               "# The record's fields that take a table's values: (values, the lean build's as a mask of 1 << value)",
               "LAYER_ENUMS = {" + ", ".join(f'"{field.name}": ({len(values)}, 0x{lean_mask(values):X})'
                                             for field, _, values in s.layer_enums) + "}", "", "",
@@ -567,11 +581,11 @@ def _md_table(rows: list[Field]) -> list[str]:
 def render_doc_sections(s: Schema) -> dict[str, str]:
     roles = ", ".join(f"{n}={i + 1}" for i, n in enumerate(s.role_names()))
     entry = [Field(e.name, e.c, e.type, f"{e.doc} {roles}" if e.name == "role" else e.doc, e.offset) for e in s.entry]
-    values = ["| field | value | name | lean build | meaning |", "| --- | --- | --- | --- | --- |"]
+    values = ["| field | value | name | lean build | needs | meaning |", "| --- | --- | --- | --- | --- | --- |"]
     for kind, vals in s.layer_values.items():
         values += [f"| {'options' if kind == 'option' else kind} | {f'1 << {i}' if kind == 'option' else i} | "
-                   f"`LAYER_{LAYER_VALUES[kind]}_{v['name']}` | {'yes' if v['lean'] else 'no'} | {v['doc']} |"
-                   for i, v in enumerate(vals)]
+                   f"`LAYER_{LAYER_VALUES[kind]}_{v['name']}` | {'yes' if v['lean'] else 'no'} | "
+                   f"{v.get('needs', '').replace('_', ' ')} | {v['doc']} |" for i, v in enumerate(vals)]
     def count(b: dict) -> str:
         return " + ".join("·".join(product) for product in b["count"])
     plan = ["| buffer | lifetime | element bytes | count | when | |", "| --- | --- | --- | --- | --- | --- |"] + [

@@ -25,7 +25,7 @@ def random_image(dims: im.ModelDims, dtype: DType = DType.Q8_0, seed: int = 0, e
                 tensors[(role, layer, expert)] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
             else:
                 t = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
-                keep_f32 = role in (im.Role.ROUTER, im.Role.SHARED_EXPERT_GATE)
+                keep_f32 = role in (im.Role.ROUTER, im.Role.SHARED_EXPERT_GATE, *im.F32_TABLES)
                 tensors[(role, layer, expert)] = t if keep_f32 else convert(t, dtype)
     inv = 1.0 / (dims.rope_theta ** (np.arange(0, dims.head_dim, 2) / dims.head_dim))
     cos, sin = tables(inv, 1.0, dims.max_seq)

@@ -75,6 +75,8 @@ enum {
 #define LAYER_KNOWN_OPTIONS 0x1FFFu
 #define LAYER_LEAN_OPTIONS 0x7u /* the lean build's (COLIBRI_LEAN): NORM_TOPK, QKV_BIAS, O_BIAS */
 #define LAYER_OPTION_COUNT 13u
+#define LAYER_STANDARD_OPTIONS 0x3C6u /* a record with them needs standard attention */
+#define LAYER_EXPERT_OPTIONS 0x19u /* a record with them needs experts */
 /* The record's fields that take a table's values, X(offset, values, the lean build's as a mask of 1 << value). */
 #define IMG_LAYER_ENUMS(X) X(R_ATTENTION, 2u, 0x1u) X(R_FFN, 3u, 0x3u) X(R_ROUTER, 3u, 0x1u) \
     X(R_ACTIVATION, 2u, 0x1u) X(R_QK_NORM, 3u, 0x7u) X(R_SHARED, 3u, 0x7u)

@@ -16,11 +16,6 @@ static float rdf32(const uint8_t *p) {
 /* A scale the math multiplies by: finite and positive (rejects NaN). */
 static int scale_ok(float s) { return s > 0.0f && s < 3.0e38f; }
 
-/* The options only standard attention has, and those only a layer with experts has. */
-#define STANDARD_OPTIONS (LAYER_OPT_QKV_BIAS | LAYER_OPT_O_BIAS | LAYER_OPT_ATTN_SINKS | LAYER_OPT_V_NORM | \
-                          LAYER_OPT_K_IS_V | LAYER_OPT_GLOBAL_ROPE)
-#define EXPERT_OPTIONS (LAYER_OPT_NORM_TOPK | LAYER_OPT_ROUTER_BIAS | LAYER_OPT_EXPERT_BIAS)
-
 /* The record's fields that take a table's values: offset, how many, the lean build's as a mask (format.h). */
 #define ENUM_ROW(offset, count, lean) { offset, count, lean },
 static const struct { uint8_t offset, count, lean; } LAYER_ENUMS[] = { IMG_LAYER_ENUMS(ENUM_ROW) };
@@ -57,7 +52,7 @@ static colibri_status layer_kinds(const uint8_t *h, model_dims *d) {
          * options and shared expert (one exactly when the header sizes it), a dense MLP needs a width (and no other
          * layer one); gpt-oss's top-k softmax weighs its own way */
         if (r[R_ATTENTION] != (mla ? LAYER_ATTN_LATENT : LAYER_ATTN_STANDARD) ||
-            (ffn == LAYER_FFN_DENSE ? (t->router | t->shared || (options & EXPERT_OPTIONS))
+            (ffn == LAYER_FFN_DENSE ? (t->router | t->shared || (options & LAYER_EXPERT_OPTIONS))
                                     : (!d->n_experts || !t->shared != !d->shared_ffn)) ||
             (ffn == LAYER_FFN_MOE ? fd != 0 : t->dense_ffn == 0) || fd > IMG_MAX_DIM ||
             (WITH_ROUTERS && t->router == LAYER_ROUTER_TOPK_SOFTMAX && ((options & LAYER_OPT_NORM_TOPK) || le32(h + H_N_GROUP) != 1)))
@@ -72,7 +67,7 @@ static colibri_status layer_kinds(const uint8_t *h, model_dims *d) {
         t->kv_heads = kv ? kv : d->n_kv_heads;
         if (!WITH_GEMMA4) continue; /* the header's geometry (a record of its own: refused above) */
         if (WITH_MLA && mla) {
-            if (hd | kv || (options & STANDARD_OPTIONS) || t->qk_norm || t->kv_source != IMG_NO_INDEX) return COLIBRI_E_IMAGE_DIMS;
+            if (hd | kv || (options & LAYER_STANDARD_OPTIONS) || t->qk_norm || t->kv_source != IMG_NO_INDEX) return COLIBRI_E_IMAGE_DIMS;
             continue;
         }
         const int global_rope = (options & LAYER_OPT_GLOBAL_ROPE) != 0;

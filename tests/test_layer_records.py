@@ -1,0 +1,114 @@
+"""Layers as data (docs/FORMAT.md "Layers"): each layer runs the mechanisms its record names, whatever the other
+layers' records say. An image whose layers differ in every field the families keep the same in each layer (router,
+activation, q/k norm, shared expert, options) verifies, runs on the hosted board, and gives the numpy reference's
+bits, one token a pass and in prefill batches; the host reader takes exactly the records the verifier takes."""
+from __future__ import annotations
+
+import struct
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from capi import STATUS, Context, Lib, Options
+from colibri import format as fmt
+from colibri import image as im
+from colibri.quant import DType
+from colibri.reference import Reference
+from colibri.synthetic import random_image
+from conftest import assert_bit_identical
+
+
+def record(ffn: int, router: int, activation: int, qk_norm: int, shared: int, options: int, dense: int = 0) -> tuple:
+    """A standard-attention layer's record (LAYER_FIELDS order): the header's geometry, its own cache, no window."""
+    values = dict(attention=fmt.LAYER_ATTN_STANDARD, ffn=ffn, router=router, activation=activation, qk_norm=qk_norm,
+                  shared=shared, reserved=0, options=options, head_dim=0, kv_heads=0, window=0,
+                  kv_source=fmt.NO_INDEX, dense_ffn=dense)
+    assert tuple(values) == fmt.LAYER_FIELDS
+    return tuple(values.values())
+
+
+# Four layers, four kinds: every router, activation, q/k norm and shared expert, and each option but those of
+# Gemma 4's geometry (K_IS_V, GLOBAL_ROPE: tests/test_families.py) in some layer, never all in one.
+RECORDS = (
+    record(fmt.LAYER_FFN_DENSE, 0, fmt.LAYER_ACT_SILU, fmt.LAYER_QK_NORM_HEAD, fmt.LAYER_SHARED_NONE,
+           fmt.LAYER_OPT_QKV_BIAS | fmt.LAYER_OPT_POST_ATTN_NORM),
+    record(fmt.LAYER_FFN_MOE, fmt.LAYER_ROUTER_SOFTMAX, fmt.LAYER_ACT_GELU_TANH, fmt.LAYER_QK_NORM_FULL,
+           fmt.LAYER_SHARED_GATED, fmt.LAYER_OPT_NORM_TOPK | fmt.LAYER_OPT_O_BIAS | fmt.LAYER_OPT_POST_FFN_NORM),
+    record(fmt.LAYER_FFN_MOE, fmt.LAYER_ROUTER_SIGMOID, fmt.LAYER_ACT_SILU, fmt.LAYER_QK_NORM_NONE,
+           fmt.LAYER_SHARED_PLAIN, fmt.LAYER_OPT_ROUTER_BIAS | fmt.LAYER_OPT_V_NORM | fmt.LAYER_OPT_LAYER_SCALE
+           | fmt.LAYER_OPT_ROPE_PAIRS),
+    record(fmt.LAYER_FFN_MOE_AND_DENSE, fmt.LAYER_ROUTER_TOPK_SOFTMAX, fmt.LAYER_ACT_GELU_TANH, fmt.LAYER_QK_NORM_HEAD,
+           fmt.LAYER_SHARED_GATED, fmt.LAYER_OPT_ATTN_SINKS | fmt.LAYER_OPT_EXPERT_BIAS | fmt.LAYER_OPT_ROUTER_BIAS,
+           dense=6),
+)
+DIMS = im.ModelDims(vocab_size=40, hidden_size=16, ffn_size=8, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=4,
+                    n_experts=4, top_k=2, max_seq=32, rms_norm_eps=1e-5, rope_theta=10000.0, dense_ffn_size=12,
+                    shared_ffn_size=8, records=RECORDS)
+TOKENS = np.random.default_rng(5).integers(0, DIMS.vocab_size, 12).tolist()
+
+
+def test_the_records_cover_every_value():
+    """Each u8 field's every value, and every option but K_IS_V and GLOBAL_ROPE, is some layer's."""
+    for name, (count, _) in fmt.LAYER_ENUMS.items():
+        if name != "attention":  # latent attention is every layer's or none's
+            assert {r[fmt.LAYER_FIELDS.index(name)] for r in RECORDS} == set(range(count)), name
+    options = 0
+    for r in RECORDS:
+        options |= r[fmt.LAYER_FIELDS.index("options")]
+    assert options | fmt.LAYER_OPT_K_IS_V | fmt.LAYER_OPT_GLOBAL_ROPE == fmt.LAYER_KNOWN_OPTIONS
+
+
+@pytest.fixture(scope="module")
+def lib(hosted_build):
+    return Lib(hosted_build / "libcolibri.so")
+
+
+@pytest.mark.parametrize("dtype", [DType.F32, DType.Q8_0])
+def test_each_layer_runs_its_own_record_bit_for_bit(lib, dtype):
+    data = random_image(DIMS, dtype, seed=3, expert_align=64)
+    read = im.read_image(data)
+    assert read.dims.records == RECORDS and read.header["layer_kinds"] == 4
+    expected = Reference(read).forward(TOKENS)
+    one = Context(lib, data)
+    rows = []
+    for t in TOKENS:
+        assert one.feed([t]) == 0
+        rows.append(one.logits())
+    assert_bit_identical(np.stack(rows), expected)
+    batched = Context(lib, data, options=Options(prefill_batch=5))
+    assert batched.open_status == 0
+    assert batched.feed(TOKENS) == 0
+    assert_bit_identical(batched.logits(), expected[-1])
+
+
+def kind_field(data: bytes, k: int, name: str, value: int) -> bytes:
+    """The image with record k's field `name` set (the CRCs resealed)."""
+    from test_verifier import LAYER_FIELD, reseal
+    buf = bytearray(data)
+    code, offset = LAYER_FIELD[name]
+    struct.pack_into(code, buf, im.HEADER_OFFSETS["kinds"] + k * im.LAYER_BYTES + offset, value)
+    return bytes(reseal(buf))
+
+
+@pytest.mark.parametrize("k,name,value", [
+    (0, "router", fmt.LAYER_ROUTER_SIGMOID),                           # a router in a dense layer
+    (1, "shared", fmt.LAYER_SHARED_NONE),                              # no shared expert, though the header sizes one
+    (3, "options", fmt.LAYER_OPT_NORM_TOPK),                           # the top-k softmax renormalized
+    (2, "qk_norm", 3),                                                 # no such q/k norm
+    (1, "options", fmt.LAYER_KNOWN_OPTIONS + 1),                       # no such option
+    (0, "kv_source", 1),                                               # the cache of a later layer
+])
+def test_the_host_reader_refuses_the_records_the_verifier_refuses(lib, k, name, value):
+    data = kind_field(random_image(DIMS, DType.F32, expert_align=64), k, name, value)
+    assert lib.verify(data)[0] == STATUS["E_IMAGE_DIMS"]
+    with pytest.raises(im.ImageError, match="layer"):
+        im.read_image(data)
+
+
+def test_a_layer_of_one_model_may_differ_from_the_families_mapping():
+    """The records are the image's only copy: no config-style field the reader also fills decides a layer."""
+    read = im.read_image(random_image(DIMS, DType.F32, expert_align=64))
+    assert [read.dims.layers[l].router for l in range(4)] == [0, fmt.LAYER_ROUTER_SOFTMAX, fmt.LAYER_ROUTER_SIGMOID,
+                                                               fmt.LAYER_ROUTER_TOPK_SOFTMAX]
+    assert replace(read.dims, flags=0).layers == read.dims.layers
