@@ -143,9 +143,10 @@ class ModelDims:
     double_wide_mlp: bool = False  # Gemma 4: the KV-sharing layers' dense MLP is 2·dense_ffn_size wide
     k_eq_v: bool = False           # Gemma 4: a global layer's values are its keys' projection
     global_rope: bool = False      # Gemma 4: the global layers rotate with RoPE tables of their own head size
-    # The layers' records as an image holds them (one per layer, LAYER_FIELDS order), when given: the reader's, so
-    # that the host computes any image the verifier accepts as its records say. Empty: layer_record derives each
-    # from the fields above (the packer's side).
+    # The layers' records as an image holds them (one per layer, LAYER_FIELDS order), when given: the reader's, for an
+    # image whose records the fields above do not give (so that the host computes any image the verifier accepts as
+    # its records say; a dims made from such one by replace() keeps them unless told records=()). Empty: layer_record
+    # derives each from the fields above (the packer's side, and every image a family makes).
     records: tuple[tuple[int, ...], ...] = ()
 
     @property

@@ -37,11 +37,14 @@ from colibri.quant import DType, Encoded, from_gguf_blocks
 KEPT_TYPES = {gguf.GGMLQuantizationType.Q8_0: DType.Q8_0, gguf.GGMLQuantizationType.Q4_0: DType.Q4_0}
 # widened to f32 with nothing lost: not worth naming in the conversion report
 EXACT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
-# llama.cpp architecture -> HF architecture (llama with experts is Mixtral)
-# (the families' own: colibri/families/, gguf_arch; llama is mapped below)
-ARCHITECTURES = {fam.gguf_arch: arch for arch, fam in FAMILIES.items() if fam.gguf_arch}
+# llama.cpp architecture -> {has experts: HF architecture} (the families' gguf_arch: colibri/families/; one family,
+# or two told apart by the file's expert count, as llama is Llama or Mixtral)
+ARCHITECTURES: dict[str, dict[bool, str]] = {}
+for _arch, _fam in FAMILIES.items():
+    if _fam.gguf_arch:
+        ARCHITECTURES.setdefault(_fam.gguf_arch, {})[_fam.moe] = _arch
 # Architectures whose q and k rows llama.cpp's converter permutes (LlamaModel and its subclasses): undone on reading
-PERMUTED_QK = ("llama", *(fam.gguf_arch for fam in FAMILIES.values() if fam.gguf_permuted_qk))
+PERMUTED_QK = tuple({fam.gguf_arch for fam in FAMILIES.values() if fam.gguf_permuted_qk})
 # Architectures whose routing renormalization llama.cpp fixes in code rather than in the file (the norm_w
 # argument of build_moe_ffn in its src/models/<arch>.cpp): its converter writes no expert_weights_norm
 # for them, so a file as found runs as llama.cpp runs it, unless the key or --norm-topk-prob says otherwise.
@@ -108,12 +111,10 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     n_head = int(field(k(Keys.Attention.HEAD_COUNT)))
     n_head_kv = int(field(k(Keys.Attention.HEAD_COUNT_KV), n_head))
     n_experts = int(field(k(Keys.LLM.EXPERT_COUNT), 0, required=False))
-    if arch == "llama":
-        hf_arch = "MixtralForCausalLM" if n_experts else "LlamaForCausalLM"
-    elif arch in ARCHITECTURES:
-        hf_arch = ARCHITECTURES[arch]
-    else:
-        raise GGUFError(f"GGUF architecture {arch!r} is not supported; supported: llama, {', '.join(ARCHITECTURES)}")
+    if arch not in ARCHITECTURES:
+        raise GGUFError(f"GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}")
+    by_experts = ARCHITECTURES[arch]
+    hf_arch = by_experts.get(bool(n_experts)) or next(iter(by_experts.values()))  # one family: whatever the count
     fam = FAMILIES[hf_arch]
 
     norm = field(k(Keys.LLM.EXPERT_WEIGHTS_NORM), None, required=False) if norm_topk_prob is None else norm_topk_prob

@@ -6,7 +6,7 @@ import functools
 import json
 import operator
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -217,6 +217,12 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
         "shared_ffn_size", "clip_qkv", "kv_dtype", "q_lora_rank", "kv_lora_rank", "rope_dim",
         "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha",
         "swiglu_limit", "embed_scale", "logit_softcap", "ple_dim")}, **layer_fields(h))
+    try:  # records the config-style fields give again are left to them: a dims changed by replace() follows its fields
+        derived = tuple(replace(dims, records=()).layer_record(layer) for layer in range(n_layers))
+    except ValueError:  # a sharing layer with no earlier layer of its kind to share: not a family's layout
+        derived = ()
+    if derived == dims.records:
+        dims = replace(dims, records=())
     order = (key for key in canonical_order(dims) if dims.present(key[0], key[1]))  # walked with the table: a short
     entries = []                                                                    # table ends it
     for i, (role, layer, expert) in enumerate(order):

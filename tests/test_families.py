@@ -613,3 +613,30 @@ def test_max_window_layers_is_read_only_by_the_rules_that_need_it(arch, changes,
     else:
         with pytest.raises(UnsupportedModel, match=field):
             read_config(cfg, 32)
+
+
+def test_a_gemma4_rope_entry_left_empty_is_the_default_one():
+    """Gemma 4's sliding layers' RoPE entry given as {} or null takes the default entry's frequencies, as before the
+    families became data (review of e33f7f5: an empty entry had raised an error)."""
+    from colibri.checkpoint import read_config
+    name, arch, cfg = next(f for f in FAMILIES if f[0] == "gemma4")
+    full = {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}
+    def rope_of(sliding) -> dict:
+        params = {"sliding_attention": sliding, "full_attention": full}
+        return read_config({**cfg, "architectures": [arch], "rope_parameters": params}, 32)[3]
+    default = rope_of({"rope_type": "default", "rope_theta": 10_000.0})
+    for empty in ({}, None):
+        got = rope_of(empty)
+        assert np.array_equal(got["inv_freq"], default["inv_freq"]) and got["attention_factor"] == default["attention_factor"]
+        assert np.array_equal(got["global_rope"][0], default["global_rope"][0])
+
+
+@pytest.mark.parametrize("name,key", [("gemma4", "top_k_experts"), ("mixtral_window", "num_experts_per_tok")])
+def test_a_top_k_out_of_range_names_the_familys_own_key(name, key):
+    """The refusal names the config field the family reads its top-k from (review of 4b48255: Gemma 4's was named
+    num_experts_per_tok, a field its config does not have)."""
+    from colibri.checkpoint import UnsupportedModel, read_config
+    _, arch, cfg = next(f for f in FAMILIES if f[0] == name)
+    experts = next(cfg[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if k in cfg)
+    with pytest.raises(UnsupportedModel, match=f"config field {key}={experts + 1} must be between 1"):
+        read_config({**cfg, "architectures": [arch], key: experts + 1}, 32)

@@ -19,9 +19,9 @@ for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):  # ev
         if _arch in FAMILIES:
             raise ValueError(f"{_module.__name__}: architecture {_arch} is declared twice")
         FAMILIES[_arch] = _family
-# gguf_input.py maps llama itself (Llama, or Mixtral with experts), and each other GGUF architecture to one family
-_gguf = [f.gguf_arch for f in FAMILIES.values() if f.gguf_arch]
-if len(set(_gguf)) != len(_gguf) or "llama" in _gguf:
-    raise ValueError(f"colibri/families: GGUF architectures {_gguf} name one twice or one gguf_input.py maps itself")
+# gguf_input.py maps each GGUF architecture to one family, or to two told apart by experts (llama: Llama, Mixtral)
+_gguf = [(f.gguf_arch, f.moe) for f in FAMILIES.values() if f.gguf_arch]
+if len(set(_gguf)) != len(_gguf):
+    raise ValueError(f"colibri/families: GGUF architectures {_gguf} name one twice, with or without experts")
 
 __all__ = ["FAMILIES", "Family"]

@@ -79,10 +79,10 @@ class Family:
     # config fields whose value multiplies a role's weights as packed (1 / value with `divide`): a scale the
     # architecture applies to a layer's output, folded into the matrix that makes it
     weight_scales: tuple[tuple[Role, str, bool], ...] = ()
-    # llama.cpp: the GGUF architecture its converter writes (gguf_input.py reads it as this family; "" for none, and
-    # for llama, which gguf_input.py maps itself: Llama, or Mixtral with experts), whether the converter permutes q and k
-    # rows (LlamaModel and its subclasses), and config fields read from GGUF keys ({arch} in the key: the
-    # architecture), each required
+    # llama.cpp: the GGUF architecture its converter writes (gguf_input.py reads it as this family; "" for none; two
+    # families may share one when one has experts and the other not, as Llama and Mixtral share `llama`: a file with
+    # an expert count is the one with experts), whether the converter permutes q and k rows (LlamaModel and its
+    # subclasses), and config fields read from GGUF keys ({arch} in the key: the architecture), each required
     gguf_arch: str = ""
     gguf_permuted_qk: bool = False
     gguf_config: tuple[tuple[str, str], ...] = ()

@@ -5,5 +5,5 @@ FAMILIES = {
     "MixtralForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size", moe_prefix="block_sparse_moe",
                                  expert_names=("w1", "w3", "w2"), norm_topk_default=True, bias_key="",
                                  n_experts_key="num_local_experts", window_rule="all", window_switch=False,
-                                 window_layer_types=False),
+                                 window_layer_types=False, gguf_arch="llama", gguf_permuted_qk=True),
 }
