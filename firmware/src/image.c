@@ -16,9 +16,9 @@ static float rdf32(const uint8_t *p) {
 /* A scale the math multiplies by: finite and positive (rejects NaN). */
 static int scale_ok(float s) { return s > 0.0f && s < 3.0e38f; }
 
-/* The record's fields that take a table's values: offset, how many, the lean build's as a mask (format.h). */
-#define ENUM_ROW(offset, count, lean) { offset, count, lean },
-static const struct { uint8_t offset, count, lean; } LAYER_ENUMS[] = { IMG_LAYER_ENUMS(ENUM_ROW) };
+/* The record's fields that take a table's values: offset, how many, those this build computes as a mask (format.h). */
+#define ENUM_ROW(offset, count, lean) { offset, count, BUILD_VALUES(count, lean) },
+static const struct { uint8_t offset, count, built; } LAYER_ENUMS[] = { IMG_LAYER_ENUMS(ENUM_ROW) };
 
 /* The layers' kinds (docs/FORMAT.md "Layers"): each record resolved (a 0 is the header's value) and checked on its
  * own, then each layer's kind and the KV cache it reads. Sets the widest head and dense MLP of any layer, the window,
@@ -32,7 +32,7 @@ static colibri_status layer_kinds(const uint8_t *h, model_dims *d) {
         const uint8_t *r = h + H_KINDS + k * IMG_LAYER_BYTES;
         for (unsigned i = 0; i < sizeof LAYER_ENUMS / sizeof LAYER_ENUMS[0]; i++) {
             if (r[LAYER_ENUMS[i].offset] >= LAYER_ENUMS[i].count) return COLIBRI_E_IMAGE_DIMS;
-            if (COLIBRI_LEAN && !(LAYER_ENUMS[i].lean >> r[LAYER_ENUMS[i].offset] & 1)) return COLIBRI_E_UNSUPPORTED;
+            if (!(LAYER_ENUMS[i].built >> r[LAYER_ENUMS[i].offset] & 1)) return COLIBRI_E_UNSUPPORTED;
         }
         layer_kind *t = &d->kinds[k];
         const uint32_t hd = le32(r + R_HEAD_DIM), kv = le32(r + R_KV_HEADS), fd = le32(r + R_DENSE_FFN);

@@ -32,8 +32,10 @@
 #define WITH_TRACE_CRC (!COLIBRI_LEAN)        /* the trace's residual-stream CRCs */
 #define WITH_TOP_P_STOP (!COLIBRI_LEAN)       /* top-p sampling's early stop (sampler.c) */
 
-/* The layer options this build computes (format.h, from format/schema.toml) */
+/* The layer options this build computes, and of a record field's `count` values those it computes as a mask of
+ * 1 << value, given the lean build's (format.h, from format/schema.toml) */
 #define BUILD_OPTIONS (COLIBRI_LEAN ? LAYER_LEAN_OPTIONS : LAYER_KNOWN_OPTIONS)
+#define BUILD_VALUES(count, lean) (COLIBRI_LEAN ? (lean) : (1u << (count)) - 1u)
 
 _Static_assert(WITH_MLA == !COLIBRI_LEAN && WITH_ROUTERS == !COLIBRI_LEAN && WITH_ROPE_PAIRS == !COLIBRI_LEAN &&
                    WITH_EXPERT_EXTRAS == !COLIBRI_LEAN && WITH_SINKS == !COLIBRI_LEAN && WITH_GEMMA4 == !COLIBRI_LEAN &&
