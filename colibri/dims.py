@@ -50,8 +50,11 @@ _VALUE_OF = {"router": ((FLAG_ROUTER_TOPK_SOFTMAX, fmt.LAYER_ROUTER_TOPK_SOFTMAX
 
 
 def record_value(flags: int, field: str) -> int:
-    """The record's `field` (router, activation, qk_norm, shared) the flags give."""
-    return next((value for flag, value in _VALUE_OF[field] if flags & flag), 0)
+    """The record's `field` (router, activation, qk_norm, shared) the flags give: at most one of its flags."""
+    given = [value for flag, value in _VALUE_OF[field] if flags & flag]
+    if len(given) > 1:
+        raise ValueError(f"flags 0x{flags:X} give the layers' {field} two values: a layer has one")
+    return given[0] if given else 0
 
 
 def flags_of_record(r: dict) -> int:

@@ -15,6 +15,7 @@ from colibri.dims import ModelDims, canonical_order, expected_shape, flags_of_re
 from colibri.format import (ALIGN, ENTRY_BYTES, HEADER_BYTES, HEADER_FIELDS, LAYER_ATTN_LATENT, LAYER_ATTN_STANDARD,
                             LAYER_BYTES, LAYER_ENUMS, LAYER_EXPERT_OPTIONS, LAYER_FFN_DENSE, LAYER_FFN_MOE, LAYER_FIELDS,
                             LAYER_KNOWN_OPTIONS, LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V, LAYER_OPT_NORM_TOPK,
+                            LAYER_OPT_ROPE_PAIRS,
                             LAYER_ROUTER_TOPK_SOFTMAX, LAYER_STANDARD_OPTIONS, MAGIC, MAX_DIM, MAX_EXPERTS,
                             MAX_LAYER_KINDS, MAX_LAYERS, NO_INDEX, VERSION, Role)
 from colibri.quant import DType, Encoded
@@ -128,8 +129,9 @@ def check_records(h: dict, kinds: list[dict], kind_of: list[int]) -> None:
             raise refuse(f"head size {head} or {kv} KV heads (even, dividing the heads; a size of its own only "
                          "with GLOBAL_ROPE, the same in every such layer)")
         global_head = head if global_rope else global_head
-    resolved = [(r["head_dim"] or h["head_dim"], r["kv_heads"] or h["n_kv_heads"], r["window"], r["options"])
-                for r in kinds]
+    attention_options = LAYER_STANDARD_OPTIONS | LAYER_OPT_ROPE_PAIRS  # those a sharer and its source agree on
+    resolved = [(r["head_dim"] or h["head_dim"], r["kv_heads"] or h["n_kv_heads"], r["window"],
+                 r["options"] & attention_options) for r in kinds]
     ring = NO_INDEX
     for layer, k in enumerate(kind_of):
         source = kinds[k]["kv_source"]
@@ -138,14 +140,15 @@ def check_records(h: dict, kinds: list[dict], kind_of: list[int]) -> None:
         if source >= layer or kinds[kind_of[source]]["kv_source"] != NO_INDEX or \
                 resolved[kind_of[source]] != resolved[k] or (kinds[k]["window"] and ring not in (NO_INDEX, source)):
             raise ImageError(f"layer {layer} shares the KV cache of layer {source}, which is not an earlier layer "
-                             "keeping its own of the same geometry, window and options (or another ring)")
+                             "keeping its own of the same geometry, window and attention options (or another ring)")
         ring = source if kinds[k]["window"] else ring
 
 
 def layer_fields(h: dict) -> dict:
     """ModelDims' records and per-layer fields from the header's layer records (docs/FORMAT.md "Layers"), checked
     as the verifier checks them. The host computes a layer from its record; the config-style fields (flags,
-    windows, Gemma 4's global layers, ...) say what the records hold where every layer agrees, for summaries."""
+    windows, Gemma 4's global layers, ...) are a summary, exact only for the records a family makes (read_image
+    keeps the records where those fields do not give them again): the flags are every layer's together."""
     n_layers, n_kinds = h["n_layers"], h["layer_kinds"]
     if not 1 <= n_kinds <= MAX_LAYER_KINDS or n_layers > MAX_LAYERS:
         raise ImageError(f"{n_layers} layers of {n_kinds} kinds: an image has 1 to {MAX_LAYER_KINDS} kinds and at "

@@ -142,11 +142,12 @@ def needs_mask(options: list[dict], needs: str) -> int:
     return sum(1 << i for i, v in enumerate(options) if v.get("needs") == needs)
 
 
-def fields(rows: list[dict], total: int, what: str) -> list[Field]:
-    """Rows laid out one after another from offset 0; they must fill `total` bytes exactly."""
+def fields(rows: list[dict], total: int, what: str, version: int = 0) -> list[Field]:
+    """Rows laid out one after another from offset 0; they must fill `total` bytes exactly. `{version}` in a doc is
+    the format's version."""
     out, at = [], 0
     for row in rows:
-        f = Field(row["name"], row["c"], row["type"], row["doc"], at, row.get("crc", False))
+        f = Field(row["name"], row["c"], row["type"], row["doc"].replace("{version}", str(version)), at, row.get("crc", False))
         out.append(f)
         at += f.size
     if at != total:
@@ -214,19 +215,20 @@ def plan_buffers(raw: dict) -> tuple[list[dict], list[dict], list[dict]]:
 def load(path: Path = SCHEMA) -> Schema:
     raw = tomllib.loads(path.read_text())
     fmt = raw["format"]
-    header, entry = fields(raw["header"], fmt["header_bytes"], "header"), fields(raw["entry"], fmt["entry_bytes"], "entry")
+    header = fields(raw["header"], fmt["header_bytes"], "header", fmt["version"])
+    entry = fields(raw["entry"], fmt["entry_bytes"], "entry")
     layer = fields(raw["layer"], fmt["layer_bytes"], "layer record")
     sizes = {h.name: h.size for h in header}
     if sizes.get("kinds") != fmt["max_layer_kinds"] * fmt["layer_bytes"] or sizes.get("layer_kind") != fmt["max_layers"]:
         raise ValueError("format/schema.toml: the header's kinds must hold max_layer_kinds records and layer_kind a "
                          "byte per layer up to max_layers")
     layer_values = {kind: raw[f"layer_{kind}"] for kind in LAYER_VALUES}
-    if len(layer_values["option"]) > 32 or any(len(vals) > 32 for vals in layer_values.values()):
-        raise ValueError("format/schema.toml: more layer options than the record's u32 options holds, or more values "
-                         "of a field than a 32-bit lean mask holds")
+    if len(layer_values["option"]) > 32 or any(len(vals) > 8 for kind, vals in layer_values.items() if kind != "option"):
+        raise ValueError("format/schema.toml: more layer options than the record's u32 options holds, or more than 8 "
+                         "values of a field (image.c keeps a field's values as a u8 mask)")
     if any(v.get("needs", "standard_attention") not in OPTION_NEEDS for v in layer_values["option"]):
         raise ValueError(f"format/schema.toml: a layer option's `needs` is one of {', '.join(OPTION_NEEDS)}")
-    if {r.name for r in layer} < set(LAYER_VALUES) - {"option"}:
+    if not set(LAYER_VALUES) - {"option"} <= {r.name for r in layer}:
         raise ValueError("format/schema.toml: every [[layer_KIND]] table needs its u8 field in [[layer]]")
     if len(raw["status"]) >= LINK_ERROR_BASE:
         raise ValueError(f"format/schema.toml: {len(raw['status'])} statuses reach the link's error codes")

@@ -14,8 +14,9 @@ import numpy as np
 
 from colibri.dims import ModelDims, align_up, canonical_order, expected_shape
 from colibri.format import (ALIGN, ARCH_MOE, ENTRY_BYTES, EXPERT_ROLES, F32_TABLES, HEADER_BYTES,
-                            MAGIC, MAX_LAYER_KINDS, MAX_LAYERS, VERSION, Role)
+                            LAYER_FIELDS, MAGIC, MAX_LAYER_KINDS, MAX_LAYERS, VERSION, Role)
 from colibri.plan import arena_bytes
+from colibri.reader import ImageError, check_records
 from colibri.quant import QBLOCK, Deferred, DType, Encoded, stored_bytes
 from colibri.table import LAYER_STRUCT, TensorEntry, crc32, expert_blocks, header_block, tensor_name
 
@@ -93,8 +94,15 @@ def check_runnable(d: ModelDims) -> None:
                          "global_rope: the global layers need RoPE tables of their own head size")
     if d.n_layers > MAX_LAYERS:
         raise ValueError(f"{d.n_layers} layers: an image holds at most {MAX_LAYERS}")
-    if len(d.layer_kinds()[0]) > MAX_LAYER_KINDS:
-        raise ValueError(f"{len(d.layer_kinds()[0])} kinds of layer: an image holds at most {MAX_LAYER_KINDS}")
+    kinds, kind_map = d.layer_kinds()
+    if len(kinds) > MAX_LAYER_KINDS:
+        raise ValueError(f"{len(kinds)} kinds of layer: an image holds at most {MAX_LAYER_KINDS}")
+    header = {name: getattr(d, name) for name in ("kv_lora_rank", "n_experts", "shared_ffn_size", "dense_ffn_size",
+                                                  "n_group", "max_seq", "head_dim", "n_kv_heads", "n_heads")}
+    try:  # the records as the verifier checks them (the reader's copy of image.c's layer_kinds)
+        check_records(header, [dict(zip(LAYER_FIELDS, k)) for k in kinds], list(kind_map))
+    except ImageError as exc:
+        raise ValueError(f"the layers would not verify: {exc}") from None
 
 
 def _lay_out(dims: ModelDims, tensors: dict, expert_align: int, pinned: frozenset, meta: dict | None) -> _Plan:

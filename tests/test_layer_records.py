@@ -112,3 +112,69 @@ def test_a_layer_of_one_model_may_differ_from_the_families_mapping():
     assert [read.dims.layers[l].router for l in range(4)] == [0, fmt.LAYER_ROUTER_SOFTMAX, fmt.LAYER_ROUTER_SIGMOID,
                                                                fmt.LAYER_ROUTER_TOPK_SOFTMAX]
     assert replace(read.dims, flags=0).layers == read.dims.layers
+
+
+def lean_refusals() -> list[tuple[str, str, object]]:
+    """Every record value and option without `lean = true` in format/schema.toml, and the header fields only the
+    mechanisms the lean build leaves out use: (name, what to set, value)."""
+    cases = [(f"{name} {value}", name, value) for name, (count, lean) in fmt.LAYER_ENUMS.items()
+             for value in range(count) if not lean >> value & 1]
+    cases += [(f"option {bit}", "options", 1 << bit) for bit in range(fmt.LAYER_KNOWN_OPTIONS.bit_length())
+              if not fmt.LAYER_LEAN_OPTIONS >> bit & 1]
+    return cases + [(f"header {name}", name, value) for name, value in (
+        ("kv_lora_rank", 4), ("n_group", 2), ("swiglu_limit", 7.0), ("embed_scale", 4.0), ("logit_softcap", 30.0),
+        ("ple_dim", 2))]
+
+
+@pytest.mark.parametrize("what,name,value", lean_refusals(), ids=[c[0] for c in lean_refusals()])
+def test_the_lean_build_names_what_it_leaves_out_unsupported(what, name, value):
+    """The lean build (mechanisms.h) refuses an image needing a mechanism it leaves out with COLIBRI_E_UNSUPPORTED,
+    before any other check could name it otherwise; the full build reads the same field."""
+    from conftest import build
+    from test_verifier import field, kind
+    lean = Lib(build("hosted", lean=True) / "libcolibri.so")
+    dims = replace(DIMS, records=(), n_layers=2, moe_layers=(True, True), shared_ffn_size=0)
+    data = bytearray(random_image(dims, DType.F32, expert_align=64))
+    assert lean.verify(bytes(data))[0] == STATUS["OK"]
+    changed = bytes(kind(0, name, value)(data) if name in fmt.LAYER_FIELDS else field(name, value)(data))
+    assert lean.verify(changed)[0] == STATUS["E_UNSUPPORTED"], what
+
+
+def test_the_writer_refuses_records_the_verifier_would_refuse():
+    """build_image checks the records it writes as the verifier will (reader.check_records), and flags that give a
+    layer two values of one field are refused by name, never resolved silently (review of format v8)."""
+    from colibri.dims import FLAG_NORM_TOPK, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_ROUTER_TOPK_SOFTMAX
+    plain = replace(DIMS, records=(), moe_layers=(True,) * 4, shared_ffn_size=0)
+    with pytest.raises(ValueError, match="would not verify: layer record 0: the top-k softmax router"):
+        random_image(replace(plain, flags=FLAG_NORM_TOPK | FLAG_ROUTER_TOPK_SOFTMAX), DType.F32)
+    with pytest.raises(ValueError, match="two values"):
+        random_image(replace(plain, flags=FLAG_QK_NORM_HEAD | FLAG_QK_NORM_FULL), DType.F32)
+    later = list(RECORDS)
+    later[0] = later[0][:fmt.LAYER_FIELDS.index("kv_source")] + (2,) + later[0][fmt.LAYER_FIELDS.index("kv_source") + 1:]
+    with pytest.raises(ValueError, match="shares the KV cache of layer 2"):
+        random_image(replace(DIMS, records=tuple(later)), DType.F32)
+
+
+def test_a_layer_shares_the_cache_of_one_that_differs_in_more_than_attention(lib):
+    """A KV-sharing layer agrees with its source on what made the cache (geometry, window, attention options, RoPE
+    pairs), not on its FFN: a dense layer reads a MoE layer's cache, bit for bit with the reference."""
+    moe = record(fmt.LAYER_FFN_MOE, fmt.LAYER_ROUTER_SOFTMAX, fmt.LAYER_ACT_SILU, fmt.LAYER_QK_NORM_HEAD,
+                 fmt.LAYER_SHARED_NONE, fmt.LAYER_OPT_NORM_TOPK | fmt.LAYER_OPT_QKV_BIAS)
+    dense = record(fmt.LAYER_FFN_DENSE, 0, fmt.LAYER_ACT_GELU_TANH, fmt.LAYER_QK_NORM_HEAD, fmt.LAYER_SHARED_NONE,
+                   fmt.LAYER_OPT_QKV_BIAS | fmt.LAYER_OPT_POST_FFN_NORM)
+    source = fmt.LAYER_FIELDS.index("kv_source")
+    sharer = dense[:source] + (0,) + dense[source + 1:]
+    dims = replace(DIMS, n_layers=3, shared_ffn_size=0, records=(moe, dense, sharer))
+    data = random_image(dims, DType.F32, seed=4, expert_align=64)
+    assert lib.verify(data)[0] == STATUS["OK"]
+    ctx = Context(lib, data)
+    rows = []
+    for t in TOKENS:
+        assert ctx.feed([t]) == 0
+        rows.append(ctx.logits())
+    assert_bit_identical(np.stack(rows), Reference(im.read_image(data)).forward(TOKENS))
+    options = fmt.LAYER_FIELDS.index("options")
+    v_normed = sharer[:options] + (sharer[options] | fmt.LAYER_OPT_V_NORM,) + sharer[options + 1:]
+    refused = replace(dims, records=(moe, dense, v_normed))
+    with pytest.raises(ValueError, match="attention options"):
+        random_image(refused, DType.F32)

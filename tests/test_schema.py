@@ -63,6 +63,8 @@ def test_fields_must_fill_the_header_exactly(tmp_path):
      'name = "q_att"\nlifetime = "model"\nelem = "4"\ncount = "H * att_width"', "'att_width' is neither a number nor"),
     ('count = "in_blocks * QBLOCK"\n', 'count = "in_blocks * QBLOCK"\nwhen = "quantized"\n', "is not a plan condition"),
     ('name = "xn"\nlifetime = "model"', 'name = "x"\nlifetime = "model"', "listed twice"),
+    ('[[layer]]\nname = "router"', '[[layer]]\nname = "router_kind"', "needs its u8 field in"),
+    ('name = "NORM_TOPK"\nneeds = "experts"', 'name = "NORM_TOPK"\nneeds = "moe"', "`needs` is one of"),
 ])
 def test_a_role_the_runtime_could_not_read_is_refused(tmp_path, old, new, error):
     """A role's shape and presence are checked when the schema is read: terms and facts that exist, a global tensor

@@ -28,12 +28,13 @@ class ConfigContext:
 
 @dataclass
 class OwnFields:
-    """What a family's `derive` hook reads from its config: ModelDims fields, image flags, and RoPE parameters per
-    layer type (sliding_attention, full_attention) for a family whose global layers rotate with tables of their own
-    (else the config's one set; with them `fields` must give global_head_dim, their head size). Of the fields the
-    common mapping sets itself, these may be given here and replace its value: n_kv_heads, dense_ffn_size,
-    shared_ffn_size, attn_scale, and sliding_window with window_layers (both, and then the window is kept even when
-    the sequence never outgrows it); any other it sets (head_dim, flags, ffn_size, top_k, ...) may not."""
+    """What a family's `derive` hook reads from its config: ModelDims fields, flags (colibri/dims.py's FLAG_*, which
+    layer_record writes into the records), and RoPE parameters per layer type (sliding_attention, full_attention)
+    for a family whose global layers rotate with tables of their own (else the config's one set; with them `fields`
+    must give global_head_dim, their head size). Of the fields the common mapping sets itself, these may be given
+    here and replace its value: n_kv_heads, dense_ffn_size, shared_ffn_size, attn_scale, and sliding_window with
+    window_layers (both, and then the window is kept even when the sequence never outgrows it); any other it sets
+    (head_dim, flags, ffn_size, top_k, ...) may not."""
     fields: dict
     flags: int = 0
     rope: dict | None = None
@@ -68,7 +69,7 @@ class Family:
     # the experts fused per layer under moe_prefix: gate and up as [E, 2F, D] (gate rows first), down as [E, D, F]
     # (a GGUF file's experts, split by llama.cpp's converter, come under expert_names instead)
     fused_experts: tuple[str, str] | None = None
-    flags: int = 0              # image flags the architecture always has
+    flags: int = 0              # flags the architecture always has (colibri/dims.py FLAG_*)
     own_keys: tuple[str, ...] = ()  # config fields only this family reads: another family's config refuses them
     reads: tuple[str, ...] = ()     # config fields its hooks read that other families' configs may carry too
     top_k_key: str = "num_experts_per_tok"  # config key of the experts a token takes

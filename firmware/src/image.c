@@ -16,6 +16,9 @@ static float rdf32(const uint8_t *p) {
 /* A scale the math multiplies by: finite and positive (rejects NaN). */
 static int scale_ok(float s) { return s > 0.0f && s < 3.0e38f; }
 
+/* The options a KV-sharing layer and its source must agree on: those of its attention, and how RoPE turns the keys. */
+#define ATTENTION_OPTIONS (LAYER_STANDARD_OPTIONS | LAYER_OPT_ROPE_PAIRS)
+
 /* The record's fields that take a table's values: offset, how many, those this build computes as a mask (format.h). */
 #define ENUM_ROW(offset, count, lean) { offset, count, BUILD_VALUES(count, lean) },
 static const struct { uint8_t offset, count, built; } LAYER_ENUMS[] = { IMG_LAYER_ENUMS(ENUM_ROW) };
@@ -39,7 +42,7 @@ static colibri_status layer_kinds(const uint8_t *h, model_dims *d) {
         const uint32_t options = t->options = le32(r + R_OPTIONS), window = t->window = le32(r + R_WINDOW);
         t->kv_source = le32(r + R_KV_SOURCE);
         if ((options & ~LAYER_KNOWN_OPTIONS) || rd16(r + R_RESERVED)) return COLIBRI_E_IMAGE_DIMS;
-        /* what only Gemma 4's mechanisms use: a geometry of its own and a shared cache */
+        /* what the build leaves out: an option, or Gemma 4's geometry of its own and shared cache */
         if ((options & ~BUILD_OPTIONS) || (!WITH_GEMMA4 && (hd | kv || t->kv_source != IMG_NO_INDEX)))
             return COLIBRI_E_UNSUPPORTED;
         const uint32_t ffn = t->ffn = r[R_FFN];
@@ -94,7 +97,7 @@ static colibri_status layer_kinds(const uint8_t *h, model_dims *d) {
         if (!WITH_GEMMA4 || src == IMG_NO_INDEX) continue;
         const layer_kind *s = kind_of(d, src < l ? src : l);
         if (src >= l || s->kv_source != IMG_NO_INDEX || s->head_dim != t->head_dim || s->kv_heads != t->kv_heads ||
-            s->window != t->window || s->options != t->options || (t->window && d->shared_ring != IMG_NO_INDEX && d->shared_ring != src))
+            s->window != t->window || ((s->options ^ t->options) & ATTENTION_OPTIONS) || (t->window && d->shared_ring != IMG_NO_INDEX && d->shared_ring != src))
             return COLIBRI_E_IMAGE_DIMS;
         if (t->window) d->shared_ring = src;
     }
@@ -208,7 +211,7 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
             (uint64_t)d->n_layers * d->ple_dim > IMG_MAX_DIM)
             return COLIBRI_E_IMAGE_DIMS;
     }
-    if (d->ffn > d->ffn_max) d->ffn_max = d->ffn; /* layer_kinds set the widest dense MLP of Gemma 4's records */
+    if (d->ffn > d->ffn_max) d->ffn_max = d->ffn; /* layer_kinds set the widest dense MLP of the records */
     if (d->dense_ffn > d->ffn_max) d->ffn_max = d->dense_ffn;
     if (d->shared_ffn > d->ffn_max) d->ffn_max = d->shared_ffn;
     uint32_t in_max = d->dim > d->q_dim ? d->dim : d->q_dim; /* the longest row: every matrix's columns */
@@ -272,9 +275,11 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
     model_dims dims = { 0 }; /* a field no mechanism of the image (or of the build) sets is 0: none */
     colibri_status st = read_dims(img, &dims);
     if (st) return st;
-    /* after read_dims, so that the lean build names a Gemma 4 image unsupported: its fields are reserved there */
+    /* the reserved bytes are 0; in a build without Gemma 4's mechanisms so are its fields, which come just before */
+    _Static_assert(H_LOGIT_SOFTCAP == H_EMBED_SCALE + 4 && H_PLE_DIM == H_EMBED_SCALE + 8 && H_RESERVED == H_EMBED_SCALE + 12,
+                   "Gemma 4's header fields are the three before the reserved bytes");
     for (uint32_t i = WITH_GEMMA4 ? H_RESERVED : H_EMBED_SCALE; i < IMG_HEADER_BYTES; i++)
-        if (img[i]) return COLIBRI_E_IMAGE_HEADER;
+        if (img[i]) return i < H_RESERVED ? COLIBRI_E_UNSUPPORTED : COLIBRI_E_IMAGE_HEADER;
     /* the dense index open() fills from the table: every layer's slots, present or not (the caps on layers and
      * experts keep it far below 2^32) */
     _Static_assert(TENSORS_BEFORE_LAYERS + (LAYER_FIXED + TENSORS_PER_EXPERT * (uint64_t)IMG_MAX_EXPERTS) * IMG_MAX_LAYERS +
