@@ -18,6 +18,7 @@ from safetensors.numpy import load_file
 ARCH = {"MixtralForCausalLM": "llama", "LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
         "Qwen3ForCausalLM": "qwen3", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe",
         "OlmoeForCausalLM": "olmoe", "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2",
+        "Glm4MoeLiteForCausalLM": "deepseek2",
         "GraniteMoeForCausalLM": "granitemoe"}
 Q = gguf.GGMLQuantizationType
 
@@ -85,10 +86,14 @@ def add_deepseek_keys(w: gguf.GGUFWriter, cfg: dict) -> None:
     w.add_key_length_mla(cfg["qk_nope_head_dim"] + rope)
     w.add_value_length_mla(cfg["v_head_dim"])
     w.add_rope_dimension_count(rope)
-    w.add_leading_dense_block_count(cfg.get("first_k_dense_replace") or 0)
+    types = cfg.get("mlp_layer_types")  # GLM's: a deepseek2 file holds leading dense layers only
+    dense = types.index("sparse") if types else cfg.get("first_k_dense_replace") or 0
+    if types and "dense" in types[dense:]:
+        raise ValueError(f"mlp_layer_types {types}: a deepseek2 file has dense layers first only")
+    w.add_leading_dense_block_count(dense)
     w.add_expert_shared_count(cfg.get("n_shared_experts") or 0)
     w.add_expert_weights_scale(cfg.get("routed_scaling_factor", 1.0))
-    v3 = cfg["architectures"][0] == "DeepseekV3ForCausalLM"
+    v3 = cfg["architectures"][0] in ("DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
     w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if v3 else gguf.ExpertGatingFuncType.SOFTMAX)
     if v3 and cfg.get("n_group"):
         w.add_expert_group_count(cfg["n_group"])

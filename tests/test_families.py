@@ -121,6 +121,13 @@ FAMILIES += [
      intermediate_size=10, num_local_experts=5, num_experts_per_tok=2, tie_word_embeddings=True, attention_bias=True,
      embedding_multiplier=6.0, residual_multiplier=0.22, attention_multiplier=0.0625, logits_scaling=4.0)),
 ]
+FAMILIES += [
+    # GLM-4.7-Flash: DeepSeek-V3's MLA and grouped sigmoid routing with its correction bias, a shared expert, its
+    # layers dense or sparse as mlp_layer_types lists them (not only the first: a dense layer between MoE ones)
+    ("glm4_moe_lite", "Glm4MoeLiteForCausalLM", dict(DEEPSEEK, num_hidden_layers=4, q_lora_rank=24, n_routed_experts=8,
+     num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1, routed_scaling_factor=1.8,
+     norm_topk_prob=True, mlp_layer_types=["dense", "sparse", "dense", "sparse"])),
+]
 WINDOWED = {"gpt_oss", "gpt_oss_full", "mixtral_window", "qwen2_window", "qwen2moe_window", "qwen3moe_window", "gemma4",
             "gemma4_bias_ple", "gemma4_dense_kv_shared"}
 
@@ -640,3 +647,20 @@ def test_a_top_k_out_of_range_names_the_familys_own_key(name, key):
     experts = next(cfg[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if k in cfg)
     with pytest.raises(UnsupportedModel, match=f"config field {key}={experts + 1} must be between 1"):
         read_config({**cfg, "architectures": [arch], key: experts + 1}, 32)
+
+
+@pytest.mark.parametrize("changes,field", [
+    ({"first_k_dense_replace": 1}, "first_k_dense_replace"),  # DeepSeek's: transformers' GLM reads mlp_layer_types
+    ({"scoring_func": "softmax"}, "scoring_func"),
+    ({"mlp_layer_types": ["dense", "sparse"]}, "mlp_layer_types"),
+    ({"mlp_layer_types": ["dense", "moe", "dense", "sparse"]}, "mlp_layer_types"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor"),
+    ({"attention_bias": True}, "attention_bias"),
+])
+def test_glm_refuses_what_it_cannot_run(changes, field):
+    """GLM-4.7-Flash's fields the runtime would not honour as transformers' Glm4MoeLite does are refused by name."""
+    from colibri.checkpoint import UnsupportedModel, read_config
+    _, arch, cfg = next(f for f in FAMILIES if f[0] == "glm4_moe_lite")
+    with pytest.raises(UnsupportedModel, match=field):
+        read_config({**cfg, "architectures": [arch], **changes}, 32)

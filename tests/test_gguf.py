@@ -28,8 +28,9 @@ LLAMA_CPP_FILES = sorted(p.stem for p in FIXTURES.glob("*.gguf"))
 CONVERTED = [f for f in LLAMA_CPP_FILES if f.startswith("converted-")]
 NATIVE = {"F32", "F16", "BF16", "Q8_0", "Q4_0"}  # storage types an image holds as they are
 # (and Gemma 4: the llama.cpp on PyPI, 0.3.36, has no gemma4 in its converter or its runtime)
+# (nor GLM's dense layer between MoE ones: a deepseek2 file has its dense layers first; test_glm_gguf_...)
 NOT_IN_GGUF = {"deepseek_v3_halves", "deepseek_v2_groups_yarn", "gemma4", "gemma4_bias_ple",
-               "gemma4_dense_kv_shared"}
+               "gemma4_dense_kv_shared", "glm4_moe_lite"}
 
 
 @pytest.fixture(scope="module")
@@ -295,3 +296,19 @@ def test_unknown_type_and_missing_key_are_named(tmp_path):
     nokey = _write_gguf(tmp_path / "nokey.gguf", "qwen2", {"token_embd.weight": (a, None)})
     with pytest.raises(UnsupportedModel, match="lacks required key qwen2.block_count"):
         pack(nokey, tmp_path / "y.img", 32, 64)
+
+
+def test_glm_gguf_packs_to_the_image_of_its_checkpoint(tmp_path):
+    """GLM-4.7-Flash as llama.cpp writes it, a deepseek2 file (read as DeepSeek-V3: the same computation), packs to
+    the bytes its Hugging Face checkpoint packs to, its dense layers first as such a file holds them; one with a
+    dense layer between MoE layers has no deepseek2 file."""
+    glm = next(cfg for name, _, cfg in FAMILIES if name == "glm4_moe_lite")
+    cfg = dict(glm, mlp_layer_types=["dense", "sparse", "sparse", "sparse"])
+    src = make_family_checkpoint("Glm4MoeLiteForCausalLM", cfg, 41, tmp_path / "glm")
+    from_st, from_gguf = tmp_path / "st.img", tmp_path / "gguf.img"
+    pack(src, from_st, 32, 64)
+    pack(hf_to_gguf(src, tmp_path / "m.gguf"), from_gguf, 32, 64)
+    assert from_gguf.read_bytes() == from_st.read_bytes()
+    interleaved = make_family_checkpoint("Glm4MoeLiteForCausalLM", glm, 42, tmp_path / "glm2")
+    with pytest.raises(ValueError, match="dense layers first only"):
+        hf_to_gguf(interleaved, tmp_path / "m2.gguf")
