@@ -649,9 +649,30 @@ def test_a_top_k_out_of_range_names_the_familys_own_key(name, key):
         read_config({**cfg, "architectures": [arch], key: experts + 1}, 32)
 
 
+# GLM-4.7-Flash's released config.json (its fields, at a small size): DeepSeek's fields transformers' GLM does not
+# read stated as GLM computes, a top-level partial_rotary_factor 1, MTP layers (not run, as transformers does not)
+GLM_RELEASED = {"attention_bias": False, "attention_dropout": 0.0, "first_k_dense_replace": 1, "hidden_act": "silu",
+                "hidden_size": 16, "intermediate_size": 32, "kv_lora_rank": 4, "max_position_embeddings": 128,
+                "model_type": "glm4_moe_lite", "moe_intermediate_size": 8, "n_group": 1, "n_routed_experts": 2,
+                "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 2, "num_experts_per_tok": 1,
+                "num_hidden_layers": 3, "num_key_value_heads": 2, "num_nextn_predict_layers": 1,
+                "partial_rotary_factor": 1.0, "q_lora_rank": 4, "qk_nope_head_dim": 2, "qk_rope_head_dim": 2,
+                "rms_norm_eps": 1e-5, "rope_scaling": None, "rope_theta": 10000, "routed_scaling_factor": 1.5,
+                "tie_word_embeddings": False, "topk_group": 1, "topk_method": "noaux_tc", "v_head_dim": 4,
+                "vocab_size": 32, "architectures": ["Glm4MoeLiteForCausalLM"]}
+
+
+def test_glm_reads_its_released_config():
+    from colibri.checkpoint import read_config
+    dims = read_config(GLM_RELEASED, 32)[0]
+    assert dims.moe_layers == (False, True, True) and dims.kv_lora_rank == 4 and dims.shared_ffn_size == 8
+
+
 @pytest.mark.parametrize("changes,field", [
-    ({"first_k_dense_replace": 1}, "first_k_dense_replace"),  # DeepSeek's: transformers' GLM reads mlp_layer_types
+    ({"first_k_dense_replace": 2}, "first_k_dense_replace"),  # not read by transformers' GLM: must agree
+    ({"topk_method": "greedy"}, "topk_method"),
     ({"scoring_func": "softmax"}, "scoring_func"),
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ({"mlp_layer_types": ["dense", "sparse"]}, "mlp_layer_types"),
     ({"mlp_layer_types": ["dense", "moe", "dense", "sparse"]}, "mlp_layer_types"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
@@ -664,3 +685,5 @@ def test_glm_refuses_what_it_cannot_run(changes, field):
     _, arch, cfg = next(f for f in FAMILIES if f[0] == "glm4_moe_lite")
     with pytest.raises(UnsupportedModel, match=field):
         read_config({**cfg, "architectures": [arch], **changes}, 32)
+    with pytest.raises(UnsupportedModel, match=field):
+        read_config({**GLM_RELEASED, **changes}, 32)
