@@ -206,7 +206,10 @@ def test_converter_files_are_as_llama_cpp_writes_them():
     one 3-D tensor per layer, Qwen2-MoE's shared expert and its gate, a real tokenizer, the converter's q8_0."""
     names = {f: {t.name for t in gguf.GGUFReader(str(FIXTURES / f"{f}.gguf")).tensors} for f in CONVERTED}
     assert set(names) == {"converted-mixtral-q8_0", "converted-qwen2moe-q4_k_m", "converted-deepseek3-q8_0",
-                          "converted-gpt-oss-q8_0", "converted-granitemoe-q8_0"}
+                          "converted-gpt-oss-q8_0", "converted-granitemoe-q8_0", "converted-glm4-q8_0"}
+    glm = gguf.GGUFReader(str(FIXTURES / "converted-glm4-q8_0.gguf")).fields  # GLM-4.7-Flash, as DeepSeek-V3's file
+    assert bytes(glm["general.architecture"].parts[-1]).decode() == "deepseek2"
+    assert {"blk.0.attn_k_b.weight", "blk.1.exp_probs_b.bias"} <= names["converted-glm4-q8_0"]
     granite = gguf.GGUFReader(str(FIXTURES / "converted-granitemoe-q8_0.gguf")).fields
     assert {"granitemoe.embedding_scale", "granitemoe.residual_scale", "granitemoe.attention.scale",
             "granitemoe.logit_scale"} <= set(granite)  # its multipliers, under llama.cpp's scale keys
@@ -312,3 +315,30 @@ def test_glm_gguf_packs_to_the_image_of_its_checkpoint(tmp_path):
     interleaved = make_family_checkpoint("Glm4MoeLiteForCausalLM", glm, 42, tmp_path / "glm2")
     with pytest.raises(ValueError, match="dense layers first only"):
         hf_to_gguf(interleaved, tmp_path / "m2.gguf")
+
+
+@pytest.mark.parametrize("layers,vocab,sigmoid", [(47, 154880, True), (48, 154880, True), (46, 154880, False),
+                                                  (47, 50257, False)])
+def test_a_deepseek2_file_naming_no_gating_is_scored_as_llama_cpp_scores_it(layers, vocab, sigmoid):
+    """llama.cpp's converter writes GLM-4.7-Flash with no gating function, and llama.cpp (src/models/deepseek2.cpp)
+    scores such a file by sigmoid when it has GLM-4.7-Flash's layer count (47, or 48 with its MTP layer) and
+    vocabulary, else by softmax: read the same way (a router bias without sigmoid is refused, as before)."""
+    from types import SimpleNamespace
+
+    from colibri.families.deepseek import gguf_config
+    from colibri.gguf_common import GGUFError, GGUFFile
+    keys = {"deepseek2.rope.dimension_count": 4, "deepseek2.attention.key_length_mla": 8,
+            "deepseek2.attention.value_length_mla": 4, "deepseek2.attention.kv_lora_rank": 8,
+            "deepseek2.leading_dense_block_count": 1, "deepseek2.expert_count": 4, "deepseek2.expert_used_count": 2,
+            "deepseek2.expert_feed_forward_length": 8}
+    def field(key, default=None, required=True):
+        if key not in keys and required and default is None:
+            raise GGUFError(f"GGUF file lacks required key {key}")
+        return keys.get(key, default)
+    tensors = {"token_embd.weight": SimpleNamespace(shape=(vocab, 16)), "blk.1.exp_probs_b.bias": SimpleNamespace(shape=(4,))}
+    f = GGUFFile(field, lambda key: key.format(arch="deepseek2"), layers, 2, 1, 4, tensors)
+    if sigmoid:
+        assert gguf_config(f)["architectures"] == ["DeepseekV3ForCausalLM"]
+    else:
+        with pytest.raises(GGUFError, match="no sigmoid gating function"):
+            gguf_config(f)

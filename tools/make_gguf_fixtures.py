@@ -72,7 +72,21 @@ CONVERTED = [
      num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
      embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0),
      "q8_0", None),
+    # GLM-4.7-Flash: written as deepseek2 (DeepSeek-V3's MLA and grouped sigmoid routing, a shared expert, a dense
+    # first layer), with GLM's special tokens added to the vocabulary, which its converter looks up. The converter
+    # takes the dense layers from first_k_dense_replace and the gating function from scoring_func, fields the
+    # released config.json states beside mlp_layer_types (transformers' GLM reads neither): stated here as there,
+    # with scoring_func "sigmoid" (without it the file names no gating function, and llama.cpp takes sigmoid only
+    # for a file of GLM-4.7-Flash's own layer count and vocabulary)
+    ("glm4", "Glm4MoeLiteForCausalLM", dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4, num_experts_per_tok=2,
+     n_group=2, topk_group=1, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16,
+     v_head_dim=32, n_shared_experts=1, routed_scaling_factor=1.8, norm_topk_prob=True,
+     mlp_layer_types=["dense", "sparse"], first_k_dense_replace=1, topk_method="noaux_tc", scoring_func="sigmoid"),
+     "q8_0", None),
 ]
+# the special tokens a family's converter looks up in the vocabulary (GLM's _set_vocab_glm)
+SPECIAL_TOKENS = {"Glm4MoeLiteForCausalLM": ("[gMASK]", "<|user|>", "<|endoftext|>", "<|observation|>")}
 
 
 def llama_cpp_sources(sdist: Path | None, tmp: Path) -> Path:
@@ -94,6 +108,9 @@ def convert(llama_cpp_dir: Path, family: str, arch: str, config: dict, outtype: 
     import torch
     import transformers
     tokenizer = transformers.AutoTokenizer.from_pretrained(llama_cpp_dir / "models", gguf_file="ggml-vocab-gpt-2.gguf")
+    special = [t for t in SPECIAL_TOKENS.get(arch, ()) if t not in tokenizer.get_added_vocab()]
+    if special:
+        tokenizer.add_tokens(special, special_tokens=True)
     torch.manual_seed(21)
     cfg = getattr(transformers, arch.replace("ForCausalLM", "Config"))(
         vocab_size=len(tokenizer), max_position_embeddings=64, tie_word_embeddings=True, initializer_range=0.25,
@@ -157,18 +174,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", metavar="TEXT", help="write only the fixtures whose names contain TEXT")
     args = ap.parse_args(argv)
     wanted = lambda name: args.only is None or args.only in name  # noqa: E731
+    needs_quantizer = any(wanted(f"mixtral-{name.lower()}") for name in TYPES) or args.sdist is None or any(
+        ftype and wanted(f"converted-{family}") for family, _, _, _, ftype in CONVERTED)
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
-        print("make_gguf_fixtures: llama-cpp-python is not installed; build it as tools/bench.py --help says",
-              file=sys.stderr)
-        return 2
+        if needs_quantizer:  # (the converter alone needs only the sdist)
+            print("make_gguf_fixtures: llama-cpp-python is not installed; build it as tools/bench.py --help says",
+                  file=sys.stderr)
+            return 2
     sys.path.insert(0, str(ROOT / "tests"))
     from gguf_writer import hf_to_gguf
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         f32 = hf_to_gguf(make_source(Path(tmp) / "checkpoint"), Path(tmp) / "f32.gguf", placeholder_vocab=True)
-        for name in TYPES:
+        for name in TYPES if needs_quantizer else ():
             dst = OUT / f"mixtral-{name.lower()}.gguf"
             if not wanted(dst.name):
                 continue

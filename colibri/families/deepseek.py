@@ -134,13 +134,21 @@ def tensor(raw: dict, d, key: tuple[Role, int, int]) -> tuple[list[str], object]
     return [name], kv_b_part(raw[name], d, role)
 
 
+# llama.cpp (src/models/deepseek2.cpp) scores a deepseek2 file that names no gating function by softmax, but by sigmoid
+# when it has GLM-4.7-Flash's layer count (with or without its MTP layer) and vocabulary: its converter writes none
+GLM_47_LAYERS, GLM_47_VOCAB = (47, 48), 154880
+
+
 def gguf_config(f: GGUFFile) -> dict:
-    """The DeepSeek-V2/V3 config fields of a deepseek2 file, as llama.cpp runs it: the gating function
-    the file names (llama.cpp's default, softmax, when it names none), groups scored by their best two
-    experts (llama.cpp's build_moe_ffn does so for any gating function: transformers' V3, never its V2),
-    RoPE on adjacent pairs."""
+    """The DeepSeek-V2/V3 config fields of a deepseek2 file, as llama.cpp runs it: the gating function the file
+    names (when it names none, llama.cpp's choice: softmax, or sigmoid for GLM-4.7-Flash's shape), groups scored by
+    their best two experts (llama.cpp's build_moe_ffn does so for any gating function: transformers' V3, never its
+    V2), RoPE on adjacent pairs."""
     field, k, n_layers, n_head, tensors = f.field, f.key, f.n_layers, f.n_head, f.tensors
     gating = field(k(Keys.LLM.EXPERT_GATING_FUNC), None, required=False)
+    embd = tensors.get(gguf_name(MODEL_TENSOR.TOKEN_EMBD) + ".weight")
+    if gating is None and n_layers in GLM_47_LAYERS and embd is not None and embd.shape[0] == GLM_47_VOCAB:
+        gating = gguf.ExpertGatingFuncType.SIGMOID  # llama.cpp's rule for GLM-4.7-Flash's files, which name none
     sigmoid = gating == gguf.ExpertGatingFuncType.SIGMOID
     if gating not in (None, gguf.ExpertGatingFuncType.SOFTMAX, gguf.ExpertGatingFuncType.SIGMOID):
         raise GGUFError(f"GGUF key {k(Keys.LLM.EXPERT_GATING_FUNC)}={gating} is neither softmax nor sigmoid")
