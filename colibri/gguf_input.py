@@ -30,10 +30,15 @@ import numpy as np
 from gguf.constants import MODEL_TENSOR, Keys
 
 from colibri.families import FAMILIES
+from colibri.format import MAX_LAYERS
 from colibri.gguf_common import GGUFError, GGUFFile, floats, gguf_name, heads_stacked, lazy
 from colibri.lazy import Derived, FileTensor, LazyTensor, OpenFile
 from colibri.quant import DType, Encoded, from_gguf_blocks
 
+# the keys whose value the reader takes as one number (the others it reads with a numeric default are too)
+NUMBER_KEYS = (".block_count", ".head_count", ".head_count_kv", ".embedding_length", ".context_length",
+               ".feed_forward_length", ".expert_used_count", ".layer_norm_rms_epsilon", ".dimension_count",
+               ".kv_lora_rank", ".key_length_mla", ".value_length_mla", ".scaling.factor")
 KEPT_TYPES = {gguf.GGMLQuantizationType.Q8_0: DType.Q8_0, gguf.GGMLQuantizationType.Q4_0: DType.Q4_0}
 # widened to f32 with nothing lost: not worth naming in the conversion report
 EXACT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
@@ -103,13 +108,21 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
             if required and default is None:
                 raise GGUFError(f"GGUF file lacks required key {key}")
             return default
-        return f.contents()
+        value = f.contents()
+        numeric = (isinstance(default, (int, float)) and not isinstance(default, bool)) or key.endswith(NUMBER_KEYS)
+        if numeric and isinstance(value, (list, str, bytes)):  # one number, not a list (per layer) or a text
+            raise GGUFError(f"GGUF key {key}={value!r}: one number was expected (a value per layer is not read)")
+        return value
 
     arch = field(Keys.General.ARCHITECTURE)
     k = lambda key: key.format(arch=arch)  # noqa: E731
     n_layers = int(field(k(Keys.LLM.BLOCK_COUNT)))
     n_head = int(field(k(Keys.Attention.HEAD_COUNT)))
     n_head_kv = int(field(k(Keys.Attention.HEAD_COUNT_KV), n_head))
+    if not 1 <= n_layers <= MAX_LAYERS or n_head < 1 or n_head_kv < 1:  # (before any loop over the layers)
+        raise GGUFError(f"GGUF keys {k(Keys.LLM.BLOCK_COUNT)}={n_layers}, {k(Keys.Attention.HEAD_COUNT)}={n_head}, "
+                        f"{k(Keys.Attention.HEAD_COUNT_KV)}={n_head_kv}: an image has 1 to {MAX_LAYERS} layers, and "
+                        "a model at least one head")
     n_experts = int(field(k(Keys.LLM.EXPERT_COUNT), 0, required=False))
     if arch not in ARCHITECTURES:
         raise GGUFError(f"GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}")
@@ -198,8 +211,9 @@ def _file_tensor(file: OpenFile, t) -> FileTensor:
     else:
         qtype = t.tensor_type
         decode = lambda raw, shape: np.asarray(gguf.dequantize(raw, qtype), np.float32).reshape(shape)  # noqa: E731
-        try:
-            gguf.dequantize(t.data.reshape(-1, t.data.shape[-1])[:1], qtype)
+        try:  # (one row, when there is one)
+            if t.data.size:
+                gguf.dequantize(t.data.reshape(-1, t.data.shape[-1])[:1], qtype)
         except NotImplementedError:
             raise GGUFError(f"tensor {t.name} has type {t.tensor_type.name}, which the gguf package cannot "
                             "dequantize; convert the model again with another type") from None
@@ -231,6 +245,9 @@ def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, hf_arch: str, n_layer
         for which in ("k_b_proj", "v_b_proj"):
             if f"{p}self_attn.{which}.weight" in out:
                 t = out[f"{p}self_attn.{which}.weight"]
+                if len(t.shape) != 3:
+                    raise GGUFError(f"GGUF layer {layer}'s {which.replace('_proj', '')} tensor has shape {tuple(t.shape)}: "
+                                    "llama.cpp's converter stacks it per head, [heads, rows, columns]")
                 out[f"{p}self_attn.{which}.weight"] = lazy((t.shape[0] * t.shape[1], t.shape[2]), t, heads_stacked)
         router = gguf_name(MODEL_TENSOR.FFN_GATE_INP, layer) + ".weight"
         if router in pending:

@@ -169,7 +169,11 @@ def _fill(write: Callable[[int, bytes | np.ndarray], None], read: Callable[[int,
     `write(offset, data)`, then the table, the CRCs (summed by reading back, a window at a time) and the header."""
     for entry, src in plan.sources:  # one tensor in memory at a time: a Deferred one is encoded here
         enc = src.encoded() if isinstance(src, Deferred) else src
-        write(entry.offset, np.ascontiguousarray(enc.values).reshape(-1).view(np.uint8))
+        values = np.ascontiguousarray(enc.values).reshape(-1).view(np.uint8)
+        if values.size != entry.nbytes:  # (a source whose declared shape was not its own: never into the next tensor)
+            raise ValueError(f"{entry.role.name} layer={entry.layer} expert={entry.expert}: {values.size} bytes of values "
+                             f"where its shape {entry.shape} holds {entry.nbytes}")
+        write(entry.offset, values)
         if entry.scales_bytes:
             write(entry.scales_offset, np.ascontiguousarray(enc.scales, dtype="<f2").reshape(-1).view(np.uint8))
     if plan.meta:

@@ -273,11 +273,14 @@ def test_gguf_errors_are_clear(sources, tmp_path):
         pack(tmp_path / "junk.gguf", tmp_path / "y.img", 32, 64)
 
 
-def _write_gguf(path, arch: str, tensors: dict, block_count: int | None = None):
+def _write_gguf(path, arch: str, tensors: dict, block_count: int | None = None, head_count=2):
     w = gguf.GGUFWriter(str(path), arch)
     if block_count is not None:
         w.add_block_count(block_count)
-        w.add_head_count(2)
+        if isinstance(head_count, list):
+            w.add_array(f"{arch}.attention.head_count", head_count)
+        else:
+            w.add_head_count(head_count)
     for name, (arr, qtype) in tensors.items():
         w.add_tensor(name, arr, raw_dtype=qtype)
     w.write_header_to_file()
@@ -342,3 +345,40 @@ def test_a_deepseek2_file_naming_no_gating_is_scored_as_llama_cpp_scores_it(laye
     else:
         with pytest.raises(GGUFError, match="no sigmoid gating function"):
             gguf_config(f)
+
+
+@pytest.mark.parametrize("block_count,head_count,error", [
+    (1 << 31, 2, "an image has 1 to 256 layers"),  # refused before any loop over the layers
+    (0, 2, "an image has 1 to 256 layers"),
+    (2, 0, "at least one head"),
+    (2, [2, 2], "head_count=\\[2, 2\\]: one number was expected"),  # a value per layer
+])
+def test_hostile_gguf_counts_are_named(tmp_path, block_count, head_count, error):
+    """A GGUF file's counts are checked before they are used: a huge block count costs no time, a zero or a list a
+    one-line error naming the key, never a traceback (review of the GGUF hooks)."""
+    import time
+    a = np.zeros((4, 64), np.float32)
+    path = _write_gguf(tmp_path / "c.gguf", "qwen2", {"token_embd.weight": (a, None)}, block_count, head_count)
+    t0 = time.monotonic()
+    with pytest.raises(UnsupportedModel, match=error):
+        pack(path, tmp_path / "x.img", 32, 64)
+    assert time.monotonic() - t0 < 10
+
+
+def test_the_writer_refuses_a_source_whose_bytes_are_not_its_shapes(tmp_path):
+    """A tensor source that declared one shape and gives the values of another is refused when its bytes are
+    written, never written over the next tensor (review of the GGUF hooks: a gpt-oss down matrix of another width)."""
+    from colibri import image as im
+    from colibri.quant import Deferred, DType
+    from colibri.synthetic import moe_dims
+    dims = moe_dims(hidden=8, ffn=4, experts=2, layers=1, top_k=1, vocab=16, max_seq=8)
+    tensors = {}
+    for role, layer, expert in im.canonical_order(dims):
+        if dims.present(role, layer):
+            shape = im.expected_shape(dims, role, layer)
+            tensors[(role, layer, expert)] = np.ones(shape, np.float32)
+    key = (im.Role.EXPERT_DOWN, 0, 1)
+    wide = tensors[key].shape[:-1] + (tensors[key].shape[-1] + 2,)
+    tensors[key] = Deferred(DType.F32, tensors[key].shape, lambda: np.ones(wide, np.float32))
+    with pytest.raises(ValueError, match="EXPERT_DOWN layer=0 expert=1: .* bytes of values where its shape"):
+        im.write_image(tmp_path / "x.img", dims, tensors, expert_align=64)

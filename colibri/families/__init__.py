@@ -23,5 +23,7 @@ for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):  # ev
 _gguf = [(f.gguf_arch, f.moe) for f in FAMILIES.values() if f.gguf_arch]
 if len(set(_gguf)) != len(_gguf):
     raise ValueError(f"colibri/families: GGUF architectures {_gguf} name one twice, with or without experts")
+if any(f.gguf_read_tensors and not f.gguf_read_config for f in FAMILIES.values()):
+    raise ValueError("colibri/families: a gguf_read_tensors hook is called only beside a gguf_read_config one")
 
 __all__ = ["FAMILIES", "Family"]

@@ -93,9 +93,11 @@ class Family:
     # (norm_topk_default, or a router that renormalizes nothing)
     gguf_norm_topk: bool | None = None
     # an architecture whose GGUF file needs reading of its own (hooks in its family file, over gguf_common.GGUFFile):
-    # its config fields (then gguf_input.py reads no more keys for it), its tensors under transformers' names (None:
-    # gguf_input.py's common naming, with gguf_layer_tensors' extra per-layer names), whether its key_length is a q/k
-    # head (DeepSeek's is the latent's)
+    # its config fields (gguf_input.py reads the keys every architecture has first; after the hook it reads no more
+    # for it: the record's bias_key, gguf_config pairs, gguf_norm_topk, expert size key and sparse_layer_rule are
+    # not used, nor --norm-topk-prob), and only with that hook its tensors under transformers' names (None:
+    # gguf_input.py's common naming, with gguf_layer_tensors' extra per-layer names); whether its key_length is a
+    # q/k head (DeepSeek's is the latent's)
     gguf_read_config: Callable[[object], dict] | None = None
     gguf_read_tensors: Callable[[object], dict] | None = None
     gguf_layer_tensors: tuple[tuple[object, str], ...] = ()

@@ -122,7 +122,18 @@ def gguf_tensors(f: GGUFFile) -> dict[str, LazyTensor | np.ndarray]:
         out[p + "mlp.router.weight"] = take(name(MODEL_TENSOR.FFN_GATE_INP))
         out[p + "mlp.router.bias"] = take(name(MODEL_TENSOR.FFN_GATE_INP, "bias"))
         gate, up = take(name(MODEL_TENSOR.FFN_GATE_EXP)), take(name(MODEL_TENSOR.FFN_UP_EXP))  # [E, F, D]
+        if len(gate.shape) != 3:
+            raise GGUFError(f"GGUF tensor {name(MODEL_TENSOR.FFN_GATE_EXP)} has shape {tuple(gate.shape)}: llama.cpp "
+                            "stacks the experts' gates as [experts, ffn, hidden]")
         n_experts, ffn, hidden = gate.shape
+        down = take(name(MODEL_TENSOR.FFN_DOWN_EXP))  # [E, D, F]
+        biases = {MODEL_TENSOR.FFN_GATE_EXP: (n_experts, ffn), MODEL_TENSOR.FFN_UP_EXP: (n_experts, ffn),
+                  MODEL_TENSOR.FFN_DOWN_EXP: (n_experts, hidden)}
+        for t, shape in ((up, gate.shape), (down, (n_experts, hidden, ffn)),
+                         *((pending.get(name(kind, "bias")), want) for kind, want in biases.items())):
+            if t is not None and tuple(t.shape) != tuple(shape):
+                raise GGUFError(f"GGUF layer {layer}'s expert tensors disagree with its {name(MODEL_TENSOR.FFN_GATE_EXP)} "
+                                f"{tuple(gate.shape)}: one has shape {tuple(t.shape)}, not {tuple(shape)}")
         out[p + "mlp.experts.gate_up_proj"] = Derived(
             (n_experts, hidden, 2 * ffn), lambda gate=gate, up=up: fused_gate_up(gate.load(), up.load()),
             lambda i, gate=gate, up=up: fused_gate_up(gate.expert(i), up.expert(i)))
@@ -130,7 +141,6 @@ def gguf_tensors(f: GGUFFile) -> dict[str, LazyTensor | np.ndarray]:
         bias[:, 0::2] = np.asarray(take(name(MODEL_TENSOR.FFN_GATE_EXP, "bias")), np.float32)
         bias[:, 1::2] = np.asarray(take(name(MODEL_TENSOR.FFN_UP_EXP, "bias")), np.float32)
         out[p + "mlp.experts.gate_up_proj_bias"] = bias
-        down = take(name(MODEL_TENSOR.FFN_DOWN_EXP))  # [E, D, F]
         out[p + "mlp.experts.down_proj"] = lazy((n_experts, ffn, hidden), down, transposed, transposed)
         out[p + "mlp.experts.down_proj_bias"] = take(name(MODEL_TENSOR.FFN_DOWN_EXP, "bias"))
     if pending:
