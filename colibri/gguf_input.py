@@ -117,6 +117,13 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     arch = field(Keys.General.ARCHITECTURE)
     k = lambda key: key.format(arch=arch)  # noqa: E731
     n_layers = int(field(k(Keys.LLM.BLOCK_COUNT)))
+    # multi-token-prediction layers (GLM-4.7-Flash's, DeepSeek-V3's) come after the trunk; llama.cpp runs the trunk
+    # only when it predicts the next token (its n_layer()), and so does the runtime: their tensors are not read
+    nextn = int(field(k(Keys.LLM.NEXTN_PREDICT_LAYERS), 0, required=False))
+    if nextn and not (0 < nextn < n_layers and nextn <= MAX_LAYERS):
+        raise GGUFError(f"GGUF key {k(Keys.LLM.NEXTN_PREDICT_LAYERS)}={nextn}: at most {MAX_LAYERS}, and fewer than "
+                        f"the {n_layers} blocks")
+    n_layers -= nextn
     n_head = int(field(k(Keys.Attention.HEAD_COUNT)))
     n_head_kv = int(field(k(Keys.Attention.HEAD_COUNT_KV), n_head))
     if not 1 <= n_layers <= MAX_LAYERS or n_head < 1 or n_head_kv < 1:  # (before any loop over the layers)
@@ -139,7 +146,10 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     file = OpenFile(path)
     tensors: dict[str, FileTensor] = {}
     converted: dict[str, int] = {}
+    mtp = tuple(f"blk.{layer}." for layer in range(n_layers, n_layers + nextn))
     for t in reader.tensors:
+        if t.name.startswith(mtp):
+            continue
         tensors[t.name] = _file_tensor(file, t)
         if t.tensor_type not in EXACT_TYPES and t.tensor_type not in KEPT_TYPES:
             converted[t.tensor_type.name] = converted.get(t.tensor_type.name, 0) + 1

@@ -102,7 +102,8 @@ def add_deepseek_keys(w: gguf.GGUFWriter, cfg: dict) -> None:
 
 def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = True,
                extra: dict[str, np.ndarray] | None = None, placeholder_vocab: bool = False,
-               tokenizer: bool = False) -> Path:
+               tokenizer: bool = False, mtp_layers: int = 0) -> Path:
+    """`mtp_layers`: blocks counted after the model's as multi-token-prediction layers (their tensors: `extra`)."""
     cfg = json.loads((src / "config.json").read_text())
     hf_arch = cfg["architectures"][0]
     arch = ARCH[hf_arch]
@@ -112,7 +113,9 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
     n_experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
     deepseek = arch == "deepseek2"
     w = gguf.GGUFWriter(str(out), arch)
-    w.add_block_count(n_layers)
+    w.add_block_count(n_layers + mtp_layers)
+    if mtp_layers:
+        w.add_nextn_predict_layers(mtp_layers)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg.get("intermediate_size", 0))

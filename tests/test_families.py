@@ -439,12 +439,14 @@ def test_gpt_oss_mxfp4_experts_read_as_transformers_dequantizes_them(tmp_path):
     from safetensors.numpy import load_file, save_file
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
     arch, cfg = next((a, c) for n, a, c in FAMILIES if n == "gpt_oss")
+    cfg = dict(cfg, intermediate_size=32)  # every expert matrix's input a whole number of MXFP4 blocks
     src = make_family_checkpoint(arch, cfg, 77, tmp_path / "plain")
     tensors = load_file(src / "model.safetensors")
     rng = np.random.default_rng(3)
     packed = dict(tensors)
     for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
         experts, n_in, n_out = tensors[name].shape  # transformers' layout: [E, in, out]
+        assert n_in % 32 == 0, name
         blocks = rng.integers(0, 256, (experts, n_out, n_in // 32, 16), dtype=np.uint8)
         scales = rng.integers(120, 130, (experts, n_out, n_in // 32), dtype=np.uint8)
         tensors[name] = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales),

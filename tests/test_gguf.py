@@ -382,3 +382,18 @@ def test_the_writer_refuses_a_source_whose_bytes_are_not_its_shapes(tmp_path):
     tensors[key] = Deferred(DType.F32, tensors[key].shape, lambda: np.ones(wide, np.float32))
     with pytest.raises(ValueError, match="EXPERT_DOWN layer=0 expert=1: .* bytes of values where its shape"):
         im.write_image(tmp_path / "x.img", dims, tensors, expert_align=64)
+
+
+def test_a_files_multi_token_prediction_layers_are_not_read(tmp_path):
+    """GLM-4.7-Flash's and DeepSeek-V3's files hold their MTP layers as blocks after the model's
+    (nextn_predict_layers): llama.cpp runs the trunk alone to predict the next token, and the file packs to the image
+    of the checkpoint without them."""
+    glm = next(cfg for name, _, cfg in FAMILIES if name == "glm4_moe_lite")
+    cfg = dict(glm, mlp_layer_types=["dense", "sparse", "sparse", "sparse"])
+    src = make_family_checkpoint("Glm4MoeLiteForCausalLM", cfg, 43, tmp_path / "glm")
+    mtp = {"blk.4.nextn.eh_proj.weight": np.ones((cfg["hidden_size"], 2 * cfg["hidden_size"]), np.float32),
+           "blk.4.attn_norm.weight": np.ones(cfg["hidden_size"], np.float32)}
+    from_st, from_gguf = tmp_path / "st.img", tmp_path / "gguf.img"
+    pack(src, from_st, 32, 64)
+    pack(hf_to_gguf(src, tmp_path / "m.gguf", extra=mtp, mtp_layers=1), from_gguf, 32, 64)
+    assert from_gguf.read_bytes() == from_st.read_bytes()
