@@ -193,7 +193,7 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
         n_layers=n_layers, n_heads=heads,
         n_kv_heads=fields.pop("n_kv_heads", int(cfg.get("num_key_value_heads") or heads)),
         head_dim=head_dim, n_experts=n_experts, top_k=top_k,
-        max_seq=max_seq, rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(params["rope_theta"]),
+        max_seq=max_seq, rms_norm_eps=float(cfg.get(fam.eps_key, 1e-6)), rope_theta=float(params["rope_theta"]),
         flags=flags, dense_ffn_size=fields.pop("dense_ffn_size", int(cfg["intermediate_size"]) if any_dense else 0),
         shared_ffn_size=fields.pop("shared_ffn_size", shared_ffn),
         clip_qkv=float(clip or 0.0), moe_layers=moe_layers, sliding_window=window, window_layers=window_layers, **fields,
@@ -207,7 +207,7 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
         raise UnsupportedModel(f"{n_experts} experts, top-{dims.top_k}: the runtime takes at most {MAX_EXPERTS} experts "
                                f"per layer and top-{MAX_TOP_K} (config fields num_local_experts/{fam.top_k_key})")
     if not 0.0 < dims.rms_norm_eps < 1.0:
-        raise UnsupportedModel(f"config field rms_norm_eps={dims.rms_norm_eps} must be in (0, 1)")
+        raise UnsupportedModel(f"config field {fam.eps_key}={dims.rms_norm_eps} must be in (0, 1)")
     extra.update(inv_freq=inv_freq, attention_factor=attention_factor)
     return dims, bool(cfg.get("tie_word_embeddings", fam.tied_default)), arch, extra
 

@@ -10,9 +10,9 @@ from typing import Iterator
 import numpy as np
 
 from colibri import format as fmt
-from colibri.format import (ALIGN, EXPERT_ROLES, FACT_DENSE, FACT_GLOBAL_ROPE_TABLES, FACT_KV_SHARED, FACT_MLA, FACT_MOE,
+from colibri.format import (ALIGN, EXPERT_ROLES, FACT_CONV, FACT_DENSE, FACT_GLOBAL_ROPE_TABLES, FACT_KV_SHARED, FACT_MLA, FACT_MOE,
                             FACT_OWN_KV, FACT_PLE, FACT_Q_LORA, FACT_QK_NORM, FACT_SHARED_FFN, FACT_SHARED_GATED,
-                            KV_DTYPES, LAYER_ATTN_LATENT, LAYER_ATTN_STANDARD, LAYER_FFN_DENSE, LAYER_FFN_MOE,
+                            KV_DTYPES, LAYER_ATTN_LATENT, LAYER_ATTN_SHORT_CONV, LAYER_ATTN_STANDARD, LAYER_FFN_DENSE, LAYER_FFN_MOE,
                             LAYER_FFN_MOE_AND_DENSE, LAYER_FIELDS, LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V,
                             LAYER_QK_NORM_HEAD, LAYER_ROLES, NO_INDEX, ROLE_SHAPES, ROLES_AFTER_LAYERS, ROLES_BEFORE_LAYERS,
                             TERMS, Role)
@@ -146,6 +146,11 @@ class ModelDims:
     double_wide_mlp: bool = False  # Gemma 4: the KV-sharing layers' dense MLP is 2·dense_ffn_size wide
     k_eq_v: bool = False           # Gemma 4: a global layer's values are its keys' projection
     global_rope: bool = False      # Gemma 4: the global layers rotate with RoPE tables of their own head size
+    # LFM2's gated short convolutions: the layers that convolve (True) instead of attending, and the kernel size
+    conv_layers: tuple[bool, ...] = ()
+    conv_kernel: int = 0
+    # with NORM_TOPK the top-k weights are divided by their sum plus this (as f32): DeepSeek-V3's 1e-20, LFM2's 1e-6
+    topk_norm_eps: float = 1e-20
     # The layers' records as an image holds them (one per layer, LAYER_FIELDS order), when given: the reader's, for an
     # image whose records the fields above do not give (so that the host computes any image the verifier accepts as
     # its records say; a dims made from such one by replace() keeps them unless told records=()). Empty: layer_record
@@ -182,6 +187,7 @@ class ModelDims:
         windowed = [bool(self.sliding_window) and self.window_layers[l] for l in range(self.n_layers)]
         own, moe, flags = not windowed[layer], self.moe_layers[layer], self.flags
         gemma = bool(flags & FLAG_GEMMA4_LAYER)
+        conv = bool(self.conv_layers) and self.conv_layers[layer]
         ffn = (LAYER_FFN_MOE_AND_DENSE if gemma else LAYER_FFN_MOE) if moe else LAYER_FFN_DENSE
         options = ((LAYER_OPT_K_IS_V if self.k_eq_v and own else 0)
                    | (LAYER_OPT_GLOBAL_ROPE if self.global_rope and own else 0)
@@ -190,9 +196,12 @@ class ModelDims:
         first_shared = self.n_layers - self.kv_shared_layers
         shared = layer >= first_shared
         source = max(l for l in range(first_shared) if windowed[l] == windowed[layer]) if shared else NO_INDEX
-        return (LAYER_ATTN_LATENT if self.mla else LAYER_ATTN_STANDARD, ffn,
+        if conv:  # none of attention's options or norms
+            options &= ~fmt.LAYER_STANDARD_OPTIONS
+        attention = LAYER_ATTN_SHORT_CONV if conv else LAYER_ATTN_LATENT if self.mla else LAYER_ATTN_STANDARD
+        return (attention, ffn,
                 record_value(flags, "router") if moe else 0, record_value(flags, "activation"),
-                record_value(flags, "qk_norm"), record_value(flags, "shared") if moe else 0, 0, options,
+                0 if conv else record_value(flags, "qk_norm"), record_value(flags, "shared") if moe else 0, 0, options,
                 self.global_head_dim if own else 0, self.global_kv_heads if own else 0,
                 self.sliding_window if windowed[layer] else 0, source,
                 2 * self.dense_ffn_size if self.double_wide_mlp and shared else 0)
@@ -238,9 +247,18 @@ class ModelDims:
         """The widest dense MLP: the header's width or any layer's (arena.c's ffn_max counts both)."""
         return max([self.dense_ffn_size, *(k.dense_ffn for k in self.layers)])
 
+    def conv(self, layer: int) -> bool:
+        """Whether `layer` convolves (LFM2's short convolution) instead of attending."""
+        return self.layers[layer].attention == LAYER_ATTN_SHORT_CONV
+
+    def conv_state_elements(self) -> int:
+        """The short convolutions' state: each convolving layer's last conv_kernel - 1 inputs per channel."""
+        return sum(self.conv(layer) for layer in range(self.n_layers)) * (self.conv_kernel - 1) * self.hidden_size
+
     def layer_kv_dim(self, layer: int) -> int:
-        """One position's row of the layer's K cache (and V cache); 0 for a KV-sharing layer, which has none."""
-        if self.kv_shared(layer):
+        """One position's row of the layer's K cache (and V cache); 0 for a KV-sharing or convolving layer, which
+        has none."""
+        if self.kv_shared(layer) or self.conv(layer):
             return 0
         return self.att_dim if self.mla else self.layer_kv_heads(layer) * self.layer_head_dim(layer)
 
@@ -269,8 +287,9 @@ class ModelDims:
         return self.n_heads * self.v_dim
 
     def kv_rows(self, layer: int) -> int:
-        """Positions layer `layer` keeps in its KV cache: the window for a windowed layer, else max_seq."""
-        return self.layers[layer].window or self.max_seq
+        """Positions layer `layer` keeps in its KV cache: the window for a windowed layer, none for a convolving
+        one, else max_seq."""
+        return 0 if self.conv(layer) else self.layers[layer].window or self.max_seq
 
     def kv_position_bytes(self, expanded: bool = False) -> int:
         """KV cache bytes one position takes over all layers: K and V rows, or MLA's one latent row. With
@@ -308,8 +327,10 @@ class ModelDims:
             return facts
         k = self.layers[layer]
         moe, mla, kv_shared = k.moe, self.mla, k.kv_source != NO_INDEX
+        conv = k.attention == LAYER_ATTN_SHORT_CONV
         for fact, on in ((FACT_MOE, moe), (FACT_DENSE, k.ffn != LAYER_FFN_MOE), (FACT_MLA, mla),
-                         (FACT_Q_LORA, mla and self.q_lora_rank), (FACT_OWN_KV, not mla and not kv_shared),
+                         (FACT_Q_LORA, mla and self.q_lora_rank), (FACT_CONV, conv),
+                         (FACT_OWN_KV, not mla and not kv_shared and not conv),
                          (FACT_QK_NORM, k.qk_norm), (FACT_KV_SHARED, kv_shared), (FACT_SHARED_FFN, k.shared),
                          (FACT_SHARED_GATED, k.shared == fmt.LAYER_SHARED_GATED)):
             facts |= fact if on else 0
@@ -330,6 +351,7 @@ class ModelDims:
                  "q_lora": self.q_lora_rank, "kv_lora": self.kv_lora_rank,
                  "kv_a": self.kv_lora_rank + self.rope_width,
                  "k_b_rows": self.n_heads * self.kv_lora_rank, "nope": self.head_dim - self.rope_width,
+                 "conv_in": 3 * self.hidden_size, "conv_k": self.conv_kernel,
                  "P": self.ple_dim, "LP": self.n_layers * self.ple_dim}
         assert tuple(terms) == TERMS, "ModelDims.terms computes every term of format/schema.toml"
         return terms

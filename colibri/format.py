@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 
 MAGIC = b'COLIBRI\x00'
-VERSION = 8
+VERSION = 9
 HEADER_BYTES = 768
 ENTRY_BYTES = 64
 ALIGN = 64
@@ -13,15 +13,16 @@ NO_INDEX = 0xFFFFFFFF
 MAX_DIM = 0x1000000
 MAX_EXPERTS = 1024
 MAX_TOP_K = 64
+MAX_CONV_KERNEL = 16
 LAYER_BYTES = 32  # a layer kind's record
 MAX_LAYER_KINDS = 8  # records in the header
 MAX_LAYERS = 256  # the header's layer_kind map: a byte per layer
 ARENA_CTX_BYTES = 1792  # the arena's first bytes: the runtime's context struct
 
 # The header: every field but `reserved` packed little-endian, then zeros to HEADER_BYTES
-HEADER_FIELDS = ("magic", "version", "header_bytes", "image_bytes", "header_crc32", "payload_crc32", "arch", "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim", "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "tensor_table_offset", "n_tensors", "entry_bytes", "data_offset", "arena_bytes", "expert_align", "dense_ffn_size", "shared_ffn_size", "clip_qkv", "kv_dtype", "expert_offset", "expert_crc_offset", "meta_offset", "meta_bytes", "meta_crc32", "q_lora_rank", "kv_lora_rank", "rope_dim", "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha", "swiglu_limit", "layer_kinds", "kinds", "layer_kind", "embed_scale", "logit_softcap", "ple_dim",)
-HEADER_FORMAT = "<8sIIQIIIIIIIIIIIIIffQIIQQIIIfIQQQQIIIIIfIIIfffI256s256sffI"
-HEADER_OFFSETS = {"magic": 0, "version": 8, "header_bytes": 12, "image_bytes": 16, "header_crc32": 24, "payload_crc32": 28, "arch": 32, "vocab_size": 36, "hidden_size": 40, "ffn_size": 44, "n_layers": 48, "n_heads": 52, "n_kv_heads": 56, "head_dim": 60, "n_experts": 64, "top_k": 68, "max_seq": 72, "rms_norm_eps": 76, "rope_theta": 80, "tensor_table_offset": 84, "n_tensors": 92, "entry_bytes": 96, "data_offset": 100, "arena_bytes": 108, "expert_align": 116, "dense_ffn_size": 120, "shared_ffn_size": 124, "clip_qkv": 128, "kv_dtype": 132, "expert_offset": 136, "expert_crc_offset": 144, "meta_offset": 152, "meta_bytes": 160, "meta_crc32": 168, "q_lora_rank": 172, "kv_lora_rank": 176, "rope_dim": 180, "v_head_dim": 184, "attn_scale": 188, "n_group": 192, "topk_group": 196, "group_top": 200, "routed_scale": 204, "swiglu_alpha": 208, "swiglu_limit": 212, "layer_kinds": 216, "kinds": 220, "layer_kind": 476, "embed_scale": 732, "logit_softcap": 736, "ple_dim": 740, "reserved": 744}
+HEADER_FIELDS = ("magic", "version", "header_bytes", "image_bytes", "header_crc32", "payload_crc32", "arch", "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim", "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "tensor_table_offset", "n_tensors", "entry_bytes", "data_offset", "arena_bytes", "expert_align", "dense_ffn_size", "shared_ffn_size", "clip_qkv", "kv_dtype", "expert_offset", "expert_crc_offset", "meta_offset", "meta_bytes", "meta_crc32", "q_lora_rank", "kv_lora_rank", "rope_dim", "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha", "swiglu_limit", "layer_kinds", "kinds", "layer_kind", "topk_norm_eps", "embed_scale", "logit_softcap", "ple_dim", "conv_kernel",)
+HEADER_FORMAT = "<8sIIQIIIIIIIIIIIIIffQIIQQIIIfIQQQQIIIIIfIIIfffI256s256sfffII"
+HEADER_OFFSETS = {"magic": 0, "version": 8, "header_bytes": 12, "image_bytes": 16, "header_crc32": 24, "payload_crc32": 28, "arch": 32, "vocab_size": 36, "hidden_size": 40, "ffn_size": 44, "n_layers": 48, "n_heads": 52, "n_kv_heads": 56, "head_dim": 60, "n_experts": 64, "top_k": 68, "max_seq": 72, "rms_norm_eps": 76, "rope_theta": 80, "tensor_table_offset": 84, "n_tensors": 92, "entry_bytes": 96, "data_offset": 100, "arena_bytes": 108, "expert_align": 116, "dense_ffn_size": 120, "shared_ffn_size": 124, "clip_qkv": 128, "kv_dtype": 132, "expert_offset": 136, "expert_crc_offset": 144, "meta_offset": 152, "meta_bytes": 160, "meta_crc32": 168, "q_lora_rank": 172, "kv_lora_rank": 176, "rope_dim": 180, "v_head_dim": 184, "attn_scale": 188, "n_group": 192, "topk_group": 196, "group_top": 200, "routed_scale": 204, "swiglu_alpha": 208, "swiglu_limit": 212, "layer_kinds": 216, "kinds": 220, "layer_kind": 476, "topk_norm_eps": 732, "embed_scale": 736, "logit_softcap": 740, "ple_dim": 744, "conv_kernel": 748, "reserved": 752}
 ENTRY_FIELDS = ("role", "dtype", "layer", "expert", "n_dims", "dim0", "dim1", "group_size", "reserved", "offset", "bytes", "scales_offset", "scales_bytes",)
 ENTRY_OFFSETS = {"role": 0, "dtype": 2, "layer": 4, "expert": 8, "n_dims": 12, "dim0": 16, "dim1": 20, "group_size": 24, "reserved": 28, "offset": 32, "bytes": 40, "scales_offset": 48, "scales_bytes": 56}
 ENTRY_FORMAT = "<HHIIIIIIIQQQQ"
@@ -30,6 +31,7 @@ LAYER_FORMAT = "<BBBBBBHIIIIII"
 
 LAYER_ATTN_STANDARD = 0  # grouped-query attention over the layer's KV heads
 LAYER_ATTN_LATENT = 1  # multi-head latent attention (MLA, below): every layer's, exactly when kv_lora_rank > 0; no q/k norm, biases, sinks, v norm, keys as values, geometry of its own or shared cache
+LAYER_ATTN_SHORT_CONV = 2  # LFM2's gated short convolution instead of attention (below): `CONV_IN` makes b, c and x of D each, y = c · conv(b · x) over the last conv_kernel positions (a state of conv_kernel - 1 per channel, in the arena), `CONV_OUT` projects it; no KV cache, q/k norm, head geometry, window, cache sharing or standard attention's options; not in a model with latent attention
 LAYER_FFN_DENSE = 0  # a dense MLP
 LAYER_FFN_MOE = 1  # top-k routed experts (with the record's shared expert); needs E > 0
 LAYER_FFN_MOE_AND_DENSE = 2  # routed experts beside a dense MLP, as Gemma 4 has them: the router reads x normed by `ROUTER_NORM`, the experts x normed by `MOE_NORM`, and each part is normed after (`MOE_POST_NORM`, `DENSE_POST_NORM`) before their sum; the chosen weights are times `EXPERT_SCALE`
@@ -62,7 +64,7 @@ LAYER_LEAN_OPTIONS = 0x7
 LAYER_STANDARD_OPTIONS = 0x3C6  # a record with them needs standard attention
 LAYER_EXPERT_OPTIONS = 0x19  # a record with them needs experts
 # The record's fields that take a table's values: (values, the lean build's as a mask of 1 << value)
-LAYER_ENUMS = {"attention": (2, 0x1), "ffn": (3, 0x3), "router": (3, 0x1), "activation": (2, 0x1), "qk_norm": (3, 0x7), "shared": (3, 0x7)}
+LAYER_ENUMS = {"attention": (3, 0x1), "ffn": (3, 0x3), "router": (3, 0x1), "activation": (2, 0x1), "qk_norm": (3, 0x7), "shared": (3, 0x7)}
 
 
 class Role(enum.IntEnum):
@@ -118,18 +120,22 @@ class Role(enum.IntEnum):
     PLE_GATE = 44
     PLE_PROJ = 45
     PLE_POST_NORM = 46
+    # LFM2's gated short convolution (attention SHORT_CONV)
+    CONV_IN = 47
+    CONV_KERNEL = 48
+    CONV_OUT = 49
     # expert
-    EXPERT_GATE = 47
-    EXPERT_UP = 48
-    EXPERT_DOWN = 49
+    EXPERT_GATE = 50
+    EXPERT_UP = 51
+    EXPERT_DOWN = 52
     # after layers
-    OUTPUT_NORM = 50
-    LM_HEAD = 51
-    GLOBAL_ROPE_COS = 52
-    GLOBAL_ROPE_SIN = 53
-    PLE_EMBD = 54
-    PLE_MODEL_PROJ = 55
-    PLE_PROJ_NORM = 56
+    OUTPUT_NORM = 53
+    LM_HEAD = 54
+    GLOBAL_ROPE_COS = 55
+    GLOBAL_ROPE_SIN = 56
+    PLE_EMBD = 57
+    PLE_MODEL_PROJ = 58
+    PLE_PROJ_NORM = 59
 
 
 # A layer's facts a role's presence tests, after its options' bits
@@ -137,31 +143,32 @@ FACT_MOE = 1 << 13  # the layer routes to experts: its record's ffn is MOE or MO
 FACT_DENSE = 1 << 14  # the layer has a dense MLP: its record's ffn is DENSE or MOE_AND_DENSE
 FACT_MLA = 1 << 15  # multi-head latent attention: kv_lora_rank > 0
 FACT_Q_LORA = 1 << 16  # MLA with q_lora_rank > 0
-FACT_OWN_KV = 1 << 17  # the layer projects its own k and v: not MLA and not a KV-sharing layer
-FACT_QK_NORM = 1 << 18  # the record's qk_norm is HEAD or FULL
-FACT_KV_SHARED = 1 << 19  # the layer's record names a kv_source: it reads that earlier layer's KV cache
-FACT_SHARED_FFN = 1 << 20  # a layer with experts and a shared expert: the record's shared is GATED or PLAIN
-FACT_SHARED_GATED = 1 << 21  # the record's shared is GATED
-FACT_GLOBAL_ROPE_TABLES = 1 << 22  # some layer's record has the GLOBAL_ROPE option: the image holds the global RoPE tables
-FACT_PLE = 1 << 23  # Gemma 4's per-layer inputs: ple_dim > 0
+FACT_OWN_KV = 1 << 17  # the layer projects its own k and v: not MLA, not a KV-sharing layer and not a short convolution
+FACT_CONV = 1 << 18  # the record's attention is SHORT_CONV: the layer convolves instead of attending
+FACT_QK_NORM = 1 << 19  # the record's qk_norm is HEAD or FULL
+FACT_KV_SHARED = 1 << 20  # the layer's record names a kv_source: it reads that earlier layer's KV cache
+FACT_SHARED_FFN = 1 << 21  # a layer with experts and a shared expert: the record's shared is GATED or PLAIN
+FACT_SHARED_GATED = 1 << 22  # the record's shared is GATED
+FACT_GLOBAL_ROPE_TABLES = 1 << 23  # some layer's record has the GLOBAL_ROPE option: the image holds the global RoPE tables
+FACT_PLE = 1 << 24  # Gemma 4's per-layer inputs: ple_dim > 0
 # The numbers shapes are made of, by position (ModelDims.terms computes them per layer)
-TERMS = ("none", "one", "V", "D", "S", "H", "E", "F", "Fd", "Fs", "rope_half", "global_rope_half", "q_dim", "kv_dim", "q_norm", "k_norm", "o_in", "q_lora", "kv_lora", "kv_a", "k_b_rows", "nope", "P", "LP",)
+TERMS = ("none", "one", "V", "D", "S", "H", "E", "F", "Fd", "Fs", "rope_half", "global_rope_half", "q_dim", "kv_dim", "q_norm", "k_norm", "o_in", "q_lora", "kv_lora", "kv_a", "k_b_rows", "nope", "conv_in", "conv_k", "P", "LP",)
 # Each role: rows and columns (None: a vector) as TERMS indices, facts needed, facts refused
 ROLE_SHAPES = {
     Role.TOKEN_EMBD: (2, 3, 0x0, 0x0),
     Role.ROPE_COS: (4, 10, 0x0, 0x0),
     Role.ROPE_SIN: (4, 10, 0x0, 0x0),
     Role.ATTN_NORM: (3, None, 0x0, 0x0),
-    Role.WQ: (12, 3, 0x0, 0x10000),
+    Role.WQ: (12, 3, 0x0, 0x50000),
     Role.BQ: (12, None, 0x2, 0x0),
     Role.WK: (13, 3, 0x20000, 0x0),
     Role.BK: (13, None, 0x20002, 0x0),
     Role.WV: (13, 3, 0x20000, 0x100),
     Role.BV: (13, None, 0x20002, 0x100),
-    Role.WO: (3, 16, 0x0, 0x0),
+    Role.WO: (3, 16, 0x0, 0x40000),
     Role.BO: (3, None, 0x4, 0x0),
-    Role.Q_NORM: (14, None, 0x40000, 0x0),
-    Role.K_NORM: (15, None, 0x40000, 0x80000),
+    Role.Q_NORM: (14, None, 0x80000, 0x0),
+    Role.K_NORM: (15, None, 0x80000, 0x100000),
     Role.SINKS: (5, None, 0x40, 0x0),
     Role.WQ_A: (17, 3, 0x10000, 0x0),
     Role.Q_A_NORM: (17, None, 0x10000, 0x0),
@@ -179,10 +186,10 @@ ROLE_SHAPES = {
     Role.EXPERT_GATE_BIAS: (6, 7, 0x2010, 0x0),
     Role.EXPERT_UP_BIAS: (6, 7, 0x2010, 0x0),
     Role.EXPERT_DOWN_BIAS: (6, 3, 0x2010, 0x0),
-    Role.SHARED_GATE: (9, 3, 0x100000, 0x0),
-    Role.SHARED_UP: (9, 3, 0x100000, 0x0),
-    Role.SHARED_DOWN: (3, 9, 0x100000, 0x0),
-    Role.SHARED_EXPERT_GATE: (1, 3, 0x200000, 0x0),
+    Role.SHARED_GATE: (9, 3, 0x200000, 0x0),
+    Role.SHARED_UP: (9, 3, 0x200000, 0x0),
+    Role.SHARED_DOWN: (3, 9, 0x200000, 0x0),
+    Role.SHARED_EXPERT_GATE: (1, 3, 0x400000, 0x0),
     Role.POST_ATTN_NORM: (3, None, 0x400, 0x0),
     Role.POST_FFN_NORM: (3, None, 0x800, 0x0),
     Role.DENSE_POST_NORM: (3, None, 0x6000, 0x0),
@@ -191,25 +198,28 @@ ROLE_SHAPES = {
     Role.ROUTER_NORM: (3, None, 0x6000, 0x0),
     Role.EXPERT_SCALE: (6, None, 0x6000, 0x0),
     Role.LAYER_SCALE: (1, None, 0x1000, 0x0),
-    Role.PLE_GATE: (22, 3, 0x800000, 0x0),
-    Role.PLE_PROJ: (3, 22, 0x800000, 0x0),
-    Role.PLE_POST_NORM: (3, None, 0x800000, 0x0),
+    Role.PLE_GATE: (24, 3, 0x1000000, 0x0),
+    Role.PLE_PROJ: (3, 24, 0x1000000, 0x0),
+    Role.PLE_POST_NORM: (3, None, 0x1000000, 0x0),
+    Role.CONV_IN: (22, 3, 0x40000, 0x0),
+    Role.CONV_KERNEL: (3, 23, 0x40000, 0x0),
+    Role.CONV_OUT: (3, 3, 0x40000, 0x0),
     Role.EXPERT_GATE: (7, 3, 0x2000, 0x0),
     Role.EXPERT_UP: (7, 3, 0x2000, 0x0),
     Role.EXPERT_DOWN: (3, 7, 0x2000, 0x0),
     Role.OUTPUT_NORM: (3, None, 0x0, 0x0),
     Role.LM_HEAD: (2, 3, 0x0, 0x0),
-    Role.GLOBAL_ROPE_COS: (4, 11, 0x400000, 0x0),
-    Role.GLOBAL_ROPE_SIN: (4, 11, 0x400000, 0x0),
-    Role.PLE_EMBD: (2, 23, 0x800000, 0x0),
-    Role.PLE_MODEL_PROJ: (23, 3, 0x800000, 0x0),
-    Role.PLE_PROJ_NORM: (22, None, 0x800000, 0x0),
+    Role.GLOBAL_ROPE_COS: (4, 11, 0x800000, 0x0),
+    Role.GLOBAL_ROPE_SIN: (4, 11, 0x800000, 0x0),
+    Role.PLE_EMBD: (2, 25, 0x1000000, 0x0),
+    Role.PLE_MODEL_PROJ: (25, 3, 0x1000000, 0x0),
+    Role.PLE_PROJ_NORM: (24, None, 0x1000000, 0x0),
 }
-ROLE_GGUF = {Role.TOKEN_EMBD: "token_embd", Role.ROPE_COS: "rope_cos", Role.ROPE_SIN: "rope_sin", Role.ATTN_NORM: "attn_norm", Role.WQ: "attn_q", Role.BQ: "attn_q.bias", Role.WK: "attn_k", Role.BK: "attn_k.bias", Role.WV: "attn_v", Role.BV: "attn_v.bias", Role.WO: "attn_output", Role.BO: "attn_output.bias", Role.Q_NORM: "attn_q_norm", Role.K_NORM: "attn_k_norm", Role.SINKS: "attn_sinks", Role.WQ_A: "attn_q_a", Role.Q_A_NORM: "attn_q_a_norm", Role.WQ_B: "attn_q_b", Role.WKV_A: "attn_kv_a_mqa", Role.KV_A_NORM: "attn_kv_a_norm", Role.WK_B: "attn_k_b", Role.WV_B: "attn_v_b", Role.FFN_NORM: "ffn_norm", Role.DENSE_GATE: "ffn_gate", Role.DENSE_UP: "ffn_up", Role.DENSE_DOWN: "ffn_down", Role.ROUTER: "ffn_gate_inp", Role.ROUTER_BIAS: "exp_probs_b.bias", Role.EXPERT_GATE_BIAS: "ffn_gate_exps.bias", Role.EXPERT_UP_BIAS: "ffn_up_exps.bias", Role.EXPERT_DOWN_BIAS: "ffn_down_exps.bias", Role.SHARED_GATE: "ffn_gate_shexp", Role.SHARED_UP: "ffn_up_shexp", Role.SHARED_DOWN: "ffn_down_shexp", Role.SHARED_EXPERT_GATE: "ffn_gate_inp_shexp", Role.POST_ATTN_NORM: "post_attention_norm", Role.POST_FFN_NORM: "post_ffw_norm", Role.DENSE_POST_NORM: "post_ffw_norm_1", Role.MOE_NORM: "pre_ffw_norm_2", Role.MOE_POST_NORM: "post_ffw_norm_2", Role.ROUTER_NORM: "ffn_gate_inp_norm", Role.EXPERT_SCALE: "ffn_gate_inp.expert_scale", Role.LAYER_SCALE: "layer_output_scale", Role.PLE_GATE: "inp_gate", Role.PLE_PROJ: "proj", Role.PLE_POST_NORM: "post_norm", Role.EXPERT_GATE: "ffn_gate_exps", Role.EXPERT_UP: "ffn_up_exps", Role.EXPERT_DOWN: "ffn_down_exps", Role.OUTPUT_NORM: "output_norm", Role.LM_HEAD: "output", Role.GLOBAL_ROPE_COS: "rope_cos_global", Role.GLOBAL_ROPE_SIN: "rope_sin_global", Role.PLE_EMBD: "per_layer_token_embd", Role.PLE_MODEL_PROJ: "per_layer_model_proj", Role.PLE_PROJ_NORM: "per_layer_proj_norm"}
-F32_TABLES = (Role.ROPE_COS, Role.ROPE_SIN, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS, Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN,)  # matrices kept f32
+ROLE_GGUF = {Role.TOKEN_EMBD: "token_embd", Role.ROPE_COS: "rope_cos", Role.ROPE_SIN: "rope_sin", Role.ATTN_NORM: "attn_norm", Role.WQ: "attn_q", Role.BQ: "attn_q.bias", Role.WK: "attn_k", Role.BK: "attn_k.bias", Role.WV: "attn_v", Role.BV: "attn_v.bias", Role.WO: "attn_output", Role.BO: "attn_output.bias", Role.Q_NORM: "attn_q_norm", Role.K_NORM: "attn_k_norm", Role.SINKS: "attn_sinks", Role.WQ_A: "attn_q_a", Role.Q_A_NORM: "attn_q_a_norm", Role.WQ_B: "attn_q_b", Role.WKV_A: "attn_kv_a_mqa", Role.KV_A_NORM: "attn_kv_a_norm", Role.WK_B: "attn_k_b", Role.WV_B: "attn_v_b", Role.FFN_NORM: "ffn_norm", Role.DENSE_GATE: "ffn_gate", Role.DENSE_UP: "ffn_up", Role.DENSE_DOWN: "ffn_down", Role.ROUTER: "ffn_gate_inp", Role.ROUTER_BIAS: "exp_probs_b.bias", Role.EXPERT_GATE_BIAS: "ffn_gate_exps.bias", Role.EXPERT_UP_BIAS: "ffn_up_exps.bias", Role.EXPERT_DOWN_BIAS: "ffn_down_exps.bias", Role.SHARED_GATE: "ffn_gate_shexp", Role.SHARED_UP: "ffn_up_shexp", Role.SHARED_DOWN: "ffn_down_shexp", Role.SHARED_EXPERT_GATE: "ffn_gate_inp_shexp", Role.POST_ATTN_NORM: "post_attention_norm", Role.POST_FFN_NORM: "post_ffw_norm", Role.DENSE_POST_NORM: "post_ffw_norm_1", Role.MOE_NORM: "pre_ffw_norm_2", Role.MOE_POST_NORM: "post_ffw_norm_2", Role.ROUTER_NORM: "ffn_gate_inp_norm", Role.EXPERT_SCALE: "ffn_gate_inp.expert_scale", Role.LAYER_SCALE: "layer_output_scale", Role.PLE_GATE: "inp_gate", Role.PLE_PROJ: "proj", Role.PLE_POST_NORM: "post_norm", Role.CONV_IN: "shortconv.in_proj", Role.CONV_KERNEL: "shortconv.conv", Role.CONV_OUT: "shortconv.out_proj", Role.EXPERT_GATE: "ffn_gate_exps", Role.EXPERT_UP: "ffn_up_exps", Role.EXPERT_DOWN: "ffn_down_exps", Role.OUTPUT_NORM: "output_norm", Role.LM_HEAD: "output", Role.GLOBAL_ROPE_COS: "rope_cos_global", Role.GLOBAL_ROPE_SIN: "rope_sin_global", Role.PLE_EMBD: "per_layer_token_embd", Role.PLE_MODEL_PROJ: "per_layer_model_proj", Role.PLE_PROJ_NORM: "per_layer_proj_norm"}
+F32_TABLES = (Role.ROPE_COS, Role.ROPE_SIN, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS, Role.CONV_KERNEL, Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN,)  # matrices kept f32
 
 ROLES_BEFORE_LAYERS = (Role.TOKEN_EMBD, Role.ROPE_COS, Role.ROPE_SIN,)
-LAYER_ROLES = (Role.ATTN_NORM, Role.WQ, Role.BQ, Role.WK, Role.BK, Role.WV, Role.BV, Role.WO, Role.BO, Role.Q_NORM, Role.K_NORM, Role.SINKS, Role.WQ_A, Role.Q_A_NORM, Role.WQ_B, Role.WKV_A, Role.KV_A_NORM, Role.WK_B, Role.WV_B, Role.FFN_NORM, Role.DENSE_GATE, Role.DENSE_UP, Role.DENSE_DOWN, Role.ROUTER, Role.ROUTER_BIAS, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, Role.SHARED_EXPERT_GATE, Role.POST_ATTN_NORM, Role.POST_FFN_NORM, Role.DENSE_POST_NORM, Role.MOE_NORM, Role.MOE_POST_NORM, Role.ROUTER_NORM, Role.EXPERT_SCALE, Role.LAYER_SCALE, Role.PLE_GATE, Role.PLE_PROJ, Role.PLE_POST_NORM,)
+LAYER_ROLES = (Role.ATTN_NORM, Role.WQ, Role.BQ, Role.WK, Role.BK, Role.WV, Role.BV, Role.WO, Role.BO, Role.Q_NORM, Role.K_NORM, Role.SINKS, Role.WQ_A, Role.Q_A_NORM, Role.WQ_B, Role.WKV_A, Role.KV_A_NORM, Role.WK_B, Role.WV_B, Role.FFN_NORM, Role.DENSE_GATE, Role.DENSE_UP, Role.DENSE_DOWN, Role.ROUTER, Role.ROUTER_BIAS, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, Role.SHARED_EXPERT_GATE, Role.POST_ATTN_NORM, Role.POST_FFN_NORM, Role.DENSE_POST_NORM, Role.MOE_NORM, Role.MOE_POST_NORM, Role.ROUTER_NORM, Role.EXPERT_SCALE, Role.LAYER_SCALE, Role.PLE_GATE, Role.PLE_PROJ, Role.PLE_POST_NORM, Role.CONV_IN, Role.CONV_KERNEL, Role.CONV_OUT,)
 EXPERT_ROLES = (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN,)
 ROLES_AFTER_LAYERS = (Role.OUTPUT_NORM, Role.LM_HEAD, Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN, Role.PLE_EMBD, Role.PLE_MODEL_PROJ, Role.PLE_PROJ_NORM,)
 DTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0",)  # weight dtypes, valued by position
@@ -220,8 +230,8 @@ QBLOCK = 32
 
 # The memory plan's buffers (colibri/plan.py lays them out): name, lifetime, element bytes (a number or a
 # plan term), count as a sum of products of factors (numbers or plan terms), condition ('' always)
-PLAN_TERMS = ("n_tensors", "D", "q_dim", "q_lora", "kv_dim", "H", "att_dim", "val_dim", "o_dim", "P", "L1", "S", "ffn_max", "E", "n_group", "K", "V", "in_blocks", "QBLOCK", "kv_cache", "kv_elem", "tensor_ref", "n",)
-PLAN_CONDITIONS = ("mla", "ple", "!mla",)
+PLAN_TERMS = ("n_tensors", "D", "q_dim", "q_lora", "kv_dim", "H", "att_dim", "val_dim", "o_dim", "P", "L1", "S", "ffn_max", "E", "n_group", "K", "V", "in_blocks", "QBLOCK", "kv_cache", "conv_state", "kv_elem", "tensor_ref", "n",)
+PLAN_CONDITIONS = ("mla", "ple", "conv", "!mla",)
 PLAN_BUFFERS = (
     ('tensors', 'model', 'tensor_ref', (('n_tensors',),), ''),
     ('x', 'model', 4, (('D',),), ''),
@@ -252,6 +262,9 @@ PLAN_BUFFERS = (
     ('hq', 'model', 1, (('in_blocks', 'QBLOCK'),), ''),
     ('hq_scale', 'model', 4, (('in_blocks',),), ''),
     ('hq_sum', 'model', 4, (('in_blocks',),), ''),
+    ('bcx', 'model', 4, ((3, 'D'),), 'conv'),
+    ('conv_state', 'model', 4, (('conv_state',),), 'conv'),
+    ('conv_saved', 'model', 4, (('conv_state',),), 'conv'),
     ('k_cache', 'model', 1, (('kv_elem', 'kv_cache'),), ''),
     ('v_cache', 'model', 1, (('kv_elem', 'kv_cache'),), '!mla'),
     ('x', 'pass', 4, (('n', 'D'),), ''),
@@ -264,6 +277,7 @@ PLAN_BUFFERS = (
     ('attn_out', 'pass', 4, (('n', 'H', 'val_dim'),), ''),
     ('o_in', 'pass', 4, (('n', 'o_dim'),), 'mla'),
     ('ple', 'pass', 4, (('n', 'L1', 'P'),), 'ple'),
+    ('bcx', 'pass', 4, (('n', 3, 'D'),), 'conv'),
     ('moe_out', 'pass', 4, (('n', 'D'),), ''),
     ('gate', 'pass', 4, (('n', 'ffn_max'),), ''),
     ('up', 'pass', 4, (('n', 'ffn_max'),), ''),

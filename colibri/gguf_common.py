@@ -24,7 +24,8 @@ def gguf_name(t: MODEL_TENSOR, layer: int | None = None) -> str:
 @dataclass
 class GGUFFile:
     """A GGUF file as a family's hooks read it: `field(key, default=None, required=True)` its metadata, `key(name)`
-    a key template ({arch} filled in), the counts every architecture has, and its tensors by llama.cpp's names."""
+    a key template ({arch} filled in), the counts every architecture has, its tensors by llama.cpp's names, and the
+    KV heads per layer where the file lists them so (empty where it gives one count)."""
     field: Callable
     key: Callable[[str], str]
     n_layers: int
@@ -32,6 +33,7 @@ class GGUFFile:
     n_head_kv: int
     n_experts: int
     tensors: dict
+    layer_kv_heads: tuple[int, ...] = ()
 
 
 def lazy(shape: tuple[int, ...], t: LazyTensor, fn, by_expert=None) -> Derived:

@@ -125,7 +125,7 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
                         f"the {n_layers} blocks")
     n_layers -= nextn
     n_head = int(field(k(Keys.Attention.HEAD_COUNT)))
-    n_head_kv = int(field(k(Keys.Attention.HEAD_COUNT_KV), n_head))
+    n_head_kv, layer_kv_heads = _kv_heads(reader, k(Keys.Attention.HEAD_COUNT_KV), n_head, n_layers + nextn)
     if not 1 <= n_layers <= MAX_LAYERS or n_head < 1 or n_head_kv < 1:  # (before any loop over the layers)
         raise GGUFError(f"GGUF keys {k(Keys.LLM.BLOCK_COUNT)}={n_layers}, {k(Keys.Attention.HEAD_COUNT)}={n_head}, "
                         f"{k(Keys.Attention.HEAD_COUNT_KV)}={n_head_kv}: an image has 1 to {MAX_LAYERS} layers, and "
@@ -136,6 +136,9 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     by_experts = ARCHITECTURES[arch]
     hf_arch = by_experts.get(bool(n_experts)) or next(iter(by_experts.values()))  # one family: whatever the count
     fam = FAMILIES[hf_arch]
+    if layer_kv_heads and not fam.gguf_read_config:
+        raise GGUFError(f"GGUF key {k(Keys.Attention.HEAD_COUNT_KV)} lists a KV head count per layer, which the "
+                        f"{arch} architecture does not have")
 
     norm = field(k(Keys.LLM.EXPERT_WEIGHTS_NORM), None, required=False) if norm_topk_prob is None else norm_topk_prob
     if norm is None:
@@ -163,7 +166,7 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
         "vocab_size": embd.shape[0], "hidden_size": int(field(k(Keys.LLM.EMBEDDING_LENGTH))),
         "num_hidden_layers": n_layers, "num_attention_heads": n_head, "num_key_value_heads": n_head_kv,
         "max_position_embeddings": int(field(k(Keys.LLM.CONTEXT_LENGTH))),
-        "rms_norm_eps": float(field(k(Keys.Attention.LAYERNORM_RMS_EPS))),
+        fam.eps_key: float(field(k(Keys.Attention.LAYERNORM_RMS_EPS))),
         "rope_theta": float(field(k(Keys.Rope.FREQ_BASE), 10000.0, required=False)),
         "tie_word_embeddings": gguf_name(MODEL_TENSOR.OUTPUT) + ".weight" not in tensors,
     }
@@ -183,7 +186,7 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     if clamp:
         cfg["clip_qkv"] = float(clamp)
     if fam.gguf_read_config:  # an architecture whose file its family reads (DeepSeek's, gpt-oss's)
-        f = GGUFFile(field, k, n_layers, n_head, n_head_kv, n_experts, tensors)
+        f = GGUFFile(field, k, n_layers, n_head, n_head_kv, n_experts, tensors, layer_kv_heads[:n_layers])
         cfg.update(fam.gguf_read_config(f))
         if fam.gguf_read_tensors:
             return cfg, fam.gguf_read_tensors(f), converted
@@ -208,6 +211,22 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
         if dense and fam.sparse_layer_rule:
             cfg["mlp_only_layers"] = dense
     return cfg, _hf_tensors(tensors, arch, hf_arch, n_layers, n_head, n_head_kv), converted
+
+
+def _kv_heads(reader: gguf.GGUFReader, key: str, n_head: int, n_blocks: int) -> tuple[int, tuple[int, ...]]:
+    """The KV heads of the attention layers, and per layer where the file lists them per layer (LFM2's converter
+    writes 0 for its convolving layers): every listed count 0 or one same count."""
+    f = reader.fields.get(key)
+    value = n_head if f is None else f.contents()
+    if not isinstance(value, list):
+        if isinstance(value, (str, bytes)):
+            raise GGUFError(f"GGUF key {key}={value!r}: a number, or one per layer")
+        return int(value), ()
+    counts = tuple(int(v) for v in value)
+    if len(counts) != n_blocks or len(set(counts) - {0}) != 1:
+        raise GGUFError(f"GGUF key {key} lists {len(counts)} KV head counts, {sorted(set(counts))}: one per layer "
+                        f"({n_blocks}), each 0 or the same count")
+    return max(counts), counts
 
 
 def _file_tensor(file: OpenFile, t) -> FileTensor:
@@ -244,6 +263,7 @@ def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, hf_arch: str, n_layer
 
     take(gguf_name(MODEL_TENSOR.TOKEN_EMBD) + ".weight", "model.embed_tokens.weight")
     take(gguf_name(MODEL_TENSOR.OUTPUT_NORM) + ".weight", "model.norm.weight")
+    take(gguf_name(MODEL_TENSOR.TOKEN_EMBD_NORM) + ".weight", "model.embedding_norm.weight")  # LFM2's final norm
     take(gguf_name(MODEL_TENSOR.OUTPUT) + ".weight", "lm_head.weight")
     for layer in range(n_layers):
         p = f"model.layers.{layer}."

@@ -1,4 +1,4 @@
-"""The Colibri image, format v8, as one import: its constants (colibri/format.py, written from format/schema.toml),
+"""The Colibri image, format v9, as one import: its constants (colibri/format.py, written from format/schema.toml),
 the model's geometry (colibri/dims.py), the arena's plan (colibri/plan.py), the records as bytes and the tensor
 names (colibri/table.py), the writer (colibri/writer.py) and the reader (colibri/reader.py).
 

@@ -32,6 +32,8 @@ def _gguf_as_checkpoint(src: Path, out: Path) -> Path:
     fam = FAMILIES[cfg["architectures"][0]]
     for layer in range(cfg["num_hidden_layers"]) if fam.fused_experts else ():  # Granite: its experts fused again
         m = f"model.layers.{layer}.{fam.moe_prefix}."
+        if f"{m}experts.0.{fam.expert_names[0]}.weight" not in tensors:  # a dense layer
+            continue
         gate, up, down = ([tensors.pop(f"{m}experts.{e}.{which}.weight") for e in range(cfg[fam.n_experts_key])]
                           for which in fam.expert_names)
         tensors[m + fam.fused_experts[0]] = np.stack([np.concatenate([g, u]) for g, u in zip(gate, up)])
@@ -40,6 +42,8 @@ def _gguf_as_checkpoint(src: Path, out: Path) -> Path:
         v_name = name.replace("k_b_proj", "v_b_proj")
         tensors[name.replace("k_b_proj", "kv_b_proj")] = kv_b_join(tensors.pop(name), tensors.pop(v_name),
                                                                    cfg["num_attention_heads"])
+    for name in [n for n in tensors if n.endswith("conv.conv.weight") and tensors[n].ndim == 2]:
+        tensors[name] = tensors[name][:, None, :]  # LFM2's convolution, [D, 1, K] as transformers has it
     arch = getattr(transformers, cfg["architectures"][0])
     cfg = dict(cfg, model_type=arch.config_class.model_type)
     (out / "config.json").write_text(json.dumps(cfg))

@@ -22,7 +22,7 @@ def plan_terms(d: ModelDims, tokens: int = 1) -> dict[str, int]:
              "o_dim": d.o_dim, "P": d.ple_dim, "L1": d.n_layers + 1, "S": d.max_seq,
              "ffn_max": max(d.ffn_size, d.dense_ffn_max, d.shared_ffn_size), "E": d.n_experts, "n_group": d.n_group,
              "K": d.top_k, "V": d.vocab_size, "in_blocks": in_blocks, "QBLOCK": QBLOCK,
-             "kv_cache": d.kv_cache_elements(), "kv_elem": 2 if d.kv_dtype == KV_DTYPES["f16"] else 4,
+             "kv_cache": d.kv_cache_elements(), "conv_state": d.conv_state_elements(), "kv_elem": 2 if d.kv_dtype == KV_DTYPES["f16"] else 4,
              "tensor_ref": TENSOR_REF_BYTES, "n": tokens}
     assert tuple(terms) == PLAN_TERMS, "plan_terms computes every plan term of format/schema.toml"
     return terms
@@ -32,7 +32,7 @@ def buffers(d: ModelDims, lifetime: str, tokens: int = 1) -> list[tuple[str, int
     """(buffer, bytes) of `lifetime`'s buffers in plan order (format/schema.toml [[buffer]]): 0 for one whose
     condition does not hold."""
     terms = plan_terms(d, tokens)
-    conditions = {"": True, "mla": d.mla, "!mla": not d.mla, "ple": d.ple_dim != 0}
+    conditions = {"": True, "mla": d.mla, "!mla": not d.mla, "ple": d.ple_dim != 0, "conv": d.conv_kernel != 0}
     assert set(conditions) - {""} == set(PLAN_CONDITIONS), "buffers tests every plan condition of format/schema.toml"
 
     def value(factor: int | str) -> int:

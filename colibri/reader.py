@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from colibri.dims import ModelDims, canonical_order, expected_shape, flags_of_record
-from colibri.format import (ALIGN, ENTRY_BYTES, HEADER_BYTES, HEADER_FIELDS, LAYER_ATTN_LATENT, LAYER_ATTN_STANDARD,
-                            LAYER_BYTES, LAYER_ENUMS, LAYER_EXPERT_OPTIONS, LAYER_FFN_DENSE, LAYER_FFN_MOE, LAYER_FIELDS,
-                            LAYER_KNOWN_OPTIONS, LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V, LAYER_OPT_NORM_TOPK,
-                            LAYER_OPT_ROPE_PAIRS,
-                            LAYER_ROUTER_TOPK_SOFTMAX, LAYER_STANDARD_OPTIONS, MAGIC, MAX_DIM, MAX_EXPERTS,
-                            MAX_LAYER_KINDS, MAX_LAYERS, NO_INDEX, VERSION, Role)
+from colibri.format import (ALIGN, ENTRY_BYTES, HEADER_BYTES, HEADER_FIELDS, LAYER_ATTN_LATENT, LAYER_ATTN_SHORT_CONV,
+                            LAYER_ATTN_STANDARD, LAYER_BYTES, LAYER_ENUMS, LAYER_EXPERT_OPTIONS, LAYER_FFN_DENSE,
+                            LAYER_FFN_MOE, LAYER_FIELDS, LAYER_KNOWN_OPTIONS, LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V,
+                            LAYER_OPT_NORM_TOPK, LAYER_OPT_ROPE_PAIRS, LAYER_ROUTER_TOPK_SOFTMAX,
+                            LAYER_STANDARD_OPTIONS, MAGIC, MAX_CONV_KERNEL, MAX_DIM, MAX_EXPERTS, MAX_LAYER_KINDS,
+                            MAX_LAYERS, NO_INDEX, VERSION, Role)
 from colibri.quant import DType, Encoded
 from colibri.table import (ENTRY_STRUCT, HEADER_CRC_OFFSET, HEADER_STRUCT, LAYER_STRUCT, TensorEntry, crc32,
                            entry_encoded, expert_blocks)
@@ -104,8 +104,13 @@ def check_records(h: dict, kinds: list[dict], kind_of: list[int]) -> None:
         options, ffn, fd = r["options"], r["ffn"], r["dense_ffn"]
         if options & ~LAYER_KNOWN_OPTIONS or r["reserved"]:
             raise refuse(f"options 0x{options:X} or reserved {r['reserved']}: unknown bits")
-        if r["attention"] != (LAYER_ATTN_LATENT if mla else LAYER_ATTN_STANDARD):
-            raise refuse("its attention is not the model's (latent exactly when kv_lora_rank > 0)")
+        conv = r["attention"] == LAYER_ATTN_SHORT_CONV
+        if mla if conv else r["attention"] != (LAYER_ATTN_LATENT if mla else LAYER_ATTN_STANDARD):
+            raise refuse("its attention is not the model's (latent exactly when kv_lora_rank > 0, and then no "
+                         "convolution)")
+        if conv and (options & LAYER_STANDARD_OPTIONS or r["qk_norm"] or r["head_dim"] or r["kv_heads"]
+                     or r["window"] or r["kv_source"] != NO_INDEX):
+            raise refuse("a short convolution with attention's options, norms, geometry, window or cache")
         if ffn == LAYER_FFN_DENSE and (r["router"] or r["shared"] or options & LAYER_EXPERT_OPTIONS):
             raise refuse("a dense layer with a router, a shared expert or the experts' options")
         if ffn != LAYER_FFN_DENSE and (not h["n_experts"] or bool(r["shared"]) != bool(h["shared_ffn_size"])):
@@ -132,12 +137,18 @@ def check_records(h: dict, kinds: list[dict], kind_of: list[int]) -> None:
     attention_options = LAYER_STANDARD_OPTIONS | LAYER_OPT_ROPE_PAIRS  # those a sharer and its source agree on
     resolved = [(r["head_dim"] or h["head_dim"], r["kv_heads"] or h["n_kv_heads"], r["window"],
                  r["options"] & attention_options) for r in kinds]
+    convs = sum(kinds[k]["attention"] == LAYER_ATTN_SHORT_CONV for k in kind_of)
+    if bool(convs) != bool(h["conv_kernel"]) or not (h["conv_kernel"] == 0 or 2 <= h["conv_kernel"] <= MAX_CONV_KERNEL) \
+            or (convs and 3 * h["hidden_size"] > MAX_DIM):
+        raise ImageError(f"conv_kernel {h['conv_kernel']} with {convs} convolving layers: 2..{MAX_CONV_KERNEL} exactly "
+                         "when some layer convolves (and 3 * hidden_size <= 2^24)")
     ring = NO_INDEX
     for layer, k in enumerate(kind_of):
         source = kinds[k]["kv_source"]
         if source == NO_INDEX:
             continue
         if source >= layer or kinds[kind_of[source]]["kv_source"] != NO_INDEX or \
+                kinds[kind_of[source]]["attention"] != kinds[k]["attention"] or \
                 resolved[kind_of[source]] != resolved[k] or (kinds[k]["window"] and ring not in (NO_INDEX, source)):
             raise ImageError(f"layer {layer} shares the KV cache of layer {source}, which is not an earlier layer "
                              "keeping its own of the same geometry, window and attention options (or another ring)")
@@ -171,7 +182,8 @@ def layer_fields(h: dict) -> dict:
                 kv_shared_layers=sum(r["kv_source"] != NO_INDEX for r in records),
                 double_wide_mlp=any(r["dense_ffn"] for r in records),
                 k_eq_v=any(r["options"] & LAYER_OPT_K_IS_V for r in records),
-                global_rope=any(r["options"] & LAYER_OPT_GLOBAL_ROPE for r in records))
+                global_rope=any(r["options"] & LAYER_OPT_GLOBAL_ROPE for r in records),
+                conv_layers=tuple(r["attention"] == LAYER_ATTN_SHORT_CONV for r in records))
 
 
 def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
@@ -213,13 +225,17 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
     # every layer lists its attention norm: more layers than entries is refused before anything per layer is built
     if n_layers > h["n_tensors"] or n_experts > MAX_EXPERTS:
         raise ImageError(f"{n_layers} layers of {n_experts} experts in a table of {h['n_tensors']} entries")
+    eps = h["topk_norm_eps"]
+    if not (0.0 <= eps < 1.0 if n_experts else struct.pack("<f", eps) == bytes(4)):  # (NaN fails both)
+        raise ImageError(f"topk_norm_eps {eps}: 0 <= eps < 1 with experts, else 0")
     raw = [ENTRY_STRUCT.unpack_from(data, h["tensor_table_offset"] + i * ENTRY_BYTES) for i in range(h["n_tensors"])]
     dims = ModelDims(**{k: h[k] for k in (
         "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
         "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "dense_ffn_size",
         "shared_ffn_size", "clip_qkv", "kv_dtype", "q_lora_rank", "kv_lora_rank", "rope_dim",
         "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha",
-        "swiglu_limit", "embed_scale", "logit_softcap", "ple_dim")}, **layer_fields(h))
+        "swiglu_limit", "embed_scale", "logit_softcap", "ple_dim", "conv_kernel", "topk_norm_eps")},
+        **layer_fields(h))
     try:  # records the config-style fields give again are left to them: a dims changed by replace() follows its fields
         derived = tuple(replace(dims, records=()).layer_record(layer) for layer in range(n_layers))
     except ValueError:  # a sharing layer with no earlier layer of its kind to share: not a family's layout

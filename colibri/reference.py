@@ -281,11 +281,30 @@ class Reference:
         sinks = self._t(Role.SINKS, layer) if kind.options & LAYER_OPT_ATTN_SINKS else None
         return self.attend(q, k, v, self._seen(n, layer), sinks).reshape(n, d.n_heads * hd)
 
+    def short_conv(self, xn: np.ndarray, layer: int) -> np.ndarray:
+        """LFM2's gated short convolution (blocks/conv.c): b, c, x = CONV_IN xn; u = b * x; each channel's
+        y = c * sum_j CONV_KERNEL[:, j] * u(p - K + 1 + j), summed from +0 in j's order (u before position 0 is 0);
+        CONV_OUT y."""
+        D, K = self.d.hidden_size, self.d.conv_kernel
+        bcx = self.linear(xn, Role.CONV_IN, layer)
+        b, c, x = bcx[:, :D], bcx[:, D:2 * D], bcx[:, 2 * D:]
+        u = np.concatenate([np.zeros((K - 1, D), F32), b * x])  # K - 1 zero positions before the first
+        w = self._t(Role.CONV_KERNEL, layer)
+        n = xn.shape[0]
+        y = np.zeros((n, D), F32)
+        for j in range(K):
+            y = y + w[:, j] * u[j:j + n]
+        return self.linear(c * y, Role.CONV_OUT, layer)
+
     def attention(self, x: np.ndarray, layer: int) -> np.ndarray:
-        """What the attention half adds to x: Wo attention(rmsnorm(x)) (+ bo), normed after with POST_ATTN_NORM."""
+        """What the attention half adds to x: Wo attention(rmsnorm(x)) (+ bo), or a convolving layer's
+        convolution, normed after with POST_ATTN_NORM."""
         d = self.d
         xn = self.norm(x, Role.ATTN_NORM, layer)
-        out = self._proj(self.mla(xn, layer) if d.mla else self.mha(xn, layer), Role.WO, Role.BO, layer)
+        if d.conv(layer):
+            out = self.short_conv(xn, layer)
+        else:
+            out = self._proj(self.mla(xn, layer) if d.mla else self.mha(xn, layer), Role.WO, Role.BO, layer)
         return self.norm(out, Role.POST_ATTN_NORM, layer) if d.layers[layer].options & LAYER_OPT_POST_ATTN_NORM else out
 
     # ---- the FFN half ----
@@ -296,7 +315,7 @@ class Reference:
         the router bias, which chooses but never weighs), with groups only the best topk_group groups'
         experts (a group scores the sum of its group_top best choice scores, best first), then top_k picks of
         the best choice left, ties to the lower index; the weights are the picked scores (a softmax of them
-        in gpt-oss), divided by their sum + 1e-20 when renormalized, times routed_scale (and Gemma 4's
+        in gpt-oss), divided by their sum + topk_norm_eps when renormalized, times routed_scale (and Gemma 4's
         per-expert scale)."""
         d, kind = self.d, self.d.layers[layer]
         logits = self.linear(xn, Role.ROUTER, layer)
@@ -324,7 +343,7 @@ class Reference:
         if kind.router == LAYER_ROUTER_TOPK_SOFTMAX:
             w = arith.softmax(w)
         if kind.options & LAYER_OPT_NORM_TOPK:
-            w = w / (total + F32(1e-20))[:, None]
+            w = w / (total + F32(d.topk_norm_eps))[:, None]
         w = w * F32(d.routed_scale)
         if kind.ffn == LAYER_FFN_MOE_AND_DENSE:
             w = w * self._t(Role.EXPERT_SCALE, layer)[idx]

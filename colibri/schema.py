@@ -323,7 +323,8 @@ def render_c(s: Schema) -> str:
               f"#define IMG_MAX_LAYERS {f['max_layers']}u /* the header's layer_kind map: a byte per layer */",
               f"#define ARENA_CTX_BYTES {f['arena_context_bytes']}u /* the arena's first bytes: the context struct */",
               f"#define IMG_MAX_EXPERTS {f['max_experts']}u",
-              f"#define IMG_MAX_TOP_K {f['max_top_k']}u", ""]
+              f"#define IMG_MAX_TOP_K {f['max_top_k']}u",
+              f"#define IMG_MAX_CONV_KERNEL {f['max_conv_kernel']}u", ""]
     lines += _c_enum("H_", [(h.c, h.offset) for h in s.header], '/* Header field offsets (docs/FORMAT.md, "Header"). */\nenum {')
     lines += _c_enum("E_", [(e.c, e.offset) for e in s.entry],
                      '/* Tensor table entry field offsets (docs/FORMAT.md, "Tensor table"). */\nenum {')
@@ -400,6 +401,7 @@ def render_py(s: Schema) -> str:
              f"MAX_DIM = 0x{f['max_dim']:X}",
              f"MAX_EXPERTS = {f['max_experts']}",
              f"MAX_TOP_K = {f['max_top_k']}",
+             f"MAX_CONV_KERNEL = {f['max_conv_kernel']}",
              f"LAYER_BYTES = {f['layer_bytes']}  # a layer kind's record",
              f"MAX_LAYER_KINDS = {f['max_layer_kinds']}  # records in the header",
              f"MAX_LAYERS = {f['max_layers']}  # the header's layer_kind map: a byte per layer",
@@ -544,7 +546,7 @@ def render_image_dict(s: Schema) -> str:
     magic = f["magic"].encode() + bytes(8 - len(f["magic"]))
     u32 = [f["version"], f["header_bytes"], f["entry_bytes"], f["align"], 1, 2, f["qblock"], f["max_top_k"],
            f["max_top_k"] + 1, f["max_experts"], f["max_experts"] + 1, f["max_dim"], f["max_dim"] + 1,
-           f["max_layers"], f["max_layers"] + 1, f["max_layer_kinds"], f["max_layer_kinds"] + 1, 1 << 31, f["no_index"],
+           f["max_layers"], f["max_layers"] + 1, f["max_layer_kinds"], f["max_layer_kinds"] + 1, f["max_conv_kernel"], f["max_conv_kernel"] + 1, 1 << 31, f["no_index"],
            (1 << len(s.layer_values["option"])) - 1, 1 << len(s.layer_values["option"])]
     u64 = [2**64 - 1, 1 << 63, 2**64 - f["align"]]
     u16 = [len(s.role_names()), len(s.role_names()) + 1, len(s.dtypes), len(s.dtypes) + 1]

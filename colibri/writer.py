@@ -98,7 +98,8 @@ def check_runnable(d: ModelDims) -> None:
     if len(kinds) > MAX_LAYER_KINDS:
         raise ValueError(f"{len(kinds)} kinds of layer: an image holds at most {MAX_LAYER_KINDS}")
     header = {name: getattr(d, name) for name in ("kv_lora_rank", "n_experts", "shared_ffn_size", "dense_ffn_size",
-                                                  "n_group", "max_seq", "head_dim", "n_kv_heads", "n_heads")}
+                                                  "n_group", "max_seq", "head_dim", "n_kv_heads", "n_heads",
+                                                  "conv_kernel", "hidden_size")}
     try:  # the records as the verifier checks them (the reader's copy of image.c's layer_kinds)
         check_records(header, [dict(zip(LAYER_FIELDS, k)) for k in kinds], list(kind_map))
     except ImageError as exc:
@@ -205,6 +206,7 @@ def _fill(write: Callable[[int, bytes | np.ndarray], None], read: Callable[[int,
         q_lora_rank=d.q_lora_rank, kv_lora_rank=d.kv_lora_rank, rope_dim=d.rope_width, v_head_dim=d.v_dim,
         attn_scale=d.scale, n_group=d.n_group, topk_group=d.topk_group, group_top=d.group_top,
         routed_scale=d.routed_scale, swiglu_alpha=d.swiglu_alpha, swiglu_limit=d.swiglu_limit,
-        embed_scale=d.embed_scale, logit_softcap=d.logit_softcap, ple_dim=d.ple_dim,
+        embed_scale=d.embed_scale, logit_softcap=d.logit_softcap, ple_dim=d.ple_dim, conv_kernel=d.conv_kernel,
+        topk_norm_eps=d.topk_norm_eps if d.n_experts else 0.0,
     )
     write(0, header_block(header))

@@ -158,7 +158,7 @@ def numpy_values(model, seed: int) -> None:
             else:
                 p.copy_(draw(p.shape, 0.25))
         for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
+            if name.endswith(("e_score_correction_bias", "feed_forward.expert_bias")):
                 b.copy_(draw(b.shape, 0.5))
             elif name.endswith("layer_scalar"):
                 b.copy_(torch.from_numpy((0.5 + rng.random(tuple(b.shape))).astype(np.float32)))
@@ -176,8 +176,8 @@ def randomize(model) -> None:
                 p.copy_(0.3 * torch.randn_like(p))
             elif name.endswith(("router.scale", "per_expert_scale")):  # Gemma 4's router
                 p.copy_(1.0 + 0.3 * torch.randn_like(p))
-        for name, b in model.named_buffers():  # DeepSeek-V3's router bias chooses experts: make it matter
-            if name.endswith("e_score_correction_bias"):
+        for name, b in model.named_buffers():  # DeepSeek-V3's and LFM2's router biases choose experts: make them matter
+            if name.endswith(("e_score_correction_bias", "feed_forward.expert_bias")):
                 b.copy_(0.5 * torch.randn_like(b))
             elif name.endswith("layer_scalar"):  # Gemma 4's scalar per layer
                 b.copy_(0.5 + torch.rand_like(b))

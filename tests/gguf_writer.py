@@ -19,7 +19,7 @@ ARCH = {"MixtralForCausalLM": "llama", "LlamaForCausalLM": "llama", "Qwen2ForCau
         "Qwen3ForCausalLM": "qwen3", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe",
         "OlmoeForCausalLM": "olmoe", "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2",
         "Glm4MoeLiteForCausalLM": "deepseek2",
-        "GraniteMoeForCausalLM": "granitemoe"}
+        "GraniteMoeForCausalLM": "granitemoe", "Lfm2MoeForCausalLM": "lfm2moe"}
 Q = gguf.GGMLQuantizationType
 
 
@@ -120,8 +120,16 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg.get("intermediate_size", 0))
     w.add_head_count(n_head)
-    w.add_head_count_kv(1 if deepseek else n_kv)  # MLA as MQA over the latent, as llama.cpp's converter writes it
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    lfm2 = arch == "lfm2moe"
+    if lfm2:  # conversion/lfm2.py: KV heads per layer, 0 where it convolves
+        w.add_head_count_kv([n_kv if kind == "full_attention" else 0 for kind in cfg["layer_types"]])
+        w.add_shortconv_l_cache(cfg.get("conv_L_cache", 3))
+        w.add_leading_dense_block_count(cfg.get("num_dense_layers", 2))
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_scale(cfg.get("routed_scaling_factor", 1.0))  # (llama.cpp's converter writes none: 1)
+    else:
+        w.add_head_count_kv(1 if deepseek else n_kv)  # MLA as MQA over the latent, as llama.cpp's converter writes it
+    w.add_layer_norm_rms_eps(cfg["norm_eps" if lfm2 else "rms_norm_eps"])
     if placeholder_vocab:
         add_placeholder_vocab(w, cfg["vocab_size"])
     if tokenizer:
@@ -159,7 +167,10 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
         return f"{TENSOR_NAMES[tensor].format(bid=layer)}.{kind}"
 
     _add(w, name(MODEL_TENSOR.TOKEN_EMBD), t["model.embed_tokens.weight"], qtype)
-    _add(w, name(MODEL_TENSOR.OUTPUT_NORM), t["model.norm.weight"], qtype)
+    if lfm2:
+        _add(w, name(MODEL_TENSOR.TOKEN_EMBD_NORM), t["model.embedding_norm.weight"], qtype)
+    else:
+        _add(w, name(MODEL_TENSOR.OUTPUT_NORM), t["model.norm.weight"], qtype)
     if "lm_head.weight" in t:
         _add(w, name(MODEL_TENSOR.OUTPUT), t["lm_head.weight"], qtype)
     for layer in range(n_layers):
@@ -193,7 +204,21 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
             "mlp.shared_experts.gate_proj.weight": name(MODEL_TENSOR.FFN_GATE_SHEXP, layer),
             "mlp.shared_experts.up_proj.weight": name(MODEL_TENSOR.FFN_UP_SHEXP, layer),
             "mlp.shared_experts.down_proj.weight": name(MODEL_TENSOR.FFN_DOWN_SHEXP, layer),
+            "operator_norm.weight": name(MODEL_TENSOR.ATTN_NORM, layer),  # LFM2's names
+            "ffn_norm.weight": name(MODEL_TENSOR.FFN_NORM, layer),
+            "self_attn.out_proj.weight": name(MODEL_TENSOR.ATTN_OUT, layer),
+            "self_attn.q_layernorm.weight": name(MODEL_TENSOR.ATTN_Q_NORM, layer),
+            "self_attn.k_layernorm.weight": name(MODEL_TENSOR.ATTN_K_NORM, layer),
+            "conv.in_proj.weight": name(MODEL_TENSOR.SHORTCONV_INPROJ, layer),
+            "conv.out_proj.weight": name(MODEL_TENSOR.SHORTCONV_OUTPROJ, layer),
+            "feed_forward.w1.weight": name(MODEL_TENSOR.FFN_GATE, layer),
+            "feed_forward.w3.weight": name(MODEL_TENSOR.FFN_UP, layer),
+            "feed_forward.w2.weight": name(MODEL_TENSOR.FFN_DOWN, layer),
+            "feed_forward.gate.weight": name(MODEL_TENSOR.FFN_GATE_INP, layer),
+            "feed_forward.expert_bias": name(MODEL_TENSOR.FFN_EXP_PROBS_B, layer, "bias"),
         }
+        if p + "conv.conv.weight" in t:  # squeezed to [D, K], as the converter does
+            _add(w, name(MODEL_TENSOR.SHORTCONV_CONV, layer), t[p + "conv.conv.weight"][:, 0, :], qtype)
         for hf, g in direct.items():
             if p + hf in t:
                 _add(w, g, t[p + hf], qtype)
@@ -212,9 +237,9 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
             gate_up, ffn = t[p + "block_sparse_moe.input_linear.weight"], cfg["intermediate_size"]
             _add(w, name(MODEL_TENSOR.FFN_GATE_EXP, layer), gate_up[:, :ffn], qtype)
             _add(w, name(MODEL_TENSOR.FFN_UP_EXP, layer), gate_up[:, ffn:], qtype)
-        expert_names = ({"gate": "w1", "up": "w3", "down": "w2"} if hf_arch == "MixtralForCausalLM"
+        expert_names = ({"gate": "w1", "up": "w3", "down": "w2"} if hf_arch in ("MixtralForCausalLM", "Lfm2MoeForCausalLM")
                         else {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"})
-        moe = "block_sparse_moe" if hf_arch == "MixtralForCausalLM" else "mlp"
+        moe = {"MixtralForCausalLM": "block_sparse_moe", "Lfm2MoeForCausalLM": "feed_forward"}.get(hf_arch, "mlp")
         for which, tensor in (("gate", MODEL_TENSOR.FFN_GATE_EXP), ("up", MODEL_TENSOR.FFN_UP_EXP),
                               ("down", MODEL_TENSOR.FFN_DOWN_EXP)):
             keys = [f"{p}{moe}.experts.{e}.{expert_names[which]}.weight" for e in range(n_experts)]

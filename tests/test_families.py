@@ -128,6 +128,17 @@ FAMILIES += [
      num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1, routed_scaling_factor=1.8,
      norm_topk_prob=True, mlp_layer_types=["dense", "sparse", "dense", "sparse"])),
 ]
+LFM2 = dict(SMALL, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
+            moe_intermediate_size=12, num_experts=6, num_experts_per_tok=2)
+FAMILIES += [
+    # LFM2-MoE: gated short convolutions (a prompt longer than the kernel; two convolving layers in a row) beside
+    # attention with per-head q/k norms, dense layers first, the sigmoid router with the expert bias choosing, its
+    # renormalization and a routed scale; or a kernel of 4, no expert bias, no renormalization, attention first
+    ("lfm2moe", "Lfm2MoeForCausalLM", dict(LFM2, num_hidden_layers=5, num_dense_layers=1, routed_scaling_factor=1.7,
+     layer_types=["conv", "conv", "full_attention", "conv", "full_attention"])),
+    ("lfm2moe_k4", "Lfm2MoeForCausalLM", dict(LFM2, num_hidden_layers=3, num_dense_layers=0, conv_L_cache=4,
+     use_expert_bias=False, norm_topk_prob=False, layer_types=["full_attention", "conv", "conv"])),
+]
 WINDOWED = {"gpt_oss", "gpt_oss_full", "mixtral_window", "qwen2_window", "qwen2moe_window", "qwen3moe_window", "gemma4",
             "gemma4_bias_ple", "gemma4_dense_kv_shared"}
 
@@ -365,7 +376,7 @@ def test_lean_cortex_m4_fits_16_kib(family_images, firmwares):
         lean = flash.run_on_board(image, "cortex_m4", PROMPT, 4, Sampling(), True, firmware=out / "firmware.elf")
         full = flash.run_on_board(image, "cortex_m4", PROMPT, 4, Sampling(), True, firmware=firmwares["cortex_m4"])
         assert lean.tokens == full.tokens and lean.logits.tobytes() == full.logits.tobytes(), name
-    for name in ("deepseek_v3", "deepseek_v2", "gpt_oss", "gemma4", "granitemoe"):
+    for name in ("deepseek_v3", "deepseek_v2", "gpt_oss", "gemma4", "granitemoe", "lfm2moe"):
         with pytest.raises(DeviceError) as err:
             flash.run_on_board(family_images[name][1], "cortex_m4", PROMPT, 1, Sampling(), False,
                                firmware=out / "firmware.elf")
@@ -494,20 +505,38 @@ def _family_image(name: str, tmp_path, seed: int, **config) -> bytes:
     return (tmp_path / f"{name}.img").read_bytes()
 
 
-def test_a_failed_batch_leaves_the_window_rings_as_they_were(hosted_build, tmp_path):
-    """A prefill pass writes its tokens' K/V rows into a windowed layer's ring (W rows, position p in row p % W).
-    When a token of the pass meets a NaN (its embedding row here, at a position past the window), the pass fails
-    and colibri_feed replays it one token at a time: that replay, and every feed after it, must find the rings as
-    they were before the pass, as colibri.h promises of a failed call. So batched and one token a pass fail at
-    the same token, and the tokens fed next give the same bits, and the reference's logits."""
+def test_a_reset_starts_the_conv_state_again(family_images, hosted_build):
+    """colibri_reset goes back to position 0, where a convolving layer's inputs before it are 0: a prompt fed again
+    after a reset gives the bits it gave the first time (as do passes of several tokens)."""
+    from capi import Context, Lib, Options
+    lib = Lib(hosted_build / "libcolibri.so")
+    data = family_images["lfm2moe"][1].read_bytes()
+    for opts in (None, Options(prefill_batch=4)):
+        ctx = Context(lib, data, options=opts)
+        runs = []
+        for _ in range(2):
+            assert ctx.feed(PROMPT) == 0
+            runs.append(ctx.logits().tobytes())
+            assert lib.so.colibri_reset(ctx.ctx) == 0
+        assert runs[0] == runs[1], opts
+
+
+@pytest.mark.parametrize("name", ["mixtral_window", "lfm2moe"])
+def test_a_failed_pass_leaves_the_rings_and_conv_state_as_they_were(name, hosted_build, tmp_path):
+    """A prefill pass writes its tokens' K/V rows into a windowed layer's ring (W rows, position p in row p % W),
+    and every pass its tokens' inputs into a convolving layer's state. When a token of the pass meets a NaN (its
+    embedding row here, at a position past the window), the pass fails and colibri_feed replays it one token at a
+    time: that replay, and every feed after it, must find the rings and the conv state as they were before the
+    pass, as colibri.h promises of a failed call. So batched and one token a pass fail at the same token, and the
+    tokens fed next give the same bits, and the reference's logits."""
     import struct
 
     from capi import STATUS, Context, Lib, Options
     from colibri.image import Role
     from test_verifier import reseal
-    data = bytearray(_family_image("mixtral_window", tmp_path, 11))
+    data = bytearray(_family_image(name, tmp_path, 11, tie_word_embeddings=False))  # (a NaN head row: every logit)
     img = read_image(bytes(data))
-    assert img.dims.sliding_window == 4 and all(img.dims.window_layers)
+    assert (img.dims.sliding_window == 4 and all(img.dims.window_layers)) or img.dims.conv_layers[0]
     bad = 7  # the culprit token: no other prompt token has a NaN row
     embd, row = img.entry(Role.TOKEN_EMBD), 4 * img.dims.hidden_size
     data[embd.offset + bad * row: embd.offset + (bad + 1) * row] = struct.pack("<f", float("nan")) * img.dims.hidden_size

@@ -206,7 +206,13 @@ def test_converter_files_are_as_llama_cpp_writes_them():
     one 3-D tensor per layer, Qwen2-MoE's shared expert and its gate, a real tokenizer, the converter's q8_0."""
     names = {f: {t.name for t in gguf.GGUFReader(str(FIXTURES / f"{f}.gguf")).tensors} for f in CONVERTED}
     assert set(names) == {"converted-mixtral-q8_0", "converted-qwen2moe-q4_k_m", "converted-deepseek3-q8_0",
-                          "converted-gpt-oss-q8_0", "converted-granitemoe-q8_0", "converted-glm4-q8_0"}
+                          "converted-gpt-oss-q8_0", "converted-granitemoe-q8_0", "converted-glm4-q8_0",
+                          "converted-lfm2moe-q8_0"}
+    lfm2 = gguf.GGUFReader(str(FIXTURES / "converted-lfm2moe-q8_0.gguf"))  # a KV head count per layer, 0: it convolves
+    assert list(lfm2.fields["lfm2moe.attention.head_count_kv"].contents()) == [0, 2, 0]
+    assert {"blk.0.shortconv.conv.weight", "blk.0.shortconv.in_proj.weight", "blk.1.attn_q_norm.weight",
+            "token_embd_norm.weight", "blk.1.exp_probs_b.bias"} <= names["converted-lfm2moe-q8_0"]
+    assert next(t for t in lfm2.tensors if t.name == "blk.0.shortconv.conv.weight").shape.tolist() == [3, 32]
     glm = gguf.GGUFReader(str(FIXTURES / "converted-glm4-q8_0.gguf")).fields  # GLM-4.7-Flash, as DeepSeek-V3's file
     assert bytes(glm["general.architecture"].parts[-1]).decode() == "deepseek2"
     assert {"blk.0.attn_k_b.weight", "blk.1.exp_probs_b.bias"} <= names["converted-glm4-q8_0"]

@@ -26,7 +26,7 @@ from colibri.sim.launch import start_board
 # (board, lean build)
 RUNS = [("x86_64_baremetal", False), ("cortex_m55", False), ("cortex_m4", False), ("cortex_m4", True),
         ("riscv64_virt", False)]
-LEAN_REFUSES = ("deepseek_v2", "deepseek_v3", "gpt_oss", "gemma4", "granitemoe", "glm4")  # the families (name prefixes) lean=yes leaves out
+LEAN_REFUSES = ("deepseek_v2", "deepseek_v3", "gpt_oss", "gemma4", "granitemoe", "glm4", "lfm2")  # the families (name prefixes) lean=yes leaves out
 
 
 def selection() -> set[str] | None:

@@ -64,18 +64,22 @@ def lib(hosted_build):
     return Lib(hosted_build / "libcolibri.so")
 
 
+def one_token_a_pass(lib, data: bytes) -> np.ndarray:
+    """TOKENS fed one a call: every position's logits."""
+    one, rows = Context(lib, data), []
+    for t in TOKENS:
+        assert one.feed([t]) == 0
+        rows.append(one.logits())
+    return np.stack(rows)
+
+
 @pytest.mark.parametrize("dtype", [DType.F32, DType.Q8_0])
 def test_each_layer_runs_its_own_record_bit_for_bit(lib, dtype):
     data = random_image(DIMS, dtype, seed=3, expert_align=64)
     read = im.read_image(data)
     assert read.dims.records == RECORDS and read.header["layer_kinds"] == 4
     expected = Reference(read).forward(TOKENS)
-    one = Context(lib, data)
-    rows = []
-    for t in TOKENS:
-        assert one.feed([t]) == 0
-        rows.append(one.logits())
-    assert_bit_identical(np.stack(rows), expected)
+    assert_bit_identical(one_token_a_pass(lib, data), expected)
     batched = Context(lib, data, options=Options(prefill_batch=5))
     assert batched.open_status == 0
     assert batched.feed(TOKENS) == 0
@@ -123,7 +127,7 @@ def lean_refusals() -> list[tuple[str, str, object]]:
               if not fmt.LAYER_LEAN_OPTIONS >> bit & 1]
     return cases + [(f"header {name}", name, value) for name, value in (
         ("kv_lora_rank", 4), ("n_group", 2), ("swiglu_limit", 7.0), ("embed_scale", 4.0), ("logit_softcap", 30.0),
-        ("ple_dim", 2))]
+        ("ple_dim", 2), ("conv_kernel", 3))]
 
 
 @pytest.mark.parametrize("what,name,value", lean_refusals(), ids=[c[0] for c in lean_refusals()])
@@ -178,3 +182,77 @@ def test_a_layer_shares_the_cache_of_one_that_differs_in_more_than_attention(lib
     refused = replace(dims, records=(moe, dense, v_normed))
     with pytest.raises(ValueError, match="attention options"):
         random_image(refused, DType.F32)
+
+
+def conv_record(ffn: int, router: int, shared: int, options: int, dense: int = 0) -> tuple:
+    """A SHORT_CONV layer's record: no attention geometry, norms, window or cache."""
+    r = record(ffn, router, fmt.LAYER_ACT_SILU, fmt.LAYER_QK_NORM_NONE, shared, options, dense)
+    return (fmt.LAYER_ATTN_SHORT_CONV,) + r[1:]
+
+
+# LFM2's short convolutions beside other mechanisms no family puts beside them: Gemma 4's norms and scale after a
+# layer, its MoE beside a dense MLP, a shared expert; two convolving layers around an attending one, of kernel 4
+CONV_RECORDS = (
+    conv_record(fmt.LAYER_FFN_DENSE, 0, fmt.LAYER_SHARED_NONE,
+                fmt.LAYER_OPT_POST_ATTN_NORM | fmt.LAYER_OPT_POST_FFN_NORM | fmt.LAYER_OPT_LAYER_SCALE),
+    record(fmt.LAYER_FFN_MOE, fmt.LAYER_ROUTER_SIGMOID, fmt.LAYER_ACT_SILU, fmt.LAYER_QK_NORM_HEAD,
+           fmt.LAYER_SHARED_GATED, fmt.LAYER_OPT_NORM_TOPK | fmt.LAYER_OPT_ROUTER_BIAS),
+    conv_record(fmt.LAYER_FFN_MOE_AND_DENSE, fmt.LAYER_ROUTER_SOFTMAX, fmt.LAYER_SHARED_PLAIN,
+                fmt.LAYER_OPT_NORM_TOPK, dense=6),
+)
+CONV_DIMS = replace(DIMS, n_layers=3, records=CONV_RECORDS, conv_kernel=4, topk_norm_eps=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [DType.F32, DType.Q4_0])
+def test_convolving_layers_run_their_records_bit_for_bit(lib, dtype):
+    """Convolving layers with the options and FFNs a record allows them: the reference's bits one token a pass, in
+    prefill batches (uneven ones: a batch ends inside the kernel's reach), and after a reset."""
+    data = random_image(CONV_DIMS, dtype, seed=4, expert_align=64)
+    read = im.read_image(data)
+    assert read.dims.records == CONV_RECORDS and read.dims.conv_layers == (True, False, True)
+    expected = Reference(read).forward(TOKENS)
+    assert_bit_identical(one_token_a_pass(lib, data), expected)
+    batched = Context(lib, data, options=Options(prefill_batch=5))
+    for _ in range(2):
+        assert batched.feed(TOKENS[:7]) == 0 and batched.feed(TOKENS[7:]) == 0
+        assert_bit_identical(batched.logits(), expected[-1])
+        assert lib.so.colibri_reset(batched.ctx) == 0
+
+
+@pytest.mark.parametrize("what,change", [
+    ("a q/k norm", lambda d: kind_field(d, 0, "qk_norm", fmt.LAYER_QK_NORM_HEAD)),
+    ("standard attention's option", lambda d: kind_field(d, 0, "options", fmt.LAYER_OPT_QKV_BIAS)),
+    ("a window", lambda d: kind_field(d, 0, "window", 4)),
+    ("a head size of its own", lambda d: kind_field(d, 2, "head_dim", 4)),
+    ("a cache of another layer", lambda d: kind_field(d, 0, "kv_source", 1)),
+    ("no kernel size", lambda d: _header(d, "conv_kernel", 0)),
+    ("a kernel of one position", lambda d: _header(d, "conv_kernel", 1)),
+    ("a kernel past the cap", lambda d: _header(d, "conv_kernel", fmt.MAX_CONV_KERNEL + 1)),
+    ("a NaN renormalization epsilon", lambda d: _header(d, "topk_norm_eps", float("nan"))),
+    ("an epsilon of 1", lambda d: _header(d, "topk_norm_eps", 1.0)),
+])
+def test_the_verifier_and_reader_refuse_a_convolution_they_cannot_run(lib, what, change):
+    data = change(random_image(CONV_DIMS, DType.F32, expert_align=64))
+    assert lib.verify(data)[0] == STATUS["E_IMAGE_DIMS"], what
+    with pytest.raises(im.ImageError):
+        im.read_image(data)
+
+
+def test_a_kernel_size_without_a_convolving_layer_is_refused(lib):
+    data = _header(random_image(DIMS, DType.F32, expert_align=64), "conv_kernel", 3)
+    assert lib.verify(data)[0] == STATUS["E_IMAGE_DIMS"]
+    with pytest.raises(im.ImageError, match="conv_kernel 3 with 0 convolving layers"):
+        im.read_image(data)
+
+
+def test_a_layer_cannot_share_a_convolving_layers_cache(lib):
+    """Layer 1 (attending) names layer 0 (convolving, no KV cache) as its kv_source."""
+    data = kind_field(random_image(CONV_DIMS, DType.F32, expert_align=64), 1, "kv_source", 0)
+    assert lib.verify(data)[0] == STATUS["E_IMAGE_DIMS"]
+    with pytest.raises(im.ImageError, match="shares the KV cache of layer 0"):
+        im.read_image(data)
+
+
+def _header(data: bytes, name: str, value) -> bytes:
+    from test_verifier import field
+    return bytes(field(name, value)(bytearray(data)))

@@ -122,7 +122,8 @@ CASES = [
     ("version 5", field("version", 5), "E_IMAGE_VERSION"),
     ("version 6", field("version", 6), "E_IMAGE_VERSION"),
     ("version 7", field("version", 7), "E_IMAGE_VERSION"),
-    ("version 9", field("version", 9, seal=False), "E_IMAGE_VERSION"),
+    ("version 8", field("version", 8), "E_IMAGE_VERSION"),
+    ("the next version", field("version", im.VERSION + 1, seal=False), "E_IMAGE_VERSION"),
     ("header byte flipped", flip(40), "E_IMAGE_HEADER_CRC"),
     ("resident byte flipped", lambda b: flip(get(b, "data_offset") + 5)(b), "E_IMAGE_PAYLOAD_CRC"),
     ("expert byte flipped", lambda b: flip(len(b) - 5)(b), "E_EXPERT_CRC"),  # the last expert's down matrix

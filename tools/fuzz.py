@@ -170,6 +170,9 @@ def make_seeds() -> None:
                                                         global_rope=True, double_wide_mlp=True,
                                                         sliding_window=3, window_layers=(True, False, True), ple_dim=2,
                                                         kv_shared_layers=1)),
+        # LFM2: a short convolution (its state, kept over the prompt) beside attention, a sigmoid router with a bias
+        "lfm2": dict(flags=im.FLAG_NORM_TOPK | im.FLAG_QK_NORM_HEAD | im.FLAG_ROUTER_SIGMOID | im.FLAG_ROUTER_BIAS,
+                     moe=(False, True), dense=10, mla=dict(conv_layers=(True, False), conv_kernel=3, topk_norm_eps=1e-6)),
         # a metadata section (the host's tokenizer and template; its own CRC, which the harness reseals too)
         "mixtral-meta": dict(flags=im.FLAG_NORM_TOPK, moe=(True, True), meta={"note": "fuzz seed"}),
     }

@@ -84,7 +84,14 @@ CONVERTED = [
      v_head_dim=32, n_shared_experts=1, routed_scaling_factor=1.8, norm_topk_prob=True,
      mlp_layer_types=["dense", "sparse"], first_k_dense_replace=1, topk_method="noaux_tc", scoring_func="sigmoid"),
      "q8_0", None),
+    # LFM2-MoE: short convolutions beside attention (the converter writes a KV head count per layer, 0 where a layer
+    # convolves), a dense first layer, the sigmoid router with its expert bias, the experts stacked
+    ("lfm2moe", "Lfm2MoeForCausalLM", dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+     num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+     num_dense_layers=1, layer_types=["conv", "full_attention", "conv"]), "q8_0", None),
 ]
+# the config field of the RMSNorms' epsilon, where a family names it otherwise
+EPS_KEY = {"Lfm2MoeForCausalLM": "norm_eps"}
 # the special tokens a family's converter looks up in the vocabulary (GLM's _set_vocab_glm)
 SPECIAL_TOKENS = {"Glm4MoeLiteForCausalLM": ("[gMASK]", "<|user|>", "<|endoftext|>", "<|observation|>")}
 
@@ -114,14 +121,14 @@ def convert(llama_cpp_dir: Path, family: str, arch: str, config: dict, outtype: 
     torch.manual_seed(21)
     cfg = getattr(transformers, arch.replace("ForCausalLM", "Config"))(
         vocab_size=len(tokenizer), max_position_embeddings=64, tie_word_embeddings=True, initializer_range=0.25,
-        rms_norm_eps=1e-5, **config)
+        **{EPS_KEY.get(arch, "rms_norm_eps"): 1e-5}, **config)
     model = getattr(transformers, arch)(cfg).eval()
     with torch.no_grad():  # random norm weights too, so a mixed-up norm tensor cannot go unnoticed
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.3 * torch.randn_like(p))
         for name, b in model.named_buffers():  # and a router bias that changes which experts are chosen
-            if name.endswith("e_score_correction_bias"):
+            if name.endswith(("e_score_correction_bias", "feed_forward.expert_bias")):
                 b.copy_(0.5 * torch.randn_like(b))
     checkpoint = tmp / f"converted-{family}"
     model.save_pretrained(checkpoint)

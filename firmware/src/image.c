@@ -46,6 +46,7 @@ static colibri_status layer_kinds(const uint8_t *h, model_dims *d) {
         if ((options & ~BUILD_OPTIONS) || (!WITH_GEMMA4 && (hd | kv || t->kv_source != IMG_NO_INDEX)))
             return COLIBRI_E_UNSUPPORTED;
         const uint32_t ffn = t->ffn = r[R_FFN];
+        const int conv = WITH_SHORT_CONV && (t->attention = r[R_ATTENTION]) == LAYER_ATTN_SHORT_CONV;
         t->router = r[R_ROUTER];
         t->activation = r[R_ACTIVATION];
         t->qk_norm = r[R_QK_NORM];
@@ -54,7 +55,7 @@ static colibri_status layer_kinds(const uint8_t *h, model_dims *d) {
         /* latent attention is every layer's; the feed-forward block: experts need E > 0 and come with their router,
          * options and shared expert (one exactly when the header sizes it), a dense MLP needs a width (and no other
          * layer one); gpt-oss's top-k softmax weighs its own way */
-        if (r[R_ATTENTION] != (mla ? LAYER_ATTN_LATENT : LAYER_ATTN_STANDARD) ||
+        if ((conv ? mla : r[R_ATTENTION] != (mla ? LAYER_ATTN_LATENT : LAYER_ATTN_STANDARD)) ||
             (ffn == LAYER_FFN_DENSE ? (t->router | t->shared || (options & LAYER_EXPERT_OPTIONS))
                                     : (!d->n_experts || !t->shared != !d->shared_ffn)) ||
             (ffn == LAYER_FFN_MOE ? fd != 0 : t->dense_ffn == 0) || fd > IMG_MAX_DIM ||
@@ -68,6 +69,9 @@ static colibri_status layer_kinds(const uint8_t *h, model_dims *d) {
          * rotates with the global tables, all of one size */
         t->head_dim = hd ? hd : d->head_dim;
         t->kv_heads = kv ? kv : d->n_kv_heads;
+        /* a short convolution: none of attention's geometry, options, norms, window or cache */
+        if (conv && ((options & LAYER_STANDARD_OPTIONS) || t->qk_norm || hd | kv || window || t->kv_source != IMG_NO_INDEX))
+            return COLIBRI_E_IMAGE_DIMS;
         if (!WITH_GEMMA4) continue; /* the header's geometry (a record of its own: refused above) */
         if (WITH_MLA && mla) {
             if (hd | kv || (options & LAYER_STANDARD_OPTIONS) || t->qk_norm || t->kv_source != IMG_NO_INDEX) return COLIBRI_E_IMAGE_DIMS;
@@ -83,7 +87,7 @@ static colibri_status layer_kinds(const uint8_t *h, model_dims *d) {
     /* each layer's kind; a sharing layer's source comes before it, keeps its own cache of the same geometry and options, and
      * every windowed sharing layer reads one ring (the one a prefill pass's saved rows stand for: arena.c) */
     d->shared_ring = IMG_NO_INDEX;
-    uint32_t used = 0; /* every record is some layer's kind: none adds a window or a width no layer has */
+    uint32_t used = 0, convs = 0; /* every record is some layer's kind: none adds a window or a width no layer has */
     for (uint32_t l = 0; l < IMG_MAX_LAYERS; l++) { /* (and the bytes past the last layer's are 0) */
         const uint8_t kind = h[H_LAYER_KIND + l];
         if (l >= d->n_layers) {
@@ -93,10 +97,11 @@ static colibri_status layer_kinds(const uint8_t *h, model_dims *d) {
         if ((d->kind_of[l] = kind) >= n_kinds) return COLIBRI_E_IMAGE_DIMS;
         used |= 1u << kind;
         const layer_kind *t = kind_of(d, l);
+        convs += layer_conv(d, l);
         const uint32_t src = t->kv_source;
         if (!WITH_GEMMA4 || src == IMG_NO_INDEX) continue;
         const layer_kind *s = kind_of(d, src < l ? src : l);
-        if (src >= l || s->kv_source != IMG_NO_INDEX || s->head_dim != t->head_dim || s->kv_heads != t->kv_heads ||
+        if (src >= l || s->kv_source != IMG_NO_INDEX || s->attention != t->attention || s->head_dim != t->head_dim || s->kv_heads != t->kv_heads ||
             s->window != t->window || ((s->options ^ t->options) & ATTENTION_OPTIONS) || (t->window && d->shared_ring != IMG_NO_INDEX && d->shared_ring != src))
             return COLIBRI_E_IMAGE_DIMS;
         if (t->window) d->shared_ring = src;
@@ -104,6 +109,9 @@ static colibri_status layer_kinds(const uint8_t *h, model_dims *d) {
     /* and the bytes past the records are 0: one model, one header */
     for (uint32_t i = H_KINDS + n_kinds * IMG_LAYER_BYTES; i < H_KINDS + IMG_MAX_LAYER_KINDS * IMG_LAYER_BYTES; i++)
         if (h[i]) return COLIBRI_E_IMAGE_DIMS;
+    /* a kernel size exactly when some layer convolves (the x, b and c rows fit a shape term) */
+    if (WITH_SHORT_CONV && (!convs != !d->conv_kernel || (convs && (uint64_t)3 * d->dim > IMG_MAX_DIM)))
+        return COLIBRI_E_IMAGE_DIMS;
     return used != (1u << n_kinds) - 1 ? COLIBRI_E_IMAGE_DIMS : COLIBRI_OK;
 }
 
@@ -199,6 +207,12 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
         (!WITH_EXPERT_EXTRAS && (le32(h + H_SWIGLU_LIMIT) || le32(h + H_SWIGLU_ALPHA))))
         return COLIBRI_E_UNSUPPORTED;
     d->kv_lora = WITH_MLA ? le32(h + H_KV_LORA) : 0;
+    d->conv_kernel = WITH_SHORT_CONV ? le32(h + H_CONV_KERNEL) : 0; /* without: 0 (a nonzero one is unsupported) */
+    if (d->conv_kernel == 1 || d->conv_kernel > IMG_MAX_CONV_KERNEL) return COLIBRI_E_IMAGE_DIMS;
+    /* the top-k renormalization's epsilon: with experts, 0 <= eps < 1 (rejects NaN); else 0 */
+    d->topk_norm_eps = rdf32(h + H_TOPK_NORM_EPS);
+    if (d->n_experts ? !(d->topk_norm_eps >= 0.0f && d->topk_norm_eps < 1.0f) : le32(h + H_TOPK_NORM_EPS) != 0)
+        return COLIBRI_E_IMAGE_DIMS;
     if (d->shared_ffn && !d->n_experts) return COLIBRI_E_IMAGE_DIMS;
     const colibri_status st = layer_kinds(h, d);
     if (st) return st;
@@ -275,9 +289,12 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
     model_dims dims = { 0 }; /* a field no mechanism of the image (or of the build) sets is 0: none */
     colibri_status st = read_dims(img, &dims);
     if (st) return st;
-    /* the reserved bytes are 0; in a build without Gemma 4's mechanisms so are its fields, which come just before */
-    _Static_assert(H_LOGIT_SOFTCAP == H_EMBED_SCALE + 4 && H_PLE_DIM == H_EMBED_SCALE + 8 && H_RESERVED == H_EMBED_SCALE + 12,
-                   "Gemma 4's header fields are the three before the reserved bytes");
+    /* the reserved bytes are 0; in the lean build so are Gemma 4's and the short convolutions' fields, which come just
+     * before */
+    _Static_assert(H_LOGIT_SOFTCAP == H_EMBED_SCALE + 4 && H_PLE_DIM == H_EMBED_SCALE + 8 &&
+                       H_CONV_KERNEL == H_EMBED_SCALE + 12 && H_RESERVED == H_EMBED_SCALE + 16,
+                   "Gemma 4's and the convolutions' header fields are the four before the reserved bytes");
+    _Static_assert(WITH_GEMMA4 == WITH_SHORT_CONV, "one build leaves out both");
     for (uint32_t i = WITH_GEMMA4 ? H_RESERVED : H_EMBED_SCALE; i < IMG_HEADER_BYTES; i++)
         if (img[i]) return i < H_RESERVED ? COLIBRI_E_UNSUPPORTED : COLIBRI_E_IMAGE_HEADER;
     /* the dense index open() fills from the table: every layer's slots, present or not (the caps on layers and

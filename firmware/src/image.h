@@ -10,8 +10,7 @@
 /* A layer kind, as the verifier resolved its record (docs/FORMAT.md "Layers"): the header's value where the record
  * has 0, so every later read takes it from here, never from the image. */
 typedef struct {
-    uint8_t ffn, router, activation, qk_norm, shared; /* LAYER_FFN_*, LAYER_ROUTER_*, ... (the attention is every
-                                                       * layer's: MLA or not) */
+    uint8_t attention, ffn, router, activation, qk_norm, shared; /* LAYER_ATTN_*, LAYER_FFN_*, ... */
     uint32_t options;                /* LAYER_OPT_* bits */
     uint32_t head_dim, kv_heads;     /* the layer's q/k head size and KV heads */
     uint32_t window;                 /* W (0: none) */
@@ -36,6 +35,8 @@ typedef struct {
     float swiglu_alpha, swiglu_limit;               /* limit > 0: the experts' clamped SwiGLU (gpt-oss) */
     float embed_scale, logit_softcap;               /* 0: none */
     uint32_t ple_dim;                               /* Gemma 4's per-layer inputs: P per layer and token (0: none) */
+    uint32_t conv_kernel;                           /* the SHORT_CONV layers' kernel size (0: none) */
+    float topk_norm_eps;                            /* NORM_TOPK divides by the top-k weights' sum plus it */
     uint32_t q_dim, kv_dim, ffn_max;                /* the widest of any layer; kv_dim: a K cache row */
     uint32_t att_dim, val_dim, o_dim;               /* per head: what attention dots and sums (the widest); Wo's input */
     uint32_t in_blocks;             /* blocks of QBLOCK in the longest matvec input (for the quantized x) */
@@ -75,9 +76,14 @@ static inline int layer_kv_shared(const model_dims *d, uint32_t layer) {
 static inline uint32_t kv_source(const model_dims *d, uint32_t layer) {
     return layer_kv_shared(d, layer) ? kind_of(d, layer)->kv_source : layer;
 }
-/* One position's K (and V) cache row in a layer: MLA's latent and rope key, or its KV heads; none when it shares. */
+/* Whether a layer is a short convolution (LFM2's): it keeps no KV cache, but a conv state. */
+static inline int layer_conv(const model_dims *d, uint32_t layer) {
+    return WITH_SHORT_CONV && kind_of(d, layer)->attention == LAYER_ATTN_SHORT_CONV;
+}
+/* One position's K (and V) cache row in a layer: MLA's latent and rope key, or its KV heads; none when it shares or
+ * convolves. */
 static inline uint32_t layer_kv_dim(const model_dims *d, uint32_t layer) {
-    if (layer_kv_shared(d, layer)) return 0;
+    if (layer_kv_shared(d, layer) || layer_conv(d, layer)) return 0;
     return WITH_MLA && d->kv_lora ? d->kv_dim : layer_kv_heads(d, layer) * layer_head_dim(d, layer);
 }
 static inline uint32_t layer_dense_ffn(const model_dims *d, uint32_t layer) { return kind_of(d, layer)->dense_ffn; }

@@ -97,6 +97,7 @@ static void add_scaled(float *acc, float s, const float *v, uint32_t n) {
 #include "blocks/ffn.c"       /* the gated FFN: dense MLP, shared expert, one routed expert */
 #include "blocks/moe.c"       /* the routed experts of a pass */
 #include "blocks/ple.c"       /* Gemma 4's per-layer inputs */
+#include "blocks/conv.c"      /* LFM2's short convolutions */
 
 /* ---- the tokens of one pass ---- */
 
@@ -110,7 +111,7 @@ static token_buffers tokens_in(colibri_ctx *c, uint32_t n) {
     arena_buffers *a = &c->a;
     return (token_buffers){ .n = 1, .x = a->x, .xn = a->xn, .q = a->q, .q_a = a->q_a, .k = a->k_new, .v = a->v_new,
                             .q_att = a->q_att, .attn_out = a->attn_out, .o_in = a->o_in, .ple = a->ple, .moe_out = a->moe_out,
-                            .gate = a->ffn_gate, .up = a->ffn_up,
+                            .gate = a->ffn_gate, .up = a->ffn_up, .bcx = a->bcx,
                             .ffn_out = a->ffn_out, .gx = a->ffn_out, .expert_out = 0, .scalar = a->router, .topk_index = a->topk_index,
                             .topk_weight = a->topk_weight, .xq = a->xq, .xq_scale = a->xq_scale,
                             .xq_sum = a->xq_sum, .hq = a->hq, .hq_scale = a->hq_scale, .hq_sum = a->hq_sum };
@@ -123,17 +124,22 @@ static void norm_inputs(colibri_ctx *c, const token_buffers *tb, const float *we
     c->xn_quantized = 0;
 }
 
-/* The attention half of a layer for every token: x += Wo attention(rmsnorm(x)) (+ bo), its output normed first
- * with POST_ATTN_NORM. Token t sits at position c->pos + t and sees the positions before it, its batch-mates included.
- * kv_base: where the rows of the cache it attends over (kv_source's) start in the KV cache. */
-static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer, size_t kv_base) {
+/* The attention half of a layer for every token: x += Wo attention(rmsnorm(x)) (+ bo), or in a SHORT_CONV layer
+ * its convolution of rmsnorm(x), the output normed first with POST_ATTN_NORM. Token t sits at position c->pos + t
+ * and sees the positions before it, its batch-mates included. kv_base: where the rows of the cache it attends over
+ * (kv_source's) start in the KV cache; conv_state: a convolving layer's state. */
+static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer, size_t kv_base, float *conv_state) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n;
     norm_inputs(c, tb, layer_w(c, layer, ROLE_ATTN_NORM));
-    const float *o_in = WITH_MLA && d->kv_lora ? attention_mla(c, tb, layer, kv_base) : attention_mha(c, tb, layer, kv_base);
-    weight wo = matrix(c, layer_index(c, layer, ROLE_WO));
-    matmul(c, tb, tb->moe_out, &wo, o_in, n);
-    add_bias(c, tb->moe_out, d->dim, n, layer, ROLE_BO);
+    if (layer_conv(d, layer)) {
+        short_conv(c, tb, layer, conv_state);
+    } else {
+        const float *o_in = WITH_MLA && d->kv_lora ? attention_mla(c, tb, layer, kv_base) : attention_mha(c, tb, layer, kv_base);
+        weight wo = matrix(c, layer_index(c, layer, ROLE_WO));
+        matmul(c, tb, tb->moe_out, &wo, o_in, n);
+        add_bias(c, tb->moe_out, d->dim, n, layer, ROLE_BO);
+    }
     if (gemma4_option(d, layer, LAYER_OPT_POST_ATTN_NORM)) post_norm(c, tb, tb->moe_out, layer, ROLE_POST_ATTN_NORM);
     for (size_t i = 0; i < (size_t)n * d->dim; i++) tb->x[i] += tb->moe_out[i];
 }
@@ -235,9 +241,11 @@ static size_t kv_start(const model_dims *d, uint32_t layer) {
     return at;
 }
 
-/* A pass that fails feeds none of its n tokens: nor do their rows stay in the window rings. */
+/* A pass that fails feeds none of its n tokens: nor do their rows stay in the window rings, nor their inputs in
+ * the conv state. */
 static colibri_status pass_failed(const colibri_ctx *c, uint32_t n, colibri_status st) {
     if (WITH_WINDOW_RINGS && n > 1 && c->rings.rows) rings_save(c, n, 1);
+    if (WITH_SHORT_CONV && c->d.conv_kernel) conv_state_copy(c, c->a.conv_state, c->a.conv_saved);
     return st;
 }
 
@@ -245,6 +253,7 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
     const model_dims *d = &c->d;
     const token_buffers tb = tokens_in(c, n);
     if (WITH_WINDOW_RINGS && n > 1 && c->rings.rows) rings_save(c, n, 0); /* over window rings: what the pass overwrites */
+    if (WITH_SHORT_CONV && d->conv_kernel) conv_state_begin(c);
     weight embd = matrix(c, global_tensor_index(d, ROLE_TOKEN_EMBD));
     for (uint32_t t = 0; t < n; t++) weight_row(tb.x + (size_t)t * d->dim, &embd, tokens[t]);
     if (WITH_GEMMA4 && d->embed_scale != 0.0f)
@@ -253,13 +262,14 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
 
     /* Each layer's KV rows follow every earlier layer's (arena_plan's order), so their starts are a running sum. A
      * sharing layer reads its kv_source's rows, which start where that layer's do. */
-    size_t kv_end = 0;
+    size_t kv_end = 0, conv_at = 0; /* and each convolving layer's state follows the one before */
     for (uint32_t layer = 0; layer < d->n_layers; layer++) {
         colibri_layer_trace t = { .layer = layer, .cycles_expert = c->a.topk_cycles };
         const size_t kv_base = layer_kv_shared(d, layer) ? kv_start(d, kv_source(d, layer)) : kv_end;
         kv_end += (size_t)kv_rows(d, layer) * layer_kv_dim(d, layer);
         uint64_t t0 = ctx_now(c);
-        attention(c, &tb, layer, kv_base);
+        attention(c, &tb, layer, kv_base, layer_conv(d, layer) ? c->a.conv_state + conv_at : 0);
+        if (layer_conv(d, layer)) conv_at += (size_t)(d->conv_kernel - 1) * d->dim;
         t.cycles_attention = ctx_now(c) - t0;
         if (WITH_TRACE_CRC && c->opts.trace) t.crc_attention = residual_crc(c, &tb, n - 1);
         c->stats.cycles_attention += t.cycles_attention;

@@ -73,8 +73,7 @@ static uint32_t pick_expert(const colibri_ctx *c, float *score) {
 }
 
 /* Each token's top_k experts and their weights into tb's topk arrays: the chosen experts' scores,
- * optionally renormalized (the 1e-20 is DeepSeek-V3's; below a sum's rounding for softmax scores), times
- * routed_scale. */
+ * optionally renormalized (divided by their sum plus the header's topk_norm_eps), times routed_scale. */
 static colibri_status route_topk(colibri_ctx *c, const token_buffers *tb, uint32_t layer) {
     const model_dims *d = &c->d;
     const layer_kind *kind = kind_of(d, layer);
@@ -88,7 +87,7 @@ static colibri_status route_topk(colibri_ctx *c, const token_buffers *tb, uint32
             sum += gate_weight[k];
         }
         if (WITH_ROUTERS && kind->router == LAYER_ROUTER_TOPK_SOFTMAX) softmax(gate_weight, d->top_k, 0); /* gpt-oss */
-        const float norm = sum + 1e-20f;
+        const float norm = sum + d->topk_norm_eps;
         const float *expert_scale = WITH_GEMMA4 && kind->ffn == LAYER_FFN_MOE_AND_DENSE ? layer_w(c, layer, ROLE_EXPERT_SCALE) : 0;
         for (uint32_t k = 0; k < d->top_k; k++) {
             if (kind->options & LAYER_OPT_NORM_TOPK) gate_weight[k] /= norm;
