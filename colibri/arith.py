@@ -87,6 +87,47 @@ def silu_times(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     return g / (ONE + expf(-g)) * u
 
 
+def silu(x) -> np.ndarray:
+    """silu_f (blocks/deltanet.c): x / (1 + colibri_expf(-x))."""
+    x = f32(x)
+    return x / (ONE + expf(-x))
+
+
+# ln_f's series coefficients (blocks/deltanet.c): 1.0f / 3 ... 1.0f / 9
+LN_SERIES = [ONE / F32(k) for k in (3, 5, 7, 9)]
+
+
+def ln(x) -> np.ndarray:
+    """ln_f (blocks/deltanet.c), for finite x >= 1: x = m 2^e, m in [sqrt(1/2), sqrt(2)), s = (m - 1) / (m + 1),
+    ln m = 2s(1 + s^2(1/3 + s^2(1/5 + s^2(1/7 + s^2/9)))), plus e ln 2 in two parts."""
+    x = f32(x)
+    bits = x.view(np.uint32)
+    e = (bits >> np.uint32(23)).astype(np.int32) - 127
+    m = ((bits & np.uint32(0x007FFFFF)) | np.uint32(0x3F800000)).view(F32)
+    high = m > F32(1.41421356)
+    m = np.where(high, m * F32(0.5), m)
+    e = np.where(high, e + 1, e)
+    s = (m - ONE) / (m + ONE)
+    s2 = s * s
+    poly = LN_SERIES[3]
+    for c in (LN_SERIES[2], LN_SERIES[1], LN_SERIES[0], ONE):
+        poly = c + s2 * poly
+    p = F32(2) * s * poly
+    ef = e.astype(F32)
+    return ef * LN2_HI + (ef * LN2_LO + p)
+
+
+def softplus(x) -> np.ndarray:
+    """softplus_f (blocks/deltanet.c): x above 20, else ln(1 + e) * (e / ((1 + e) - 1)) for e = colibri_expf(x),
+    or e where 1 + e rounds to 1."""
+    x = f32(x)
+    e = expf(np.minimum(x, F32(20)))
+    u = ONE + e
+    with np.errstate(invalid="ignore", divide="ignore"):
+        log1p = ln(np.maximum(u, ONE)) * (e / (u - ONE))
+    return np.where(x > F32(20), x, np.where(u == ONE, e, log1p)).astype(F32)
+
+
 def tanh(x) -> np.ndarray:
     """tanh_f: 1 - 2 / (colibri_expf(2x) + 1), which is 1 once the exponential overflows."""
     x = f32(x)

@@ -177,6 +177,9 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
     extra = {}
     try:
         params = (own.rope or {}).get("sliding_attention") or rope.rope_parameters(cfg)
+        if fam.partial_rope:  # the family turns a head's first dims: the tables are theirs
+            params = dict(params)
+            fields["rope_dim"] = rope.rotated_dims(params.pop("partial_rotary_factor", 1.0), head_dim)
         inv_freq, attention_factor = rope.frequencies(params, fields.get("rope_dim", head_dim), limit)
         if own.rope:  # the global layers' tables, of their own head size
             extra["global_rope"] = rope.frequencies(own.rope["full_attention"], fields["global_head_dim"], limit)
@@ -336,9 +339,10 @@ def checkpoint_tensor(raw: dict, fam: Family, d: ModelDims, key: tuple[Role, int
 
 
 # multimodal architectures whose text model is a supported causal LM: the text model is packed, the towers left out
-MULTIMODAL = {"Gemma4ForConditionalGeneration": "Gemma4ForCausalLM"}
+MULTIMODAL = {"Gemma4ForConditionalGeneration": "Gemma4ForCausalLM",
+              "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM"}
 LANGUAGE_MODEL, TOWERS = "model.language_model.", ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.",
-                                                   "model.embed_audio.")
+                                                   "model.embed_audio.", "model.visual.")
 
 
 def text_model(cfg: dict, raw: dict) -> tuple[dict, dict, int]:

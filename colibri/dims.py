@@ -10,9 +10,10 @@ from typing import Iterator
 import numpy as np
 
 from colibri import format as fmt
-from colibri.format import (ALIGN, EXPERT_ROLES, FACT_CONV, FACT_DENSE, FACT_GLOBAL_ROPE_TABLES, FACT_KV_SHARED, FACT_MLA, FACT_MOE,
+from colibri.format import (ALIGN, EXPERT_ROLES, FACT_CONV, FACT_DELTA, FACT_DENSE, FACT_GLOBAL_ROPE_TABLES, FACT_KV_SHARED, FACT_MLA, FACT_MOE,
                             FACT_OWN_KV, FACT_PLE, FACT_Q_LORA, FACT_QK_NORM, FACT_SHARED_FFN, FACT_SHARED_GATED,
-                            KV_DTYPES, LAYER_ATTN_LATENT, LAYER_ATTN_SHORT_CONV, LAYER_ATTN_STANDARD, LAYER_FFN_DENSE, LAYER_FFN_MOE,
+                            KV_DTYPES, LAYER_ATTN_DELTA_NET, LAYER_ATTN_LATENT, LAYER_ATTN_SHORT_CONV,
+                            LAYER_ATTN_STANDARD, LAYER_FFN_DENSE, LAYER_FFN_MOE,
                             LAYER_FFN_MOE_AND_DENSE, LAYER_FIELDS, LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V,
                             LAYER_QK_NORM_HEAD, LAYER_ROLES, NO_INDEX, ROLE_SHAPES, ROLES_AFTER_LAYERS, ROLES_BEFORE_LAYERS,
                             TERMS, Role)
@@ -35,10 +36,11 @@ FLAG_ROUTER_TOPK_SOFTMAX = 1 << 12  # router TOPK_SOFTMAX (layers with experts)
 FLAG_GEMMA4_LAYER = 1 << 13   # Gemma 4's layer: options POST_ATTN_NORM, POST_FFN_NORM, LAYER_SCALE; ffn MOE_AND_DENSE
 FLAG_GELU_TANH = 1 << 14      # activation GELU_TANH
 FLAG_V_NORM = 1 << 15         # options V_NORM
+FLAG_ATTN_GATE = 1 << 16      # options ATTN_GATE
 # flag -> the option it sets in every layer, and in the layers with experts
 _OPTION_OF = {FLAG_QKV_BIAS: fmt.LAYER_OPT_QKV_BIAS, FLAG_O_BIAS: fmt.LAYER_OPT_O_BIAS,
               FLAG_ROPE_PAIRS: fmt.LAYER_OPT_ROPE_PAIRS, FLAG_ATTN_SINKS: fmt.LAYER_OPT_ATTN_SINKS,
-              FLAG_V_NORM: fmt.LAYER_OPT_V_NORM,
+              FLAG_V_NORM: fmt.LAYER_OPT_V_NORM, FLAG_ATTN_GATE: fmt.LAYER_OPT_ATTN_GATE,
               FLAG_GEMMA4_LAYER: fmt.LAYER_OPT_POST_ATTN_NORM | fmt.LAYER_OPT_POST_FFN_NORM | fmt.LAYER_OPT_LAYER_SCALE}
 _EXPERT_OPTION_OF = {FLAG_NORM_TOPK: fmt.LAYER_OPT_NORM_TOPK, FLAG_ROUTER_BIAS: fmt.LAYER_OPT_ROUTER_BIAS,
                      FLAG_EXPERT_BIAS: fmt.LAYER_OPT_EXPERT_BIAS}
@@ -121,7 +123,7 @@ class ModelDims:
     # (nope + rope_dim), the KV cache holds kv_lora_rank + rope_dim per position, values are v_head_dim.
     q_lora_rank: int = 0         # q = WQ_B norm(WQ_A x); 0: q = WQ x
     kv_lora_rank: int = 0
-    rope_dim: int = 0            # the dims of each head RoPE rotates (the last ones); 0: head_dim
+    rope_dim: int = 0            # the dims of each head RoPE rotates (MLA: the last ones; else the first); 0: head_dim
     v_head_dim: int = 0          # 0: head_dim
     attn_scale: float = 0.0      # the softmax scale; 0: 1/sqrt(head_dim) rounded to f32
     # Routing: experts in n_group groups, a group scored by the sum of its best group_top choice scores,
@@ -147,8 +149,16 @@ class ModelDims:
     k_eq_v: bool = False           # Gemma 4: a global layer's values are its keys' projection
     global_rope: bool = False      # Gemma 4: the global layers rotate with RoPE tables of their own head size
     # LFM2's gated short convolutions: the layers that convolve (True) instead of attending, and the kernel size
+    # (Qwen3.5's DeltaNets' convolution's too)
     conv_layers: tuple[bool, ...] = ()
     conv_kernel: int = 0
+    # Qwen3.5's Gated DeltaNets: the layers that run one (True) instead of attending, their key and value heads and
+    # head sizes
+    delta_layers: tuple[bool, ...] = ()
+    dn_k_heads: int = 0
+    dn_v_heads: int = 0
+    dn_k_dim: int = 0
+    dn_v_dim: int = 0
     # with NORM_TOPK the top-k weights are divided by their sum plus this (as f32): DeepSeek-V3's 1e-20, LFM2's 1e-6
     topk_norm_eps: float = 1e-20
     # The layers' records as an image holds them (one per layer, LAYER_FIELDS order), when given: the reader's, for an
@@ -188,6 +198,7 @@ class ModelDims:
         own, moe, flags = not windowed[layer], self.moe_layers[layer], self.flags
         gemma = bool(flags & FLAG_GEMMA4_LAYER)
         conv = bool(self.conv_layers) and self.conv_layers[layer]
+        delta = bool(self.delta_layers) and self.delta_layers[layer]
         ffn = (LAYER_FFN_MOE_AND_DENSE if gemma else LAYER_FFN_MOE) if moe else LAYER_FFN_DENSE
         options = ((LAYER_OPT_K_IS_V if self.k_eq_v and own else 0)
                    | (LAYER_OPT_GLOBAL_ROPE if self.global_rope and own else 0)
@@ -196,12 +207,13 @@ class ModelDims:
         first_shared = self.n_layers - self.kv_shared_layers
         shared = layer >= first_shared
         source = max(l for l in range(first_shared) if windowed[l] == windowed[layer]) if shared else NO_INDEX
-        if conv:  # none of attention's options or norms
+        if conv or delta:  # none of attention's options or norms
             options &= ~fmt.LAYER_STANDARD_OPTIONS
-        attention = LAYER_ATTN_SHORT_CONV if conv else LAYER_ATTN_LATENT if self.mla else LAYER_ATTN_STANDARD
+        attention = LAYER_ATTN_SHORT_CONV if conv else LAYER_ATTN_DELTA_NET if delta else \
+            LAYER_ATTN_LATENT if self.mla else LAYER_ATTN_STANDARD
         return (attention, ffn,
                 record_value(flags, "router") if moe else 0, record_value(flags, "activation"),
-                0 if conv else record_value(flags, "qk_norm"), record_value(flags, "shared") if moe else 0, 0, options,
+                0 if conv or delta else record_value(flags, "qk_norm"), record_value(flags, "shared") if moe else 0, 0, options,
                 self.global_head_dim if own else 0, self.global_kv_heads if own else 0,
                 self.sliding_window if windowed[layer] else 0, source,
                 2 * self.dense_ffn_size if self.double_wide_mlp and shared else 0)
@@ -251,14 +263,37 @@ class ModelDims:
         """Whether `layer` convolves (LFM2's short convolution) instead of attending."""
         return self.layers[layer].attention == LAYER_ATTN_SHORT_CONV
 
-    def conv_state_elements(self) -> int:
-        """The short convolutions' state: each convolving layer's last conv_kernel - 1 inputs per channel."""
-        return sum(self.conv(layer) for layer in range(self.n_layers)) * (self.conv_kernel - 1) * self.hidden_size
+    def delta(self, layer: int) -> bool:
+        """Whether `layer` runs a Gated DeltaNet (Qwen3.5's) instead of attending."""
+        return self.layers[layer].attention == LAYER_ATTN_DELTA_NET
+
+    @property
+    def dn_conv(self) -> int:
+        """The channels a DeltaNet convolves: q, k and v."""
+        return 2 * self.dn_k_heads * self.dn_k_dim + self.dn_v_heads * self.dn_v_dim
+
+    def state_elements(self, layer: int | None = None) -> int:
+        """A layer's state (every layer's with None; blocks/state.c): its convolution's last conv_kernel - 1 inputs per
+        channel, then a DeltaNet's value heads' dk·dv."""
+        if layer is None:
+            return sum(self.state_elements(l) for l in range(self.n_layers))
+        channels = self.hidden_size if self.conv(layer) else self.dn_conv if self.delta(layer) else 0
+        recurrent = self.dn_v_heads * self.dn_k_dim * self.dn_v_dim if self.delta(layer) else 0
+        return (self.conv_kernel - 1) * channels + recurrent
+
+    @property
+    def mix_dim(self) -> int:
+        """Per token, the widest convolving or DeltaNet layer's projections (the plan's mix)."""
+        layers = range(self.n_layers)
+        conv = 3 * self.hidden_size if any(self.conv(l) for l in layers) else 0
+        delta = self.dn_conv + 2 * self.dn_v_heads * self.dn_v_dim + 2 * self.dn_v_heads if any(
+            self.delta(l) for l in layers) else 0
+        return max(conv, delta)
 
     def layer_kv_dim(self, layer: int) -> int:
         """One position's row of the layer's K cache (and V cache); 0 for a KV-sharing or convolving layer, which
         has none."""
-        if self.kv_shared(layer) or self.conv(layer):
+        if self.kv_shared(layer) or self.conv(layer) or self.delta(layer):
             return 0
         return self.att_dim if self.mla else self.layer_kv_heads(layer) * self.layer_head_dim(layer)
 
@@ -289,7 +324,7 @@ class ModelDims:
     def kv_rows(self, layer: int) -> int:
         """Positions layer `layer` keeps in its KV cache: the window for a windowed layer, none for a convolving
         one, else max_seq."""
-        return 0 if self.conv(layer) else self.layers[layer].window or self.max_seq
+        return 0 if self.conv(layer) or self.delta(layer) else self.layers[layer].window or self.max_seq
 
     def kv_position_bytes(self, expanded: bool = False) -> int:
         """KV cache bytes one position takes over all layers: K and V rows, or MLA's one latent row. With
@@ -327,10 +362,10 @@ class ModelDims:
             return facts
         k = self.layers[layer]
         moe, mla, kv_shared = k.moe, self.mla, k.kv_source != NO_INDEX
-        conv = k.attention == LAYER_ATTN_SHORT_CONV
+        conv, delta = k.attention == LAYER_ATTN_SHORT_CONV, k.attention == LAYER_ATTN_DELTA_NET
         for fact, on in ((FACT_MOE, moe), (FACT_DENSE, k.ffn != LAYER_FFN_MOE), (FACT_MLA, mla),
-                         (FACT_Q_LORA, mla and self.q_lora_rank), (FACT_CONV, conv),
-                         (FACT_OWN_KV, not mla and not kv_shared and not conv),
+                         (FACT_Q_LORA, mla and self.q_lora_rank), (FACT_CONV, conv), (FACT_DELTA, delta),
+                         (FACT_OWN_KV, not mla and not kv_shared and not conv and not delta),
                          (FACT_QK_NORM, k.qk_norm), (FACT_KV_SHARED, kv_shared), (FACT_SHARED_FFN, k.shared),
                          (FACT_SHARED_GATED, k.shared == fmt.LAYER_SHARED_GATED)):
             facts |= fact if on else 0
@@ -352,6 +387,8 @@ class ModelDims:
                  "kv_a": self.kv_lora_rank + self.rope_width,
                  "k_b_rows": self.n_heads * self.kv_lora_rank, "nope": self.head_dim - self.rope_width,
                  "conv_in": 3 * self.hidden_size, "conv_k": self.conv_kernel,
+                 "dn_conv": self.dn_conv, "dn_v": self.dn_v_heads * self.dn_v_dim, "dn_heads": self.dn_v_heads,
+                 "dn_v_dim": self.dn_v_dim,
                  "P": self.ple_dim, "LP": self.n_layers * self.ple_dim}
         assert tuple(terms) == TERMS, "ModelDims.terms computes every term of format/schema.toml"
         return terms

@@ -29,6 +29,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
+from colibri.format import KV_DTYPES
 from colibri.paths import ROOT
 from colibri.sim.boards import board_names, load_board, memory_region
 
@@ -227,6 +228,7 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
         d = read_image(image.read_bytes(), check_crcs=False).dims
         report["kv_cache"] = {"bytes": d.kv_cache_bytes(), "per_position": d.kv_position_bytes(),
                               "per_position_expanded": d.kv_position_bytes(expanded=True) if d.mla else None}
+        report["state"] = layer_state(d)
     if mem:
         code = elf.sizes.get(".text", 0) + elf.sizes.get(".rodata", 0) + elf.sizes.get(".data", 0)
         data = elf.sizes.get(".data", 0) + elf.sizes.get(".bss", 0) + elf.sizes.get(".stack", 0)
@@ -276,6 +278,12 @@ def print_board_report(r: dict) -> None:
             print(f"         not compiled here, counted as 0: {', '.join(stack['unknown'])}")
     for bar in r["memory"]:
         print(f"  {bar}")
+    state = r.get("state")
+    if state:
+        sizes = ", ".join(f"{b:,}" for b in sorted(set(state["per_layer"].values())))
+        print(f"  state: {len(state['per_layer'])} layers keep {state['bytes']:,} bytes whatever the context ({sizes} "
+              f"a layer; as much again for its copy from before a pass), where a KV cache of those layers over "
+              f"{state['positions']:,} positions would take {state['kv_cache_instead']:,}")
     kv = r.get("kv_cache")
     if kv:
         expanded = (f" (multi-head latent attention: keys and values per head would take {kv['per_position_expanded']:,})"
@@ -285,6 +293,18 @@ def print_board_report(r: dict) -> None:
         print(f"FORBIDDEN in {path}: {', '.join(syms)}", file=sys.stderr)
     if not r["forbidden"]:
         print("  purity: no allocation, thread or stdio symbol defined or referenced")
+
+
+def layer_state(d) -> dict | None:
+    """The state the convolving and DeltaNet layers keep instead of a KV cache (blocks/state.c): its bytes per layer,
+    and what a KV cache of the model's attention width (its KV heads of head_dim, K and V, in the image's KV dtype)
+    would take for those layers over the image's max_seq positions. None without such layers."""
+    per_layer = {layer: 4 * d.state_elements(layer) for layer in range(d.n_layers) if d.state_elements(layer)}
+    if not per_layer:
+        return None
+    elem = 2 if d.kv_dtype == KV_DTYPES["f16"] else 4
+    return {"per_layer": per_layer, "bytes": sum(per_layer.values()), "positions": d.max_seq,
+            "kv_cache_instead": len(per_layer) * d.max_seq * 2 * d.n_kv_heads * d.head_dim * elem}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 
 MAGIC = b'COLIBRI\x00'
-VERSION = 9
+VERSION = 10
 HEADER_BYTES = 768
 ENTRY_BYTES = 64
 ALIGN = 64
@@ -20,9 +20,9 @@ MAX_LAYERS = 256  # the header's layer_kind map: a byte per layer
 ARENA_CTX_BYTES = 1792  # the arena's first bytes: the runtime's context struct
 
 # The header: every field but `reserved` packed little-endian, then zeros to HEADER_BYTES
-HEADER_FIELDS = ("magic", "version", "header_bytes", "image_bytes", "header_crc32", "payload_crc32", "arch", "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim", "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "tensor_table_offset", "n_tensors", "entry_bytes", "data_offset", "arena_bytes", "expert_align", "dense_ffn_size", "shared_ffn_size", "clip_qkv", "kv_dtype", "expert_offset", "expert_crc_offset", "meta_offset", "meta_bytes", "meta_crc32", "q_lora_rank", "kv_lora_rank", "rope_dim", "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha", "swiglu_limit", "layer_kinds", "kinds", "layer_kind", "topk_norm_eps", "embed_scale", "logit_softcap", "ple_dim", "conv_kernel",)
-HEADER_FORMAT = "<8sIIQIIIIIIIIIIIIIffQIIQQIIIfIQQQQIIIIIfIIIfffI256s256sfffII"
-HEADER_OFFSETS = {"magic": 0, "version": 8, "header_bytes": 12, "image_bytes": 16, "header_crc32": 24, "payload_crc32": 28, "arch": 32, "vocab_size": 36, "hidden_size": 40, "ffn_size": 44, "n_layers": 48, "n_heads": 52, "n_kv_heads": 56, "head_dim": 60, "n_experts": 64, "top_k": 68, "max_seq": 72, "rms_norm_eps": 76, "rope_theta": 80, "tensor_table_offset": 84, "n_tensors": 92, "entry_bytes": 96, "data_offset": 100, "arena_bytes": 108, "expert_align": 116, "dense_ffn_size": 120, "shared_ffn_size": 124, "clip_qkv": 128, "kv_dtype": 132, "expert_offset": 136, "expert_crc_offset": 144, "meta_offset": 152, "meta_bytes": 160, "meta_crc32": 168, "q_lora_rank": 172, "kv_lora_rank": 176, "rope_dim": 180, "v_head_dim": 184, "attn_scale": 188, "n_group": 192, "topk_group": 196, "group_top": 200, "routed_scale": 204, "swiglu_alpha": 208, "swiglu_limit": 212, "layer_kinds": 216, "kinds": 220, "layer_kind": 476, "topk_norm_eps": 732, "embed_scale": 736, "logit_softcap": 740, "ple_dim": 744, "conv_kernel": 748, "reserved": 752}
+HEADER_FIELDS = ("magic", "version", "header_bytes", "image_bytes", "header_crc32", "payload_crc32", "arch", "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim", "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "tensor_table_offset", "n_tensors", "entry_bytes", "data_offset", "arena_bytes", "expert_align", "dense_ffn_size", "shared_ffn_size", "clip_qkv", "kv_dtype", "expert_offset", "expert_crc_offset", "meta_offset", "meta_bytes", "meta_crc32", "q_lora_rank", "kv_lora_rank", "rope_dim", "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha", "swiglu_limit", "layer_kinds", "kinds", "layer_kind", "topk_norm_eps", "embed_scale", "logit_softcap", "ple_dim", "conv_kernel", "dn_k_heads", "dn_v_heads", "dn_k_dim", "dn_v_dim",)
+HEADER_FORMAT = "<8sIIQIIIIIIIIIIIIIffQIIQQIIIfIQQQQIIIIIfIIIfffI256s256sfffIIHHHH"
+HEADER_OFFSETS = {"magic": 0, "version": 8, "header_bytes": 12, "image_bytes": 16, "header_crc32": 24, "payload_crc32": 28, "arch": 32, "vocab_size": 36, "hidden_size": 40, "ffn_size": 44, "n_layers": 48, "n_heads": 52, "n_kv_heads": 56, "head_dim": 60, "n_experts": 64, "top_k": 68, "max_seq": 72, "rms_norm_eps": 76, "rope_theta": 80, "tensor_table_offset": 84, "n_tensors": 92, "entry_bytes": 96, "data_offset": 100, "arena_bytes": 108, "expert_align": 116, "dense_ffn_size": 120, "shared_ffn_size": 124, "clip_qkv": 128, "kv_dtype": 132, "expert_offset": 136, "expert_crc_offset": 144, "meta_offset": 152, "meta_bytes": 160, "meta_crc32": 168, "q_lora_rank": 172, "kv_lora_rank": 176, "rope_dim": 180, "v_head_dim": 184, "attn_scale": 188, "n_group": 192, "topk_group": 196, "group_top": 200, "routed_scale": 204, "swiglu_alpha": 208, "swiglu_limit": 212, "layer_kinds": 216, "kinds": 220, "layer_kind": 476, "topk_norm_eps": 732, "embed_scale": 736, "logit_softcap": 740, "ple_dim": 744, "conv_kernel": 748, "dn_k_heads": 752, "dn_v_heads": 754, "dn_k_dim": 756, "dn_v_dim": 758, "reserved": 760}
 ENTRY_FIELDS = ("role", "dtype", "layer", "expert", "n_dims", "dim0", "dim1", "group_size", "reserved", "offset", "bytes", "scales_offset", "scales_bytes",)
 ENTRY_OFFSETS = {"role": 0, "dtype": 2, "layer": 4, "expert": 8, "n_dims": 12, "dim0": 16, "dim1": 20, "group_size": 24, "reserved": 28, "offset": 32, "bytes": 40, "scales_offset": 48, "scales_bytes": 56}
 ENTRY_FORMAT = "<HHIIIIIIIQQQQ"
@@ -32,6 +32,7 @@ LAYER_FORMAT = "<BBBBBBHIIIIII"
 LAYER_ATTN_STANDARD = 0  # grouped-query attention over the layer's KV heads
 LAYER_ATTN_LATENT = 1  # multi-head latent attention (MLA, below): every layer's, exactly when kv_lora_rank > 0; no q/k norm, biases, sinks, v norm, keys as values, geometry of its own or shared cache
 LAYER_ATTN_SHORT_CONV = 2  # LFM2's gated short convolution instead of attention (below): `CONV_IN` makes b, c and x of D each, y = c · conv(b · x) over the last conv_kernel positions (a state of conv_kernel - 1 per channel, in the arena), `CONV_OUT` projects it; no KV cache, q/k norm, head geometry, window, cache sharing or standard attention's options; not in a model with latent attention
+LAYER_ATTN_DELTA_NET = 3  # Qwen3.5's Gated DeltaNet instead of attention (below): `DN_QKV` projections convolved causally over conv_kernel positions (a state of conv_kernel - 1 per channel) and passed through SiLU, q and k L2-normed per head, each value head's dk·dv state decayed by exp(`DN_DECAY` · softplus(a + `DN_DT_BIAS`)) and updated by the delta rule with β = sigmoid(b), its output RMS-normed (`DN_NORM`) and gated by silu(z), `DN_OUT` projecting it; no KV cache, q/k norm, head geometry, window, cache sharing or standard attention's options; not in a model with latent attention
 LAYER_FFN_DENSE = 0  # a dense MLP
 LAYER_FFN_MOE = 1  # top-k routed experts (with the record's shared expert); needs E > 0
 LAYER_FFN_MOE_AND_DENSE = 2  # routed experts beside a dense MLP, as Gemma 4 has them: the router reads x normed by `ROUTER_NORM`, the experts x normed by `MOE_NORM`, and each part is normed after (`MOE_POST_NORM`, `DENSE_POST_NORM`) before their sum; the chosen weights are times `EXPERT_SCALE`
@@ -58,13 +59,14 @@ LAYER_OPT_K_IS_V = 1 << 8  # the layer's values are its keys' projection (no `WV
 LAYER_OPT_GLOBAL_ROPE = 1 << 9  # the layer rotates with `GLOBAL_ROPE_COS`/`SIN`, whose rows are its head size / 2 (every such layer has the same; standard attention)
 LAYER_OPT_POST_ATTN_NORM = 1 << 10  # attention's output is normed by `POST_ATTN_NORM` before the residual add
 LAYER_OPT_POST_FFN_NORM = 1 << 11  # the feed-forward block's output is normed by `POST_FFN_NORM` before the residual add
-LAYER_OPT_LAYER_SCALE = 1 << 12  # x is multiplied by `LAYER_SCALE` after the layer (and after its per-layer input)
-LAYER_KNOWN_OPTIONS = 0x1FFF
+LAYER_OPT_ATTN_GATE = 1 << 12  # each head's output is times sigmoid(`WQ_GATE` · x) before the output projection (Qwen3.5's gated attention; standard attention)
+LAYER_OPT_LAYER_SCALE = 1 << 13  # x is multiplied by `LAYER_SCALE` after the layer (and after its per-layer input)
+LAYER_KNOWN_OPTIONS = 0x3FFF
 LAYER_LEAN_OPTIONS = 0x7
-LAYER_STANDARD_OPTIONS = 0x3C6  # a record with them needs standard attention
+LAYER_STANDARD_OPTIONS = 0x13C6  # a record with them needs standard attention
 LAYER_EXPERT_OPTIONS = 0x19  # a record with them needs experts
 # The record's fields that take a table's values: (values, the lean build's as a mask of 1 << value)
-LAYER_ENUMS = {"attention": (3, 0x1), "ffn": (3, 0x3), "router": (3, 0x1), "activation": (2, 0x1), "qk_norm": (3, 0x7), "shared": (3, 0x7)}
+LAYER_ENUMS = {"attention": (4, 0x1), "ffn": (3, 0x3), "router": (3, 0x1), "activation": (2, 0x1), "qk_norm": (3, 0x7), "shared": (3, 0x7)}
 
 
 class Role(enum.IntEnum):
@@ -75,151 +77,173 @@ class Role(enum.IntEnum):
     # attention and its norms
     ATTN_NORM = 4
     WQ = 5
-    BQ = 6
-    WK = 7
-    BK = 8
-    WV = 9
-    BV = 10
-    WO = 11
-    BO = 12
-    Q_NORM = 13
-    K_NORM = 14
-    SINKS = 15
+    WQ_GATE = 6
+    BQ = 7
+    WK = 8
+    BK = 9
+    WV = 10
+    BV = 11
+    WO = 12
+    BO = 13
+    Q_NORM = 14
+    K_NORM = 15
+    SINKS = 16
     # multi-head latent attention (kv_lora_rank > 0)
-    WQ_A = 16
-    Q_A_NORM = 17
-    WQ_B = 18
-    WKV_A = 19
-    KV_A_NORM = 20
-    WK_B = 21
-    WV_B = 22
+    WQ_A = 17
+    Q_A_NORM = 18
+    WQ_B = 19
+    WKV_A = 20
+    KV_A_NORM = 21
+    WK_B = 22
+    WV_B = 23
     # the FFN: dense MLP, router, expert biases, shared expert
-    FFN_NORM = 23
-    DENSE_GATE = 24
-    DENSE_UP = 25
-    DENSE_DOWN = 26
-    ROUTER = 27
-    ROUTER_BIAS = 28
-    EXPERT_GATE_BIAS = 29
-    EXPERT_UP_BIAS = 30
-    EXPERT_DOWN_BIAS = 31
-    SHARED_GATE = 32
-    SHARED_UP = 33
-    SHARED_DOWN = 34
-    SHARED_EXPERT_GATE = 35
+    FFN_NORM = 24
+    DENSE_GATE = 25
+    DENSE_UP = 26
+    DENSE_DOWN = 27
+    ROUTER = 28
+    ROUTER_BIAS = 29
+    EXPERT_GATE_BIAS = 30
+    EXPERT_UP_BIAS = 31
+    EXPERT_DOWN_BIAS = 32
+    SHARED_GATE = 33
+    SHARED_UP = 34
+    SHARED_DOWN = 35
+    SHARED_EXPERT_GATE = 36
     # norms after attention and the FFN, MoE beside a dense MLP (MOE & DENSE), the scale after a layer: Gemma 4's
-    POST_ATTN_NORM = 36
-    POST_FFN_NORM = 37
-    DENSE_POST_NORM = 38
-    MOE_NORM = 39
-    MOE_POST_NORM = 40
-    ROUTER_NORM = 41
-    EXPERT_SCALE = 42
-    LAYER_SCALE = 43
+    POST_ATTN_NORM = 37
+    POST_FFN_NORM = 38
+    DENSE_POST_NORM = 39
+    MOE_NORM = 40
+    MOE_POST_NORM = 41
+    ROUTER_NORM = 42
+    EXPERT_SCALE = 43
+    LAYER_SCALE = 44
     # Gemma 4's per-layer inputs (ple_dim > 0)
-    PLE_GATE = 44
-    PLE_PROJ = 45
-    PLE_POST_NORM = 46
+    PLE_GATE = 45
+    PLE_PROJ = 46
+    PLE_POST_NORM = 47
     # LFM2's gated short convolution (attention SHORT_CONV)
-    CONV_IN = 47
-    CONV_KERNEL = 48
-    CONV_OUT = 49
+    CONV_IN = 48
+    CONV_KERNEL = 49
+    CONV_OUT = 50
+    # Qwen3.5's Gated DeltaNet (attention DELTA_NET)
+    DN_QKV = 51
+    DN_Z = 52
+    DN_B = 53
+    DN_A = 54
+    DN_CONV = 55
+    DN_DT_BIAS = 56
+    DN_DECAY = 57
+    DN_NORM = 58
+    DN_OUT = 59
     # expert
-    EXPERT_GATE = 50
-    EXPERT_UP = 51
-    EXPERT_DOWN = 52
+    EXPERT_GATE = 60
+    EXPERT_UP = 61
+    EXPERT_DOWN = 62
     # after layers
-    OUTPUT_NORM = 53
-    LM_HEAD = 54
-    GLOBAL_ROPE_COS = 55
-    GLOBAL_ROPE_SIN = 56
-    PLE_EMBD = 57
-    PLE_MODEL_PROJ = 58
-    PLE_PROJ_NORM = 59
+    OUTPUT_NORM = 63
+    LM_HEAD = 64
+    GLOBAL_ROPE_COS = 65
+    GLOBAL_ROPE_SIN = 66
+    PLE_EMBD = 67
+    PLE_MODEL_PROJ = 68
+    PLE_PROJ_NORM = 69
 
 
 # A layer's facts a role's presence tests, after its options' bits
-FACT_MOE = 1 << 13  # the layer routes to experts: its record's ffn is MOE or MOE_AND_DENSE
-FACT_DENSE = 1 << 14  # the layer has a dense MLP: its record's ffn is DENSE or MOE_AND_DENSE
-FACT_MLA = 1 << 15  # multi-head latent attention: kv_lora_rank > 0
-FACT_Q_LORA = 1 << 16  # MLA with q_lora_rank > 0
-FACT_OWN_KV = 1 << 17  # the layer projects its own k and v: not MLA, not a KV-sharing layer and not a short convolution
-FACT_CONV = 1 << 18  # the record's attention is SHORT_CONV: the layer convolves instead of attending
-FACT_QK_NORM = 1 << 19  # the record's qk_norm is HEAD or FULL
-FACT_KV_SHARED = 1 << 20  # the layer's record names a kv_source: it reads that earlier layer's KV cache
-FACT_SHARED_FFN = 1 << 21  # a layer with experts and a shared expert: the record's shared is GATED or PLAIN
-FACT_SHARED_GATED = 1 << 22  # the record's shared is GATED
-FACT_GLOBAL_ROPE_TABLES = 1 << 23  # some layer's record has the GLOBAL_ROPE option: the image holds the global RoPE tables
-FACT_PLE = 1 << 24  # Gemma 4's per-layer inputs: ple_dim > 0
+FACT_MOE = 1 << 14  # the layer routes to experts: its record's ffn is MOE or MOE_AND_DENSE
+FACT_DENSE = 1 << 15  # the layer has a dense MLP: its record's ffn is DENSE or MOE_AND_DENSE
+FACT_MLA = 1 << 16  # multi-head latent attention: kv_lora_rank > 0
+FACT_Q_LORA = 1 << 17  # MLA with q_lora_rank > 0
+FACT_OWN_KV = 1 << 18  # the layer projects its own k and v: not MLA, not a KV-sharing layer, not a short convolution or a DeltaNet
+FACT_CONV = 1 << 19  # the record's attention is SHORT_CONV: the layer convolves instead of attending
+FACT_DELTA = 1 << 20  # the record's attention is DELTA_NET: the layer runs a Gated DeltaNet instead of attending
+FACT_QK_NORM = 1 << 21  # the record's qk_norm is HEAD or FULL
+FACT_KV_SHARED = 1 << 22  # the layer's record names a kv_source: it reads that earlier layer's KV cache
+FACT_SHARED_FFN = 1 << 23  # a layer with experts and a shared expert: the record's shared is GATED or PLAIN
+FACT_SHARED_GATED = 1 << 24  # the record's shared is GATED
+FACT_GLOBAL_ROPE_TABLES = 1 << 25  # some layer's record has the GLOBAL_ROPE option: the image holds the global RoPE tables
+FACT_PLE = 1 << 26  # Gemma 4's per-layer inputs: ple_dim > 0
 # The numbers shapes are made of, by position (ModelDims.terms computes them per layer)
-TERMS = ("none", "one", "V", "D", "S", "H", "E", "F", "Fd", "Fs", "rope_half", "global_rope_half", "q_dim", "kv_dim", "q_norm", "k_norm", "o_in", "q_lora", "kv_lora", "kv_a", "k_b_rows", "nope", "conv_in", "conv_k", "P", "LP",)
+TERMS = ("none", "one", "V", "D", "S", "H", "E", "F", "Fd", "Fs", "rope_half", "global_rope_half", "q_dim", "kv_dim", "q_norm", "k_norm", "o_in", "q_lora", "kv_lora", "kv_a", "k_b_rows", "nope", "conv_in", "conv_k", "dn_conv", "dn_v", "dn_heads", "dn_v_dim", "P", "LP",)
 # Each role: rows and columns (None: a vector) as TERMS indices, facts needed, facts refused
 ROLE_SHAPES = {
     Role.TOKEN_EMBD: (2, 3, 0x0, 0x0),
     Role.ROPE_COS: (4, 10, 0x0, 0x0),
     Role.ROPE_SIN: (4, 10, 0x0, 0x0),
     Role.ATTN_NORM: (3, None, 0x0, 0x0),
-    Role.WQ: (12, 3, 0x0, 0x50000),
+    Role.WQ: (12, 3, 0x0, 0x1A0000),
+    Role.WQ_GATE: (12, 3, 0x1000, 0x0),
     Role.BQ: (12, None, 0x2, 0x0),
-    Role.WK: (13, 3, 0x20000, 0x0),
-    Role.BK: (13, None, 0x20002, 0x0),
-    Role.WV: (13, 3, 0x20000, 0x100),
-    Role.BV: (13, None, 0x20002, 0x100),
-    Role.WO: (3, 16, 0x0, 0x40000),
+    Role.WK: (13, 3, 0x40000, 0x0),
+    Role.BK: (13, None, 0x40002, 0x0),
+    Role.WV: (13, 3, 0x40000, 0x100),
+    Role.BV: (13, None, 0x40002, 0x100),
+    Role.WO: (3, 16, 0x0, 0x180000),
     Role.BO: (3, None, 0x4, 0x0),
-    Role.Q_NORM: (14, None, 0x80000, 0x0),
-    Role.K_NORM: (15, None, 0x80000, 0x100000),
+    Role.Q_NORM: (14, None, 0x200000, 0x0),
+    Role.K_NORM: (15, None, 0x200000, 0x400000),
     Role.SINKS: (5, None, 0x40, 0x0),
-    Role.WQ_A: (17, 3, 0x10000, 0x0),
-    Role.Q_A_NORM: (17, None, 0x10000, 0x0),
-    Role.WQ_B: (12, 17, 0x10000, 0x0),
-    Role.WKV_A: (19, 3, 0x8000, 0x0),
-    Role.KV_A_NORM: (18, None, 0x8000, 0x0),
-    Role.WK_B: (20, 21, 0x8000, 0x0),
-    Role.WV_B: (16, 18, 0x8000, 0x0),
+    Role.WQ_A: (17, 3, 0x20000, 0x0),
+    Role.Q_A_NORM: (17, None, 0x20000, 0x0),
+    Role.WQ_B: (12, 17, 0x20000, 0x0),
+    Role.WKV_A: (19, 3, 0x10000, 0x0),
+    Role.KV_A_NORM: (18, None, 0x10000, 0x0),
+    Role.WK_B: (20, 21, 0x10000, 0x0),
+    Role.WV_B: (16, 18, 0x10000, 0x0),
     Role.FFN_NORM: (3, None, 0x0, 0x0),
-    Role.DENSE_GATE: (8, 3, 0x4000, 0x0),
-    Role.DENSE_UP: (8, 3, 0x4000, 0x0),
-    Role.DENSE_DOWN: (3, 8, 0x4000, 0x0),
-    Role.ROUTER: (6, 3, 0x2000, 0x0),
-    Role.ROUTER_BIAS: (6, None, 0x2008, 0x0),
-    Role.EXPERT_GATE_BIAS: (6, 7, 0x2010, 0x0),
-    Role.EXPERT_UP_BIAS: (6, 7, 0x2010, 0x0),
-    Role.EXPERT_DOWN_BIAS: (6, 3, 0x2010, 0x0),
-    Role.SHARED_GATE: (9, 3, 0x200000, 0x0),
-    Role.SHARED_UP: (9, 3, 0x200000, 0x0),
-    Role.SHARED_DOWN: (3, 9, 0x200000, 0x0),
-    Role.SHARED_EXPERT_GATE: (1, 3, 0x400000, 0x0),
+    Role.DENSE_GATE: (8, 3, 0x8000, 0x0),
+    Role.DENSE_UP: (8, 3, 0x8000, 0x0),
+    Role.DENSE_DOWN: (3, 8, 0x8000, 0x0),
+    Role.ROUTER: (6, 3, 0x4000, 0x0),
+    Role.ROUTER_BIAS: (6, None, 0x4008, 0x0),
+    Role.EXPERT_GATE_BIAS: (6, 7, 0x4010, 0x0),
+    Role.EXPERT_UP_BIAS: (6, 7, 0x4010, 0x0),
+    Role.EXPERT_DOWN_BIAS: (6, 3, 0x4010, 0x0),
+    Role.SHARED_GATE: (9, 3, 0x800000, 0x0),
+    Role.SHARED_UP: (9, 3, 0x800000, 0x0),
+    Role.SHARED_DOWN: (3, 9, 0x800000, 0x0),
+    Role.SHARED_EXPERT_GATE: (1, 3, 0x1000000, 0x0),
     Role.POST_ATTN_NORM: (3, None, 0x400, 0x0),
     Role.POST_FFN_NORM: (3, None, 0x800, 0x0),
-    Role.DENSE_POST_NORM: (3, None, 0x6000, 0x0),
-    Role.MOE_NORM: (3, None, 0x6000, 0x0),
-    Role.MOE_POST_NORM: (3, None, 0x6000, 0x0),
-    Role.ROUTER_NORM: (3, None, 0x6000, 0x0),
-    Role.EXPERT_SCALE: (6, None, 0x6000, 0x0),
-    Role.LAYER_SCALE: (1, None, 0x1000, 0x0),
-    Role.PLE_GATE: (24, 3, 0x1000000, 0x0),
-    Role.PLE_PROJ: (3, 24, 0x1000000, 0x0),
-    Role.PLE_POST_NORM: (3, None, 0x1000000, 0x0),
-    Role.CONV_IN: (22, 3, 0x40000, 0x0),
-    Role.CONV_KERNEL: (3, 23, 0x40000, 0x0),
-    Role.CONV_OUT: (3, 3, 0x40000, 0x0),
-    Role.EXPERT_GATE: (7, 3, 0x2000, 0x0),
-    Role.EXPERT_UP: (7, 3, 0x2000, 0x0),
-    Role.EXPERT_DOWN: (3, 7, 0x2000, 0x0),
+    Role.DENSE_POST_NORM: (3, None, 0xC000, 0x0),
+    Role.MOE_NORM: (3, None, 0xC000, 0x0),
+    Role.MOE_POST_NORM: (3, None, 0xC000, 0x0),
+    Role.ROUTER_NORM: (3, None, 0xC000, 0x0),
+    Role.EXPERT_SCALE: (6, None, 0xC000, 0x0),
+    Role.LAYER_SCALE: (1, None, 0x2000, 0x0),
+    Role.PLE_GATE: (28, 3, 0x4000000, 0x0),
+    Role.PLE_PROJ: (3, 28, 0x4000000, 0x0),
+    Role.PLE_POST_NORM: (3, None, 0x4000000, 0x0),
+    Role.CONV_IN: (22, 3, 0x80000, 0x0),
+    Role.CONV_KERNEL: (3, 23, 0x80000, 0x0),
+    Role.CONV_OUT: (3, 3, 0x80000, 0x0),
+    Role.DN_QKV: (24, 3, 0x100000, 0x0),
+    Role.DN_Z: (25, 3, 0x100000, 0x0),
+    Role.DN_B: (26, 3, 0x100000, 0x0),
+    Role.DN_A: (26, 3, 0x100000, 0x0),
+    Role.DN_CONV: (24, 23, 0x100000, 0x0),
+    Role.DN_DT_BIAS: (26, None, 0x100000, 0x0),
+    Role.DN_DECAY: (26, None, 0x100000, 0x0),
+    Role.DN_NORM: (27, None, 0x100000, 0x0),
+    Role.DN_OUT: (3, 25, 0x100000, 0x0),
+    Role.EXPERT_GATE: (7, 3, 0x4000, 0x0),
+    Role.EXPERT_UP: (7, 3, 0x4000, 0x0),
+    Role.EXPERT_DOWN: (3, 7, 0x4000, 0x0),
     Role.OUTPUT_NORM: (3, None, 0x0, 0x0),
     Role.LM_HEAD: (2, 3, 0x0, 0x0),
-    Role.GLOBAL_ROPE_COS: (4, 11, 0x800000, 0x0),
-    Role.GLOBAL_ROPE_SIN: (4, 11, 0x800000, 0x0),
-    Role.PLE_EMBD: (2, 25, 0x1000000, 0x0),
-    Role.PLE_MODEL_PROJ: (25, 3, 0x1000000, 0x0),
-    Role.PLE_PROJ_NORM: (24, None, 0x1000000, 0x0),
+    Role.GLOBAL_ROPE_COS: (4, 11, 0x2000000, 0x0),
+    Role.GLOBAL_ROPE_SIN: (4, 11, 0x2000000, 0x0),
+    Role.PLE_EMBD: (2, 29, 0x4000000, 0x0),
+    Role.PLE_MODEL_PROJ: (29, 3, 0x4000000, 0x0),
+    Role.PLE_PROJ_NORM: (28, None, 0x4000000, 0x0),
 }
-ROLE_GGUF = {Role.TOKEN_EMBD: "token_embd", Role.ROPE_COS: "rope_cos", Role.ROPE_SIN: "rope_sin", Role.ATTN_NORM: "attn_norm", Role.WQ: "attn_q", Role.BQ: "attn_q.bias", Role.WK: "attn_k", Role.BK: "attn_k.bias", Role.WV: "attn_v", Role.BV: "attn_v.bias", Role.WO: "attn_output", Role.BO: "attn_output.bias", Role.Q_NORM: "attn_q_norm", Role.K_NORM: "attn_k_norm", Role.SINKS: "attn_sinks", Role.WQ_A: "attn_q_a", Role.Q_A_NORM: "attn_q_a_norm", Role.WQ_B: "attn_q_b", Role.WKV_A: "attn_kv_a_mqa", Role.KV_A_NORM: "attn_kv_a_norm", Role.WK_B: "attn_k_b", Role.WV_B: "attn_v_b", Role.FFN_NORM: "ffn_norm", Role.DENSE_GATE: "ffn_gate", Role.DENSE_UP: "ffn_up", Role.DENSE_DOWN: "ffn_down", Role.ROUTER: "ffn_gate_inp", Role.ROUTER_BIAS: "exp_probs_b.bias", Role.EXPERT_GATE_BIAS: "ffn_gate_exps.bias", Role.EXPERT_UP_BIAS: "ffn_up_exps.bias", Role.EXPERT_DOWN_BIAS: "ffn_down_exps.bias", Role.SHARED_GATE: "ffn_gate_shexp", Role.SHARED_UP: "ffn_up_shexp", Role.SHARED_DOWN: "ffn_down_shexp", Role.SHARED_EXPERT_GATE: "ffn_gate_inp_shexp", Role.POST_ATTN_NORM: "post_attention_norm", Role.POST_FFN_NORM: "post_ffw_norm", Role.DENSE_POST_NORM: "post_ffw_norm_1", Role.MOE_NORM: "pre_ffw_norm_2", Role.MOE_POST_NORM: "post_ffw_norm_2", Role.ROUTER_NORM: "ffn_gate_inp_norm", Role.EXPERT_SCALE: "ffn_gate_inp.expert_scale", Role.LAYER_SCALE: "layer_output_scale", Role.PLE_GATE: "inp_gate", Role.PLE_PROJ: "proj", Role.PLE_POST_NORM: "post_norm", Role.CONV_IN: "shortconv.in_proj", Role.CONV_KERNEL: "shortconv.conv", Role.CONV_OUT: "shortconv.out_proj", Role.EXPERT_GATE: "ffn_gate_exps", Role.EXPERT_UP: "ffn_up_exps", Role.EXPERT_DOWN: "ffn_down_exps", Role.OUTPUT_NORM: "output_norm", Role.LM_HEAD: "output", Role.GLOBAL_ROPE_COS: "rope_cos_global", Role.GLOBAL_ROPE_SIN: "rope_sin_global", Role.PLE_EMBD: "per_layer_token_embd", Role.PLE_MODEL_PROJ: "per_layer_model_proj", Role.PLE_PROJ_NORM: "per_layer_proj_norm"}
-F32_TABLES = (Role.ROPE_COS, Role.ROPE_SIN, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS, Role.CONV_KERNEL, Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN,)  # matrices kept f32
+ROLE_GGUF = {Role.TOKEN_EMBD: "token_embd", Role.ROPE_COS: "rope_cos", Role.ROPE_SIN: "rope_sin", Role.ATTN_NORM: "attn_norm", Role.WQ: "attn_q", Role.WQ_GATE: "attn_q_gate", Role.BQ: "attn_q.bias", Role.WK: "attn_k", Role.BK: "attn_k.bias", Role.WV: "attn_v", Role.BV: "attn_v.bias", Role.WO: "attn_output", Role.BO: "attn_output.bias", Role.Q_NORM: "attn_q_norm", Role.K_NORM: "attn_k_norm", Role.SINKS: "attn_sinks", Role.WQ_A: "attn_q_a", Role.Q_A_NORM: "attn_q_a_norm", Role.WQ_B: "attn_q_b", Role.WKV_A: "attn_kv_a_mqa", Role.KV_A_NORM: "attn_kv_a_norm", Role.WK_B: "attn_k_b", Role.WV_B: "attn_v_b", Role.FFN_NORM: "ffn_norm", Role.DENSE_GATE: "ffn_gate", Role.DENSE_UP: "ffn_up", Role.DENSE_DOWN: "ffn_down", Role.ROUTER: "ffn_gate_inp", Role.ROUTER_BIAS: "exp_probs_b.bias", Role.EXPERT_GATE_BIAS: "ffn_gate_exps.bias", Role.EXPERT_UP_BIAS: "ffn_up_exps.bias", Role.EXPERT_DOWN_BIAS: "ffn_down_exps.bias", Role.SHARED_GATE: "ffn_gate_shexp", Role.SHARED_UP: "ffn_up_shexp", Role.SHARED_DOWN: "ffn_down_shexp", Role.SHARED_EXPERT_GATE: "ffn_gate_inp_shexp", Role.POST_ATTN_NORM: "post_attention_norm", Role.POST_FFN_NORM: "post_ffw_norm", Role.DENSE_POST_NORM: "post_ffw_norm_1", Role.MOE_NORM: "pre_ffw_norm_2", Role.MOE_POST_NORM: "post_ffw_norm_2", Role.ROUTER_NORM: "ffn_gate_inp_norm", Role.EXPERT_SCALE: "ffn_gate_inp.expert_scale", Role.LAYER_SCALE: "layer_output_scale", Role.PLE_GATE: "inp_gate", Role.PLE_PROJ: "proj", Role.PLE_POST_NORM: "post_norm", Role.CONV_IN: "shortconv.in_proj", Role.CONV_KERNEL: "shortconv.conv", Role.CONV_OUT: "shortconv.out_proj", Role.DN_QKV: "attn_qkv", Role.DN_Z: "attn_gate", Role.DN_B: "ssm_beta", Role.DN_A: "ssm_alpha", Role.DN_CONV: "ssm_conv1d", Role.DN_DT_BIAS: "ssm_dt.bias", Role.DN_DECAY: "ssm_a", Role.DN_NORM: "ssm_norm", Role.DN_OUT: "ssm_out", Role.EXPERT_GATE: "ffn_gate_exps", Role.EXPERT_UP: "ffn_up_exps", Role.EXPERT_DOWN: "ffn_down_exps", Role.OUTPUT_NORM: "output_norm", Role.LM_HEAD: "output", Role.GLOBAL_ROPE_COS: "rope_cos_global", Role.GLOBAL_ROPE_SIN: "rope_sin_global", Role.PLE_EMBD: "per_layer_token_embd", Role.PLE_MODEL_PROJ: "per_layer_model_proj", Role.PLE_PROJ_NORM: "per_layer_proj_norm"}
+F32_TABLES = (Role.ROPE_COS, Role.ROPE_SIN, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS, Role.CONV_KERNEL, Role.DN_CONV, Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN,)  # matrices kept f32
 
 ROLES_BEFORE_LAYERS = (Role.TOKEN_EMBD, Role.ROPE_COS, Role.ROPE_SIN,)
-LAYER_ROLES = (Role.ATTN_NORM, Role.WQ, Role.BQ, Role.WK, Role.BK, Role.WV, Role.BV, Role.WO, Role.BO, Role.Q_NORM, Role.K_NORM, Role.SINKS, Role.WQ_A, Role.Q_A_NORM, Role.WQ_B, Role.WKV_A, Role.KV_A_NORM, Role.WK_B, Role.WV_B, Role.FFN_NORM, Role.DENSE_GATE, Role.DENSE_UP, Role.DENSE_DOWN, Role.ROUTER, Role.ROUTER_BIAS, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, Role.SHARED_EXPERT_GATE, Role.POST_ATTN_NORM, Role.POST_FFN_NORM, Role.DENSE_POST_NORM, Role.MOE_NORM, Role.MOE_POST_NORM, Role.ROUTER_NORM, Role.EXPERT_SCALE, Role.LAYER_SCALE, Role.PLE_GATE, Role.PLE_PROJ, Role.PLE_POST_NORM, Role.CONV_IN, Role.CONV_KERNEL, Role.CONV_OUT,)
+LAYER_ROLES = (Role.ATTN_NORM, Role.WQ, Role.WQ_GATE, Role.BQ, Role.WK, Role.BK, Role.WV, Role.BV, Role.WO, Role.BO, Role.Q_NORM, Role.K_NORM, Role.SINKS, Role.WQ_A, Role.Q_A_NORM, Role.WQ_B, Role.WKV_A, Role.KV_A_NORM, Role.WK_B, Role.WV_B, Role.FFN_NORM, Role.DENSE_GATE, Role.DENSE_UP, Role.DENSE_DOWN, Role.ROUTER, Role.ROUTER_BIAS, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, Role.SHARED_EXPERT_GATE, Role.POST_ATTN_NORM, Role.POST_FFN_NORM, Role.DENSE_POST_NORM, Role.MOE_NORM, Role.MOE_POST_NORM, Role.ROUTER_NORM, Role.EXPERT_SCALE, Role.LAYER_SCALE, Role.PLE_GATE, Role.PLE_PROJ, Role.PLE_POST_NORM, Role.CONV_IN, Role.CONV_KERNEL, Role.CONV_OUT, Role.DN_QKV, Role.DN_Z, Role.DN_B, Role.DN_A, Role.DN_CONV, Role.DN_DT_BIAS, Role.DN_DECAY, Role.DN_NORM, Role.DN_OUT,)
 EXPERT_ROLES = (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN,)
 ROLES_AFTER_LAYERS = (Role.OUTPUT_NORM, Role.LM_HEAD, Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN, Role.PLE_EMBD, Role.PLE_MODEL_PROJ, Role.PLE_PROJ_NORM,)
 DTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0",)  # weight dtypes, valued by position
@@ -230,8 +254,8 @@ QBLOCK = 32
 
 # The memory plan's buffers (colibri/plan.py lays them out): name, lifetime, element bytes (a number or a
 # plan term), count as a sum of products of factors (numbers or plan terms), condition ('' always)
-PLAN_TERMS = ("n_tensors", "D", "q_dim", "q_lora", "kv_dim", "H", "att_dim", "val_dim", "o_dim", "P", "L1", "S", "ffn_max", "E", "n_group", "K", "V", "in_blocks", "QBLOCK", "kv_cache", "conv_state", "kv_elem", "tensor_ref", "n",)
-PLAN_CONDITIONS = ("mla", "ple", "conv", "!mla",)
+PLAN_TERMS = ("n_tensors", "D", "q_dim", "q_lora", "kv_dim", "H", "att_dim", "val_dim", "o_dim", "P", "L1", "S", "ffn_max", "E", "n_group", "K", "V", "in_blocks", "QBLOCK", "kv_cache", "state", "mix", "kv_elem", "tensor_ref", "n",)
+PLAN_CONDITIONS = ("mla", "ple", "state", "attn_gate", "!mla",)
 PLAN_BUFFERS = (
     ('tensors', 'model', 'tensor_ref', (('n_tensors',),), ''),
     ('x', 'model', 4, (('D',),), ''),
@@ -262,9 +286,10 @@ PLAN_BUFFERS = (
     ('hq', 'model', 1, (('in_blocks', 'QBLOCK'),), ''),
     ('hq_scale', 'model', 4, (('in_blocks',),), ''),
     ('hq_sum', 'model', 4, (('in_blocks',),), ''),
-    ('bcx', 'model', 4, ((3, 'D'),), 'conv'),
-    ('conv_state', 'model', 4, (('conv_state',),), 'conv'),
-    ('conv_saved', 'model', 4, (('conv_state',),), 'conv'),
+    ('mix', 'model', 4, (('mix',),), 'state'),
+    ('q_gate', 'model', 4, (('q_dim',),), 'attn_gate'),
+    ('state', 'model', 4, (('state',),), 'state'),
+    ('state_saved', 'model', 4, (('state',),), 'state'),
     ('k_cache', 'model', 1, (('kv_elem', 'kv_cache'),), ''),
     ('v_cache', 'model', 1, (('kv_elem', 'kv_cache'),), '!mla'),
     ('x', 'pass', 4, (('n', 'D'),), ''),
@@ -277,7 +302,8 @@ PLAN_BUFFERS = (
     ('attn_out', 'pass', 4, (('n', 'H', 'val_dim'),), ''),
     ('o_in', 'pass', 4, (('n', 'o_dim'),), 'mla'),
     ('ple', 'pass', 4, (('n', 'L1', 'P'),), 'ple'),
-    ('bcx', 'pass', 4, (('n', 3, 'D'),), 'conv'),
+    ('mix', 'pass', 4, (('n', 'mix'),), 'state'),
+    ('q_gate', 'pass', 4, (('n', 'q_dim'),), 'attn_gate'),
     ('moe_out', 'pass', 4, (('n', 'D'),), ''),
     ('gate', 'pass', 4, (('n', 'ffn_max'),), ''),
     ('up', 'pass', 4, (('n', 'ffn_max'),), ''),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from colibri.format import *  # noqa: F401,F403  (the format's constants: format/schema.toml is their source)
 from colibri.format import Role  # noqa: F401
 from colibri.dims import ModelDims, align_up, canonical_order, expected_shape, index_slots  # noqa: F401
-from colibri.dims import (FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_GELU_TANH, FLAG_GEMMA4_LAYER,  # noqa: F401
+from colibri.dims import (FLAG_ATTN_GATE, FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_GELU_TANH, FLAG_GEMMA4_LAYER,  # noqa: F401
                           FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS,
                           FLAG_ROPE_PAIRS, FLAG_ROUTER_BIAS, FLAG_ROUTER_SIGMOID, FLAG_ROUTER_TOPK_SOFTMAX,
                           FLAG_SHARED_EXPERT, FLAG_SHARED_PLAIN, FLAG_V_NORM)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from colibri.dims import ModelDims, align_up, index_slots
-from colibri.format import ARENA_CTX_BYTES, KV_DTYPES, PLAN_BUFFERS, PLAN_CONDITIONS, PLAN_TERMS
+from colibri.format import ARENA_CTX_BYTES, KV_DTYPES, LAYER_OPT_ATTN_GATE, PLAN_BUFFERS, PLAN_CONDITIONS, PLAN_TERMS
 from colibri.quant import QBLOCK, blocks
 
 TENSOR_REF_BYTES = 32   # one decoded table entry in the arena (tensor_ref in firmware/src/image.h)
@@ -16,13 +16,13 @@ def plan_terms(d: ModelDims, tokens: int = 1) -> dict[str, int]:
     """The numbers the plan's buffer sizes are made of (format/schema.toml [[plan_term]]; arena.c computes the same
     from model_dims), for a pass of `tokens` tokens."""
     in_blocks = blocks(max(d.hidden_size, d.q_dim, max(d.ffn_size, d.dense_ffn_max, d.shared_ffn_size), d.q_lora_rank,
-                           d.kv_lora_rank, d.o_dim, d.ple_dim))  # Q8_0 blocks of the longest input a matrix reads
+                           d.kv_lora_rank, d.o_dim, d.ple_dim, d.dn_v_heads * d.dn_v_dim))  # Q8_0 blocks of the longest input a matrix reads
     terms = {"n_tensors": index_slots(d.n_layers, d.n_experts), "D": d.hidden_size, "q_dim": d.q_dim,
              "q_lora": d.q_lora_rank, "kv_dim": d.kv_dim, "H": d.n_heads, "att_dim": d.att_dim, "val_dim": d.val_dim,
              "o_dim": d.o_dim, "P": d.ple_dim, "L1": d.n_layers + 1, "S": d.max_seq,
              "ffn_max": max(d.ffn_size, d.dense_ffn_max, d.shared_ffn_size), "E": d.n_experts, "n_group": d.n_group,
              "K": d.top_k, "V": d.vocab_size, "in_blocks": in_blocks, "QBLOCK": QBLOCK,
-             "kv_cache": d.kv_cache_elements(), "conv_state": d.conv_state_elements(), "kv_elem": 2 if d.kv_dtype == KV_DTYPES["f16"] else 4,
+             "kv_cache": d.kv_cache_elements(), "state": d.state_elements(), "mix": d.mix_dim, "kv_elem": 2 if d.kv_dtype == KV_DTYPES["f16"] else 4,
              "tensor_ref": TENSOR_REF_BYTES, "n": tokens}
     assert tuple(terms) == PLAN_TERMS, "plan_terms computes every plan term of format/schema.toml"
     return terms
@@ -32,7 +32,8 @@ def buffers(d: ModelDims, lifetime: str, tokens: int = 1) -> list[tuple[str, int
     """(buffer, bytes) of `lifetime`'s buffers in plan order (format/schema.toml [[buffer]]): 0 for one whose
     condition does not hold."""
     terms = plan_terms(d, tokens)
-    conditions = {"": True, "mla": d.mla, "!mla": not d.mla, "ple": d.ple_dim != 0, "conv": d.conv_kernel != 0}
+    conditions = {"": True, "mla": d.mla, "!mla": not d.mla, "ple": d.ple_dim != 0, "state": d.conv_kernel != 0,
+                  "attn_gate": any(k.options & LAYER_OPT_ATTN_GATE for k in d.layers)}
     assert set(conditions) - {""} == set(PLAN_CONDITIONS), "buffers tests every plan condition of format/schema.toml"
 
     def value(factor: int | str) -> int:

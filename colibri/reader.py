@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from colibri.dims import ModelDims, canonical_order, expected_shape, flags_of_record
-from colibri.format import (ALIGN, ENTRY_BYTES, HEADER_BYTES, HEADER_FIELDS, LAYER_ATTN_LATENT, LAYER_ATTN_SHORT_CONV,
+from colibri.format import (ALIGN, ENTRY_BYTES, HEADER_BYTES, HEADER_FIELDS, LAYER_ATTN_DELTA_NET, LAYER_ATTN_LATENT,
+                            LAYER_ATTN_SHORT_CONV,
                             LAYER_ATTN_STANDARD, LAYER_BYTES, LAYER_ENUMS, LAYER_EXPERT_OPTIONS, LAYER_FFN_DENSE,
                             LAYER_FFN_MOE, LAYER_FIELDS, LAYER_KNOWN_OPTIONS, LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V,
                             LAYER_OPT_NORM_TOPK, LAYER_OPT_ROPE_PAIRS, LAYER_ROUTER_TOPK_SOFTMAX,
@@ -104,13 +105,13 @@ def check_records(h: dict, kinds: list[dict], kind_of: list[int]) -> None:
         options, ffn, fd = r["options"], r["ffn"], r["dense_ffn"]
         if options & ~LAYER_KNOWN_OPTIONS or r["reserved"]:
             raise refuse(f"options 0x{options:X} or reserved {r['reserved']}: unknown bits")
-        conv = r["attention"] == LAYER_ATTN_SHORT_CONV
+        conv = r["attention"] in (LAYER_ATTN_SHORT_CONV, LAYER_ATTN_DELTA_NET)  # a state, no KV cache
         if mla if conv else r["attention"] != (LAYER_ATTN_LATENT if mla else LAYER_ATTN_STANDARD):
             raise refuse("its attention is not the model's (latent exactly when kv_lora_rank > 0, and then no "
                          "convolution)")
         if conv and (options & LAYER_STANDARD_OPTIONS or r["qk_norm"] or r["head_dim"] or r["kv_heads"]
                      or r["window"] or r["kv_source"] != NO_INDEX):
-            raise refuse("a short convolution with attention's options, norms, geometry, window or cache")
+            raise refuse("a short convolution or DeltaNet with attention's options, norms, geometry, window or cache")
         if ffn == LAYER_FFN_DENSE and (r["router"] or r["shared"] or options & LAYER_EXPERT_OPTIONS):
             raise refuse("a dense layer with a router, a shared expert or the experts' options")
         if ffn != LAYER_FFN_DENSE and (not h["n_experts"] or bool(r["shared"]) != bool(h["shared_ffn_size"])):
@@ -138,10 +139,16 @@ def check_records(h: dict, kinds: list[dict], kind_of: list[int]) -> None:
     resolved = [(r["head_dim"] or h["head_dim"], r["kv_heads"] or h["n_kv_heads"], r["window"],
                  r["options"] & attention_options) for r in kinds]
     convs = sum(kinds[k]["attention"] == LAYER_ATTN_SHORT_CONV for k in kind_of)
-    if bool(convs) != bool(h["conv_kernel"]) or not (h["conv_kernel"] == 0 or 2 <= h["conv_kernel"] <= MAX_CONV_KERNEL) \
+    deltas = sum(kinds[k]["attention"] == LAYER_ATTN_DELTA_NET for k in kind_of)
+    if bool(convs + deltas) != bool(h["conv_kernel"]) or not (h["conv_kernel"] == 0 or 2 <= h["conv_kernel"] <= MAX_CONV_KERNEL) \
             or (convs and 3 * h["hidden_size"] > MAX_DIM):
         raise ImageError(f"conv_kernel {h['conv_kernel']} with {convs} convolving layers: 2..{MAX_CONV_KERNEL} exactly "
                          "when some layer convolves (and 3 * hidden_size <= 2^24)")
+    hk, hv, dk, dv = (h[f] for f in ("dn_k_heads", "dn_v_heads", "dn_k_dim", "dn_v_dim"))
+    mix = 2 * hk * dk + hv * dv + 2 * hv * dv + 2 * hv
+    if (not (hk and hv and dk and dv and hv % hk == 0 and mix <= MAX_DIM)) if deltas else (hk or hv or dk or dv):
+        raise ImageError(f"DeltaNet heads {hk}, {hv} of {dk}, {dv} with {deltas} DeltaNet layers: all nonzero exactly "
+                         "when some layer is one, value heads a multiple of key heads, their widths <= 2^24")
     ring = NO_INDEX
     for layer, k in enumerate(kind_of):
         source = kinds[k]["kv_source"]
@@ -183,7 +190,8 @@ def layer_fields(h: dict) -> dict:
                 double_wide_mlp=any(r["dense_ffn"] for r in records),
                 k_eq_v=any(r["options"] & LAYER_OPT_K_IS_V for r in records),
                 global_rope=any(r["options"] & LAYER_OPT_GLOBAL_ROPE for r in records),
-                conv_layers=tuple(r["attention"] == LAYER_ATTN_SHORT_CONV for r in records))
+                conv_layers=tuple(r["attention"] == LAYER_ATTN_SHORT_CONV for r in records),
+                delta_layers=tuple(r["attention"] == LAYER_ATTN_DELTA_NET for r in records))
 
 
 def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
@@ -234,7 +242,8 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
         "n_experts", "top_k", "max_seq", "rms_norm_eps", "rope_theta", "dense_ffn_size",
         "shared_ffn_size", "clip_qkv", "kv_dtype", "q_lora_rank", "kv_lora_rank", "rope_dim",
         "v_head_dim", "attn_scale", "n_group", "topk_group", "group_top", "routed_scale", "swiglu_alpha",
-        "swiglu_limit", "embed_scale", "logit_softcap", "ple_dim", "conv_kernel", "topk_norm_eps")},
+        "swiglu_limit", "embed_scale", "logit_softcap", "ple_dim", "conv_kernel", "topk_norm_eps", "dn_k_heads",
+        "dn_v_heads", "dn_k_dim", "dn_v_dim")},
         **layer_fields(h))
     try:  # records the config-style fields give again are left to them: a dims changed by replace() follows its fields
         derived = tuple(replace(dims, records=()).layer_record(layer) for layer in range(n_layers))

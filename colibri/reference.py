@@ -32,7 +32,7 @@ import numpy as np
 
 from colibri import arith
 from colibri.arith import F32, ONE, ZERO
-from colibri.image import (KV_DTYPES, LAYER_ACT_GELU_TANH, LAYER_FFN_MOE_AND_DENSE, LAYER_OPT_ATTN_SINKS,
+from colibri.image import (KV_DTYPES, LAYER_ACT_GELU_TANH, LAYER_OPT_ATTN_GATE, LAYER_FFN_MOE_AND_DENSE, LAYER_OPT_ATTN_SINKS,
                            LAYER_OPT_EXPERT_BIAS, LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_LAYER_SCALE, LAYER_OPT_NORM_TOPK,
                            LAYER_OPT_POST_ATTN_NORM, LAYER_OPT_POST_FFN_NORM, LAYER_OPT_ROPE_PAIRS,
                            LAYER_OPT_ROUTER_BIAS, LAYER_OPT_V_NORM, LAYER_QK_NORM_FULL, LAYER_QK_NORM_NONE,
@@ -263,7 +263,11 @@ class Reference:
             q = normed(q, Role.Q_NORM, d.n_heads)
         if d.clip_qkv:
             q = np.clip(q, -F32(d.clip_qkv), F32(d.clip_qkv))
-        q = rope(q, cos, sin, pairs)
+        rotated = 2 * cos.shape[-1]  # a head's first dims RoPE turns: all, or Qwen3.5's part
+
+        def turned(t: np.ndarray) -> np.ndarray:
+            return np.concatenate([rope(t[..., :rotated], cos, sin, pairs), t[..., rotated:]], axis=-1)
+        q = turned(q)
         if d.kv_shared(layer):  # Gemma 4's KV sharing: its source layer's cache
             k, v = self._kv[d.kv_source(layer)]
         else:
@@ -276,10 +280,13 @@ class Reference:
                 v = arith.rmsnorm(v, None, d.rms_norm_eps)
             if d.clip_qkv:
                 k, v = (np.clip(t, -F32(d.clip_qkv), F32(d.clip_qkv)) for t in (k, v))
-            k, v = self._cache(rope(k, cos, sin, pairs)), self._cache(v)
+            k, v = self._cache(turned(k)), self._cache(v)
             self._kv[layer] = (k, v)
         sinks = self._t(Role.SINKS, layer) if kind.options & LAYER_OPT_ATTN_SINKS else None
-        return self.attend(q, k, v, self._seen(n, layer), sinks).reshape(n, d.n_heads * hd)
+        out = self.attend(q, k, v, self._seen(n, layer), sinks).reshape(n, d.n_heads * hd)
+        if kind.options & LAYER_OPT_ATTN_GATE:  # Qwen3.5's gate on each head's output
+            out = out * arith.sigmoid(self.linear(xn, Role.WQ_GATE, layer))
+        return out
 
     def short_conv(self, xn: np.ndarray, layer: int) -> np.ndarray:
         """LFM2's gated short convolution (blocks/conv.c): b, c, x = CONV_IN xn; u = b * x; each channel's
@@ -296,6 +303,45 @@ class Reference:
             y = y + w[:, j] * u[j:j + n]
         return self.linear(c * y, Role.CONV_OUT, layer)
 
+    def delta_net(self, xn: np.ndarray, layer: int) -> np.ndarray:
+        """Qwen3.5's Gated DeltaNet (blocks/deltanet.c), one token after another: the convolved and SiLU'd q, k, v;
+        q, k L2-normed per key head, q divided by sqrt(dk); each value head's state decayed by
+        exp(DN_DECAY softplus(a + DN_DT_BIAS)) and updated by the delta rule with sigmoid(b); its output normed,
+        times silu(z); DN_OUT of it. Sums over the key dim in order from +0."""
+        d, n = self.d, xn.shape[0]
+        Hk, Hv, dk, dv, K, C = d.dn_k_heads, d.dn_v_heads, d.dn_k_dim, d.dn_v_dim, d.conv_kernel, d.dn_conv
+        qkv, z = self.linear(xn, Role.DN_QKV, layer), self.linear(xn, Role.DN_Z, layer).reshape(n, Hv, dv)
+        b, a = self.linear(xn, Role.DN_B, layer), self.linear(xn, Role.DN_A, layer)
+        w = self._t(Role.DN_CONV, layer)
+        u = np.concatenate([np.zeros((K - 1, C), F32), qkv])  # K - 1 zero positions before the first
+        y = np.zeros((n, C), F32)
+        for j in range(K):
+            y = y + w[:, j] * u[j:j + n]
+        x = arith.silu(y)
+
+        def l2normed(t: np.ndarray) -> np.ndarray:
+            return t * (ONE / np.sqrt(arith.seq_sum(t * t) + F32(1e-6)))[..., None]
+        q = l2normed(x[:, :Hk * dk].reshape(n, Hk, dk)) / np.sqrt(F32(dk))
+        k = l2normed(x[:, Hk * dk:2 * Hk * dk].reshape(n, Hk, dk))
+        q, k = np.repeat(q, Hv // Hk, axis=1), np.repeat(k, Hv // Hk, axis=1)  # value head h: key head h / (Hv/Hk)
+        v = x[:, 2 * Hk * dk:].reshape(n, Hv, dv)
+        beta = arith.sigmoid(b)
+        decay = arith.expf(self._t(Role.DN_DECAY, layer) * arith.softplus(a + self._t(Role.DN_DT_BIAS, layer)))
+        S, out = np.zeros((Hv, dk, dv), F32), np.zeros((n, Hv, dv), F32)
+        for t in range(n):
+            S = S * decay[t][:, None, None]
+            mem = np.zeros((Hv, dv), F32)
+            for i in range(dk):
+                mem = mem + S[:, i, :] * k[t][:, i, None]
+            delta = (v[t] - mem) * beta[t][:, None]
+            S = S + k[t][:, :, None] * delta[:, None, :]
+            o = np.zeros((Hv, dv), F32)
+            for i in range(dk):
+                o = o + S[:, i, :] * q[t][:, i, None]
+            out[t] = o
+        out = arith.rmsnorm(out, self._t(Role.DN_NORM, layer), d.rms_norm_eps) * arith.silu(z)
+        return self.linear(out.reshape(n, Hv * dv), Role.DN_OUT, layer)
+
     def attention(self, x: np.ndarray, layer: int) -> np.ndarray:
         """What the attention half adds to x: Wo attention(rmsnorm(x)) (+ bo), or a convolving layer's
         convolution, normed after with POST_ATTN_NORM."""
@@ -303,6 +349,8 @@ class Reference:
         xn = self.norm(x, Role.ATTN_NORM, layer)
         if d.conv(layer):
             out = self.short_conv(xn, layer)
+        elif d.delta(layer):
+            out = self.delta_net(xn, layer)
         else:
             out = self._proj(self.mla(xn, layer) if d.mla else self.mha(xn, layer), Role.WO, Role.BO, layer)
         return self.norm(out, Role.POST_ATTN_NORM, layer) if d.layers[layer].options & LAYER_OPT_POST_ATTN_NORM else out

@@ -89,6 +89,17 @@ def rope_parameters(cfg: dict) -> dict:
     return params
 
 
+def rotated_dims(factor, head_dim: int) -> int:
+    """int(head_dim · partial_rotary_factor), as transformers' default RoPE takes it: even and at least 2."""
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1:
+        raise UnsupportedRope(f"partial_rotary_factor={factor!r}: a fraction of the head in (0, 1]")
+    dims = int(head_dim * factor)
+    if dims < 2 or dims % 2:
+        raise UnsupportedRope(f"partial_rotary_factor={factor} of head_dim {head_dim} turns {dims} dims: an even count "
+                              "of at least 2 is needed")
+    return dims
+
+
 def frequencies(params: dict, head_dim: int, max_position_embeddings: int | None) -> tuple[np.ndarray, float]:
     """(inv_freq [head_dim/2] float64, attention factor) for these rope parameters."""
     kind, theta = params["rope_type"], float(params["rope_theta"])

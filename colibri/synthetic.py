@@ -27,7 +27,7 @@ def random_image(dims: im.ModelDims, dtype: DType = DType.Q8_0, seed: int = 0, e
                 t = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
                 keep_f32 = role in (im.Role.ROUTER, im.Role.SHARED_EXPERT_GATE, *im.F32_TABLES)
                 tensors[(role, layer, expert)] = t if keep_f32 else convert(t, dtype)
-    inv = 1.0 / (dims.rope_theta ** (np.arange(0, dims.head_dim, 2) / dims.head_dim))
+    inv = 1.0 / (dims.rope_theta ** (np.arange(0, dims.rope_width, 2) / dims.rope_width))
     cos, sin = tables(inv, 1.0, dims.max_seq)
     tensors[(im.Role.ROPE_COS, im.NO_INDEX, im.NO_INDEX)] = cos
     tensors[(im.Role.ROPE_SIN, im.NO_INDEX, im.NO_INDEX)] = sin

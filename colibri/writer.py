@@ -99,7 +99,8 @@ def check_runnable(d: ModelDims) -> None:
         raise ValueError(f"{len(kinds)} kinds of layer: an image holds at most {MAX_LAYER_KINDS}")
     header = {name: getattr(d, name) for name in ("kv_lora_rank", "n_experts", "shared_ffn_size", "dense_ffn_size",
                                                   "n_group", "max_seq", "head_dim", "n_kv_heads", "n_heads",
-                                                  "conv_kernel", "hidden_size")}
+                                                  "conv_kernel", "hidden_size", "dn_k_heads", "dn_v_heads",
+                                                  "dn_k_dim", "dn_v_dim")}
     try:  # the records as the verifier checks them (the reader's copy of image.c's layer_kinds)
         check_records(header, [dict(zip(LAYER_FIELDS, k)) for k in kinds], list(kind_map))
     except ImageError as exc:
@@ -207,6 +208,7 @@ def _fill(write: Callable[[int, bytes | np.ndarray], None], read: Callable[[int,
         attn_scale=d.scale, n_group=d.n_group, topk_group=d.topk_group, group_top=d.group_top,
         routed_scale=d.routed_scale, swiglu_alpha=d.swiglu_alpha, swiglu_limit=d.swiglu_limit,
         embed_scale=d.embed_scale, logit_softcap=d.logit_softcap, ple_dim=d.ple_dim, conv_kernel=d.conv_kernel,
+        dn_k_heads=d.dn_k_heads, dn_v_heads=d.dn_v_heads, dn_k_dim=d.dn_k_dim, dn_v_dim=d.dn_v_dim,
         topk_norm_eps=d.topk_norm_eps if d.n_experts else 0.0,
     )
     write(0, header_block(header))

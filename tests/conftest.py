@@ -129,8 +129,8 @@ def make_family_checkpoint(arch: str, config: dict, seed: int, out: Path, max_po
 
     torch.manual_seed(seed)
     model_cls = getattr(transformers, arch)
-    config_cls = getattr(transformers, "Gemma4TextConfig" if arch == "Gemma4ForCausalLM" else
-                         arch.replace("ForCausalLM", "Config"))
+    text_configs = {"Gemma4ForCausalLM": "Gemma4TextConfig", "Qwen3_5MoeForCausalLM": "Qwen3_5MoeTextConfig"}
+    config_cls = getattr(transformers, text_configs.get(arch, arch.replace("ForCausalLM", "Config")))
     model = model_cls(config_cls(initializer_range=0.25, max_position_embeddings=max_positions, **config)).eval()
     if portable:
         numpy_values(model, seed)
@@ -151,8 +151,8 @@ def numpy_values(model, seed: int) -> None:
         return torch.from_numpy((offset + scale * rng.standard_normal(tuple(shape))).astype(np.float32))
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name or name.endswith(("router.scale", "per_expert_scale")):
-                p.copy_(draw(p.shape, 0.3, 1.0))
+            if "norm" in name or name.endswith(("router.scale", "per_expert_scale")):  # around 1; a zero-centred
+                p.copy_(draw(p.shape, 0.3, 1.0 if p.any() else 0.0))                     # norm (Qwen3.5) around 0
             elif name.endswith((".bias", "_bias")):
                 p.copy_(draw(p.shape, 0.3))
             else:
@@ -170,8 +170,8 @@ def randomize(model) -> None:
     import torch
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            if "norm" in name:  # around 1, or a zero-centred norm (Qwen3.5's x · (1 + w)) around 0
+                p.copy_((1.0 if p.any() else 0.0) + 0.3 * torch.randn_like(p))
             elif name.endswith((".bias", "_bias")):  # gpt-oss's experts' biases too
                 p.copy_(0.3 * torch.randn_like(p))
             elif name.endswith(("router.scale", "per_expert_scale")):  # Gemma 4's router

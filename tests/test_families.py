@@ -139,6 +139,19 @@ FAMILIES += [
     ("lfm2moe_k4", "Lfm2MoeForCausalLM", dict(LFM2, num_hidden_layers=3, num_dense_layers=0, conv_L_cache=4,
      use_expert_bias=False, norm_topk_prob=False, layer_types=["full_attention", "conv", "conv"])),
 ]
+QWEN35 = dict(SMALL, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, moe_intermediate_size=12,
+              shared_expert_intermediate_size=10, num_experts=5, num_experts_per_tok=2, linear_conv_kernel_dim=4)
+FAMILIES += [
+    # Qwen3.5-MoE: Gated DeltaNets (several in a row, value heads twice the key heads, a prompt longer than the
+    # kernel) beside gated attention with RoPE on a quarter of each head, zero-centred norms, a shared expert with
+    # its gate; or attention first, as many value heads as key heads, RoPE on half of each head
+    ("qwen35moe", "Qwen3_5MoeForCausalLM", dict(QWEN35, num_hidden_layers=4, linear_key_head_dim=6,
+     linear_value_head_dim=4, linear_num_key_heads=2, linear_num_value_heads=4)),
+    ("qwen35moe_attention_first", "Qwen3_5MoeForCausalLM", dict(QWEN35, num_hidden_layers=3, linear_key_head_dim=4,
+     linear_value_head_dim=6, linear_num_key_heads=3, linear_num_value_heads=3, linear_conv_kernel_dim=3,
+     layer_types=["full_attention", "linear_attention", "linear_attention"],
+     rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))),
+]
 WINDOWED = {"gpt_oss", "gpt_oss_full", "mixtral_window", "qwen2_window", "qwen2moe_window", "qwen3moe_window", "gemma4",
             "gemma4_bias_ple", "gemma4_dense_kv_shared"}
 
@@ -234,6 +247,11 @@ def test_reference_matches_transformers(name, family_images):
 
 
 LONG = 512  # positions: issue 14 asks for at least 512 on the hosted board
+# Families whose 512 positions transformers itself computes in float32 only to about 1e-4 of the logits' scale (its
+# chunked delta rule sums in another order than the recurrent one, through ill-conditioned spots of these random
+# models: measured 0.9e-4 from its own float64 run), so the runtime is held to transformers in float64 there, within
+# twice that (measured 1.8e-4 and 0.3e-4)
+LONG_IN_F64 = {"qwen35moe": 2e-4, "qwen35moe_attention_first": 2e-4}
 
 
 @pytest.mark.parametrize("name", [f[0] for f in FAMILIES])
@@ -250,8 +268,10 @@ def test_long_context_matches_transformers(name, hosted_build, tmp_path):
     pack(ckpt, image, max_seq=LONG, expert_align=64)
     tokens = np.random.default_rng(len(name)).integers(0, cfg["vocab_size"], LONG).tolist()
     model = AutoModelForCausalLM.from_pretrained(ckpt, experts_implementation="eager").eval()
+    if name in LONG_IN_F64:
+        model = model.double()
     with torch.no_grad():
-        hf = model(torch.tensor([tokens])).logits[0].numpy()
+        hf = model(torch.tensor([tokens])).logits[0].float().numpy()
     assert np.abs(hf).max() > 0.5, "logits too small for the tolerance to mean anything"
     ctx = Context(Lib(hosted_build / "libcolibri.so"), image.read_bytes())
     rows = []
@@ -260,7 +280,7 @@ def test_long_context_matches_transformers(name, hosted_build, tmp_path):
         rows.append(ctx.logits())
     err = np.abs(np.stack(rows) - hf).max(axis=1)
     scale = max(1.0, float(np.abs(hf).max()))
-    assert err.max() <= TOLERANCE * scale, f"worst position {int(err.argmax())}: {err.max():.3g}"
+    assert err.max() <= LONG_IN_F64.get(name, TOLERANCE) * scale, f"worst position {int(err.argmax())}: {err.max():.3g}"
     assert_bit_identical(np.stack(rows), Reference(read_image(image.read_bytes())).forward(tokens))  # and bit for bit
 
 
@@ -376,7 +396,7 @@ def test_lean_cortex_m4_fits_16_kib(family_images, firmwares):
         lean = flash.run_on_board(image, "cortex_m4", PROMPT, 4, Sampling(), True, firmware=out / "firmware.elf")
         full = flash.run_on_board(image, "cortex_m4", PROMPT, 4, Sampling(), True, firmware=firmwares["cortex_m4"])
         assert lean.tokens == full.tokens and lean.logits.tobytes() == full.logits.tobytes(), name
-    for name in ("deepseek_v3", "deepseek_v2", "gpt_oss", "gemma4", "granitemoe", "lfm2moe"):
+    for name in ("deepseek_v3", "deepseek_v2", "gpt_oss", "gemma4", "granitemoe", "lfm2moe", "qwen35moe"):
         with pytest.raises(DeviceError) as err:
             flash.run_on_board(family_images[name][1], "cortex_m4", PROMPT, 1, Sampling(), False,
                                firmware=out / "firmware.elf")
@@ -418,20 +438,11 @@ def test_gemma4_refuses_what_it_cannot_run(family_images, tmp_path, changes, fie
         pack(tmp_path / "other", tmp_path / "y.img", max_seq=32, expert_align=64)
 
 
-def test_gemma4_multimodal_checkpoint_packs_its_text_model(tmp_path, capsys):
-    """Gemma 4 is released as Gemma4ForConditionalGeneration (text_config, the language model's weights under
-    model.language_model., vision and audio towers beside it): the packer takes its text model, leaves the towers
-    out (and says so), and the image gives what the multimodal model computes for text."""
-    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
-
+def packs_its_text_model(model, tmp_path, capsys) -> None:
+    """A multimodal model, its norms randomized, saved and packed: the towers are left out (and said so), and the
+    image gives what the model computes for text."""
     from conftest import randomize
     from colibri import pack as pack_cli
-    text = next(c for n, _, c in FAMILIES if n == "gemma4")
-    vision = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=2, head_dim=8)
-    torch.manual_seed(21)
-    model = Gemma4ForConditionalGeneration(Gemma4Config(text_config=dict(text, initializer_range=0.25),
-                                                        vision_config=vision, initializer_range=0.25)).eval()
     randomize(model)
     model.save_pretrained(tmp_path / "mm")
     assert pack_cli.main([str(tmp_path / "mm"), "-o", str(tmp_path / "mm.img"), "--max-seq", "32"]) == 0
@@ -441,6 +452,33 @@ def test_gemma4_multimodal_checkpoint_packs_its_text_model(tmp_path, capsys):
         hf = model(input_ids=torch.tensor([PROMPT])).logits[0].numpy()
     assert np.abs(hf).max() > 0.5
     assert np.max(np.abs(ref.forward(PROMPT) - hf)) <= TOLERANCE
+
+
+def test_gemma4_multimodal_checkpoint_packs_its_text_model(tmp_path, capsys):
+    """Gemma 4 is released as Gemma4ForConditionalGeneration (text_config, the language model's weights under
+    model.language_model., vision and audio towers beside it): the packer takes its text model, leaves the towers
+    out (and says so), and the image gives what the multimodal model computes for text."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+    text = next(c for n, _, c in FAMILIES if n == "gemma4")
+    vision = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=8)
+    torch.manual_seed(21)
+    model = Gemma4ForConditionalGeneration(Gemma4Config(text_config=dict(text, initializer_range=0.25),
+                                                        vision_config=vision, initializer_range=0.25)).eval()
+    packs_its_text_model(model, tmp_path, capsys)
+
+
+def test_qwen35_multimodal_checkpoint_packs_its_text_model(tmp_path, capsys):
+    """Qwen3.5 is released as Qwen3_5MoeForConditionalGeneration (its language model under model.language_model.,
+    the vision tower as model.visual.): the packer takes the text model and leaves the tower out, and the image gives
+    what the multimodal model computes for text."""
+    from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+    text = dict(next(c for n, _, c in FAMILIES if n == "qwen35moe"), initializer_range=0.25)
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                  num_position_embeddings=16)
+    torch.manual_seed(23)
+    model = Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(text_config=text, vision_config=vision)).eval()
+    packs_its_text_model(model, tmp_path, capsys)
 
 
 def test_gpt_oss_mxfp4_experts_read_as_transformers_dequantizes_them(tmp_path):
@@ -505,12 +543,14 @@ def _family_image(name: str, tmp_path, seed: int, **config) -> bytes:
     return (tmp_path / f"{name}.img").read_bytes()
 
 
-def test_a_reset_starts_the_conv_state_again(family_images, hosted_build):
-    """colibri_reset goes back to position 0, where a convolving layer's inputs before it are 0: a prompt fed again
-    after a reset gives the bits it gave the first time (as do passes of several tokens)."""
+@pytest.mark.parametrize("name", ["lfm2moe", "qwen35moe"])
+def test_a_reset_starts_the_state_again(name, family_images, hosted_build):
+    """colibri_reset goes back to position 0, where a convolving layer's inputs before it are 0 and a DeltaNet's
+    state is 0: a prompt fed again after a reset gives the bits it gave the first time (as do passes of several
+    tokens)."""
     from capi import Context, Lib, Options
     lib = Lib(hosted_build / "libcolibri.so")
-    data = family_images["lfm2moe"][1].read_bytes()
+    data = family_images[name][1].read_bytes()
     for opts in (None, Options(prefill_batch=4)):
         ctx = Context(lib, data, options=opts)
         runs = []
@@ -521,7 +561,7 @@ def test_a_reset_starts_the_conv_state_again(family_images, hosted_build):
         assert runs[0] == runs[1], opts
 
 
-@pytest.mark.parametrize("name", ["mixtral_window", "lfm2moe"])
+@pytest.mark.parametrize("name", ["mixtral_window", "lfm2moe", "qwen35moe"])
 def test_a_failed_pass_leaves_the_rings_and_conv_state_as_they_were(name, hosted_build, tmp_path):
     """A prefill pass writes its tokens' K/V rows into a windowed layer's ring (W rows, position p in row p % W),
     and every pass its tokens' inputs into a convolving layer's state. When a token of the pass meets a NaN (its
@@ -536,7 +576,8 @@ def test_a_failed_pass_leaves_the_rings_and_conv_state_as_they_were(name, hosted
     from test_verifier import reseal
     data = bytearray(_family_image(name, tmp_path, 11, tie_word_embeddings=False))  # (a NaN head row: every logit)
     img = read_image(bytes(data))
-    assert (img.dims.sliding_window == 4 and all(img.dims.window_layers)) or img.dims.conv_layers[0]
+    assert (img.dims.sliding_window == 4 and all(img.dims.window_layers)) or img.dims.conv_layers[0] or \
+        img.dims.delta_layers[0]
     bad = 7  # the culprit token: no other prompt token has a NaN row
     embd, row = img.entry(Role.TOKEN_EMBD), 4 * img.dims.hidden_size
     data[embd.offset + bad * row: embd.offset + (bad + 1) * row] = struct.pack("<f", float("nan")) * img.dims.hidden_size
@@ -718,3 +759,51 @@ def test_glm_refuses_what_it_cannot_run(changes, field):
         read_config({**cfg, "architectures": [arch], **changes}, 32)
     with pytest.raises(UnsupportedModel, match=field):
         read_config({**GLM_RELEASED, **changes}, 32)
+
+
+def test_the_state_does_not_grow_with_the_context(tmp_path, capsys):
+    """Qwen3.5's DeltaNet layers keep a state sized by the model: packed for 64 and for 512 positions, the state is
+    the same bytes, only the attention layer's KV cache grows; the footprint report puts the state beside what a KV
+    cache of those layers would take for the image's context."""
+    from colibri import footprint
+    from colibri.plan import arena_plan
+    arch, cfg = next((a, c) for n, a, c in FAMILIES if n == "qwen35moe")
+    ckpt = make_family_checkpoint(arch, cfg, 17, tmp_path / "q", max_positions=512)
+    plans = {}
+    for positions in (64, 512):
+        pack(ckpt, tmp_path / f"{positions}.img", max_seq=positions, expert_align=64, measure_quality=False)
+        d = read_image((tmp_path / f"{positions}.img").read_bytes()).dims
+        plans[positions] = arena_plan(d)
+        assert d.delta_layers == (True, True, True, False)
+    assert plans[64]["state"] == (plans[64]["state"][0], plans[512]["state"][1])
+    per_layer = 4 * (3 * (2 * 2 * 6 + 4 * 4) + 4 * 6 * 4)  # (K - 1)·(2·Hk·dk + Hv·dv) + Hv·dk·dv floats
+    assert plans[512]["state"][1] == 3 * per_layer == plans[512]["state_saved"][1]
+    assert plans[512]["k_cache"][1] == 8 * plans[64]["k_cache"][1] == 512 * 2 * 8 * 4  # one layer: 2 KV heads of 8
+    assert footprint.main(["--board", "cortex_m55", "--image", str(tmp_path / "512.img")]) == 0
+    out = capsys.readouterr().out
+    assert f"state: 3 layers keep {3 * per_layer:,} bytes whatever the context ({per_layer:,} a layer" in out
+    assert f"over 512 positions would take {3 * 512 * 2 * 2 * 8 * 4:,}" in out
+
+
+@pytest.mark.parametrize("name,changes,field", [
+    ("lfm2moe", {"conv_bias": True}, "conv_bias"),
+    ("lfm2moe", {"conv_L_cache": 17}, "conv_L_cache"),
+    ("lfm2moe", {"conv_L_cache": 1}, "conv_L_cache"),
+    ("lfm2moe", {"layer_types": ["conv", "attention", "conv", "conv", "conv"]}, "layer_types"),
+    ("lfm2moe", {"num_dense_layers": 9}, "num_dense_layers"),
+    ("lfm2moe", {"tie_embedding": False}, "tie_embedding"),
+    ("lfm2moe", {"kv_lora_rank": 4}, "kv_lora_rank"),  # another family's field
+    ("qwen35moe", {"attention_bias": True}, "attention_bias"),
+    ("qwen35moe", {"layer_types": ["linear_attention"] * 3}, "layer_types"),
+    ("qwen35moe", {"linear_num_key_heads": 3}, "linear_num_value_heads"),
+    ("qwen35moe", {"linear_key_head_dim": 70000}, "linear_key_head_dim"),
+    ("qwen35moe", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.1}},
+     "partial_rotary_factor"),
+    ("qwen35moe", {"conv_L_cache": 3}, "conv_L_cache"),  # LFM2's field
+])
+def test_the_state_families_refuse_what_they_cannot_run(name, changes, field):
+    """LFM2-MoE's and Qwen3.5's fields the runtime would not honour as transformers does are refused by name."""
+    from colibri.checkpoint import UnsupportedModel, read_config
+    _, arch, cfg = next(f for f in FAMILIES if f[0] == name)
+    with pytest.raises(UnsupportedModel, match=field):
+        read_config({**cfg, "architectures": [arch], **changes}, 32)

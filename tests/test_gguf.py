@@ -29,8 +29,9 @@ CONVERTED = [f for f in LLAMA_CPP_FILES if f.startswith("converted-")]
 NATIVE = {"F32", "F16", "BF16", "Q8_0", "Q4_0"}  # storage types an image holds as they are
 # (and Gemma 4: the llama.cpp on PyPI, 0.3.36, has no gemma4 in its converter or its runtime)
 # (nor GLM's dense layer between MoE ones: a deepseek2 file has its dense layers first; test_glm_gguf_...)
+# (nor Qwen3.5 yet: llama.cpp's qwen35moe reorders the DeltaNet's value heads, which the reader does not undo yet)
 NOT_IN_GGUF = {"deepseek_v3_halves", "deepseek_v2_groups_yarn", "gemma4", "gemma4_bias_ple",
-               "gemma4_dense_kv_shared", "glm4_moe_lite"}
+               "gemma4_dense_kv_shared", "glm4_moe_lite", "qwen35moe", "qwen35moe_attention_first"}
 
 
 @pytest.fixture(scope="module")

@@ -37,14 +37,14 @@ RECORDS = (
            fmt.LAYER_SHARED_GATED, fmt.LAYER_OPT_NORM_TOPK | fmt.LAYER_OPT_O_BIAS | fmt.LAYER_OPT_POST_FFN_NORM),
     record(fmt.LAYER_FFN_MOE, fmt.LAYER_ROUTER_SIGMOID, fmt.LAYER_ACT_SILU, fmt.LAYER_QK_NORM_NONE,
            fmt.LAYER_SHARED_PLAIN, fmt.LAYER_OPT_ROUTER_BIAS | fmt.LAYER_OPT_V_NORM | fmt.LAYER_OPT_LAYER_SCALE
-           | fmt.LAYER_OPT_ROPE_PAIRS),
+           | fmt.LAYER_OPT_ROPE_PAIRS | fmt.LAYER_OPT_ATTN_GATE),
     record(fmt.LAYER_FFN_MOE_AND_DENSE, fmt.LAYER_ROUTER_TOPK_SOFTMAX, fmt.LAYER_ACT_GELU_TANH, fmt.LAYER_QK_NORM_HEAD,
            fmt.LAYER_SHARED_GATED, fmt.LAYER_OPT_ATTN_SINKS | fmt.LAYER_OPT_EXPERT_BIAS | fmt.LAYER_OPT_ROUTER_BIAS,
            dense=6),
 )
-DIMS = im.ModelDims(vocab_size=40, hidden_size=16, ffn_size=8, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=4,
+DIMS = im.ModelDims(vocab_size=40, hidden_size=16, ffn_size=8, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=6,
                     n_experts=4, top_k=2, max_seq=32, rms_norm_eps=1e-5, rope_theta=10000.0, dense_ffn_size=12,
-                    shared_ffn_size=8, records=RECORDS)
+                    shared_ffn_size=8, rope_dim=4, records=RECORDS)  # RoPE on a head's first 4 dims of 6
 TOKENS = np.random.default_rng(5).integers(0, DIMS.vocab_size, 12).tolist()
 
 
@@ -127,7 +127,7 @@ def lean_refusals() -> list[tuple[str, str, object]]:
               if not fmt.LAYER_LEAN_OPTIONS >> bit & 1]
     return cases + [(f"header {name}", name, value) for name, value in (
         ("kv_lora_rank", 4), ("n_group", 2), ("swiglu_limit", 7.0), ("embed_scale", 4.0), ("logit_softcap", 30.0),
-        ("ple_dim", 2), ("conv_kernel", 3))]
+        ("ple_dim", 2), ("conv_kernel", 3), ("dn_k_heads", 1), ("dn_v_dim", 4))]
 
 
 @pytest.mark.parametrize("what,name,value", lean_refusals(), ids=[c[0] for c in lean_refusals()])
@@ -210,13 +210,7 @@ def test_convolving_layers_run_their_records_bit_for_bit(lib, dtype):
     data = random_image(CONV_DIMS, dtype, seed=4, expert_align=64)
     read = im.read_image(data)
     assert read.dims.records == CONV_RECORDS and read.dims.conv_layers == (True, False, True)
-    expected = Reference(read).forward(TOKENS)
-    assert_bit_identical(one_token_a_pass(lib, data), expected)
-    batched = Context(lib, data, options=Options(prefill_batch=5))
-    for _ in range(2):
-        assert batched.feed(TOKENS[:7]) == 0 and batched.feed(TOKENS[7:]) == 0
-        assert_bit_identical(batched.logits(), expected[-1])
-        assert lib.so.colibri_reset(batched.ctx) == 0
+    runs_bit_for_bit(lib, data, split=7, batch=5)
 
 
 @pytest.mark.parametrize("what,change", [
@@ -232,27 +226,91 @@ def test_convolving_layers_run_their_records_bit_for_bit(lib, dtype):
     ("an epsilon of 1", lambda d: _header(d, "topk_norm_eps", 1.0)),
 ])
 def test_the_verifier_and_reader_refuse_a_convolution_they_cannot_run(lib, what, change):
-    data = change(random_image(CONV_DIMS, DType.F32, expert_align=64))
-    assert lib.verify(data)[0] == STATUS["E_IMAGE_DIMS"], what
-    with pytest.raises(im.ImageError):
-        im.read_image(data)
+    refused_by_both(lib, change(random_image(CONV_DIMS, DType.F32, expert_align=64)))
 
 
 def test_a_kernel_size_without_a_convolving_layer_is_refused(lib):
-    data = _header(random_image(DIMS, DType.F32, expert_align=64), "conv_kernel", 3)
-    assert lib.verify(data)[0] == STATUS["E_IMAGE_DIMS"]
-    with pytest.raises(im.ImageError, match="conv_kernel 3 with 0 convolving layers"):
-        im.read_image(data)
+    refused_by_both(lib, _header(random_image(DIMS, DType.F32, expert_align=64), "conv_kernel", 3),
+                    "conv_kernel 3 with 0 convolving layers")
 
 
 def test_a_layer_cannot_share_a_convolving_layers_cache(lib):
     """Layer 1 (attending) names layer 0 (convolving, no KV cache) as its kv_source."""
-    data = kind_field(random_image(CONV_DIMS, DType.F32, expert_align=64), 1, "kv_source", 0)
+    refused_by_both(lib, kind_field(random_image(CONV_DIMS, DType.F32, expert_align=64), 1, "kv_source", 0),
+                    "shares the KV cache of layer 0")
+
+
+def refused_by_both(lib, data: bytes, match: str | None = None) -> None:
+    """The verifier refuses the image's dimensions, and the host reader refuses it too."""
     assert lib.verify(data)[0] == STATUS["E_IMAGE_DIMS"]
-    with pytest.raises(im.ImageError, match="shares the KV cache of layer 0"):
+    with pytest.raises(im.ImageError, match=match):
         im.read_image(data)
+
+
+def runs_bit_for_bit(lib, data: bytes, split: int, batch: int) -> None:
+    """TOKENS one a pass, and fed as TOKENS[:split] then the rest in prefill batches of `batch`, twice with a reset
+    between: the reference's bits each time."""
+    expected = Reference(im.read_image(data)).forward(TOKENS)
+    assert_bit_identical(one_token_a_pass(lib, data), expected)
+    batched = Context(lib, data, options=Options(prefill_batch=batch))
+    for _ in range(2):
+        assert batched.feed(TOKENS[:split]) == 0 and batched.feed(TOKENS[split:]) == 0
+        assert_bit_identical(batched.logits(), expected[-1])
+        assert lib.so.colibri_reset(batched.ctx) == 0
 
 
 def _header(data: bytes, name: str, value) -> bytes:
     from test_verifier import field
     return bytes(field(name, value)(bytearray(data)))
+
+
+def delta_record(ffn: int, router: int, shared: int, options: int, dense: int = 0) -> tuple:
+    """A DELTA_NET layer's record: no attention geometry, norms, window or cache."""
+    return (fmt.LAYER_ATTN_DELTA_NET,) + conv_record(ffn, router, shared, options, dense)[1:]
+
+
+# Qwen3.5's Gated DeltaNets beside a short convolution (one state region holding both kinds), a dense layer and
+# Gemma 4's MoE beside a dense MLP; value heads three times the key heads
+DELTA_RECORDS = (
+    delta_record(fmt.LAYER_FFN_DENSE, 0, fmt.LAYER_SHARED_NONE, fmt.LAYER_OPT_POST_ATTN_NORM),
+    conv_record(fmt.LAYER_FFN_MOE, fmt.LAYER_ROUTER_SIGMOID, fmt.LAYER_SHARED_GATED, fmt.LAYER_OPT_NORM_TOPK),
+    record(fmt.LAYER_FFN_MOE, fmt.LAYER_ROUTER_SOFTMAX, fmt.LAYER_ACT_SILU, fmt.LAYER_QK_NORM_HEAD,
+           fmt.LAYER_SHARED_GATED, fmt.LAYER_OPT_NORM_TOPK | fmt.LAYER_OPT_ATTN_GATE),
+    delta_record(fmt.LAYER_FFN_MOE_AND_DENSE, fmt.LAYER_ROUTER_SOFTMAX, fmt.LAYER_SHARED_PLAIN, 0, dense=6),
+)
+DELTA_DIMS = replace(DIMS, records=DELTA_RECORDS, conv_kernel=3, dn_k_heads=1, dn_v_heads=3, dn_k_dim=4, dn_v_dim=5,
+                     topk_norm_eps=0.0)
+
+
+@pytest.mark.parametrize("dtype", [DType.F32, DType.Q8_0])
+def test_delta_net_layers_run_their_records_bit_for_bit(lib, dtype):
+    """DeltaNet layers with a convolving one between them: the reference's bits one token a pass, in uneven prefill
+    batches, and after a reset; the state plan holds both kinds of layer."""
+    from colibri.plan import arena_plan
+    data = random_image(DELTA_DIMS, dtype, seed=6, expert_align=64)
+    read = im.read_image(data)
+    d = read.dims
+    assert d.delta_layers == (True, False, False, True) and d.conv_layers == (False, True, False, False)
+    assert d.state_elements() == 2 * (2 * (2 * 4 + 3 * 5) + 3 * 4 * 5) + 2 * d.hidden_size  # (K-1)·channels + Hv·dk·dv
+    assert arena_plan(d)["state"][1] == 4 * d.state_elements() == arena_plan(d)["state_saved"][1]
+    runs_bit_for_bit(lib, data, split=5, batch=4)
+
+
+@pytest.mark.parametrize("what,change", [
+    ("no key heads", lambda d: _header(d, "dn_k_heads", 0)),
+    ("value heads not a multiple of the key heads", lambda d: _header(d, "dn_k_heads", 2)),
+    ("no value head size", lambda d: _header(d, "dn_v_dim", 0)),
+    ("widths past 2^24", lambda d: _header(_header(d, "dn_v_heads", 65535), "dn_v_dim", 65535)),
+    ("no kernel size", lambda d: _header(d, "conv_kernel", 0)),
+    ("a window", lambda d: kind_field(d, 0, "window", 4)),
+    ("the gate on a DeltaNet", lambda d: kind_field(d, 0, "options", fmt.LAYER_OPT_ATTN_GATE)),
+    ("a rope width past the head", lambda d: _header(d, "rope_dim", 8)),
+    ("an odd rope width", lambda d: _header(d, "rope_dim", 3)),
+])
+def test_the_verifier_and_reader_refuse_a_delta_net_they_cannot_run(lib, what, change):
+    refused_by_both(lib, change(random_image(DELTA_DIMS, DType.F32, expert_align=64)))
+
+
+def test_a_delta_net_geometry_without_a_delta_net_layer_is_refused(lib):
+    refused_by_both(lib, _header(random_image(CONV_DIMS, DType.F32, expert_align=64), "dn_k_heads", 2),
+                    "DeltaNet heads 2")

@@ -43,7 +43,7 @@ def test_the_check_names_a_copy_edited_by_hand(tmp_path, monkeypatch, capsys):
 
 
 def test_fields_must_fill_the_header_exactly(tmp_path):
-    text = schema.SCHEMA.read_text().replace('type = "u8[16]"', 'type = "u8[12]"')
+    text = schema.SCHEMA.read_text().replace('c = "RESERVED"\ntype = "u8[8]"', 'c = "RESERVED"\ntype = "u8[4]"')
     bad = tmp_path / "schema.toml"
     bad.write_text(text)
     with pytest.raises(ValueError, match="the header fields take 764 bytes, not 768"):

@@ -134,7 +134,7 @@ CASES = [
     ("resident tensor in the expert part", lambda b: put("<Q", entry(0, "offset"), get(b, "expert_offset"))(b),
      "E_IMAGE_BOUNDS"),
     ("table byte flipped", flip(TABLE + 33), "E_IMAGE_PAYLOAD_CRC"),
-    ("reserved header byte", put("<B", HEADER_OFFSETS["reserved"] + 8, 1), "E_IMAGE_HEADER"),
+    ("reserved header byte", put("<B", HEADER_OFFSETS["reserved"] + 4, 1), "E_IMAGE_HEADER"),
     # the layer records (format/schema.toml [[layer]]); the base image has one kind, MoE layers with NORM_TOPK
     ("no layer kinds", field("layer_kinds", 0), "E_IMAGE_DIMS"),
     ("nine layer kinds", field("layer_kinds", 9), "E_IMAGE_DIMS"),
@@ -186,7 +186,8 @@ CASES = [
     # attention and routing fields; the base image: 4 heads of 6, 2 KV heads, 4 experts, top-2
     ("q-LoRA without latent attention", field("q_lora_rank", 8), "E_IMAGE_DIMS"),
     ("latent attention with two KV heads", field("kv_lora_rank", 8), "E_IMAGE_DIMS"),
-    ("RoPE over part of a standard head", field("rope_dim", 4), "E_IMAGE_DIMS"),
+    ("RoPE over more than a standard head", field("rope_dim", 4096), "E_IMAGE_DIMS"),
+    ("RoPE over an odd part of a standard head", field("rope_dim", 3), "E_IMAGE_DIMS"),
     ("odd rope_dim", field("rope_dim", 5), "E_IMAGE_DIMS"),
     ("values narrower than a standard head", field("v_head_dim", 4), "E_IMAGE_DIMS"),
     ("softmax scale NaN", field("attn_scale", float("nan")), "E_IMAGE_DIMS"),

@@ -173,6 +173,11 @@ def make_seeds() -> None:
         # LFM2: a short convolution (its state, kept over the prompt) beside attention, a sigmoid router with a bias
         "lfm2": dict(flags=im.FLAG_NORM_TOPK | im.FLAG_QK_NORM_HEAD | im.FLAG_ROUTER_SIGMOID | im.FLAG_ROUTER_BIAS,
                      moe=(False, True), dense=10, mla=dict(conv_layers=(True, False), conv_kernel=3, topk_norm_eps=1e-6)),
+        # Qwen3.5: a Gated DeltaNet (its convolution and state) beside gated attention with RoPE on part of each head
+        "qwen35": dict(flags=im.FLAG_NORM_TOPK | im.FLAG_QK_NORM_HEAD | im.FLAG_SHARED_EXPERT | im.FLAG_ATTN_GATE,
+                       moe=(True, True), shared=6, mla=dict(delta_layers=(True, False), conv_kernel=4, rope_dim=2,
+                                                             dn_k_heads=1, dn_v_heads=2, dn_k_dim=4, dn_v_dim=3,
+                                                             topk_norm_eps=0.0)),
         # a metadata section (the host's tokenizer and template; its own CRC, which the harness reseals too)
         "mixtral-meta": dict(flags=im.FLAG_NORM_TOPK, moe=(True, True), meta={"note": "fuzz seed"}),
     }

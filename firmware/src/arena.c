@@ -43,9 +43,10 @@ static void *reserve(planner *p, uint64_t count) { return reserve_bytes(p, count
     X(xq_scale, 4u, (uint64_t)d->in_blocks, 1) X(xq_sum, 4u, (uint64_t)d->in_blocks, 1) \
     X(hq, 1u, (uint64_t)d->in_blocks * QBLOCK, 1) X(hq_scale, 4u, (uint64_t)d->in_blocks, 1) \
     X(hq_sum, 4u, (uint64_t)d->in_blocks, 1) \
-    X(bcx, 4u, (uint64_t)3u * d->dim, WITH_SHORT_CONV && d->conv_kernel != 0) \
-    X(conv_state, 4u, (uint64_t)conv_state, WITH_SHORT_CONV && d->conv_kernel != 0) \
-    X(conv_saved, 4u, (uint64_t)conv_state, WITH_SHORT_CONV && d->conv_kernel != 0) \
+    X(mix, 4u, (uint64_t)d->mix_dim, (WITH_SHORT_CONV || WITH_DELTA_NET) && d->conv_kernel != 0) \
+    X(q_gate, 4u, (uint64_t)d->q_dim, WITH_DELTA_NET && (d->options_any & LAYER_OPT_ATTN_GATE) != 0) \
+    X(state, 4u, (uint64_t)state, (WITH_SHORT_CONV || WITH_DELTA_NET) && d->conv_kernel != 0) \
+    X(state_saved, 4u, (uint64_t)state, (WITH_SHORT_CONV || WITH_DELTA_NET) && d->conv_kernel != 0) \
     X(k_cache, 1u, (uint64_t)(d->kv_dtype == KV_F16 ? 2u : 4u) * kv_cache, 1) \
     X(v_cache, 1u, (uint64_t)(d->kv_dtype == KV_F16 ? 2u : 4u) * kv_cache, !(WITH_MLA && d->kv_lora != 0))
 #define PLAN_PASS_BUFFERS(X) X(x, 4u, (uint64_t)n * d->dim, 1) X(xn, 4u, (uint64_t)n * d->dim, 1) \
@@ -55,7 +56,8 @@ static void *reserve(planner *p, uint64_t count) { return reserve_bytes(p, count
     X(attn_out, 4u, (uint64_t)n * d->n_heads * d->val_dim, 1) \
     X(o_in, 4u, (uint64_t)n * d->o_dim, WITH_MLA && d->kv_lora != 0) \
     X(ple, 4u, (uint64_t)n * (d->n_layers + 1u) * d->ple_dim, WITH_PER_LAYER_INPUTS && d->ple_dim != 0) \
-    X(bcx, 4u, (uint64_t)n * 3u * d->dim, WITH_SHORT_CONV && d->conv_kernel != 0) \
+    X(mix, 4u, (uint64_t)n * d->mix_dim, (WITH_SHORT_CONV || WITH_DELTA_NET) && d->conv_kernel != 0) \
+    X(q_gate, 4u, (uint64_t)n * d->q_dim, WITH_DELTA_NET && (d->options_any & LAYER_OPT_ATTN_GATE) != 0) \
     X(moe_out, 4u, (uint64_t)n * d->dim, 1) X(gate, 4u, (uint64_t)n * d->ffn_max, 1) \
     X(up, 4u, (uint64_t)n * d->ffn_max, 1) X(ffn_out, 4u, (uint64_t)n * d->dim, 1) \
     X(gx, 4u, (uint64_t)n * d->dim, 1) X(expert_out, 4u, (uint64_t)n * d->top_k * d->dim, 1) \
@@ -71,12 +73,14 @@ colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out
     planner p = { ARENA_CTX_BYTES, 0, base };
     arena_buffers a;
     uint64_t rows = 0, kv_cache = 0; /* every layer's positions (a windowed layer's ring holds W) of its row width */
-    uint64_t conv_state = 0;         /* and every convolving layer's last conv_kernel - 1 inputs */
+    uint64_t state = 0;              /* and every convolving or DeltaNet layer's state (blocks/state.c) */
     for (uint32_t layer = 0; layer < d->n_layers; layer++) {
         const uint32_t layer_rows = kv_rows(d, layer);
         rows += layer_rows;
         kv_cache += (uint64_t)layer_rows * layer_kv_dim(d, layer);
-        if (layer_conv(d, layer)) conv_state += (uint64_t)(d->conv_kernel - 1) * d->dim;
+        if (layer_conv(d, layer)) state += (uint64_t)(d->conv_kernel - 1) * d->dim;
+        if (layer_delta(d, layer))
+            state += (uint64_t)(d->conv_kernel - 1) * d->dn_conv + (uint64_t)d->dn_v_heads * d->dn_k_dim * d->dn_v_dim;
     }
     if (rows > IMG_MAX_DIM) return COLIBRI_E_IMAGE_DIMS; /* layers x positions: keeps kv_cache below 2^48 */
 #define RESERVE(buffer, elem, count, when) a.buffer = (when) ? RESERVE_IN(&p, elem, count) : 0;

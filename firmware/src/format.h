@@ -5,9 +5,9 @@
 #ifndef COLIBRI_FORMAT_H
 #define COLIBRI_FORMAT_H
 
-/* ---- format v9 ---- */
+/* ---- format v10 ---- */
 #define IMG_MAGIC 0x00495242494C4F43ull /* "COLIBRI\0" as a little-endian u64 */
-#define IMG_VERSION 9u
+#define IMG_VERSION 10u
 #define IMG_HEADER_BYTES 768u
 #define IMG_ENTRY_BYTES 64u
 #define IMG_ALIGN 64u
@@ -33,7 +33,8 @@ enum {
     H_KV_LORA = 176, H_ROPE_DIM = 180, H_V_HEAD_DIM = 184, H_ATTN_SCALE = 188, H_N_GROUP = 192, H_TOPK_GROUP = 196,
     H_GROUP_TOP = 200, H_ROUTED_SCALE = 204, H_SWIGLU_ALPHA = 208, H_SWIGLU_LIMIT = 212, H_LAYER_KINDS = 216,
     H_KINDS = 220, H_LAYER_KIND = 476, H_TOPK_NORM_EPS = 732, H_EMBED_SCALE = 736, H_LOGIT_SOFTCAP = 740,
-    H_PLE_DIM = 744, H_CONV_KERNEL = 748, H_RESERVED = 752
+    H_PLE_DIM = 744, H_CONV_KERNEL = 748, H_DN_K_HEADS = 752, H_DN_V_HEADS = 754, H_DN_K_DIM = 756, H_DN_V_DIM = 758,
+    H_RESERVED = 760
 };
 /* Tensor table entry field offsets (docs/FORMAT.md, "Tensor table"). */
 enum {
@@ -48,6 +49,7 @@ enum {
 #define LAYER_ATTN_STANDARD 0u /* grouped-query attention over the layer's KV heads */
 #define LAYER_ATTN_LATENT 1u /* multi-head latent attention (MLA, below): every layer's, exactly when kv_lora_rank > 0; no q/k norm, biases, sinks, v norm, keys as values, geometry of its own or shared cache */
 #define LAYER_ATTN_SHORT_CONV 2u /* LFM2's gated short convolution instead of attention (below): CONV_IN makes b, c and x of D each, y = c · conv(b · x) over the last conv_kernel positions (a state of conv_kernel - 1 per channel, in the arena), CONV_OUT projects it; no KV cache, q/k norm, head geometry, window, cache sharing or standard attention's options; not in a model with latent attention */
+#define LAYER_ATTN_DELTA_NET 3u /* Qwen3.5's Gated DeltaNet instead of attention (below): DN_QKV projections convolved causally over conv_kernel positions (a state of conv_kernel - 1 per channel) and passed through SiLU, q and k L2-normed per head, each value head's dk·dv state decayed by exp(DN_DECAY · softplus(a + DN_DT_BIAS)) and updated by the delta rule with β = sigmoid(b), its output RMS-normed (DN_NORM) and gated by silu(z), DN_OUT projecting it; no KV cache, q/k norm, head geometry, window, cache sharing or standard attention's options; not in a model with latent attention */
 #define LAYER_FFN_DENSE 0u /* a dense MLP */
 #define LAYER_FFN_MOE 1u /* top-k routed experts (with the record's shared expert); needs E > 0 */
 #define LAYER_FFN_MOE_AND_DENSE 2u /* routed experts beside a dense MLP, as Gemma 4 has them: the router reads x normed by ROUTER_NORM, the experts x normed by MOE_NORM, and each part is normed after (MOE_POST_NORM, DENSE_POST_NORM) before their sum; the chosen weights are times EXPERT_SCALE */
@@ -74,14 +76,15 @@ enum {
 #define LAYER_OPT_GLOBAL_ROPE (1u << 9) /* the layer rotates with GLOBAL_ROPE_COS/SIN, whose rows are its head size / 2 (every such layer has the same; standard attention) */
 #define LAYER_OPT_POST_ATTN_NORM (1u << 10) /* attention's output is normed by POST_ATTN_NORM before the residual add */
 #define LAYER_OPT_POST_FFN_NORM (1u << 11) /* the feed-forward block's output is normed by POST_FFN_NORM before the residual add */
-#define LAYER_OPT_LAYER_SCALE (1u << 12) /* x is multiplied by LAYER_SCALE after the layer (and after its per-layer input) */
-#define LAYER_KNOWN_OPTIONS 0x1FFFu
+#define LAYER_OPT_ATTN_GATE (1u << 12) /* each head's output is times sigmoid(WQ_GATE · x) before the output projection (Qwen3.5's gated attention; standard attention) */
+#define LAYER_OPT_LAYER_SCALE (1u << 13) /* x is multiplied by LAYER_SCALE after the layer (and after its per-layer input) */
+#define LAYER_KNOWN_OPTIONS 0x3FFFu
 #define LAYER_LEAN_OPTIONS 0x7u /* the lean build's (COLIBRI_LEAN): NORM_TOPK, QKV_BIAS, O_BIAS */
-#define LAYER_OPTION_COUNT 13u
-#define LAYER_STANDARD_OPTIONS 0x3C6u /* a record with them needs standard attention */
+#define LAYER_OPTION_COUNT 14u
+#define LAYER_STANDARD_OPTIONS 0x13C6u /* a record with them needs standard attention */
 #define LAYER_EXPERT_OPTIONS 0x19u /* a record with them needs experts */
 /* The record's fields that take a table's values, X(offset, values, the lean build's as a mask of 1 << value). */
-#define IMG_LAYER_ENUMS(X) X(R_ATTENTION, 3u, 0x1u) X(R_FFN, 3u, 0x3u) X(R_ROUTER, 3u, 0x1u) \
+#define IMG_LAYER_ENUMS(X) X(R_ATTENTION, 4u, 0x1u) X(R_FFN, 3u, 0x3u) X(R_ROUTER, 3u, 0x1u) \
     X(R_ACTIVATION, 2u, 0x1u) X(R_QK_NORM, 3u, 0x7u) X(R_SHARED, 3u, 0x7u)
 
 /* The fields as lists for code that walks them (the image fuzz harness's mutator), X(offset, bytes) each: the
@@ -92,7 +95,8 @@ enum {
     X(H_ARENA_BYTES, 8) X(H_EXPERT_ALIGN, 4) X(H_DENSE_FFN, 4) X(H_SHARED_FFN, 4) X(H_KV_DTYPE, 4) \
     X(H_EXPERT_OFFSET, 8) X(H_EXPERT_CRC_OFFSET, 8) X(H_META_OFFSET, 8) X(H_META_BYTES, 8) X(H_Q_LORA, 4) \
     X(H_KV_LORA, 4) X(H_ROPE_DIM, 4) X(H_V_HEAD_DIM, 4) X(H_N_GROUP, 4) X(H_TOPK_GROUP, 4) X(H_GROUP_TOP, 4) \
-    X(H_LAYER_KINDS, 4) X(H_PLE_DIM, 4) X(H_CONV_KERNEL, 4)
+    X(H_LAYER_KINDS, 4) X(H_PLE_DIM, 4) X(H_CONV_KERNEL, 4) X(H_DN_K_HEADS, 2) X(H_DN_V_HEADS, 2) X(H_DN_K_DIM, 2) \
+    X(H_DN_V_DIM, 2)
 #define IMG_HEADER_FLOATS(X) X(H_EPS, 4) X(H_ROPE_THETA, 4) X(H_CLIP_QKV, 4) X(H_ATTN_SCALE, 4) X(H_ROUTED_SCALE, 4) \
     X(H_SWIGLU_ALPHA, 4) X(H_SWIGLU_LIMIT, 4) X(H_TOPK_NORM_EPS, 4) X(H_EMBED_SCALE, 4) X(H_LOGIT_SOFTCAP, 4)
 #define IMG_ENTRY_FIELDS(X) X(E_ROLE, 2) X(E_DTYPE, 2) X(E_LAYER, 4) X(E_EXPERT, 4) X(E_NDIMS, 4) X(E_DIM0, 4) \
@@ -103,18 +107,20 @@ enum {
     X(R_KV_SOURCE, 4) X(R_DENSE_FFN, 4)
 
 enum tensor_role {
-    ROLE_TOKEN_EMBD = 1, ROLE_ROPE_COS = 2, ROLE_ROPE_SIN = 3, ROLE_ATTN_NORM = 4, ROLE_WQ = 5, ROLE_BQ = 6,
-    ROLE_WK = 7, ROLE_BK = 8, ROLE_WV = 9, ROLE_BV = 10, ROLE_WO = 11, ROLE_BO = 12, ROLE_Q_NORM = 13,
-    ROLE_K_NORM = 14, ROLE_SINKS = 15, ROLE_WQ_A = 16, ROLE_Q_A_NORM = 17, ROLE_WQ_B = 18, ROLE_WKV_A = 19,
-    ROLE_KV_A_NORM = 20, ROLE_WK_B = 21, ROLE_WV_B = 22, ROLE_FFN_NORM = 23, ROLE_DENSE_GATE = 24, ROLE_DENSE_UP = 25,
-    ROLE_DENSE_DOWN = 26, ROLE_ROUTER = 27, ROLE_ROUTER_BIAS = 28, ROLE_EXPERT_GATE_BIAS = 29,
-    ROLE_EXPERT_UP_BIAS = 30, ROLE_EXPERT_DOWN_BIAS = 31, ROLE_SHARED_GATE = 32, ROLE_SHARED_UP = 33,
-    ROLE_SHARED_DOWN = 34, ROLE_SHARED_EXPERT_GATE = 35, ROLE_POST_ATTN_NORM = 36, ROLE_POST_FFN_NORM = 37,
-    ROLE_DENSE_POST_NORM = 38, ROLE_MOE_NORM = 39, ROLE_MOE_POST_NORM = 40, ROLE_ROUTER_NORM = 41,
-    ROLE_EXPERT_SCALE = 42, ROLE_LAYER_SCALE = 43, ROLE_PLE_GATE = 44, ROLE_PLE_PROJ = 45, ROLE_PLE_POST_NORM = 46,
-    ROLE_CONV_IN = 47, ROLE_CONV_KERNEL = 48, ROLE_CONV_OUT = 49, ROLE_EXPERT_GATE = 50, ROLE_EXPERT_UP = 51,
-    ROLE_EXPERT_DOWN = 52, ROLE_OUTPUT_NORM = 53, ROLE_LM_HEAD = 54, ROLE_GLOBAL_ROPE_COS = 55,
-    ROLE_GLOBAL_ROPE_SIN = 56, ROLE_PLE_EMBD = 57, ROLE_PLE_MODEL_PROJ = 58, ROLE_PLE_PROJ_NORM = 59
+    ROLE_TOKEN_EMBD = 1, ROLE_ROPE_COS = 2, ROLE_ROPE_SIN = 3, ROLE_ATTN_NORM = 4, ROLE_WQ = 5, ROLE_WQ_GATE = 6,
+    ROLE_BQ = 7, ROLE_WK = 8, ROLE_BK = 9, ROLE_WV = 10, ROLE_BV = 11, ROLE_WO = 12, ROLE_BO = 13, ROLE_Q_NORM = 14,
+    ROLE_K_NORM = 15, ROLE_SINKS = 16, ROLE_WQ_A = 17, ROLE_Q_A_NORM = 18, ROLE_WQ_B = 19, ROLE_WKV_A = 20,
+    ROLE_KV_A_NORM = 21, ROLE_WK_B = 22, ROLE_WV_B = 23, ROLE_FFN_NORM = 24, ROLE_DENSE_GATE = 25, ROLE_DENSE_UP = 26,
+    ROLE_DENSE_DOWN = 27, ROLE_ROUTER = 28, ROLE_ROUTER_BIAS = 29, ROLE_EXPERT_GATE_BIAS = 30,
+    ROLE_EXPERT_UP_BIAS = 31, ROLE_EXPERT_DOWN_BIAS = 32, ROLE_SHARED_GATE = 33, ROLE_SHARED_UP = 34,
+    ROLE_SHARED_DOWN = 35, ROLE_SHARED_EXPERT_GATE = 36, ROLE_POST_ATTN_NORM = 37, ROLE_POST_FFN_NORM = 38,
+    ROLE_DENSE_POST_NORM = 39, ROLE_MOE_NORM = 40, ROLE_MOE_POST_NORM = 41, ROLE_ROUTER_NORM = 42,
+    ROLE_EXPERT_SCALE = 43, ROLE_LAYER_SCALE = 44, ROLE_PLE_GATE = 45, ROLE_PLE_PROJ = 46, ROLE_PLE_POST_NORM = 47,
+    ROLE_CONV_IN = 48, ROLE_CONV_KERNEL = 49, ROLE_CONV_OUT = 50, ROLE_DN_QKV = 51, ROLE_DN_Z = 52, ROLE_DN_B = 53,
+    ROLE_DN_A = 54, ROLE_DN_CONV = 55, ROLE_DN_DT_BIAS = 56, ROLE_DN_DECAY = 57, ROLE_DN_NORM = 58, ROLE_DN_OUT = 59,
+    ROLE_EXPERT_GATE = 60, ROLE_EXPERT_UP = 61, ROLE_EXPERT_DOWN = 62, ROLE_OUTPUT_NORM = 63, ROLE_LM_HEAD = 64,
+    ROLE_GLOBAL_ROPE_COS = 65, ROLE_GLOBAL_ROPE_SIN = 66, ROLE_PLE_EMBD = 67, ROLE_PLE_MODEL_PROJ = 68,
+    ROLE_PLE_PROJ_NORM = 69
 };
 enum tensor_dtype {
     DTYPE_F32 = 0, DTYPE_F16 = 1, DTYPE_BF16 = 2, DTYPE_Q8_0 = 3, DTYPE_Q4_0 = 4, DTYPE_COUNT = 5
@@ -127,72 +133,81 @@ enum kv_dtype {
 };
 
 /* A layer's facts a role's presence tests, after its options' bits (format/schema.toml). */
-#define IMG_FACT_MOE (1u << 13) /* the layer routes to experts: its record's ffn is MOE or MOE_AND_DENSE */
-#define IMG_FACT_DENSE (1u << 14) /* the layer has a dense MLP: its record's ffn is DENSE or MOE_AND_DENSE */
-#define IMG_FACT_MLA (1u << 15) /* multi-head latent attention: kv_lora_rank > 0 */
-#define IMG_FACT_Q_LORA (1u << 16) /* MLA with q_lora_rank > 0 */
-#define IMG_FACT_OWN_KV (1u << 17) /* the layer projects its own k and v: not MLA, not a KV-sharing layer and not a short convolution */
-#define IMG_FACT_CONV (1u << 18) /* the record's attention is SHORT_CONV: the layer convolves instead of attending */
-#define IMG_FACT_QK_NORM (1u << 19) /* the record's qk_norm is HEAD or FULL */
-#define IMG_FACT_KV_SHARED (1u << 20) /* the layer's record names a kv_source: it reads that earlier layer's KV cache */
-#define IMG_FACT_SHARED_FFN (1u << 21) /* a layer with experts and a shared expert: the record's shared is GATED or PLAIN */
-#define IMG_FACT_SHARED_GATED (1u << 22) /* the record's shared is GATED */
-#define IMG_FACT_GLOBAL_ROPE_TABLES (1u << 23) /* some layer's record has the GLOBAL_ROPE option: the image holds the global RoPE tables */
-#define IMG_FACT_PLE (1u << 24) /* Gemma 4's per-layer inputs: ple_dim > 0 */
+#define IMG_FACT_MOE (1u << 14) /* the layer routes to experts: its record's ffn is MOE or MOE_AND_DENSE */
+#define IMG_FACT_DENSE (1u << 15) /* the layer has a dense MLP: its record's ffn is DENSE or MOE_AND_DENSE */
+#define IMG_FACT_MLA (1u << 16) /* multi-head latent attention: kv_lora_rank > 0 */
+#define IMG_FACT_Q_LORA (1u << 17) /* MLA with q_lora_rank > 0 */
+#define IMG_FACT_OWN_KV (1u << 18) /* the layer projects its own k and v: not MLA, not a KV-sharing layer, not a short convolution or a DeltaNet */
+#define IMG_FACT_CONV (1u << 19) /* the record's attention is SHORT_CONV: the layer convolves instead of attending */
+#define IMG_FACT_DELTA (1u << 20) /* the record's attention is DELTA_NET: the layer runs a Gated DeltaNet instead of attending */
+#define IMG_FACT_QK_NORM (1u << 21) /* the record's qk_norm is HEAD or FULL */
+#define IMG_FACT_KV_SHARED (1u << 22) /* the layer's record names a kv_source: it reads that earlier layer's KV cache */
+#define IMG_FACT_SHARED_FFN (1u << 23) /* a layer with experts and a shared expert: the record's shared is GATED or PLAIN */
+#define IMG_FACT_SHARED_GATED (1u << 24) /* the record's shared is GATED */
+#define IMG_FACT_GLOBAL_ROPE_TABLES (1u << 25) /* some layer's record has the GLOBAL_ROPE option: the image holds the global RoPE tables */
+#define IMG_FACT_PLE (1u << 26) /* Gemma 4's per-layer inputs: ple_dim > 0 */
 /* The numbers shapes are made of, computed per layer (table.c, shape_terms). */
 enum shape_term {
     TERM_NONE = 0, TERM_ONE = 1, TERM_V = 2, TERM_D = 3, TERM_S = 4, TERM_H = 5, TERM_E = 6, TERM_F = 7, TERM_FD = 8,
     TERM_FS = 9, TERM_ROPE_HALF = 10, TERM_GLOBAL_ROPE_HALF = 11, TERM_Q_DIM = 12, TERM_KV_DIM = 13, TERM_Q_NORM = 14,
     TERM_K_NORM = 15, TERM_O_IN = 16, TERM_Q_LORA = 17, TERM_KV_LORA = 18, TERM_KV_A = 19, TERM_K_B_ROWS = 20,
-    TERM_NOPE = 21, TERM_CONV_IN = 22, TERM_CONV_K = 23, TERM_P = 24, TERM_LP = 25, TERM_COUNT = 26
+    TERM_NOPE = 21, TERM_CONV_IN = 22, TERM_CONV_K = 23, TERM_DN_CONV = 24, TERM_DN_V = 25, TERM_DN_HEADS = 26,
+    TERM_DN_V_DIM = 27, TERM_P = 28, TERM_LP = 29, TERM_COUNT = 30
 };
 
 /* Each distinct presence condition, X(facts needed, facts refused); then each role in role order, X(role, rows term,
  * columns term (TERM_NONE: a vector), condition, attributes). */
 #define IMG_ROLE_F32 1u     /* a matrix that must stay f32 */
 #define IMG_ROLE_FOLLOWS 2u /* starts where the tensor before it ends, aligned */
-#define IMG_CONDITIONS(X) X(0, 0) X(0, IMG_FACT_Q_LORA | IMG_FACT_CONV) X(LAYER_OPT_QKV_BIAS, 0) \
-    X(IMG_FACT_OWN_KV, 0) X(LAYER_OPT_QKV_BIAS | IMG_FACT_OWN_KV, 0) X(IMG_FACT_OWN_KV, LAYER_OPT_K_IS_V) \
-    X(LAYER_OPT_QKV_BIAS | IMG_FACT_OWN_KV, LAYER_OPT_K_IS_V) X(0, IMG_FACT_CONV) X(LAYER_OPT_O_BIAS, 0) \
-    X(IMG_FACT_QK_NORM, 0) X(IMG_FACT_QK_NORM, IMG_FACT_KV_SHARED) X(LAYER_OPT_ATTN_SINKS, 0) X(IMG_FACT_Q_LORA, 0) \
-    X(IMG_FACT_MLA, 0) X(IMG_FACT_DENSE, 0) X(IMG_FACT_MOE, 0) X(LAYER_OPT_ROUTER_BIAS | IMG_FACT_MOE, 0) \
+#define IMG_CONDITIONS(X) X(0, 0) X(0, IMG_FACT_Q_LORA | IMG_FACT_CONV | IMG_FACT_DELTA) X(LAYER_OPT_ATTN_GATE, 0) \
+    X(LAYER_OPT_QKV_BIAS, 0) X(IMG_FACT_OWN_KV, 0) X(LAYER_OPT_QKV_BIAS | IMG_FACT_OWN_KV, 0) \
+    X(IMG_FACT_OWN_KV, LAYER_OPT_K_IS_V) X(LAYER_OPT_QKV_BIAS | IMG_FACT_OWN_KV, LAYER_OPT_K_IS_V) \
+    X(0, IMG_FACT_CONV | IMG_FACT_DELTA) X(LAYER_OPT_O_BIAS, 0) X(IMG_FACT_QK_NORM, 0) \
+    X(IMG_FACT_QK_NORM, IMG_FACT_KV_SHARED) X(LAYER_OPT_ATTN_SINKS, 0) X(IMG_FACT_Q_LORA, 0) X(IMG_FACT_MLA, 0) \
+    X(IMG_FACT_DENSE, 0) X(IMG_FACT_MOE, 0) X(LAYER_OPT_ROUTER_BIAS | IMG_FACT_MOE, 0) \
     X(LAYER_OPT_EXPERT_BIAS | IMG_FACT_MOE, 0) X(IMG_FACT_SHARED_FFN, 0) X(IMG_FACT_SHARED_GATED, 0) \
     X(LAYER_OPT_POST_ATTN_NORM, 0) X(LAYER_OPT_POST_FFN_NORM, 0) X(IMG_FACT_MOE | IMG_FACT_DENSE, 0) \
-    X(LAYER_OPT_LAYER_SCALE, 0) X(IMG_FACT_PLE, 0) X(IMG_FACT_CONV, 0) X(IMG_FACT_GLOBAL_ROPE_TABLES, 0)
+    X(LAYER_OPT_LAYER_SCALE, 0) X(IMG_FACT_PLE, 0) X(IMG_FACT_CONV, 0) X(IMG_FACT_DELTA, 0) \
+    X(IMG_FACT_GLOBAL_ROPE_TABLES, 0)
 #define IMG_ROLE_SPECS(X) X(TOKEN_EMBD, TERM_V, TERM_D, 0, 0) X(ROPE_COS, TERM_S, TERM_ROPE_HALF, 0, IMG_ROLE_F32) \
     X(ROPE_SIN, TERM_S, TERM_ROPE_HALF, 0, IMG_ROLE_F32) X(ATTN_NORM, TERM_D, TERM_NONE, 0, 0) \
-    X(WQ, TERM_Q_DIM, TERM_D, 1, 0) X(BQ, TERM_Q_DIM, TERM_NONE, 2, 0) X(WK, TERM_KV_DIM, TERM_D, 3, 0) \
-    X(BK, TERM_KV_DIM, TERM_NONE, 4, 0) X(WV, TERM_KV_DIM, TERM_D, 5, 0) X(BV, TERM_KV_DIM, TERM_NONE, 6, 0) \
-    X(WO, TERM_D, TERM_O_IN, 7, 0) X(BO, TERM_D, TERM_NONE, 8, 0) X(Q_NORM, TERM_Q_NORM, TERM_NONE, 9, 0) \
-    X(K_NORM, TERM_K_NORM, TERM_NONE, 10, 0) X(SINKS, TERM_H, TERM_NONE, 11, 0) X(WQ_A, TERM_Q_LORA, TERM_D, 12, 0) \
-    X(Q_A_NORM, TERM_Q_LORA, TERM_NONE, 12, 0) X(WQ_B, TERM_Q_DIM, TERM_Q_LORA, 12, 0) \
-    X(WKV_A, TERM_KV_A, TERM_D, 13, 0) X(KV_A_NORM, TERM_KV_LORA, TERM_NONE, 13, 0) \
-    X(WK_B, TERM_K_B_ROWS, TERM_NOPE, 13, 0) X(WV_B, TERM_O_IN, TERM_KV_LORA, 13, 0) \
-    X(FFN_NORM, TERM_D, TERM_NONE, 0, 0) X(DENSE_GATE, TERM_FD, TERM_D, 14, 0) \
-    X(DENSE_UP, TERM_FD, TERM_D, 14, IMG_ROLE_FOLLOWS) X(DENSE_DOWN, TERM_D, TERM_FD, 14, IMG_ROLE_FOLLOWS) \
-    X(ROUTER, TERM_E, TERM_D, 15, 0) X(ROUTER_BIAS, TERM_E, TERM_NONE, 16, 0) \
-    X(EXPERT_GATE_BIAS, TERM_E, TERM_F, 17, IMG_ROLE_F32) X(EXPERT_UP_BIAS, TERM_E, TERM_F, 17, IMG_ROLE_F32) \
-    X(EXPERT_DOWN_BIAS, TERM_E, TERM_D, 17, IMG_ROLE_F32) X(SHARED_GATE, TERM_FS, TERM_D, 18, 0) \
-    X(SHARED_UP, TERM_FS, TERM_D, 18, IMG_ROLE_FOLLOWS) X(SHARED_DOWN, TERM_D, TERM_FS, 18, IMG_ROLE_FOLLOWS) \
-    X(SHARED_EXPERT_GATE, TERM_ONE, TERM_D, 19, 0) X(POST_ATTN_NORM, TERM_D, TERM_NONE, 20, 0) \
-    X(POST_FFN_NORM, TERM_D, TERM_NONE, 21, 0) X(DENSE_POST_NORM, TERM_D, TERM_NONE, 22, 0) \
-    X(MOE_NORM, TERM_D, TERM_NONE, 22, 0) X(MOE_POST_NORM, TERM_D, TERM_NONE, 22, 0) \
-    X(ROUTER_NORM, TERM_D, TERM_NONE, 22, 0) X(EXPERT_SCALE, TERM_E, TERM_NONE, 22, 0) \
-    X(LAYER_SCALE, TERM_ONE, TERM_NONE, 23, 0) X(PLE_GATE, TERM_P, TERM_D, 24, 0) X(PLE_PROJ, TERM_D, TERM_P, 24, 0) \
-    X(PLE_POST_NORM, TERM_D, TERM_NONE, 24, 0) X(CONV_IN, TERM_CONV_IN, TERM_D, 25, 0) \
-    X(CONV_KERNEL, TERM_D, TERM_CONV_K, 25, IMG_ROLE_F32) X(CONV_OUT, TERM_D, TERM_D, 25, 0) \
-    X(EXPERT_GATE, TERM_F, TERM_D, 15, 0) X(EXPERT_UP, TERM_F, TERM_D, 15, IMG_ROLE_FOLLOWS) \
-    X(EXPERT_DOWN, TERM_D, TERM_F, 15, IMG_ROLE_FOLLOWS) X(OUTPUT_NORM, TERM_D, TERM_NONE, 0, 0) \
-    X(LM_HEAD, TERM_V, TERM_D, 0, 0) X(GLOBAL_ROPE_COS, TERM_S, TERM_GLOBAL_ROPE_HALF, 26, IMG_ROLE_F32) \
-    X(GLOBAL_ROPE_SIN, TERM_S, TERM_GLOBAL_ROPE_HALF, 26, IMG_ROLE_F32) X(PLE_EMBD, TERM_V, TERM_LP, 24, 0) \
-    X(PLE_MODEL_PROJ, TERM_LP, TERM_D, 24, 0) X(PLE_PROJ_NORM, TERM_P, TERM_NONE, 24, 0)
+    X(WQ, TERM_Q_DIM, TERM_D, 1, 0) X(WQ_GATE, TERM_Q_DIM, TERM_D, 2, 0) X(BQ, TERM_Q_DIM, TERM_NONE, 3, 0) \
+    X(WK, TERM_KV_DIM, TERM_D, 4, 0) X(BK, TERM_KV_DIM, TERM_NONE, 5, 0) X(WV, TERM_KV_DIM, TERM_D, 6, 0) \
+    X(BV, TERM_KV_DIM, TERM_NONE, 7, 0) X(WO, TERM_D, TERM_O_IN, 8, 0) X(BO, TERM_D, TERM_NONE, 9, 0) \
+    X(Q_NORM, TERM_Q_NORM, TERM_NONE, 10, 0) X(K_NORM, TERM_K_NORM, TERM_NONE, 11, 0) \
+    X(SINKS, TERM_H, TERM_NONE, 12, 0) X(WQ_A, TERM_Q_LORA, TERM_D, 13, 0) \
+    X(Q_A_NORM, TERM_Q_LORA, TERM_NONE, 13, 0) X(WQ_B, TERM_Q_DIM, TERM_Q_LORA, 13, 0) \
+    X(WKV_A, TERM_KV_A, TERM_D, 14, 0) X(KV_A_NORM, TERM_KV_LORA, TERM_NONE, 14, 0) \
+    X(WK_B, TERM_K_B_ROWS, TERM_NOPE, 14, 0) X(WV_B, TERM_O_IN, TERM_KV_LORA, 14, 0) \
+    X(FFN_NORM, TERM_D, TERM_NONE, 0, 0) X(DENSE_GATE, TERM_FD, TERM_D, 15, 0) \
+    X(DENSE_UP, TERM_FD, TERM_D, 15, IMG_ROLE_FOLLOWS) X(DENSE_DOWN, TERM_D, TERM_FD, 15, IMG_ROLE_FOLLOWS) \
+    X(ROUTER, TERM_E, TERM_D, 16, 0) X(ROUTER_BIAS, TERM_E, TERM_NONE, 17, 0) \
+    X(EXPERT_GATE_BIAS, TERM_E, TERM_F, 18, IMG_ROLE_F32) X(EXPERT_UP_BIAS, TERM_E, TERM_F, 18, IMG_ROLE_F32) \
+    X(EXPERT_DOWN_BIAS, TERM_E, TERM_D, 18, IMG_ROLE_F32) X(SHARED_GATE, TERM_FS, TERM_D, 19, 0) \
+    X(SHARED_UP, TERM_FS, TERM_D, 19, IMG_ROLE_FOLLOWS) X(SHARED_DOWN, TERM_D, TERM_FS, 19, IMG_ROLE_FOLLOWS) \
+    X(SHARED_EXPERT_GATE, TERM_ONE, TERM_D, 20, 0) X(POST_ATTN_NORM, TERM_D, TERM_NONE, 21, 0) \
+    X(POST_FFN_NORM, TERM_D, TERM_NONE, 22, 0) X(DENSE_POST_NORM, TERM_D, TERM_NONE, 23, 0) \
+    X(MOE_NORM, TERM_D, TERM_NONE, 23, 0) X(MOE_POST_NORM, TERM_D, TERM_NONE, 23, 0) \
+    X(ROUTER_NORM, TERM_D, TERM_NONE, 23, 0) X(EXPERT_SCALE, TERM_E, TERM_NONE, 23, 0) \
+    X(LAYER_SCALE, TERM_ONE, TERM_NONE, 24, 0) X(PLE_GATE, TERM_P, TERM_D, 25, 0) X(PLE_PROJ, TERM_D, TERM_P, 25, 0) \
+    X(PLE_POST_NORM, TERM_D, TERM_NONE, 25, 0) X(CONV_IN, TERM_CONV_IN, TERM_D, 26, 0) \
+    X(CONV_KERNEL, TERM_D, TERM_CONV_K, 26, IMG_ROLE_F32) X(CONV_OUT, TERM_D, TERM_D, 26, 0) \
+    X(DN_QKV, TERM_DN_CONV, TERM_D, 27, 0) X(DN_Z, TERM_DN_V, TERM_D, 27, 0) X(DN_B, TERM_DN_HEADS, TERM_D, 27, 0) \
+    X(DN_A, TERM_DN_HEADS, TERM_D, 27, 0) X(DN_CONV, TERM_DN_CONV, TERM_CONV_K, 27, IMG_ROLE_F32) \
+    X(DN_DT_BIAS, TERM_DN_HEADS, TERM_NONE, 27, 0) X(DN_DECAY, TERM_DN_HEADS, TERM_NONE, 27, 0) \
+    X(DN_NORM, TERM_DN_V_DIM, TERM_NONE, 27, 0) X(DN_OUT, TERM_D, TERM_DN_V, 27, 0) \
+    X(EXPERT_GATE, TERM_F, TERM_D, 16, 0) X(EXPERT_UP, TERM_F, TERM_D, 16, IMG_ROLE_FOLLOWS) \
+    X(EXPERT_DOWN, TERM_D, TERM_F, 16, IMG_ROLE_FOLLOWS) X(OUTPUT_NORM, TERM_D, TERM_NONE, 0, 0) \
+    X(LM_HEAD, TERM_V, TERM_D, 0, 0) X(GLOBAL_ROPE_COS, TERM_S, TERM_GLOBAL_ROPE_HALF, 28, IMG_ROLE_F32) \
+    X(GLOBAL_ROPE_SIN, TERM_S, TERM_GLOBAL_ROPE_HALF, 28, IMG_ROLE_F32) X(PLE_EMBD, TERM_V, TERM_LP, 25, 0) \
+    X(PLE_MODEL_PROJ, TERM_LP, TERM_D, 25, 0) X(PLE_PROJ_NORM, TERM_P, TERM_NONE, 25, 0)
 
 /* The dense tensor index (the table lists the tensors present in its order; open() resolves them into
  * it): the global tensors before the layers, then per layer LAYER_FIXED slots followed by
  * TENSORS_PER_EXPERT per routed expert, then the global tensors after the layers. */
 #define TENSORS_BEFORE_LAYERS 3u
 #define TENSORS_AFTER_LAYERS 7u
-#define LAYER_FIXED 46u
+#define LAYER_FIXED 56u
 #define TENSORS_PER_EXPERT 3u
 
 #endif

@@ -46,7 +46,9 @@ static colibri_status layer_kinds(const uint8_t *h, model_dims *d) {
         if ((options & ~BUILD_OPTIONS) || (!WITH_GEMMA4 && (hd | kv || t->kv_source != IMG_NO_INDEX)))
             return COLIBRI_E_UNSUPPORTED;
         const uint32_t ffn = t->ffn = r[R_FFN];
-        const int conv = WITH_SHORT_CONV && (t->attention = r[R_ATTENTION]) == LAYER_ATTN_SHORT_CONV;
+        if (WITH_SHORT_CONV || WITH_DELTA_NET) t->attention = r[R_ATTENTION]; /* (the lean build's is every layer's) */
+        const int conv = (WITH_SHORT_CONV && t->attention == LAYER_ATTN_SHORT_CONV) ||
+                         (WITH_DELTA_NET && t->attention == LAYER_ATTN_DELTA_NET); /* a state, no KV cache */
         t->router = r[R_ROUTER];
         t->activation = r[R_ACTIVATION];
         t->qk_norm = r[R_QK_NORM];
@@ -69,7 +71,7 @@ static colibri_status layer_kinds(const uint8_t *h, model_dims *d) {
          * rotates with the global tables, all of one size */
         t->head_dim = hd ? hd : d->head_dim;
         t->kv_heads = kv ? kv : d->n_kv_heads;
-        /* a short convolution: none of attention's geometry, options, norms, window or cache */
+        /* a short convolution or a DeltaNet: none of attention's geometry, options, norms, window or cache */
         if (conv && ((options & LAYER_STANDARD_OPTIONS) || t->qk_norm || hd | kv || window || t->kv_source != IMG_NO_INDEX))
             return COLIBRI_E_IMAGE_DIMS;
         if (!WITH_GEMMA4) continue; /* the header's geometry (a record of its own: refused above) */
@@ -87,7 +89,8 @@ static colibri_status layer_kinds(const uint8_t *h, model_dims *d) {
     /* each layer's kind; a sharing layer's source comes before it, keeps its own cache of the same geometry and options, and
      * every windowed sharing layer reads one ring (the one a prefill pass's saved rows stand for: arena.c) */
     d->shared_ring = IMG_NO_INDEX;
-    uint32_t used = 0, convs = 0; /* every record is some layer's kind: none adds a window or a width no layer has */
+    uint32_t used = 0, convs = 0, deltas = 0; /* every record is some layer's kind: none adds a window or a width no
+                                               * layer has */
     for (uint32_t l = 0; l < IMG_MAX_LAYERS; l++) { /* (and the bytes past the last layer's are 0) */
         const uint8_t kind = h[H_LAYER_KIND + l];
         if (l >= d->n_layers) {
@@ -98,6 +101,8 @@ static colibri_status layer_kinds(const uint8_t *h, model_dims *d) {
         used |= 1u << kind;
         const layer_kind *t = kind_of(d, l);
         convs += layer_conv(d, l);
+        deltas += layer_delta(d, l);
+        if (WITH_DELTA_NET) d->options_any |= t->options; /* (read by the plan only for ATTN_GATE) */
         const uint32_t src = t->kv_source;
         if (!WITH_GEMMA4 || src == IMG_NO_INDEX) continue;
         const layer_kind *s = kind_of(d, src < l ? src : l);
@@ -109,13 +114,22 @@ static colibri_status layer_kinds(const uint8_t *h, model_dims *d) {
     /* and the bytes past the records are 0: one model, one header */
     for (uint32_t i = H_KINDS + n_kinds * IMG_LAYER_BYTES; i < H_KINDS + IMG_MAX_LAYER_KINDS * IMG_LAYER_BYTES; i++)
         if (h[i]) return COLIBRI_E_IMAGE_DIMS;
-    /* a kernel size exactly when some layer convolves (the x, b and c rows fit a shape term) */
-    if (WITH_SHORT_CONV && (!convs != !d->conv_kernel || (convs && (uint64_t)3 * d->dim > IMG_MAX_DIM)))
+    /* a kernel size exactly when some layer convolves (the x, b and c rows fit a shape term); a DeltaNet's geometry
+     * exactly when some layer is one, its value heads a multiple of its key heads, its widths shape terms */
+    const uint32_t Hk = d->dn_k_heads, Hv = d->dn_v_heads, dk = d->dn_k_dim, dv = d->dn_v_dim;
+    const uint64_t dn_conv = 2ull * Hk * dk + (uint64_t)Hv * dv, dn_mix = dn_conv + 2ull * Hv * dv + 2ull * Hv;
+    if ((WITH_SHORT_CONV || WITH_DELTA_NET) && (!(convs | deltas) != !d->conv_kernel || (convs && 3ull * d->dim > IMG_MAX_DIM)))
         return COLIBRI_E_IMAGE_DIMS;
+    if (WITH_DELTA_NET && (deltas ? !(Hk && dk && dv && Hv && Hv % Hk == 0 && dn_mix <= IMG_MAX_DIM) : (Hk | Hv | dk | dv) != 0))
+        return COLIBRI_E_IMAGE_DIMS;
+    d->dn_conv = deltas ? (uint32_t)dn_conv : 0;
+    const uint64_t conv_mix = convs ? 3ull * d->dim : 0, delta_mix = deltas ? dn_mix : 0; /* both <= 2^24 */
+    d->mix_dim = (uint32_t)(conv_mix > delta_mix ? conv_mix : delta_mix);
     return used != (1u << n_kinds) - 1 ? COLIBRI_E_IMAGE_DIMS : COLIBRI_OK;
 }
 
-/* The attention's widths, after layer_kinds. Standard attention: RoPE over the whole head, values a head wide. MLA:
+/* The attention's widths, after layer_kinds. Standard attention: RoPE over a head's first rope_dim dims, values a head
+ * wide. MLA:
  * one latent shared by every head (n_kv_heads 1), RoPE on the last rope_dim dims of a q/k head, no clipping (nor the
  * options standard attention has: layer_kinds). Nonzero: the dimensions are invalid. */
 static int attention_dims(const uint8_t *h, model_dims *d) {
@@ -132,8 +146,9 @@ static int attention_dims(const uint8_t *h, model_dims *d) {
         for (uint32_t l = 0; WITH_GEMMA4 && l < d->n_layers; l++) /* each <= n_heads * widest */
             if (layer_kv_dim(d, l) > d->kv_dim) d->kv_dim = layer_kv_dim(d, l);
         d->val_dim = widest;
-        /* RoPE turns a whole head, with the table of the layer's head size (layer_kinds) */
-        return d->q_lora || d->rope_dim != hd || d->v_head_dim != hd;
+        /* RoPE turns a head's first rope_dim dims (all of it but in Qwen3.5's), or with GLOBAL_ROPE a whole head with
+         * the table of the layer's head size (layer_kinds) */
+        return d->q_lora || d->rope_dim == 0 || d->rope_dim > hd || d->rope_dim % 2 || d->v_head_dim != hd;
     }
     if (d->n_kv_heads != 1 || d->clip_qkv != 0.0f || d->rope_dim % 2 || d->rope_dim == 0 ||
         d->rope_dim >= hd || d->q_lora > IMG_MAX_DIM || d->kv_lora > IMG_MAX_DIM || d->v_head_dim == 0 ||
@@ -207,7 +222,13 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
         (!WITH_EXPERT_EXTRAS && (le32(h + H_SWIGLU_LIMIT) || le32(h + H_SWIGLU_ALPHA))))
         return COLIBRI_E_UNSUPPORTED;
     d->kv_lora = WITH_MLA ? le32(h + H_KV_LORA) : 0;
-    d->conv_kernel = WITH_SHORT_CONV ? le32(h + H_CONV_KERNEL) : 0; /* without: 0 (a nonzero one is unsupported) */
+    d->conv_kernel = WITH_SHORT_CONV || WITH_DELTA_NET ? le32(h + H_CONV_KERNEL) : 0; /* without: 0 (unsupported) */
+    if (WITH_DELTA_NET) {
+        d->dn_k_heads = rd16(h + H_DN_K_HEADS);
+        d->dn_v_heads = rd16(h + H_DN_V_HEADS);
+        d->dn_k_dim = rd16(h + H_DN_K_DIM);
+        d->dn_v_dim = rd16(h + H_DN_V_DIM);
+    }
     if (d->conv_kernel == 1 || d->conv_kernel > IMG_MAX_CONV_KERNEL) return COLIBRI_E_IMAGE_DIMS;
     /* the top-k renormalization's epsilon: with experts, 0 <= eps < 1 (rejects NaN); else 0 */
     d->topk_norm_eps = rdf32(h + H_TOPK_NORM_EPS);
@@ -231,7 +252,7 @@ static colibri_status read_dims(const uint8_t *h, model_dims *d) {
     uint32_t in_max = d->dim > d->q_dim ? d->dim : d->q_dim; /* the longest row: every matrix's columns */
     if (d->ffn_max > in_max) in_max = d->ffn_max;
     if (WITH_MLA || WITH_PER_LAYER_INPUTS) {
-        const uint32_t newer_inputs[] = { d->q_lora, d->kv_lora, d->o_dim, d->ple_dim };
+        const uint32_t newer_inputs[] = { d->q_lora, d->kv_lora, d->o_dim, d->ple_dim, d->dn_v_heads * d->dn_v_dim };
         for (unsigned i = 0; i < sizeof newer_inputs / sizeof newer_inputs[0]; i++)
             if (newer_inputs[i] > in_max) in_max = newer_inputs[i];
     }
@@ -292,9 +313,10 @@ colibri_status image_verify(const uint8_t *img, size_t size, unsigned mode, mode
     /* the reserved bytes are 0; in the lean build so are Gemma 4's and the short convolutions' fields, which come just
      * before */
     _Static_assert(H_LOGIT_SOFTCAP == H_EMBED_SCALE + 4 && H_PLE_DIM == H_EMBED_SCALE + 8 &&
-                       H_CONV_KERNEL == H_EMBED_SCALE + 12 && H_RESERVED == H_EMBED_SCALE + 16,
-                   "Gemma 4's and the convolutions' header fields are the four before the reserved bytes");
-    _Static_assert(WITH_GEMMA4 == WITH_SHORT_CONV, "one build leaves out both");
+                       H_CONV_KERNEL == H_EMBED_SCALE + 12 && H_DN_K_HEADS == H_EMBED_SCALE + 16 &&
+                       H_RESERVED == H_EMBED_SCALE + 24,
+                   "Gemma 4's, the convolutions' and the DeltaNets' header fields are those before the reserved bytes");
+    _Static_assert(WITH_GEMMA4 == WITH_SHORT_CONV && WITH_SHORT_CONV == WITH_DELTA_NET, "one build leaves out all");
     for (uint32_t i = WITH_GEMMA4 ? H_RESERVED : H_EMBED_SCALE; i < IMG_HEADER_BYTES; i++)
         if (img[i]) return i < H_RESERVED ? COLIBRI_E_UNSUPPORTED : COLIBRI_E_IMAGE_HEADER;
     /* the dense index open() fills from the table: every layer's slots, present or not (the caps on layers and

@@ -35,7 +35,11 @@ typedef struct {
     float swiglu_alpha, swiglu_limit;               /* limit > 0: the experts' clamped SwiGLU (gpt-oss) */
     float embed_scale, logit_softcap;               /* 0: none */
     uint32_t ple_dim;                               /* Gemma 4's per-layer inputs: P per layer and token (0: none) */
-    uint32_t conv_kernel;                           /* the SHORT_CONV layers' kernel size (0: none) */
+    uint32_t conv_kernel;                           /* the SHORT_CONV and DELTA_NET layers' kernel size (0: none) */
+    uint32_t dn_k_heads, dn_v_heads, dn_k_dim, dn_v_dim; /* the DELTA_NET layers' heads and head sizes (0: none) */
+    uint32_t dn_conv;                               /* 2·Hk·dk + Hv·dv: the channels a DeltaNet convolves */
+    uint32_t mix_dim;                               /* per token, the widest conv or DeltaNet projections (plan: mix) */
+    uint32_t options_any;                           /* every layer's options together */
     float topk_norm_eps;                            /* NORM_TOPK divides by the top-k weights' sum plus it */
     uint32_t q_dim, kv_dim, ffn_max;                /* the widest of any layer; kv_dim: a K cache row */
     uint32_t att_dim, val_dim, o_dim;               /* per head: what attention dots and sums (the widest); Wo's input */
@@ -76,14 +80,18 @@ static inline int layer_kv_shared(const model_dims *d, uint32_t layer) {
 static inline uint32_t kv_source(const model_dims *d, uint32_t layer) {
     return layer_kv_shared(d, layer) ? kind_of(d, layer)->kv_source : layer;
 }
-/* Whether a layer is a short convolution (LFM2's): it keeps no KV cache, but a conv state. */
+/* Whether a layer is a short convolution (LFM2's) or a Gated DeltaNet (Qwen3.5's): it keeps no KV cache, but a state
+ * (blocks/state.c). */
 static inline int layer_conv(const model_dims *d, uint32_t layer) {
     return WITH_SHORT_CONV && kind_of(d, layer)->attention == LAYER_ATTN_SHORT_CONV;
+}
+static inline int layer_delta(const model_dims *d, uint32_t layer) {
+    return WITH_DELTA_NET && kind_of(d, layer)->attention == LAYER_ATTN_DELTA_NET;
 }
 /* One position's K (and V) cache row in a layer: MLA's latent and rope key, or its KV heads; none when it shares or
  * convolves. */
 static inline uint32_t layer_kv_dim(const model_dims *d, uint32_t layer) {
-    if (layer_kv_shared(d, layer) || layer_conv(d, layer)) return 0;
+    if (layer_kv_shared(d, layer) || layer_conv(d, layer) || layer_delta(d, layer)) return 0;
     return WITH_MLA && d->kv_lora ? d->kv_dim : layer_kv_heads(d, layer) * layer_head_dim(d, layer);
 }
 static inline uint32_t layer_dense_ffn(const model_dims *d, uint32_t layer) { return kind_of(d, layer)->dense_ffn; }

@@ -27,6 +27,7 @@
                                                * widths and RoPE, KV sharing, the embedding scale and logit cap */
 #define WITH_PER_LAYER_INPUTS (!COLIBRI_LEAN) /* Gemma 4's per-layer inputs (blocks/ple.c) */
 #define WITH_SHORT_CONV (!COLIBRI_LEAN)       /* LFM2's gated short convolutions (blocks/conv.c) */
+#define WITH_DELTA_NET (!COLIBRI_LEAN)        /* Qwen3.5's Gated DeltaNet (blocks/deltanet.c) and its gated attention */
 #define WITH_WINDOW_RINGS (!COLIBRI_LEAN)     /* a prefill batch over window rings (blocks/rings.c); without it a
                                                * windowed model is fed one token a pass */
 #define WITH_THREADED_HEADS (!COLIBRI_LEAN)   /* a token's attention heads split across the board's threads */
@@ -41,6 +42,7 @@
 _Static_assert(WITH_MLA == !COLIBRI_LEAN && WITH_ROUTERS == !COLIBRI_LEAN && WITH_ROPE_PAIRS == !COLIBRI_LEAN &&
                    WITH_EXPERT_EXTRAS == !COLIBRI_LEAN && WITH_SINKS == !COLIBRI_LEAN && WITH_GEMMA4 == !COLIBRI_LEAN &&
                    WITH_PER_LAYER_INPUTS == !COLIBRI_LEAN && WITH_SHORT_CONV == !COLIBRI_LEAN &&
+                   WITH_DELTA_NET == !COLIBRI_LEAN &&
                    WITH_WINDOW_RINGS == !COLIBRI_LEAN &&
                    WITH_THREADED_HEADS == !COLIBRI_LEAN && WITH_TRACE_CRC == !COLIBRI_LEAN &&
                    WITH_TOP_P_STOP == !COLIBRI_LEAN,

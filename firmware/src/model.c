@@ -97,7 +97,9 @@ static void add_scaled(float *acc, float s, const float *v, uint32_t n) {
 #include "blocks/ffn.c"       /* the gated FFN: dense MLP, shared expert, one routed expert */
 #include "blocks/moe.c"       /* the routed experts of a pass */
 #include "blocks/ple.c"       /* Gemma 4's per-layer inputs */
+#include "blocks/state.c"     /* the state of the layers that keep one instead of a KV cache */
 #include "blocks/conv.c"      /* LFM2's short convolutions */
+#include "blocks/deltanet.c"  /* Qwen3.5's Gated DeltaNet */
 
 /* ---- the tokens of one pass ---- */
 
@@ -111,7 +113,7 @@ static token_buffers tokens_in(colibri_ctx *c, uint32_t n) {
     arena_buffers *a = &c->a;
     return (token_buffers){ .n = 1, .x = a->x, .xn = a->xn, .q = a->q, .q_a = a->q_a, .k = a->k_new, .v = a->v_new,
                             .q_att = a->q_att, .attn_out = a->attn_out, .o_in = a->o_in, .ple = a->ple, .moe_out = a->moe_out,
-                            .gate = a->ffn_gate, .up = a->ffn_up, .bcx = a->bcx,
+                            .gate = a->ffn_gate, .up = a->ffn_up, .mix = a->mix, .q_gate = a->q_gate,
                             .ffn_out = a->ffn_out, .gx = a->ffn_out, .expert_out = 0, .scalar = a->router, .topk_index = a->topk_index,
                             .topk_weight = a->topk_weight, .xq = a->xq, .xq_scale = a->xq_scale,
                             .xq_sum = a->xq_sum, .hq = a->hq, .hq_scale = a->hq_scale, .hq_sum = a->hq_sum };
@@ -124,16 +126,18 @@ static void norm_inputs(colibri_ctx *c, const token_buffers *tb, const float *we
     c->xn_quantized = 0;
 }
 
-/* The attention half of a layer for every token: x += Wo attention(rmsnorm(x)) (+ bo), or in a SHORT_CONV layer
- * its convolution of rmsnorm(x), the output normed first with POST_ATTN_NORM. Token t sits at position c->pos + t
- * and sees the positions before it, its batch-mates included. kv_base: where the rows of the cache it attends over
- * (kv_source's) start in the KV cache; conv_state: a convolving layer's state. */
-static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer, size_t kv_base, float *conv_state) {
+/* The attention half of a layer for every token: x += Wo attention(rmsnorm(x)) (+ bo), or in a SHORT_CONV or DELTA_NET
+ * layer its convolution or DeltaNet of rmsnorm(x), the output normed first with POST_ATTN_NORM. Token t sits at
+ * position c->pos + t and sees the positions before it, its batch-mates included. kv_base: where the rows of the cache
+ * it attends over (kv_source's) start in the KV cache; state: the layer's state (blocks/state.c). */
+static void attention(colibri_ctx *c, const token_buffers *tb, uint32_t layer, size_t kv_base, float *state) {
     const model_dims *d = &c->d;
     const uint32_t n = tb->n;
     norm_inputs(c, tb, layer_w(c, layer, ROLE_ATTN_NORM));
     if (layer_conv(d, layer)) {
-        short_conv(c, tb, layer, conv_state);
+        short_conv(c, tb, layer, state);
+    } else if (layer_delta(d, layer)) {
+        delta_net(c, tb, layer, state);
     } else {
         const float *o_in = WITH_MLA && d->kv_lora ? attention_mla(c, tb, layer, kv_base) : attention_mha(c, tb, layer, kv_base);
         weight wo = matrix(c, layer_index(c, layer, ROLE_WO));
@@ -245,7 +249,7 @@ static size_t kv_start(const model_dims *d, uint32_t layer) {
  * the conv state. */
 static colibri_status pass_failed(const colibri_ctx *c, uint32_t n, colibri_status st) {
     if (WITH_WINDOW_RINGS && n > 1 && c->rings.rows) rings_save(c, n, 1);
-    if (WITH_SHORT_CONV && c->d.conv_kernel) conv_state_copy(c, c->a.conv_state, c->a.conv_saved);
+    if ((WITH_SHORT_CONV || WITH_DELTA_NET) && c->a.state) state_copy(c, c->a.state, c->a.state_saved);
     return st;
 }
 
@@ -253,7 +257,7 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
     const model_dims *d = &c->d;
     const token_buffers tb = tokens_in(c, n);
     if (WITH_WINDOW_RINGS && n > 1 && c->rings.rows) rings_save(c, n, 0); /* over window rings: what the pass overwrites */
-    if (WITH_SHORT_CONV && d->conv_kernel) conv_state_begin(c);
+    if ((WITH_SHORT_CONV || WITH_DELTA_NET) && c->a.state) state_begin(c);
     weight embd = matrix(c, global_tensor_index(d, ROLE_TOKEN_EMBD));
     for (uint32_t t = 0; t < n; t++) weight_row(tb.x + (size_t)t * d->dim, &embd, tokens[t]);
     if (WITH_GEMMA4 && d->embed_scale != 0.0f)
@@ -262,14 +266,15 @@ colibri_status model_forward(colibri_ctx *c, const uint32_t *tokens, uint32_t n,
 
     /* Each layer's KV rows follow every earlier layer's (arena_plan's order), so their starts are a running sum. A
      * sharing layer reads its kv_source's rows, which start where that layer's do. */
-    size_t kv_end = 0, conv_at = 0; /* and each convolving layer's state follows the one before */
+    size_t kv_end = 0, state_at = 0; /* and each layer's state follows the one before */
     for (uint32_t layer = 0; layer < d->n_layers; layer++) {
         colibri_layer_trace t = { .layer = layer, .cycles_expert = c->a.topk_cycles };
         const size_t kv_base = layer_kv_shared(d, layer) ? kv_start(d, kv_source(d, layer)) : kv_end;
         kv_end += (size_t)kv_rows(d, layer) * layer_kv_dim(d, layer);
         uint64_t t0 = ctx_now(c);
-        attention(c, &tb, layer, kv_base, layer_conv(d, layer) ? c->a.conv_state + conv_at : 0);
-        if (layer_conv(d, layer)) conv_at += (size_t)(d->conv_kernel - 1) * d->dim;
+        const size_t state_elements = layer_state_elements(d, layer);
+        attention(c, &tb, layer, kv_base, state_elements ? c->a.state + state_at : 0);
+        state_at += state_elements;
         t.cycles_attention = ctx_now(c) - t0;
         if (WITH_TRACE_CRC && c->opts.trace) t.crc_attention = residual_crc(c, &tb, n - 1);
         c->stats.cycles_attention += t.cycles_attention;

@@ -21,8 +21,9 @@ typedef struct {
     int8_t *xq, *hq;
     float *xq_scale, *hq_scale;
     int32_t *xq_sum, *hq_sum;
-    float *bcx;                    /* a short convolution's b, c and x */
-    float *conv_state, *conv_saved; /* the convolving layers' last inputs, and their copy from before the pass */
+    float *mix;                /* a short convolution's or a DeltaNet's projections (blocks/conv.c, deltanet.c) */
+    float *q_gate;             /* the attention gate's projection (ATTN_GATE) */
+    float *state, *state_saved; /* the layers' state (blocks/state.c), and its copy from before the pass */
     void *k_cache, *v_cache; /* f32 or f16 (the image's kv_dtype); MLA has no v_cache */
 } arena_buffers;
 
@@ -38,7 +39,8 @@ typedef struct {
     float *x, *xn, *q, *q_a, *k, *v, *q_att, *attn_out, *o_in, *ple, *moe_out, *gate, *up, *ffn_out;
     /* ple: Gemma 4's per-layer inputs, n_layers * ple_dim a token, then ple_dim a token of scratch */
     float *gx;                 /* the xn rows of one expert's tokens, gathered */
-    float *bcx;                /* a short convolution's b, c and x (3 dim a token) */
+    float *mix;                /* a short convolution's or a DeltaNet's projections (mix_dim a token) */
+    float *q_gate;             /* the attention gate's projection (q_dim a token) */
     float *expert_out;         /* a batch's routed expert outputs per (token, rank); NULL for one token */
     /* a batch's (token, rank) pairs, as token * top_k + rank, linked by expert: each expert's first pair
      * (n_experts), and each pair's next one that chose the same expert (n * top_k); NULL for one token */

@@ -26,7 +26,7 @@ static const struct { uint32_t need, deny; } CONDITIONS[] = { IMG_CONDITIONS(CON
 static const struct { uint8_t rows, cols, when, attrs; } ROLE_SPECS[] = { IMG_ROLE_SPECS(ROLE_ROW) }; /* [role - 1] */
 
 uint32_t kv_rows(const model_dims *d, uint32_t layer) {
-    if (layer_conv(d, layer)) return 0; /* no KV cache: a conv state (arena.c) */
+    if (layer_conv(d, layer) || layer_delta(d, layer)) return 0; /* no KV cache: a state (blocks/state.c) */
     return layer_windowed(d, layer) ? d->window : d->max_seq;
 }
 
@@ -41,6 +41,7 @@ static uint32_t layer_facts(const model_dims *d, uint32_t layer) {
     if (k->ffn != LAYER_FFN_MOE) facts |= IMG_FACT_DENSE;
     if (mla) facts |= IMG_FACT_MLA | (d->q_lora ? IMG_FACT_Q_LORA : 0);
     if (layer_conv(d, layer)) facts |= IMG_FACT_CONV;
+    else if (layer_delta(d, layer)) facts |= IMG_FACT_DELTA;
     else if (!mla && !kv_shared) facts |= IMG_FACT_OWN_KV;
     if (k->qk_norm) facts |= IMG_FACT_QK_NORM;
     if (kv_shared) facts |= IMG_FACT_KV_SHARED;
@@ -53,7 +54,7 @@ static uint32_t layer_facts(const model_dims *d, uint32_t layer) {
 
 /* The numbers a layer's tensor shapes are made of (format/schema.toml [[term]]), each <= 2^24 (read_dims). */
 static void shape_terms(const model_dims *d, uint32_t layer, uint32_t t[TERM_COUNT]) {
-    _Static_assert(TERM_COUNT == 26, "shape_terms sets every term of format/schema.toml");
+    _Static_assert(TERM_COUNT == 30, "shape_terms sets every term of format/schema.toml");
     const uint32_t hd = layer_head_dim(d, layer), q_dim = d->n_heads * hd, kv_dim = layer_kv_dim(d, layer);
     const int head_norm = kind_of(d, layer)->qk_norm == LAYER_QK_NORM_HEAD, mla = WITH_MLA && d->kv_lora != 0;
     t[TERM_NONE] = 0;
@@ -81,6 +82,10 @@ static void shape_terms(const model_dims *d, uint32_t layer, uint32_t t[TERM_COU
     t[TERM_NOPE] = WITH_MLA ? d->head_dim - d->rope_dim : 0; /* MLA: rope_dim < head_dim; else equal */
     t[TERM_CONV_IN] = WITH_SHORT_CONV ? 3 * d->dim : 0; /* <= 2^24 with convolutions: read_dims */
     t[TERM_CONV_K] = WITH_SHORT_CONV ? d->conv_kernel : 0;
+    t[TERM_DN_CONV] = WITH_DELTA_NET ? d->dn_conv : 0;
+    t[TERM_DN_V] = WITH_DELTA_NET ? d->dn_v_heads * d->dn_v_dim : 0;
+    t[TERM_DN_HEADS] = WITH_DELTA_NET ? d->dn_v_heads : 0;
+    t[TERM_DN_V_DIM] = WITH_DELTA_NET ? d->dn_v_dim : 0;
     t[TERM_P] = WITH_PER_LAYER_INPUTS ? d->ple_dim : 0;
     t[TERM_LP] = WITH_PER_LAYER_INPUTS ? d->n_layers * d->ple_dim : 0;
 }

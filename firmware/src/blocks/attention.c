@@ -104,13 +104,16 @@ static void rope(float *v, uint32_t n, uint32_t stride, uint32_t dim, int pairs,
     }
 }
 
-/* Position pos's cos and sin rows of the RoPE tables `layer` rotates with (Gemma 4's global layers: their own). */
-static void rope_rows(const colibri_ctx *c, uint32_t layer, uint32_t pos, const float **cos, const float **sin) {
+/* Position pos's cos and sin rows of the RoPE tables `layer` rotates with (Gemma 4's global layers: their own), and
+ * how many of a head's first dims they rotate (rope_dim: all, or Qwen3.5's part). */
+static uint32_t rope_rows(const colibri_ctx *c, uint32_t layer, uint32_t pos, const float **cos, const float **sin) {
     const model_dims *d = &c->d;
     const int global = WITH_GEMMA4 && (kind_of(d, layer)->options & LAYER_OPT_GLOBAL_ROPE);
-    const size_t at = (size_t)pos * ((global ? d->global_head_dim : d->rope_dim) / 2);
+    const uint32_t rotated = global ? d->global_head_dim : d->rope_dim;
+    const size_t at = (size_t)pos * (rotated / 2);
     *cos = tensor(c, global_tensor_index(d, global ? ROLE_GLOBAL_ROPE_COS : ROLE_ROPE_COS)) + at;
     *sin = tensor(c, global_tensor_index(d, global ? ROLE_GLOBAL_ROPE_SIN : ROLE_ROPE_SIN)) + at;
+    return rotated;
 }
 
 /* Standard attention's q, k, v for every token, then each token in turn: q/k (and v) norms, clipping, RoPE,
@@ -138,6 +141,11 @@ static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint3
     add_bias(c, tb->v, kv_dim, n, layer, ROLE_BV);
     if (k_is_v)
         for (size_t i = 0; i < (size_t)n * kv_dim; i++) tb->v[i] = tb->k[i];
+    const int gated = WITH_DELTA_NET && (kind->options & LAYER_OPT_ATTN_GATE);
+    if (gated) { /* Qwen3.5's gate on each head's output */
+        weight wg = matrix(c, layer_index(c, layer, ROLE_WQ_GATE));
+        matmul(c, tb, tb->q_gate, &wg, tb->xn, n);
+    }
     const int qk_norms = kind->qk_norm != LAYER_QK_NORM_NONE, full_norm = kind->qk_norm == LAYER_QK_NORM_FULL;
     const int exchange = WITH_WINDOW_RINGS && shared && n > 1 && layer_windowed(d, cache); /* saved rows: the ring before */
     if (exchange) ring_rows(c, cache, layer_base, c->rings.shared, 0, n, 1);
@@ -145,10 +153,10 @@ static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint3
         const uint32_t pos = c->pos + t;
         float *q = tb->q + (size_t)t * q_dim, *k = tb->k + (size_t)t * kv_dim, *v = tb->v + (size_t)t * kv_dim;
         const float *cos, *sin;
-        rope_rows(c, layer, pos, &cos, &sin);
+        const uint32_t rotated = rope_rows(c, layer, pos, &cos, &sin);
         if (qk_norms) qk_norm(c, full_norm, q, d->n_heads, hd, layer_w(c, layer, ROLE_Q_NORM));
         if (d->clip_qkv > 0.0f) clip(q, q_dim, d->clip_qkv);
-        rope(q, d->n_heads, hd, hd, pairs, cos, sin);
+        rope(q, d->n_heads, hd, rotated, pairs, cos, sin);
         if (!shared) { /* this position's k and v into the layer's cache */
             if (qk_norms) qk_norm(c, full_norm, k, kv_heads, hd, layer_w(c, layer, ROLE_K_NORM));
             if (WITH_GEMMA4 && (kind->options & LAYER_OPT_V_NORM)) head_norm(c, v, kv_heads, hd, 0);
@@ -156,13 +164,15 @@ static const float *attention_mha(colibri_ctx *c, const token_buffers *tb, uint3
                 clip(k, kv_dim, d->clip_qkv);
                 clip(v, kv_dim, d->clip_qkv);
             }
-            rope(k, kv_heads, hd, hd, pairs, cos, sin);
+            rope(k, kv_heads, hd, rotated, pairs, cos, sin);
             const size_t row = layer_base + (size_t)(pos % kv_rows(d, layer)) * kv_dim;
             kv_store(c, c->a.k_cache, row, k, kv_dim);
             kv_store(c, c->a.v_cache, row, v, kv_dim);
         }
         if (exchange) ring_rows(c, cache, layer_base, c->rings.shared, t, t + 1, 1); /* t's row back */
-        attend_heads(c, layer, cache, layer_base, pos, q, tb->attn_out + (size_t)t * q_dim);
+        float *out = tb->attn_out + (size_t)t * q_dim;
+        attend_heads(c, layer, cache, layer_base, pos, q, out);
+        for (uint32_t i = 0; gated && i < q_dim; i++) out[i] *= 1.0f / (1.0f + colibri_expf(-tb->q_gate[(size_t)t * q_dim + i]));
     }
     return tb->attn_out;
 }
