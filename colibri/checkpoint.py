@@ -416,7 +416,8 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
         for key in [k for k in tensors if k[0] == role]:
             tensors[key] = _scaled(tensors[key], np.float32(cfg[config_key]), divide)
     tied = tied and tensors[lm_head] is tensors[(Role.TOKEN_EMBD, NO_INDEX, NO_INDEX)]  # stored once only when still one
-    unused = sorted(name for name, t in raw.items() if name not in used and t.size)  # empty ones add nothing
+    unused = sorted(name for name, t in raw.items()  # empty ones add nothing; those transformers ignores neither
+                    if name not in used and t.size and not name.startswith(fam.ignored_prefixes))
     if unused:
         raise UnsupportedModel(f"checkpoint has tensors the runtime would ignore: {', '.join(unused[:5])}"
                                + (" ..." if len(unused) > 5 else ""))

@@ -761,6 +761,27 @@ def test_glm_refuses_what_it_cannot_run(changes, field):
         read_config({**GLM_RELEASED, **changes}, 32)
 
 
+def test_qwen35s_multi_token_prediction_layers_are_left_out_as_transformers_leaves_them(family_images, tmp_path):
+    """Released Qwen3.5 checkpoints carry mtp.* tensors, which transformers does not load (its
+    _keys_to_ignore_on_load_unexpected): they pack to the image of the checkpoint without them; any other tensor
+    the runtime would not use is still refused."""
+    from safetensors.numpy import load_file, save_file
+
+    from colibri.checkpoint import UnsupportedModel
+    ckpt, image = family_images["qwen35moe"]
+    for extra, packs in (("mtp.layers.0.mlp.gate.weight", True), ("model.layers.0.mlp.spare.weight", False)):
+        copy = tmp_path / extra
+        shutil.copytree(ckpt, copy)
+        tensors = load_file(copy / "model.safetensors")
+        save_file({**tensors, extra: np.ones((4, 4), np.float32)}, copy / "model.safetensors")
+        if packs:
+            pack(copy, tmp_path / "mtp.img", max_seq=32, expert_align=64)
+            assert (tmp_path / "mtp.img").read_bytes() == image.read_bytes()
+        else:
+            with pytest.raises(UnsupportedModel, match="spare"):
+                pack(copy, tmp_path / "spare.img", max_seq=32, expert_align=64)
+
+
 def test_the_state_does_not_grow_with_the_context(tmp_path, capsys):
     """Qwen3.5's DeltaNet layers keep a state sized by the model: packed for 64 and for 512 positions, the state is
     the same bytes, only the attention layer's KV cache grows; the footprint report puts the state beside what a KV

@@ -79,6 +79,8 @@ class Family:
     attn_scale_key: str = ""    # config field of the softmax scale (else 1/sqrt(head_dim))
     eps_key: str = "rms_norm_eps"  # config field of the RMSNorms' epsilon
     partial_rope: bool = False     # RoPE turns a head's first partial_rotary_factor · head_dim dims (rope_dim)
+    # checkpoint tensors transformers' class does not load (its _keys_to_ignore_on_load_unexpected), nor the packer
+    ignored_prefixes: tuple[str, ...] = ()
     # config fields whose value multiplies a role's weights as packed (1 / value with `divide`): a scale the
     # architecture applies to a layer's output, folded into the matrix that makes it
     weight_scales: tuple[tuple[Role, str, bool], ...] = ()

@@ -95,5 +95,6 @@ FAMILIES = {
         moe=True, expert_ffn_key="moe_intermediate_size", moe_prefix="mlp",
         expert_names=("gate_proj", "up_proj", "down_proj"), fused_experts=("experts.gate_up_proj", "experts.down_proj"),
         qk_norm=FLAG_QK_NORM_HEAD, shared_expert=True, norm_topk_default=True, partial_rope=True,
-        own_keys=(*KEYS, "full_attention_interval"), derive=derive, tensor=tensor),
+        own_keys=(*KEYS, "full_attention_interval"), derive=derive, tensor=tensor,
+        ignored_prefixes=("mtp.",)),  # the multi-token-prediction layers, which transformers does not load either
 }
