@@ -43,6 +43,7 @@ HARMLESS = {
     "_name_or_path", "pretraining_tp", "tokenizer_class", "output_attentions", "output_hidden_states",
     "return_dict", "id2label", "label2id", "problem_type", "use_return_dict",
     "num_nextn_predict_layers", "num_mtp_layers", "aux_loss_alpha", "seq_aux", "ep_size",  # DeepSeek's training and MTP
+    "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings",  # Qwen3.5's MTP layers, which transformers does not run
 }
 
 

@@ -772,6 +772,9 @@ def test_qwen35s_multi_token_prediction_layers_are_left_out_as_transformers_leav
     for extra, packs in (("mtp.layers.0.mlp.gate.weight", True), ("model.layers.0.mlp.spare.weight", False)):
         copy = tmp_path / extra
         shutil.copytree(ckpt, copy)
+        config = json.loads((copy / "config.json").read_text())  # and the released config's MTP fields
+        (copy / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1,
+                                                      "mtp_use_dedicated_embeddings": False}))
         tensors = load_file(copy / "model.safetensors")
         save_file({**tensors, extra: np.ones((4, 4), np.float32)}, copy / "model.safetensors")
         if packs:
