@@ -140,6 +140,10 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
         raise GGUFError(f"GGUF key {k(Keys.Attention.HEAD_COUNT_KV)} lists a KV head count per layer, which the "
                         f"{arch} architecture does not have")
 
+    if norm_topk_prob is not None and arch not in LLAMA_CPP_NORM_TOPK:
+        raise GGUFError(f"--norm-topk-prob is for {', '.join(sorted(LLAMA_CPP_NORM_TOPK))} files, whose router "
+                        f"llama.cpp renormalizes as expert_weights_norm says; llama.cpp fixes the router of an "
+                        f"architecture {arch} file: pack it without the option")
     norm = field(k(Keys.LLM.EXPERT_WEIGHTS_NORM), None, required=False) if norm_topk_prob is None else norm_topk_prob
     if norm is None:
         norm = LLAMA_CPP_NORM_TOPK.get(arch)

@@ -13,12 +13,11 @@ import numpy as np
 
 from colibri.dims import ModelDims, canonical_order, expected_shape, flags_of_record
 from colibri.format import (ALIGN, ENTRY_BYTES, HEADER_BYTES, HEADER_FIELDS, LAYER_ATTN_DELTA_NET, LAYER_ATTN_LATENT,
-                            LAYER_ATTN_SHORT_CONV,
-                            LAYER_ATTN_STANDARD, LAYER_BYTES, LAYER_ENUMS, LAYER_EXPERT_OPTIONS, LAYER_FFN_DENSE,
-                            LAYER_FFN_MOE, LAYER_FIELDS, LAYER_KNOWN_OPTIONS, LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V,
-                            LAYER_OPT_NORM_TOPK, LAYER_OPT_ROPE_PAIRS, LAYER_ROUTER_TOPK_SOFTMAX,
+                            LAYER_ATTN_SHORT_CONV, LAYER_ATTN_STANDARD, LAYER_BYTES, LAYER_ENUMS, LAYER_EXPERT_OPTIONS,
+                            LAYER_FFN_DENSE, LAYER_FFN_MOE, LAYER_FIELDS, LAYER_KNOWN_OPTIONS, LAYER_OPT_GLOBAL_ROPE,
+                            LAYER_OPT_K_IS_V, LAYER_OPT_NORM_TOPK, LAYER_OPT_ROPE_PAIRS, LAYER_ROUTER_TOPK_SOFTMAX,
                             LAYER_STANDARD_OPTIONS, MAGIC, MAX_CONV_KERNEL, MAX_DIM, MAX_EXPERTS, MAX_LAYER_KINDS,
-                            MAX_LAYERS, NO_INDEX, VERSION, Role)
+                            MAX_LAYERS, MAX_TOP_K, NO_INDEX, VERSION, Role)
 from colibri.quant import DType, Encoded
 from colibri.table import (ENTRY_STRUCT, HEADER_CRC_OFFSET, HEADER_STRUCT, LAYER_STRUCT, TensorEntry, crc32,
                            entry_encoded, expert_blocks)
@@ -233,6 +232,10 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
     # every layer lists its attention norm: more layers than entries is refused before anything per layer is built
     if n_layers > h["n_tensors"] or n_experts > MAX_EXPERTS:
         raise ImageError(f"{n_layers} layers of {n_experts} experts in a table of {h['n_tensors']} entries")
+    top_k, ffn = h["top_k"], h["ffn_size"]
+    if (not (1 <= top_k <= n_experts and ffn) if n_experts else top_k or ffn) or top_k > MAX_TOP_K:
+        raise ImageError(f"top_k {top_k} of {n_experts} experts of size {ffn}: with experts 1 <= top_k <= their "
+                         f"count (at most {MAX_TOP_K}) and a size, without them both 0")
     eps = h["topk_norm_eps"]
     if not (0.0 <= eps < 1.0 if n_experts else struct.pack("<f", eps) == bytes(4)):  # (NaN fails both)
         raise ImageError(f"topk_norm_eps {eps}: 0 <= eps < 1 with experts, else 0")

@@ -126,7 +126,6 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
         w.add_shortconv_l_cache(cfg.get("conv_L_cache", 3))
         w.add_leading_dense_block_count(cfg.get("num_dense_layers", 2))
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-        w.add_expert_weights_scale(cfg.get("routed_scaling_factor", 1.0))  # (llama.cpp's converter writes none: 1)
     else:
         w.add_head_count_kv(1 if deepseek else n_kv)  # MLA as MQA over the latent, as llama.cpp's converter writes it
     w.add_layer_norm_rms_eps(cfg["norm_eps" if lfm2 else "rms_norm_eps"])
@@ -160,7 +159,7 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         if cfg.get("shared_expert_intermediate_size"):
             w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
-        if write_norm_key and arch not in ("llama", "granitemoe"):
+        if write_norm_key and arch not in ("llama", "granitemoe", "lfm2moe"):  # (converters that write none)
             w.add_expert_weights_norm(bool(cfg.get("norm_topk_prob", False)))
 
     def name(tensor: MODEL_TENSOR, layer: int | None = None, kind: str = "weight") -> str:

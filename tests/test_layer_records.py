@@ -213,20 +213,24 @@ def test_convolving_layers_run_their_records_bit_for_bit(lib, dtype):
     runs_bit_for_bit(lib, data, split=7, batch=5)
 
 
-@pytest.mark.parametrize("what,change", [
-    ("a q/k norm", lambda d: kind_field(d, 0, "qk_norm", fmt.LAYER_QK_NORM_HEAD)),
-    ("standard attention's option", lambda d: kind_field(d, 0, "options", fmt.LAYER_OPT_QKV_BIAS)),
-    ("a window", lambda d: kind_field(d, 0, "window", 4)),
-    ("a head size of its own", lambda d: kind_field(d, 2, "head_dim", 4)),
-    ("a cache of another layer", lambda d: kind_field(d, 0, "kv_source", 1)),
-    ("no kernel size", lambda d: _header(d, "conv_kernel", 0)),
-    ("a kernel of one position", lambda d: _header(d, "conv_kernel", 1)),
-    ("a kernel past the cap", lambda d: _header(d, "conv_kernel", fmt.MAX_CONV_KERNEL + 1)),
-    ("a NaN renormalization epsilon", lambda d: _header(d, "topk_norm_eps", float("nan"))),
-    ("an epsilon of 1", lambda d: _header(d, "topk_norm_eps", 1.0)),
+RECORD_REFUSAL = "a short convolution or DeltaNet with attention's"
+
+
+@pytest.mark.parametrize("what,change,match", [
+    ("a q/k norm", lambda d: kind_field(d, 0, "qk_norm", fmt.LAYER_QK_NORM_HEAD), RECORD_REFUSAL),
+    ("standard attention's option", lambda d: kind_field(d, 0, "options", fmt.LAYER_OPT_QKV_BIAS), RECORD_REFUSAL),
+    ("a window", lambda d: kind_field(d, 0, "window", 4), RECORD_REFUSAL),
+    ("a head size of its own", lambda d: kind_field(d, 2, "head_dim", 4), RECORD_REFUSAL),
+    # an earlier layer's cache, which a sharing attention layer could name: only the convolution's clause refuses it
+    ("a cache of another layer", lambda d: kind_field(d, 2, "kv_source", 0), RECORD_REFUSAL),
+    ("no kernel size", lambda d: _header(d, "conv_kernel", 0), "conv_kernel"),
+    ("a kernel of one position", lambda d: _header(d, "conv_kernel", 1), "conv_kernel"),
+    ("a kernel past the cap", lambda d: _header(d, "conv_kernel", fmt.MAX_CONV_KERNEL + 1), "conv_kernel"),
+    ("a NaN renormalization epsilon", lambda d: _header(d, "topk_norm_eps", float("nan")), "topk_norm_eps"),
+    ("an epsilon of 1", lambda d: _header(d, "topk_norm_eps", 1.0), "topk_norm_eps"),
 ])
-def test_the_verifier_and_reader_refuse_a_convolution_they_cannot_run(lib, what, change):
-    refused_by_both(lib, change(random_image(CONV_DIMS, DType.F32, expert_align=64)))
+def test_the_verifier_and_reader_refuse_a_convolution_they_cannot_run(lib, what, change, match):
+    refused_by_both(lib, change(random_image(CONV_DIMS, DType.F32, expert_align=64)), match)
 
 
 def test_a_kernel_size_without_a_convolving_layer_is_refused(lib):

@@ -456,6 +456,19 @@ def test_the_host_reader_refuses_what_the_verifier_refuses():
 
 
 
+@pytest.mark.parametrize("name,value", [("top_k", 0), ("top_k", 9), ("top_k", 1 << 31), ("ffn_size", 0)])
+def test_a_router_that_cannot_choose_is_refused_by_both(lib, name, value):
+    """With experts, 1 <= top_k <= n_experts and an expert size; the verifier refuses anything else, and the host
+    reader must too rather than build a reference that picks no expert or more than there are."""
+    from colibri.quant import DType
+    from colibri.synthetic import moe_dims, random_image
+    dims = moe_dims(hidden=8, ffn=4, experts=8, layers=2, top_k=2, vocab=32, max_seq=16)
+    bad = bytes(field(name, value)(bytearray(random_image(dims, DType.F32, expert_align=64))))
+    assert lib.verify(bad)[0] == STATUS["E_IMAGE_DIMS"]
+    with pytest.raises(im.ImageError, match="top_k"):
+        read_image(bad)
+
+
 def test_a_sharing_layer_with_options_its_source_lacks_is_refused(lib):
     """A KV-sharing layer reads its source's cache as that layer stored it: a record whose options differ from its
     source's (here keys as values, which the source's cache was not made with) is refused, not run (review of format

@@ -77,8 +77,9 @@ def tensor(raw: dict, d, key: tuple[Role, int, int]):
 
 def gguf_config(f: GGUFFile) -> dict:
     """The LFM2-MoE config fields of an lfm2moe file, as llama.cpp runs it: sigmoid gating (the only one its
-    converter writes), the top-k weights renormalized (build_moe_ffn's norm_w in src/models/lfm2.cpp; its converter
-    writes no expert_weights_norm, which a file may state otherwise)."""
+    converter writes), the top-k weights always renormalized and never scaled (src/models/lfm2.cpp passes norm_w
+    true, and src/models/lfm2moe.cpp reads neither expert_weights_norm nor expert_weights_scale, which its converter
+    does not write: a file that states them runs as llama.cpp runs it, as LFM2-8B-A1B's config has them)."""
     field, k, n_layers = f.field, f.key, f.n_layers
     gating = field(k(Keys.LLM.EXPERT_GATING_FUNC), None, required=False)
     if gating != gguf.ExpertGatingFuncType.SIGMOID:
@@ -93,8 +94,7 @@ def gguf_config(f: GGUFFile) -> dict:
         "moe_intermediate_size": int(field(k(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH))),
         "use_expert_bias": any(gguf_name(MODEL_TENSOR.FFN_EXP_PROBS_B, layer) + ".bias" in f.tensors
                                for layer in range(n_layers)),
-        "norm_topk_prob": bool(field(k(Keys.LLM.EXPERT_WEIGHTS_NORM), True, required=False)),
-        "routed_scaling_factor": float(field(k(Keys.LLM.EXPERT_WEIGHTS_SCALE), 1.0, required=False)),
+        "norm_topk_prob": True, "routed_scaling_factor": 1.0,
     }
 
 
