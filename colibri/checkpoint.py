@@ -44,6 +44,7 @@ HARMLESS = {
     "return_dict", "id2label", "label2id", "problem_type", "use_return_dict",
     "num_nextn_predict_layers", "num_mtp_layers", "aux_loss_alpha", "seq_aux", "ep_size",  # DeepSeek's training and MTP
     "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings",  # Qwen3.5's MTP layers, which transformers does not run
+    "block_mlp_init_scale", "block_out_init_scale", "block_use_xavier_init", "conv_use_xavier_init",  # LFM2's init
 }
 
 

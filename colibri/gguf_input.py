@@ -115,6 +115,8 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
         return value
 
     arch = field(Keys.General.ARCHITECTURE)
+    if arch not in ARCHITECTURES:  # (before any key of the architecture's is looked for)
+        raise GGUFError(f"GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}")
     k = lambda key: key.format(arch=arch)  # noqa: E731
     n_layers = int(field(k(Keys.LLM.BLOCK_COUNT)))
     # multi-token-prediction layers (GLM-4.7-Flash's, DeepSeek-V3's) come after the trunk; llama.cpp runs the trunk
@@ -131,8 +133,6 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
                         f"{k(Keys.Attention.HEAD_COUNT_KV)}={n_head_kv}: an image has 1 to {MAX_LAYERS} layers, and "
                         "a model at least one head")
     n_experts = int(field(k(Keys.LLM.EXPERT_COUNT), 0, required=False))
-    if arch not in ARCHITECTURES:
-        raise GGUFError(f"GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}")
     by_experts = ARCHITECTURES[arch]
     hf_arch = by_experts.get(bool(n_experts)) or next(iter(by_experts.values()))  # one family: whatever the count
     fam = FAMILIES[hf_arch]

@@ -95,6 +95,10 @@ def check_records(h: dict, kinds: list[dict], kind_of: list[int]) -> None:
     """The layer records as the verifier checks them (image.c, layer_kinds; docs/FORMAT.md "Layers"): each record
     on its own, then each layer's kind and the KV cache it reads. ImageError names the first record refused."""
     mla, window, global_head = h["kv_lora_rank"] != 0, 0, 0
+    rope, head = h["rope_dim"], h["head_dim"]  # (image.c, attention_dims)
+    if rope == 0 or rope % 2 or (rope >= head if mla else rope > head):
+        raise ImageError(f"rope_dim {rope} with head_dim {head}: RoPE turns an even number of a head's dims, at least "
+                         "2 and at most the head (fewer than it beside latent attention)")
     for k, r in enumerate(kinds):
         def refuse(why: str) -> ImageError:
             return ImageError(f"layer record {k}: {why}")
@@ -141,8 +145,8 @@ def check_records(h: dict, kinds: list[dict], kind_of: list[int]) -> None:
     deltas = sum(kinds[k]["attention"] == LAYER_ATTN_DELTA_NET for k in kind_of)
     if bool(convs + deltas) != bool(h["conv_kernel"]) or not (h["conv_kernel"] == 0 or 2 <= h["conv_kernel"] <= MAX_CONV_KERNEL) \
             or (convs and 3 * h["hidden_size"] > MAX_DIM):
-        raise ImageError(f"conv_kernel {h['conv_kernel']} with {convs} convolving layers: 2..{MAX_CONV_KERNEL} exactly "
-                         "when some layer convolves (and 3 * hidden_size <= 2^24)")
+        raise ImageError(f"conv_kernel {h['conv_kernel']} with {convs} short convolution and {deltas} DeltaNet layers: "
+                         f"2..{MAX_CONV_KERNEL} exactly when some layer convolves (and 3 * hidden_size <= 2^24)")
     hk, hv, dk, dv = (h[f] for f in ("dn_k_heads", "dn_v_heads", "dn_k_dim", "dn_v_dim"))
     mix = 2 * hk * dk + hv * dv + 2 * hv * dv + 2 * hv
     if (not (hk and hv and dk and dv and hv % hk == 0 and mix <= MAX_DIM)) if deltas else (hk or hv or dk or dv):

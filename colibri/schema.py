@@ -2,7 +2,7 @@
 the C header the runtime and the fuzz harness read (firmware/src/format.h), the Python constants (colibri/format.py,
 colibri/codes.py), the fuzz harnesses' dictionaries (tests/fuzz/*.dict), the tables of docs/FORMAT.md, and the
 status codes, their messages and the link's frame types and error codes in firmware/include/colibri.h,
-firmware/src/colibri.c and boards/common/link.c, and the memory plan's buffer tables in firmware/src/arena.c, each
+firmware/src/colibri.c and boards/common/link.c, and the memory plan's buffer tables in firmware/src/plan.h, each
 between its markers (`schema:NAME` ... `/schema:NAME`).
 
   python -m colibri.schema           # write the copies that differ
@@ -27,7 +27,7 @@ DOC = ROOT / "docs" / "FORMAT.md"
 API_HEADER = ROOT / "firmware" / "include" / "colibri.h"
 API_SOURCE = ROOT / "firmware" / "src" / "colibri.c"
 LINK_SOURCE = ROOT / "boards" / "common" / "link.c"
-ARENA_SOURCE = ROOT / "firmware" / "src" / "arena.c"
+PLAN_HEADER = ROOT / "firmware" / "src" / "plan.h"
 LINK_DICT = ROOT / "tests" / "fuzz" / "link.dict"
 IMAGE_DICT = ROOT / "tests" / "fuzz" / "image.dict"
 LINK_ERROR_BASE = 200  # link-level error codes start above every colibri_status
@@ -513,7 +513,7 @@ def _c_link_region(s: Schema) -> str:
 
 
 def _c_plan_region(s: Schema) -> str:
-    """arena.c's buffer tables: X(buffer, element bytes, count, condition) per lifetime, as C over model_dims d."""
+    """plan.h's buffer tables: X(buffer, element bytes, count, condition) per lifetime, as C over model_dims d."""
     term_c = {t["name"]: t["c"] for t in s.plan_terms}
     cond_c = {c["name"]: c["c"] for c in s.plan_conditions}
 
@@ -615,7 +615,7 @@ def outputs(s: Schema) -> dict[Path, str]:
             API_HEADER: replace_region(API_HEADER.read_text(), "status", _c_status_region(s), "colibri.h"),
             API_SOURCE: replace_region(API_SOURCE.read_text(), "status_messages", messages, "colibri.c"),
             LINK_SOURCE: replace_region(LINK_SOURCE.read_text(), "link", _c_link_region(s), "link.c"),
-            ARENA_SOURCE: replace_region(ARENA_SOURCE.read_text(), "plan", _c_plan_region(s), "arena.c"),
+            PLAN_HEADER: replace_region(PLAN_HEADER.read_text(), "plan", _c_plan_region(s), "plan.h"),
             LINK_DICT: render_link_dict(s), IMAGE_DICT: render_image_dict(s)}
 
 

@@ -101,6 +101,7 @@ def check_runnable(d: ModelDims) -> None:
                                                   "n_group", "max_seq", "head_dim", "n_kv_heads", "n_heads",
                                                   "conv_kernel", "hidden_size", "dn_k_heads", "dn_v_heads",
                                                   "dn_k_dim", "dn_v_dim")}
+    header["rope_dim"] = d.rope_width  # (as the header holds it: 0 in ModelDims is the whole head)
     try:  # the records as the verifier checks them (the reader's copy of image.c's layer_kinds)
         check_records(header, [dict(zip(LAYER_FIELDS, k)) for k in kinds], list(kind_map))
     except ImageError as exc:

@@ -19,7 +19,7 @@ ARCH = {"MixtralForCausalLM": "llama", "LlamaForCausalLM": "llama", "Qwen2ForCau
         "Qwen3ForCausalLM": "qwen3", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe",
         "OlmoeForCausalLM": "olmoe", "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2",
         "Glm4MoeLiteForCausalLM": "deepseek2",
-        "GraniteMoeForCausalLM": "granitemoe", "Lfm2MoeForCausalLM": "lfm2moe"}
+        "GraniteMoeForCausalLM": "granitemoe", "Lfm2MoeForCausalLM": "lfm2moe", "Lfm2ForCausalLM": "lfm2"}
 Q = gguf.GGMLQuantizationType
 
 
@@ -100,6 +100,17 @@ def add_deepseek_keys(w: gguf.GGUFWriter, cfg: dict) -> None:
         w.add_expert_group_used_count(cfg["topk_group"])
 
 
+def lfm2_mlp_size(cfg: dict) -> int:
+    """The MLP width dense LFM2's converter writes (conversion/lfm2.py's _add_feed_forward_length): LFM2's rule."""
+    size = cfg.get("block_ff_dim", cfg["intermediate_size"])
+    if cfg["block_auto_adjust_ff_dim"]:
+        size = int(2 * size / 3)
+        if cfg["block_ffn_dim_multiplier"] is not None:
+            size = int(cfg["block_ffn_dim_multiplier"] * size)
+        size = cfg["block_multiple_of"] * ((size + cfg["block_multiple_of"] - 1) // cfg["block_multiple_of"])
+    return size
+
+
 def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = True,
                extra: dict[str, np.ndarray] | None = None, placeholder_vocab: bool = False,
                tokenizer: bool = False, mtp_layers: int = 0) -> Path:
@@ -118,16 +129,17 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
         w.add_nextn_predict_layers(mtp_layers)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg.get("intermediate_size", 0))
+    lfm2 = arch in ("lfm2", "lfm2moe")
+    w.add_feed_forward_length(lfm2_mlp_size(cfg) if arch == "lfm2" else cfg.get("intermediate_size", 0))
     w.add_head_count(n_head)
-    lfm2 = arch == "lfm2moe"
     if lfm2:  # conversion/lfm2.py: KV heads per layer, 0 where it convolves
         w.add_head_count_kv([n_kv if kind == "full_attention" else 0 for kind in cfg["layer_types"]])
         w.add_shortconv_l_cache(cfg.get("conv_L_cache", 3))
-        w.add_leading_dense_block_count(cfg.get("num_dense_layers", 2))
-        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     else:
         w.add_head_count_kv(1 if deepseek else n_kv)  # MLA as MQA over the latent, as llama.cpp's converter writes it
+    if arch == "lfm2moe":
+        w.add_leading_dense_block_count(cfg.get("num_dense_layers", 2))
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     w.add_layer_norm_rms_eps(cfg["norm_eps" if lfm2 else "rms_norm_eps"])
     if placeholder_vocab:
         add_placeholder_vocab(w, cfg["vocab_size"])

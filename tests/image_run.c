@@ -24,16 +24,12 @@
     X(q_lora) X(kv_lora) X(rope_dim) X(v_head_dim) X(attn_scale) X(n_group) X(topk_group) X(group_top)               \
     X(routed_scale) X(swiglu_alpha) X(swiglu_limit) X(embed_scale) X(logit_softcap) X(ple_dim) X(q_dim) X(kv_dim)    \
     X(ffn_max) X(att_dim) X(val_dim) X(o_dim) X(in_blocks) X(n_tensors) X(n_entries) X(resident_bytes)               \
-    X(expert_block_max) X(streamed_experts) X(expert_crc_offset) X(prefill_token_bytes) X(kinds) X(kind_of)
-/* the arena plan's and the prefill batch region's buffers, NULL or not */
-#define ARENA_FIELDS(X)                                                                                              \
-    X(tensors) X(x) X(xn) X(q) X(q_a) X(k_new) X(v_new) X(q_att) X(attn_out) X(o_in) X(ple) X(att) X(ffn_gate)       \
-    X(ffn_up) X(ffn_out) X(moe_out) X(router) X(topk_weight) X(topk_index) X(topk_cycles) X(logits) X(probs)         \
-    X(sample_index) X(xq) X(hq) X(xq_scale) X(hq_scale) X(xq_sum) X(hq_sum) X(k_cache) X(v_cache)
-#define BATCH_FIELDS(X)                                                                                              \
-    X(x) X(xn) X(q) X(q_a) X(k) X(v) X(q_att) X(attn_out) X(o_in) X(ple) X(moe_out) X(gate) X(up) X(ffn_out) X(gx)   \
-    X(expert_out) X(first_pair) X(next_pair) X(scalar) X(topk_index) X(topk_weight) X(xq) X(hq) X(xq_scale)          \
-    X(hq_scale) X(xq_sum) X(hq_sum)
+    X(conv_kernel) X(dn_k_heads) X(dn_v_heads) X(dn_k_dim) X(dn_v_dim) X(dn_conv) X(mix_dim) X(options_any)          \
+    X(topk_norm_eps) X(expert_block_max) X(streamed_experts) X(expert_crc_offset) X(table_offset) X(data_offset)    \
+    X(tensors_end) X(prefill_token_bytes) X(kinds) X(kind_of)
+/* the arena plan's and the prefill batch region's buffers, NULL or not: every one the schema's plan lists (plan.h) */
+#define ARENA_FIELDS(X) PLAN_MODEL_BUFFERS(X)
+#define BATCH_FIELDS(X) PLAN_PASS_BUFFERS(X)
 
 /* Names every field with an undefined byte on stderr; nonzero if there was one. */
 static int check_defined(const colibri_ctx *c) {
@@ -44,8 +40,8 @@ static int check_defined(const colibri_ctx *c) {
         undefined = 1;                                                                                               \
     }
 #define CHECK_D(f) CHECK(d, f)
-#define CHECK_A(f) CHECK(a, f)
-#define CHECK_B(f) CHECK(batch, f)
+#define CHECK_A(f, elem, count, when) CHECK(a, f)
+#define CHECK_B(f, elem, count, when) CHECK(batch, f)
     DIMS_FIELDS(CHECK_D)
     ARENA_FIELDS(CHECK_A)
     if (c->batch.n) {

@@ -138,6 +138,11 @@ FAMILIES += [
      layer_types=["conv", "conv", "full_attention", "conv", "full_attention"])),
     ("lfm2moe_k4", "Lfm2MoeForCausalLM", dict(LFM2, num_hidden_layers=3, num_dense_layers=0, conv_L_cache=4,
      use_expert_bias=False, norm_topk_prob=False, layer_types=["full_attention", "conv", "conv"])),
+    # dense LFM2: the same blocks, the layer kinds from full_attn_idxs, the MLP sized by LFM2's rule (60 -> 2/3 -> 40
+    # -> x1.3 -> 52 -> a multiple of 8: 56)
+    ("lfm2", "Lfm2ForCausalLM", dict(SMALL, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+     num_hidden_layers=4, intermediate_size=60, block_ffn_dim_multiplier=1.3,
+     block_multiple_of=8, full_attn_idxs=[1, 3])),
 ]
 QWEN35 = dict(SMALL, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, moe_intermediate_size=12,
               shared_expert_intermediate_size=10, num_experts=5, num_experts_per_tok=2, linear_conv_kernel_dim=4)
@@ -817,6 +822,14 @@ def test_the_state_does_not_grow_with_the_context(tmp_path, capsys):
     ("lfm2moe", {"num_dense_layers": 9}, "num_dense_layers"),
     ("lfm2moe", {"tie_embedding": False}, "tie_embedding"),
     ("lfm2moe", {"kv_lora_rank": 4}, "kv_lora_rank"),  # another family's field
+    ("lfm2moe", {"full_attn_idxs": [0]}, "full_attn_idxs"),  # dense LFM2's field
+    ("lfm2", {"block_use_swiglu": False}, "block_use_swiglu"),
+    ("lfm2", {"conv_dim": 64}, "conv_dim"),
+    ("lfm2", {"block_norm_eps": 1e-6}, "block_norm_eps"),
+    ("lfm2", {"layer_types": ["conv"] * 4}, "full_attn_idxs"),
+    ("lfm2", {"block_ffn_dim_multiplier": -1.0}, "block_ffn_dim_multiplier"),
+    ("lfm2", {"block_multiple_of": 0}, "block_multiple_of"),
+    ("lfm2", {"num_dense_layers": 1}, "num_dense_layers"),  # LFM2-MoE's field
     ("qwen35moe", {"attention_bias": True}, "attention_bias"),
     ("qwen35moe", {"layer_types": ["linear_attention"] * 3}, "layer_types"),
     ("qwen35moe", {"linear_num_key_heads": 3}, "linear_num_value_heads"),
@@ -826,8 +839,24 @@ def test_the_state_does_not_grow_with_the_context(tmp_path, capsys):
     ("qwen35moe", {"conv_L_cache": 3}, "conv_L_cache"),  # LFM2's field
 ])
 def test_the_state_families_refuse_what_they_cannot_run(name, changes, field):
-    """LFM2-MoE's and Qwen3.5's fields the runtime would not honour as transformers does are refused by name."""
+    """LFM2's, LFM2-MoE's and Qwen3.5's fields the runtime would not honour as transformers does are refused by name."""
     from colibri.checkpoint import UnsupportedModel, read_config
     _, arch, cfg = next(f for f in FAMILIES if f[0] == name)
     with pytest.raises(UnsupportedModel, match=field):
         read_config({**cfg, "architectures": [arch], **changes}, 32)
+
+
+@pytest.mark.parametrize("config", [
+    dict(intermediate_size=8192, block_ff_dim=12288, block_auto_adjust_ff_dim=True, block_ffn_dim_multiplier=1.0,
+         block_multiple_of=256),  # LFM2-1.2B's config.json: Lfm2Config takes block_ff_dim over intermediate_size
+    dict(intermediate_size=10752, block_ff_dim=10752, block_auto_adjust_ff_dim=False),  # LFM2-2.6B's
+    dict(intermediate_size=100, block_multiple_of=1),  # two thirds, rounded down
+    dict(intermediate_size=100, block_ffn_dim_multiplier=1.7, block_multiple_of=24),
+])
+def test_dense_lfm2_sizes_its_mlp_as_transformers_does(config):
+    """The width of Lfm2MLP's w1 that transformers builds from the config, read without building it."""
+    import transformers
+
+    from colibri.families.lfm2 import mlp_size
+    built = transformers.models.lfm2.modeling_lfm2.Lfm2MLP(transformers.Lfm2Config(hidden_size=4, **config))
+    assert mlp_size(config) == built.w1.out_features

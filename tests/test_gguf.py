@@ -224,16 +224,19 @@ def test_llama_cpp_files_match_transformers(name, firmwares, tmp_path):
 
 def test_converter_files_are_as_llama_cpp_writes_them():
     """What makes the converter's files worth testing apart from the project's writer: experts merged into
-    one 3-D tensor per layer, Qwen2-MoE's shared expert and its gate, a real tokenizer, the converter's q8_0."""
+    one 3-D tensor per layer (dense LFM2's file has none), Qwen2-MoE's shared expert and its gate, a real tokenizer, the converter's q8_0."""
     names = {f: {t.name for t in gguf.GGUFReader(str(FIXTURES / f"{f}.gguf")).tensors} for f in CONVERTED}
     assert set(names) == {"converted-mixtral-q8_0", "converted-qwen2moe-q4_k_m", "converted-deepseek3-q8_0",
                           "converted-gpt-oss-q8_0", "converted-granitemoe-q8_0", "converted-glm4-q8_0",
-                          "converted-lfm2moe-q8_0"}
+                          "converted-lfm2moe-q8_0", "converted-lfm2-q8_0"}
     lfm2 = gguf.GGUFReader(str(FIXTURES / "converted-lfm2moe-q8_0.gguf"))  # a KV head count per layer, 0: it convolves
     assert list(lfm2.fields["lfm2moe.attention.head_count_kv"].contents()) == [0, 2, 0]
     assert {"blk.0.shortconv.conv.weight", "blk.0.shortconv.in_proj.weight", "blk.1.attn_q_norm.weight",
             "token_embd_norm.weight", "blk.1.exp_probs_b.bias"} <= names["converted-lfm2moe-q8_0"]
     assert next(t for t in lfm2.tensors if t.name == "blk.0.shortconv.conv.weight").shape.tolist() == [3, 32]
+    dense = gguf.GGUFReader(str(FIXTURES / "converted-lfm2-q8_0.gguf")).fields  # the MLP as built: 2/3 of 144
+    assert dense["lfm2.feed_forward_length"].contents() == 96
+    assert list(dense["lfm2.attention.head_count_kv"].contents()) == [0, 2, 0]
     glm = gguf.GGUFReader(str(FIXTURES / "converted-glm4-q8_0.gguf")).fields  # GLM-4.7-Flash, as DeepSeek-V3's file
     assert bytes(glm["general.architecture"].parts[-1]).decode() == "deepseek2"
     assert {"blk.0.attn_k_b.weight", "blk.1.exp_probs_b.bias"} <= names["converted-glm4-q8_0"]
@@ -246,7 +249,11 @@ def test_converter_files_are_as_llama_cpp_writes_them():
     assert oss["blk.1.ffn_gate_exps.weight"] == oss["blk.1.ffn_down_exps.weight"] == "MXFP4"  # repacked by the converter
     assert {"blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight", "blk.1.exp_probs_b.bias"} <= names["converted-deepseek3-q8_0"]
     assert "blk.0.ffn_gate_exps.weight" not in names["converted-deepseek3-q8_0"]  # its first layer is dense
-    for tensors in names.values():
+    for name, tensors in names.items():
+        if name == "converted-lfm2-q8_0":  # (dense)
+            assert {"blk.0.ffn_gate.weight", "blk.1.attn_q.weight", "token_embd_norm.weight"} <= tensors
+            assert not any("exps" in t for t in tensors) and "output.weight" not in tensors
+            continue
         moe = 1 if "blk.1.exp_probs_b.bias" in tensors else 0
         assert {f"blk.{moe}.ffn_gate_exps.weight", f"blk.{moe}.ffn_up_exps.weight", f"blk.{moe}.ffn_down_exps.weight"} <= tensors
         assert "output.weight" not in tensors  # tied embeddings
@@ -359,6 +366,9 @@ def test_unknown_type_and_missing_key_are_named(tmp_path):
     other = _write_gguf(tmp_path / "arch.gguf", "gemma3", {"token_embd.weight": (a, None)}, 1)
     with pytest.raises(UnsupportedModel, match="architecture 'gemma3' is not supported"):
         pack(other, tmp_path / "x.img", 32, 64)
+    bare = _write_gguf(tmp_path / "bare.gguf", "gemma4", {"token_embd.weight": (a, None)})  # no key of its own
+    with pytest.raises(UnsupportedModel, match="architecture 'gemma4' is not supported"):
+        pack(bare, tmp_path / "x.img", 32, 64)
     nokey = _write_gguf(tmp_path / "nokey.gguf", "qwen2", {"token_embd.weight": (a, None)})
     with pytest.raises(UnsupportedModel, match="lacks required key qwen2.block_count"):
         pack(nokey, tmp_path / "y.img", 32, 64)

@@ -89,6 +89,21 @@ def test_open_leaves_no_field_undefined(images, tmp_path, lean):
     assert run_image(exe, images["base"], 6, 3) == "verify 0 open 0 feed 0"
 
 
+def test_the_undefined_check_names_every_field_of_the_model_description():
+    """tests/image_run.c's DIMS_FIELDS is the one hand-kept list the check above walks (the arena's and the batch's
+    buffers come from the schema's plan, plan.h): it must name every model_dims field, or a new one left unset at
+    open would go unseen."""
+    import re
+    header = (ROOT / "firmware" / "src" / "image.h").read_text()
+    body = re.search(r"typedef struct \{((?:(?!typedef struct).)*?)\} model_dims;", header, re.S).group(1)
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+    fields = {re.sub(r"\[.*", "", name).strip(" *") for decl in body.split(";") if decl.strip()
+              for name in re.sub(r"^\s*\w+\s+", "", decl.strip()).split(",")}
+    run = (ROOT / "tests" / "image_run.c").read_text()
+    listed = set(re.findall(r"X\((\w+)\)", run[run.index("#define DIMS_FIELDS"):run.index("#define ARENA_FIELDS")]))
+    assert len(fields) >= 50 and listed == fields, (sorted(fields - listed), sorted(listed - fields))
+
+
 @pytest.fixture(scope="module")
 def asan_firmware():
     return build("hosted", "asan") / "firmware.elf"

@@ -20,7 +20,7 @@ def test_the_check_names_a_copy_edited_by_hand(tmp_path, monkeypatch, capsys):
     message, a frame type, a link error code) fails the check, and writing puts the schema's text back."""
     copies = {}
     for attr in ("C_HEADER", "PY_MODULE", "PY_CODES", "DOC", "API_HEADER", "API_SOURCE", "LINK_SOURCE", "LINK_DICT",
-                 "IMAGE_DICT"):
+                 "IMAGE_DICT", "PLAN_HEADER"):
         path = tmp_path / getattr(schema, attr).name
         path.write_text(getattr(schema, attr).read_text())
         monkeypatch.setattr(schema, attr, path)
@@ -31,7 +31,8 @@ def test_the_check_names_a_copy_edited_by_hand(tmp_path, monkeypatch, capsys):
              "API_HEADER": ("COLIBRI_E_FETCH = 22,", "COLIBRI_E_FETCH = 23,"),
              "API_SOURCE": ('"arena overlaps the image"', '"arena overlap"'), "LINK_SOURCE": ("LINK_NOT_OPEN = 204", "LINK_NOT_OPEN = 209"),
              "LINK_DICT": ('"\\xa5\\x5a\\x0c"', '"\\xa5\\x5a\\x0d"'),
-             "IMAGE_DICT": (f'"\\x{schema.load().format["version"]:02x}\\x00\\x00\\x00"', '"\\x04\\x00\\x00\\x00"')}
+             "IMAGE_DICT": (f'"\\x{schema.load().format["version"]:02x}\\x00\\x00\\x00"', '"\\x04\\x00\\x00\\x00"'),
+             "PLAN_HEADER": ("X(x, 4u, (uint64_t)d->dim, 1)", "X(x, 8u, (uint64_t)d->dim, 1)")}
     for attr, (old, new) in edits.items():
         path = copies[attr]
         original = path.read_text()

@@ -418,7 +418,8 @@ def test_combination_outside_the_arena_or_image_is_refused(lib, make):
     (dict(head_dim=8, flags=im.FLAG_GEMMA4_LAYER, kv_lora_rank=4, rope_dim=4, v_head_dim=4, kv_shared_layers=1),
      "kv_shared_layers=1"),
     (dict(head_dim=4, global_head_dim=8, flags=0), "global_head_dim=8"),
-], ids=["latent attention with KV sharing", "global head size without its RoPE tables"])
+    (dict(head_dim=6, rope_dim=8), "rope_dim 8"),
+], ids=["latent attention with KV sharing", "global head size without its RoPE tables", "RoPE past the head"])
 def test_the_image_writer_refuses_them_too(changes, field):
     dims = im.ModelDims(**TINY, **changes)
     with pytest.raises(ValueError, match=field):

@@ -89,9 +89,12 @@ CONVERTED = [
     ("lfm2moe", "Lfm2MoeForCausalLM", dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
      num_dense_layers=1, layer_types=["conv", "full_attention", "conv"]), "q8_0", None),
+    # dense LFM2 (as LFM2-1.2B's config: the MLP two thirds of intermediate_size, rounded to block_multiple_of)
+    ("lfm2", "Lfm2ForCausalLM", dict(hidden_size=32, intermediate_size=144, block_multiple_of=32, num_hidden_layers=3,
+     num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention", "conv"]), "q8_0", None),
 ]
 # the config field of the RMSNorms' epsilon, where a family names it otherwise
-EPS_KEY = {"Lfm2MoeForCausalLM": "norm_eps"}
+EPS_KEY = {"Lfm2MoeForCausalLM": "norm_eps", "Lfm2ForCausalLM": "norm_eps"}
 # the special tokens a family's converter looks up in the vocabulary (GLM's _set_vocab_glm)
 SPECIAL_TOKENS = {"Glm4MoeLiteForCausalLM": ("[gMASK]", "<|user|>", "<|endoftext|>", "<|observation|>")}
 
@@ -138,12 +141,16 @@ def convert(llama_cpp_dir: Path, family: str, arch: str, config: dict, outtype: 
     written = tmp / f"{family}-{outtype}.gguf"
     subprocess.run([sys.executable, str(llama_cpp_dir / "convert_hf_to_gguf.py"), str(checkpoint), "--outfile",
                     str(written), "--outtype", outtype], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    dst = OUT / f"converted-{family}-{(ftype or outtype).lower()}.gguf"
+    dst = OUT / fixture_name(family, outtype, ftype)
     if ftype:
         quantize(written, dst, ftype)
     else:
         shutil.copy(written, dst)
     return dst
+
+
+def fixture_name(family: str, outtype: str, ftype: str | None) -> str:
+    return f"converted-{family}-{(ftype or outtype).lower()}.gguf"
 
 
 def to_mxfp4(checkpoint: Path) -> None:
@@ -182,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     wanted = lambda name: args.only is None or args.only in name  # noqa: E731
     needs_quantizer = any(wanted(f"mixtral-{name.lower()}") for name in TYPES) or args.sdist is None or any(
-        ftype and wanted(f"converted-{family}") for family, _, _, _, ftype in CONVERTED)
+        ftype and wanted(fixture_name(family, outtype, ftype)) for family, _, _, outtype, ftype in CONVERTED)
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
@@ -203,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{dst.relative_to(ROOT)}: {dst.stat().st_size:,} bytes")
         llama_cpp_dir = llama_cpp_sources(args.sdist, Path(tmp))
         for family, arch, config, outtype, ftype in CONVERTED:
-            if not wanted(f"converted-{family}"):
+            if not wanted(fixture_name(family, outtype, ftype)):
                 continue
             dst = convert(llama_cpp_dir, family, arch, config, outtype, ftype, Path(tmp))
             print(f"{dst.relative_to(ROOT)}: {dst.stat().st_size:,} bytes")

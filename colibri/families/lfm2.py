@@ -1,10 +1,12 @@
-"""LFM2-MoE (transformers' Lfm2MoeForCausalLM): gated short convolutions in the layers `layer_types` calls "conv"
+"""LFM2 and LFM2-MoE (transformers' Lfm2ForCausalLM and Lfm2MoeForCausalLM): gated short convolutions in the layers
+`layer_types` calls "conv"
 (format SHORT_CONV: in_proj to b, c, x; c · conv(b · x) over the last conv_L_cache positions; out_proj) and GQA
 attention with per-head q/k norms in the others; the first num_dense_layers layers a dense MLP (w1, w3, w2), the
 rest routed experts scored by sigmoids, chosen with the expert bias added (use_expert_bias), renormalized with
 LFM2's 1e-6 (norm_topk_prob) and times routed_scaling_factor; the final norm is called embedding_norm. From GGUF,
 llama.cpp's lfm2moe (conversion/lfm2.py): a KV head count per layer, 0 in the convolving ones; the convolution's
-weight squeezed to [D, K]; the experts stacked; the final norm as token_embd_norm."""
+weight squeezed to [D, K]; the experts stacked; the final norm as token_embd_norm. Dense LFM2 is the same blocks
+with a dense MLP in every layer, sized by LFM2's own rule (mlp_size); its GGUF architecture is llama.cpp's lfm2."""
 from __future__ import annotations
 
 import gguf
@@ -24,6 +26,64 @@ def moe_layers(cfg: dict, n_layers: int) -> tuple[bool, ...]:
     return tuple(layer >= dense for layer in range(n_layers))
 
 
+def layer_types(cfg: dict, n_layers: int) -> list:
+    """Lfm2Config's layer kinds: layer_types, or else attention in the layers full_attn_idxs lists (every layer when
+    it lists none), as its __post_init__ fills them in."""
+    idxs = cfg.get("full_attn_idxs")
+    from_idxs = None
+    if idxs is not None:
+        if not isinstance(idxs, list) or any(not isinstance(i, int) or isinstance(i, bool) for i in idxs):
+            raise UnsupportedModel(f"config field full_attn_idxs={idxs!r}: a list of layer indices")
+        from_idxs = ["full_attention" if i in idxs else "conv" for i in range(n_layers)]
+    types = cfg.get("layer_types")
+    if types is None:
+        return from_idxs or ["full_attention"] * n_layers
+    if from_idxs is not None and types != from_idxs:
+        raise UnsupportedModel(f"config field full_attn_idxs={idxs!r} disagrees with layer_types={types!r}")
+    return types
+
+
+def mlp_size(cfg: dict) -> int:
+    """Lfm2MLP's width: block_ff_dim (which Lfm2Config takes over intermediate_size), two thirds of it when
+    block_auto_adjust_ff_dim, times block_ffn_dim_multiplier and rounded up to block_multiple_of when that is set."""
+    def whole(key: str, default):
+        value = cfg.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UnsupportedModel(f"config field {key}={value!r}: a positive whole number")
+        return value
+    size = whole("block_ff_dim", cfg.get("intermediate_size", 12288))
+    if cfg.get("block_auto_adjust_ff_dim", True):
+        size = int(2 * size / 3)
+        multiplier = cfg.get("block_ffn_dim_multiplier", 1.0)
+        if multiplier is not None:
+            if not isinstance(multiplier, (int, float)) or isinstance(multiplier, bool) or not multiplier > 0:
+                raise UnsupportedModel(f"config field block_ffn_dim_multiplier={multiplier!r}: a positive number")
+            multiple = whole("block_multiple_of", 256)
+            size = multiple * ((int(multiplier * size) + multiple - 1) // multiple)
+    return size
+
+
+# Lfm2Config's fields from LFM2's first release that transformers does not read: each states a fact of the model
+# transformers builds (its value there), so a config stating another is a model transformers would run otherwise
+DENSE_FACTS = {"block_dim": "hidden_size", "conv_dim": "hidden_size", "conv_dim_out": "hidden_size",
+               "num_heads": "num_attention_heads", "block_norm_eps": "norm_eps"}
+DENSE_ALWAYS = {"block_use_swiglu": True, "use_pos_enc": True}  # SwiGLU MLPs; RoPE
+
+
+def dense_derive(cfg: dict, ctx: ConfigContext) -> OwnFields:
+    """Dense LFM2: LFM2-MoE's blocks (derive below) with the layer kinds Lfm2Config fills in and its MLP width."""
+    for key, fact in DENSE_FACTS.items():
+        if key in cfg and cfg[key] != cfg.get(fact):
+            raise UnsupportedModel(f"config field {key}={cfg[key]!r} disagrees with {fact}={cfg.get(fact)!r}, which "
+                                   "transformers builds the model with")
+    for key, value in DENSE_ALWAYS.items():
+        if key in cfg and cfg[key] is not value:
+            raise UnsupportedModel(f"config field {key}={cfg[key]!r}: transformers' LFM2 always has {key}={value}")
+    own = derive(dict(cfg, layer_types=layer_types(cfg, ctx.n_layers)), ctx)
+    own.fields["dense_ffn_size"] = mlp_size(cfg)
+    return own
+
+
 def derive(cfg: dict, ctx: ConfigContext) -> OwnFields:
     """The convolving layers and their kernel, and the router (sigmoid scores, the expert bias choosing, LFM2's
     renormalization and scale); refuses the convolutions' biases and a tie_embedding that disagrees."""
@@ -40,7 +100,7 @@ def derive(cfg: dict, ctx: ConfigContext) -> OwnFields:
     if "tie_embedding" in cfg and bool(cfg["tie_embedding"]) != bool(cfg.get("tie_word_embeddings", True)):
         raise UnsupportedModel(f"config field tie_embedding={cfg['tie_embedding']} disagrees with tie_word_embeddings")
     conv = tuple(t == "conv" for t in types)
-    fields = dict(conv_layers=conv, conv_kernel=kernel if any(conv) else 0, topk_norm_eps=1e-6,
+    fields = dict(conv_layers=conv, conv_kernel=kernel if any(conv) else 0, topk_norm_eps=1e-6 if ctx.any_moe else 0.0,
                   routed_scale=float(cfg.get("routed_scaling_factor", 1.0)))
     flags = 0
     if ctx.any_moe:
@@ -75,6 +135,24 @@ def tensor(raw: dict, d, key: tuple[Role, int, int]):
     return None
 
 
+def gguf_layer_types(f: GGUFFile) -> dict:
+    """The fields both LFM2 architectures' files hold: a KV head count per layer (0: it convolves), the kernel."""
+    heads = f.layer_kv_heads or (f.n_head_kv,) * f.n_layers
+    return {"layer_types": ["conv" if h == 0 else "full_attention" for h in heads],
+            "conv_L_cache": int(f.field(f.key(Keys.ShortConv.L_CACHE)))}
+
+
+def gguf_dense_config(f: GGUFFile) -> dict:
+    """The LFM2 config fields of an lfm2 file (conversion/lfm2.py's LFM2Model): its feed_forward_length is the MLP's
+    width as built (the converter applies LFM2's rule), and a sliding window (llama.cpp's LFM2 variant with one,
+    which transformers' LFM2 has not) is refused."""
+    window = f.field(f.key(Keys.Attention.SLIDING_WINDOW), 0, required=False)
+    if window:
+        raise GGUFError(f"GGUF key {f.key(Keys.Attention.SLIDING_WINDOW)}={window}: transformers' LFM2 attends over "
+                        "every position")
+    return dict(gguf_layer_types(f), block_auto_adjust_ff_dim=False)
+
+
 def gguf_config(f: GGUFFile) -> dict:
     """The LFM2-MoE config fields of an lfm2moe file, as llama.cpp runs it: sigmoid gating (the only one its
     converter writes), the top-k weights always renormalized and never scaled (src/models/lfm2.cpp passes norm_w
@@ -84,10 +162,8 @@ def gguf_config(f: GGUFFile) -> dict:
     gating = field(k(Keys.LLM.EXPERT_GATING_FUNC), None, required=False)
     if gating != gguf.ExpertGatingFuncType.SIGMOID:
         raise GGUFError(f"GGUF key {k(Keys.LLM.EXPERT_GATING_FUNC)}={gating}: LFM2-MoE scores its experts by sigmoid")
-    heads = f.layer_kv_heads or (f.n_head_kv,) * n_layers
     return {
-        "layer_types": ["conv" if h == 0 else "full_attention" for h in heads],
-        "conv_L_cache": int(field(k(Keys.ShortConv.L_CACHE))),
+        **gguf_layer_types(f),
         "num_dense_layers": int(field(k(Keys.LLM.LEADING_DENSE_BLOCK_COUNT), 0, required=False)),
         "intermediate_size": int(field(k(Keys.LLM.FEED_FORWARD_LENGTH), 0, required=False)),
         "num_experts": f.n_experts, "num_experts_per_tok": int(field(k(Keys.LLM.EXPERT_USED_COUNT))),
@@ -107,13 +183,20 @@ GGUF_TENSORS = {MODEL_TENSOR.ATTN_NORM: "operator_norm", MODEL_TENSOR.FFN_NORM: 
                 MODEL_TENSOR.SHORTCONV_OUTPROJ: "conv.out_proj"}
 
 
+SHARED_KEYS = ("conv_L_cache", "conv_bias", "norm_eps", "tie_embedding")  # both architectures' config fields
 FAMILIES = {
+    "Lfm2ForCausalLM": Family(
+        moe=False, expert_ffn_key="", moe_prefix="", expert_names=("", "", ""), qk_norm=FLAG_QK_NORM_HEAD,
+        tied_default=True, eps_key="norm_eps",
+        own_keys=(*SHARED_KEYS, "full_attn_idxs", "block_ff_dim", "block_auto_adjust_ff_dim",
+                  "block_ffn_dim_multiplier", "block_multiple_of", *DENSE_FACTS, *DENSE_ALWAYS),
+        derive=dense_derive, tensor=tensor,
+        gguf_arch="lfm2", gguf_read_config=gguf_dense_config, gguf_layer_tensors=tuple(GGUF_TENSORS.items())),
     "Lfm2MoeForCausalLM": Family(
         moe=True, expert_ffn_key="moe_intermediate_size", moe_prefix="feed_forward", expert_names=("w1", "w3", "w2"),
         fused_experts=("experts.gate_up_proj", "experts.down_proj"), router_bias_name="expert_bias",
         qk_norm=FLAG_QK_NORM_HEAD, tied_default=True, routes_itself=True, eps_key="norm_eps",
-        own_keys=("conv_L_cache", "conv_bias", "num_dense_layers", "use_expert_bias", "norm_eps", "tie_embedding",
-                  "routed_scaling_factor"),  # (DeepSeek's too)
+        own_keys=(*SHARED_KEYS, "num_dense_layers", "use_expert_bias", "routed_scaling_factor"),  # (DeepSeek's too)
         moe_layer_rule=moe_layers, derive=derive, tensor=tensor,
         gguf_arch="lfm2moe", gguf_read_config=gguf_config, gguf_layer_tensors=tuple(GGUF_TENSORS.items())),
 }

@@ -23,51 +23,6 @@ static void *reserve_bytes(planner *p, uint64_t count, uint32_t size) {
 static void *reserve(planner *p, uint64_t count) { return reserve_bytes(p, count, 4); }
 #define RESERVE_IN(p, elem, count) ((elem) == 4u ? reserve(p, count) : reserve_bytes(p, count, elem))
 
-/* The buffers of each lifetime in order, X(buffer, element bytes, count, condition): C over model_dims d (and the
- * local kv_cache, and a pass's n tokens) */
-/* schema:plan (written by python -m colibri.schema from format/schema.toml) */
-#define PLAN_MODEL_BUFFERS(X) X(tensors, TENSOR_REF_BYTES, (uint64_t)d->n_tensors, 1) X(x, 4u, (uint64_t)d->dim, 1) \
-    X(xn, 4u, (uint64_t)d->dim, 1) X(q, 4u, (uint64_t)d->q_dim, 1) \
-    X(q_a, 4u, (uint64_t)d->q_lora, WITH_MLA && d->kv_lora != 0) X(k_new, 4u, (uint64_t)d->kv_dim, 1) \
-    X(v_new, 4u, (uint64_t)d->kv_dim, !(WITH_MLA && d->kv_lora != 0)) \
-    X(q_att, 4u, (uint64_t)d->n_heads * d->att_dim, WITH_MLA && d->kv_lora != 0) \
-    X(attn_out, 4u, (uint64_t)d->n_heads * d->val_dim, 1) \
-    X(o_in, 4u, (uint64_t)d->o_dim, WITH_MLA && d->kv_lora != 0) \
-    X(ple, 4u, (uint64_t)(d->n_layers + 1u) * d->ple_dim, WITH_PER_LAYER_INPUTS && d->ple_dim != 0) \
-    X(att, 4u, (uint64_t)d->n_heads * d->max_seq, 1) X(ffn_gate, 4u, (uint64_t)d->ffn_max, 1) \
-    X(ffn_up, 4u, (uint64_t)d->ffn_max, 1) X(ffn_out, 4u, (uint64_t)d->dim, 1) X(moe_out, 4u, (uint64_t)d->dim, 1) \
-    X(router, 4u, (uint64_t)2u * d->n_experts + (uint64_t)d->n_group, 1) X(topk_weight, 4u, (uint64_t)d->top_k, 1) \
-    X(topk_index, 4u, (uint64_t)d->top_k, 1) X(topk_cycles, 8u, (uint64_t)d->top_k, 1) \
-    X(logits, 4u, (uint64_t)d->vocab, 1) X(probs, 4u, (uint64_t)d->vocab, 1) \
-    X(sample_index, 4u, (uint64_t)d->vocab, 1) X(xq, 1u, (uint64_t)d->in_blocks * QBLOCK, 1) \
-    X(xq_scale, 4u, (uint64_t)d->in_blocks, 1) X(xq_sum, 4u, (uint64_t)d->in_blocks, 1) \
-    X(hq, 1u, (uint64_t)d->in_blocks * QBLOCK, 1) X(hq_scale, 4u, (uint64_t)d->in_blocks, 1) \
-    X(hq_sum, 4u, (uint64_t)d->in_blocks, 1) \
-    X(mix, 4u, (uint64_t)d->mix_dim, (WITH_SHORT_CONV || WITH_DELTA_NET) && d->conv_kernel != 0) \
-    X(q_gate, 4u, (uint64_t)d->q_dim, WITH_DELTA_NET && (d->options_any & LAYER_OPT_ATTN_GATE) != 0) \
-    X(state, 4u, (uint64_t)state, (WITH_SHORT_CONV || WITH_DELTA_NET) && d->conv_kernel != 0) \
-    X(state_saved, 4u, (uint64_t)state, (WITH_SHORT_CONV || WITH_DELTA_NET) && d->conv_kernel != 0) \
-    X(k_cache, 1u, (uint64_t)(d->kv_dtype == KV_F16 ? 2u : 4u) * kv_cache, 1) \
-    X(v_cache, 1u, (uint64_t)(d->kv_dtype == KV_F16 ? 2u : 4u) * kv_cache, !(WITH_MLA && d->kv_lora != 0))
-#define PLAN_PASS_BUFFERS(X) X(x, 4u, (uint64_t)n * d->dim, 1) X(xn, 4u, (uint64_t)n * d->dim, 1) \
-    X(q, 4u, (uint64_t)n * d->q_dim, 1) X(q_a, 4u, (uint64_t)n * d->q_lora, WITH_MLA && d->kv_lora != 0) \
-    X(k, 4u, (uint64_t)n * d->kv_dim, 1) X(v, 4u, (uint64_t)n * d->kv_dim, !(WITH_MLA && d->kv_lora != 0)) \
-    X(q_att, 4u, (uint64_t)n * d->n_heads * d->att_dim, WITH_MLA && d->kv_lora != 0) \
-    X(attn_out, 4u, (uint64_t)n * d->n_heads * d->val_dim, 1) \
-    X(o_in, 4u, (uint64_t)n * d->o_dim, WITH_MLA && d->kv_lora != 0) \
-    X(ple, 4u, (uint64_t)n * (d->n_layers + 1u) * d->ple_dim, WITH_PER_LAYER_INPUTS && d->ple_dim != 0) \
-    X(mix, 4u, (uint64_t)n * d->mix_dim, (WITH_SHORT_CONV || WITH_DELTA_NET) && d->conv_kernel != 0) \
-    X(q_gate, 4u, (uint64_t)n * d->q_dim, WITH_DELTA_NET && (d->options_any & LAYER_OPT_ATTN_GATE) != 0) \
-    X(moe_out, 4u, (uint64_t)n * d->dim, 1) X(gate, 4u, (uint64_t)n * d->ffn_max, 1) \
-    X(up, 4u, (uint64_t)n * d->ffn_max, 1) X(ffn_out, 4u, (uint64_t)n * d->dim, 1) \
-    X(gx, 4u, (uint64_t)n * d->dim, 1) X(expert_out, 4u, (uint64_t)n * d->top_k * d->dim, 1) \
-    X(scalar, 4u, (uint64_t)n, 1) X(topk_index, 4u, (uint64_t)n * d->top_k, 1) \
-    X(topk_weight, 4u, (uint64_t)n * d->top_k, 1) X(first_pair, 4u, (uint64_t)d->n_experts, 1) \
-    X(next_pair, 4u, (uint64_t)n * d->top_k, 1) X(xq, 1u, (uint64_t)n * d->in_blocks * QBLOCK, 1) \
-    X(xq_scale, 4u, (uint64_t)n * d->in_blocks, 1) X(xq_sum, 4u, (uint64_t)n * d->in_blocks, 1) \
-    X(hq, 1u, (uint64_t)n * d->in_blocks * QBLOCK, 1) X(hq_scale, 4u, (uint64_t)n * d->in_blocks, 1) \
-    X(hq_sum, 4u, (uint64_t)n * d->in_blocks, 1)
-/* /schema:plan */
 
 colibri_status arena_plan(const model_dims *d, uint8_t *base, arena_buffers *out, uint64_t *total) {
     planner p = { ARENA_CTX_BYTES, 0, base };
