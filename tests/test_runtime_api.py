@@ -465,3 +465,36 @@ def test_a_header_and_library_that_disagree_are_named(lib, base):
     assert lib.so.colibri_get_stats(ctx.ctx, C.byref(Stats(size=C.sizeof(Stats) + 8))) == STATUS["E_API_MISMATCH"]
     lib.so.colibri_strerror.restype = C.c_char_p
     assert b"struct size" in lib.so.colibri_strerror(STATUS["E_API_MISMATCH"])
+
+
+def test_the_delta_nets_scalar_functions_are_the_references(tmp_path):
+    """silu_f, ln_f and softplus_f (blocks/deltanet.c), built from the runtime's source (tests/math_check.c), give
+    colibri/arith.py's bits on every 4,099th f32 bit pattern and around each branch: softplus past 20, where 1 + e
+    rounds to 1, ln's mantissa switch at sqrt(2), the normal range's ends."""
+    import subprocess
+
+    from colibri import arith
+    from colibri.paths import runtime_sources
+    from conftest import ROOT
+    exe = tmp_path / "math_check"
+    subprocess.run(["gcc", "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-O2", "-Ifirmware/include",
+                    "-Ifirmware/src", "tests/math_check.c", *[str(p) for p in runtime_sources() if p.name != "model.c"],
+                    "-o", str(exe)], cwd=ROOT, check=True)
+    bits = np.arange(0, 1 << 32, 4099, dtype=np.uint64).astype(np.uint32)
+    near = np.array([20.0, 1.41421356, 1.0, -16.6, -17.0, -88.0, -104.0, 88.7, 1e-8, -1e-8], np.float32)
+    steps = np.arange(-64, 65, dtype=np.int32)
+    around = (near.view(np.int32)[:, None] + steps).ravel().view(np.float32)
+    x = np.concatenate([bits.view(np.float32), around, np.float32([np.inf, -np.inf, 0.0, -0.0])])
+    x = x[np.isfinite(x)]
+    (tmp_path / "in").write_bytes(x.tobytes())
+    subprocess.run([str(exe), str(tmp_path / "in"), str(tmp_path / "out")], check=True)
+    got = np.frombuffer((tmp_path / "out").read_bytes(), np.float32).reshape(-1, 3)
+    with np.errstate(all="ignore"):
+        want = [arith.silu(x), arith.ln(np.maximum(x, np.float32(1))), arith.softplus(x)]
+    domain = x >= 1
+    for name, g, w, where in (("silu", got[:, 0], want[0], slice(None)), ("ln", got[:, 1], want[1], domain),
+                              ("softplus", got[:, 2], want[2], slice(None))):
+        g, w = g[where], w[where]
+        same = (g.view(np.uint32) == w.view(np.uint32)) | (np.isnan(g) & np.isnan(w))
+        assert same.all(), (name, x[where][~same][:5], g[~same][:5], w[~same][:5])
+    assert (x > 20).sum() > 1000 and ((np.float32(1) + arith.expf(np.minimum(x, 20))) == 1).sum() > 1000
