@@ -178,7 +178,7 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
 
     extra = {}
     try:
-        params = (own.rope or {}).get("sliding_attention") or rope.rope_parameters(cfg)
+        params = (own.rope or {}).get("sliding_attention") or rope.rope_parameters(cfg, fam.default_theta)
         if fam.partial_rope:  # the family turns a head's first dims: the tables are theirs
             params = dict(params)
             fields["rope_dim"] = rope.rotated_dims(params.pop("partial_rotary_factor", 1.0), head_dim)
@@ -198,7 +198,7 @@ def read_config(cfg: dict, max_seq: int | None) -> tuple[ModelDims, bool, str, d
         n_layers=n_layers, n_heads=heads,
         n_kv_heads=fields.pop("n_kv_heads", int(cfg.get("num_key_value_heads") or heads)),
         head_dim=head_dim, n_experts=n_experts, top_k=top_k,
-        max_seq=max_seq, rms_norm_eps=float(cfg.get(fam.eps_key, 1e-6)), rope_theta=float(params["rope_theta"]),
+        max_seq=max_seq, rms_norm_eps=float(cfg.get(fam.eps_key, fam.default_eps)), rope_theta=float(params["rope_theta"]),
         flags=flags, dense_ffn_size=fields.pop("dense_ffn_size", int(cfg["intermediate_size"]) if any_dense else 0),
         shared_ffn_size=fields.pop("shared_ffn_size", shared_ffn),
         clip_qkv=float(clip or 0.0), moe_layers=moe_layers, sliding_window=window, window_layers=window_layers, **fields,

@@ -118,6 +118,9 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     if arch not in ARCHITECTURES:  # (before any key of the architecture's is looked for)
         raise GGUFError(f"GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}")
     k = lambda key: key.format(arch=arch)  # noqa: E731
+    if not field(k(Keys.Attention.CAUSAL), True, required=False):  # (llama.cpp reads it for every architecture)
+        raise GGUFError(f"GGUF key {k(Keys.Attention.CAUSAL)}=false: a bidirectional model (an embedding model's "
+                        "encoder); the runtime attends causally, to generate")
     n_layers = int(field(k(Keys.LLM.BLOCK_COUNT)))
     # multi-token-prediction layers (GLM-4.7-Flash's, DeepSeek-V3's) come after the trunk; llama.cpp runs the trunk
     # only when it predicts the next token (its n_layer()), and so does the runtime: their tensors are not read
@@ -141,9 +144,9 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
                         f"{arch} architecture does not have")
 
     if norm_topk_prob is not None and arch not in LLAMA_CPP_NORM_TOPK:
-        raise GGUFError(f"--norm-topk-prob is for {', '.join(sorted(LLAMA_CPP_NORM_TOPK))} files, whose router "
-                        f"llama.cpp renormalizes as expert_weights_norm says; llama.cpp fixes the router of an "
-                        f"architecture {arch} file: pack it without the option")
+        raise GGUFError(f"--norm-topk-prob is for {', '.join(sorted(LLAMA_CPP_NORM_TOPK))} files, whose "
+                        f"renormalization llama.cpp fixes in code and their converter does not write; a file of "
+                        f"architecture {arch} states its own or has none: pack it without the option")
     norm = field(k(Keys.LLM.EXPERT_WEIGHTS_NORM), None, required=False) if norm_topk_prob is None else norm_topk_prob
     if norm is None:
         norm = LLAMA_CPP_NORM_TOPK.get(arch)
@@ -192,6 +195,8 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     if fam.gguf_read_config:  # an architecture whose file its family reads (DeepSeek's, gpt-oss's)
         f = GGUFFile(field, k, n_layers, n_head, n_head_kv, n_experts, tensors, layer_kv_heads[:n_layers])
         cfg.update(fam.gguf_read_config(f))
+        if n_experts and arch in LLAMA_CPP_NORM_TOPK:
+            cfg["norm_topk_prob"] = bool(norm)
         if fam.gguf_read_tensors:
             return cfg, fam.gguf_read_tensors(f), converted
         return cfg, _hf_tensors(tensors, arch, cfg["architectures"][0], n_layers, n_head, n_head_kv), converted

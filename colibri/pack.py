@@ -255,9 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-quality", action="store_true",
                     help="skip the quality measurement (it runs the numpy reference twice on the calibration prompt)")
     ap.add_argument("--norm-topk-prob", choices=("true", "false"),
-                    help="whether the top-k router weights are renormalized, for a Qwen-MoE/OLMoE GGUF file "
-                         "(default: its expert_weights_norm key, or else what llama.cpp does for the "
-                         "architecture: qwen3moe true, qwen2moe and olmoe false)")
+                    help="whether the top-k router weights are renormalized, for a Qwen-MoE, OLMoE or LFM2-MoE GGUF "
+                         "file (default: its expert_weights_norm key, or else what llama.cpp does for the "
+                         "architecture: qwen3moe and lfm2moe true, qwen2moe and olmoe false)")
     ap.add_argument("--pin-from", type=Path, metavar="TRACE.json",
                     help="a calibration trace (flash.py --trace-out): pin its most routed experts into the resident "
                          "part, so a board with an expert cache never fetches them (docs/STREAMING.md)")

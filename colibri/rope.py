@@ -77,14 +77,15 @@ def _yarn(theta: float, head_dim: int, p: dict, max_pos: int | None) -> tuple[np
     return inv, float(attention)
 
 
-def rope_parameters(cfg: dict) -> dict:
-    """The rope settings of an HF config, from `rope_parameters` (transformers 5) or `rope_scaling` (4)."""
+def rope_parameters(cfg: dict, default_theta: float = 10000.0) -> dict:
+    """The rope settings of an HF config, from `rope_parameters` (transformers 5) or `rope_scaling` (4); the base
+    `default_theta` (its configuration class's) where the config states none."""
     params = dict(cfg.get("rope_parameters") or {})
     scaling = dict(cfg.get("rope_scaling") or {})
     if "type" in scaling:  # transformers 4 spelling
         scaling.setdefault("rope_type", scaling.pop("type"))
     params.update(scaling)  # an explicit rope_scaling is never silently overridden
-    params.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+    params.setdefault("rope_theta", cfg.get("rope_theta", default_theta))
     params.setdefault("rope_type", "default")
     return params
 

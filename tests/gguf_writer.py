@@ -140,6 +140,8 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
     if arch == "lfm2moe":
         w.add_leading_dense_block_count(cfg.get("num_dense_layers", 2))
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        if write_norm_key:  # (stated: llama.cpp's converter writes no scale, and llama.cpp reads none: 1)
+            w.add_expert_weights_scale(cfg.get("routed_scaling_factor", 1.0))
     w.add_layer_norm_rms_eps(cfg["norm_eps" if lfm2 else "rms_norm_eps"])
     if placeholder_vocab:
         add_placeholder_vocab(w, cfg["vocab_size"])
@@ -171,8 +173,8 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         if cfg.get("shared_expert_intermediate_size"):
             w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
-        if write_norm_key and arch not in ("llama", "granitemoe", "lfm2moe"):  # (converters that write none)
-            w.add_expert_weights_norm(bool(cfg.get("norm_topk_prob", False)))
+        if write_norm_key and arch not in ("llama", "granitemoe"):  # (stated, where llama.cpp's converter writes none)
+            w.add_expert_weights_norm(bool(cfg.get("norm_topk_prob", arch == "lfm2moe")))
 
     def name(tensor: MODEL_TENSOR, layer: int | None = None, kind: str = "weight") -> str:
         return f"{TENSOR_NAMES[tensor].format(bid=layer)}.{kind}"

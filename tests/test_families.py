@@ -822,7 +822,7 @@ def test_the_state_does_not_grow_with_the_context(tmp_path, capsys):
     ("lfm2moe", {"num_dense_layers": 9}, "num_dense_layers"),
     ("lfm2moe", {"tie_embedding": False}, "tie_embedding"),
     ("lfm2moe", {"kv_lora_rank": 4}, "kv_lora_rank"),  # another family's field
-    ("lfm2moe", {"full_attn_idxs": [0]}, "full_attn_idxs"),  # dense LFM2's field
+    ("lfm2moe", {"full_attn_idxs": [0]}, r"full_attn_idxs=\[0\] belongs to Lfm2ForCausalLM"),  # dense LFM2's field
     ("lfm2", {"block_use_swiglu": False}, "block_use_swiglu"),
     ("lfm2", {"conv_dim": 64}, "conv_dim"),
     ("lfm2", {"block_norm_eps": 1e-6}, "block_norm_eps"),
@@ -860,3 +860,24 @@ def test_dense_lfm2_sizes_its_mlp_as_transformers_does(config):
     from colibri.families.lfm2 import mlp_size
     built = transformers.models.lfm2.modeling_lfm2.Lfm2MLP(transformers.Lfm2Config(hidden_size=4, **config))
     assert mlp_size(config) == built.w1.out_features
+
+
+@pytest.mark.parametrize("name", sorted({f[0] for f in FAMILIES}))
+def test_a_config_silent_on_eps_and_rope_base_gets_its_classs_defaults(name):
+    """A config.json without the RMSNorms' epsilon or the RoPE base: what the family's configuration class fills in
+    (Mixtral's 1e6 and 1e-5, gpt-oss's 150,000, LFM2's 1e6 and 1e-5, ...), as transformers would run it."""
+    import transformers
+
+    from colibri.checkpoint import read_config
+    from colibri.families import FAMILIES as FAMILY_RECORDS
+    _, arch, cfg = next(f for f in FAMILIES if f[0] == name)
+    fam = FAMILY_RECORDS[arch]
+    cfg = {k: v for k, v in cfg.items() if k not in ("rope_theta", "rope_parameters", fam.eps_key)}
+    if "rope_parameters" in next(f for f in FAMILIES if f[0] == name)[2]:
+        pytest.skip("the configuration states its RoPE parameters (their base with them)")
+    classes = {"Gemma4ForCausalLM": "Gemma4TextConfig", "Qwen3_5MoeForCausalLM": "Qwen3_5MoeTextConfig"}
+    built = getattr(transformers, classes.get(arch, arch.replace("ForCausalLM", "Config")))(**cfg)
+    dims = read_config({**cfg, "architectures": [arch]}, 32)[0]
+    rope = built.rope_parameters  # (Gemma 4's per layer type: dims.rope_theta is its sliding layers')
+    theta = rope["sliding_attention"]["rope_theta"] if "sliding_attention" in rope else rope["rope_theta"]
+    assert (dims.rms_norm_eps, dims.rope_theta) == (getattr(built, fam.eps_key), theta)

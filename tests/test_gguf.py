@@ -1,8 +1,6 @@
 """GGUF input: the same checkpoint through llama.cpp's format packs to the same model."""
 from __future__ import annotations
 
-import json
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -14,7 +12,6 @@ from conftest import CONFIGS, TinyConfig, make_checkpoint, make_family_checkpoin
 from gguf_writer import hf_to_gguf
 from colibri.checkpoint import UnsupportedModel
 from colibri.gguf_input import unpermute
-from colibri.format import LAYER_FIELDS, LAYER_OPT_NORM_TOPK
 from colibri.image import FLAG_NORM_TOPK, Role, read_image
 from colibri.lazy import loaded
 from colibri.pack import pack
@@ -37,22 +34,6 @@ NOT_IN_GGUF = {"deepseek_v3_halves", "deepseek_v2_groups_yarn", "gemma4", "gemma
                "gemma4_dense_kv_shared", "glm4_moe_lite", "qwen35moe", "qwen35moe_attention_first"}
 
 
-# the config fields llama.cpp fixes for an architecture whatever the file says (src/models/lfm2.cpp: the top-k
-# weights renormalized, never scaled)
-LLAMA_CPP_FIXES = {"lfm2moe": dict(norm_topk_prob=True, routed_scaling_factor=1.0)}
-
-
-def as_llama_cpp_runs_it(checkpoint: Path, name: str, out: Path) -> Path:
-    """The checkpoint, or a copy whose config holds what llama.cpp fixes for its family's architecture."""
-    fixed = next((v for arch, v in LLAMA_CPP_FIXES.items() if name.startswith(arch)), None)
-    if fixed is None:
-        return checkpoint
-    shutil.copytree(checkpoint, out)
-    cfg = json.loads((out / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps(dict(cfg, **fixed)))
-    return out
-
-
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
     base = tmp_path_factory.mktemp("gguf_src")
@@ -71,10 +52,9 @@ def sources(tmp_path_factory):
 @pytest.mark.parametrize("name", ["mixtral"] + [f[0] for f in FAMILIES if f[0] != "llama_llama3_tied"
                                                 and f[0] not in WINDOWED and f[0] not in NOT_IN_GGUF])
 def test_f32_gguf_packs_to_the_same_image(name, sources, tmp_path):
-    """Same tensors after undoing llama.cpp's layout: the images are byte-identical (to the checkpoint's with the
-    router llama.cpp gives the architecture, where it fixes one)."""
+    """Same tensors after undoing llama.cpp's layout: the images are byte-identical."""
     from_st, from_gguf = tmp_path / "st.img", tmp_path / "gguf.img"
-    pack(as_llama_cpp_runs_it(sources[name], name, tmp_path / "src"), from_st, 32, 64)
+    pack(sources[name], from_st, 32, 64)
     pack(hf_to_gguf(sources[name], tmp_path / "m.gguf"), from_gguf, 32, 64)
     assert from_gguf.read_bytes() == from_st.read_bytes()
 
@@ -289,7 +269,7 @@ def test_deepseek_gguf_lands_as_llama_cpp_split_it(tmp_path):
 
 
 @pytest.mark.parametrize("family,llama_cpp_norm", [("qwen3moe", True), ("qwen2moe_sparse_step", False),
-                                                    ("olmoe_clip", False)])
+                                                    ("olmoe_clip", False), ("lfm2moe_k4", True)])
 def test_a_file_without_the_norm_key_runs_as_llama_cpp_runs_it(family, llama_cpp_norm, sources, tmp_path):
     """llama.cpp's converter writes no expert_weights_norm for these architectures (llama.cpp fixes it in
     code: build_moe_ffn's norm_w in src/models/<arch>.cpp), so a file as found renormalizes as llama.cpp
@@ -301,37 +281,40 @@ def test_a_file_without_the_norm_key_runs_as_llama_cpp_runs_it(family, llama_cpp
         assert bool(flags & FLAG_NORM_TOPK) == expected, given
 
 
-def test_an_lfm2moe_file_routes_as_llama_cpp_routes_it(sources, tmp_path):
-    """llama.cpp's lfm2moe renormalizes the top-k weights and never scales them, whatever expert_weights_norm and
-    expert_weights_scale say (keys its converter does not write): a file stating otherwise packs to the router
-    llama.cpp runs, and --norm-topk-prob, which llama.cpp could not honour either, is refused by name."""
-    path = hf_to_gguf(sources["lfm2moe"], tmp_path / "m.gguf")
-    stated = tmp_path / "stated.gguf"
-    reader = gguf.GGUFReader(str(path))
-    w = gguf.GGUFWriter(str(stated), "lfm2moe")
-    for name, fld in reader.fields.items():
+def test_an_lfm2moe_file_silent_on_its_router_runs_as_llama_cpp_runs_it(sources, tmp_path):
+    """llama.cpp's converter writes neither expert_weights_norm nor expert_weights_scale for lfm2moe, and llama.cpp
+    renormalizes and never scales (src/models/lfm2.cpp, lfm2moe.cpp): so does a file without them, whatever the
+    checkpoint said (a routed scale of 1.7 here); keys that state them are read (tests/gguf_writer.py writes them:
+    test_f32_gguf_packs_to_the_same_image). --norm-topk-prob is for such architectures only: a deepseek2 file states
+    its renormalization (llama.cpp reads it), so the option is refused by name, never dropped."""
+    silent = hf_to_gguf(sources["lfm2moe"], tmp_path / "m.gguf", write_norm_key=False)
+    assert "lfm2moe.expert_weights_scale" not in gguf.GGUFReader(str(silent)).fields
+    pack(silent, tmp_path / "m.img", 32, 64, measure_quality=False)
+    d = read_image((tmp_path / "m.img").read_bytes()).dims
+    assert d.routed_scale == 1.0 and d.flags & FLAG_NORM_TOPK
+    deepseek = hf_to_gguf(sources["deepseek_v3"], tmp_path / "d.gguf")
+    with pytest.raises(UnsupportedModel, match="--norm-topk-prob is for lfm2moe, olmoe, qwen2moe, qwen3moe files"):
+        pack(deepseek, tmp_path / "x.img", 32, 64, norm_topk_prob=True, measure_quality=False)
+
+
+def test_a_bidirectional_file_is_refused(tmp_path):
+    """llama.cpp's converter writes attention.causal false for LFM2's bidirectional embedding models (LFM2ColBertModel,
+    Lfm2BidirectionalModel), and llama.cpp then attends both ways: not a model the runtime can run."""
+    src = gguf.GGUFReader(str(FIXTURES / "converted-lfm2-q8_0.gguf"))
+    w = gguf.GGUFWriter(str(tmp_path / "bi.gguf"), "lfm2")
+    for name, fld in src.fields.items():
         if not name.startswith("GGUF.") and name != "general.architecture":
-            value = fld.contents()
-            vtype = fld.types[0]
-            w.add_key_value(name, value, vtype, sub_type=fld.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
-    w.add_expert_weights_norm(False)
-    w.add_expert_weights_scale(1.7)
-    for t in reader.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_shape=tuple(int(n) for n in reversed(t.shape)),
-                     raw_dtype=t.tensor_type)
+            w.add_key_value(name, fld.contents(), fld.types[0],
+                            sub_type=fld.types[-1] if fld.types[0] == gguf.GGUFValueType.ARRAY else None)
+    w.add_causal_attention(False)
+    for t in src.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    assert gguf.GGUFReader(str(stated)).fields["lfm2moe.expert_weights_scale"].contents() == pytest.approx(1.7)
-    pack(stated, tmp_path / "stated.img", 32, 64, measure_quality=False)
-    pack(as_llama_cpp_runs_it(sources["lfm2moe"], "lfm2moe", tmp_path / "src"), tmp_path / "fixed.img", 32, 64,
-         measure_quality=False)
-    assert (tmp_path / "stated.img").read_bytes() == (tmp_path / "fixed.img").read_bytes()
-    d = read_image((tmp_path / "fixed.img").read_bytes()).dims
-    assert d.routed_scale == 1.0 and d.layer_record(d.n_layers - 1)[LAYER_FIELDS.index("options")] & LAYER_OPT_NORM_TOPK
-    with pytest.raises(UnsupportedModel, match="--norm-topk-prob is for olmoe, qwen2moe, qwen3moe files"):
-        pack(path, tmp_path / "x.img", 32, 64, norm_topk_prob=True, measure_quality=False)
+    with pytest.raises(UnsupportedModel, match="lfm2.attention.causal=false: a bidirectional model"):
+        pack(tmp_path / "bi.gguf", tmp_path / "x.img", 32, 64, measure_quality=False)
 
 
 def test_gguf_errors_are_clear(sources, tmp_path):

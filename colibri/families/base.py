@@ -78,6 +78,8 @@ class Family:
     router_bias_name: str = "gate.e_score_correction_bias"  # ROUTER_BIAS under moe_prefix
     attn_scale_key: str = ""    # config field of the softmax scale (else 1/sqrt(head_dim))
     eps_key: str = "rms_norm_eps"  # config field of the RMSNorms' epsilon
+    default_eps: float = 1e-6      # its configuration class's epsilon and RoPE base, for a config that states none
+    default_theta: float = 10000.0
     partial_rope: bool = False     # RoPE turns a head's first partial_rotary_factor · head_dim dims (rope_dim)
     # checkpoint tensors transformers' class does not load (its _keys_to_ignore_on_load_unexpected), nor the packer
     ignored_prefixes: tuple[str, ...] = ()
@@ -92,14 +94,15 @@ class Family:
     gguf_permuted_qk: bool = False
     gguf_config: tuple[tuple[str, str], ...] = ()
     # the routing renormalization llama.cpp fixes in code for the architecture (the norm_w argument of build_moe_ffn in
-    # its src/models/<arch>.cpp; its converter writes no expert_weights_norm): a file's expert_weights_norm key or
-    # --norm-topk-prob overrides it. None: gguf_input.py sets no norm_topk_prob, and the family's own rule holds
-    # (norm_topk_default, or a router that renormalizes nothing)
+    # its src/models/<arch>.cpp, which reads no key; its converter writes no expert_weights_norm): what a file without
+    # the key gets; a file's expert_weights_norm key, a statement of the model llama.cpp would not honour, or
+    # --norm-topk-prob overrides it (hook families too). None: gguf_input.py sets no norm_topk_prob, and the family's
+    # own rule holds (norm_topk_default, or a router that renormalizes nothing)
     gguf_norm_topk: bool | None = None
     # an architecture whose GGUF file needs reading of its own (hooks in its family file, over gguf_common.GGUFFile):
     # its config fields (gguf_input.py reads the keys every architecture has first; after the hook it reads no more
-    # for it: the record's bias_key, gguf_config pairs, gguf_norm_topk, expert size key and sparse_layer_rule are
-    # not used, nor --norm-topk-prob), and only with that hook its tensors under transformers' names (None:
+    # for it but gguf_norm_topk: the record's bias_key, gguf_config pairs, expert size key and sparse_layer_rule are
+    # not used), and only with that hook its tensors under transformers' names (None:
     # gguf_input.py's common naming, with gguf_layer_tensors' extra per-layer names); whether its key_length is a
     # q/k head (DeepSeek's is the latent's)
     gguf_read_config: Callable[[object], dict] | None = None

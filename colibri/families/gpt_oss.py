@@ -152,7 +152,7 @@ FAMILIES = {
     "GptOssForCausalLM": Family(moe=True, expert_ffn_key="intermediate_size", moe_prefix="mlp",
                                 expert_names=("", "", ""), bias_default=True, router_name="router.weight",
                                 router_bias_name="router.bias", routes_itself=True, window_rule="even",
-                                window_switch=False,
+                                window_switch=False, default_eps=1e-5, default_theta=150000.0,
                                 own_keys=("swiglu_alpha", "swiglu_limit", "quantization_config"),
                                 derive=derive, tensor=tensor, gguf_arch="gpt-oss", gguf_read_config=gguf_config,
                                 gguf_read_tensors=gguf_tensors),

@@ -154,10 +154,10 @@ def gguf_dense_config(f: GGUFFile) -> dict:
 
 
 def gguf_config(f: GGUFFile) -> dict:
-    """The LFM2-MoE config fields of an lfm2moe file, as llama.cpp runs it: sigmoid gating (the only one its
-    converter writes), the top-k weights always renormalized and never scaled (src/models/lfm2.cpp passes norm_w
-    true, and src/models/lfm2moe.cpp reads neither expert_weights_norm nor expert_weights_scale, which its converter
-    does not write: a file that states them runs as llama.cpp runs it, as LFM2-8B-A1B's config has them)."""
+    """The LFM2-MoE config fields of an lfm2moe file: sigmoid gating (the only one its converter writes), the
+    routed scale expert_weights_scale, 1 when the file is silent, as its converter leaves it and llama.cpp runs it
+    (src/models/lfm2moe.cpp reads no scale; LFM2-8B-A1B's config says 1). The renormalization is gguf_input.py's:
+    Family.gguf_norm_topk, true as src/models/lfm2.cpp's norm_w, unless the file or --norm-topk-prob states it."""
     field, k, n_layers = f.field, f.key, f.n_layers
     gating = field(k(Keys.LLM.EXPERT_GATING_FUNC), None, required=False)
     if gating != gguf.ExpertGatingFuncType.SIGMOID:
@@ -170,7 +170,7 @@ def gguf_config(f: GGUFFile) -> dict:
         "moe_intermediate_size": int(field(k(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH))),
         "use_expert_bias": any(gguf_name(MODEL_TENSOR.FFN_EXP_PROBS_B, layer) + ".bias" in f.tensors
                                for layer in range(n_layers)),
-        "norm_topk_prob": True, "routed_scaling_factor": 1.0,
+        "routed_scaling_factor": float(field(k(Keys.LLM.EXPERT_WEIGHTS_SCALE), 1.0, required=False)),
     }
 
 
@@ -187,7 +187,7 @@ SHARED_KEYS = ("conv_L_cache", "conv_bias", "norm_eps", "tie_embedding")  # both
 FAMILIES = {
     "Lfm2ForCausalLM": Family(
         moe=False, expert_ffn_key="", moe_prefix="", expert_names=("", "", ""), qk_norm=FLAG_QK_NORM_HEAD,
-        tied_default=True, eps_key="norm_eps",
+        tied_default=True, eps_key="norm_eps", default_eps=1e-5, default_theta=1e6,
         own_keys=(*SHARED_KEYS, "full_attn_idxs", "block_ff_dim", "block_auto_adjust_ff_dim",
                   "block_ffn_dim_multiplier", "block_multiple_of", *DENSE_FACTS, *DENSE_ALWAYS),
         derive=dense_derive, tensor=tensor,
@@ -195,8 +195,8 @@ FAMILIES = {
     "Lfm2MoeForCausalLM": Family(
         moe=True, expert_ffn_key="moe_intermediate_size", moe_prefix="feed_forward", expert_names=("w1", "w3", "w2"),
         fused_experts=("experts.gate_up_proj", "experts.down_proj"), router_bias_name="expert_bias",
-        qk_norm=FLAG_QK_NORM_HEAD, tied_default=True, routes_itself=True, eps_key="norm_eps",
+        qk_norm=FLAG_QK_NORM_HEAD, tied_default=True, routes_itself=True, eps_key="norm_eps", default_eps=1e-5, default_theta=1e6,
         own_keys=(*SHARED_KEYS, "num_dense_layers", "use_expert_bias", "routed_scaling_factor"),  # (DeepSeek's too)
         moe_layer_rule=moe_layers, derive=derive, tensor=tensor,
-        gguf_arch="lfm2moe", gguf_read_config=gguf_config, gguf_layer_tensors=tuple(GGUF_TENSORS.items())),
+        gguf_arch="lfm2moe", gguf_norm_topk=True, gguf_read_config=gguf_config, gguf_layer_tensors=tuple(GGUF_TENSORS.items())),
 }
