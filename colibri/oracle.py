@@ -26,6 +26,7 @@ def _gguf_as_checkpoint(src: Path, out: Path) -> Path:
 
     from colibri.checkpoint import FAMILIES
     from colibri.families.deepseek import kv_b_join
+    from colibri.families.qwen35 import as_transformers
     from colibri.gguf_input import read_gguf
     cfg, tensors, _ = read_gguf(src)
     tensors = {name: np.asarray(t, dtype=np.float32) for name, t in tensors.items()}  # read now: transformers loads it all
@@ -42,6 +43,9 @@ def _gguf_as_checkpoint(src: Path, out: Path) -> Path:
         v_name = name.replace("k_b_proj", "v_b_proj")
         tensors[name.replace("k_b_proj", "kv_b_proj")] = kv_b_join(tensors.pop(name), tensors.pop(v_name),
                                                                    cfg["num_attention_heads"])
+    tensors = as_transformers(tensors)  # Qwen3.5's norms and decay, as its file stores them
+    for name in [n for n in tensors if n.endswith("conv1d.weight") and tensors[n].ndim == 2]:
+        tensors[name] = tensors[name][:, None, :]  # Qwen3.5's convolution, [channels, 1, K]
     for name in [n for n in tensors if n.endswith("conv.conv.weight") and tensors[n].ndim == 2]:
         tensors[name] = tensors[name][:, None, :]  # LFM2's convolution, [D, 1, K] as transformers has it
     arch = getattr(transformers, cfg["architectures"][0])

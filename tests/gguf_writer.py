@@ -19,7 +19,8 @@ ARCH = {"MixtralForCausalLM": "llama", "LlamaForCausalLM": "llama", "Qwen2ForCau
         "Qwen3ForCausalLM": "qwen3", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe",
         "OlmoeForCausalLM": "olmoe", "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2",
         "Glm4MoeLiteForCausalLM": "deepseek2",
-        "GraniteMoeForCausalLM": "granitemoe", "Lfm2MoeForCausalLM": "lfm2moe", "Lfm2ForCausalLM": "lfm2"}
+        "GraniteMoeForCausalLM": "granitemoe", "Lfm2MoeForCausalLM": "lfm2moe", "Lfm2ForCausalLM": "lfm2",
+        "Qwen3_5MoeForCausalLM": "qwen35moe"}
 Q = gguf.GGMLQuantizationType
 
 
@@ -100,6 +101,101 @@ def add_deepseek_keys(w: gguf.GGUFWriter, cfg: dict) -> None:
         w.add_expert_group_used_count(cfg["topk_group"])
 
 
+def reorder_v_heads(a: np.ndarray, axis: int, hk: int, hv: int, width: int) -> np.ndarray:
+    """conversion/qwen.py's _reorder_v_heads: value heads grouped by key head [G0 v0..v(r-1), G1 ...] to tiled
+    [G0 v0, G1 v0, ..., G0 v1, ...], along `axis`."""
+    shape = list(a.shape)
+    split = a.reshape(*shape[:axis], hk, hv // hk, width, *shape[axis + 1:])
+    return np.swapaxes(split, axis, axis + 1).reshape(shape)
+
+
+def qwen35_to_gguf(cfg: dict, t: dict[str, np.ndarray], out: Path, qtype: Q) -> Path:
+    """A Qwen3.5-MoE checkpoint as llama.cpp's converter writes it (conversion/qwen.py: Qwen3NextModel,
+    _LinearAttentionVReorderBase, _Qwen35MRopeMixin): its ssm keys, the zero-centred norms stored as 1 + w (not the
+    DeltaNet's), A_log as -exp(A_log) (numpy's exp here: the converter's torch may round an ulp otherwise), dt_bias as
+    ssm_dt.bias, the convolution squeezed, the value heads tiled, the experts stacked, no MTP layer."""
+    n_layers, hidden = cfg["num_hidden_layers"], cfg["hidden_size"]
+    hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
+    rope = cfg["rope_parameters"]
+    w = gguf.GGUFWriter(str(out), "qwen35moe")
+    w.add_block_count(n_layers)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(hidden)
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 0.25)))
+    w.add_rope_dimension_sections(list(rope.get("mrope_section", [11, 11, 10])) + [0])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(cfg["num_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
+    w.add_ssm_state_size(dk)
+    w.add_ssm_group_count(hk)
+    w.add_ssm_time_step_rank(hv)
+    w.add_ssm_inner_size(dv * hv)
+    w.add_array("qwen35moe.attention.recurrent_layers", [k == "linear_attention" for k in cfg["layer_types"]])
+    w.add_uint32("qwen35moe.full_attention_interval", cfg.get("full_attention_interval", 4))
+
+    def name(tensor: MODEL_TENSOR, layer: int | None = None, kind: str | None = "weight") -> str:
+        return TENSOR_NAMES[tensor].format(bid=layer) + (f".{kind}" if kind else "")
+
+    _add(w, name(MODEL_TENSOR.TOKEN_EMBD), t["model.embed_tokens.weight"], qtype)
+    _add(w, name(MODEL_TENSOR.OUTPUT_NORM), 1 + t["model.norm.weight"], qtype)
+    if "lm_head.weight" in t:
+        _add(w, name(MODEL_TENSOR.OUTPUT), t["lm_head.weight"], qtype)
+    v = lambda a, axis=0, width=dv: reorder_v_heads(a, axis, hk, hv, width)  # noqa: E731
+    for layer in range(n_layers):
+        p = f"model.layers.{layer}."
+        _add(w, name(MODEL_TENSOR.ATTN_NORM, layer), 1 + t[p + "input_layernorm.weight"], qtype)
+        _add(w, name(MODEL_TENSOR.ATTN_POST_NORM, layer), 1 + t[p + "post_attention_layernorm.weight"], qtype)
+        if cfg["layer_types"][layer] == "full_attention":
+            for proj, tensor in (("q_proj", MODEL_TENSOR.ATTN_Q), ("k_proj", MODEL_TENSOR.ATTN_K),
+                                 ("v_proj", MODEL_TENSOR.ATTN_V), ("o_proj", MODEL_TENSOR.ATTN_OUT)):
+                _add(w, name(tensor, layer), t[f"{p}self_attn.{proj}.weight"], qtype)
+            _add(w, name(MODEL_TENSOR.ATTN_Q_NORM, layer), 1 + t[p + "self_attn.q_norm.weight"], qtype)
+            _add(w, name(MODEL_TENSOR.ATTN_K_NORM, layer), 1 + t[p + "self_attn.k_norm.weight"], qtype)
+        else:
+            a, qk = p + "linear_attn.", 2 * hk * dk
+            qkv, conv = t[a + "in_proj_qkv.weight"], t[a + "conv1d.weight"][:, 0, :]
+            _add(w, name(MODEL_TENSOR.ATTN_QKV, layer), np.concatenate([qkv[:qk], v(qkv[qk:])]), qtype)
+            _add(w, name(MODEL_TENSOR.SSM_CONV1D, layer), np.concatenate([conv[:qk], v(conv[qk:])]), qtype)
+            _add(w, name(MODEL_TENSOR.ATTN_GATE, layer), v(t[a + "in_proj_z.weight"]), qtype)
+            _add(w, name(MODEL_TENSOR.SSM_BETA, layer), v(t[a + "in_proj_b.weight"], width=1), qtype)
+            _add(w, name(MODEL_TENSOR.SSM_ALPHA, layer), v(t[a + "in_proj_a.weight"], width=1), qtype)
+            _add(w, name(MODEL_TENSOR.SSM_DT, layer, "bias"), v(t[a + "dt_bias"], width=1), qtype)
+            _add(w, name(MODEL_TENSOR.SSM_A, layer, None), v(-np.exp(t[a + "A_log"]), width=1), qtype)
+            _add(w, name(MODEL_TENSOR.SSM_NORM, layer), t[a + "norm.weight"], qtype)
+            _add(w, name(MODEL_TENSOR.SSM_OUT, layer), v(t[a + "out_proj.weight"], axis=1), qtype)
+        m, ffn = p + "mlp.", cfg["moe_intermediate_size"]
+        _add(w, name(MODEL_TENSOR.FFN_GATE_INP, layer), t[m + "gate.weight"], qtype)
+        if m + "experts.gate_up_proj" in t:  # fused, [E, 2F, D] with the gate rows first; or saved per expert
+            gate_up, down = t[m + "experts.gate_up_proj"], t[m + "experts.down_proj"]
+        else:
+            experts = range(cfg["num_experts"])
+            gate_up = np.stack([np.concatenate([t[f"{m}experts.{e}.{proj}.weight"] for proj in ("gate_proj", "up_proj")])
+                                for e in experts])
+            down = np.stack([t[f"{m}experts.{e}.down_proj.weight"] for e in experts])
+        _add(w, name(MODEL_TENSOR.FFN_GATE_EXP, layer), gate_up[:, :ffn], qtype)
+        _add(w, name(MODEL_TENSOR.FFN_UP_EXP, layer), gate_up[:, ffn:], qtype)
+        _add(w, name(MODEL_TENSOR.FFN_DOWN_EXP, layer), down, qtype)
+        for proj, tensor in (("gate_proj", MODEL_TENSOR.FFN_GATE_SHEXP), ("up_proj", MODEL_TENSOR.FFN_UP_SHEXP),
+                             ("down_proj", MODEL_TENSOR.FFN_DOWN_SHEXP)):
+            _add(w, name(tensor, layer), t[f"{m}shared_expert.{proj}.weight"], qtype)
+        _add(w, name(MODEL_TENSOR.FFN_GATE_INP_SHEXP, layer), t[m + "shared_expert_gate.weight"], qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
 def lfm2_mlp_size(cfg: dict) -> int:
     """The MLP width dense LFM2's converter writes (conversion/lfm2.py's _add_feed_forward_length): LFM2's rule."""
     size = cfg.get("block_ff_dim", cfg["intermediate_size"])
@@ -119,6 +215,8 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
     hf_arch = cfg["architectures"][0]
     arch = ARCH[hf_arch]
     t = {k: v for f in sorted(src.glob("*.safetensors")) for k, v in load_file(f).items()}
+    if arch == "qwen35moe":
+        return qwen35_to_gguf(cfg, t, out, qtype)
     n_layers, n_head = cfg["num_hidden_layers"], cfg["num_attention_heads"]
     n_kv = cfg.get("num_key_value_heads") or n_head
     n_experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0

@@ -31,7 +31,7 @@ NATIVE = {"F32", "F16", "BF16", "Q8_0", "Q4_0"}  # storage types an image holds 
 # (nor GLM's dense layer between MoE ones: a deepseek2 file has its dense layers first; test_glm_gguf_...)
 # (nor Qwen3.5 yet: llama.cpp's qwen35moe reorders the DeltaNet's value heads, which the reader does not undo yet)
 NOT_IN_GGUF = {"deepseek_v3_halves", "deepseek_v2_groups_yarn", "gemma4", "gemma4_bias_ple",
-               "gemma4_dense_kv_shared", "glm4_moe_lite", "qwen35moe", "qwen35moe_attention_first"}
+               "gemma4_dense_kv_shared", "glm4_moe_lite"}
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +208,12 @@ def test_converter_files_are_as_llama_cpp_writes_them():
     names = {f: {t.name for t in gguf.GGUFReader(str(FIXTURES / f"{f}.gguf")).tensors} for f in CONVERTED}
     assert set(names) == {"converted-mixtral-q8_0", "converted-qwen2moe-q4_k_m", "converted-deepseek3-q8_0",
                           "converted-gpt-oss-q8_0", "converted-granitemoe-q8_0", "converted-glm4-q8_0",
-                          "converted-lfm2moe-q8_0", "converted-lfm2-q8_0"}
+                          "converted-lfm2moe-q8_0", "converted-lfm2-q8_0", "converted-qwen35moe-q8_0"}
+    qwen35 = gguf.GGUFReader(str(FIXTURES / "converted-qwen35moe-q8_0.gguf")).fields  # its DeltaNets, its MTP layer
+    assert list(qwen35["qwen35moe.attention.recurrent_layers"].contents()) == [True, True, True, False, False]
+    assert qwen35["qwen35moe.nextn_predict_layers"].contents() == 1
+    assert {"blk.0.ssm_a", "blk.0.ssm_dt.bias", "blk.0.attn_qkv.weight", "blk.0.attn_gate.weight",
+            "blk.3.attn_q.weight", "blk.4.nextn.eh_proj.weight"} <= names["converted-qwen35moe-q8_0"]
     lfm2 = gguf.GGUFReader(str(FIXTURES / "converted-lfm2moe-q8_0.gguf"))  # a KV head count per layer, 0: it convolves
     assert list(lfm2.fields["lfm2moe.attention.head_count_kv"].contents()) == [0, 2, 0]
     assert {"blk.0.shortconv.conv.weight", "blk.0.shortconv.in_proj.weight", "blk.1.attn_q_norm.weight",
@@ -297,24 +302,51 @@ def test_an_lfm2moe_file_silent_on_its_router_runs_as_llama_cpp_runs_it(sources,
         pack(deepseek, tmp_path / "x.img", 32, 64, norm_topk_prob=True, measure_quality=False)
 
 
-def test_a_bidirectional_file_is_refused(tmp_path):
-    """llama.cpp's converter writes attention.causal false for LFM2's bidirectional embedding models (LFM2ColBertModel,
-    Lfm2BidirectionalModel), and llama.cpp then attends both ways: not a model the runtime can run."""
-    src = gguf.GGUFReader(str(FIXTURES / "converted-lfm2-q8_0.gguf"))
-    w = gguf.GGUFWriter(str(tmp_path / "bi.gguf"), "lfm2")
-    for name, fld in src.fields.items():
-        if not name.startswith("GGUF.") and name != "general.architecture":
+def copy_gguf(src: Path, dst: Path, changes: dict) -> Path:
+    """A GGUF file's copy with some keys set anew (name -> (value, GGUFValueType)), every tensor as stored."""
+    reader = gguf.GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(str(dst), arch)
+    for name, fld in reader.fields.items():
+        if not name.startswith("GGUF.") and name != "general.architecture" and name not in changes:
             w.add_key_value(name, fld.contents(), fld.types[0],
                             sub_type=fld.types[-1] if fld.types[0] == gguf.GGUFValueType.ARRAY else None)
-    w.add_causal_attention(False)
-    for t in src.tensors:
+    for name, (value, vtype) in changes.items():
+        w.add_key_value(name, value, vtype, sub_type=gguf.GGUFValueType.BOOL if vtype == gguf.GGUFValueType.ARRAY
+                        else None)
+    for t in reader.tensors:
         w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return dst
+
+
+def test_a_bidirectional_file_is_refused(tmp_path):
+    """llama.cpp's converter writes attention.causal false for LFM2's bidirectional embedding models (LFM2ColBertModel,
+    Lfm2BidirectionalModel), and llama.cpp then attends both ways: not a model the runtime can run."""
+    bi = copy_gguf(FIXTURES / "converted-lfm2-q8_0.gguf", tmp_path / "bi.gguf",
+                   {"lfm2.attention.causal": (False, gguf.GGUFValueType.BOOL)})
     with pytest.raises(UnsupportedModel, match="lfm2.attention.causal=false: a bidirectional model"):
-        pack(tmp_path / "bi.gguf", tmp_path / "x.img", 32, 64, measure_quality=False)
+        pack(bi, tmp_path / "x.img", 32, 64, measure_quality=False)
+
+
+U32 = gguf.GGUFValueType.UINT32
+
+
+@pytest.mark.parametrize("changes,error", [
+    ({"qwen35moe.ssm.inner_size": (62, U32)}, "inner_size=62: the value heads' width"),
+    ({"qwen35moe.attention.recurrent_layers": ([True, True], gguf.GGUFValueType.ARRAY)}, "a flag for each of the 4"),
+    ({"qwen35moe.ssm.group_count": (3, U32)}, "group_count=3, qwen35moe.ssm.time_step_rank=4: the value heads are a whole"),
+    ({"qwen35moe.ssm.state_size": (16, U32)}, "blk.0.attn_qkv.weight has shape \\(192, 32\\): the ssm keys make"),
+])
+def test_a_qwen35moe_file_that_disagrees_with_itself_is_one_line(changes, error, tmp_path):
+    """Keys of a qwen35moe file (the converter's fixture) changed so that they no longer fit together or the tensors:
+    refused with the key or the tensor named, never a numpy error."""
+    bad = copy_gguf(FIXTURES / "converted-qwen35moe-q8_0.gguf", tmp_path / "bad.gguf", changes)
+    with pytest.raises(UnsupportedModel, match=error):
+        pack(bad, tmp_path / "x.img", 32, 64, measure_quality=False)
 
 
 def test_gguf_errors_are_clear(sources, tmp_path):

@@ -89,12 +89,26 @@ CONVERTED = [
     ("lfm2moe", "Lfm2MoeForCausalLM", dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
      num_dense_layers=1, layer_types=["conv", "full_attention", "conv"]), "q8_0", None),
+    # Qwen3.5-MoE: three DeltaNet layers then gated attention, twice as many value heads as key heads (the converter
+    # reorders them), value heads 16 wide (so ssm_out's columns move across Q8_0 blocks), partial RoPE, a shared
+    # expert, and one multi-token-prediction layer as the released checkpoints carry (the converter writes it)
+    ("qwen35moe", "Qwen3_5MoeForCausalLM", dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+     num_key_value_heads=2, head_dim=32, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+     num_experts=4, num_experts_per_tok=2, linear_conv_kernel_dim=4, linear_key_head_dim=32,
+     linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, mtp_num_hidden_layers=1,
+     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                      "mrope_section": [2, 1, 1], "mrope_interleaved": True}), "q8_0", None),
     # dense LFM2 (as LFM2-1.2B's config: the MLP two thirds of intermediate_size, rounded to block_multiple_of)
     ("lfm2", "Lfm2ForCausalLM", dict(hidden_size=32, intermediate_size=144, block_multiple_of=32, num_hidden_layers=3,
      num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention", "conv"]), "q8_0", None),
 ]
 # the config field of the RMSNorms' epsilon, where a family names it otherwise
 EPS_KEY = {"Lfm2MoeForCausalLM": "norm_eps", "Lfm2ForCausalLM": "norm_eps"}
+# the vocabulary a family's converter needs (transformers gives Qwen3.5's model type its own tokenizer, whose
+# pre-tokenizer over GPT-2's vocabulary the converter would not recognize): llama.cpp's models/ggml-vocab-*.gguf
+VOCAB = {"Qwen3_5MoeForCausalLM": "ggml-vocab-qwen35.gguf"}
+# the configuration class of an architecture whose own is a multimodal one's
+CONFIG_CLASS = {"Qwen3_5MoeForCausalLM": "Qwen3_5MoeTextConfig"}
 # the special tokens a family's converter looks up in the vocabulary (GLM's _set_vocab_glm)
 SPECIAL_TOKENS = {"Glm4MoeLiteForCausalLM": ("[gMASK]", "<|user|>", "<|endoftext|>", "<|observation|>")}
 
@@ -117,12 +131,13 @@ def convert(llama_cpp_dir: Path, family: str, arch: str, config: dict, outtype: 
             tmp: Path) -> Path:
     import torch
     import transformers
-    tokenizer = transformers.AutoTokenizer.from_pretrained(llama_cpp_dir / "models", gguf_file="ggml-vocab-gpt-2.gguf")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(llama_cpp_dir / "models",
+                                                           gguf_file=VOCAB.get(arch, "ggml-vocab-gpt-2.gguf"))
     special = [t for t in SPECIAL_TOKENS.get(arch, ()) if t not in tokenizer.get_added_vocab()]
     if special:
         tokenizer.add_tokens(special, special_tokens=True)
     torch.manual_seed(21)
-    cfg = getattr(transformers, arch.replace("ForCausalLM", "Config"))(
+    cfg = getattr(transformers, CONFIG_CLASS.get(arch, arch.replace("ForCausalLM", "Config")))(
         vocab_size=len(tokenizer), max_position_embeddings=64, tie_word_embeddings=True, initializer_range=0.25,
         **{EPS_KEY.get(arch, "rms_norm_eps"): 1e-5}, **config)
     model = getattr(transformers, arch)(cfg).eval()
@@ -137,16 +152,37 @@ def convert(llama_cpp_dir: Path, family: str, arch: str, config: dict, outtype: 
     model.save_pretrained(checkpoint)
     if arch == "GptOssForCausalLM":
         to_mxfp4(checkpoint)
+    if config.get("mtp_num_hidden_layers"):
+        add_mtp_layer(checkpoint)
     tokenizer.save_pretrained(checkpoint)
     written = tmp / f"{family}-{outtype}.gguf"
-    subprocess.run([sys.executable, str(llama_cpp_dir / "convert_hf_to_gguf.py"), str(checkpoint), "--outfile",
-                    str(written), "--outtype", outtype], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, str(llama_cpp_dir / "convert_hf_to_gguf.py"), str(checkpoint), "--outfile",
+                           str(written), "--outtype", outtype], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        raise RuntimeError(f"llama.cpp's converter failed on {family}:\n{done.stderr[-6000:]}")
     dst = OUT / fixture_name(family, outtype, ftype)
     if ftype:
         quantize(written, dst, ftype)
     else:
         shutil.copy(written, dst)
     return dst
+
+
+def add_mtp_layer(checkpoint: Path) -> None:
+    """Qwen3.5's multi-token-prediction layer, as a released checkpoint holds it beside the model (mtp.*: its fc over
+    the embedding and the hidden state, their norms, one attention decoder layer, its final norm), random."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+    tensors = load_file(checkpoint / "model.safetensors")
+    rng = np.random.default_rng(41)
+    last = max(int(n.split(".")[2]) for n in tensors if n.startswith("model.layers.") and ".self_attn." in n)
+    hidden = tensors["model.embed_tokens.weight"].shape[1]
+    extra = {"mtp.layers.0." + n.split(".", 3)[3]: rng.standard_normal(t.shape).astype(np.float32)
+             for n, t in tensors.items() if n.startswith(f"model.layers.{last}.")}
+    extra["mtp.fc.weight"] = rng.standard_normal((hidden, 2 * hidden)).astype(np.float32)
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        extra[f"mtp.{norm}.weight"] = rng.standard_normal(hidden).astype(np.float32)
+    save_file({**tensors, **extra}, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
 
 
 def fixture_name(family: str, outtype: str, ftype: str | None) -> str:
