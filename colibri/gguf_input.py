@@ -11,6 +11,10 @@ cannot drift apart. What this module undoes:
   transformers' layout;
 - `deepseek2` (DeepSeek-V2/V3, its family file's GGUF hooks): kv_b_proj arrives already split into attn_k_b
   (transposed per head) and attn_v_b, the runtime's own WK_B and WV_B layout, so they are kept as they are;
+- `lfm2` and `lfm2moe` (colibri/families/lfm2.py): a KV head count per layer, 0 where a layer convolves, the
+  convolution squeezed to [D, K];
+- `qwen35moe` (colibri/families/qwen35.py's GGUF hooks): the DeltaNet's value heads, which the converter tiles for
+  ggml, put back in transformers' order; the norms (1 + w) and the decay (-exp(A_log)) taken as stored;
 - storage types: Q8_0 and Q4_0 tensors are kept as they are (host.quant.Encoded), so packing them to
   the same dtype carries them over bit for bit (but for a tensor the family scales when packing: Granite's
   multipliers, colibri/families/granite.py's weight_scales); every other type the `gguf` package can dequantize

@@ -29,7 +29,6 @@ CONVERTED = [f for f in LLAMA_CPP_FILES if f.startswith("converted-")]
 NATIVE = {"F32", "F16", "BF16", "Q8_0", "Q4_0"}  # storage types an image holds as they are
 # (and Gemma 4: the llama.cpp on PyPI, 0.3.36, has no gemma4 in its converter or its runtime)
 # (nor GLM's dense layer between MoE ones: a deepseek2 file has its dense layers first; test_glm_gguf_...)
-# (nor Qwen3.5 yet: llama.cpp's qwen35moe reorders the DeltaNet's value heads, which the reader does not undo yet)
 NOT_IN_GGUF = {"deepseek_v3_halves", "deepseek_v2_groups_yarn", "gemma4", "gemma4_bias_ple",
                "gemma4_dense_kv_shared", "glm4_moe_lite"}
 
@@ -312,8 +311,9 @@ def copy_gguf(src: Path, dst: Path, changes: dict) -> Path:
             w.add_key_value(name, fld.contents(), fld.types[0],
                             sub_type=fld.types[-1] if fld.types[0] == gguf.GGUFValueType.ARRAY else None)
     for name, (value, vtype) in changes.items():
-        w.add_key_value(name, value, vtype, sub_type=gguf.GGUFValueType.BOOL if vtype == gguf.GGUFValueType.ARRAY
-                        else None)
+        sub = None if vtype != gguf.GGUFValueType.ARRAY else \
+            gguf.GGUFValueType.BOOL if isinstance(value[0], bool) else gguf.GGUFValueType.INT32
+        w.add_key_value(name, value, vtype, sub_type=sub)
     for t in reader.tensors:
         w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
     w.write_header_to_file()
@@ -337,9 +337,12 @@ U32 = gguf.GGUFValueType.UINT32
 
 @pytest.mark.parametrize("changes,error", [
     ({"qwen35moe.ssm.inner_size": (62, U32)}, "inner_size=62: the value heads' width"),
-    ({"qwen35moe.attention.recurrent_layers": ([True, True], gguf.GGUFValueType.ARRAY)}, "a flag for each of the 4"),
+    ({"qwen35moe.attention.recurrent_layers": ([True, True], gguf.GGUFValueType.ARRAY)}, "a flag for each of the 5"),
     ({"qwen35moe.ssm.group_count": (3, U32)}, "group_count=3, qwen35moe.ssm.time_step_rank=4: the value heads are a whole"),
     ({"qwen35moe.ssm.state_size": (16, U32)}, "blk.0.attn_qkv.weight has shape \\(192, 32\\): the ssm keys make"),
+    ({"qwen35moe.ssm.state_size": (1 << 31, U32)}, "state_size=2147483648: 1 to 65,535"),  # (no 64 GiB order first)
+    ({"qwen35moe.ssm.inner_size": ("64", gguf.GGUFValueType.STRING)}, "inner_size='64': one whole number"),
+    ({"qwen35moe.rope.dimension_sections": ([2, 1, 1, 1], gguf.GGUFValueType.ARRAY)}, "a fourth section"),
 ])
 def test_a_qwen35moe_file_that_disagrees_with_itself_is_one_line(changes, error, tmp_path):
     """Keys of a qwen35moe file (the converter's fixture) changed so that they no longer fit together or the tensors:
@@ -482,3 +485,25 @@ def test_a_files_multi_token_prediction_layers_are_not_read(tmp_path):
     pack(src, from_st, 32, 64)
     pack(hf_to_gguf(src, tmp_path / "m.gguf", extra=mtp, mtp_layers=1), from_gguf, 32, 64)
     assert from_gguf.read_bytes() == from_st.read_bytes()
+
+
+@pytest.mark.parametrize("hk,hv,width,before", [(16, 32, 2, 0), (3, 6, 2, 5), (2, 6, 1, 0), (2, 4, 3, 4)])
+def test_the_value_heads_go_back_as_the_converter_tiled_them(hk, hv, width, before):
+    """qwen35.py puts back what conversion/qwen.py's _reorder_v_heads did (tests/gguf_writer.py's copy of it), for
+    head counts whose tiling is not its own inverse (Qwen3.5-35B-A3B's 16 and 32; the test models' 2 and 4 are), on
+    rows of f32 and of Q8_0/Q4_0 blocks (which move whole) and on columns."""
+    from gguf_writer import reorder_v_heads
+    from colibri.families.qwen35 import grouped, tiled_order
+    from colibri.quant import encode
+    rng = np.random.default_rng(hk * 100 + hv)
+    rows = rng.standard_normal((before + hv * width, 64)).astype(np.float32)
+    tiled = np.concatenate([rows[:before], reorder_v_heads(rows[before:], 0, hk, hv, width)])
+    assert not np.array_equal(tiled, rows)
+    back = grouped(tiled_order(hk, hv, width, before))
+    np.testing.assert_array_equal(back(tiled), rows)
+    for dtype in (DType.Q8_0, DType.Q4_0):
+        restored = back(encode(tiled, dtype))
+        assert isinstance(restored, Encoded)  # the blocks as stored
+        np.testing.assert_array_equal(restored.decode(), encode(rows, dtype).decode())
+    cols = np.ascontiguousarray(rows[before:].T)
+    np.testing.assert_array_equal(grouped(tiled_order(hk, hv, width))(reorder_v_heads(cols, 1, hk, hv, width), 1), cols)

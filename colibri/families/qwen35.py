@@ -116,7 +116,16 @@ def gguf_config(f: GGUFFile) -> dict:
     from attention.recurrent_layers (else full_attention_interval), the partial RoPE from rope.dimension_count, the
     experts and the shared one; the router renormalizes, as src/models/qwen35moe.cpp's norm_w."""
     field, k, n_layers = f.field, f.key, f.n_layers
-    whole = lambda key, default=None: int(field(k(key), default, required=default is None))  # noqa: E731
+
+    def whole(key: str, default: int | None = None) -> int:
+        value = field(k(key), default, required=default is None)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < (1 << 32):
+            raise GGUFError(f"GGUF key {k(key)}={value!r}: one whole number was expected (a value per layer is not "
+                            "read)")
+        return value
+    for key in (Keys.SSM.GROUP_COUNT, Keys.SSM.TIME_STEP_RANK, Keys.SSM.STATE_SIZE, Keys.SSM.CONV_KERNEL):
+        if not 1 <= whole(key) < (1 << 16):  # (as the config's: derive refuses the same, by the config's name)
+            raise GGUFError(f"GGUF key {k(key)}={whole(key)}: 1 to 65,535")
     hk, hv, inner = whole(Keys.SSM.GROUP_COUNT), whole(Keys.SSM.TIME_STEP_RANK), whole(Keys.SSM.INNER_SIZE)
     if hv < 1 or inner % hv:
         raise GGUFError(f"GGUF keys {k(Keys.SSM.TIME_STEP_RANK)}={hv}, {k(Keys.SSM.INNER_SIZE)}={inner}: the value "
@@ -125,14 +134,20 @@ def gguf_config(f: GGUFFile) -> dict:
         raise GGUFError(f"GGUF keys {k(Keys.SSM.GROUP_COUNT)}={hk}, {k(Keys.SSM.TIME_STEP_RANK)}={hv}: the value "
                         "heads are a whole multiple of the key heads")
     recurrent = field(k("{arch}.attention.recurrent_layers"), None, required=False)
+    blocks = n_layers + int(field(k(Keys.LLM.NEXTN_PREDICT_LAYERS), 0, required=False))
     if recurrent is not None:
-        if not isinstance(recurrent, list) or len(recurrent) < n_layers:
-            raise GGUFError(f"GGUF key {k('{arch}.attention.recurrent_layers')}: a flag for each of the {n_layers} "
-                            "layers")
+        if not isinstance(recurrent, list) or len(recurrent) != blocks or \
+                any(not isinstance(r, bool) for r in recurrent):
+            raise GGUFError(f"GGUF key {k('{arch}.attention.recurrent_layers')}: a flag for each of the {blocks} "
+                            "blocks")
         types = ["linear_attention" if r else "full_attention" for r in recurrent[:n_layers]]
     else:
         interval = whole(Keys.LLM.FULL_ATTENTION_INTERVAL, 4)
         types = ["linear_attention" if interval < 1 or (i + 1) % interval else "full_attention" for i in range(n_layers)]
+    sections = field(k(Keys.Rope.DIMENSION_SECTIONS), [], required=False)
+    if not isinstance(sections, list) or (len(sections) > 3 and any(sections[3:])):
+        raise GGUFError(f"GGUF key {k(Keys.Rope.DIMENSION_SECTIONS)}={sections!r}: llama.cpp turns a fourth section "
+                        "by position 0, which transformers' text model does not; only three are read as plain RoPE")
     head_dim = whole(Keys.Attention.KEY_LENGTH, 0) or whole(Keys.LLM.EMBEDDING_LENGTH) // f.n_head
     rope_dim = whole(Keys.Rope.DIMENSION_COUNT, head_dim)
     return {
@@ -182,23 +197,24 @@ def gguf_tensors(f: GGUFFile) -> dict[str, LazyTensor | np.ndarray]:
             return None
         return pending.pop(name)
 
-    def reordered(t: MODEL_TENSOR, layer: int, order: np.ndarray, axis: int = 0, kind: str | None = "weight"):
-        """The tensor with its value heads in transformers' order again."""
+    def reordered(t: MODEL_TENSOR, layer: int, width: int, before: int = 0, axis: int = 0,
+                  kind: str | None = "weight"):
+        """The tensor with its value heads (`width` rows each, after `before` rows) in transformers' order again; its
+        shape checked against the ssm keys before any order is built (a hostile key must not size an array)."""
         stored = take(t, layer, kind)
-        shape = tuple(stored.shape)
-        if len(shape) <= axis or shape[axis] != len(order):  # (whatever the order: the ssm keys must fit)
+        shape, want = tuple(stored.shape), before + hv * width
+        if len(shape) <= axis or shape[axis] != want:
             raise GGUFError(f"GGUF tensor {gguf_name(t, layer)}{'.' + kind if kind else ''} has shape {shape}: the "
-                            f"ssm keys make its axis {axis} {len(order)}")
+                            f"ssm keys make its axis {axis} {want}")
         if hk == hv:  # nothing was reordered
             return stored
-        return lazy(shape, stored, lambda values: grouped(order)(values, axis))
+        return lazy(shape, stored, lambda values: grouped(tiled_order(hk, hv, width, before))(values, axis))
 
     out["model.embed_tokens.weight"] = take(MODEL_TENSOR.TOKEN_EMBD)
     out["model.norm.weight" + STORED] = take(MODEL_TENSOR.OUTPUT_NORM)
     head = take(MODEL_TENSOR.OUTPUT, required=False)
     if head is not None:
         out["lm_head.weight"] = head
-    conv_order = tiled_order(hk, hv, dv, before=2 * hk * dk)
     for layer, kind in enumerate(cfg["layer_types"]):
         p = f"model.layers.{layer}."
         out[p + "input_layernorm.weight" + STORED] = take(MODEL_TENSOR.ATTN_NORM, layer)
@@ -211,16 +227,16 @@ def gguf_tensors(f: GGUFFile) -> dict[str, LazyTensor | np.ndarray]:
             out[p + "self_attn.k_norm.weight" + STORED] = take(MODEL_TENSOR.ATTN_K_NORM, layer)
         else:
             a = p + "linear_attn."
-            heads, gates = tiled_order(hk, hv, dv), tiled_order(hk, hv, 1)
-            out[a + "in_proj_qkv.weight"] = reordered(MODEL_TENSOR.ATTN_QKV, layer, conv_order)
-            out[a + "in_proj_z.weight"] = reordered(MODEL_TENSOR.ATTN_GATE, layer, heads)
-            out[a + "in_proj_b.weight"] = reordered(MODEL_TENSOR.SSM_BETA, layer, gates)
-            out[a + "in_proj_a.weight"] = reordered(MODEL_TENSOR.SSM_ALPHA, layer, gates)
-            out[a + "dt_bias"] = reordered(MODEL_TENSOR.SSM_DT, layer, gates, kind="bias")
-            out[a + "decay" + STORED] = reordered(MODEL_TENSOR.SSM_A, layer, gates, kind=None)
-            out[a + "conv1d.weight"] = reordered(MODEL_TENSOR.SSM_CONV1D, layer, conv_order)
+            qk = 2 * hk * dk  # (the q and k rows before the value heads')
+            out[a + "in_proj_qkv.weight"] = reordered(MODEL_TENSOR.ATTN_QKV, layer, dv, before=qk)
+            out[a + "in_proj_z.weight"] = reordered(MODEL_TENSOR.ATTN_GATE, layer, dv)
+            out[a + "in_proj_b.weight"] = reordered(MODEL_TENSOR.SSM_BETA, layer, 1)
+            out[a + "in_proj_a.weight"] = reordered(MODEL_TENSOR.SSM_ALPHA, layer, 1)
+            out[a + "dt_bias"] = reordered(MODEL_TENSOR.SSM_DT, layer, 1, kind="bias")
+            out[a + "decay" + STORED] = reordered(MODEL_TENSOR.SSM_A, layer, 1, kind=None)
+            out[a + "conv1d.weight"] = reordered(MODEL_TENSOR.SSM_CONV1D, layer, dv, before=qk)
             out[a + "norm.weight"] = take(MODEL_TENSOR.SSM_NORM, layer)
-            out[a + "out_proj.weight"] = reordered(MODEL_TENSOR.SSM_OUT, layer, heads, axis=1)
+            out[a + "out_proj.weight"] = reordered(MODEL_TENSOR.SSM_OUT, layer, dv, axis=1)
         m = p + "mlp."
         out[m + "gate.weight"] = take(MODEL_TENSOR.FFN_GATE_INP, layer)
         for t, which in ((MODEL_TENSOR.FFN_GATE_EXP, "gate_proj"), (MODEL_TENSOR.FFN_UP_EXP, "up_proj"),
