@@ -42,6 +42,16 @@ def lazy(shape: tuple[int, ...], t: LazyTensor, fn, by_expert=None) -> Derived:
     return Derived(shape, lambda: fn(t.load()), None if by_expert is None else lambda i: by_expert(t.expert(i)))
 
 
+def split_experts(stacked: LazyTensor) -> list[Derived]:
+    """A layer's experts stacked by llama.cpp ([experts, rows, columns]) as one tensor each, its bytes alone read."""
+    return [Derived(stacked.shape[1:], lambda e=e: stacked.expert(e)) for e in range(stacked.shape[0])]
+
+
+def as_row(t: LazyTensor) -> Derived:
+    """A vector llama.cpp stores for a [1, D] matrix (a shared expert's gate) as that matrix."""
+    return lazy((1, t.shape[-1]), t, lambda values: floats(values).reshape(1, -1))
+
+
 def floats(t: np.ndarray | Encoded) -> np.ndarray:
     """Values as f32 (Q8_0/Q4_0 widened exactly)."""
     return t.decode() if isinstance(t, Encoded) else np.asarray(t, np.float32)

@@ -35,8 +35,8 @@ from gguf.constants import MODEL_TENSOR, Keys
 
 from colibri.families import FAMILIES
 from colibri.format import MAX_LAYERS
-from colibri.gguf_common import GGUFError, GGUFFile, floats, gguf_name, heads_stacked, lazy
-from colibri.lazy import Derived, FileTensor, LazyTensor, OpenFile
+from colibri.gguf_common import GGUFError, GGUFFile, as_row, gguf_name, heads_stacked, lazy, split_experts
+from colibri.lazy import FileTensor, LazyTensor, OpenFile
 from colibri.quant import DType, Encoded, from_gguf_blocks
 
 # the keys whose value the reader takes as one number (the others it reads with a numeric default are too)
@@ -301,9 +301,8 @@ def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, hf_arch: str, n_layer
                 continue
             stacked = pending.pop(name)
             expert_name = fam.expert_names[("gate", "up", "down").index(which)]
-            for e in range(stacked.shape[0]):
-                hf = f"{p}{fam.moe_prefix}.experts.{e}.{expert_name}.weight"
-                out[hf] = Derived(stacked.shape[1:], functools.partial(stacked.expert, e))  # its bytes alone
+            for e, expert in enumerate(split_experts(stacked)):
+                out[f"{p}{fam.moe_prefix}.experts.{e}.{expert_name}.weight"] = expert
         if arch in PERMUTED_QK:  # undo convert_hf_to_gguf's q/k permutation
             for proj, heads in (("q_proj", n_head), ("k_proj", n_head_kv)):
                 for kind in ("weight", "bias"):
@@ -312,7 +311,7 @@ def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, hf_arch: str, n_layer
                         out[key] = lazy(out[key].shape, out[key], functools.partial(_unpermuted, n_head=heads))
     for name, t in out.items():  # llama.cpp may store the shared expert's gate as a vector
         if name.endswith("shared_expert_gate.weight") and t.ndim == 1:
-            out[name] = lazy((1, t.shape[0]), t, lambda values: floats(values).reshape(1, -1))
+            out[name] = as_row(t)
     if pending:
         raise GGUFError(f"GGUF tensors the runtime would not use: {', '.join(sorted(pending)[:5])}")
     return out

@@ -44,10 +44,8 @@ def _gguf_as_checkpoint(src: Path, out: Path) -> Path:
         tensors[name.replace("k_b_proj", "kv_b_proj")] = kv_b_join(tensors.pop(name), tensors.pop(v_name),
                                                                    cfg["num_attention_heads"])
     tensors = as_transformers(tensors)  # Qwen3.5's norms and decay, as its file stores them
-    for name in [n for n in tensors if n.endswith("conv1d.weight") and tensors[n].ndim == 2]:
-        tensors[name] = tensors[name][:, None, :]  # Qwen3.5's convolution, [channels, 1, K]
-    for name in [n for n in tensors if n.endswith("conv.conv.weight") and tensors[n].ndim == 2]:
-        tensors[name] = tensors[name][:, None, :]  # LFM2's convolution, [D, 1, K] as transformers has it
+    for name in [n for n in tensors if n.endswith(("conv.conv.weight", "conv1d.weight")) and tensors[n].ndim == 2]:
+        tensors[name] = tensors[name][:, None, :]  # LFM2's and Qwen3.5's convolutions, [channels, 1, K] as transformers
     arch = getattr(transformers, cfg["architectures"][0])
     cfg = dict(cfg, model_type=arch.config_class.model_type)
     (out / "config.json").write_text(json.dumps(cfg))

@@ -343,6 +343,7 @@ U32 = gguf.GGUFValueType.UINT32
     ({"qwen35moe.ssm.state_size": (1 << 31, U32)}, "state_size=2147483648: 1 to 65,535"),  # (no 64 GiB order first)
     ({"qwen35moe.ssm.inner_size": ("64", gguf.GGUFValueType.STRING)}, "inner_size='64': one whole number"),
     ({"qwen35moe.rope.dimension_sections": ([2, 1, 1, 1], gguf.GGUFValueType.ARRAY)}, "a fourth section"),
+    ({"qwen35moe.attention.key_length": (1, U32)}, "key_length: a head of 1 dims"),
 ])
 def test_a_qwen35moe_file_that_disagrees_with_itself_is_one_line(changes, error, tmp_path):
     """Keys of a qwen35moe file (the converter's fixture) changed so that they no longer fit together or the tensors:

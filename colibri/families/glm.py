@@ -39,7 +39,8 @@ def derive_glm(cfg: dict, ctx: ConfigContext) -> OwnFields:
 
 
 FAMILIES = {  # DeepSeek's record, its fields its own too, but for its layer rule and its RoPE factor
-    "Glm4MoeLiteForCausalLM": Family(**{**DEEPSEEK, "moe_layer_rule": moe_layers, "derive": derive_glm, "default_eps": 1e-5,
+    "Glm4MoeLiteForCausalLM": Family(**{**DEEPSEEK, "moe_layer_rule": moe_layers, "derive": derive_glm,
+                                        "default_eps": 1e-5,
                                         "own_keys": ("mlp_layer_types", *DEEPSEEK["own_keys"]),
                                         "reads": (*DEEPSEEK["reads"], "partial_rotary_factor")}),
 }

@@ -100,7 +100,8 @@ def derive(cfg: dict, ctx: ConfigContext) -> OwnFields:
     if "tie_embedding" in cfg and bool(cfg["tie_embedding"]) != bool(cfg.get("tie_word_embeddings", True)):
         raise UnsupportedModel(f"config field tie_embedding={cfg['tie_embedding']} disagrees with tie_word_embeddings")
     conv = tuple(t == "conv" for t in types)
-    fields = dict(conv_layers=conv, conv_kernel=kernel if any(conv) else 0, topk_norm_eps=1e-6 if ctx.any_moe else 0.0,
+    fields = dict(conv_layers=conv, conv_kernel=kernel if any(conv) else 0,
+                  topk_norm_eps=1e-6 if ctx.any_moe else 0.0,
                   routed_scale=float(cfg.get("routed_scaling_factor", 1.0)))
     flags = 0
     if ctx.any_moe:
@@ -195,8 +196,10 @@ FAMILIES = {
     "Lfm2MoeForCausalLM": Family(
         moe=True, expert_ffn_key="moe_intermediate_size", moe_prefix="feed_forward", expert_names=("w1", "w3", "w2"),
         fused_experts=("experts.gate_up_proj", "experts.down_proj"), router_bias_name="expert_bias",
-        qk_norm=FLAG_QK_NORM_HEAD, tied_default=True, routes_itself=True, eps_key="norm_eps", default_eps=1e-5, default_theta=1e6,
+        qk_norm=FLAG_QK_NORM_HEAD, tied_default=True, routes_itself=True, eps_key="norm_eps", default_eps=1e-5,
+        default_theta=1e6,
         own_keys=(*SHARED_KEYS, "num_dense_layers", "use_expert_bias", "routed_scaling_factor"),  # (DeepSeek's too)
         moe_layer_rule=moe_layers, derive=derive, tensor=tensor,
-        gguf_arch="lfm2moe", gguf_norm_topk=True, gguf_read_config=gguf_config, gguf_layer_tensors=tuple(GGUF_TENSORS.items())),
+        gguf_arch="lfm2moe", gguf_norm_topk=True, gguf_read_config=gguf_config,
+        gguf_layer_tensors=tuple(GGUF_TENSORS.items())),
 }

@@ -18,8 +18,9 @@ import numpy as np
 from colibri.dims import FLAG_ATTN_GATE, FLAG_QK_NORM_HEAD
 from colibri.families.base import ConfigContext, Family, OwnFields, UnsupportedModel, derived_tensor
 from colibri.format import Role
-from colibri.gguf_common import MODEL_TENSOR, GGUFError, GGUFFile, Keys, floats, gguf_name, lazy
-from colibri.lazy import Derived, LazyTensor
+from colibri.gguf_common import (MODEL_TENSOR, GGUFError, GGUFFile, Keys, as_row, floats, gguf_name, lazy,
+                                  split_experts)
+from colibri.lazy import LazyTensor
 from colibri.quant import Encoded
 
 KEYS = ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
@@ -123,14 +124,17 @@ def gguf_config(f: GGUFFile) -> dict:
             raise GGUFError(f"GGUF key {k(key)}={value!r}: one whole number was expected (a value per layer is not "
                             "read)")
         return value
-    for key in (Keys.SSM.GROUP_COUNT, Keys.SSM.TIME_STEP_RANK, Keys.SSM.STATE_SIZE, Keys.SSM.CONV_KERNEL):
-        if not 1 <= whole(key) < (1 << 16):  # (as the config's: derive refuses the same, by the config's name)
-            raise GGUFError(f"GGUF key {k(key)}={whole(key)}: 1 to 65,535")
-    hk, hv, inner = whole(Keys.SSM.GROUP_COUNT), whole(Keys.SSM.TIME_STEP_RANK), whole(Keys.SSM.INNER_SIZE)
-    if hv < 1 or inner % hv:
+    def count(key: str) -> int:  # (1 to 65,535, as the config's: derive refuses the same, by the config's name)
+        if not 1 <= (value := whole(key)) < (1 << 16):
+            raise GGUFError(f"GGUF key {k(key)}={value}: 1 to 65,535")
+        return value
+    hk, hv, dk, kernel = (count(key) for key in (Keys.SSM.GROUP_COUNT, Keys.SSM.TIME_STEP_RANK, Keys.SSM.STATE_SIZE,
+                                                 Keys.SSM.CONV_KERNEL))
+    inner = whole(Keys.SSM.INNER_SIZE)
+    if inner % hv:
         raise GGUFError(f"GGUF keys {k(Keys.SSM.TIME_STEP_RANK)}={hv}, {k(Keys.SSM.INNER_SIZE)}={inner}: the value "
                         "heads' width is a whole multiple of their count")
-    if hk < 1 or hv % hk:
+    if hv % hk:
         raise GGUFError(f"GGUF keys {k(Keys.SSM.GROUP_COUNT)}={hk}, {k(Keys.SSM.TIME_STEP_RANK)}={hv}: the value "
                         "heads are a whole multiple of the key heads")
     recurrent = field(k("{arch}.attention.recurrent_layers"), None, required=False)
@@ -149,12 +153,14 @@ def gguf_config(f: GGUFFile) -> dict:
         raise GGUFError(f"GGUF key {k(Keys.Rope.DIMENSION_SECTIONS)}={sections!r}: llama.cpp turns a fourth section "
                         "by position 0, which transformers' text model does not; only three are read as plain RoPE")
     head_dim = whole(Keys.Attention.KEY_LENGTH, 0) or whole(Keys.LLM.EMBEDDING_LENGTH) // f.n_head
+    if head_dim < 2:
+        raise GGUFError(f"GGUF key {k(Keys.Attention.KEY_LENGTH)}: a head of {head_dim} dims")
     rope_dim = whole(Keys.Rope.DIMENSION_COUNT, head_dim)
     return {
         "layer_types": types, "head_dim": head_dim,
         "rope_parameters": {"rope_type": "default", "partial_rotary_factor": rope_dim / head_dim,
                             "rope_theta": float(field(k(Keys.Rope.FREQ_BASE), 10000.0, required=False))},
-        "linear_conv_kernel_dim": whole(Keys.SSM.CONV_KERNEL), "linear_key_head_dim": whole(Keys.SSM.STATE_SIZE),
+        "linear_conv_kernel_dim": kernel, "linear_key_head_dim": dk,
         "linear_num_key_heads": hk, "linear_num_value_heads": hv, "linear_value_head_dim": inner // hv,
         "num_experts": f.n_experts, "num_experts_per_tok": whole(Keys.LLM.EXPERT_USED_COUNT),
         "moe_intermediate_size": whole(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH),
@@ -245,13 +251,12 @@ def gguf_tensors(f: GGUFFile) -> dict[str, LazyTensor | np.ndarray]:
             if len(stacked.shape) != 3:
                 raise GGUFError(f"GGUF tensor {gguf_name(t, layer)}.weight has shape {tuple(stacked.shape)}: "
                                 "llama.cpp stacks a layer's experts, [experts, rows, columns]")
-            for e in range(stacked.shape[0]):
-                out[f"{m}experts.{e}.{which}.weight"] = Derived(stacked.shape[1:], lambda s=stacked, e=e: s.expert(e))
+            for e, expert in enumerate(split_experts(stacked)):
+                out[f"{m}experts.{e}.{which}.weight"] = expert
         for t, name in ((MODEL_TENSOR.FFN_GATE_SHEXP, "gate_proj"), (MODEL_TENSOR.FFN_UP_SHEXP, "up_proj"),
                         (MODEL_TENSOR.FFN_DOWN_SHEXP, "down_proj")):
             out[f"{m}shared_expert.{name}.weight"] = take(t, layer)
-        gate = take(MODEL_TENSOR.FFN_GATE_INP_SHEXP, layer)  # a vector [D] in llama.cpp's file
-        out[m + "shared_expert_gate.weight"] = lazy((1, gate.shape[-1]), gate, lambda v: floats(v).reshape(1, -1))
+        out[m + "shared_expert_gate.weight"] = as_row(take(MODEL_TENSOR.FFN_GATE_INP_SHEXP, layer))  # [D] or [1, D]
     if pending:
         raise GGUFError(f"GGUF tensors the runtime would not use: {', '.join(sorted(pending)[:5])}")
     return out
