@@ -25,7 +25,7 @@ def gguf_name(t: MODEL_TENSOR, layer: int | None = None) -> str:
 class GGUFFile:
     """A GGUF file as a family's hooks read it: `field(key, default=None, required=True)` its metadata, `key(name)`
     a key template ({arch} filled in), the counts every architecture has, its tensors by llama.cpp's names, and the
-    KV heads per layer where the file lists them so (empty where it gives one count)."""
+    KV heads and MLP widths per layer where the file lists them so (empty where it gives one count)."""
     field: Callable
     key: Callable[[str], str]
     n_layers: int
@@ -34,6 +34,15 @@ class GGUFFile:
     n_experts: int
     tensors: dict
     layer_kv_heads: tuple[int, ...] = ()
+    layer_ffn: tuple[int, ...] = ()
+
+    def number(self, key: str, default: int | None = None) -> int:
+        """Key `key` (a template) as one whole number below 2^32; `default` where the file lacks it (None: required)."""
+        value = self.field(self.key(key), default, required=default is None)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < (1 << 32):
+            raise GGUFError(f"GGUF key {self.key(key)}={value!r}: one whole number was expected (a value per layer is "
+                            "not read)")
+        return value
 
 
 def lazy(shape: tuple[int, ...], t: LazyTensor, fn, by_expert=None) -> Derived:

@@ -134,18 +134,18 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
                         f"the {n_layers} blocks")
     n_layers -= nextn
     n_head = int(field(k(Keys.Attention.HEAD_COUNT)))
-    n_head_kv, layer_kv_heads = _kv_heads(reader, k(Keys.Attention.HEAD_COUNT_KV), n_head, n_layers + nextn)
-    if not 1 <= n_layers <= MAX_LAYERS or n_head < 1 or n_head_kv < 1:  # (before any loop over the layers)
-        raise GGUFError(f"GGUF keys {k(Keys.LLM.BLOCK_COUNT)}={n_layers}, {k(Keys.Attention.HEAD_COUNT)}={n_head}, "
-                        f"{k(Keys.Attention.HEAD_COUNT_KV)}={n_head_kv}: an image has 1 to {MAX_LAYERS} layers, and "
-                        "a model at least one head")
+    if not 1 <= n_layers <= MAX_LAYERS or n_head < 1:  # (before any loop over the layers)
+        raise GGUFError(f"GGUF keys {k(Keys.LLM.BLOCK_COUNT)}={n_layers}, {k(Keys.Attention.HEAD_COUNT)}={n_head}: "
+                        f"an image has 1 to {MAX_LAYERS} layers, and a model at least one head")
     n_experts = int(field(k(Keys.LLM.EXPERT_COUNT), 0, required=False))
     by_experts = ARCHITECTURES[arch]
     hf_arch = by_experts.get(bool(n_experts)) or next(iter(by_experts.values()))  # one family: whatever the count
     fam = FAMILIES[hf_arch]
-    if layer_kv_heads and not fam.gguf_read_config:
-        raise GGUFError(f"GGUF key {k(Keys.Attention.HEAD_COUNT_KV)} lists a KV head count per layer, which the "
-                        f"{arch} architecture does not have")
+    per_layer = functools.partial(_per_layer, reader, arch=arch, n_blocks=n_layers + nextn, listed=fam.gguf_per_layer)
+    n_head_kv, layer_kv_heads = per_layer(k(Keys.Attention.HEAD_COUNT_KV), n_head)
+    if n_head_kv < 1:
+        raise GGUFError(f"GGUF key {k(Keys.Attention.HEAD_COUNT_KV)}={n_head_kv}: a model has at least one KV head")
+    ff, layer_ffn = per_layer(k(Keys.LLM.FEED_FORWARD_LENGTH), 0)
 
     if norm_topk_prob is not None and arch not in LLAMA_CPP_NORM_TOPK:
         raise GGUFError(f"--norm-topk-prob is for {', '.join(sorted(LLAMA_CPP_NORM_TOPK))} files, whose "
@@ -154,7 +154,7 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     norm = field(k(Keys.LLM.EXPERT_WEIGHTS_NORM), None, required=False) if norm_topk_prob is None else norm_topk_prob
     if norm is None:
         norm = LLAMA_CPP_NORM_TOPK.get(arch)
-    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+    if not fam.gguf_read_tensors and any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise GGUFError("GGUF tensor rope_freqs (llama3-style RoPE frequency factors) is not supported")
 
     file = OpenFile(path)
@@ -181,7 +181,6 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
         "rope_theta": float(field(k(Keys.Rope.FREQ_BASE), 10000.0, required=False)),
         "tie_word_embeddings": gguf_name(MODEL_TENSOR.OUTPUT) + ".weight" not in tensors,
     }
-    ff = field(k(Keys.LLM.FEED_FORWARD_LENGTH), 0, required=False)
     if ff:
         cfg["intermediate_size"] = int(ff)
     head_dim = field(k(Keys.Attention.KEY_LENGTH), None, required=False)
@@ -197,7 +196,8 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     if clamp:
         cfg["clip_qkv"] = float(clamp)
     if fam.gguf_read_config:  # an architecture whose file its family reads (DeepSeek's, gpt-oss's)
-        f = GGUFFile(field, k, n_layers, n_head, n_head_kv, n_experts, tensors, layer_kv_heads[:n_layers])
+        f = GGUFFile(field, k, n_layers, n_head, n_head_kv, n_experts, tensors, layer_kv_heads[:n_layers],
+                     layer_ffn[:n_layers])
         cfg.update(fam.gguf_read_config(f))
         if n_experts and arch in LLAMA_CPP_NORM_TOPK:
             cfg["norm_topk_prob"] = bool(norm)
@@ -226,20 +226,24 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     return cfg, _hf_tensors(tensors, arch, hf_arch, n_layers, n_head, n_head_kv), converted
 
 
-def _kv_heads(reader: gguf.GGUFReader, key: str, n_head: int, n_blocks: int) -> tuple[int, tuple[int, ...]]:
-    """The KV heads of the attention layers, and per layer where the file lists them per layer (LFM2's converter
-    writes 0 for its convolving layers): every listed count 0 or one same count."""
+def _per_layer(reader: gguf.GGUFReader, key: str, default: int, *, arch: str, n_blocks: int,
+               listed: tuple[str, ...]) -> tuple[int, tuple[int, ...]]:
+    """A count the file gives once or, for an architecture whose family reads it so (Family.gguf_per_layer), once per
+    block (LFM2's KV heads, 0 where a layer convolves; Gemma 4's KV heads and MLP widths): (the largest, the list or
+    () when given once)."""
     f = reader.fields.get(key)
-    value = n_head if f is None else f.contents()
+    value = default if f is None else f.contents()
     if not isinstance(value, list):
-        if isinstance(value, (str, bytes)):
-            raise GGUFError(f"GGUF key {key}={value!r}: a number, or one per layer")
+        if isinstance(value, (str, bytes, bool, float)) or not 0 <= value < (1 << 32):
+            raise GGUFError(f"GGUF key {key}={value!r}: one whole number was expected")
         return int(value), ()
-    counts = tuple(int(v) for v in value)
-    if len(counts) != n_blocks or len(set(counts) - {0}) != 1:
-        raise GGUFError(f"GGUF key {key} lists {len(counts)} KV head counts, {sorted(set(counts))}: one per layer "
-                        f"({n_blocks}), each 0 or the same count")
-    return max(counts), counts
+    if key.split(".", 1)[1] not in {t.split(".", 1)[1] for t in listed}:
+        raise GGUFError(f"GGUF key {key}={value!r}: one number was expected (a value per layer, which the {arch} "
+                        "architecture does not have)")
+    if len(value) != n_blocks or any(isinstance(v, (str, bytes, bool, float)) or not 0 <= v < (1 << 32)
+                                     for v in value):
+        raise GGUFError(f"GGUF key {key} lists {len(value)} values: one whole number per block ({n_blocks})")
+    return max(value), tuple(int(v) for v in value)
 
 
 def _file_tensor(file: OpenFile, t) -> FileTensor:

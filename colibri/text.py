@@ -35,8 +35,9 @@ def gguf_meta(src: Path) -> dict | None:
         return None
     try:
         tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
-    except (ValueError, TypeError):  # transformers cannot read this architecture's config (deepseek2, gpt-oss as
-        # llama.cpp writes it): the vocabulary alone
+    except Exception:  # noqa: BLE001  transformers cannot build this architecture's config from the file (deepseek2
+        # and gpt-oss as llama.cpp writes them: ValueError, TypeError; gemma4's per-layer KV heads: its strict
+        # dataclass's own error): the vocabulary alone
         architecture, tokenizer, special = get_gguf_tokenizer(str(src))
         tok = PreTrainedTokenizerFast(tokenizer_object=convert_gguf_tokenizer(architecture, tokenizer)[0],
                                       **{k: v for k, v in special.items() if v is not None})

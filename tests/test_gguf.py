@@ -27,7 +27,8 @@ FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
 LLAMA_CPP_FILES = sorted(p.stem for p in FIXTURES.glob("*.gguf"))
 CONVERTED = [f for f in LLAMA_CPP_FILES if f.startswith("converted-")]
 NATIVE = {"F32", "F16", "BF16", "Q8_0", "Q4_0"}  # storage types an image holds as they are
-# (and Gemma 4: the llama.cpp on PyPI, 0.3.36, has no gemma4 in its converter or its runtime)
+# (and Gemma 4, which tests/gguf_writer.py does not write: the converter's own files are read instead,
+# converted-gemma4-*, in test_llama_cpp_files_match_transformers and test_gemma4_gguf_...)
 # (nor GLM's dense layer between MoE ones: a deepseek2 file has its dense layers first; test_glm_gguf_...)
 NOT_IN_GGUF = {"deepseek_v3_halves", "deepseek_v2_groups_yarn", "gemma4", "gemma4_bias_ple",
                "gemma4_dense_kv_shared", "glm4_moe_lite"}
@@ -189,7 +190,9 @@ def test_llama_cpp_files_match_transformers(name, firmwares, tmp_path):
     assert report["converted"] == {t: n for t, n in stored.items() if t not in NATIVE}
     # the converter's files have GPT-2's 50,257-token vocabulary: every logits row is 200 KB over QEMU's
     # UART, so they run a shorter sequence ("Hello world," and three tokens)
-    prompt, new = ([1, 5, 9, 3, 60, 2, 33], 6) if name.startswith("mixtral-") else ([15496, 995, 11], 3)
+    # (Gemma 4's: "<bos>the model on")
+    prompt, new = ([1, 5, 9, 3, 60, 2, 33], 6) if name.startswith("mixtral-") else \
+        ([2, 1437, 2028, 580], 3) if "gemma4" in name else ([15496, 995, 11], 3)
     runs = {board: flash.run_on_board(image, board, prompt, new, Sampling(), True, firmware=firmwares[board])
             for board in ("hosted", "x86_64_baremetal")}
     assert runs["hosted"].logits.tobytes() == runs["x86_64_baremetal"].logits.tobytes()
@@ -201,13 +204,57 @@ def test_llama_cpp_files_match_transformers(name, firmwares, tmp_path):
     assert tokens == [int(hf[len(prompt) - 1 + i].argmax()) for i in range(len(tokens))]
 
 
+@pytest.mark.parametrize("name", ["converted-gemma4-q8_0", "converted-gemma4-dense-q8_0"])
+def test_llama_cpp_itself_agrees_on_gemma4(name, firmwares, tmp_path):
+    """llama.cpp as a second oracle, independent of the packer's reading of the file: its own logits for a prompt on
+    the converter's Gemma 4 files (kept beside them by tools/make_gguf_fixtures.py: llama-cpp-python 0.3.36 run on an
+    F32 copy of the file with an f32 KV cache) against the device's on the image packed from the file, every position.
+    Bound: 2e-3 of the logits' scale (llama.cpp's GELU is an f16 table: measured 3.1e-3 and 5.5e-3 absolute, scale
+    6.0-6.4; with transformers' GELU rounded as that table, transformers and llama.cpp agree to 6e-5). The bound parts
+    the files' semantics: the dense file states no logit cap and llama.cpp caps it at 30 all the same; read uncapped,
+    the logits differ from llama.cpp's by 0.08-0.10."""
+    import hashlib
+    from colibri import flash
+    from colibri.protocol import Sampling
+    src = FIXTURES / f"{name}.gguf"
+    oracle = np.load(FIXTURES / f"{name}.llama-cpp.npz")
+    assert str(oracle["sha256"]) == hashlib.sha256(src.read_bytes()).hexdigest()  # llama.cpp ran this very file
+    image = tmp_path / "m.img"
+    pack(src, image, 32, 64, measure_quality=False)
+    tokens = oracle["tokens"].tolist()
+    run = flash.run_on_board(image, "hosted", tokens, 1, Sampling(), True, firmware=firmwares["hosted"])
+    device, llama = run.logits[:len(tokens)], oracle["logits"]
+    bound = 2e-3 * float(np.abs(llama).max())
+    assert float(np.abs(device - llama).max()) <= bound
+    assert (device.argmax(-1) == llama.argmax(-1)).all()
+    cap = read_image(image.read_bytes()).dims.logit_softcap
+    assert cap == 30.0  # (stated by the MoE file, llama.cpp's default for the dense one)
+    uncapped = cap * np.arctanh(device / cap)
+    assert float(np.abs(uncapped - llama).max()) > 4 * bound
+
+
 def test_converter_files_are_as_llama_cpp_writes_them():
     """What makes the converter's files worth testing apart from the project's writer: experts merged into
     one 3-D tensor per layer (dense LFM2's file has none), Qwen2-MoE's shared expert and its gate, a real tokenizer, the converter's q8_0."""
     names = {f: {t.name for t in gguf.GGUFReader(str(FIXTURES / f"{f}.gguf")).tensors} for f in CONVERTED}
     assert set(names) == {"converted-mixtral-q8_0", "converted-qwen2moe-q4_k_m", "converted-deepseek3-q8_0",
                           "converted-gpt-oss-q8_0", "converted-granitemoe-q8_0", "converted-glm4-q8_0",
-                          "converted-lfm2moe-q8_0", "converted-lfm2-q8_0", "converted-qwen35moe-q8_0"}
+                          "converted-lfm2moe-q8_0", "converted-lfm2-q8_0", "converted-qwen35moe-q8_0",
+                          "converted-gemma4-q8_0", "converted-gemma4-dense-q8_0"}
+    gemma = gguf.GGUFReader(str(FIXTURES / "converted-gemma4-q8_0.gguf"))  # KV heads per layer kind, keys as values
+    assert list(gemma.fields["gemma4.attention.head_count_kv"].contents()) == [2, 2, 1]
+    assert list(gemma.fields["gemma4.attention.sliding_window_pattern"].contents()) == [True, True, False]
+    assert {"rope_freqs.weight", "blk.0.ffn_gate_up_exps.weight", "blk.0.ffn_down_exps.scale",
+            "blk.0.ffn_gate_inp.scale", "blk.0.layer_output_scale.weight", "blk.0.attn_v.weight"} <= names[
+        "converted-gemma4-q8_0"] and "blk.2.attn_v.weight" not in names["converted-gemma4-q8_0"]
+    freqs = next(t for t in gemma.tensors if t.name == "rope_freqs.weight").data  # proportional RoPE: 1/4 turned
+    assert freqs.tolist() == [1.0] * 4 + [np.float32(1e30)] * 12
+    e2b = gguf.GGUFReader(str(FIXTURES / "converted-gemma4-dense-q8_0.gguf")).fields  # the doubled MLPs of the
+    assert list(e2b["gemma4.feed_forward_length"].contents()) == [64, 64, 128, 128]  # layers sharing a KV cache
+    assert e2b["gemma4.attention.shared_kv_layers"].contents() == 2
+    assert {"per_layer_token_embd.weight", "per_layer_model_proj.weight", "blk.3.inp_gate.weight",
+            "blk.3.proj.weight", "blk.3.post_norm.weight"} <= names["converted-gemma4-dense-q8_0"]
+    assert not {"blk.2.attn_k.weight", "blk.3.attn_k.weight"} & names["converted-gemma4-dense-q8_0"]
     qwen35 = gguf.GGUFReader(str(FIXTURES / "converted-qwen35moe-q8_0.gguf")).fields  # its DeltaNets, its MTP layer
     assert list(qwen35["qwen35moe.attention.recurrent_layers"].contents()) == [True, True, True, False, False]
     assert qwen35["qwen35moe.nextn_predict_layers"].contents() == 1
@@ -234,9 +281,12 @@ def test_converter_files_are_as_llama_cpp_writes_them():
     assert {"blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight", "blk.1.exp_probs_b.bias"} <= names["converted-deepseek3-q8_0"]
     assert "blk.0.ffn_gate_exps.weight" not in names["converted-deepseek3-q8_0"]  # its first layer is dense
     for name, tensors in names.items():
-        if name == "converted-lfm2-q8_0":  # (dense)
-            assert {"blk.0.ffn_gate.weight", "blk.1.attn_q.weight", "token_embd_norm.weight"} <= tensors
+        if name in ("converted-lfm2-q8_0", "converted-gemma4-dense-q8_0"):  # (dense)
+            assert {"blk.0.ffn_gate.weight", "blk.1.attn_q.weight"} <= tensors
             assert not any("exps" in t for t in tensors) and "output.weight" not in tensors
+            continue
+        if name == "converted-gemma4-q8_0":  # (gate and up fused)
+            assert {"blk.1.ffn_gate_up_exps.weight", "blk.1.ffn_down_exps.weight"} <= tensors
             continue
         moe = 1 if "blk.1.exp_probs_b.bias" in tensors else 0
         assert {f"blk.{moe}.ffn_gate_exps.weight", f"blk.{moe}.ffn_up_exps.weight", f"blk.{moe}.ffn_down_exps.weight"} <= tensors
@@ -301,8 +351,9 @@ def test_an_lfm2moe_file_silent_on_its_router_runs_as_llama_cpp_runs_it(sources,
         pack(deepseek, tmp_path / "x.img", 32, 64, norm_topk_prob=True, measure_quality=False)
 
 
-def copy_gguf(src: Path, dst: Path, changes: dict) -> Path:
-    """A GGUF file's copy with some keys set anew (name -> (value, GGUFValueType)), every tensor as stored."""
+def copy_gguf(src: Path, dst: Path, changes: dict, tensors: dict | None = None) -> Path:
+    """A GGUF file's copy with some keys set anew (name -> (value, GGUFValueType)), every tensor as stored but those
+    `tensors` names (name -> f32 values, new or in place of the file's, or None: left out)."""
     reader = gguf.GGUFReader(str(src))
     arch = reader.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(str(dst), arch)
@@ -315,7 +366,13 @@ def copy_gguf(src: Path, dst: Path, changes: dict) -> Path:
             gguf.GGUFValueType.BOOL if isinstance(value[0], bool) else gguf.GGUFValueType.INT32
         w.add_key_value(name, value, vtype, sub_type=sub)
     for t in reader.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+        if t.name not in (tensors or {}):
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+        elif tensors[t.name] is not None:
+            w.add_tensor(t.name, np.asarray(tensors[t.name], np.float32))
+    for name, values in (tensors or {}).items():  # (and those it had not)
+        if values is not None and name not in {t.name for t in reader.tensors}:
+            w.add_tensor(name, np.asarray(values, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -353,6 +410,72 @@ def test_a_qwen35moe_file_that_disagrees_with_itself_is_one_line(changes, error,
         pack(bad, tmp_path / "x.img", 32, 64, measure_quality=False)
 
 
+ARRAY = gguf.GGUFValueType.ARRAY
+UNTURNED = float(np.float32(1e30))
+
+
+@pytest.mark.parametrize("fixture,changes,tensors,error", [
+    ("gemma4", {"gemma4.attention.sliding_window_pattern": ([True, False], ARRAY)}, {}, "a flag for each of the 3"),
+    ("gemma4", {"gemma4.attention.head_count_kv": ([2, 1, 1], ARRAY)}, {}, "one KV head count for each layer kind"),
+    ("gemma4", {"gemma4.attention.head_count_kv": ([3, 3, 1], ARRAY)}, {}, "dividing the 4 heads"),
+    ("gemma4", {"gemma4.attention.head_count_kv": ([2, 2], ARRAY)}, {}, "lists 2 values: one whole number per block"),
+    ("gemma4", {"gemma4.attention.key_length_swa": (15, U32)}, {}, "one even head size \\(15\\)"),
+    ("gemma4", {"gemma4.rope.dimension_count": (16, U32)}, {}, "rope.dimension_count: Gemma 4's full layers"),
+    ("gemma4", {"gemma4.attention.value_length": (16, U32)}, {}, "value_length, gemma4.rope.dimension_count"),
+    ("gemma4", {}, {"rope_freqs.weight": None}, "lacks tensor rope_freqs.weight"),
+    ("gemma4", {}, {"rope_freqs.weight": [1.0] * 3 + [UNTURNED] * 12}, "rope_freqs.weight has shape \\(15,\\)"),
+    ("gemma4", {}, {"rope_freqs.weight": [1.0, 1.0, UNTURNED, 1.0] + [UNTURNED] * 12}, "factors other than"),
+    ("gemma4", {}, {"rope_freqs.weight": [0.5] * 16}, "factors other than"),
+    ("gemma4", {}, {"blk.0.attn_v.weight": None}, "sliding layers each have attn_v"),
+    ("gemma4", {}, {"blk.1.ffn_gate_inp.weight": None}, "routes every layer or none"),
+    ("gemma4", {}, {"blk.1.ffn_gate_inp.bias": np.zeros(4)}, "tensors the runtime would not use: blk.1.ffn_gate_inp"),
+    ("gemma4-dense", {"gemma4.attention.shared_kv_layers": (4, U32)}, {}, "shared_kv_layers=4: fewer than the 4"),
+    ("gemma4-dense", {"gemma4.feed_forward_length": ([64, 128, 128, 128], ARRAY)}, {}, "one MLP width, or twice"),
+    ("gemma4-dense", {"gemma4.feed_forward_length": ([64, 64, 96, 96], ARRAY)}, {}, "one MLP width, or twice"),
+    ("lfm2moe", {"lfm2moe.attention.head_count_kv": ([0, 2, 1], ARRAY)}, {}, "each 0 \\(the layer convolves\\)"),
+    ("mixtral", {"llama.attention.head_count_kv": ([2, 2], ARRAY)}, {}, "which the llama architecture does not have"),
+    ("mixtral", {"llama.feed_forward_length": ([32, 32], ARRAY)}, {}, "which the llama architecture does not have"),
+])
+def test_a_file_with_per_layer_keys_that_disagree_is_one_line(fixture, changes, tensors, error, tmp_path):
+    """Gemma 4's file (the converter's fixtures) with its per-layer keys, head sizes, RoPE factors or tensors changed
+    so that they no longer describe a Gemma 4 model: refused with the key or tensor named; and a value per layer for
+    an architecture that has none, or LFM2's KV heads of two counts, likewise."""
+    bad = copy_gguf(FIXTURES / f"converted-{fixture}-q8_0.gguf", tmp_path / "bad.gguf", changes, tensors)
+    with pytest.raises(UnsupportedModel, match=error):
+        pack(bad, tmp_path / "x.img", 32, 64, measure_quality=False)
+
+
+def test_gemma4_gguf_lands_as_its_converter_wrote_it(tmp_path):
+    """A gemma4 file read as the Gemma 4 model its converter was given: the global layers' own head size, KV head and
+    proportional RoPE (a quarter turned, from rope_freqs), keys as values; the experts' Q8_0 blocks (gate and up
+    fused in one tensor) and every other Q8_0 matrix carried into a q8_0 image unchanged; the small dense model's
+    KV sharing, doubled MLPs and per-layer inputs."""
+    from colibri.image import FLAG_GEMMA4_LAYER
+    src = FIXTURES / "converted-gemma4-q8_0.gguf"
+    pack(src, tmp_path / "q.img", 32, 64, dtype=DType.Q8_0, measure_quality=False)
+    img = read_image((tmp_path / "q.img").read_bytes())
+    d = img.dims
+    assert d.flags & FLAG_GEMMA4_LAYER and (d.head_dim, d.global_head_dim, d.global_kv_heads) == (16, 32, 1)
+    assert d.k_eq_v and d.sliding_window == 4 and d.n_experts == 4 and d.logit_softcap == 30.0
+    reader = gguf.GGUFReader(str(src))
+    raw = {t.name: from_gguf_blocks(t.data, DType.Q8_0, tuple(int(n) for n in reversed(t.shape)))
+           for t in reader.tensors if t.tensor_type == Q.Q8_0}
+    for e in range(4):
+        gate_up = raw["blk.1.ffn_gate_up_exps.weight"][e]
+        for role, rows in ((Role.EXPERT_GATE, slice(0, 32)), (Role.EXPERT_UP, slice(32, 64))):
+            stored = img.encoded(role, 1, e)
+            np.testing.assert_array_equal(stored.values, gate_up.values[rows])
+            np.testing.assert_array_equal(stored.scales.view(np.uint16), gate_up.scales[rows].view(np.uint16))
+        np.testing.assert_array_equal(img.encoded(Role.EXPERT_DOWN, 1, e).values,
+                                      raw["blk.1.ffn_down_exps.weight"][e].values)
+    np.testing.assert_array_equal(img.encoded(Role.WK, 2).values, raw["blk.2.attn_k.weight"].values)
+    dense = tmp_path / "d.img"
+    pack(FIXTURES / "converted-gemma4-dense-q8_0.gguf", dense, 32, 64, measure_quality=False)
+    s = read_image(dense.read_bytes()).dims
+    assert [s.kv_source(layer) for layer in range(4)] == [0, 1, 0, 1] and s.ple_dim == 8
+    assert [s.layer_dense_ffn(layer) for layer in range(4)] == [64, 64, 128, 128] and s.n_experts == 0
+
+
 def test_gguf_errors_are_clear(sources, tmp_path):
     (tmp_path / "junk.gguf").write_bytes(b"GGUF" + bytes(60))
     with pytest.raises(UnsupportedModel, match="not a readable GGUF"):
@@ -385,8 +508,8 @@ def test_unknown_type_and_missing_key_are_named(tmp_path):
     other = _write_gguf(tmp_path / "arch.gguf", "gemma3", {"token_embd.weight": (a, None)}, 1)
     with pytest.raises(UnsupportedModel, match="architecture 'gemma3' is not supported"):
         pack(other, tmp_path / "x.img", 32, 64)
-    bare = _write_gguf(tmp_path / "bare.gguf", "gemma4", {"token_embd.weight": (a, None)})  # no key of its own
-    with pytest.raises(UnsupportedModel, match="architecture 'gemma4' is not supported"):
+    bare = _write_gguf(tmp_path / "bare.gguf", "mamba2", {"token_embd.weight": (a, None)})  # no key of its own
+    with pytest.raises(UnsupportedModel, match="architecture 'mamba2' is not supported"):
         pack(bare, tmp_path / "x.img", 32, 64)
     nokey = _write_gguf(tmp_path / "nokey.gguf", "qwen2", {"token_embd.weight": (a, None)})
     with pytest.raises(UnsupportedModel, match="lacks required key qwen2.block_count"):

@@ -139,6 +139,22 @@ def test_the_converters_vocabulary_travels(hosted_build, tmp_path, capsys):
     assert out["text"] == hf_tok.decode(out["tokens"])
 
 
+def test_a_gemma4_files_vocabulary_travels(hosted_build, tmp_path, capsys):
+    """A gemma4 file from llama.cpp's converter (Gemma 4's vocabulary, cut to its first 4,096 tokens and ASCII's
+    characters by the fixture tool): transformers cannot build a config from the file's per-layer KV head counts, so the vocabulary is taken
+    alone; a prompt in words becomes ids that decode back to it (beside the BOS), through the device."""
+    src = ROOT / "tests" / "fixtures" / "gguf" / "converted-gemma4-q8_0.gguf"
+    image = tmp_path / "g.img"
+    assert pack(src, image, 64, 64, measure_quality=False)["tokenizer"]
+    prompt = "the model on the board"
+    code = flash.main([str(image), "--board", "hosted", "--firmware", str(hosted_build / "firmware.elf"),
+                       "--prompt", prompt, "--max-new-tokens", "3", "--json"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    text = Text(read_image(image.read_bytes()).meta)
+    assert code == 0 and len(out["prompt_tokens"]) > 3
+    assert text.decode(out["prompt_tokens"]).removeprefix("<bos>") == prompt
+
+
 def test_a_gguf_files_vocabulary_travels_too(text_checkpoint, hosted_build, tmp_path, capsys):
     """A GGUF file's tokenizer.ggml.* vocabulary and chat template (written as llama.cpp's converter
     stores a byte-level BPE vocabulary) land in the image: a prompt in words gives the ids the checkpoint's

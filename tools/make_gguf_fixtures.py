@@ -18,7 +18,10 @@ Two sets:
   metadata keys, its own q8_0, and a real tokenizer: GPT-2's, rebuilt by transformers from the sdist's
   models/ggml-vocab-gpt-2.gguf, so the converter recognizes it), then quantized by llama.cpp where the
   type is not one the converter writes (vocab 50,257, hidden 32, tied embeddings: about 3.4 MB each,
-  half of it the vocabulary). The converter needs sentencepiece installed.
+  half of it the vocabulary; Qwen3.5's and Gemma 4's own vocabularies, Gemma 4's cut to 4,096 tokens). The
+  converter needs sentencepiece installed.
+And beside the Gemma 4 files, llama.cpp's own logits for a prompt (converted-gemma4*.llama-cpp.npz): what llama.cpp
+computes on the same file, the tests' second oracle.
 """
 from __future__ import annotations
 
@@ -101,14 +104,38 @@ CONVERTED = [
     # dense LFM2 (as LFM2-1.2B's config: the MLP two thirds of intermediate_size, rounded to block_multiple_of)
     ("lfm2", "Lfm2ForCausalLM", dict(hidden_size=32, intermediate_size=144, block_multiple_of=32, num_hidden_layers=3,
      num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention", "conv"]), "q8_0", None),
+    # Gemma 4's MoE layer (the dense MLP beside the experts, the router's scale, the per-expert scales), sliding
+    # layers and a global one with its own head size, one KV head whose keys are its values, proportional RoPE (the
+    # converter's rope_freqs), the logit cap
+    ("gemma4", "Gemma4ForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+     num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+     attention_k_eq_v=True, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+     sliding_window=4, final_logit_softcapping=30.0, hidden_size_per_layer_input=0,
+     layer_types=["sliding_attention", "sliding_attention", "full_attention"]), "q8_0", None),
+    # Gemma 4's small dense models (E2B, E4B): per-layer inputs, the last layers sharing the KV cache of the last
+    # earlier layer of their kind, their MLP twice as wide (the converter writes a width per layer)
+    ("gemma4-dense", "Gemma4ForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+     num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32, enable_moe_block=False,
+     hidden_size_per_layer_input=8, num_kv_shared_layers=2, use_double_wide_mlp=True, sliding_window=3,
+     layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]), "q8_0", None),
 ]
+# the fixtures llama.cpp itself runs too: its logits for LLAMA_PROMPT are kept beside each (<name>.llama-cpp.npz), a
+# second oracle for tests/test_gguf.py, independent of the packer's reading of the file (Gemma 4's: "<bos>the model on
+# the board" and two more tokens, in the fixture's vocabulary)
+LLAMA_LOGITS = ("converted-gemma4-q8_0.gguf", "converted-gemma4-dense-q8_0.gguf")
+LLAMA_PROMPT = [2, 1437, 2028, 580, 506, 3905, 700, 514]
 # the config field of the RMSNorms' epsilon, where a family names it otherwise
 EPS_KEY = {"Lfm2MoeForCausalLM": "norm_eps", "Lfm2ForCausalLM": "norm_eps"}
 # the vocabulary a family's converter needs (transformers gives Qwen3.5's model type its own tokenizer, whose
 # pre-tokenizer over GPT-2's vocabulary the converter would not recognize): llama.cpp's models/ggml-vocab-*.gguf
-VOCAB = {"Qwen3_5MoeForCausalLM": "ggml-vocab-qwen35.gguf"}
+VOCAB = {"Qwen3_5MoeForCausalLM": "ggml-vocab-qwen35.gguf", "Gemma4ForCausalLM": "ggml-vocab-gemma-4.gguf"}
+# a vocabulary cut to its first tokens (each family's special tokens and Gemma's byte tokens among them), where the
+# whole would make the fixture large (Gemma 4's 262,144 tokens, its per-layer input embeddings as many rows again)
+VOCAB_SIZE = {"Gemma4ForCausalLM": 4096}
+# the config fields sized by the vocabulary (Gemma 4's per-layer input embeddings have a row per token too)
+VOCAB_KEYS = {"Gemma4ForCausalLM": ("vocab_size", "vocab_size_per_layer_input")}
 # the configuration class of an architecture whose own is a multimodal one's
-CONFIG_CLASS = {"Qwen3_5MoeForCausalLM": "Qwen3_5MoeTextConfig"}
+CONFIG_CLASS = {"Qwen3_5MoeForCausalLM": "Qwen3_5MoeTextConfig", "Gemma4ForCausalLM": "Gemma4TextConfig"}
 # the special tokens a family's converter looks up in the vocabulary (GLM's _set_vocab_glm)
 SPECIAL_TOKENS = {"Glm4MoeLiteForCausalLM": ("[gMASK]", "<|user|>", "<|endoftext|>", "<|observation|>")}
 
@@ -131,14 +158,15 @@ def convert(llama_cpp_dir: Path, family: str, arch: str, config: dict, outtype: 
             tmp: Path) -> Path:
     import torch
     import transformers
-    tokenizer = transformers.AutoTokenizer.from_pretrained(llama_cpp_dir / "models",
-                                                           gguf_file=VOCAB.get(arch, "ggml-vocab-gpt-2.gguf"))
+    models, vocab = llama_cpp_dir / "models", VOCAB.get(arch, "ggml-vocab-gpt-2.gguf")
+    tokenizer = (vocabulary(models / vocab, VOCAB_SIZE[arch]) if arch in VOCAB_SIZE
+                 else transformers.AutoTokenizer.from_pretrained(models, gguf_file=vocab))
     special = [t for t in SPECIAL_TOKENS.get(arch, ()) if t not in tokenizer.get_added_vocab()]
     if special:
         tokenizer.add_tokens(special, special_tokens=True)
     torch.manual_seed(21)
     cfg = getattr(transformers, CONFIG_CLASS.get(arch, arch.replace("ForCausalLM", "Config")))(
-        vocab_size=len(tokenizer), max_position_embeddings=64, tie_word_embeddings=True, initializer_range=0.25,
+        **dict.fromkeys(VOCAB_KEYS.get(arch, ("vocab_size",)), len(tokenizer)), max_position_embeddings=64, tie_word_embeddings=True, initializer_range=0.25,
         **{EPS_KEY.get(arch, "rms_norm_eps"): 1e-5}, **config)
     model = getattr(transformers, arch)(cfg).eval()
     with torch.no_grad():  # random norm weights too, so a mixed-up norm tensor cannot go unnoticed
@@ -166,6 +194,28 @@ def convert(llama_cpp_dir: Path, family: str, arch: str, config: dict, outtype: 
     else:
         shutil.copy(written, dst)
     return dst
+
+
+def vocabulary(path: Path, size: int):
+    """The tokenizer transformers builds from one of llama.cpp's vocabulary files, cut to its first `size` tokens and
+    the single characters of ASCII text and the word marker (numbered after them), the merges among those kept."""
+    import json
+
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+    architecture, tokens, special = get_gguf_tokenizer(str(path))  # (transformers reads no config of gemma4's)
+    spec = json.loads(convert_gguf_tokenizer(architecture, tokens)[0].to_str())
+    chars = {chr(c) for c in range(32, 127)} | {"\u2581"}
+    kept = sorted(i for t, i in spec["model"]["vocab"].items() if i < size or t in chars)
+    number = {old: new for new, old in enumerate(kept)}
+    vocab = {t: number[i] for t, i in spec["model"]["vocab"].items() if i in number}
+    pairs = [m if isinstance(m, list) else m.split(" ") for m in spec["model"]["merges"]]
+    spec["model"]["vocab"] = vocab
+    spec["model"]["merges"] = [m for m in pairs if m[0] in vocab and m[1] in vocab and m[0] + m[1] in vocab]
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["id"] < size]
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+                                   **{k: v for k, v in special.items() if v is not None and k.endswith("_token")})
 
 
 def add_mtp_layer(checkpoint: Path) -> None:
@@ -208,6 +258,40 @@ def to_mxfp4(checkpoint: Path) -> None:
     (checkpoint / "config.json").write_text(json.dumps(config))
 
 
+def llama_cpp_logits(fixture: Path, tmp: Path) -> Path:
+    """llama.cpp's logits at every position of LLAMA_PROMPT on `fixture`, run on an F32 copy of it (its Q8_0 values
+    widened exactly, so that llama.cpp keeps the activations in f32 as the runtime's f32 kernels do) with an f32 KV
+    cache: <fixture>.llama-cpp.npz, with the fixture's sha256 and llama.cpp's version."""
+    import hashlib
+
+    import gguf
+    import llama_cpp
+    import numpy as np
+    reader = gguf.GGUFReader(str(fixture))
+    copy = tmp / f"{fixture.stem}.f32.gguf"
+    w = gguf.GGUFWriter(str(copy), reader.fields["general.architecture"].contents())
+    for name, fld in reader.fields.items():
+        if not name.startswith("GGUF.") and name not in ("general.architecture", "general.file_type"):
+            w.add_key_value(name, fld.contents(), fld.types[0],
+                            sub_type=fld.types[-1] if fld.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        shape = tuple(int(n) for n in reversed(t.shape))
+        w.add_tensor(t.name, np.asarray(gguf.dequantize(t.data, t.tensor_type), np.float32).reshape(shape))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    f32 = 0  # GGML_TYPE_F32
+    model = llama_cpp.Llama(model_path=str(copy), n_ctx=64, logits_all=True, n_threads=1, type_k=f32, type_v=f32,
+                            verbose=False)
+    model.eval(LLAMA_PROMPT)
+    out = fixture.with_suffix(".llama-cpp.npz")
+    np.savez_compressed(out, tokens=np.array(LLAMA_PROMPT, np.int32),
+                        logits=np.array(model.scores[:len(LLAMA_PROMPT)], np.float32),
+                        sha256=hashlib.sha256(fixture.read_bytes()).hexdigest(), llama_cpp=llama_cpp.__version__)
+    return out
+
+
 def quantize(src: Path, dst: Path, ftype_name: str) -> None:
     import llama_cpp
     params = llama_cpp.llama_model_quantize_default_params()
@@ -227,9 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     needs_quantizer = any(wanted(f"mixtral-{name.lower()}") for name in TYPES) or args.sdist is None or any(
         ftype and wanted(fixture_name(family, outtype, ftype)) for family, _, _, outtype, ftype in CONVERTED)
     try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        if needs_quantizer:  # (the converter alone needs only the sdist)
+        import llama_cpp  # noqa: F401  (imported to know it is there)
+    except ImportError:  # (the converter alone needs only the sdist)
+        if needs_quantizer or any(wanted(name) for name in LLAMA_LOGITS):
             print("make_gguf_fixtures: llama-cpp-python is not installed; build it as tools/bench.py --help says",
                   file=sys.stderr)
             return 2
@@ -250,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             dst = convert(llama_cpp_dir, family, arch, config, outtype, ftype, Path(tmp))
             print(f"{dst.relative_to(ROOT)}: {dst.stat().st_size:,} bytes")
+            if dst.name in LLAMA_LOGITS:
+                print(f"{llama_cpp_logits(dst, Path(tmp)).relative_to(ROOT)}: llama.cpp's logits")
     return 0
 
 

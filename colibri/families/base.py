@@ -9,6 +9,7 @@ import numpy as np
 
 from colibri.format import Role
 from colibri.lazy import Derived, LazyTensor, expert_of
+from colibri.quant import Encoded
 
 
 class UnsupportedModel(ValueError):
@@ -109,6 +110,9 @@ class Family:
     gguf_read_tensors: Callable[[object], dict] | None = None
     gguf_layer_tensors: tuple[tuple[object, str], ...] = ()
     gguf_key_length_is_head: bool = True
+    # the keys its files may give a value per layer (head_count_kv, feed_forward_length: GGUFFile.layer_kv_heads and
+    # layer_ffn, which its config hook checks); any other architecture's list there is refused
+    gguf_per_layer: tuple[str, ...] = ()
     # The sliding window as the family's configuration class places it when the config lists no layer_types
     # (WINDOW_RULES: "" none, the family has no window), whether use_sliding_window must switch it on, and whether
     # the config's layer_types (transformers 5 writes it) says it per layer
@@ -145,4 +149,9 @@ def fused_expert_tensor(raw: dict, d, gate_up: str, down: str, role: Role, exper
     if tuple(source.shape) != stored:  # the config's sizes must describe the tensor the rows are cut from
         raise UnsupportedModel(f"checkpoint tensor {fused} has shape {list(source.shape)}; the config's expert count, "
                                f"expert size and hidden_size make it {list(stored)}")
-    return [fused], derived_tensor(source, shape, lambda: np.asarray(expert_of(source, expert), np.float32)[rows])
+    return [fused], derived_tensor(source, shape, lambda: rows_of(expert_of(source, expert), rows))
+
+
+def rows_of(t: np.ndarray | Encoded, rows: slice) -> np.ndarray | Encoded:
+    """Rows of a matrix: of an Encoded one (a GGUF file's Q8_0/Q4_0) as stored, whole blocks; else as f32."""
+    return t.rows(rows) if isinstance(t, Encoded) else np.asarray(t, np.float32)[rows]

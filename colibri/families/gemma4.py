@@ -1,6 +1,8 @@
 """Gemma 4: its layer, attention and RoPE per layer type (docs/MODELS.md). Its config's fields, flags and two RoPE
 settings (`derive`), every layer MoE or none, a head of 256 by default, and its tensors stored under names of
-their own (`tensor`)."""
+their own (`tensor`). A gemma4 GGUF file as llama.cpp's converter writes it (conversion/gemma.py's Gemma4Model) is read
+back into that config and those names (`gguf_config`, `gguf_tensors`): the per-layer KV heads and MLP widths, the
+proportional RoPE of the global layers from its rope_freqs factors, the experts' fused gate and up kept as stored."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,6 +10,7 @@ import numpy as np
 from colibri.families.base import ConfigContext, Family, OwnFields, UnsupportedModel, fused_expert_tensor
 from colibri.format import EXPERT_ROLES, Role
 from colibri.dims import FLAG_GELU_TANH, FLAG_GEMMA4_LAYER, FLAG_NORM_TOPK, FLAG_QK_NORM_HEAD, FLAG_V_NORM
+from colibri.gguf_common import MODEL_TENSOR, GGUFError, GGUFFile, Keys, floats, gguf_name
 
 OWN_KEYS = ("hidden_activation", "enable_moe_block", "top_k_experts", "final_logit_softcapping", "per_layer_config",
             "global_head_dim", "num_global_key_value_heads", "attention_k_eq_v", "use_bidirectional_attention",
@@ -142,9 +145,158 @@ def tensor(raw: dict, d, key: tuple[Role, int, int]) -> tuple[list[str], object]
     return None
 
 
+# the logit cap llama.cpp applies to a gemma4 file without the key (src/llama-hparams.h's default, which gemma4.cpp
+# keeps when the key is absent: the converter writes none for a config whose cap is null), 0 none; Gemma 4's released
+# configs state 30
+LLAMA_CPP_SOFTCAP = 30.0
+# the factor llama.cpp's converter gives the dimensions proportional RoPE leaves unturned (rope_freqs): a frequency
+# divided by it is zero in f32, so they keep their values, as transformers' zero inverse frequencies do
+UNTURNED = np.float32(1e30)
+
+
+def gguf_config(f: GGUFFile) -> dict:
+    """The Gemma4TextConfig fields of a gemma4 file: the layer kinds from sliding_window_pattern; the sliding layers'
+    head size, KV heads and RoPE base (the *_swa keys), the global layers' as per_layer_config; keys as values where no
+    global layer has a v projection; the KV-sharing layers, the MLP twice as wide on them where feed_forward_length
+    says so; per-layer inputs; the experts; proportional RoPE's rotated share from the rope_freqs factors; the logit cap
+    as llama.cpp runs the file (30 where it states none)."""
+    field, k, n_layers, tensors = f.field, f.key, f.n_layers, f.tensors
+    pattern = field(k(Keys.Attention.SLIDING_WINDOW_PATTERN))
+    if not isinstance(pattern, list) or len(pattern) != n_layers or any(not isinstance(p, bool) for p in pattern):
+        raise GGUFError(f"GGUF key {k(Keys.Attention.SLIDING_WINDOW_PATTERN)}: a flag for each of the {n_layers} layers")
+    types = ["sliding_attention" if p else "full_attention" for p in pattern]
+    head = {"sliding_attention": f.number(Keys.Attention.KEY_LENGTH_SWA), "full_attention": f.number(Keys.Attention.KEY_LENGTH)}
+    for kind, key, rope_key in (("sliding_attention", Keys.Attention.VALUE_LENGTH_SWA, Keys.Rope.DIMENSION_COUNT_SWA),
+                                ("full_attention", Keys.Attention.VALUE_LENGTH, Keys.Rope.DIMENSION_COUNT)):
+        if head[kind] < 2 or head[kind] % 2 or f.number(key, head[kind]) != head[kind] or \
+                f.number(rope_key, head[kind]) != head[kind]:
+            raise GGUFError(f"GGUF keys {k(key)}, {k(rope_key)}: Gemma 4's {kind.split('_')[0]} layers have one even "
+                            f"head size ({head[kind]}) for keys and values, and turn it whole (or as rope_freqs says)")
+    kv_heads = f.layer_kv_heads or (f.n_head_kv,) * n_layers
+    kv = {kind: {h for h, t in zip(kv_heads, types) if t == kind} for kind in head}
+    if any(len(counts) > 1 or 0 in counts or f.n_head % max(counts, default=1) for counts in kv.values()):
+        raise GGUFError(f"GGUF key {k(Keys.Attention.HEAD_COUNT_KV)}: one KV head count for each layer kind, dividing "
+                        f"the {f.n_head} heads (sliding {sorted(kv['sliding_attention'])}, global {sorted(kv['full_attention'])})")
+    shared = f.number(Keys.Attention.SHARED_KV_LAYERS, 0)
+    if shared >= n_layers:
+        raise GGUFError(f"GGUF key {k(Keys.Attention.SHARED_KV_LAYERS)}={shared}: fewer than the {n_layers} layers, "
+                        "so that some layer computes keys and values")
+    first_shared = n_layers - shared
+    widths = f.layer_ffn or (f.number(Keys.LLM.FEED_FORWARD_LENGTH),) * n_layers
+    base = widths[0]
+    sharing = set(widths[first_shared:])
+    double = base > 0 and sharing == {2 * base}
+    if set(widths[:first_shared]) != {base} or sharing - {base} and not double:
+        raise GGUFError(f"GGUF key {k(Keys.LLM.FEED_FORWARD_LENGTH)}={list(widths)}: one MLP width, or twice it on the "
+                        f"{shared} layers that share their KV cache (use_double_wide_mlp)")
+    has_v = {layer: gguf_name(MODEL_TENSOR.ATTN_V, layer) + ".weight" in tensors for layer in range(first_shared)}
+    global_v = {has_v[layer] for layer in has_v if types[layer] == "full_attention"}
+    if len(global_v) > 1 or not all(has_v[layer] for layer in has_v if types[layer] == "sliding_attention"):
+        raise GGUFError("GGUF file: Gemma 4's sliding layers each have attn_v, and its global layers all (or none: "
+                        "their keys are their values, attention_k_eq_v) that compute keys and values")
+    routers = {gguf_name(MODEL_TENSOR.FFN_GATE_INP, layer) + ".weight" in tensors for layer in range(n_layers)}
+    if routers != {bool(f.n_experts)}:
+        raise GGUFError(f"GGUF file: {k(Keys.LLM.EXPERT_COUNT)}={f.n_experts}, and routers in "
+                        f"{'some' if len(routers) > 1 else 'no' if f.n_experts else 'all'} layers: Gemma 4 routes every "
+                        "layer or none")
+    theta = float(field(k(Keys.Rope.FREQ_BASE)))
+    cfg = {
+        "layer_types": types, "head_dim": head["sliding_attention"],
+        "num_key_value_heads": next(iter(kv["sliding_attention"] or kv["full_attention"])),
+        "per_layer_config": {str(layer): {"head_dim": head["full_attention"],
+                                          "num_key_value_heads": next(iter(kv["full_attention"]))}
+                             for layer, t in enumerate(types) if t == "full_attention"},
+        "attention_k_eq_v": global_v == {False}, "num_kv_shared_layers": shared, "use_double_wide_mlp": double,
+        "intermediate_size": base, "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size_per_layer_input": f.number(Keys.LLM.EMBD_LENGTH_PER_LAYER_INP, 0),
+        "vocab_size_per_layer_input": int(tensors[gguf_name(MODEL_TENSOR.TOKEN_EMBD) + ".weight"].shape[0]),
+        "sliding_window": f.number(Keys.Attention.SLIDING_WINDOW, None if True in pattern else 0),
+        "final_logit_softcapping": float(field(k(Keys.LLM.FINAL_LOGIT_SOFTCAPPING), LLAMA_CPP_SOFTCAP,
+                                               required=False)) or None,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default",
+                                  "rope_theta": float(field(k(Keys.Rope.FREQ_BASE_SWA), theta, required=False))},
+            "full_attention": {"rope_type": "proportional", "rope_theta": theta,
+                               "partial_rotary_factor": rotated_share(f, head["full_attention"])}},
+        "enable_moe_block": bool(f.n_experts),
+    }
+    if f.n_experts:
+        cfg.update(num_experts=f.n_experts, top_k_experts=f.number(Keys.LLM.EXPERT_USED_COUNT),
+                   moe_intermediate_size=f.number(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH))
+    return cfg
+
+
+def rotated_share(f: GGUFFile, head_dim: int) -> float:
+    """Proportional RoPE's partial_rotary_factor from the converter's rope_freqs: a factor per dimension pair of the
+    global heads, 1 for the pairs turned, then 1e30 for the rest (any other factors are not proportional RoPE)."""
+    name = gguf_name(MODEL_TENSOR.ROPE_FREQS) + ".weight"
+    if name not in f.tensors:
+        raise GGUFError(f"GGUF file lacks tensor {name}: Gemma 4's global layers turn part of each head (proportional "
+                        "RoPE), which llama.cpp's converter writes as those factors")
+    t = f.tensors[name]
+    if tuple(t.shape) != (head_dim // 2,):
+        raise GGUFError(f"GGUF tensor {name} has shape {tuple(t.shape)}: one factor per pair of the {head_dim}-wide "
+                        "global heads")
+    factors = floats(t.load())
+    turned = int(np.argmax(factors != 1)) if (factors != 1).any() else len(factors)
+    if turned == 0 or not (factors[turned:] == UNTURNED).all():
+        raise GGUFError(f"GGUF tensor {name}: factors other than proportional RoPE's (1 for the pairs turned, then 1e30):"
+                        f" {factors[:8].tolist()}...")
+    return 2 * turned / head_dim
+
+
+# llama.cpp's tensors -> transformers' names (under model.layers.N. for a layer's)
+GGUF_GLOBALS = {(MODEL_TENSOR.TOKEN_EMBD, "weight"): "model.embed_tokens.weight",
+                (MODEL_TENSOR.OUTPUT_NORM, "weight"): "model.norm.weight", (MODEL_TENSOR.OUTPUT, "weight"): "lm_head.weight",
+                (MODEL_TENSOR.PER_LAYER_TOKEN_EMBD, "weight"): GLOBALS[Role.PLE_EMBD],
+                (MODEL_TENSOR.PER_LAYER_MODEL_PROJ, "weight"): GLOBALS[Role.PLE_MODEL_PROJ],
+                (MODEL_TENSOR.PER_LAYER_PROJ_NORM, "weight"): GLOBALS[Role.PLE_PROJ_NORM]}
+GGUF_LAYER = {
+    (MODEL_TENSOR.ATTN_NORM, "weight"): "input_layernorm.weight", (MODEL_TENSOR.ATTN_Q, "weight"): "self_attn.q_proj.weight",
+    (MODEL_TENSOR.ATTN_K, "weight"): "self_attn.k_proj.weight", (MODEL_TENSOR.ATTN_V, "weight"): "self_attn.v_proj.weight",
+    (MODEL_TENSOR.ATTN_OUT, "weight"): "self_attn.o_proj.weight", (MODEL_TENSOR.ATTN_Q_NORM, "weight"): "self_attn.q_norm.weight",
+    (MODEL_TENSOR.ATTN_K_NORM, "weight"): "self_attn.k_norm.weight",
+    (MODEL_TENSOR.ATTN_POST_NORM, "weight"): NAMES[Role.POST_ATTN_NORM], (MODEL_TENSOR.FFN_NORM, "weight"): NAMES[Role.FFN_NORM],
+    (MODEL_TENSOR.FFN_GATE, "weight"): "mlp.gate_proj.weight", (MODEL_TENSOR.FFN_UP, "weight"): "mlp.up_proj.weight",
+    (MODEL_TENSOR.FFN_DOWN, "weight"): "mlp.down_proj.weight", (MODEL_TENSOR.FFN_POST_NORM, "weight"): NAMES[Role.POST_FFN_NORM],
+    (MODEL_TENSOR.FFN_GATE_INP, "weight"): NAMES[Role.ROUTER], (MODEL_TENSOR.FFN_GATE_INP, "scale"): "router.scale",
+    (MODEL_TENSOR.FFN_DOWN_EXP, "scale"): NAMES[Role.EXPERT_SCALE],
+    (MODEL_TENSOR.FFN_PRE_NORM_2, "weight"): NAMES[Role.MOE_NORM],
+    (MODEL_TENSOR.FFN_POST_NORM_1, "weight"): NAMES[Role.DENSE_POST_NORM],
+    (MODEL_TENSOR.FFN_POST_NORM_2, "weight"): NAMES[Role.MOE_POST_NORM],
+    (MODEL_TENSOR.FFN_GATE_UP_EXP, "weight"): "experts.gate_up_proj", (MODEL_TENSOR.FFN_DOWN_EXP, "weight"): "experts.down_proj",
+    (MODEL_TENSOR.LAYER_OUT_SCALE, "weight"): NAMES[Role.LAYER_SCALE],
+    (MODEL_TENSOR.PER_LAYER_INP_GATE, "weight"): NAMES[Role.PLE_GATE],
+    (MODEL_TENSOR.PER_LAYER_PROJ, "weight"): NAMES[Role.PLE_PROJ],
+    (MODEL_TENSOR.PER_LAYER_POST_NORM, "weight"): NAMES[Role.PLE_POST_NORM],
+}
+
+
+def gguf_tensors(f: GGUFFile) -> dict:
+    """A gemma4 file's tensors under transformers' names, each as stored (its layouts are transformers': the experts'
+    gate and up fused [E, 2F, D], gate rows first, as Gemma4TextExperts holds them; the norms as w), but the
+    rope_freqs factors, read into the config; any tensor left over is refused."""
+    pending = dict(f.tensors)
+    pending.pop(gguf_name(MODEL_TENSOR.ROPE_FREQS) + ".weight", None)
+    out = {}
+    for (t, kind), name in GGUF_GLOBALS.items():
+        if f"{gguf_name(t)}.{kind}" in pending:
+            out[name] = pending.pop(f"{gguf_name(t)}.{kind}")
+    for layer in range(f.n_layers):
+        for (t, kind), name in GGUF_LAYER.items():
+            if f"{gguf_name(t, layer)}.{kind}" in pending:
+                out[f"model.layers.{layer}.{name}"] = pending.pop(f"{gguf_name(t, layer)}.{kind}")
+    if pending:
+        raise GGUFError(f"GGUF tensors the runtime would not use: {', '.join(sorted(pending)[:5])}")
+    return out
+
+
 FAMILIES = {
     "Gemma4ForCausalLM": Family(moe=True, expert_ffn_key="moe_intermediate_size", moe_prefix="",
                                 expert_names=("", "", ""), qk_norm=FLAG_QK_NORM_HEAD, top_k_key="top_k_experts",
                                 tied_default=True, routes_itself=True, own_keys=OWN_KEYS,
-                                moe_layer_rule=moe_layers, head_dim_rule=head_dim, derive=derive, tensor=tensor),
+                                moe_layer_rule=moe_layers, head_dim_rule=head_dim, derive=derive, tensor=tensor,
+                                gguf_arch="gemma4", gguf_read_config=gguf_config, gguf_read_tensors=gguf_tensors,
+                                gguf_key_length_is_head=False,
+                                gguf_per_layer=(Keys.Attention.HEAD_COUNT_KV, Keys.LLM.FEED_FORWARD_LENGTH)),
 }

@@ -139,6 +139,9 @@ def tensor(raw: dict, d, key: tuple[Role, int, int]):
 def gguf_layer_types(f: GGUFFile) -> dict:
     """The fields both LFM2 architectures' files hold: a KV head count per layer (0: it convolves), the kernel."""
     heads = f.layer_kv_heads or (f.n_head_kv,) * f.n_layers
+    if len(set(heads) - {0}) != 1:
+        raise GGUFError(f"GGUF key {f.key(Keys.Attention.HEAD_COUNT_KV)} lists KV head counts {sorted(set(heads))}: "
+                        "each 0 (the layer convolves) or the one count of the attention layers")
     return {"layer_types": ["conv" if h == 0 else "full_attention" for h in heads],
             "conv_L_cache": int(f.field(f.key(Keys.ShortConv.L_CACHE)))}
 
@@ -192,7 +195,8 @@ FAMILIES = {
         own_keys=(*SHARED_KEYS, "full_attn_idxs", "block_ff_dim", "block_auto_adjust_ff_dim",
                   "block_ffn_dim_multiplier", "block_multiple_of", *DENSE_FACTS, *DENSE_ALWAYS),
         derive=dense_derive, tensor=tensor,
-        gguf_arch="lfm2", gguf_read_config=gguf_dense_config, gguf_layer_tensors=tuple(GGUF_TENSORS.items())),
+        gguf_arch="lfm2", gguf_read_config=gguf_dense_config, gguf_layer_tensors=tuple(GGUF_TENSORS.items()),
+        gguf_per_layer=(Keys.Attention.HEAD_COUNT_KV,)),
     "Lfm2MoeForCausalLM": Family(
         moe=True, expert_ffn_key="moe_intermediate_size", moe_prefix="feed_forward", expert_names=("w1", "w3", "w2"),
         fused_experts=("experts.gate_up_proj", "experts.down_proj"), router_bias_name="expert_bias",
@@ -201,5 +205,5 @@ FAMILIES = {
         own_keys=(*SHARED_KEYS, "num_dense_layers", "use_expert_bias", "routed_scaling_factor"),  # (DeepSeek's too)
         moe_layer_rule=moe_layers, derive=derive, tensor=tensor,
         gguf_arch="lfm2moe", gguf_norm_topk=True, gguf_read_config=gguf_config,
-        gguf_layer_tensors=tuple(GGUF_TENSORS.items())),
+        gguf_layer_tensors=tuple(GGUF_TENSORS.items()), gguf_per_layer=(Keys.Attention.HEAD_COUNT_KV,)),
 }

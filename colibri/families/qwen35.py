@@ -118,12 +118,8 @@ def gguf_config(f: GGUFFile) -> dict:
     experts and the shared one; the router renormalizes, as src/models/qwen35moe.cpp's norm_w."""
     field, k, n_layers = f.field, f.key, f.n_layers
 
-    def whole(key: str, default: int | None = None) -> int:
-        value = field(k(key), default, required=default is None)
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < (1 << 32):
-            raise GGUFError(f"GGUF key {k(key)}={value!r}: one whole number was expected (a value per layer is not "
-                            "read)")
-        return value
+    whole = f.number
+
     def count(key: str) -> int:  # (1 to 65,535, as the config's: derive refuses the same, by the config's name)
         if not 1 <= (value := whole(key)) < (1 << 16):
             raise GGUFError(f"GGUF key {k(key)}={value}: 1 to 65,535")
