@@ -41,6 +41,7 @@ def gguf_meta(src: Path) -> dict | None:
         architecture, tokenizer, special = get_gguf_tokenizer(str(src))
         tok = PreTrainedTokenizerFast(tokenizer_object=convert_gguf_tokenizer(architecture, tokenizer)[0],
                                       **{k: v for k, v in special.items() if v is not None})
+        tok.backend_tokenizer.post_processor = _special_tokens(value, tok.backend_tokenizer)
     meta: dict = {"tokenizer": json.loads(tok.backend_tokenizer.to_str())}
     if isinstance(value("tokenizer.chat_template"), str):
         meta["chat_template"] = value("tokenizer.chat_template")
@@ -50,6 +51,21 @@ def gguf_meta(src: Path) -> dict | None:
     eos = value("tokenizer.ggml.eos_token_id")
     meta["eos_token_ids"] = [int(eos)] if eos is not None else []
     return meta
+
+
+def _special_tokens(value, backend):
+    """The BOS and EOS llama.cpp puts around a prompt (tokenizer.ggml.add_bos_token, add_eos_token) as a tokenizers
+    post-processor, for a vocabulary converted alone (transformers' conversion of the file's own config adds them)."""
+    from tokenizers import processors
+    ends = {}
+    for end in ("bos", "eos"):
+        token_id = value(f"tokenizer.ggml.{end}_token_id")
+        if value(f"tokenizer.ggml.add_{end}_token") is True and token_id is not None and \
+                backend.id_to_token(int(token_id)) is not None:
+            ends[end] = (backend.id_to_token(int(token_id)), int(token_id))
+    single = " ".join(([ends["bos"][0]] if "bos" in ends else []) + ["$A"] + ([ends["eos"][0]] if "eos" in ends else []))
+    pair = single + " " + single.replace("$A", "$B")
+    return processors.TemplateProcessing(single=single, pair=pair, special_tokens=list(ends.values()))
 
 
 def checkpoint_meta(src: Path) -> dict | None:

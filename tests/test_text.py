@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from conftest import ROOT
@@ -139,20 +140,21 @@ def test_the_converters_vocabulary_travels(hosted_build, tmp_path, capsys):
     assert out["text"] == hf_tok.decode(out["tokens"])
 
 
-def test_a_gemma4_files_vocabulary_travels(hosted_build, tmp_path, capsys):
-    """A gemma4 file from llama.cpp's converter (Gemma 4's vocabulary, cut to its first 4,096 tokens and ASCII's
-    characters by the fixture tool): transformers cannot build a config from the file's per-layer KV head counts, so the vocabulary is taken
-    alone; a prompt in words becomes ids that decode back to it (beside the BOS), through the device."""
-    src = ROOT / "tests" / "fixtures" / "gguf" / "converted-gemma4-q8_0.gguf"
-    image = tmp_path / "g.img"
-    assert pack(src, image, 64, 64, measure_quality=False)["tokenizer"]
-    prompt = "the model on the board"
-    code = flash.main([str(image), "--board", "hosted", "--firmware", str(hosted_build / "firmware.elf"),
-                       "--prompt", prompt, "--max-new-tokens", "3", "--json"])
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+@pytest.mark.parametrize("name", sorted(p.name.removesuffix(".llama-cpp.npz")
+                                        for p in (ROOT / "tests" / "fixtures" / "gguf").glob("*.llama-cpp.npz")))
+def test_a_converted_files_vocabulary_tokenizes_as_llama_cpp_does(name, tmp_path):
+    """Each file from llama.cpp's converter (tests/fixtures/gguf: GPT-2's, Qwen's and Gemma 4's vocabularies, the
+    last cut by the fixture tool): its vocabulary in the image turns a text into the ids llama.cpp's own tokenizer gives
+    for it (kept beside the file by tools/make_gguf_fixtures.py), the BOS llama.cpp adds included (gemma4's, whose
+    config transformers cannot build, converted alone), and they decode back to the text."""
+    src = ROOT / "tests" / "fixtures" / "gguf" / f"{name}.gguf"
+    oracle = np.load(src.with_suffix(".llama-cpp.npz"))
+    image = tmp_path / "t.img"
+    assert pack(src, image, 32, 64, measure_quality=False)["tokenizer"]
     text = Text(read_image(image.read_bytes()).meta)
-    assert code == 0 and len(out["prompt_tokens"]) > 3
-    assert text.decode(out["prompt_tokens"]).removeprefix("<bos>") == prompt
+    ids = text.encode(str(oracle["text"]))
+    assert ids == oracle["text_tokens"].tolist()
+    assert text.decode(ids).strip() == str(oracle["text"])
 
 
 def test_a_gguf_files_vocabulary_travels_too(text_checkpoint, hosted_build, tmp_path, capsys):

@@ -20,7 +20,7 @@ Two sets:
   type is not one the converter writes (vocab 50,257, hidden 32, tied embeddings: about 3.4 MB each,
   half of it the vocabulary; Qwen3.5's and Gemma 4's own vocabularies, Gemma 4's cut to 4,096 tokens). The
   converter needs sentencepiece installed.
-And beside the Gemma 4 files, llama.cpp's own logits for a prompt (converted-gemma4*.llama-cpp.npz): what llama.cpp
+And beside each converted file, llama.cpp's own logits for a prompt (converted-*.llama-cpp.npz): what llama.cpp
 computes on the same file, the tests' second oracle.
 """
 from __future__ import annotations
@@ -54,9 +54,10 @@ def make_source(out: Path) -> Path:
 CONVERTED = [
     ("mixtral", "MixtralForCausalLM", dict(hidden_size=32, intermediate_size=32, num_hidden_layers=2,
      num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2), "q8_0", None),
+    # (its own output matrix: llama.cpp's qwen2moe and gpt-oss load no file without one)
     ("qwen2moe", "Qwen2MoeForCausalLM", dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
      shared_expert_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-     num_experts=4, num_experts_per_tok=2), "f16", "Q4_K_M"),
+     num_experts=4, num_experts_per_tok=2, tie_word_embeddings=False), "f16", "Q4_K_M"),
     # DeepSeek-V3 as its released config states it (scoring_func, topk_method: the converter writes the
     # gating function only from scoring_func), MLA with a q-LoRA, grouped routing, a dense first layer
     ("deepseek3", "DeepseekV3ForCausalLM", dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
@@ -68,7 +69,7 @@ CONVERTED = [
     # the converter repacks into GGUF's MXFP4 blocks; the rest in q8_0
     ("gpt-oss", "GptOssForCausalLM", dict(hidden_size=32, intermediate_size=32, num_hidden_layers=2,
      num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
-     sliding_window=4), "q8_0", None),
+     sliding_window=4, tie_word_embeddings=False), "q8_0", None),
     # Granite MoE: its multipliers (the converter's scale keys), experts fused in the checkpoint and split by the
     # converter, q/k rows permuted as for llama
     ("granitemoe", "GraniteMoeForCausalLM", dict(hidden_size=32, intermediate_size=32, num_hidden_layers=2,
@@ -93,11 +94,12 @@ CONVERTED = [
      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
      num_dense_layers=1, layer_types=["conv", "full_attention", "conv"]), "q8_0", None),
     # Qwen3.5-MoE: three DeltaNet layers then gated attention, twice as many value heads as key heads (the converter
-    # reorders them), value heads 16 wide (so ssm_out's columns move across Q8_0 blocks), partial RoPE, a shared
-    # expert, and one multi-token-prediction layer as the released checkpoints carry (the converter writes it)
+    # reorders them), heads 16 wide (so ssm_out's columns move across Q8_0 blocks; keys as wide as values, as
+    # llama.cpp's qwen35moe reads them), partial RoPE, a shared expert, and one multi-token-prediction layer as the
+    # released checkpoints carry (the converter writes it)
     ("qwen35moe", "Qwen3_5MoeForCausalLM", dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
      num_key_value_heads=2, head_dim=32, moe_intermediate_size=32, shared_expert_intermediate_size=64,
-     num_experts=4, num_experts_per_tok=2, linear_conv_kernel_dim=4, linear_key_head_dim=32,
+     num_experts=4, num_experts_per_tok=2, linear_conv_kernel_dim=4, linear_key_head_dim=16,
      linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, mtp_num_hidden_layers=1,
      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                       "mrope_section": [2, 1, 1], "mrope_interleaved": True}), "q8_0", None),
@@ -119,11 +121,16 @@ CONVERTED = [
      hidden_size_per_layer_input=8, num_kv_shared_layers=2, use_double_wide_mlp=True, sliding_window=3,
      layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]), "q8_0", None),
 ]
-# the fixtures llama.cpp itself runs too: its logits for LLAMA_PROMPT are kept beside each (<name>.llama-cpp.npz), a
-# second oracle for tests/test_gguf.py, independent of the packer's reading of the file (Gemma 4's: "<bos>the model on
-# the board" and two more tokens, in the fixture's vocabulary)
-LLAMA_LOGITS = ("converted-gemma4-q8_0.gguf", "converted-gemma4-dense-q8_0.gguf")
-LLAMA_PROMPT = [2, 1437, 2028, 580, 506, 3905, 700, 514]
+# every converted fixture llama.cpp itself runs too: its logits for a prompt are kept beside each
+# (<name>.llama-cpp.npz), a second oracle for tests/test_gguf.py, independent of the packer's reading of the file.
+# The prompt: "Hello world, I am a" in GPT-2's and Qwen's vocabularies; "<bos>the model on the board" and two more
+# tokens in Gemma 4's as the fixture cuts it
+LLAMA_PROMPT = [15496, 995, 11, 314, 716, 257]
+LLAMA_PROMPTS = {"Gemma4ForCausalLM": [2, 1437, 2028, 580, 506, 3905, 700, 514]}
+# a text llama.cpp tokenizes too, as it would a prompt (its BOS where the vocabulary asks for one)
+LLAMA_TEXT = "Colibri runs the model on the board, 3 times."
+# the logits kept of each position: the 64 largest and every n-th of the vocabulary (about 2,048), not 50,000-250,000
+LLAMA_TOP, LLAMA_SPREAD = 64, 2048
 # the config field of the RMSNorms' epsilon, where a family names it otherwise
 EPS_KEY = {"Lfm2MoeForCausalLM": "norm_eps", "Lfm2ForCausalLM": "norm_eps"}
 # the vocabulary a family's converter needs (transformers gives Qwen3.5's model type its own tokenizer, whose
@@ -166,8 +173,8 @@ def convert(llama_cpp_dir: Path, family: str, arch: str, config: dict, outtype: 
         tokenizer.add_tokens(special, special_tokens=True)
     torch.manual_seed(21)
     cfg = getattr(transformers, CONFIG_CLASS.get(arch, arch.replace("ForCausalLM", "Config")))(
-        **dict.fromkeys(VOCAB_KEYS.get(arch, ("vocab_size",)), len(tokenizer)), max_position_embeddings=64, tie_word_embeddings=True, initializer_range=0.25,
-        **{EPS_KEY.get(arch, "rms_norm_eps"): 1e-5}, **config)
+        **{**dict.fromkeys(VOCAB_KEYS.get(arch, ("vocab_size",)), len(tokenizer)), "max_position_embeddings": 64,
+           "tie_word_embeddings": True, "initializer_range": 0.25, EPS_KEY.get(arch, "rms_norm_eps"): 1e-5, **config})
     model = getattr(transformers, arch)(cfg).eval()
     with torch.no_grad():  # random norm weights too, so a mixed-up norm tensor cannot go unnoticed
         for name, p in model.named_parameters():
@@ -258,10 +265,11 @@ def to_mxfp4(checkpoint: Path) -> None:
     (checkpoint / "config.json").write_text(json.dumps(config))
 
 
-def llama_cpp_logits(fixture: Path, tmp: Path) -> Path:
-    """llama.cpp's logits at every position of LLAMA_PROMPT on `fixture`, run on an F32 copy of it (its Q8_0 values
+def llama_cpp_logits(fixture: Path, prompt: list[int], tmp: Path, out: Path | None = None) -> Path:
+    """llama.cpp's logits at every position of `prompt` on `fixture`, run on an F32 copy of it (its quantized values
     widened exactly, so that llama.cpp keeps the activations in f32 as the runtime's f32 kernels do) with an f32 KV
-    cache: <fixture>.llama-cpp.npz, with the fixture's sha256 and llama.cpp's version."""
+    cache: `out` (default <fixture>.llama-cpp.npz), the logits of some vocabulary `columns` (LLAMA_TOP, LLAMA_SPREAD),
+    with the fixture's sha256, llama.cpp's version and its tokens for LLAMA_TEXT."""
     import hashlib
 
     import gguf
@@ -284,11 +292,16 @@ def llama_cpp_logits(fixture: Path, tmp: Path) -> Path:
     f32 = 0  # GGML_TYPE_F32
     model = llama_cpp.Llama(model_path=str(copy), n_ctx=64, logits_all=True, n_threads=1, type_k=f32, type_v=f32,
                             verbose=False)
-    model.eval(LLAMA_PROMPT)
-    out = fixture.with_suffix(".llama-cpp.npz")
-    np.savez_compressed(out, tokens=np.array(LLAMA_PROMPT, np.int32),
-                        logits=np.array(model.scores[:len(LLAMA_PROMPT)], np.float32),
-                        sha256=hashlib.sha256(fixture.read_bytes()).hexdigest(), llama_cpp=llama_cpp.__version__)
+    model.eval(prompt)
+    logits = np.array(model.scores[:len(prompt)], np.float32)
+    vocab = logits.shape[1]
+    top = np.argsort(-logits, axis=1)[:, :LLAMA_TOP].ravel()
+    columns = np.union1d(top, np.arange(0, vocab, max(1, vocab // LLAMA_SPREAD))).astype(np.int32)
+    out = out or fixture.with_suffix(".llama-cpp.npz")
+    np.savez_compressed(out, tokens=np.array(prompt, np.int32), columns=columns, logits=logits[:, columns],
+                        vocab=vocab, sha256=hashlib.sha256(fixture.read_bytes()).hexdigest(),
+                        llama_cpp=llama_cpp.__version__, text=LLAMA_TEXT,
+                        text_tokens=np.array(model.tokenize(LLAMA_TEXT.encode(), add_bos=True), np.int32))
     return out
 
 
@@ -313,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import llama_cpp  # noqa: F401  (imported to know it is there)
     except ImportError:  # (the converter alone needs only the sdist)
-        if needs_quantizer or any(wanted(name) for name in LLAMA_LOGITS):
+        if needs_quantizer or any(wanted(fixture_name(family, outtype, ftype))
+                                  for family, _, _, outtype, ftype in CONVERTED):
             print("make_gguf_fixtures: llama-cpp-python is not installed; build it as tools/bench.py --help says",
                   file=sys.stderr)
             return 2
@@ -334,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             dst = convert(llama_cpp_dir, family, arch, config, outtype, ftype, Path(tmp))
             print(f"{dst.relative_to(ROOT)}: {dst.stat().st_size:,} bytes")
-            if dst.name in LLAMA_LOGITS:
-                print(f"{llama_cpp_logits(dst, Path(tmp)).relative_to(ROOT)}: llama.cpp's logits")
+            logits = llama_cpp_logits(dst, LLAMA_PROMPTS.get(arch, LLAMA_PROMPT), Path(tmp))
+            print(f"{logits.relative_to(ROOT)}: llama.cpp's logits")
     return 0
 
 

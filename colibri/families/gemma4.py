@@ -5,6 +5,8 @@ back into that config and those names (`gguf_config`, `gguf_tensors`): the per-l
 proportional RoPE of the global layers from its rope_freqs factors, the experts' fused gate and up kept as stored."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from colibri.families.base import ConfigContext, Family, OwnFields, UnsupportedModel, fused_expert_tensor
@@ -147,8 +149,8 @@ def tensor(raw: dict, d, key: tuple[Role, int, int]) -> tuple[list[str], object]
 
 # the logit cap llama.cpp applies to a gemma4 file without the key (src/llama-hparams.h's default, which gemma4.cpp
 # keeps when the key is absent: the converter writes none for a config whose cap is null), 0 none; Gemma 4's released
-# configs state 30
-LLAMA_CPP_SOFTCAP = 30.0
+# configs state 30. And its sliding layers' RoPE base where the file states none
+LLAMA_CPP_SOFTCAP, LLAMA_CPP_SWA_THETA = 30.0, 10_000.0
 # the factor llama.cpp's converter gives the dimensions proportional RoPE leaves unturned (rope_freqs): a frequency
 # divided by it is zero in f32, so they keep their values, as transformers' zero inverse frequencies do
 UNTURNED = np.float32(1e30)
@@ -158,25 +160,49 @@ def gguf_config(f: GGUFFile) -> dict:
     """The Gemma4TextConfig fields of a gemma4 file: the layer kinds from sliding_window_pattern; the sliding layers'
     head size, KV heads and RoPE base (the *_swa keys), the global layers' as per_layer_config; keys as values where no
     global layer has a v projection; the KV-sharing layers, the MLP twice as wide on them where feed_forward_length
-    says so; per-layer inputs; the experts; proportional RoPE's rotated share from the rope_freqs factors; the logit cap
-    as llama.cpp runs the file (30 where it states none)."""
+    says so; per-layer inputs; the experts; proportional RoPE's rotated share from the rope_freqs factors. A key the
+    file lacks is what llama.cpp takes for it (src/llama-model.cpp, src/llama-hparams.h): the sliding head size and
+    rotation the global ones', a sliding RoPE base of 10,000, a logit cap of 30."""
     field, k, n_layers, tensors = f.field, f.key, f.n_layers, f.tensors
+
+    def real(key: str, default: float) -> float:
+        value = field(k(key), default, required=False)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise GGUFError(f"GGUF key {k(key)}={value!r}: a finite number, at least 0, was expected")
+        return float(value)
     pattern = field(k(Keys.Attention.SLIDING_WINDOW_PATTERN))
     if not isinstance(pattern, list) or len(pattern) != n_layers or any(not isinstance(p, bool) for p in pattern):
         raise GGUFError(f"GGUF key {k(Keys.Attention.SLIDING_WINDOW_PATTERN)}: a flag for each of the {n_layers} layers")
+    if pattern[-1]:  # (transformers makes it global whatever the config says; llama.cpp would window it)
+        raise GGUFError(f"GGUF key {k(Keys.Attention.SLIDING_WINDOW_PATTERN)}: Gemma 4's last layer attends over every "
+                        "position, not a sliding window")
+    if field(k(Keys.Rope.SCALING_TYPE), "none", required=False) != "none":
+        raise GGUFError(f"GGUF key {k(Keys.Rope.SCALING_TYPE)}={field(k(Keys.Rope.SCALING_TYPE))!r}: Gemma 4's RoPE is "
+                        "not scaled in transformers")
     types = ["sliding_attention" if p else "full_attention" for p in pattern]
-    head = {"sliding_attention": f.number(Keys.Attention.KEY_LENGTH_SWA), "full_attention": f.number(Keys.Attention.KEY_LENGTH)}
-    for kind, key, rope_key in (("sliding_attention", Keys.Attention.VALUE_LENGTH_SWA, Keys.Rope.DIMENSION_COUNT_SWA),
-                                ("full_attention", Keys.Attention.VALUE_LENGTH, Keys.Rope.DIMENSION_COUNT)):
-        if head[kind] < 2 or head[kind] % 2 or f.number(key, head[kind]) != head[kind] or \
-                f.number(rope_key, head[kind]) != head[kind]:
-            raise GGUFError(f"GGUF keys {k(key)}, {k(rope_key)}: Gemma 4's {kind.split('_')[0]} layers have one even "
-                            f"head size ({head[kind]}) for keys and values, and turn it whole (or as rope_freqs says)")
+    full = f.number(Keys.Attention.KEY_LENGTH)
+    head = {"full_attention": full, "sliding_attention": f.number(Keys.Attention.KEY_LENGTH_SWA, full)}
+    turned = {"full_attention": f.number(Keys.Rope.DIMENSION_COUNT, full)}
+    turned["sliding_attention"] = f.number(Keys.Rope.DIMENSION_COUNT_SWA, turned["full_attention"])
+    for kind, keys in (("sliding_attention", (Keys.Attention.KEY_LENGTH_SWA, Keys.Attention.VALUE_LENGTH_SWA,
+                                              Keys.Rope.DIMENSION_COUNT_SWA)),
+                       ("full_attention", (Keys.Attention.KEY_LENGTH, Keys.Attention.VALUE_LENGTH,
+                                           Keys.Rope.DIMENSION_COUNT))):
+        if head[kind] < 2 or head[kind] % 2 or f.number(keys[1], head[kind]) != head[kind] or turned[kind] != head[kind]:
+            raise GGUFError(f"GGUF keys {', '.join(k(key) for key in keys)}: Gemma 4's {kind.split('_')[0]} layers have "
+                            f"one even head size for keys and values ({head[kind]}), turned whole (or as rope_freqs "
+                            f"says), not {turned[kind]}")
     kv_heads = f.layer_kv_heads or (f.n_head_kv,) * n_layers
     kv = {kind: {h for h, t in zip(kv_heads, types) if t == kind} for kind in head}
     if any(len(counts) > 1 or 0 in counts or f.n_head % max(counts, default=1) for counts in kv.values()):
         raise GGUFError(f"GGUF key {k(Keys.Attention.HEAD_COUNT_KV)}: one KV head count for each layer kind, dividing "
                         f"the {f.n_head} heads (sliding {sorted(kv['sliding_attention'])}, global {sorted(kv['full_attention'])})")
+    for layer, kind in enumerate(types):  # (the head sizes checked against the tensors before anything is sized by them)
+        for t, rows in ((MODEL_TENSOR.ATTN_Q, f.n_head * head[kind]), (MODEL_TENSOR.ATTN_K, min(kv[kind]) * head[kind])):
+            name = gguf_name(t, layer) + ".weight"
+            if name in tensors and tensors[name].shape[0] != rows:
+                raise GGUFError(f"GGUF tensor {name} has {tensors[name].shape[0]} rows: the heads and head sizes of the "
+                                f"file's keys make {rows}")
     shared = f.number(Keys.Attention.SHARED_KV_LAYERS, 0)
     if shared >= n_layers:
         raise GGUFError(f"GGUF key {k(Keys.Attention.SHARED_KV_LAYERS)}={shared}: fewer than the {n_layers} layers, "
@@ -185,8 +211,8 @@ def gguf_config(f: GGUFFile) -> dict:
     widths = f.layer_ffn or (f.number(Keys.LLM.FEED_FORWARD_LENGTH),) * n_layers
     base = widths[0]
     sharing = set(widths[first_shared:])
-    double = base > 0 and sharing == {2 * base}
-    if set(widths[:first_shared]) != {base} or sharing - {base} and not double:
+    double = sharing == {2 * base}
+    if base < 1 or set(widths[:first_shared]) != {base} or sharing - {base} and not double:
         raise GGUFError(f"GGUF key {k(Keys.LLM.FEED_FORWARD_LENGTH)}={list(widths)}: one MLP width, or twice it on the "
                         f"{shared} layers that share their KV cache (use_double_wide_mlp)")
     has_v = {layer: gguf_name(MODEL_TENSOR.ATTN_V, layer) + ".weight" in tensors for layer in range(first_shared)}
@@ -199,7 +225,10 @@ def gguf_config(f: GGUFFile) -> dict:
         raise GGUFError(f"GGUF file: {k(Keys.LLM.EXPERT_COUNT)}={f.n_experts}, and routers in "
                         f"{'some' if len(routers) > 1 else 'no' if f.n_experts else 'all'} layers: Gemma 4 routes every "
                         "layer or none")
-    theta = float(field(k(Keys.Rope.FREQ_BASE)))
+    theta, theta_swa = real(Keys.Rope.FREQ_BASE, 0.0), real(Keys.Rope.FREQ_BASE_SWA, LLAMA_CPP_SWA_THETA)
+    if not (theta and theta_swa):
+        raise GGUFError(f"GGUF keys {k(Keys.Rope.FREQ_BASE)}={theta}, {k(Keys.Rope.FREQ_BASE_SWA)}={theta_swa}: "
+                        "RoPE bases above 0")
     cfg = {
         "layer_types": types, "head_dim": head["sliding_attention"],
         "num_key_value_heads": next(iter(kv["sliding_attention"] or kv["full_attention"])),
@@ -211,11 +240,9 @@ def gguf_config(f: GGUFFile) -> dict:
         "hidden_size_per_layer_input": f.number(Keys.LLM.EMBD_LENGTH_PER_LAYER_INP, 0),
         "vocab_size_per_layer_input": int(tensors[gguf_name(MODEL_TENSOR.TOKEN_EMBD) + ".weight"].shape[0]),
         "sliding_window": f.number(Keys.Attention.SLIDING_WINDOW, None if True in pattern else 0),
-        "final_logit_softcapping": float(field(k(Keys.LLM.FINAL_LOGIT_SOFTCAPPING), LLAMA_CPP_SOFTCAP,
-                                               required=False)) or None,
+        "final_logit_softcapping": real(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, LLAMA_CPP_SOFTCAP) or None,
         "rope_parameters": {
-            "sliding_attention": {"rope_type": "default",
-                                  "rope_theta": float(field(k(Keys.Rope.FREQ_BASE_SWA), theta, required=False))},
+            "sliding_attention": {"rope_type": "default", "rope_theta": theta_swa},
             "full_attention": {"rope_type": "proportional", "rope_theta": theta,
                                "partial_rotary_factor": rotated_share(f, head["full_attention"])}},
         "enable_moe_block": bool(f.n_experts),
