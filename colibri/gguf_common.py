@@ -10,7 +10,7 @@ import numpy as np
 from gguf.constants import MODEL_TENSOR, TENSOR_NAMES, Keys  # noqa: F401  (Keys: the hooks' keys, from here)
 
 from colibri.lazy import Derived, LazyTensor
-from colibri.quant import Encoded
+from colibri.quant import Encoded, matrix_rows
 
 
 class GGUFError(ValueError):
@@ -54,6 +54,18 @@ def lazy(shape: tuple[int, ...], t: LazyTensor, fn, by_expert=None) -> Derived:
 def split_experts(stacked: LazyTensor) -> list[Derived]:
     """A layer's experts stacked by llama.cpp ([experts, rows, columns]) as one tensor each, its bytes alone read."""
     return [Derived(stacked.shape[1:], lambda e=e: stacked.expert(e)) for e in range(stacked.shape[0])]
+
+
+def split_gate_up(stacked: LazyTensor, name: str) -> tuple[list[Derived], list[Derived]]:
+    """A layer's experts' gate and up fused by llama.cpp's converter (--fuse-gate-up-exps: [experts, 2F, D], gate rows
+    first, as ffn_gate_up_exps) as one gate and one up tensor per expert, its rows whole (Q8_0/Q4_0 blocks as stored),
+    its bytes alone read."""
+    if len(stacked.shape) != 3 or stacked.shape[1] % 2:
+        raise GGUFError(f"GGUF tensor {name} has shape {tuple(stacked.shape)}: llama.cpp stacks a layer's experts' "
+                        "gate and up rows, [experts, 2 x ffn, hidden]")
+    ffn = stacked.shape[1] // 2
+    return tuple([Derived((ffn, stacked.shape[2]), lambda e=e, half=half: matrix_rows(stacked.expert(e), half))
+                  for e in range(stacked.shape[0])] for half in (slice(0, ffn), slice(ffn, 2 * ffn)))
 
 
 def as_row(t: LazyTensor) -> Derived:

@@ -35,7 +35,8 @@ from gguf.constants import MODEL_TENSOR, Keys
 
 from colibri.families import FAMILIES
 from colibri.format import MAX_LAYERS
-from colibri.gguf_common import GGUFError, GGUFFile, as_row, gguf_name, heads_stacked, lazy, split_experts
+from colibri.gguf_common import (GGUFError, GGUFFile, as_row, gguf_name, heads_stacked, lazy, split_experts,
+                                  split_gate_up)
 from colibri.lazy import FileTensor, LazyTensor, OpenFile
 from colibri.quant import DType, Encoded, from_gguf_blocks
 
@@ -299,6 +300,11 @@ def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, hf_arch: str, n_layer
         router = gguf_name(MODEL_TENSOR.FFN_GATE_INP, layer) + ".weight"
         if router in pending:
             out[f"{p}{fam.moe_prefix}.{fam.router_name}"] = pending.pop(router)
+        fused = gguf_name(MODEL_TENSOR.FFN_GATE_UP_EXP, layer) + ".weight"
+        if fused in pending:  # (gate and up in one tensor: the converter's --fuse-gate-up-exps)
+            for which, experts in zip(fam.expert_names[:2], split_gate_up(pending.pop(fused), fused)):
+                for e, expert in enumerate(experts):
+                    out[f"{p}{fam.moe_prefix}.experts.{e}.{which}.weight"] = expert
         for t, which in EXPERT_TENSORS.items():
             name = gguf_name(t, layer) + ".weight"
             if name not in pending:

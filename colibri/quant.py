@@ -105,6 +105,11 @@ class Encoded:
         return Encoded(self.dtype, self.shape, fn(self.values), scales)
 
 
+def matrix_rows(t: np.ndarray | Encoded, rows: slice) -> np.ndarray | Encoded:
+    """Rows of a matrix: of an Encoded one (a GGUF file's Q8_0/Q4_0) as stored, whole blocks; else as f32."""
+    return t.rows(rows) if isinstance(t, Encoded) else np.asarray(t, np.float32)[rows]
+
+
 @dataclass(frozen=True)
 class Deferred:
     """A tensor to be encoded in `dtype` only when its bytes are written (colibri/writer.py write_image):

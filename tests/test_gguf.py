@@ -12,7 +12,7 @@ import pytest
 from conftest import CONFIGS, TinyConfig, make_checkpoint, make_family_checkpoint
 from gguf_writer import hf_to_gguf
 from colibri.checkpoint import UnsupportedModel
-from colibri.gguf_input import unpermute
+from colibri.gguf_input import open_gguf, read_gguf, unpermute
 from colibri.image import FLAG_NORM_TOPK, Role, read_image
 from colibri.lazy import loaded
 from colibri.pack import pack
@@ -325,7 +325,7 @@ def test_deepseek_gguf_lands_as_llama_cpp_split_it(tmp_path):
     assert (d.n_group, d.topk_group, d.group_top, d.routed_scale, d.moe_layers) == (2, 1, 2, 2.5, (False, True))
     want = FLAG_ROUTER_SIGMOID | FLAG_ROUTER_BIAS | FLAG_NORM_TOPK | FLAG_SHARED_PLAIN | FLAG_ROPE_PAIRS
     assert d.flags & want == want
-    stored = {t.name: t for t in gguf.GGUFReader(str(src)).tensors}
+    stored = {t.name: t for t in open_gguf(src).tensors}  # (parsed once: read_gguf reuses it)
     for layer in (0, 1):
         for name, role in ((f"blk.{layer}.attn_k_b.weight", Role.WK_B), (f"blk.{layer}.attn_v_b.weight", Role.WV_B)):
             t = stored[name]
@@ -368,7 +368,7 @@ def test_an_lfm2moe_file_silent_on_its_router_runs_as_llama_cpp_runs_it(sources,
 def copy_gguf(src: Path, dst: Path, changes: dict, tensors: dict | None = None) -> Path:
     """A GGUF file's copy with some keys set anew (name -> (value, GGUFValueType); (None, None): left out), every tensor
     as stored but those `tensors` names (name -> f32 values, new or in place of the file's, or None: left out)."""
-    reader = gguf.GGUFReader(str(src))
+    reader = open_gguf(src)  # (parsed once per file: a vocabulary of 150,000 tokens takes seconds)
     arch = reader.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(str(dst), arch)
     for name, fld in reader.fields.items():
@@ -385,15 +385,50 @@ def copy_gguf(src: Path, dst: Path, changes: dict, tensors: dict | None = None) 
         if t.name not in (tensors or {}):
             w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
         elif tensors[t.name] is not None:
-            w.add_tensor(t.name, np.asarray(tensors[t.name], np.float32))
+            w.add_tensor(t.name, **_stored(tensors[t.name]))
     for name, values in (tensors or {}).items():  # (and those it had not)
         if values is not None and name not in {t.name for t in reader.tensors}:
-            w.add_tensor(name, np.asarray(values, np.float32))
+            w.add_tensor(name, **_stored(values))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return dst
+
+
+def _stored(values) -> dict:
+    """add_tensor's arguments for f32 values, or for (raw bytes, GGMLQuantizationType)."""
+    if isinstance(values, tuple):
+        return {"tensor": values[0], "raw_dtype": values[1]}
+    return {"tensor": np.asarray(values, np.float32)}
+
+
+def test_fused_gate_up_experts_read_as_the_converter_fuses_them(tmp_path):
+    """llama.cpp's converter with --fuse-gate-up-exps stores each layer's expert gates and ups as one tensor
+    (conversion/base.py: torch.cat([gate, up], dim=1) as ffn_gate_up_exps), which llama.cpp's qwen35moe and gemma4 run
+    as they are (its deepseek2 too, though the converter cannot write it): the qwen35moe fixture with its gates and ups
+    so fused packs to the very image of the file as converted, its Q8_0 blocks carried."""
+    src = FIXTURES / "converted-qwen35moe-q8_0.gguf"
+    stored = {t.name: t for t in open_gguf(src).tensors}  # (parsed once: read_gguf reuses it)
+    fused = {}
+    for layer in range(4):
+        gate, up = stored[f"blk.{layer}.ffn_gate_exps.weight"], stored[f"blk.{layer}.ffn_up_exps.weight"]
+        assert gate.tensor_type == up.tensor_type == Q.Q8_0
+        fused[f"blk.{layer}.ffn_gate_up_exps.weight"] = (np.concatenate([gate.data, up.data], axis=1), Q.Q8_0)
+        fused[gate.name] = fused[up.name] = None
+    copy = copy_gguf(src, tmp_path / "fused.gguf", {}, fused)
+    assert "blk.0.ffn_gate_up_exps.weight" in {t.name for t in open_gguf(copy).tensors}
+    (cfg_a, as_converted, _), (cfg_b, as_fused, _) = read_gguf(src), read_gguf(copy)
+    assert cfg_a == cfg_b and set(as_converted) == set(as_fused)
+    for name, t in as_converted.items():  # (the experts' rows as stored: Encoded blocks, bit for bit)
+        a, b = loaded(t), loaded(as_fused[name])
+        assert type(a) is type(b) and (a.values.tobytes() == b.values.tobytes() if isinstance(a, Encoded)
+                                       else np.asarray(a).tobytes() == np.asarray(b).tobytes()), name
+        assert not isinstance(a, Encoded) or a.scales.tobytes() == b.scales.tobytes()
+    assert isinstance(loaded(as_fused["model.layers.0.mlp.experts.3.up_proj.weight"]), Encoded)
+    odd = copy_gguf(src, tmp_path / "odd.gguf", {}, {**fused, "blk.0.ffn_gate_up_exps.weight": np.ones((4, 3, 32))})
+    with pytest.raises(UnsupportedModel, match="ffn_gate_up_exps.weight has shape \\(4, 3, 32\\): llama.cpp stacks"):
+        pack(odd, tmp_path / "c.img", 32, 64, measure_quality=False)
 
 
 def test_a_bidirectional_file_is_refused(tmp_path):

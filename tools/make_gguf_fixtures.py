@@ -50,6 +50,13 @@ def make_source(out: Path) -> Path:
     return out
 
 
+# DeepSeek-V3 as its released config states it (scoring_func, topk_method: the converter writes the gating function only
+# from scoring_func), MLA with a q-LoRA, grouped routing, a dense first layer
+DEEPSEEK3 = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4, num_experts_per_tok=2, n_group=2,
+                 topk_group=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32,
+                 qk_rope_head_dim=16, v_head_dim=32, n_shared_experts=1, routed_scaling_factor=2.5,
+                 norm_topk_prob=True, scoring_func="sigmoid", topk_method="noaux_tc")
 # (family, HF class, config, what the converter writes, the type llama.cpp's quantizer makes of it or None)
 CONVERTED = [
     ("mixtral", "MixtralForCausalLM", dict(hidden_size=32, intermediate_size=32, num_hidden_layers=2,
@@ -58,13 +65,7 @@ CONVERTED = [
     ("qwen2moe", "Qwen2MoeForCausalLM", dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
      shared_expert_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
      num_experts=4, num_experts_per_tok=2, tie_word_embeddings=False), "f16", "Q4_K_M"),
-    # DeepSeek-V3 as its released config states it (scoring_func, topk_method: the converter writes the
-    # gating function only from scoring_func), MLA with a q-LoRA, grouped routing, a dense first layer
-    ("deepseek3", "DeepseekV3ForCausalLM", dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
-     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4, num_experts_per_tok=2,
-     n_group=2, topk_group=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32,
-     qk_rope_head_dim=16, v_head_dim=32, n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True,
-     scoring_func="sigmoid", topk_method="noaux_tc"), "q8_0", None),
+    ("deepseek3", "DeepseekV3ForCausalLM", DEEPSEEK3, "q8_0", None),
     # gpt-oss with its experts in MXFP4, as the released checkpoints store them (random codes and scales), which
     # the converter repacks into GGUF's MXFP4 blocks; the rest in q8_0
     ("gpt-oss", "GptOssForCausalLM", dict(hidden_size=32, intermediate_size=32, num_hidden_layers=2,

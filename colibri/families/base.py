@@ -9,7 +9,7 @@ import numpy as np
 
 from colibri.format import Role
 from colibri.lazy import Derived, LazyTensor, expert_of
-from colibri.quant import Encoded
+from colibri.quant import matrix_rows
 
 
 class UnsupportedModel(ValueError):
@@ -149,9 +149,5 @@ def fused_expert_tensor(raw: dict, d, gate_up: str, down: str, role: Role, exper
     if tuple(source.shape) != stored:  # the config's sizes must describe the tensor the rows are cut from
         raise UnsupportedModel(f"checkpoint tensor {fused} has shape {list(source.shape)}; the config's expert count, "
                                f"expert size and hidden_size make it {list(stored)}")
-    return [fused], derived_tensor(source, shape, lambda: rows_of(expert_of(source, expert), rows))
+    return [fused], derived_tensor(source, shape, lambda: matrix_rows(expert_of(source, expert), rows))
 
-
-def rows_of(t: np.ndarray | Encoded, rows: slice) -> np.ndarray | Encoded:
-    """Rows of a matrix: of an Encoded one (a GGUF file's Q8_0/Q4_0) as stored, whole blocks; else as f32."""
-    return t.rows(rows) if isinstance(t, Encoded) else np.asarray(t, np.float32)[rows]

@@ -19,7 +19,7 @@ from colibri.dims import FLAG_ATTN_GATE, FLAG_QK_NORM_HEAD
 from colibri.families.base import ConfigContext, Family, OwnFields, UnsupportedModel, derived_tensor
 from colibri.format import Role
 from colibri.gguf_common import (MODEL_TENSOR, GGUFError, GGUFFile, Keys, as_row, floats, gguf_name, lazy,
-                                  split_experts)
+                                  split_experts, split_gate_up)
 from colibri.lazy import LazyTensor
 from colibri.quant import Encoded
 
@@ -241,8 +241,14 @@ def gguf_tensors(f: GGUFFile) -> dict[str, LazyTensor | np.ndarray]:
             out[a + "out_proj.weight"] = reordered(MODEL_TENSOR.SSM_OUT, layer, dv, axis=1)
         m = p + "mlp."
         out[m + "gate.weight"] = take(MODEL_TENSOR.FFN_GATE_INP, layer)
+        fused = take(MODEL_TENSOR.FFN_GATE_UP_EXP, layer, required=False)  # (the converter's --fuse-gate-up-exps)
+        if fused is not None:
+            for which, experts in zip(("gate_proj", "up_proj"), split_gate_up(fused, gguf_name(
+                    MODEL_TENSOR.FFN_GATE_UP_EXP, layer) + ".weight")):
+                for e, expert in enumerate(experts):
+                    out[f"{m}experts.{e}.{which}.weight"] = expert
         for t, which in ((MODEL_TENSOR.FFN_GATE_EXP, "gate_proj"), (MODEL_TENSOR.FFN_UP_EXP, "up_proj"),
-                         (MODEL_TENSOR.FFN_DOWN_EXP, "down_proj")):
+                         (MODEL_TENSOR.FFN_DOWN_EXP, "down_proj"))[2 if fused is not None else 0:]:
             stacked = take(t, layer)
             if len(stacked.shape) != 3:
                 raise GGUFError(f"GGUF tensor {gguf_name(t, layer)}.weight has shape {tuple(stacked.shape)}: "
