@@ -157,6 +157,14 @@ FAMILIES += [
      layer_types=["full_attention", "linear_attention", "linear_attention"],
      rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))),
 ]
+FAMILIES += [
+    # GraniteMoeShared: Granite-MoE's multipliers with an ungated shared MLP beside the experts (its down scaled by
+    # the residual multiplier too), untied embeddings
+    ("granitemoe_shared", "GraniteMoeSharedForCausalLM", dict(SMALL, hidden_size=24, num_attention_heads=4,
+     num_key_value_heads=2, intermediate_size=10, shared_intermediate_size=14, num_local_experts=5,
+     num_experts_per_tok=2, tie_word_embeddings=False, embedding_multiplier=6.0, residual_multiplier=0.22,
+     attention_multiplier=0.0625, logits_scaling=4.0)),
+]
 WINDOWED = {"gpt_oss", "gpt_oss_full", "mixtral_window", "qwen2_window", "qwen2moe_window", "qwen3moe_window", "gemma4",
             "gemma4_bias_ple", "gemma4_dense_kv_shared"}
 

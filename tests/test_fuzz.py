@@ -24,6 +24,18 @@ def test_fuzz_harness_finds_nothing(harness):
     assert 0 < result["edges"] <= result["features"]  # coverage is reported (a feature per edge at least)
 
 
+def test_a_fuzz_run_from_a_large_process_measures_its_own_memory(monkeypatch):
+    """A fuzzer started from a test worker that has held more than its RSS limit (Linux keeps the peak resident size
+    across exec) must not measure that peak as its own and stop at once as out of memory, as both harnesses did in a
+    CI run whose worker had read a 150,000-token GGUF vocabulary before."""
+    import numpy as np
+    monkeypatch.setattr(fuzz, "RSS_LIMIT_MB", 400)
+    held = np.ones(600 << 17)  # 600 MiB, resident
+    result = fuzz.run("link", 3, jobs=1, seed=1)
+    assert held[-1] == 1.0 and result["findings"] == [] and result["exit_status"] == 0, result["log_tail"]
+    assert result["executions"] > 1000
+
+
 def test_seed_corpus_is_current(hosted_build):
     """The seeds must be valid for today's format, or the fuzzers never get past the verifier:
     regenerate them with `python tools/fuzz.py --make-seeds` after a format change."""

@@ -78,6 +78,16 @@ def build(name: str) -> Path:
     return exe
 
 
+RSS_LIMIT_MB = 2048  # a fuzzer process larger than this is a finding (out-of-memory)
+
+
+def fresh_process(cmd: list[str]) -> list[str]:
+    """`cmd` started by a shell that forks it rather than from this process: Linux keeps a process's peak resident
+    size across exec (getrusage's ru_maxrss), so a fuzzer started from a large Python (a test worker that has held
+    gigabytes) would measure that peak as its own and stop at once at -rss_limit_mb as out of memory."""
+    return ["/bin/sh", "-c", '"$@"; exit $?', "sh", *cmd]
+
+
 def seed_image() -> Path:
     return FUZZ / "corpus" / "link_image.bin"
 
@@ -100,7 +110,7 @@ def run(name: str, seconds: int, jobs: int, seed: int) -> dict:
     dictionary = HARNESSES[name].dictionary
     cmd = [str(exe), str(work), str(seeds), f"-dict={FUZZ / dictionary}", f"-max_total_time={seconds}",
            f"-seed={seed}", "-print_final_stats=1", "-max_len=65536", f"-artifact_prefix={OUT}/{name}-",
-           "-rss_limit_mb=2048", "-timeout=10"]
+           f"-rss_limit_mb={RSS_LIMIT_MB}", "-timeout=10"]
     if jobs > 1:
         cmd += [f"-jobs={jobs}", f"-workers={jobs}"]
     env = {"COLIBRI_FUZZ_IMAGE": str(seed_image()), "PATH": "/usr/bin:/bin",
@@ -108,7 +118,7 @@ def run(name: str, seconds: int, jobs: int, seed: int) -> dict:
     # with -jobs each job writes fuzz-<job>.log into the working directory: build/fuzz, not the checkout
     for old in OUT.glob("fuzz-*.log"):
         old.unlink()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=OUT)
+    proc = subprocess.run(fresh_process(cmd), capture_output=True, text=True, env=env, cwd=OUT)
     job_logs = {p.name: p.read_text(errors="replace") for p in sorted(OUT.glob("fuzz-*.log"))} if jobs > 1 else {}
     per_job = [{"log": log_name, **coverage(text)} for log_name, text in job_logs.items()]
     log = proc.stdout + proc.stderr + "".join(job_logs.values())
