@@ -55,7 +55,8 @@ def test_past_findings_stay_fixed(harness):
     inputs = sorted((fuzz.FUZZ / "regress" / harness).glob("*"))
     assert inputs
     exe = fuzz.build(harness)
-    done = subprocess.run([str(exe), *map(str, inputs)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(fuzz.fresh_process([str(exe), *map(str, inputs)]), capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr.count("Running:") == len(inputs)
 
@@ -77,7 +78,8 @@ def harness_report(args: list[str]) -> list[tuple[str, dict[str, int]]]:
     libFuzzer last named with "Running:"; in a fuzzing run "" for the seeds, "mutated" after its INITED line)
     and how far it got (the status of verify, open, feed and step, -1 where not reached, and the mode byte)."""
     env = {**os.environ, "COLIBRI_FUZZ_REPORT": "1", "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1"}
-    done = subprocess.run([str(fuzz.build("image")), *args], capture_output=True, text=True, timeout=600, env=env)
+    done = subprocess.run(fuzz.fresh_process([str(fuzz.build("image")), *args]), capture_output=True, text=True,
+                          timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     out: list[tuple[str, dict[str, int]]] = []
     current = ""
