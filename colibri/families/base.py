@@ -150,4 +150,3 @@ def fused_expert_tensor(raw: dict, d, gate_up: str, down: str, role: Role, exper
         raise UnsupportedModel(f"checkpoint tensor {fused} has shape {list(source.shape)}; the config's expert count, "
                                f"expert size and hidden_size make it {list(stored)}")
     return [fused], derived_tensor(source, shape, lambda: matrix_rows(expert_of(source, expert), rows))
-

@@ -116,9 +116,7 @@ def gguf_config(f: GGUFFile) -> dict:
     key head size, group_count the key heads, time_step_rank the value heads, inner_size their width), the layers
     from attention.recurrent_layers (else full_attention_interval), the partial RoPE from rope.dimension_count, the
     experts and the shared one; the router renormalizes, as src/models/qwen35moe.cpp's norm_w."""
-    field, k, n_layers = f.field, f.key, f.n_layers
-
-    whole = f.number
+    field, k, n_layers, whole = f.field, f.key, f.n_layers, f.number
 
     def count(key: str) -> int:  # (1 to 65,535, as the config's: derive refuses the same, by the config's name)
         if not 1 <= (value := whole(key)) < (1 << 16):
