@@ -4,6 +4,7 @@ loader address and pack.py's fit check all come from it."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +64,37 @@ def test_a_board_just_started_answers_at_once(board):
         client = Client(device.link, timeout=0.6, retries=0)
         assert client.info().board == board
         client.quit()
+
+
+def test_a_board_silent_at_boot_is_started_once_more(monkeypatch, capfd):
+    """A QEMU board that sends nothing while booting (QEMU halted with -S here; a loaded CI host once left a
+    Cortex-M4 silent for 30 s) is started once more, said on stderr with its log kept; one silent every time
+    fails, naming what it had sent."""
+    from colibri.protocol import LinkTimeout
+    from colibri.sim import launch
+    out = build("cortex_m4")
+    board = load_board("cortex_m4")
+    monkeypatch.setattr(launch, "BOOT_TIMEOUT", 3.0)
+    real_boot, argvs = launch._boot, []
+
+    def halted_first(board, firmware, argv, *rest):
+        argvs.append(argv)
+        return real_boot(board, firmware, argv + ["-S"] if len(argvs) == 1 else argv, *rest)
+
+    monkeypatch.setattr(launch, "_boot", halted_first)
+    with start_board(board, out / "firmware.elf", None) as device:
+        client = Client(device.link, timeout=5, retries=0)
+        assert client.info().board == "cortex_m4"
+        client.quit()
+    assert len(argvs) == 2
+    err = capfd.readouterr().err
+    assert "cortex_m4: silent while booting (timed out after 3.0s waiting for the device (it had sent b''))" in err
+    kept = re.search(r"its log is kept in (\S+);", err)
+    assert kept and (ROOT / "build" / "logs").resolve() in Path(kept.group(1)).resolve().parents
+
+    monkeypatch.setattr(launch, "_boot", real_boot)
+    with pytest.raises(LinkTimeout, match=r"it had sent b''"):
+        with start_board(board, out / "firmware.elf", None, ["-S"]):
+            pass
+    err = capfd.readouterr().err
+    assert err.count("silent while booting") == 1 and "the board's log is kept in" in err

@@ -40,6 +40,7 @@ from colibri.sim.wine import wrap
 
 CONNECT_TIMEOUT = 15.0
 BOOT_TIMEOUT = 30.0
+BOOT_ATTEMPTS = 2
 
 
 class SerialTransport:
@@ -73,7 +74,10 @@ class SerialTransport:
         """Bytes up to and including `marker` (a board's ready banner)."""
         seen = bytearray()
         while marker not in seen:
-            seen += self.read(1, timeout)
+            try:
+                seen += self.read(1, timeout)
+            except LinkTimeout as exc:
+                raise LinkTimeout(f"{exc} (it had sent {bytes(seen)!r})") from None
         return bytes(seen)
 
 
@@ -232,15 +236,56 @@ def keep_log(board: Board, log_path: Path, device: Device | None) -> Path | None
         return None
 
 
+def _boot(board: Board, firmware: Path, argv: list[str], env: dict[str, str] | None, log_path: Path, gdb: bool,
+          protocol: bool) -> Device:
+    """Start the board's process and, on a QEMU board, wait for its ready banner (and answer to INFO)."""
+    stdio = board.spec["link"] == "stdio"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdio else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE if stdio else log, stderr=log, bufsize=0, env=env)
+    device = Device(board, None, log_path, proc)  # type: ignore[arg-type]
+    try:
+        if stdio:
+            device.link = PipeTransport(proc, device.describe)
+            return device
+        port = _wait_for_port(proc, log_path, CONNECT_TIMEOUT)
+        device.link = SerialTransport(serial.serial_for_url(f"socket://127.0.0.1:{port}"), device.describe)
+        if gdb:
+            print(f"QEMU is halted with a GDB stub on 127.0.0.1:1234. Attach with:\n"
+                  f"  gdb {firmware} -ex 'target remote 127.0.0.1:1234' -ex continue", flush=True)
+        banner = device.link.read_until_text(board.spec["ready"].encode(), 3600.0 if gdb else BOOT_TIMEOUT)
+        device.notes.append(banner.decode(errors="replace").strip())
+        # The first request after boot waits for QEMU's main loop on the Cortex-M boards' UART model (about
+        # a second: docs/BOARDS.md). One INFO with the boot timeout absorbs that wait, so the caller's own
+        # timeouts measure the link; INFO changes nothing on the device, and its protocol version is checked.
+        if protocol:
+            Client(device.link, timeout=3600.0 if gdb else BOOT_TIMEOUT, retries=0).info()
+        return device
+    except BaseException:
+        _stop(device)
+        raise
+
+
+def _stop(device: Device) -> None:
+    if device.proc.poll() is None:
+        device.proc.kill()
+    device.exit_status = device.proc.wait()
+    if isinstance(device.link, SerialTransport):
+        device.link.port.close()
+
+
 @contextmanager
 def start_board(board: Board, firmware: Path, image: Path | None, extra_args: list[str] | None = None,
                 gdb: bool = False, protocol: bool = True) -> Iterator[Device]:
     """Run `firmware` on `board`. With image=None a QEMU board boots without one (upload it). `protocol`: the
-    firmware serves the protocol (not a program such as kernel_check, which prints its own report)."""
+    firmware serves the protocol (not a program such as kernel_check, which prints its own report).
+
+    A QEMU board that stays silent for BOOT_TIMEOUT while booting is started once more (said on stderr, its
+    log kept): nothing the firmware does before its banner can take that long, and on a loaded host QEMU's
+    serial back end has been seen to deliver nothing at all (once in a CI run of over a thousand boots)."""
     if not firmware.exists():
         raise FileNotFoundError(f"firmware {firmware} not found: build it with `scons board={board.name}`")
     with tempfile.TemporaryDirectory(prefix="colibri-") as tmp:
-        log_path = Path(tmp) / "board.log"
         if image is not None and board.spec["link"] == "qemu" and re.search(r"[, ]", str(image)):
             # QEMU's -initrd splits on ',' and ' '
             safe = Path(tmp) / "image.bin"
@@ -255,33 +300,31 @@ def start_board(board: Board, firmware: Path, image: Path | None, extra_args: li
             if shutil.which(board.spec["qemu"]) is None:
                 raise FileNotFoundError(f"{board.spec['qemu']} not found: apt-get install {board.spec['qemu_package']}")
             argv, env = qemu_command(board, firmware, image, gdb) + (extra_args or []), None
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if board.spec["link"] == "stdio" else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE if board.spec["link"] == "stdio" else log,
-                                    stderr=log, bufsize=0, env=env)
-        device = None
+        attempts = BOOT_ATTEMPTS if board.spec["link"] == "qemu" and not gdb else 1
+        for attempt in range(1, attempts + 1):
+            log_path = Path(tmp) / f"board-{attempt}.log"
+            try:
+                device = _boot(board, firmware, argv, env, log_path, gdb, protocol)
+                break
+            except LinkTimeout as exc:
+                kept = keep_log(board, log_path, None)
+                if attempt == attempts:
+                    if kept:
+                        print(f"{board.name}: the board's log is kept in {kept}", file=sys.stderr)
+                    raise
+                print(f"{board.name}: silent while booting ({exc}); its log is kept in {kept}; starting it once more",
+                      file=sys.stderr)
+            except (DeviceError, FileNotFoundError):
+                raise
+            except BaseException:
+                kept = keep_log(board, log_path, None)
+                if kept:
+                    print(f"{board.name}: the board's log is kept in {kept}", file=sys.stderr)
+                raise
         try:
-            if board.spec["link"] == "stdio":
-                device = Device(board, None, log_path, proc)  # type: ignore[arg-type]
-                device.link = PipeTransport(proc, device.describe)
-            else:
-                port = _wait_for_port(proc, log_path, CONNECT_TIMEOUT)
-                device = Device(board, None, log_path, proc)  # type: ignore[arg-type]
-                conn = serial.serial_for_url(f"socket://127.0.0.1:{port}")
-                device.link = SerialTransport(conn, device.describe)
-                if gdb:
-                    print(f"QEMU is halted with a GDB stub on 127.0.0.1:1234. Attach with:\n"
-                          f"  gdb {firmware} -ex 'target remote 127.0.0.1:1234' -ex continue", flush=True)
-                banner = device.link.read_until_text(board.spec["ready"].encode(), 3600.0 if gdb else BOOT_TIMEOUT)
-                device.notes.append(banner.decode(errors="replace").strip())
-                # The first request after boot waits for QEMU's main loop on the Cortex-M boards' UART model (about
-                # a second: docs/BOARDS.md). One INFO with the boot timeout absorbs that wait, so the caller's own
-                # timeouts measure the link; INFO changes nothing on the device, and its protocol version is checked.
-                if protocol:
-                    Client(device.link, timeout=3600.0 if gdb else BOOT_TIMEOUT, retries=0).info()
             yield device
             try:  # a clean QUIT ends the process by itself
-                proc.wait(timeout=10)
+                device.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
         except DeviceError:
@@ -292,13 +335,7 @@ def start_board(board: Board, firmware: Path, image: Path | None, extra_args: li
                 print(f"{board.name}: the board's log is kept in {kept}", file=sys.stderr)
             raise
         finally:
-            if proc.poll() is None:
-                proc.kill()
-            status = proc.wait()
-            if device is not None:
-                device.exit_status = status
-                if isinstance(device.link, SerialTransport):
-                    device.link.port.close()
+            _stop(device)
 
 
 @contextmanager
