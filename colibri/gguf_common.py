@@ -68,6 +68,22 @@ def split_gate_up(stacked: LazyTensor, name: str) -> tuple[list[Derived], list[D
                   for e in range(stacked.shape[0])] for half in (slice(0, ffn), slice(ffn, 2 * ffn)))
 
 
+def rows_joined(top: LazyTensor, bottom: LazyTensor, names: list[str]) -> Derived:
+    """Two matrices as one, `top`'s rows first (a shared expert's gate and up, which a checkpoint keeps in one matrix
+    and llama.cpp's converter splits): Q8_0/Q4_0 rows as stored where both are stored alike, else f32."""
+    if len(top.shape) != 2 or tuple(top.shape) != tuple(bottom.shape):
+        raise GGUFError(f"GGUF tensors {names[0]} {tuple(top.shape)} and {names[1]} {tuple(bottom.shape)}: two "
+                        "matrices of one shape were expected")
+
+    def join() -> np.ndarray | Encoded:
+        a, b = top.load(), bottom.load()
+        if isinstance(a, Encoded) and isinstance(b, Encoded) and a.dtype == b.dtype:
+            return Encoded(a.dtype, (a.shape[0] + b.shape[0], a.shape[1]), np.concatenate([a.values, b.values]),
+                           None if a.scales is None else np.concatenate([a.scales, b.scales]))
+        return np.concatenate([floats(a), floats(b)])
+    return Derived((2 * top.shape[0], top.shape[1]), join)
+
+
 def as_row(t: LazyTensor) -> Derived:
     """A vector llama.cpp stores for a [1, D] matrix (a shared expert's gate) as that matrix."""
     return lazy((1, t.shape[-1]), t, lambda values: floats(values).reshape(1, -1))

@@ -6,6 +6,8 @@ cannot drift apart. What this module undoes:
 - experts stored as one 3-D tensor per layer (split back into one matrix per expert);
 - the q/k row permutation llama.cpp's converter applies for the `llama` architecture (Llama and
   Mixtral) and `granitemoe`, so that its interleaved RoPE matches; the runtime uses rotate-half;
+- `granitemoe` with `expert_shared_feed_forward_length` (GraniteMoeShared, a variant told apart by that key:
+  Family.gguf_variant_key): the shared MLP's gate and up, split by the converter, joined back into one matrix;
 - `gpt-oss` (its family file's GGUF hooks): experts as separate gate, up and down stacks (MXFP4 in llama.cpp's
   converter's files, dequantized exactly like any other type the image has no dtype for) fused back into
   transformers' layout;
@@ -35,8 +37,8 @@ from gguf.constants import MODEL_TENSOR, Keys
 
 from colibri.families import FAMILIES
 from colibri.format import MAX_LAYERS
-from colibri.gguf_common import (GGUFError, GGUFFile, as_row, gguf_name, heads_stacked, lazy, split_experts,
-                                  split_gate_up)
+from colibri.gguf_common import (GGUFError, GGUFFile, as_row, gguf_name, heads_stacked, lazy, rows_joined,
+                                  split_experts, split_gate_up)
 from colibri.lazy import FileTensor, LazyTensor, OpenFile
 from colibri.quant import DType, Encoded, from_gguf_blocks
 
@@ -50,9 +52,14 @@ EXACT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, ggu
 # llama.cpp architecture -> {has experts: HF architecture} (the families' gguf_arch: colibri/families/; one family,
 # or two told apart by the file's expert count, as llama is Llama or Mixtral)
 ARCHITECTURES: dict[str, dict[bool, str]] = {}
+# HF architecture -> its variants, each with the key that marks a file as the variant's (Family.gguf_variant_key)
+VARIANTS: dict[str, list[tuple[str, str]]] = {}
 for _arch, _fam in FAMILIES.items():
-    if _fam.gguf_arch:
+    if _fam.gguf_arch and not _fam.gguf_variant_key:
         ARCHITECTURES.setdefault(_fam.gguf_arch, {})[_fam.moe] = _arch
+for _arch, _fam in FAMILIES.items():
+    if _fam.gguf_variant_key:
+        VARIANTS.setdefault(ARCHITECTURES[_fam.gguf_arch][_fam.moe], []).append((_fam.gguf_variant_key, _arch))
 # Architectures whose q and k rows llama.cpp's converter permutes (LlamaModel and its subclasses): undone on reading
 PERMUTED_QK = tuple({fam.gguf_arch for fam in FAMILIES.values() if fam.gguf_permuted_qk})
 # Architectures whose routing renormalization llama.cpp fixes in code rather than in the file (the norm_w
@@ -141,6 +148,7 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     n_experts = int(field(k(Keys.LLM.EXPERT_COUNT), 0, required=False))
     by_experts = ARCHITECTURES[arch]
     hf_arch = by_experts.get(bool(n_experts)) or next(iter(by_experts.values()))  # one family: whatever the count
+    hf_arch = next((variant for key, variant in VARIANTS.get(hf_arch, ()) if k(key) in reader.fields), hf_arch)
     fam = FAMILIES[hf_arch]
     per_layer = functools.partial(_per_layer, reader, arch=arch, n_blocks=n_layers + nextn, listed=fam.gguf_per_layer)
     n_head_kv, layer_kv_heads = per_layer(k(Keys.Attention.HEAD_COUNT_KV), n_head)
@@ -216,7 +224,7 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
             cfg[fam.expert_ffn_key] = int(expert_ff or ff)
         shared_ff = field(k(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH), None, required=False)
         if shared_ff:
-            cfg["shared_expert_intermediate_size"] = int(shared_ff)
+            cfg[fam.gguf_shared_ffn_key] = int(shared_ff)
         if arch in LLAMA_CPP_NORM_TOPK:
             cfg["norm_topk_prob"] = bool(norm)
         # dense layers are the blocks without a router
@@ -286,6 +294,12 @@ def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, hf_arch: str, n_layer
     for layer in range(n_layers):
         p = f"model.layers.{layer}."
         shared = {t: f"mlp.{fam.shared_prefix}.{name}" for t, name in SHARED_TENSORS.items()}
+        gate_up = [gguf_name(t, layer) + ".weight" for t in (MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP)]
+        if fam.gguf_shared_fused and any(name in pending for name in gate_up):
+            if not all(name in pending for name in gate_up):
+                raise GGUFError(f"GGUF layer {layer} has one of {' and '.join(gate_up)}: the shared MLP's gate and "
+                                "up come together")
+            out[f"{p}{fam.gguf_shared_fused}.weight"] = rows_joined(*(pending.pop(name) for name in gate_up), gate_up)
         for t, hf in {**LAYER_TENSORS, **shared, **dict(fam.gguf_layer_tensors)}.items():
             for kind in ("weight", "bias"):
                 take(f"{gguf_name(t, layer)}.{kind}", f"{p}{hf}.{kind}")

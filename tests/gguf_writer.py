@@ -19,7 +19,7 @@ ARCH = {"MixtralForCausalLM": "llama", "LlamaForCausalLM": "llama", "Qwen2ForCau
         "Qwen3ForCausalLM": "qwen3", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe",
         "OlmoeForCausalLM": "olmoe", "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2",
         "Glm4MoeLiteForCausalLM": "deepseek2",
-        "GraniteMoeForCausalLM": "granitemoe", "Lfm2MoeForCausalLM": "lfm2moe", "Lfm2ForCausalLM": "lfm2",
+        "GraniteMoeForCausalLM": "granitemoe", "GraniteMoeSharedForCausalLM": "granitemoe", "Lfm2MoeForCausalLM": "lfm2moe", "Lfm2ForCausalLM": "lfm2",
         "Qwen3_5MoeForCausalLM": "qwen35moe"}
 Q = gguf.GGMLQuantizationType
 
@@ -269,8 +269,9 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         if cfg.get("moe_intermediate_size"):
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-        if cfg.get("shared_expert_intermediate_size"):
-            w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+        if cfg.get("shared_expert_intermediate_size") or cfg.get("shared_intermediate_size"):  # (Qwen2-MoE's, Granite's)
+            w.add_expert_shared_feed_forward_length(cfg.get("shared_expert_intermediate_size")
+                                                    or cfg["shared_intermediate_size"])
         if write_norm_key and arch not in ("llama", "granitemoe"):  # (stated, where llama.cpp's converter writes none)
             w.add_expert_weights_norm(bool(cfg.get("norm_topk_prob", arch == "lfm2moe")))
 
@@ -348,6 +349,11 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
             gate_up, ffn = t[p + "block_sparse_moe.input_linear.weight"], cfg["intermediate_size"]
             _add(w, name(MODEL_TENSOR.FFN_GATE_EXP, layer), gate_up[:, :ffn], qtype)
             _add(w, name(MODEL_TENSOR.FFN_UP_EXP, layer), gate_up[:, ffn:], qtype)
+        if p + "shared_mlp.input_linear.weight" in t:  # GraniteMoeShared's shared MLP, split as its converter splits it
+            gate_up, ffn = t[p + "shared_mlp.input_linear.weight"], cfg["shared_intermediate_size"]
+            _add(w, name(MODEL_TENSOR.FFN_GATE_SHEXP, layer), gate_up[:ffn], qtype)
+            _add(w, name(MODEL_TENSOR.FFN_UP_SHEXP, layer), gate_up[ffn:], qtype)
+            _add(w, name(MODEL_TENSOR.FFN_DOWN_SHEXP, layer), t[p + "shared_mlp.output_linear.weight"], qtype)
         expert_names = ({"gate": "w1", "up": "w3", "down": "w2"} if hf_arch in ("MixtralForCausalLM", "Lfm2MoeForCausalLM")
                         else {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"})
         moe = {"MixtralForCausalLM": "block_sparse_moe", "Lfm2MoeForCausalLM": "feed_forward"}.get(hf_arch, "mlp")

@@ -31,9 +31,8 @@ NATIVE = {"F32", "F16", "BF16", "Q8_0", "Q4_0"}  # storage types an image holds 
 # (and Gemma 4, which tests/gguf_writer.py does not write: the converter's own files are read instead,
 # converted-gemma4-*, in test_llama_cpp_files_match_transformers and test_gemma4_gguf_...)
 # (nor GLM's dense layer between MoE ones: a deepseek2 file has its dense layers first; test_glm_gguf_...)
-# (nor GraniteMoeShared, whose GGUF file is not read yet)
 NOT_IN_GGUF = {"deepseek_v3_halves", "deepseek_v2_groups_yarn", "gemma4", "gemma4_bias_ple",
-               "gemma4_dense_kv_shared", "glm4_moe_lite", "granitemoe_shared"}
+               "gemma4_dense_kv_shared", "glm4_moe_lite"}
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +251,8 @@ def test_converter_files_are_as_llama_cpp_writes_them():
     one 3-D tensor per layer (dense LFM2's file has none), Qwen2-MoE's shared expert and its gate, a real tokenizer, the converter's q8_0."""
     names = {f: {t.name for t in gguf.GGUFReader(str(FIXTURES / f"{f}.gguf")).tensors} for f in CONVERTED}
     assert set(names) == {"converted-mixtral-q8_0", "converted-qwen2moe-q4_k_m", "converted-deepseek3-q8_0",
-                          "converted-gpt-oss-q8_0", "converted-granitemoe-q8_0", "converted-glm4-q8_0",
+                          "converted-gpt-oss-q8_0", "converted-granitemoe-q8_0", "converted-granitemoeshared-q8_0",
+                          "converted-glm4-q8_0",
                           "converted-lfm2moe-q8_0", "converted-lfm2-q8_0", "converted-qwen35moe-q8_0",
                           "converted-gemma4-q8_0", "converted-gemma4-dense-q8_0"}
     gemma = gguf.GGUFReader(str(FIXTURES / "converted-gemma4-q8_0.gguf"))  # KV heads per layer kind, keys as values
@@ -288,6 +288,11 @@ def test_converter_files_are_as_llama_cpp_writes_them():
     granite = gguf.GGUFReader(str(FIXTURES / "converted-granitemoe-q8_0.gguf")).fields
     assert {"granitemoe.embedding_scale", "granitemoe.residual_scale", "granitemoe.attention.scale",
             "granitemoe.logit_scale"} <= set(granite)  # its multipliers, under llama.cpp's scale keys
+    shared = gguf.GGUFReader(str(FIXTURES / "converted-granitemoeshared-q8_0.gguf"))  # GraniteMoeShared: granitemoe
+    assert bytes(shared.fields["general.architecture"].parts[-1]).decode() == "granitemoe"  # with its shared MLP's
+    assert shared.fields["granitemoe.expert_shared_feed_forward_length"].contents() == 64  # width, gate and up split
+    assert {"blk.1.ffn_gate_shexp.weight", "blk.1.ffn_up_shexp.weight", "blk.1.ffn_down_shexp.weight"} <= names[
+        "converted-granitemoeshared-q8_0"] and "granitemoe.expert_shared_feed_forward_length" not in granite
     assert {"blk.0.attn_sinks.weight", "blk.0.ffn_gate_exps.bias", "blk.0.ffn_gate_inp.bias"} <= names["converted-gpt-oss-q8_0"]
     oss = {t.name: gguf.GGMLQuantizationType(t.tensor_type).name
            for t in gguf.GGUFReader(str(FIXTURES / "converted-gpt-oss-q8_0.gguf")).tensors}
@@ -335,6 +340,39 @@ def test_deepseek_gguf_lands_as_llama_cpp_split_it(tmp_path):
             np.testing.assert_array_equal(enc.values, raw.values.reshape(enc.values.shape))
             np.testing.assert_array_equal(enc.scales.view(np.uint16), raw.scales.reshape(enc.scales.shape).view(np.uint16))
     np.testing.assert_array_equal(img.tensor(Role.ROUTER_BIAS, 1), np.asarray(stored["blk.1.exp_probs_b.bias"].data))
+
+
+def test_granite_shared_gguf_lands_as_its_converter_split_it(tmp_path):
+    """llama.cpp's converter writes GraniteMoeShared as granitemoe with the shared MLP's width, its fused gate and up
+    split into ffn_gate_shexp and ffn_up_shexp: read as GraniteMoeShared, joined back, so packed to q8_0 their blocks
+    land unchanged (the down is scaled by residual_multiplier); without the width the file is plain Granite-MoE's and
+    the shared tensors are refused, as are a gate without its up and two of different shapes."""
+    from colibri.image import FLAG_SHARED_PLAIN
+    src = FIXTURES / "converted-granitemoeshared-q8_0.gguf"
+    cfg, _, _ = read_gguf(src)
+    assert (cfg["architectures"], cfg["shared_intermediate_size"]) == (["GraniteMoeSharedForCausalLM"], 64)
+    pack(src, tmp_path / "q.img", 32, 64, dtype=DType.Q8_0, measure_quality=False)
+    img = read_image((tmp_path / "q.img").read_bytes())
+    assert img.dims.shared_ffn_size == 64 and img.dims.flags & FLAG_SHARED_PLAIN
+    stored = {t.name: t for t in open_gguf(src).tensors}
+    for layer in (0, 1):
+        for which, role in (("gate", Role.SHARED_GATE), ("up", Role.SHARED_UP)):
+            t = stored[f"blk.{layer}.ffn_{which}_shexp.weight"]
+            raw = from_gguf_blocks(t.data, DType.Q8_0, tuple(int(n) for n in reversed(t.shape)))
+            enc = img.encoded(role, layer)
+            np.testing.assert_array_equal(enc.values, raw.values)
+            np.testing.assert_array_equal(enc.scales.view(np.uint16), raw.scales.view(np.uint16))
+    width = "granitemoe.expert_shared_feed_forward_length"
+    with pytest.raises(UnsupportedModel, match=r"ignore: model\.layers\.0\.mlp\.shared_expert\.down_proj"):
+        pack(copy_gguf(src, tmp_path / "plain.gguf", {width: (None, None)}), tmp_path / "x.img", 32, 64)
+    lone = copy_gguf(src, tmp_path / "lone.gguf", {}, {"blk.1.ffn_up_shexp.weight": None})
+    with pytest.raises(UnsupportedModel, match=r"^GGUF layer 1 has one of blk\.1\.ffn_gate_shexp\.weight and "
+                                               r"blk\.1\.ffn_up_shexp\.weight: the shared MLP's gate and up come"):
+        pack(lone, tmp_path / "x.img", 32, 64)
+    narrow = copy_gguf(src, tmp_path / "narrow.gguf", {}, {"blk.0.ffn_gate_shexp.weight": np.zeros((32, 32), np.float32)})
+    with pytest.raises(UnsupportedModel, match=r"blk\.0\.ffn_gate_shexp\.weight \(32, 32\) and blk\.0\.ffn_up_shexp"
+                                               r"\.weight \(64, 32\): two matrices of one shape"):
+        pack(narrow, tmp_path / "x.img", 32, 64)
 
 
 @pytest.mark.parametrize("family,llama_cpp_norm", [("qwen3moe", True), ("qwen2moe_sparse_step", False),

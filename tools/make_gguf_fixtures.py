@@ -77,6 +77,12 @@ CONVERTED = [
      num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
      embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0),
      "q8_0", None),
+    # GraniteMoeShared: the same with its shared MLP, whose fused gate and up the converter splits into
+    # ffn_gate_shexp and ffn_up_shexp, and the shared MLP's width under expert_shared_feed_forward_length
+    ("granitemoeshared", "GraniteMoeSharedForCausalLM", dict(hidden_size=32, intermediate_size=32,
+     shared_intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+     num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0, residual_multiplier=0.22,
+     attention_multiplier=0.0078125, logits_scaling=8.0), "q8_0", None),
     # GLM-4.7-Flash: written as deepseek2 (DeepSeek-V3's MLA and grouped sigmoid routing, a shared expert, a dense
     # first layer), with GLM's special tokens added to the vocabulary, which its converter looks up. The converter
     # takes the dense layers from first_k_dense_replace and the gating function from scoring_func, fields the

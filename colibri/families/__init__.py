@@ -19,10 +19,13 @@ for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):  # ev
         if _arch in FAMILIES:
             raise ValueError(f"{_module.__name__}: architecture {_arch} is declared twice")
         FAMILIES[_arch] = _family
-# gguf_input.py maps each GGUF architecture to one family, or to two told apart by experts (llama: Llama, Mixtral)
-_gguf = [(f.gguf_arch, f.moe) for f in FAMILIES.values() if f.gguf_arch]
+# gguf_input.py maps each GGUF architecture to one family, or to two told apart by experts (llama: Llama, Mixtral),
+# and each of those to the variants its files' keys tell apart (granitemoe: GraniteMoe, GraniteMoeShared)
+_gguf = [(f.gguf_arch, f.moe, f.gguf_variant_key) for f in FAMILIES.values() if f.gguf_arch]
 if len(set(_gguf)) != len(_gguf):
     raise ValueError(f"colibri/families: GGUF architectures {_gguf} name one twice, with or without experts")
+if any(v and (a, m, "") not in _gguf for a, m, v in _gguf):
+    raise ValueError("colibri/families: a family with a gguf_variant_key is a variant of one of its architecture without")
 if any(f.gguf_read_tensors and not f.gguf_read_config for f in FAMILIES.values()):
     raise ValueError("colibri/families: a gguf_read_tensors hook is called only beside a gguf_read_config one")
 

@@ -113,6 +113,14 @@ class Family:
     # the keys its files may give a value per layer (head_count_kv, feed_forward_length: GGUFFile.layer_kv_heads and
     # layer_ffn, which its config hook checks); any other architecture's list there is refused
     gguf_per_layer: tuple[str, ...] = ()
+    # a second family of an architecture and expert kind (GraniteMoeShared's, of granitemoe with experts): the key
+    # ({arch} in it) whose presence in a file makes the file this family's rather than the first's
+    gguf_variant_key: str = ""
+    # the config field the file's expert_shared_feed_forward_length fills
+    gguf_shared_ffn_key: str = "shared_expert_intermediate_size"
+    # the checkpoint matrix holding the shared expert's gate and up rows, the gate's first (GraniteMoeShared's
+    # shared_mlp.input_linear), which llama.cpp's converter writes as ffn_gate_shexp and ffn_up_shexp: joined back
+    gguf_shared_fused: str = ""
     # The sliding window as the family's configuration class places it when the config lists no layer_types
     # (WINDOW_RULES: "" none, the family has no window), whether use_sliding_window must switch it on, and whether
     # the config's layer_types (transformers 5 writes it) says it per layer

@@ -9,6 +9,7 @@ from dataclasses import replace
 from colibri.families.base import ConfigContext, Family, OwnFields, UnsupportedModel, derived_tensor
 from colibri.format import Role
 from colibri.dims import FLAG_ROUTER_TOPK_SOFTMAX, FLAG_SHARED_PLAIN
+from colibri.gguf_common import MODEL_TENSOR
 from colibri.lazy import loaded
 from colibri.quant import matrix_rows
 
@@ -57,9 +58,12 @@ GRANITE_MOE = Family(
 FAMILIES = {
     "GraniteMoeForCausalLM": GRANITE_MOE,
     # and its shared MLP, whose output joins the experts' before the residual multiplier (so it scales its down too);
-    # from GGUF: not yet (llama.cpp's converter writes it as granitemoe with the shared gate and up fused)
+    # from GGUF, a granitemoe file with the shared MLP's width (llama.cpp reads the shared expert when the key is
+    # there), its input_linear split by the converter into ffn_gate_shexp and ffn_up_shexp
     "GraniteMoeSharedForCausalLM": replace(
         GRANITE_MOE, own_keys=(*MULTIPLIERS, "shared_intermediate_size"),
         weight_scales=(*SCALED, (Role.SHARED_DOWN, "residual_multiplier", False)),
-        derive=shared_derive, tensor=shared_tensor, gguf_arch="", gguf_permuted_qk=False, gguf_config=()),
+        derive=shared_derive, tensor=shared_tensor, gguf_variant_key="{arch}.expert_shared_feed_forward_length",
+        gguf_shared_ffn_key="shared_intermediate_size", gguf_shared_fused="shared_mlp.input_linear",
+        gguf_layer_tensors=((MODEL_TENSOR.FFN_DOWN_SHEXP, "shared_mlp.output_linear"),)),
 }
