@@ -30,6 +30,7 @@ from typing import Callable
 
 import numpy as np
 
+from colibri.console import Parser
 from colibri.image import ImageError, expert_cache_bytes, open_image, read_image
 from colibri.protocol import STATUS_NAMES, Client, DeviceError, Generation, LinkError, Sampling, Transport
 from colibri.reference import Reference
@@ -433,7 +434,7 @@ def cache_slots(spec: str, image: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(__doc__)
     ap.add_argument("image", type=Path, help="image file made by host/pack.py")
     ap.add_argument("--board", default=DEFAULT_BOARD, help=f"board to run on (default {DEFAULT_BOARD})")
     ap.add_argument("--firmware", type=Path, help="firmware ELF (default build/<board>/release/firmware.elf)")

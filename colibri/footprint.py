@@ -16,7 +16,6 @@ Exit status 1 if a forbidden symbol is found or something does not fit.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
@@ -29,6 +28,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
+from colibri.console import Parser
 from colibri.format import KV_DTYPES
 from colibri.paths import ROOT
 from colibri.sim.boards import board_names, load_board, memory_region
@@ -308,7 +308,7 @@ def layer_state(d) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(__doc__)
     ap.add_argument("objects", nargs="*", type=Path, help="ELF objects or executables to inspect")
     ap.add_argument("--board", choices=board_names(), help="report on build/<board>/<mode>")
     ap.add_argument("--mode", default="release")

@@ -22,7 +22,6 @@ experts a calibration trace routed to most into the resident part.
 """
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import json
 import sys
@@ -33,6 +32,7 @@ from typing import Callable
 
 import numpy as np
 
+from colibri.console import Parser
 from colibri.checkpoint import UnsupportedModel, load_checkpoint
 from colibri.image import (KV_DTYPES, NO_INDEX, ModelDims, Role, arena_bytes, entry_encoded, open_image,
                            tensor_name, write_image)
@@ -237,7 +237,7 @@ def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, *, board:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(__doc__)
     ap.add_argument("checkpoint", type=Path,
                     help="Hugging Face checkpoint directory (config.json + *.safetensors), or a .gguf file")
     ap.add_argument("-o", "--output", type=Path, required=True, help="image file to write")

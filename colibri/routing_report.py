@@ -12,12 +12,13 @@ Examples:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from colibri.console import Parser
 
 
 def analyse(trace: dict) -> dict:
@@ -84,7 +85,7 @@ def plot(a: dict, prefix: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(__doc__)
     ap.add_argument("trace", type=Path, help="JSON written by flash.py --trace-out")
     ap.add_argument("--out", type=Path, default=Path("routing"), help="prefix of the PNG files (default: routing)")
     ap.add_argument("--json", action="store_true")
