@@ -11,11 +11,10 @@ report work in a Colibri checkout (the working directory or one above it, or $CO
 """
 from __future__ import annotations
 
-import importlib
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from colibri.console import guarded
+from colibri.console import run_tool
 
 SUBCOMMANDS = {"pack": "colibri.pack", "run": "colibri.flash", "footprint": "colibri.footprint",
                "report": "colibri.routing_report"}
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     prog = f"colibri {name}"
     sys.argv[0] = prog  # what each tool's --help and errors call it
-    return guarded(importlib.import_module(SUBCOMMANDS[name]).main, rest, prog)
+    return run_tool(SUBCOMMANDS[name], rest, prog)
 
 
 if __name__ == "__main__":

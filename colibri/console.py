@@ -4,7 +4,9 @@ command quietly."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import signal
 import sys
 from typing import Callable, NoReturn
 
@@ -24,16 +26,28 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def guarded(main: Callable[[list[str] | None], int], argv: list[str] | None = None, prog: str = "colibri") -> int:
     """`main(argv)`, with Ctrl-C said in one line (every board a command started is stopped as its `with`
     block unwinds) and a closed stdout pipe ending it quietly."""
+    # SIGTERM (a CI job's timeout, `kill`) unwinds like Ctrl-C, so the boards a command started are stopped too
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return main(argv)
     except KeyboardInterrupt:
-        print(f"\n{prog}: interrupted", file=sys.stderr)
+        # on a terminal, below the ^C and any half-written line of output
+        print(f"{chr(10) if sys.stderr.isatty() else ''}{prog}: interrupted", file=sys.stderr)
         return INTERRUPTED
     except BrokenPipeError:
         # Python would complain again when it flushes stdout at exit: point stdout at /dev/null first
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return PIPE_CLOSED
+
+
+def run_tool(module: str, argv: list[str] | None, prog: str) -> int:
+    """`module`'s main(argv), guarded, the import included (a Ctrl-C while numpy loads is one line too)."""
+    return guarded(lambda args: importlib.import_module(module).main(args), argv, prog)

@@ -31,12 +31,12 @@ from typing import Callable
 import numpy as np
 
 from colibri.console import Parser
-from colibri.image import ImageError, expert_cache_bytes, open_image, read_image
+from colibri.image import Image, ImageError, arena_bytes, expert_cache_bytes, open_image, read_image
 from colibri.protocol import STATUS_NAMES, Client, DeviceError, Generation, LinkError, Sampling, Transport
 from colibri.reference import Reference
 from colibri.sampling import Sampler
 from colibri.text import NoTokenizer, Text, TextStream
-from colibri.sim.boards import DEFAULT_BOARD, board_names, load_board
+from colibri.sim.boards import DEFAULT_BOARD, Board, board_names, load_board, memory_shortfalls
 from colibri.sim.launch import open_port, start_board
 
 @dataclass
@@ -294,6 +294,52 @@ def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, 
     return result
 
 
+NARROWER_DTYPES = ("f16", "q8_0", "q4_0")  # what a repack can narrow an image's large matrices to, widest first
+
+
+def preflight(img: Image, image_bytes: int, board: Board | None, prompt: list[int] | None, max_new: int,
+              slots: int) -> str | None:
+    """The first reason a run cannot work that the host sees before a board boots, as the line the user reads;
+    None when there is none. The device checks all of it again (that is the defence; this is the courtesy):
+    the tokens against the image's vocabulary and max_seq, a cache on an image without streamed experts, and
+    on a board with a fixed memory map the image and the arena (with the cache) against its regions."""
+    d = img.dims
+    if slots and not img.streamed_experts():
+        return ("--expert-cache streams routed experts, and this image has none in its expert part (a dense model, "
+                "or every expert pinned resident): run it without --expert-cache")
+    if slots > len(img.streamed_experts()):
+        return (f"--expert-cache {slots} is more slots than the image's {len(img.streamed_experts())} streamed "
+                "experts: --expert-cache all gives each its own")
+    if prompt is not None:
+        outside = [t for t in prompt if t >= d.vocab_size]
+        if outside:
+            return (f"token id {outside[0]} is outside the image's vocabulary of {d.vocab_size:,} ids "
+                    f"(0 to {d.vocab_size - 1:,})")
+        if len(prompt) + max_new > d.max_seq:
+            room = d.max_seq - len(prompt)
+            fewer = f"ask for at most {room} new tokens (--max-new-tokens {room})" if room > 0 else "shorten the prompt"
+            return (f"{len(prompt)} prompt + {max_new} new tokens exceed the image's max_seq {d.max_seq}: {fewer}, "
+                    f"or repack with --max-seq {len(prompt) + max_new} or more")
+    if board is None:
+        return None
+    cache = expert_cache_bytes(img.expert_block_bytes, slots, d.n_layers * d.n_experts)
+    for what, region, need in memory_shortfalls(board, image_bytes, arena_bytes(d) + cache):
+        holds = f"{board.name}'s {what} region ({region.name}) holds {region.bytes:,}"
+        if what == "image":
+            elsewhere = [b for b in board_names() if b != board.name and not memory_shortfalls(
+                load_board(b), image_bytes, arena_bytes(d) + cache)]
+            narrowest = max((i for i, t in enumerate(NARROWER_DTYPES) if t in img.bytes_by_dtype()), default=-1)
+            narrower = NARROWER_DTYPES[narrowest + 1:][-2:]
+            repack = f"pack it with --dtype {' or '.join(narrower)}, or a smaller model" if narrower else "a smaller model"
+            return (f"the image is {need:,} bytes and {holds}: {repack}"
+                    + (f", or run it on {', '.join(elsewhere)}" if elsewhere else ""))
+        with_cache = f" with {slots} expert cache slots" if slots else ""
+        return (f"the image needs a {need:,}-byte arena{with_cache} and {holds}: repack with a smaller --max-seq "
+                f"or --kv f16" + (", or ask for fewer --expert-cache slots" if slots else "")
+                + f" (`colibri pack ... --board {board.name}` says what fits)")
+    return None
+
+
 def emit(s: str) -> None:
     print(s, end="", flush=True)
 
@@ -302,8 +348,10 @@ def chat_turns(client: Client, text: Text, sampling: Sampling, max_new: int, max
                read: Callable[[str], str] = input, write: Callable[[str], None] = emit) -> list[dict[str, str]]:
     """An interactive chat over one open context. Each turn feeds only what the conversation added since
     the last (the KV cache is kept), unless the template tokenizes the conversation differently from
-    what was fed, when the context starts over with all of it. /reset clears the conversation and the
-    context; /quit or the end of input ends. Returns the conversation."""
+    what was fed, when the context starts over with all of it. Ctrl-C during an answer ends the answer where it
+    is (kept in the conversation as far as it was shown) and returns to the prompt; the device may have
+    generated one token more than the host saw, so the next turn starts the context over. /reset clears the
+    conversation and the context; /quit or the end of input ends. Returns the conversation."""
     messages: list[dict[str, str]] = []
     fed: list[int] = []
     client.start(sampling)
@@ -328,17 +376,23 @@ def chat_turns(client: Client, text: Text, sampling: Sampling, max_new: int, max
         if want[:len(fed)] != fed:  # re-tokenized differently: start over with the whole conversation
             client.start(sampling)
             fed = []
-        client.feed_all(want[len(fed):])
-        fed = list(want)
         messages.append({"role": "user", "content": line})
         reply = TextStream(text)
-        for _ in range(max_new):
-            token = client.step().token
-            fed.append(token)
-            write(reply.push(token))
-            if token in text.eos_ids:
-                break
-        write(reply.finish() + "\n")
+        try:
+            client.feed_all(want[len(fed):])
+            fed = list(want)
+            for _ in range(max_new):
+                token = client.step().token
+                fed.append(token)
+                write(reply.push(token))
+                if token in text.eos_ids:
+                    break
+        except KeyboardInterrupt:
+            fed = [-1]  # no prefix of any conversation: the next turn starts the context over
+            write(reply.finish() + " [interrupted]")
+        else:
+            write(reply.finish())
+        write("\n")
         messages.append({"role": "assistant", "content": text.decode(reply.ids)})
     return messages
 
@@ -389,14 +443,30 @@ def parse_tokens(text: str) -> list[int]:
     return tokens
 
 
-def stats_line(stats: dict[str, int]) -> str:
-    hz, n = stats["cycle_hz"], max(stats["tokens_fed"], 1)
-    per_tok = stats["cycles_total"] / n
-    speed = f", {hz / per_tok:.1f} tokens/s" if hz and per_tok else ""
-    return (f"{stats['tokens_fed']} tokens fed, {per_tok:,.0f} cycles/token{speed} "
-            f"(attention {stats['cycles_attention'] / n:,.0f}, router {stats['cycles_router'] / n:,.0f}, "
-            f"experts {stats['cycles_experts'] / n:,.0f}, lm_head {stats['cycles_lm_head'] / n:,.0f}), "
-            f"arena {stats['arena_bytes']:,} bytes")
+def rate(tokens: int, seconds: float | None) -> str:
+    if not seconds:
+        return f"{tokens} tokens"
+    return f"{tokens} tokens in {seconds * 1e3:,.1f} ms ({tokens / seconds:,.1f} tok/s)"
+
+
+def timing_line(result: RunResult) -> str:
+    """The run's times as llama.cpp's users read them: loading (the host's wall time from starting the board to
+    the device's answer to OPEN, which verified the image), then prompt and decode on the device's clock."""
+    t = result.timing
+    load = f"{t['open_s']:.2f} s" if t["open_s"] >= 1 else f"{t['open_s'] * 1e3:.1f} ms"
+    return (f"load {load}, prompt {rate(t['prompt_tokens'], t['prompt_s'])}, "
+            f"decode {rate(t['decode_tokens'], t['decode_s'])}")
+
+
+def phases_line(stats: dict[str, int], clock: str) -> str:
+    """Where a token's device cycles go, on which clock, and the arena used."""
+    n = max(stats["tokens_fed"], 1)
+    hz = stats["cycle_hz"]
+    rate_text = f"{hz / 1e9:g} GHz" if hz >= 1e9 else f"{hz / 1e6:g} MHz" if hz >= 1e6 else f"{hz:,} Hz"
+    on = f" at {rate_text}" + (f" ({clock})" if clock else "") if hz else ""
+    return (f"per token: attention {stats['cycles_attention'] / n:,.0f}, router {stats['cycles_router'] / n:,.0f}, "
+            f"experts {stats['cycles_experts'] / n:,.0f}, lm_head {stats['cycles_lm_head'] / n:,.0f} of "
+            f"{stats['cycles_total'] / n:,.0f} cycles{on}; arena {stats['arena_bytes']:,} bytes")
 
 
 def cache_line(stats: dict[str, int], slots: int) -> str:
@@ -505,13 +575,13 @@ def main(argv: list[str] | None = None) -> int:
         try:  # an unknown board, or no checkout to find boards in: said before anything is printed or started
             load_board(args.board)
         except ValueError as exc:
-            print(f"flash: error: {exc}", file=sys.stderr)
+            print(f"{ap.prog}: error: {exc}", file=sys.stderr)
             return 2
 
     try:  # the image's structure is checked here, before a board boots or an upload starts (its CRCs are
-        open_image(args.image, check_crcs=False)  # the device's: it verifies every byte when it opens it)
+        img = open_image(args.image, check_crcs=False)  # the device's: it verifies every byte when it opens it)
     except ImageError as exc:
-        print(f"flash: error: {args.image} is not a valid image ({exc}); make one with host/pack.py", file=sys.stderr)
+        print(f"{ap.prog}: error: {args.image} is not a valid image ({exc}); make one with colibri pack", file=sys.stderr)
         return 2
     try:
         slots = cache_slots(args.expert_cache, args.image) if args.expert_cache else 0
@@ -522,31 +592,41 @@ def main(argv: list[str] | None = None) -> int:
     greedy = args.temperature <= 0 or args.top_k == 1
     text: Text | None = None
     prompt: list[int] = args.prompt_tokens
+    board = None if args.port else load_board(args.board)
+    image_bytes = args.image.stat().st_size
     if args.chat == "":
+        problem = preflight(img, image_bytes, board, None, args.max_new_tokens, slots)
+        if problem:
+            print(f"{ap.prog}: error: {problem}", file=sys.stderr)
+            return 2
         try:
-            text = Text(open_image(args.image, check_crcs=False).meta)
+            text = Text(img.meta)
             if not text.meta.get("chat_template"):
                 raise NoTokenizer("this image's checkpoint has no chat template: use --prompt")
         except NoTokenizer as exc:
-            print(f"flash: error: {exc}", file=sys.stderr)
+            print(f"{ap.prog}: error: {exc}", file=sys.stderr)
             return 2
         try:
             run_chat(args.image, args.board, args.firmware, text, sampling, args.max_new_tokens, timeout=args.timeout,
                      retries=args.retries, expert_cache=slots, prefetch=not args.no_prefetch, threads=args.threads)
         except (DeviceError, LinkError, ValueError) as exc:
-            print(f"\nflash: error: {exc}", file=sys.stderr)
+            print(f"\n{ap.prog}: error: {exc}", file=sys.stderr)
             return 2
         return 0
     if args.prompt_tokens is None:
         try:
-            text = Text(open_image(args.image, check_crcs=False).meta)
+            text = Text(img.meta)
             prompt = (text.encode(args.prompt) if args.prompt is not None
                       else text.chat_tokens([{"role": "user", "content": args.chat}]))
         except NoTokenizer as exc:
-            print(f"flash: error: {exc}", file=sys.stderr)
+            print(f"{ap.prog}: error: {exc}", file=sys.stderr)
             return 2
         if not prompt:
             ap.error("the prompt encodes to no tokens")
+    problem = preflight(img, image_bytes, board, prompt, args.max_new_tokens, slots)
+    if problem:
+        print(f"{ap.prog}: error: {problem}", file=sys.stderr)
+        return 2
     stream = TextStream(text) if text else None
 
     def on_token(ev) -> None:
@@ -555,6 +635,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if not quiet:
         asked = f"prompt {prompt}" if text is None else repr(args.prompt if args.prompt is not None else args.chat)
+        if len(asked) > 80:  # a long prompt is the user's own text: its start says which one it was
+            asked = asked[:60] + f"... ({len(prompt)} tokens)"
         print(f"[{args.port or args.board}] {asked} -> ", end="", flush=True)
     want_logits = args.verify or args.dump_logits is not None or args.against is not None
     trace = args.trace or args.trace_out is not None
@@ -589,17 +671,19 @@ def main(argv: list[str] | None = None) -> int:
                     f"({exc.detail:,} arena bytes)")
         elif exc.code == STATUS_NAMES.index("E_BAD_ARG") and slots:
             hint = f": --expert-cache {slots} is more slots than the image streams experts (try --expert-cache all)"
-        print(f"\nflash: {exc}{hint}", file=sys.stderr)
+        print(f"\n{ap.prog}: {exc}{hint}", file=sys.stderr)
         return 2
     except (LinkError, ValueError, FileNotFoundError, ImageError) as exc:
-        print(f"\nflash: error: {exc}", file=sys.stderr)
+        print(f"\n{ap.prog}: error: {exc}", file=sys.stderr)
         return 2
     if not quiet:
         if stream:
             emit(stream.finish())
         if result.upload_crc32 is not None:
             print(f"\n[{result.board}] image uploaded, device CRC-32 {result.upload_crc32:08x} matches", end="")
-        print(f"\n[{result.board}, {result.kernels} kernels] {stats_line(result.stats)}")
+        clock = "" if args.port else board.spec.get("clock", "")
+        print(f"\n[{result.board}, {result.kernels} kernels] {timing_line(result)}")
+        print(f"[{result.board}] {phases_line(result.stats, clock)}")
         if result.expert_cache:
             print(f"[{result.board}] {cache_line(result.stats, result.expert_cache)}")
     if args.dump_logits:
@@ -636,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             a = against(args.against, open_image(args.image).data, prompt, result, greedy, args.tolerance)
         except (OracleUnavailable, ValueError, OSError) as exc:
-            print(f"flash: error: --against {args.against}: {exc}", file=sys.stderr)
+            print(f"{ap.prog}: error: --against {args.against}: {exc}", file=sys.stderr)
             return 2
         report["against"] = {**asdict(a), "checkpoint": str(args.against), "passed": a.passed}
         status = status or (0 if a.passed else 1)

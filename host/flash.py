@@ -5,8 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from colibri.console import guarded  # noqa: E402
-from colibri.flash import main  # noqa: E402
+from colibri.console import run_tool  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(guarded(main, None, "flash.py"))
+    sys.exit(run_tool("colibri.flash", None, "flash.py"))

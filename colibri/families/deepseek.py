@@ -38,6 +38,11 @@ def derive(version: int, cfg: dict, ctx: ConfigContext) -> OwnFields:
     if int(cfg.get("moe_layer_freq", 1) or 1) != 1:
         raise UnsupportedModel(f"config field moe_layer_freq={cfg['moe_layer_freq']}: transformers' {arch} makes every "
                                "layer from first_k_dense_replace on a MoE layer (moe_layer_freq 1)")
+    heads, kv_heads = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads", cfg.get("num_attention_heads"))
+    if kv_heads != heads:
+        raise UnsupportedModel(f"config field num_key_value_heads={kv_heads} with num_attention_heads={heads}: "
+                               f"transformers' {arch} expands the latent into keys and values for every head and "
+                               "cannot run other counts (DeepSeek's checkpoints give both the same)")
     scoring = cfg.get("scoring_func")
     want = "sigmoid" if version == 3 else "softmax"
     if scoring is not None and scoring != want:

@@ -60,6 +60,14 @@ def memory_ld(spec: dict, board: str) -> str:
     return "\n".join(lines)
 
 
+def memory_shortfalls(board: Board, image_bytes: int, arena_bytes: int) -> list[tuple[str, Region, int]]:
+    """(what, region, bytes needed) for each of the image and the arena that is larger than the board's region
+    for it; none on a board without a fixed memory map (hosted)."""
+    needs = (("image", image_bytes), ("arena", arena_bytes))
+    return [(what, region, need) for what, need in needs
+            if (region := memory_region(board.spec, what)) and need > region.bytes]
+
+
 def fit_report(board: Board, image_bytes: int, arena_bytes: int) -> tuple[bool, list[str]]:
     """Whether an image and its arena fit the board's declared memory, as lines for the user."""
     image, arena = memory_region(board.spec, "image"), memory_region(board.spec, "arena")

@@ -240,9 +240,12 @@ def _boot(board: Board, firmware: Path, argv: list[str], env: dict[str, str] | N
           protocol: bool) -> Device:
     """Start the board's process and, on a QEMU board, wait for its ready banner (and answer to INFO)."""
     stdio = board.spec["link"] == "stdio"
+    # In a process group of its own: Ctrl-C in the terminal reaches the host alone, which stops the board (an
+    # interactive chat goes on with it after ending an answer)
+    group = {"process_group": 0} if os.name == "posix" else {}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdio else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE if stdio else log, stderr=log, bufsize=0, env=env)
+                                stdout=subprocess.PIPE if stdio else log, stderr=log, bufsize=0, env=env, **group)
     device = Device(board, None, log_path, proc)  # type: ignore[arg-type]
     try:
         if stdio:
@@ -314,7 +317,7 @@ def start_board(board: Board, firmware: Path, image: Path | None, extra_args: li
                     raise
                 print(f"{board.name}: silent while booting ({exc}); its log is kept in {kept}; starting it once more",
                       file=sys.stderr)
-            except (DeviceError, FileNotFoundError):
+            except (DeviceError, FileNotFoundError, KeyboardInterrupt):
                 raise
             except BaseException:
                 kept = keep_log(board, log_path, None)
@@ -327,8 +330,8 @@ def start_board(board: Board, firmware: Path, image: Path | None, extra_args: li
                 device.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-        except DeviceError:
-            raise  # the board answered properly: nothing to debug on its side
+        except (DeviceError, KeyboardInterrupt):
+            raise  # the board answered properly, or the user stopped it: nothing to debug on its side
         except BaseException:
             kept = keep_log(board, log_path, device)
             if kept:
