@@ -36,7 +36,9 @@ def guarded(main: Callable[[list[str] | None], int], argv: list[str] | None = No
     # SIGTERM (a CI job's timeout, `kill`) unwinds like Ctrl-C, so the boards a command started are stopped too
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return main(argv)
+        status = main(argv)
+        sys.stdout.flush()  # a pipe closed early fails here, inside the guard, not at the interpreter's exit
+        return status
     except KeyboardInterrupt:
         # on a terminal, below the ^C and any half-written line of output
         print(f"{chr(10) if sys.stderr.isatty() else ''}{prog}: interrupted", file=sys.stderr)

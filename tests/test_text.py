@@ -3,6 +3,7 @@ image, and a prompt in words gives the token ids, the tokens and the text transf
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,14 +20,12 @@ CORPUS = ["the quick brown fox jumps over the lazy dog", "flash memory holds the
           "a mixture of experts routes every token to a few of them", "tiny boards run big models slowly"] * 20
 
 
-@pytest.fixture(scope="module")
-def text_checkpoint(tmp_path_factory):
+def make_text_checkpoint(out: Path, **sizes: int) -> Path:
     """A random Mixtral with a byte-level BPE tokenizer trained by the tokenizers library, special tokens
-    <s> and </s>, and a chat template."""
+    <s> and </s>, and a chat template; `sizes` overrides its (tiny) config."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import MixtralConfig, MixtralForCausalLM, PreTrainedTokenizerFast
-    out = tmp_path_factory.mktemp("text") / "ckpt"
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -37,12 +36,16 @@ def text_checkpoint(tmp_path_factory):
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
     torch.manual_seed(3)
-    model = MixtralForCausalLM(MixtralConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=24, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
-        max_position_embeddings=128, bos_token_id=0, eos_token_id=1, initializer_range=0.25)).eval()
-    model.save_pretrained(out)
+    config = dict(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                  max_position_embeddings=128, bos_token_id=0, eos_token_id=1, initializer_range=0.25)
+    MixtralForCausalLM(MixtralConfig(**{**config, **sizes})).eval().save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def text_checkpoint(tmp_path_factory):
+    return make_text_checkpoint(tmp_path_factory.mktemp("text") / "ckpt")
 
 
 @pytest.fixture(scope="module")

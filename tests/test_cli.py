@@ -1,0 +1,181 @@
+"""The `colibri` command as a new user meets it: every user error is one line on stderr with exit status 2 and
+no traceback, found on the host before a board boots where the host can see it; Ctrl-C is one line and exit
+status 130 with the board stopped, and in an interactive chat it ends the answer and keeps the conversation."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, build, make_family_checkpoint
+from colibri.pack import pack
+from colibri.protocol import Sampling
+from colibri.text import Text
+from colibri import flash
+from colibri.image import open_image
+from test_text import make_text_checkpoint
+
+DEMO_PROMPT = "13,1,2,3,10,0,4,5,11"  # 123+450= in the demo model's vocabulary of 14
+
+
+def colibri(*args, **kwargs) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "colibri.cli", *map(str, args)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def run(*args) -> subprocess.CompletedProcess:
+    proc = colibri(*args)
+    out, err = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, says: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr and result.stderr.strip().count("\n") == 0, result.stderr
+    assert says in result.stderr, result.stderr
+
+
+@pytest.fixture(scope="module")
+def demo_image(tmp_path_factory) -> Path:
+    image = tmp_path_factory.mktemp("cli") / "demo.img"
+    pack(ROOT / "models" / "demo-adder", image, 16, 64, measure_quality=False)
+    return image
+
+
+@pytest.fixture(scope="module")
+def dense_images(tmp_path_factory) -> dict[str, Path]:
+    """A dense Llama with a long max_seq (its arena, 4.3 MB, is more than the Cortex-M4's 3.75 MiB), and one with
+    a vocabulary of 70,000 (its image, 36 MB, is more than the Cortex-M4's 16 MiB image region)."""
+    out = tmp_path_factory.mktemp("dense")
+    small = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, vocab_size=300, tie_word_embeddings=False)
+    long_ctx = make_family_checkpoint("LlamaForCausalLM", small, 1, out / "long", max_positions=4096)
+    wide = make_family_checkpoint("LlamaForCausalLM", dict(small, vocab_size=70000), 2, out / "wide")
+    images = {"long": out / "long.img", "wide": out / "wide.img"}
+    pack(long_ctx, images["long"], 4096, 64, measure_quality=False)
+    pack(wide, images["wide"], 16, 64, measure_quality=False)
+    return images
+
+
+def test_user_errors_are_one_line_before_any_board_boots(demo_image, dense_images, tmp_path):
+    """Each bad run is refused by the host with the numbers and what to do: no board is booted for it (the Cortex-M4
+    and Cortex-M55 ones are refused whether or not their firmware is built)."""
+    garbage = tmp_path / "garbage.img"
+    garbage.write_bytes(os.urandom(4096))
+    not_a_model = tmp_path / "not-a-model"
+    not_a_model.mkdir()
+    (not_a_model / "config.json").write_text(json.dumps({"model_type": "no-such-model", "architectures": ["Nope"]}))
+    demo = ["--board", "hosted"]
+    cases = [
+        ((tmp_path / "missing.img", "--prompt-tokens", "1"), "missing.img not found"),
+        ((garbage, "--prompt-tokens", "1"), "is not a valid image"),
+        ((demo_image, *demo), "one of the arguments --prompt --chat --prompt-tokens is required"),
+        ((demo_image, *demo, "--prompt-tokens", "1,x"), "expected comma-separated token ids"),
+        ((demo_image, *demo, "--prompt-tokens", DEMO_PROMPT, "--max-new-tokens", "8"),
+         "9 prompt + 8 new tokens exceed the image's max_seq 16: ask for at most 7 new tokens"),
+        ((demo_image, *demo, "--prompt-tokens", "1,2,300"), "token id 300 is outside the image's vocabulary of 14 ids"),
+        ((demo_image, *demo, "--prompt-tokens", "1", "--expert-cache", "9"),
+         "--expert-cache 9 is more slots than the image's 8 streamed experts"),
+        ((demo_image, *demo, "--prompt-tokens", "1", "--expert-cache", "lots"), "give a slot count, 'all', or bytes"),
+        ((dense_images["long"], *demo, "--prompt-tokens", "1", "--expert-cache", "2"),
+         "this image has none in its expert part"),
+        ((dense_images["wide"], "--board", "cortex_m4", "--prompt-tokens", "1", "--max-new-tokens", "4"),
+         f"the image is {dense_images['wide'].stat().st_size:,} bytes and cortex_m4's image region (PSRAM) holds "
+         "16,777,216: pack it with --dtype q8_0 or q4_0"),
+        ((dense_images["long"], "--board", "cortex_m4", "--prompt-tokens", "1"),
+         "arena and cortex_m4's arena region (SSRAM2/3) holds 3,932,160: repack with a smaller --max-seq or --kv f16"),
+        ((demo_image, "--board", "cortex_m55", "--prompt-tokens", "1", "--expert-cache", "8", "--threads", "2"),
+         "board cortex_m55 computes on one core"),
+        ((demo_image, "--board", "nope", "--prompt-tokens", "1"), "unknown board 'nope'"),
+        ((demo_image, *demo, "--prompt-tokens", DEMO_PROMPT, "--max-new-tokens", "2", "--against", not_a_model),
+         "cannot run this checkpoint"),
+    ]
+    for args, says in cases:
+        assert_one_line_error(run("run", *args), says)
+    assert not list((ROOT / "build" / "logs").glob(f"*-{os.getpid()}.log"))  # nothing booted to leave a log
+    # the arena check names the bytes: the image's plan, which the device itself would ask for
+    long_arena = open_image(dense_images["long"], check_crcs=False)
+    from colibri.image import arena_bytes
+    assert f"needs a {arena_bytes(long_arena.dims):,}-byte arena" in run(
+        "run", dense_images["long"], "--board", "cortex_m4", "--prompt-tokens", "1").stderr
+
+
+def test_version_and_a_closed_pipe(tmp_path):
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout.startswith("colibri ") and version.stdout.split()[1][0].isdigit()
+    # `colibri pack ... | head -0`: the reader is gone before the report is written; the command ends quietly
+    proc = colibri("pack", ROOT / "models" / "demo-adder", "-o", tmp_path / "x.img", "--max-seq", "16", "--no-quality")
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "Exception" not in err, err
+
+
+def read_until(proc: subprocess.Popen, seen: str, done) -> str:
+    """`seen` and what `proc` prints next, until done(all of it)."""
+    while not done(seen):
+        c = proc.stdout.read(1)
+        assert c, f"ended early: {seen!r} {proc.stderr.read()}"
+        seen += c
+    return seen
+
+
+def board_processes(image: Path) -> list[str]:
+    found = subprocess.run(["pgrep", "-af", str(image)], capture_output=True, text=True).stdout
+    return [line for line in found.splitlines() if "qemu" in line]
+
+
+@pytest.fixture(scope="module")
+def chat_image(tmp_path_factory) -> Path:
+    """A Mixtral large enough that the Cortex-M4 under QEMU takes seconds for an answer (about 30 tokens/s), with
+    a tokenizer and a chat template."""
+    out = tmp_path_factory.mktemp("chat")
+    ckpt = make_text_checkpoint(out / "ckpt", hidden_size=256, intermediate_size=512, num_hidden_layers=4)
+    from colibri.quant import DType
+    pack(ckpt, out / "chat.img", 128, 64, dtype=DType.Q8_0, measure_quality=False)
+    return out / "chat.img"
+
+
+def test_ctrl_c_stops_a_run_on_a_qemu_board_in_one_line(chat_image):
+    build("cortex_m4")
+    proc = colibri("run", chat_image, "--board", "cortex_m4", "--prompt-tokens", "1,5,9", "--max-new-tokens", "100")
+    read_until(proc, "", lambda seen: "-> " in seen and " " in seen.split("-> ")[1])  # a token has come
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip() == "colibri run: interrupted", err
+    time.sleep(0.5)
+    assert board_processes(chat_image) == []
+
+
+def test_ctrl_c_in_a_chat_ends_the_answer_and_keeps_the_conversation(chat_image, hosted_build):
+    """The first answer is cut after its first characters; the chat goes on, and the second answer is the one a
+    fresh context gives for the whole conversation, the cut answer in it as far as it was shown."""
+    build("cortex_m4")
+    max_new = 60
+    proc = colibri("run", chat_image, "--board", "cortex_m4", "--chat", "--max-new-tokens", max_new,
+                   stdin=subprocess.PIPE)
+    proc.stdin.write("hello there\n")
+    proc.stdin.flush()
+    seen = read_until(proc, "", lambda seen: len(seen.split("you> ")) > 1 and len(seen.split("you> ")[1]) >= 2)
+    proc.send_signal(signal.SIGINT)  # the answer has begun
+    seen = read_until(proc, seen, lambda seen: seen.count("you> ") == 2)  # back at the prompt
+    out, err = proc.communicate("and the experts?\n", timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    turns = (seen + out).split("you> ")
+    cut, second = turns[1], turns[2]
+    assert cut.endswith(" [interrupted]\n"), cut
+    cut = cut[:-len(" [interrupted]\n")]
+    assert 0 < len(cut) and second.endswith("\n")
+    text = Text(open_image(chat_image, check_crcs=False).meta)
+    conversation = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": cut},
+                    {"role": "user", "content": "and the experts?"}]
+    fresh = flash.run_on_board(chat_image, "hosted", text.chat_tokens(conversation), max_new, Sampling(), False,
+                               firmware=hosted_build / "firmware.elf", stop=text.eos_ids)
+    assert second[:-1] == text.decode(fresh.tokens)
+    assert board_processes(chat_image) == []
