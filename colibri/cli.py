@@ -2,31 +2,26 @@
 
   colibri pack CHECKPOINT -o model.img [...]      host/pack.py: checkpoint or GGUF -> image
   colibri run model.img --board hosted [...]      host/flash.py: run an image on a board, verify it
+  colibri build --board cortex_m4 [...]           the board's firmware (SCons); run builds it when needed
+  colibri boards                                  every board: memory, kernels, cores, built or not
+  colibri info model.img                          what an image holds, and which boards it fits
   colibri footprint --board cortex_m4 [...]       tools/footprint.py: sizes, stack, purity of a build
   colibri report trace.json [...]                 tools/routing_report.py: where the experts' time goes
   colibri --version                               the package's version
 
-`colibri SUBCOMMAND --help` lists each one's options. Running on a board, building and the footprint
-report work in a Colibri checkout (the working directory or one above it, or $COLIBRI_ROOT).
+`colibri SUBCOMMAND --help` lists each one's options. Building, running on a board and the footprint report
+use the Colibri tree: a checkout (the working directory or one above it, or $COLIBRI_ROOT), or the copy of
+firmware/ and boards/ an installed wheel carries, built in ~/.cache/colibri/.
 """
 from __future__ import annotations
 
 import sys
-from importlib.metadata import PackageNotFoundError, version
 
+from colibri import __version__
 from colibri.console import run_tool
 
-SUBCOMMANDS = {"pack": "colibri.pack", "run": "colibri.flash", "footprint": "colibri.footprint",
-               "report": "colibri.routing_report"}
-
-
-def package_version() -> str:
-    try:
-        return version("colibri")
-    except PackageNotFoundError:  # run from a checkout that was never installed: pyproject.toml says it
-        import tomllib
-        from colibri.paths import ROOT
-        return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+SUBCOMMANDS = {"pack": "colibri.pack", "run": "colibri.flash", "build": "colibri.build", "boards": "colibri.boards_cli",
+               "info": "colibri.info", "footprint": "colibri.footprint", "report": "colibri.routing_report"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0 if args else 2
     if args[0] == "--version":
-        print(f"colibri {package_version()}")
+        print(f"colibri {__version__}")
         return 0
     name, rest = args[0], args[1:]
     if name not in SUBCOMMANDS:

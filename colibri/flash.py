@@ -31,6 +31,7 @@ from typing import Callable
 import numpy as np
 
 from colibri.console import Parser
+from colibri.build import BuildError, ensure_built
 from colibri.image import Image, ImageError, arena_bytes, expert_cache_bytes, open_image, read_image
 from colibri.protocol import STATUS_NAMES, Client, DeviceError, Generation, LinkError, Sampling, Transport
 from colibri.reference import Reference
@@ -340,6 +341,25 @@ def preflight(img: Image, image_bytes: int, board: Board | None, prompt: list[in
     return None
 
 
+class NotReady(Exception):
+    """A run the host refuses before a board starts; the message says why and what to do."""
+
+
+def ready_firmware(img: Image, image_bytes: int, board: Board | None, prompt: list[int] | None, max_new: int,
+                   slots: int, firmware: Path | None) -> Path | None:
+    """The checks before the boot (preflight), then the firmware to boot: the one given, or the board's release
+    build, built first when it is missing or older than its sources (None for a board on a serial port)."""
+    problem = preflight(img, image_bytes, board, prompt, max_new, slots)
+    if problem:
+        raise NotReady(problem)
+    if board is None or firmware is not None:
+        return firmware
+    try:
+        return ensure_built(board)
+    except BuildError as exc:
+        raise NotReady(str(exc)) from None
+
+
 def emit(s: str) -> None:
     print(s, end="", flush=True)
 
@@ -462,7 +482,7 @@ def phases_line(stats: dict[str, int], clock: str) -> str:
     """Where a token's device cycles go, on which clock, and the arena used."""
     n = max(stats["tokens_fed"], 1)
     hz = stats["cycle_hz"]
-    rate_text = f"{hz / 1e9:g} GHz" if hz >= 1e9 else f"{hz / 1e6:g} MHz" if hz >= 1e6 else f"{hz:,} Hz"
+    rate_text = f"{hz / 1e9:.3g} GHz" if hz >= 1e9 else f"{hz / 1e6:.3g} MHz" if hz >= 1e6 else f"{hz:,} Hz"
     on = f" at {rate_text}" + (f" ({clock})" if clock else "") if hz else ""
     return (f"per token: attention {stats['cycles_attention'] / n:,.0f}, router {stats['cycles_router'] / n:,.0f}, "
             f"experts {stats['cycles_experts'] / n:,.0f}, lm_head {stats['cycles_lm_head'] / n:,.0f} of "
@@ -507,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = Parser(__doc__)
     ap.add_argument("image", type=Path, help="image file made by host/pack.py")
     ap.add_argument("--board", default=DEFAULT_BOARD, help=f"board to run on (default {DEFAULT_BOARD})")
-    ap.add_argument("--firmware", type=Path, help="firmware ELF (default build/<board>/release/firmware.elf)")
+    ap.add_argument("--firmware", type=Path,
+                    help="firmware ELF (default: the board's release build, built first when missing or stale)")
     ap.add_argument("--upload", action="store_true",
                     help="send the image over the serial link in checksummed chunks instead of QEMU's loader")
     ap.add_argument("--port", help="a real board's serial port (e.g. /dev/ttyUSB0); implies --upload")
@@ -595,19 +616,16 @@ def main(argv: list[str] | None = None) -> int:
     board = None if args.port else load_board(args.board)
     image_bytes = args.image.stat().st_size
     if args.chat == "":
-        problem = preflight(img, image_bytes, board, None, args.max_new_tokens, slots)
-        if problem:
-            print(f"{ap.prog}: error: {problem}", file=sys.stderr)
-            return 2
         try:
             text = Text(img.meta)
             if not text.meta.get("chat_template"):
                 raise NoTokenizer("this image's checkpoint has no chat template: use --prompt")
-        except NoTokenizer as exc:
+            firmware = ready_firmware(img, image_bytes, board, None, args.max_new_tokens, slots, args.firmware)
+        except (NoTokenizer, NotReady) as exc:
             print(f"{ap.prog}: error: {exc}", file=sys.stderr)
             return 2
         try:
-            run_chat(args.image, args.board, args.firmware, text, sampling, args.max_new_tokens, timeout=args.timeout,
+            run_chat(args.image, args.board, firmware, text, sampling, args.max_new_tokens, timeout=args.timeout,
                      retries=args.retries, expert_cache=slots, prefetch=not args.no_prefetch, threads=args.threads)
         except (DeviceError, LinkError, ValueError) as exc:
             print(f"\n{ap.prog}: error: {exc}", file=sys.stderr)
@@ -623,9 +641,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if not prompt:
             ap.error("the prompt encodes to no tokens")
-    problem = preflight(img, image_bytes, board, prompt, args.max_new_tokens, slots)
-    if problem:
-        print(f"{ap.prog}: error: {problem}", file=sys.stderr)
+    try:
+        firmware = ready_firmware(img, image_bytes, board, prompt, args.max_new_tokens, slots, args.firmware)
+    except NotReady as exc:
+        print(f"{ap.prog}: error: {exc}", file=sys.stderr)
         return 2
     stream = TextStream(text) if text else None
 
@@ -654,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
                                      stop=text.eos_ids if text else frozenset())
         else:
             result = run_on_board(args.image, args.board, prompt, args.max_new_tokens, sampling,
-                                  want_logits, firmware=args.firmware, on_token=on_token, timeout=args.timeout,
+                                  want_logits, firmware=firmware, on_token=on_token, timeout=args.timeout,
                                   upload=args.upload,
                                   gdb=args.gdb, retries=args.retries, wrap=wrap, trace=trace, progress=not quiet,
                                   expert_cache=slots, prefetch=not args.no_prefetch,
@@ -706,7 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         if v.first_difference is not None and v.tolerance is None and not v.parting:
             # one more run, traced: its residual CRCs and routing name the first layer where device and reference part
             v.parting = traced_parting(reference, args.board, args.port, result, prompt, lambda: run_on_board(
-                args.image, args.board, prompt, args.max_new_tokens, sampling, False, firmware=args.firmware,
+                args.image, args.board, prompt, args.max_new_tokens, sampling, False, firmware=firmware,
                 timeout=args.timeout, upload=args.upload, retries=args.retries, trace=True, expert_cache=slots,
                 prefetch=not args.no_prefetch, stop=text.eos_ids if text else frozenset(), threads=args.threads))
         report["verify"] = {**asdict(v), "passed": v.passed}

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GATE_FILE = ROOT / "tools" / "size_gate.json"  # the runtime size limits per board
 sys.path.insert(0, str(ROOT))
 
+from colibri.build import BUILD_LOCK  # noqa: E402
 from colibri.pack import pack  # noqa: E402
 from colibri.sim.boards import board_names, load_board  # noqa: E402
 
@@ -98,7 +99,7 @@ def build(board: str, mode: str = "release", kernels: str = "auto", lean: bool =
     """scons for one target, one build at a time across the test processes (pytest-xdist's workers share build/;
     the second to ask finds it up to date)."""
     (ROOT / "build").mkdir(exist_ok=True)
-    with open(ROOT / "build" / "tests.lock", "w") as lock:
+    with open(ROOT / "build" / BUILD_LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         subprocess.run([sys.executable, "-m", "SCons", "-Q", f"board={board}", f"mode={mode}", f"kernels={kernels}",
                         f"lean={'yes' if lean else 'no'}"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)

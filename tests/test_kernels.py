@@ -79,6 +79,14 @@ def test_optimized_kernels_equal_scalar(board, firmwares):
     assert 0.5 < cycles / hz / wall < 2.0, f"{cycles} cycles at {hz} Hz over {wall:.2f} s of host time"
 
 
+def test_board_files_name_the_kernels_their_firmware_uses():
+    """`colibri boards` shows board.toml's kernels: the set each board's firmware was seen to choose is among them,
+    and so is scalar where CPUID may pick it (test_x86_without_avx2_falls_back_to_scalar)."""
+    for board, kernels in EXPECTED_KERNELS.items():
+        assert kernels in load_board(board).spec["kernels"], board
+    assert "scalar" in load_board("x86_64_baremetal").spec["kernels"]
+
+
 def test_x86_without_avx2_falls_back_to_scalar(firmwares):
     """One binary: on a CPU without AVX2 (QEMU's Nehalem model) CPUID picks the scalar kernels."""
     text, code = run_kernel_check("x86_64_baremetal", firmwares["x86_64_baremetal"].with_name("kernel_check.elf"),
