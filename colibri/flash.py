@@ -531,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="firmware ELF (default: the board's release build, built first when missing or stale)")
     ap.add_argument("--upload", action="store_true",
                     help="send the image over the serial link in checksummed chunks instead of QEMU's loader")
-    ap.add_argument("--port", help="a real board's serial port (e.g. /dev/ttyUSB0); implies --upload")
+    ap.add_argument("--port", help="a real board's serial port: /dev/ttyUSB0, or a URL such as socket://host:2000 "
+                                   "(ser2net) or rfc2217://host:2217; implies --upload")
     ap.add_argument("--baud", type=int, default=921600, help="baud rate for --port (default 921600)")
     ap.add_argument("--gdb", action="store_true", help="start QEMU halted with a GDB stub and print how to attach")
     what = ap.add_mutually_exclusive_group(required=True)

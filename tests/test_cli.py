@@ -179,3 +179,34 @@ def test_ctrl_c_in_a_chat_ends_the_answer_and_keeps_the_conversation(chat_image,
                                firmware=hosted_build / "firmware.elf", stop=text.eos_ids)
     assert second[:-1] == text.decode(fresh.tokens)
     assert board_processes(chat_image) == []
+
+
+def test_a_board_behind_a_tcp_serial_server(demo_image, hosted_build):
+    """--port takes pyserial's URLs: a board whose serial line a TCP server shares (as ser2net shares a UART; here
+    the hosted board's stdin and stdout, bridged) is reached at socket://HOST:PORT, the image uploaded over it."""
+    import socket
+    import threading
+    board = subprocess.Popen([hosted_build / "firmware.elf", "--upload-bytes", "4000000"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, bufsize=0)
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def bridge() -> None:
+        conn, _ = server.accept()
+
+        def to_board() -> None:
+            while data := conn.recv(65536):
+                board.stdin.write(data)
+        threading.Thread(target=to_board, daemon=True).start()
+        while data := board.stdout.read(65536):  # unbuffered: what the board has written so far
+            conn.sendall(data)
+    threading.Thread(target=bridge, daemon=True).start()
+    try:
+        ran = run("run", demo_image, "--port", f"socket://127.0.0.1:{server.getsockname()[1]}", "--prompt-tokens",
+                  DEMO_PROMPT, "--max-new-tokens", "5", "--verify")
+    finally:
+        board.kill()
+        server.close()
+    assert ran.returncode == 0 and "greedy tokens agree 5/5: PASS" in ran.stdout, ran.stderr
+    assert "image uploaded, device CRC-32" in ran.stdout
+    refused = run("run", demo_image, "--port", "nosuch://x", "--prompt-tokens", "1", "--max-new-tokens", "2")
+    assert_one_line_error(refused, "cannot open nosuch://x")

@@ -343,10 +343,12 @@ def start_board(board: Board, firmware: Path, image: Path | None, extra_args: li
 
 @contextmanager
 def open_port(port: str, baud: int) -> Iterator[SerialTransport]:
-    """A real board on a serial port: same protocol, image uploaded over the link."""
+    """A real board on a serial port: same protocol, image uploaded over the link. `port` is a device path
+    (/dev/ttyUSB0, COM3) or one of pyserial's URLs: socket://HOST:PORT (a raw TCP serial server such as ser2net's),
+    rfc2217://HOST:PORT (a serial port shared with RFC 2217)."""
     try:
-        conn = serial.Serial(port, baud)
-    except serial.SerialException as exc:
+        conn = serial.serial_for_url(port, baud)
+    except (serial.SerialException, ValueError) as exc:
         raise LinkError(f"cannot open {port}: {exc}") from None
     try:
         yield SerialTransport(conn, lambda: f" on {port}")
