@@ -31,10 +31,13 @@ from typing import Callable
 import numpy as np
 
 from colibri.console import Parser
+from colibri.autopack import packed_image
 from colibri.build import BuildError, ensure_built
+from colibri.checkpoint import UnsupportedModel
 from colibri.image import Image, ImageError, arena_bytes, expert_cache_bytes, open_image, read_image
 from colibri.protocol import STATUS_NAMES, Client, DeviceError, Generation, LinkError, Sampling, Transport
 from colibri.reference import Reference
+from colibri.quant import DType
 from colibri.sampling import Sampler
 from colibri.text import NoTokenizer, Text, TextStream
 from colibri.sim.boards import DEFAULT_BOARD, Board, board_names, load_board, memory_shortfalls
@@ -525,7 +528,8 @@ def cache_slots(spec: str, image: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(__doc__)
-    ap.add_argument("image", type=Path, help="image file made by host/pack.py")
+    ap.add_argument("image", type=Path, help="image file made by colibri pack; or a checkpoint directory or a .gguf "
+                                             "file, packed first into a cache (--dtype, --max-seq, --kv)")
     ap.add_argument("--board", default=DEFAULT_BOARD, help=f"board to run on (default {DEFAULT_BOARD})")
     ap.add_argument("--firmware", type=Path,
                     help="firmware ELF (default: the board's release build, built first when missing or stale)")
@@ -577,6 +581,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="compute on N threads (the hosted board; bare-metal boards have one core). The same bits "
                          "for any N: each thread computes fixed rows")
+    ap.add_argument("--dtype", choices=[d.name.lower() for d in DType],
+                    help="for a checkpoint or .gguf: the dtype to pack its large matrices in (default: as its files "
+                         "store them; q8_0 for a GGUF type no image has)")
+    ap.add_argument("--max-seq", type=int, help="for a checkpoint or .gguf: the longest sequence to pack for "
+                                                "(default: colibri pack's)")
+    ap.add_argument("--kv", default="f32", choices=("f32", "f16"),
+                    help="for a checkpoint or .gguf: the KV cache's element type (default f32)")
     ap.add_argument("--no-prefetch", action="store_true",
                     help="with --expert-cache: do not guess and fetch the next layer's experts early")
     args = ap.parse_args(argv)
@@ -592,7 +603,16 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             ap.error(str(exc))
     if not args.image.exists():
-        ap.error(f"image {args.image} not found; make one with host/pack.py")
+        ap.error(f"image {args.image} not found; make one with colibri pack")
+    if args.image.is_dir() or args.image.suffix == ".gguf":  # a model, not an image: packed first (or found packed)
+        if args.max_seq is not None and args.max_seq < 1:
+            ap.error("--max-seq must be at least 1")
+        try:
+            args.image = packed_image(args.image, args.dtype, args.max_seq, args.kv, None if args.port else args.board,
+                                      lambda line: print(line, file=sys.stderr, flush=True))
+        except (UnsupportedModel, ValueError, OSError) as exc:
+            print(f"{ap.prog}: error: cannot pack {args.image}: {exc}", file=sys.stderr)
+            return 2
     if not args.port:
         try:  # an unknown board, or no checkout to find boards in: said before anything is printed or started
             load_board(args.board)

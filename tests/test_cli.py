@@ -21,17 +21,17 @@ from colibri import flash
 from colibri.image import open_image
 from test_text import make_text_checkpoint
 
-DEMO_PROMPT = "13,1,2,3,10,0,4,5,11"  # 123+450= in the demo model's vocabulary of 14
+DEMO_PROMPT = "13,1,2,3,10,0,4,5,11"  # 123+045= in the demo model's vocabulary of 14 (it answers 168 reversed)
 
 
-def colibri(*args, **kwargs) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def colibri(*args, env: dict | None = None, **kwargs) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
     return subprocess.Popen([sys.executable, "-m", "colibri.cli", *map(str, args)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
-def run(*args) -> subprocess.CompletedProcess:
-    proc = colibri(*args)
+def run(*args, env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = colibri(*args, env=env)
     out, err = proc.communicate(timeout=300)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
@@ -210,3 +210,28 @@ def test_a_board_behind_a_tcp_serial_server(demo_image, hosted_build):
     assert "image uploaded, device CRC-32" in ran.stdout
     refused = run("run", demo_image, "--port", "nosuch://x", "--prompt-tokens", "1", "--max-new-tokens", "2")
     assert_one_line_error(refused, "cannot open nosuch://x")
+
+
+def test_run_a_model_file_or_checkpoint_packs_it_once(tmp_path, hosted_build):
+    """`colibri run model.gguf` (or a checkpoint directory) packs it into the cache first, said in one line, and
+    the next run with the same options uses that image; other options make another. The file's own dtype is kept
+    (a Q8_0 file packs to q8_0 blocks, unchanged)."""
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    gguf = ROOT / "tests" / "fixtures" / "gguf" / "converted-mixtral-q8_0.gguf"
+    args = ("--board", "hosted", "--firmware", hosted_build / "firmware.elf", "--prompt", "hello there",
+            "--max-new-tokens", "3", "--verify")
+    first, second = run("run", gguf, *args, env=env), run("run", gguf, *args, env=env)
+    for ran in (first, second):
+        assert ran.returncode == 0 and "greedy tokens agree 3/3: PASS" in ran.stdout, ran.stderr
+    images = list((tmp_path / "colibri" / "images").glob("*.img"))
+    assert len(images) == 1 and first.stderr.strip() == (f"packing {gguf} (q8_0, the default max_seq, f32 KV cache) "
+                                                          f"into {images[0]}; `colibri pack` packs with every option")
+    assert second.stderr == "" and first.stdout.splitlines()[0] == second.stdout.splitlines()[0]
+    assert set(open_image(images[0], check_crcs=False).bytes_by_dtype()) == {"f32", "q8_0"}
+    demo = run("run", ROOT / "models" / "demo-adder", "--max-seq", "16", "--board", "hosted", "--firmware",
+               hosted_build / "firmware.elf", "--prompt-tokens", DEMO_PROMPT, "--max-new-tokens", "5", env=env)
+    assert demo.returncode == 0 and "-> 8 6 1 0 12" in demo.stdout and "(f32, max_seq 16" in demo.stderr, demo
+    assert len(list((tmp_path / "colibri" / "images").glob("*.img"))) == 2
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(20))
+    assert_one_line_error(run("run", broken, *args, env=env), f"cannot pack {broken}")

@@ -1,0 +1,72 @@
+"""`colibri run model.gguf` (or a checkpoint directory): the model packed first, into a cache keyed by the source
+files and the pack options ($XDG_CACHE_HOME/colibri/images/, ~/.cache by default), so the next run of the same
+model with the same options starts at once, as llama.cpp's users point at a model file and run it."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+from colibri import __version__
+from colibri.format import MAGIC
+
+SOURCE_SUFFIXES = (".json", ".safetensors", ".model", ".txt", ".jinja")  # what a checkpoint directory packs from
+
+
+def is_image(path: Path) -> bool:
+    """A Colibri image by its magic (not a checkpoint directory or a GGUF file)."""
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(len(MAGIC)) == MAGIC
+
+
+def source_files(src: Path) -> list[Path]:
+    return sorted(p for p in src.iterdir() if p.suffix in SOURCE_SUFFIXES) if src.is_dir() else [src]
+
+
+def file_dtype(src: Path) -> str:
+    """The image dtype that keeps a model as its files store it: a GGUF file's most common type of matrix when the
+    image has it (Q8_0, Q4_0, F16, BF16, F32; q8_0 for any other, such as the K-quants), a checkpoint's
+    config dtype (f16, bf16; f32 otherwise)."""
+    if src.is_dir():
+        config = json.loads((src / "config.json").read_text()) if (src / "config.json").is_file() else {}
+        stored = config.get("dtype") or config.get("torch_dtype") or ""
+        return {"float16": "f16", "bfloat16": "bf16"}.get(stored, "f32")
+    import gguf
+    weights: dict[str, int] = {}
+    for t in gguf.GGUFReader(src).tensors:
+        if len(t.shape) >= 2:
+            weights[t.tensor_type.name.lower()] = weights.get(t.tensor_type.name.lower(), 0) + int(t.n_bytes)
+    common = max(weights, key=weights.get, default="q8_0")
+    return common if common in ("q8_0", "q4_0", "f16", "bf16", "f32") else "q8_0"
+
+
+def cache_key(src: Path, options: dict) -> str:
+    """What makes a packed image the same: the source files (path, size, time), the options, this version."""
+    files = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in source_files(src)]
+    return hashlib.sha256(json.dumps([files, options, __version__], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def image_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "colibri" / "images"
+
+
+def packed_image(src: Path, dtype: str | None, max_seq: int | None, kv: str, board: str | None,
+                 say: Callable[[str], None]) -> Path:
+    """The image of `src` packed with these options: from the cache, or packed now (said in one line). Raises
+    what colibri.pack.pack raises for a source it cannot pack."""
+    from colibri.pack import pack
+    from colibri.quant import DType
+    dtype = dtype or file_dtype(src)
+    options = {"dtype": dtype, "max_seq": max_seq, "kv": kv}
+    out = image_cache() / f"{src.name}-{cache_key(src, options)}.img"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    seq = f"max_seq {max_seq}" if max_seq else "the default max_seq"
+    say(f"packing {src} ({dtype}, {seq}, {kv} KV cache) into {out}; `colibri pack` packs with every option")
+    pack(src, out, max_seq, 64, board=board, dtype=DType.parse(dtype), kv=kv, measure_quality=False)
+    return out
