@@ -60,12 +60,12 @@ def packed_image(src: Path, dtype: str | None, max_seq: int | None, kv: str, boa
     what colibri.pack.pack raises for a source it cannot pack."""
     from colibri.pack import pack
     from colibri.quant import DType
-    dtype = dtype or file_dtype(src)
-    options = {"dtype": dtype, "max_seq": max_seq, "kv": kv}
+    options = {"dtype": dtype, "max_seq": max_seq, "kv": kv}  # dtype None: the files' own, found when packing
     out = image_cache() / f"{src.name}-{cache_key(src, options)}.img"
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    dtype = dtype or file_dtype(src)
     seq = f"max_seq {max_seq}" if max_seq else "the default max_seq"
     say(f"packing {src} ({dtype}, {seq}, {kv} KV cache) into {out}; `colibri pack` packs with every option")
     pack(src, out, max_seq, 64, board=board, dtype=DType.parse(dtype), kv=kv, measure_quality=False)

@@ -436,19 +436,30 @@ def run_chat(image: Path, board_name: str, firmware: Path | None, text: Text, sa
     return messages
 
 
-def trace_report(result: RunResult, prompt: list[int], image: Path) -> dict:
-    """The traced run as JSON-ready data (tools/routing_report.py reads it)."""
+def optional_text(img: Image) -> Text | None:
+    """The image's tokenizer, if it carries one."""
+    try:
+        return Text(img.meta)
+    except NoTokenizer:
+        return None
+
+
+def trace_report(result: RunResult, prompt: list[int], image: Path, text: Text | None = None) -> dict:
+    """The traced run as JSON-ready data (tools/routing_report.py reads it); with the image's tokenizer, each
+    token's text too."""
     dims = read_image(image.read_bytes()).dims
     fed = prompt + result.tokens
     return {"board": result.board, "cycle_hz": result.stats["cycle_hz"], "n_layers": dims.n_layers,
             "n_experts": dims.n_experts, "top_k": dims.top_k, "prompt": prompt, "tokens": result.tokens,
-            "trace": [{"pos": i, "token": fed[i], "layers": [asdict(t) for t in layers]}
+            "trace": [{"pos": i, "token": fed[i], "layers": [asdict(t) for t in layers],
+                       **({"text": text.decode([fed[i]])} if text else {})}
                       for i, layers in enumerate(result.traces or [])]}
 
 
 def print_trace(report: dict) -> None:
     for tok in report["trace"]:
-        print(f"pos {tok['pos']:>4} token {tok['token']:>6}")
+        piece = f" {tok['text']!r}" if "text" in tok else ""
+        print(f"pos {tok['pos']:>4} token {tok['token']:>6}{piece}")
         for t in tok["layers"]:
             routed = "  ".join(f"e{e}:{w:.3f} ({c:,} cyc)" for e, w, c in
                                zip(t["experts"], t["weights"], t["cycles_expert"])) or "dense MLP"
@@ -729,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dump_logits:
         np.save(args.dump_logits, result.logits)
     if trace:
-        traced = trace_report(result, prompt, args.image)
+        traced = trace_report(result, prompt, args.image, text or optional_text(img))
         if args.trace_out:
             args.trace_out.write_text(json.dumps(traced))
         if not quiet:

@@ -58,4 +58,10 @@ then
     $PY -m pip install -q --disable-pip-version-check -r requirements.txt 2>&1 | grep -v "^WARNING" || true
     $PY -c "import numpy, safetensors, ml_dtypes, elftools, serial, SCons, transformers, pytest, xdist, gguf, matplotlib, tokenizers, tqdm, jinja2"
 fi
+# the `colibri` command, running this checkout
+if ! "$PY" -c "import importlib.metadata as m; m.distribution('colibri')" 2>/dev/null; then
+    echo "setup: installing the colibri command (pip install -e .)"
+    "$PY" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>&1 | grep -v "^WARNING" || true
+    "$PY" -c "import importlib.metadata as m; m.distribution('colibri')" || { echo "setup: pip install -e . failed"; exit 1; }
+fi
 export PY
