@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """Run an image on a board: boot it, get the image onto it, run a prompt, stream the tokens, verify.
 
-Examples:
-  python host/flash.py model.img --prompt-tokens 1,5,9,3 --max-new-tokens 16 --verify   # x86_64 under QEMU
-  python host/flash.py model.img --board hosted --prompt-tokens 1,5,9,3 --verify
-  python host/flash.py model.img --upload --prompt-tokens 1,5 --verify        # image over the serial link
-  python host/flash.py model.img --port /dev/ttyUSB0 --baud 921600 --prompt-tokens 1,5 --verify
-  python host/flash.py model.img --board hosted --prompt-tokens 1,2 --temperature 0.8 --top-p 0.9 --seed 7
-  python host/flash.py model.img --board hosted --prompt-tokens 1,2 --dump-logits logits.npy --json
-  python host/flash.py model.img --prompt-tokens 1,2,3 --trace --trace-out trace.json   # then tools/routing_report.py
-  python host/flash.py model.img --board cortex_m55 --expert-cache 4 --prompt-tokens 1,2 --verify  # stream experts
-  python host/flash.py model.img --board hosted --prompt-tokens 1,2,3 --against path/to/checkpoint  # vs transformers
-  python host/flash.py model.img --board hosted --prompt "The capital of France is" --max-new-tokens 20
-  python host/flash.py model.img --board hosted --chat "Write a haiku about flash memory"
+Examples (`colibri run` in a checkout is `python host/flash.py`):
+  colibri run model.img --prompt-tokens 1,5,9,3 --max-new-tokens 16 --verify          # x86_64 under QEMU
+  colibri run model.img --board hosted --prompt-tokens 1,5,9,3 --verify
+  colibri run model.img --upload --prompt-tokens 1,5 --verify                         # image over the serial link
+  colibri run model.img --port /dev/ttyUSB0 --baud 921600 --prompt-tokens 1,5 --verify
+  colibri run model.img --port socket://localhost:2000 --prompt-tokens 1,5 --verify  # a board behind ser2net
+  colibri run model.img --board hosted --prompt-tokens 1,2 --temperature 0.8 --top-p 0.9 --seed 7
+  colibri run model.img --board hosted --prompt-tokens 1,2 --dump-logits logits.npy --json
+  colibri run model.img --prompt-tokens 1,2,3 --trace --trace-out trace.json          # then colibri report
+  colibri run model.img --board cortex_m55 --expert-cache 4 --prompt-tokens 1,2 --verify   # stream experts
+  colibri run model.img --board hosted --prompt-tokens 1,2,3 --against path/to/checkpoint  # vs transformers
+  colibri run model.img --board hosted --prompt "The capital of France is" --max-new-tokens 20
+  colibri run model.img --board hosted --chat "Write a haiku about flash memory"
+  colibri run model.gguf --board hosted --chat                                        # packed first, then a chat
 
 --verify compares the device with the numpy reference built from the same image, bit for bit (the reference
 computes what the runtime computes, in its order: docs/KERNELS.md): it catches runtime and board bugs.

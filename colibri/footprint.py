@@ -9,9 +9,9 @@ Always: proof that nothing defines or references a forbidden symbol (malloc fami
 C11 threads, stdio, FILE I/O).
 
 Examples:
-  python tools/footprint.py --board cortex_m4 --image model.img   # full report with usage bars
-  python tools/footprint.py --board hosted --json
-  python tools/footprint.py some.o other.o                         # purity and sizes of objects
+  colibri footprint --board cortex_m4 --image model.img   # full report with usage bars
+  colibri footprint --board hosted --json
+  colibri footprint some.o other.o                         # purity and sizes of objects
 Exit status 1 if a forbidden symbol is found or something does not fit.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ from elftools.elf.sections import SymbolTableSection
 from colibri.console import Parser
 from colibri.format import KV_DTYPES
 from colibri.paths import ROOT
+from colibri.reader import ImageError
 from colibri.sim.boards import board_names, load_board, memory_region
 
 FORBIDDEN = re.compile(
@@ -316,10 +317,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.board:
+        if args.image and not args.image.is_file():
+            ap.error(f"image {args.image} not found; make one with colibri pack")
         try:
             r = board_report(args.board, args.mode, args.image)
         except FileNotFoundError as exc:
-            print(f"footprint: error: {exc}", file=sys.stderr)
+            print(f"{ap.prog}: error: {exc}", file=sys.stderr)
+            return 2
+        except ImageError as exc:
+            print(f"{ap.prog}: error: {args.image} is not a valid image ({exc}); make one with colibri pack",
+                  file=sys.stderr)
             return 2
         print(json.dumps(r)) if args.json else print_board_report(r)
         return 1 if r["forbidden"] or not r["fits"] else 0
@@ -330,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             reports.append(inspect(path))
         except (OSError, ELFError, subprocess.CalledProcessError) as exc:
-            print(f"footprint: error: {path} is not a readable ELF or PE/COFF file ({exc}); give objects or "
+            print(f"{ap.prog}: error: {path} is not a readable ELF or PE/COFF file ({exc}); give objects or "
                   "executables such as build/<board>/release/firmware.elf", file=sys.stderr)
             return 2
     if args.json:

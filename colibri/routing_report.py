@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Routing report from a traced run: which experts are hot, which never fire, how spread the gates are.
 
-Reads the JSON that `flash.py --trace-out` writes and produces, next to --out PREFIX:
+Reads the JSON that `colibri run --trace-out` writes and produces, next to --out PREFIX:
   PREFIX-usage.png     expert usage heatmap (layers x experts, share of routed slots)
   PREFIX-entropy.png   routing entropy of the top-k gate weights per layer (mean and spread)
 and prints a text summary (or one JSON object with --json).
 
 Examples:
-  python host/flash.py model.img --prompt-tokens 1,2,3,4 --max-new-tokens 32 --trace-out trace.json
-  python tools/routing_report.py trace.json --out report
+  colibri run model.img --prompt-tokens 1,2,3,4 --max-new-tokens 32 --trace-out trace.json
+  colibri report trace.json --out report
 """
 from __future__ import annotations
 
@@ -86,28 +86,29 @@ def plot(a: dict, prefix: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(__doc__)
-    ap.add_argument("trace", type=Path, help="JSON written by flash.py --trace-out")
+    ap.add_argument("trace", type=Path, help="JSON written by colibri run --trace-out")
     ap.add_argument("--out", type=Path, default=Path("routing"), help="prefix of the PNG files (default: routing)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
         trace = json.loads(args.trace.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        print(f"routing_report: cannot read {args.trace}: {exc}; make one with flash.py --trace-out", file=sys.stderr)
+    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not text at all
+        print(f"{ap.prog}: error: cannot read {args.trace} as a trace: {exc}; make one with colibri run --trace-out",
+              file=sys.stderr)
         return 2
     missing = [k for k in ("n_layers", "n_experts", "top_k", "trace") if not isinstance(trace, dict) or k not in trace]
     if missing:
-        print(f"routing_report: {args.trace} is not a trace (no {', '.join(missing)}); make one with "
-              "flash.py --trace-out", file=sys.stderr)
+        print(f"{ap.prog}: error: {args.trace} is not a trace (no {', '.join(missing)}); make one with "
+              "colibri run --trace-out", file=sys.stderr)
         return 2
     if not trace["n_experts"]:
-        print("routing_report: this model has no experts: nothing is routed", file=sys.stderr)
+        print(f"{ap.prog}: error: this model has no experts: nothing is routed", file=sys.stderr)
         return 2
     try:
         a = analyse(trace)
     except (KeyError, TypeError, IndexError, ValueError) as exc:
-        print(f"routing_report: {args.trace} is not a trace flash.py wrote ({type(exc).__name__}: {exc}); make one "
-              "with flash.py --trace-out", file=sys.stderr)
+        print(f"{ap.prog}: error: {args.trace} is not a trace colibri run wrote ({type(exc).__name__}: {exc}); make "
+              "one with colibri run --trace-out", file=sys.stderr)
         return 2
     pngs = plot(a, args.out)
     summary = {

@@ -235,3 +235,30 @@ def test_run_a_model_file_or_checkpoint_packs_it_once(tmp_path, hosted_build):
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + bytes(20))
     assert_one_line_error(run("run", broken, *args, env=env), f"cannot pack {broken}")
+
+
+def test_every_subcommands_user_errors_are_one_line(tmp_path):
+    """The other subcommands, given what a user gets wrong: one line, exit 2, no traceback."""
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(bytes(range(200, 256)) * 2)  # neither UTF-8 nor an image
+    empty_trace = tmp_path / "trace.json"
+    empty_trace.write_text("{}")
+    cases = [
+        (("report", tmp_path / "missing.json"), "cannot read"),
+        (("report", junk), "cannot read"),
+        (("report", empty_trace), "is not a trace"),
+        (("footprint", "--board", "nope"), "invalid choice: 'nope'"),
+        (("footprint", "--board", "cortex_m4", "--image", junk), "is not a valid image"),
+        (("footprint", "--board", "cortex_m4", "--image", tmp_path / "missing.img"), "not found"),
+        (("footprint", junk), "is not a readable ELF"),
+        (("info", junk), "is not a valid image"),
+        (("info", tmp_path / "missing.img"), "not found"),
+        (("build",), "the following arguments are required: --board"),
+        (("build", "--board", "nope"), "unknown board 'nope'"),
+        (("build", "--board", "hosted", "--mode", "fast"), "invalid choice: 'fast'"),
+        (("boards", "--bogus"), "unrecognized arguments: --bogus"),
+        (("pack", ROOT / "models" / "demo-adder"), "the following arguments are required: -o/--output"),
+        (("nope",), "unknown subcommand 'nope'"),
+    ]
+    for args, says in cases:
+        assert_one_line_error(run(*args), says)
