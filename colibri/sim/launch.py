@@ -4,8 +4,9 @@
   is the same program built for Windows, run under Wine off Windows (colibri/sim/wine.py).
 - QEMU boards: QEMU runs the firmware with the board's arguments (boards/<name>/board.toml); its
   UART is a TCP server on a free loopback port (`-serial tcp:127.0.0.1:0,server=on,wait=on,nodelay=on`,
-  the port read back from QEMU's output, no race) reached through pyserial's `socket://`. QEMU waits
-  for the connection, so no early output is lost; nodelay because the guest writes its answers a byte
+  the port read back from QEMU's output, no race) reached through pyserial's `socket://` (`_connect`). QEMU
+  waits for the connection and the connection keeps what arrives while it is set up, so no early output is
+  lost; nodelay because the guest writes its answers a byte
   at a time, and Nagle's algorithm held each answer's tail for the host's delayed ACK (about 40 ms a
   request). The image is placed in RAM by QEMU's loader
   unless the caller uploads it over the link.
@@ -43,6 +44,10 @@ BOOT_TIMEOUT = 30.0
 BOOT_ATTEMPTS = 2
 
 
+class BootSilent(LinkTimeout):
+    """A board sent nothing at all before the boot timeout (not even part of its banner)."""
+
+
 class SerialTransport:
     """The protocol's byte stream over a pyserial port (`socket://` for QEMU, or a real UART)."""
 
@@ -71,13 +76,13 @@ class SerialTransport:
             raise LinkClosed(f"serial link failed: {exc}{self.describe()}") from None
 
     def read_until_text(self, marker: bytes, timeout: float) -> bytes:
-        """Bytes up to and including `marker` (a board's ready banner)."""
+        """Bytes up to and including `marker` (a board's ready banner). BootSilent when nothing came at all."""
         seen = bytearray()
         while marker not in seen:
             try:
                 seen += self.read(1, timeout)
             except LinkTimeout as exc:
-                raise LinkTimeout(f"{exc} (it had sent {bytes(seen)!r})") from None
+                raise (LinkTimeout if seen else BootSilent)(f"{exc} (it had sent {bytes(seen)!r})") from None
         return bytes(seen)
 
 
@@ -220,20 +225,48 @@ def _wait_for_port(proc: subprocess.Popen, log_path: Path, timeout: float) -> in
     raise LinkError(f"QEMU did not open its serial port (status {proc.poll()}):\n{log_path.read_text(errors='replace')}")
 
 
+def _connect(port: int) -> serial.SerialBase:
+    """pyserial's `socket://` link to QEMU's UART on `port`, keeping what arrived while it was set up: pyserial's
+    open() ends with reset_input_buffer(), which reads and drops whatever has already arrived, and QEMU (wait=on)
+    starts the guest as soon as it accepts the connection, so a host descheduled for ~20 ms there lost the ready
+    banner (a Cortex-M4 then looked silent for the whole boot timeout)."""
+    conn = serial.serial_for_url(f"socket://127.0.0.1:{port}", do_not_open=True)
+    conn.reset_input_buffer = lambda: None  # type: ignore[method-assign]  # for open() only
+    try:
+        conn.open()
+    finally:
+        del conn.reset_input_buffer
+    return conn
+
+
 LOG_DIR = ROOT / "build" / "logs"
 
 
-def keep_log(board: Board, log_path: Path, device: Device | None) -> Path | None:
-    """Copy a failed session's board log (QEMU's messages, what the board printed) to build/logs/."""
+def keep_log(board: Board, log_path: Path, device: Device | None) -> Path:
+    """Copy a failed session's board log (QEMU's messages, what the board printed) to a file of its own in
+    build/logs/ (board, time and pid, numbered when two failures share a second). OSError when it cannot."""
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    notes = "\n".join(device.notes) if device else ""
+    text += ("\n--- board output before the protocol ---\n" + notes) if notes else ""
+    stem = f"{board.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    for n in range(1, 10_000):
+        kept = LOG_DIR / (f"{stem}.log" if n == 1 else f"{stem}-{n}.log")
+        try:
+            with open(kept, "x") as f:  # never another failure's file
+                f.write(text)
+            return kept
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{LOG_DIR / stem}-*.log: all taken")
+
+
+def _keep(board: Board, log_path: Path, device: Device | None, whose: str = "the board's") -> str:
+    """keep_log, said: "<whose> log is kept in <file>" or why it could not be."""
     try:
-        LOG_DIR.mkdir(parents=True, exist_ok=True)
-        kept = LOG_DIR / f"{board.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-        text = log_path.read_text(errors="replace") if log_path.exists() else ""
-        notes = "\n".join(device.notes) if device else ""
-        kept.write_text(text + ("\n--- board output before the protocol ---\n" + notes if notes else ""))
-        return kept
-    except OSError:
-        return None
+        return f"{whose} log is kept in {keep_log(board, log_path, device)}"
+    except OSError as exc:
+        return f"{whose} log could not be kept in {LOG_DIR} ({exc})"
 
 
 def _boot(board: Board, firmware: Path, argv: list[str], env: dict[str, str] | None, log_path: Path, gdb: bool,
@@ -252,7 +285,7 @@ def _boot(board: Board, firmware: Path, argv: list[str], env: dict[str, str] | N
             device.link = PipeTransport(proc, device.describe)
             return device
         port = _wait_for_port(proc, log_path, CONNECT_TIMEOUT)
-        device.link = SerialTransport(serial.serial_for_url(f"socket://127.0.0.1:{port}"), device.describe)
+        device.link = SerialTransport(_connect(port), device.describe)
         if gdb:
             print(f"QEMU is halted with a GDB stub on 127.0.0.1:1234. Attach with:\n"
                   f"  gdb {firmware} -ex 'target remote 127.0.0.1:1234' -ex continue", flush=True)
@@ -270,11 +303,13 @@ def _boot(board: Board, firmware: Path, argv: list[str], env: dict[str, str] | N
 
 
 def _stop(device: Device) -> None:
-    if device.proc.poll() is None:
-        device.proc.kill()
-    device.exit_status = device.proc.wait()
-    if isinstance(device.link, SerialTransport):
-        device.link.port.close()
+    try:
+        if device.proc.poll() is None:
+            device.proc.kill()
+        device.exit_status = device.proc.wait()
+    finally:  # also on Ctrl-C while waiting
+        if isinstance(device.link, SerialTransport):
+            device.link.port.close()
 
 
 @contextmanager
@@ -283,9 +318,10 @@ def start_board(board: Board, firmware: Path, image: Path | None, extra_args: li
     """Run `firmware` on `board`. With image=None a QEMU board boots without one (upload it). `protocol`: the
     firmware serves the protocol (not a program such as kernel_check, which prints its own report).
 
-    A QEMU board that stays silent for BOOT_TIMEOUT while booting is started once more (said on stderr, its
-    log kept): nothing the firmware does before its banner can take that long, and on a loaded host QEMU's
-    serial back end has been seen to deliver nothing at all (once in a CI run of over a thousand boots)."""
+    A QEMU board that sends nothing at all for BOOT_TIMEOUT while booting (BootSilent) is started once more, said
+    on stderr with its log kept. A safety net: the one such boot seen (a CI run of over a thousand) was most
+    likely its banner dropped while connecting, which _connect no longer does; nothing the firmware does before
+    its banner takes that long, so a second silence, or a board that printed something else, is an error."""
     if not firmware.exists():
         raise FileNotFoundError(f"firmware {firmware} not found: build it with `scons board={board.name}`")
     with tempfile.TemporaryDirectory(prefix="colibri-") as tmp:
@@ -309,20 +345,16 @@ def start_board(board: Board, firmware: Path, image: Path | None, extra_args: li
             try:
                 device = _boot(board, firmware, argv, env, log_path, gdb, protocol)
                 break
-            except LinkTimeout as exc:
-                kept = keep_log(board, log_path, None)
+            except BootSilent as exc:
                 if attempt == attempts:
-                    if kept:
-                        print(f"{board.name}: the board's log is kept in {kept}", file=sys.stderr)
+                    print(f"{board.name}: {_keep(board, log_path, None)}", file=sys.stderr)
                     raise
-                print(f"{board.name}: silent while booting ({exc}); its log is kept in {kept}; starting it once more",
-                      file=sys.stderr)
+                print(f"{board.name}: silent while booting ({exc}); {_keep(board, log_path, None, 'its')}; "
+                      "starting it once more", file=sys.stderr)
             except (DeviceError, FileNotFoundError, KeyboardInterrupt):
                 raise
             except BaseException:
-                kept = keep_log(board, log_path, None)
-                if kept:
-                    print(f"{board.name}: the board's log is kept in {kept}", file=sys.stderr)
+                print(f"{board.name}: {_keep(board, log_path, None)}", file=sys.stderr)
                 raise
         try:
             yield device
@@ -333,9 +365,7 @@ def start_board(board: Board, firmware: Path, image: Path | None, extra_args: li
         except (DeviceError, KeyboardInterrupt):
             raise  # the board answered properly, or the user stopped it: nothing to debug on its side
         except BaseException:
-            kept = keep_log(board, log_path, device)
-            if kept:
-                print(f"{board.name}: the board's log is kept in {kept}", file=sys.stderr)
+            print(f"{board.name}: {_keep(board, log_path, device)}", file=sys.stderr)
             raise
         finally:
             _stop(device)
