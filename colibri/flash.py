@@ -212,13 +212,19 @@ def against(checkpoint: Path, image_bytes: bytes | memoryview, prompt: list[int]
         raise ValueError(f"{exc}: is {checkpoint} the checkpoint this image was packed from?") from None
 
 
-def upload_progress(total: int, enabled: bool):
-    """A tqdm bar for an image upload on an interactive terminal; None (quiet) otherwise."""
+def progress_bar(total: int, enabled: bool, desc: str, unit: str):
+    """A tqdm bar on an interactive terminal, as a callback given the count done so far; None (quiet) otherwise.
+    The bar clears itself when it is full."""
     if not enabled or not sys.stderr.isatty():
         return None
     from tqdm import tqdm
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc="upload", leave=False)
-    return lambda received: bar.update(received - bar.n)
+    bar = tqdm(total=total, unit=unit, unit_scale=unit == "B", desc=desc, leave=False)
+
+    def update(done: int) -> None:
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+    return update
 
 
 def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sampling: Sampling,
@@ -233,14 +239,18 @@ def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sa
     upload_crc = None
     if upload:
         data = image.read_bytes()
-        upload_crc = client.upload(data, upload_progress(len(data), progress))
+        upload_crc = client.upload(data, progress_bar(len(data), progress, "upload", "B"))
     opened = client.open(expert_cache, prefetch)
     open_s = time.perf_counter() - started
     if len(prompt) + max_new > opened.max_seq:
         raise ValueError(f"{len(prompt)} prompt + {max_new} new tokens exceed the image's max_seq "
                          f"{opened.max_seq}; repack with a larger --max-seq or ask for fewer tokens")
     traces: list | None = [] if trace else None
-    gen = client.run(prompt, max_new, sampling, opened.vocab_size if want_logits else None, on_token, traces, stop)
+    # the prompt goes one token a pass when each position's logits or trace is wanted: on a board under QEMU that
+    # is long enough to show
+    fed = progress_bar(len(prompt), progress and (want_logits or trace) and len(prompt) > 1, "prompt", "tok")
+    gen = client.run(prompt, max_new, sampling, opened.vocab_size if want_logits else None, on_token, traces, stop,
+                     fed)
     stats = client.stats()
     client.quit()
     return RunResult([e.token for e in gen.events], stats, gen.logits, info.board, upload_crc, traces=traces,

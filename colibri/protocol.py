@@ -328,11 +328,11 @@ class Client:
     def run(self, prompt: list[int], max_new: int, sampling: Sampling, vocab: int | None = None,
             on_token: Callable[[TokenEvent], None] | None = None,
             traces: list[list[LayerTrace]] | None = None,
-            stop: frozenset[int] = frozenset()) -> Generation:
+            stop: frozenset[int] = frozenset(), on_fed: Callable[[int], None] | None = None) -> Generation:
         """A new sequence: feed `prompt`, generate up to `max_new` tokens, ending early after a token in
         `stop` (end of sequence; it is included). With `vocab`, also return the logits rows (row i =
         after the i-th fed token, prompt first). With a `traces` list, append each fed token's layer
-        records to it."""
+        records to it. `on_fed(n)` hears how many prompt tokens are fed when they go one at a time."""
         self.start(sampling, trace=traces is not None)
         rows = []
         per_token = vocab or traces is not None
@@ -344,6 +344,8 @@ class Client:
                     rows.append(self.logits(vocab))
                 if traces is not None:
                     traces.append(self.trace())
+                if on_fed:
+                    on_fed(len(rows) if vocab else len(traces))
         else:
             prefill_cycles = self.feed_all(prompt)
         events = []

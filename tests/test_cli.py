@@ -26,8 +26,9 @@ DEMO_PROMPT = "13,1,2,3,10,0,4,5,11"  # 123+045= in the demo model's vocabulary 
 
 def colibri(*args, env: dict | None = None, **kwargs) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
-    return subprocess.Popen([sys.executable, "-m", "colibri.cli", *map(str, args)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    kwargs = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **kwargs}
+    return subprocess.Popen([sys.executable, "-m", "colibri.cli", *map(str, args)], cwd=ROOT, env=env, text=True,
+                            **kwargs)
 
 
 def run(*args, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -262,3 +263,33 @@ def test_every_subcommands_user_errors_are_one_line(tmp_path):
     ]
     for args, says in cases:
         assert_one_line_error(run(*args), says)
+
+
+def test_progress_bars_show_on_a_terminal_only(demo_image):
+    """An upload and a prompt fed a token at a time (--verify) show tqdm bars on stderr when it is a terminal, and
+    nothing when it is not (a pipe, a log file)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    build("x86_64_baremetal")
+    args = ("run", demo_image, "--board", "x86_64_baremetal", "--upload", "--prompt-tokens", DEMO_PROMPT,
+            "--max-new-tokens", "2", "--verify")
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a terminal's size: tqdm draws
+    proc = colibri(*args, stderr=follower)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal's other side closed
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert proc.wait(timeout=300) == 0, proc.stdout.read()
+    assert b"upload:" in shown and b"prompt:" in shown, shown[-2000:]
+    piped = run(*args)
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr
