@@ -287,8 +287,10 @@ def _boot(board: Board, firmware: Path, argv: list[str], env: dict[str, str] | N
         port = _wait_for_port(proc, log_path, CONNECT_TIMEOUT)
         device.link = SerialTransport(_connect(port), device.describe)
         if gdb:
-            print(f"QEMU is halted with a GDB stub on 127.0.0.1:1234. Attach with:\n"
-                  f"  gdb {firmware} -ex 'target remote 127.0.0.1:1234' -ex continue", flush=True)
+            # Debian's plain gdb knows only the host's architecture; gdb-multiarch debugs Arm and RISC-V too
+            debugger = "gdb" if board.spec["toolchain"] == "host" or board.spec["cc"] == "gcc" else "gdb-multiarch"
+            print(f"QEMU is halted with a GDB stub on 127.0.0.1:1234. Attach with (apt-get install {debugger}):\n"
+                  f"  {debugger} {firmware} -ex 'target remote 127.0.0.1:1234' -ex continue", flush=True)
         banner = device.link.read_until_text(board.spec["ready"].encode(), 3600.0 if gdb else BOOT_TIMEOUT)
         device.notes.append(banner.decode(errors="replace").strip())
         # The first request after boot waits for QEMU's main loop on the Cortex-M boards' UART model (about
