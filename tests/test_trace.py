@@ -67,7 +67,7 @@ def test_trace_matches_reference_routing(board, which, images, mixed_image, firm
 
 @pytest.mark.parametrize("text,says", [
     ("{}", "is not a trace (no n_layers, n_experts, top_k, trace)"),
-    ('{"n_layers": 2, "n_experts": 4, "top_k": 2, "trace": [{"layers": [{"layer": 0}]}]}', "is not a trace flash.py wrote"),
+    ('{"n_layers": 2, "n_experts": 4, "top_k": 2, "trace": [{"layers": [{"layer": 0}]}]}', "is not a trace colibri run wrote"),
     ("not json", "cannot read"),
 ])
 def test_a_bad_trace_file_is_one_line_and_exit_2(text, says, tmp_path, capsys):
