@@ -12,6 +12,7 @@ Examples:
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -65,10 +66,8 @@ def check_toolchain(board: Board) -> None:
         package = board.spec.get("toolchain_package", cc)
         raise BuildError(f"the compiler {cc} for {board.name} is not installed: apt-get install {package} "
                          "(tools/setup.sh installs every board's)")
-    try:
-        import SCons  # noqa: F401
-    except ImportError:
-        raise BuildError("SCons is not installed: pip install scons") from None
+    if importlib.util.find_spec("SCons") is None:
+        raise BuildError("SCons is not installed: pip install scons")
 
 
 def build(board: Board, mode: str = "release", kernels: str = "auto", lean: bool = False) -> Path:
@@ -114,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         board = load_board(args.board)
         out = build(board, args.mode, args.kernels, args.lean)
     except (ValueError, BuildError) as exc:
-        print(f"{ap.prog}: error: {exc}", file=sys.stderr)
-        return 2
+        return ap.fail(str(exc))
     for target in firmware_targets(board, out):
         print(f"built {target}")
     return 0

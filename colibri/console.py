@@ -23,7 +23,13 @@ class Parser(argparse.ArgumentParser):
         super().__init__(description=description, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        """An argument error: the options are the fix."""
         self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+
+    def fail(self, message: str) -> int:
+        """Any other user error, said in one line on stderr; the exit status to return (2)."""
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        return 2
 
 
 def _interrupt(signum: int, frame: object) -> None:

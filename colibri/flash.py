@@ -346,7 +346,8 @@ def preflight(img: Image, image_bytes: int, board: Board | None, prompt: list[in
                 load_board(b), image_bytes, arena_bytes(d) + cache)]
             narrowest = max((i for i, t in enumerate(NARROWER_DTYPES) if t in img.bytes_by_dtype()), default=-1)
             narrower = NARROWER_DTYPES[narrowest + 1:][-2:]
-            repack = f"pack it with --dtype {' or '.join(narrower)}, or a smaller model" if narrower else "a smaller model"
+            repack = (f"pack it with --dtype {' or '.join(narrower)}, or a smaller model" if narrower
+                      else "a smaller model")
             return (f"the image is {need:,} bytes and {holds}: {repack}"
                     + (f", or run it on {', '.join(elsewhere)}" if elsewhere else ""))
         with_cache = f" with {slots} expert cache slots" if slots else ""
@@ -634,20 +635,17 @@ def main(argv: list[str] | None = None) -> int:
             args.image = packed_image(args.image, args.dtype, args.max_seq, args.kv, None if args.port else args.board,
                                       lambda line: print(line, file=sys.stderr, flush=True))
         except (UnsupportedModel, ValueError, OSError) as exc:
-            print(f"{ap.prog}: error: cannot pack {args.image}: {exc}", file=sys.stderr)
-            return 2
+            return ap.fail(f"cannot pack {args.image}: {exc}")
     if not args.port:
         try:  # an unknown board, or no checkout to find boards in: said before anything is printed or started
             load_board(args.board)
         except ValueError as exc:
-            print(f"{ap.prog}: error: {exc}", file=sys.stderr)
-            return 2
+            return ap.fail(str(exc))
 
     try:  # the image's structure is checked here, before a board boots or an upload starts (its CRCs are
         img = open_image(args.image, check_crcs=False)  # the device's: it verifies every byte when it opens it)
     except ImageError as exc:
-        print(f"{ap.prog}: error: {args.image} is not a valid image ({exc}); make one with colibri pack", file=sys.stderr)
-        return 2
+        return ap.fail(f"{args.image} is not a valid image ({exc}); make one with colibri pack")
     try:
         slots = cache_slots(args.expert_cache, args.image) if args.expert_cache else 0
     except (ValueError, ImageError) as exc:
@@ -666,8 +664,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise NoTokenizer("this image's checkpoint has no chat template: use --prompt")
             firmware = ready_firmware(img, image_bytes, board, None, args.max_new_tokens, slots, args.firmware)
         except (NoTokenizer, NotReady) as exc:
-            print(f"{ap.prog}: error: {exc}", file=sys.stderr)
-            return 2
+            return ap.fail(str(exc))
         try:
             run_chat(args.image, args.board, firmware, text, sampling, args.max_new_tokens, timeout=args.timeout,
                      retries=args.retries, expert_cache=slots, prefetch=not args.no_prefetch, threads=args.threads)
@@ -681,15 +678,13 @@ def main(argv: list[str] | None = None) -> int:
             prompt = (text.encode(args.prompt) if args.prompt is not None
                       else text.chat_tokens([{"role": "user", "content": args.chat}]))
         except NoTokenizer as exc:
-            print(f"{ap.prog}: error: {exc}", file=sys.stderr)
-            return 2
+            return ap.fail(str(exc))
         if not prompt:
             ap.error("the prompt encodes to no tokens")
     try:
         firmware = ready_firmware(img, image_bytes, board, prompt, args.max_new_tokens, slots, args.firmware)
     except NotReady as exc:
-        print(f"{ap.prog}: error: {exc}", file=sys.stderr)
-        return 2
+        return ap.fail(str(exc))
     stream = TextStream(text) if text else None
 
     def on_token(ev) -> None:
@@ -783,8 +778,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             a = against(args.against, open_image(args.image).data, prompt, result, greedy, args.tolerance)
         except (OracleUnavailable, ValueError, OSError) as exc:
-            print(f"{ap.prog}: error: --against {args.against}: {exc}", file=sys.stderr)
-            return 2
+            return ap.fail(f"--against {args.against}: {exc}")
         report["against"] = {**asdict(a), "checkpoint": str(args.against), "passed": a.passed}
         status = status or (0 if a.passed else 1)
         if not quiet:

@@ -322,12 +322,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             r = board_report(args.board, args.mode, args.image)
         except FileNotFoundError as exc:
-            print(f"{ap.prog}: error: {exc}", file=sys.stderr)
-            return 2
+            return ap.fail(str(exc))
         except ImageError as exc:
-            print(f"{ap.prog}: error: {args.image} is not a valid image ({exc}); make one with colibri pack",
-                  file=sys.stderr)
-            return 2
+            return ap.fail(f"{args.image} is not a valid image ({exc}); make one with colibri pack")
         print(json.dumps(r)) if args.json else print_board_report(r)
         return 1 if r["forbidden"] or not r["fits"] else 0
     if not args.objects:
@@ -337,9 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             reports.append(inspect(path))
         except (OSError, ELFError, subprocess.CalledProcessError) as exc:
-            print(f"{ap.prog}: error: {path} is not a readable ELF or PE/COFF file ({exc}); give objects or "
-                  "executables such as build/<board>/release/firmware.elf", file=sys.stderr)
-            return 2
+            return ap.fail(f"{path} is not a readable ELF or PE/COFF file ({exc}); give objects or "
+                           "executables such as build/<board>/release/firmware.elf")
     if args.json:
         print(json.dumps([asdict(r) for r in reports]))
     else:

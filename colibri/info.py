@@ -92,12 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         info = describe(args.image)
     except FileNotFoundError:
-        print(f"{ap.prog}: error: {args.image} not found", file=sys.stderr)
-        return 2
+        return ap.fail(f"{args.image} not found")
     except ImageError as exc:
-        print(f"{ap.prog}: error: {args.image} is not a valid image ({exc}); make one with colibri pack",
-              file=sys.stderr)
-        return 2
+        return ap.fail(f"{args.image} is not a valid image ({exc}); make one with colibri pack")
     if args.json:
         print(json.dumps(info))
         return 0
@@ -111,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     print("  dtypes    " + ", ".join(f"{k} {v:,} bytes" for k, v in sorted(i["bytes_by_dtype"].items())))
     if i["streamed_experts"]:
         print(f"  tiers     resident {i['resident_bytes']:,} bytes, expert part {i['expert_part_bytes']:,} bytes "
-              f"({i['streamed_experts']} routed experts over the layers, each block up to {i['expert_block_bytes']:,} bytes: "
-              "one cache slot)")
+              f"({i['streamed_experts']} routed experts over the layers, each block up to "
+              f"{i['expert_block_bytes']:,} bytes: one cache slot)")
     print(f"  arena     {i['arena_bytes']:,} bytes for max_seq {i['max_seq']} ({i['kv_cache']} KV cache)")
     text = ("tokenizer and chat template (--prompt, --chat)" if i["chat_template"] else
             "tokenizer (--prompt)" if i["tokenizer"] else "no tokenizer (--prompt-tokens)")

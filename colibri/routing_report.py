@@ -93,23 +93,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trace = json.loads(args.trace.read_text())
     except (OSError, ValueError) as exc:  # ValueError: not JSON, or not text at all
-        print(f"{ap.prog}: error: cannot read {args.trace} as a trace: {exc}; make one with colibri run --trace-out",
-              file=sys.stderr)
-        return 2
+        return ap.fail(f"cannot read {args.trace} as a trace: {exc}; make one with colibri run --trace-out")
     missing = [k for k in ("n_layers", "n_experts", "top_k", "trace") if not isinstance(trace, dict) or k not in trace]
     if missing:
-        print(f"{ap.prog}: error: {args.trace} is not a trace (no {', '.join(missing)}); make one with "
-              "colibri run --trace-out", file=sys.stderr)
-        return 2
+        return ap.fail(f"{args.trace} is not a trace (no {', '.join(missing)}); make one with "
+                       "colibri run --trace-out")
     if not trace["n_experts"]:
-        print(f"{ap.prog}: error: this model has no experts: nothing is routed", file=sys.stderr)
-        return 2
+        return ap.fail("this model has no experts: nothing is routed")
     try:
         a = analyse(trace)
     except (KeyError, TypeError, IndexError, ValueError) as exc:
-        print(f"{ap.prog}: error: {args.trace} is not a trace colibri run wrote ({type(exc).__name__}: {exc}); make "
-              "one with colibri run --trace-out", file=sys.stderr)
-        return 2
+        return ap.fail(f"{args.trace} is not a trace colibri run wrote ({type(exc).__name__}: {exc}); make "
+                       "one with colibri run --trace-out")
     pngs = plot(a, args.out)
     summary = {
         "tokens": a["tokens"], "moe_layers": a["moe_layers"],

@@ -1,6 +1,6 @@
 """A wheel gives the `colibri` command, the importable `colibri` package and the tree to build boards from;
-`pip install -e .` runs the checkout. Each goes into a fresh virtual environment whose dependencies are this test environment's (a .pth
-file points at them), so nothing is downloaded: --no-deps --no-build-isolation --no-index."""
+`pip install -e .` runs the checkout. Each goes into a fresh virtual environment whose dependencies are this test
+environment's (a .pth file points at them), so nothing is downloaded: --no-deps --no-build-isolation --no-index."""
 from __future__ import annotations
 
 import json
@@ -87,7 +87,8 @@ def test_a_wheel_builds_and_runs_boards_without_a_checkout(tmp_path):
         ran = run([colibri, "run", image, "--board", board, "--prompt-tokens", "13,1,2,3,10,0,4,5", "--max-new-tokens",
                    "5", "--verify"], elsewhere)
         assert ran.returncode == 0 and "greedy tokens agree 5/5: PASS" in ran.stdout, ran.stderr
-        assert ran.stderr.strip() == f"{board}: the firmware is not built yet: building it (colibri build --board {board})"
+        said = f"{board}: the firmware is not built yet: building it (colibri build --board {board})"
+        assert ran.stderr.strip() == said, ran.stderr
         assert (cache / "build" / board / "release" / "firmware.elf").is_file()
     again = run([colibri, "run", image, "--board", "hosted", "--prompt-tokens", "13,1", "--max-new-tokens", "1"],
                 elsewhere)
