@@ -68,7 +68,26 @@ def split_gate_up(stacked: LazyTensor, name: str) -> tuple[list[Derived], list[D
                   for e in range(stacked.shape[0])] for half in (slice(0, ffn), slice(ffn, 2 * ffn)))
 
 
-def rows_joined(top: LazyTensor, bottom: LazyTensor, names: list[str]) -> Derived:
+class Joined(Derived):
+    """Matrices read as one, their rows in turn (rows_joined), each kept as it is: a reader of exactly one's rows
+    (GraniteMoeShared's gate, or its up: colibri/families/granite.py) takes that one alone (`part`), so neither is
+    read twice, nor the other with it."""
+
+    def __init__(self, parts: tuple[LazyTensor, ...], compute: Callable[[], np.ndarray | Encoded]):
+        super().__init__((sum(t.shape[0] for t in parts), parts[0].shape[1]), compute)
+        self.parts = parts
+
+    def part(self, rows: slice) -> LazyTensor | None:
+        """The matrix whose rows `rows` are, when they are exactly one's."""
+        start = 0
+        for t in self.parts:
+            if rows.step in (None, 1) and (rows.start or 0, rows.stop) == (start, start + t.shape[0]):
+                return t
+            start += t.shape[0]
+        return None
+
+
+def rows_joined(top: LazyTensor, bottom: LazyTensor, names: list[str]) -> Joined:
     """Two matrices as one, `top`'s rows first (a shared expert's gate and up, which a checkpoint keeps in one matrix
     and llama.cpp's converter splits): Q8_0/Q4_0 rows as stored where both are stored alike, else f32."""
     if len(top.shape) != 2 or tuple(top.shape) != tuple(bottom.shape):
@@ -81,7 +100,7 @@ def rows_joined(top: LazyTensor, bottom: LazyTensor, names: list[str]) -> Derive
             return Encoded(a.dtype, (a.shape[0] + b.shape[0], a.shape[1]), np.concatenate([a.values, b.values]),
                            None if a.scales is None else np.concatenate([a.scales, b.scales]))
         return np.concatenate([floats(a), floats(b)])
-    return Derived((2 * top.shape[0], top.shape[1]), join)
+    return Joined((top, bottom), join)
 
 
 def as_row(t: LazyTensor) -> Derived:

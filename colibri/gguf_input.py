@@ -6,8 +6,9 @@ cannot drift apart. What this module undoes:
 - experts stored as one 3-D tensor per layer (split back into one matrix per expert);
 - the q/k row permutation llama.cpp's converter applies for the `llama` architecture (Llama and
   Mixtral) and `granitemoe`, so that its interleaved RoPE matches; the runtime uses rotate-half;
-- `granitemoe` with `expert_shared_feed_forward_length` (GraniteMoeShared, a variant told apart by that key:
-  Family.gguf_variant_key): the shared MLP's gate and up, split by the converter, joined back into one matrix;
+- `granitemoe` with `expert_shared_feed_forward_length` above 0 (GraniteMoeShared, a variant told apart by that
+  key: Family.gguf_variant_key; llama.cpp reads the shared MLP only then): the shared MLP's gate and up, split by
+  the converter, joined back into one matrix;
 - `gpt-oss` (its family file's GGUF hooks): experts as separate gate, up and down stacks (MXFP4 in llama.cpp's
   converter's files, dequantized exactly like any other type the image has no dtype for) fused back into
   transformers' layout;
@@ -29,13 +30,14 @@ multi-GB file is immediate. No tensor is read here: each is read by its offset w
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 
 import gguf
 import numpy as np
 from gguf.constants import MODEL_TENSOR, Keys
 
-from colibri.families import FAMILIES
+from colibri.families import FAMILIES, Family
 from colibri.format import MAX_LAYERS
 from colibri.gguf_common import (GGUFError, GGUFFile, as_row, gguf_name, heads_stacked, lazy, rows_joined,
                                   split_experts, split_gate_up)
@@ -52,7 +54,8 @@ EXACT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, ggu
 # llama.cpp architecture -> {has experts: HF architecture} (the families' gguf_arch: colibri/families/; one family,
 # or two told apart by the file's expert count, as llama is Llama or Mixtral)
 ARCHITECTURES: dict[str, dict[bool, str]] = {}
-# HF architecture -> its variants, each with the key that marks a file as the variant's (Family.gguf_variant_key)
+# HF architecture -> its variants, each with the key whose value above 0 marks a file as the variant's
+# (Family.gguf_variant_key: a count, as llama.cpp reads granitemoe's shared MLP only when n_ff_shexp > 0)
 VARIANTS: dict[str, list[tuple[str, str]]] = {}
 for _arch, _fam in FAMILIES.items():
     if _fam.gguf_arch and not _fam.gguf_variant_key:
@@ -122,9 +125,27 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
             return default
         value = f.contents()
         numeric = (isinstance(default, (int, float)) and not isinstance(default, bool)) or key.endswith(NUMBER_KEYS)
-        if numeric and isinstance(value, (list, str, bytes)):  # one number, not a list (per layer) or a text
-            raise GGUFError(f"GGUF key {key}={value!r}: one number was expected (a value per layer is not read)")
+        if numeric and isinstance(value, (list, str, bytes, bool)):  # one number: not a list (per layer), text, a bool
+            raise GGUFError(f"GGUF key {key}={value!r}: one number was expected"
+                            + (" (a value per layer is not read)" if isinstance(value, list) else ""))
         return value
+
+    def whole(key: str, default: int | None = None) -> int:
+        """Key `key` as one whole number below 2^32 (llama.cpp reads these counts and sizes as uint32; a text, a
+        fraction, a bool or a list is refused by the key's name, never truncated); `default` where the file lacks it
+        (None: required)."""
+        value = field(key, default, required=default is None)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < (1 << 32):
+            raise GGUFError(f"GGUF key {key}={value!r}: one whole number from 0 to 2^32 - 1 was expected")
+        return value
+
+    def real(key: str, default: float | None = None) -> float:
+        """Key `key` as one finite number (an epsilon, a RoPE base, a multiplier); `default` where the file lacks it
+        (None: required)."""
+        value = field(key, default, required=default is None)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise GGUFError(f"GGUF key {key}={value!r}: one finite number was expected")
+        return float(value)
 
     arch = field(Keys.General.ARCHITECTURE)
     if arch not in ARCHITECTURES:  # (before any key of the architecture's is looked for)
@@ -133,22 +154,30 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     if not field(k(Keys.Attention.CAUSAL), True, required=False):  # (llama.cpp reads it for every architecture)
         raise GGUFError(f"GGUF key {k(Keys.Attention.CAUSAL)}=false: a bidirectional model (an embedding model's "
                         "encoder); the runtime attends causally, to generate")
-    n_layers = int(field(k(Keys.LLM.BLOCK_COUNT)))
+    n_layers = whole(k(Keys.LLM.BLOCK_COUNT))
     # multi-token-prediction layers (GLM-4.7-Flash's, DeepSeek-V3's) come after the trunk; llama.cpp runs the trunk
     # only when it predicts the next token (its n_layer()), and so does the runtime: their tensors are not read
-    nextn = int(field(k(Keys.LLM.NEXTN_PREDICT_LAYERS), 0, required=False))
+    nextn = whole(k(Keys.LLM.NEXTN_PREDICT_LAYERS), 0)
     if nextn and not (0 < nextn < n_layers and nextn <= MAX_LAYERS):
         raise GGUFError(f"GGUF key {k(Keys.LLM.NEXTN_PREDICT_LAYERS)}={nextn}: at most {MAX_LAYERS}, and fewer than "
                         f"the {n_layers} blocks")
     n_layers -= nextn
-    n_head = int(field(k(Keys.Attention.HEAD_COUNT)))
+    n_head = whole(k(Keys.Attention.HEAD_COUNT))
     if not 1 <= n_layers <= MAX_LAYERS or n_head < 1:  # (before any loop over the layers)
         raise GGUFError(f"GGUF keys {k(Keys.LLM.BLOCK_COUNT)}={n_layers}, {k(Keys.Attention.HEAD_COUNT)}={n_head}: "
                         f"an image has 1 to {MAX_LAYERS} layers, and a model at least one head")
-    n_experts = int(field(k(Keys.LLM.EXPERT_COUNT), 0, required=False))
+    n_experts = whole(k(Keys.LLM.EXPERT_COUNT), 0)
     by_experts = ARCHITECTURES[arch]
     hf_arch = by_experts.get(bool(n_experts)) or next(iter(by_experts.values()))  # one family: whatever the count
-    hf_arch = next((variant for key, variant in VARIANTS.get(hf_arch, ()) if k(key) in reader.fields), hf_arch)
+    variants = VARIANTS.get(hf_arch, ())
+    hf_arch = next((variant for key, variant in variants if whole(k(key), 0) > 0), hf_arch)
+    for key, variant in variants:  # a variant's own tensors in a file that is not the variant's: refused by its key
+        own = [] if variant == hf_arch else \
+            _variant_tensors(FAMILIES[variant], FAMILIES[hf_arch], [t.name for t in reader.tensors])
+        if own:
+            said = f" above 0 (the file's is {whole(k(key), 0)})" if k(key) in reader.fields else ""
+            raise GGUFError(f"GGUF tensors {', '.join(own[:3])}{' ...' if len(own) > 3 else ''}: a {arch} shared MLP, "
+                            f"which needs the key {k(key)}{said}")
     fam = FAMILIES[hf_arch]
     per_layer = functools.partial(_per_layer, reader, arch=arch, n_blocks=n_layers + nextn, listed=fam.gguf_per_layer)
     n_head_kv, layer_kv_heads = per_layer(k(Keys.Attention.HEAD_COUNT_KV), n_head)
@@ -183,27 +212,27 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
 
     cfg: dict = {
         "architectures": [hf_arch],
-        "vocab_size": embd.shape[0], "hidden_size": int(field(k(Keys.LLM.EMBEDDING_LENGTH))),
+        "vocab_size": embd.shape[0], "hidden_size": whole(k(Keys.LLM.EMBEDDING_LENGTH)),
         "num_hidden_layers": n_layers, "num_attention_heads": n_head, "num_key_value_heads": n_head_kv,
-        "max_position_embeddings": int(field(k(Keys.LLM.CONTEXT_LENGTH))),
-        fam.eps_key: float(field(k(Keys.Attention.LAYERNORM_RMS_EPS))),
-        "rope_theta": float(field(k(Keys.Rope.FREQ_BASE), 10000.0, required=False)),
+        "max_position_embeddings": whole(k(Keys.LLM.CONTEXT_LENGTH)),
+        fam.eps_key: real(k(Keys.Attention.LAYERNORM_RMS_EPS)),
+        "rope_theta": real(k(Keys.Rope.FREQ_BASE), 10000.0),
         "tie_word_embeddings": gguf_name(MODEL_TENSOR.OUTPUT) + ".weight" not in tensors,
     }
     if ff:
         cfg["intermediate_size"] = int(ff)
-    head_dim = field(k(Keys.Attention.KEY_LENGTH), None, required=False)
+    head_dim = whole(k(Keys.Attention.KEY_LENGTH), 0)
     if head_dim and fam.gguf_key_length_is_head:  # (DeepSeek's is the latent's: kv_lora_rank + rope)
-        cfg["head_dim"] = int(head_dim)
+        cfg["head_dim"] = head_dim
     scaling = field(k(Keys.Rope.SCALING_TYPE), None, required=False)
     if scaling and scaling != "none":
-        cfg["rope_scaling"] = {"rope_type": scaling, "factor": float(field(k(Keys.Rope.SCALING_FACTOR)))}
-        orig = field(k(Keys.Rope.SCALING_ORIG_CTX_LEN), None, required=False)
+        cfg["rope_scaling"] = {"rope_type": scaling, "factor": real(k(Keys.Rope.SCALING_FACTOR))}
+        orig = whole(k(Keys.Rope.SCALING_ORIG_CTX_LEN), 0)
         if orig:
-            cfg["rope_scaling"]["original_max_position_embeddings"] = int(orig)
-    clamp = field(k(Keys.Attention.CLAMP_KQV), None, required=False)
+            cfg["rope_scaling"]["original_max_position_embeddings"] = orig
+    clamp = real(k(Keys.Attention.CLAMP_KQV), 0.0)
     if clamp:
-        cfg["clip_qkv"] = float(clamp)
+        cfg["clip_qkv"] = clamp
     if fam.gguf_read_config:  # an architecture whose file its family reads (DeepSeek's, gpt-oss's)
         f = GGUFFile(field, k, n_layers, n_head, n_head_kv, n_experts, tensors, layer_kv_heads[:n_layers],
                      layer_ffn[:n_layers])
@@ -215,16 +244,17 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
         return cfg, _hf_tensors(tensors, arch, cfg["architectures"][0], n_layers, n_head, n_head_kv), converted
     if fam.bias_key:  # the family's switch of the q/k/v(/o) biases (Qwen2's are always there)
         cfg[fam.bias_key] = gguf_name(MODEL_TENSOR.ATTN_Q, 0) + ".bias" in tensors
-    cfg.update({hf: float(field(k(key))) for key, hf in fam.gguf_config})  # e.g. Granite's multipliers
+    cfg.update({hf: real(k(key)) for key, hf in fam.gguf_config})  # e.g. Granite's multipliers
+    shared_ff = 0
     if n_experts and fam.moe:  # under the name the family's transformers config takes (so --against builds it)
         cfg[fam.n_experts_key] = n_experts
-        cfg["num_experts_per_tok"] = int(field(k(Keys.LLM.EXPERT_USED_COUNT)))
-        expert_ff = field(k(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH), None, required=False)
+        cfg["num_experts_per_tok"] = whole(k(Keys.LLM.EXPERT_USED_COUNT))
+        expert_ff = whole(k(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH), 0)
         if expert_ff or ff:  # (a llama file's experts: feed_forward_length, the same key as transformers')
             cfg[fam.expert_ffn_key] = int(expert_ff or ff)
-        shared_ff = field(k(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH), None, required=False)
+        shared_ff = whole(k(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH), 0)
         if shared_ff:
-            cfg[fam.gguf_shared_ffn_key] = int(shared_ff)
+            cfg[fam.gguf_shared_ffn_key] = shared_ff
         if arch in LLAMA_CPP_NORM_TOPK:
             cfg["norm_topk_prob"] = bool(norm)
         # dense layers are the blocks without a router
@@ -232,7 +262,39 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
                  if gguf_name(MODEL_TENSOR.FFN_GATE_INP, layer) + ".weight" not in tensors]
         if dense and fam.sparse_layer_rule:
             cfg["mlp_only_layers"] = dense
-    return cfg, _hf_tensors(tensors, arch, hf_arch, n_layers, n_head, n_head_kv), converted
+    shared = ((k(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH), shared_ff),
+              (k(Keys.LLM.EMBEDDING_LENGTH), cfg["hidden_size"]))
+    return cfg, _hf_tensors(tensors, arch, hf_arch, n_layers, n_head, n_head_kv, shared), converted
+
+
+def _shared_joined(pending: dict[str, LazyTensor], layer: int, width: tuple[str, int], hidden: tuple[str, int]
+                   ) -> LazyTensor:
+    """A layer's shared MLP as llama.cpp reads it when the width key is above 0 (src/models/granite-moe.cpp: gate
+    and up [width, hidden], down [hidden, width], in every layer with experts), checked by the file's tensor and key
+    names: its gate and up (taken out of `pending`) joined into one matrix, the gate's rows first."""
+    gate, up, down = (gguf_name(t, layer) + ".weight"
+                      for t in (MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP, MODEL_TENSOR.FFN_DOWN_SHEXP))
+    (width_key, n), (hidden_key, d) = width, hidden
+    missing = [name for name in (gate, up, down) if name not in pending]
+    if missing:
+        listed = ", ".join(missing[:-1]) + " and " * (len(missing) > 1) + missing[-1]
+        raise GGUFError(f"GGUF file lacks {listed}: the key {width_key}={n} gives every layer with experts a shared "
+                        "MLP, blk.N.ffn_gate_shexp, ffn_up_shexp and ffn_down_shexp")
+    for name, want in ((gate, (n, d)), (up, (n, d)), (down, (d, n))):
+        if tuple(pending[name].shape) != want:
+            raise GGUFError(f"GGUF tensor {name} has shape {tuple(pending[name].shape)}; the keys {width_key}={n} "
+                            f"and {hidden_key}={d} make it {want}")
+    return rows_joined(pending.pop(gate), pending.pop(up), [gate, up])
+
+
+def _variant_tensors(variant: Family, base: Family, names: list[str]) -> list[str]:
+    """Those of `names` that are tensors only the variant family's files hold, not its base family's
+    (GraniteMoeShared's shared MLP: ffn_gate_shexp and ffn_up_shexp, which it joins, and ffn_down_shexp, one of its
+    gguf_layer_tensors), in the file's order."""
+    kinds = {*([MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP] if variant.gguf_shared_fused else []),
+             *(t for t, _ in variant.gguf_layer_tensors)} - {t for t, _ in base.gguf_layer_tensors}
+    own = {gguf_name(t, 0).split(".")[2] for t in kinds}  # (blk.N.<this>.weight)
+    return [name for name in names if name.startswith("blk.") and name.count(".") >= 3 and name.split(".")[2] in own]
 
 
 def _per_layer(reader: gguf.GGUFReader, key: str, default: int, *, arch: str, n_blocks: int,
@@ -276,9 +338,12 @@ def _file_tensor(file: OpenFile, t) -> FileTensor:
 
 
 def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, hf_arch: str, n_layers: int, n_head: int,
-                n_head_kv: int) -> dict[str, LazyTensor]:
+                n_head_kv: int, shared: tuple[tuple[str, int], tuple[str, int]] = (("", 0), ("", 0))
+                ) -> dict[str, LazyTensor]:
     """The tensors under the names the HF family's mapping reads (colibri/checkpoint.py's FAMILIES: its MoE block's
-    prefix, router and per-expert names), each layer's experts split from llama.cpp's stacks."""
+    prefix, router and per-expert names), each layer's experts split from llama.cpp's stacks. `shared`: the keys
+    (name, value) of the shared MLP's width and of the hidden size, by which a family whose shared gate and up are
+    joined (Family.gguf_shared_fused) checks its shared MLP's tensors, naming them as the file does."""
     fam = FAMILIES[hf_arch]
     out: dict[str, LazyTensor] = {}
     pending = dict(tensors)
@@ -293,16 +358,17 @@ def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, hf_arch: str, n_layer
     take(gguf_name(MODEL_TENSOR.OUTPUT) + ".weight", "lm_head.weight")
     for layer in range(n_layers):
         p = f"model.layers.{layer}."
-        shared = {t: f"mlp.{fam.shared_prefix}.{name}" for t, name in SHARED_TENSORS.items()}
-        gate_up = [gguf_name(t, layer) + ".weight" for t in (MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP)]
-        if fam.gguf_shared_fused and any(name in pending for name in gate_up):
-            if not all(name in pending for name in gate_up):
-                raise GGUFError(f"GGUF layer {layer} has one of {' and '.join(gate_up)}: the shared MLP's gate and "
-                                "up come together")
-            out[f"{p}{fam.gguf_shared_fused}.weight"] = rows_joined(*(pending.pop(name) for name in gate_up), gate_up)
-        for t, hf in {**LAYER_TENSORS, **shared, **dict(fam.gguf_layer_tensors)}.items():
+        # the shared expert under the family's module, or the shared MLP whose gate and up are joined back (its
+        # down one of the family's gguf_layer_tensors; no biases: GraniteMoeSharedMLP has none, so a file's are left
+        # to be refused by their names)
+        shared_names = {} if fam.gguf_shared_fused else \
+            {t: f"mlp.{fam.shared_prefix}.{name}" for t, name in SHARED_TENSORS.items()}
+        if fam.gguf_shared_fused and gguf_name(MODEL_TENSOR.FFN_GATE_INP, layer) + ".weight" in pending:
+            out[f"{p}{fam.gguf_shared_fused}.weight"] = _shared_joined(pending, layer, *shared)
+        for t, hf in {**LAYER_TENSORS, **shared_names, **dict(fam.gguf_layer_tensors)}.items():
             for kind in ("weight", "bias"):
-                take(f"{gguf_name(t, layer)}.{kind}", f"{p}{hf}.{kind}")
+                if kind == "weight" or not (fam.gguf_shared_fused and t in SHARED_TENSORS):
+                    take(f"{gguf_name(t, layer)}.{kind}", f"{p}{hf}.{kind}")
         take(gguf_name(MODEL_TENSOR.FFN_EXP_PROBS_B, layer) + ".bias", f"{p}{fam.moe_prefix}.{fam.router_bias_name}")
         for which in ("k_b_proj", "v_b_proj"):
             if f"{p}self_attn.{which}.weight" in out:

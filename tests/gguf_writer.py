@@ -2,8 +2,9 @@
 
 Independent of colibri/gguf_input.py, which reads it back: llama.cpp's tensor names and metadata keys
 (from the `gguf` package), experts stacked into one 3-D tensor per layer, q/k rows permuted for the
-`llama` and `granitemoe` architectures, Granite's fused experts split, kv_b_proj split per head into attn_k_b (transposed) and attn_v_b for `deepseek2`,
-and the chosen storage type for matrices (1-D tensors stay F32, as in llama.cpp).
+`llama` and `granitemoe` architectures, Granite's fused experts split (and GraniteMoeShared's shared gate and up),
+kv_b_proj split per head into attn_k_b (transposed) and attn_v_b for `deepseek2`, and the chosen storage type for
+matrices (1-D tensors stay F32, as in llama.cpp).
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ ARCH = {"MixtralForCausalLM": "llama", "LlamaForCausalLM": "llama", "Qwen2ForCau
         "Qwen3ForCausalLM": "qwen3", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe",
         "OlmoeForCausalLM": "olmoe", "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2",
         "Glm4MoeLiteForCausalLM": "deepseek2",
-        "GraniteMoeForCausalLM": "granitemoe", "GraniteMoeSharedForCausalLM": "granitemoe", "Lfm2MoeForCausalLM": "lfm2moe", "Lfm2ForCausalLM": "lfm2",
+        "GraniteMoeForCausalLM": "granitemoe", "GraniteMoeSharedForCausalLM": "granitemoe",
+        "Lfm2MoeForCausalLM": "lfm2moe", "Lfm2ForCausalLM": "lfm2",
         "Qwen3_5MoeForCausalLM": "qwen35moe"}
 Q = gguf.GGMLQuantizationType
 

@@ -346,7 +346,8 @@ def test_granite_shared_gguf_lands_as_its_converter_split_it(tmp_path):
     """llama.cpp's converter writes GraniteMoeShared as granitemoe with the shared MLP's width, its fused gate and up
     split into ffn_gate_shexp and ffn_up_shexp: read as GraniteMoeShared, joined back, so packed to q8_0 their blocks
     land unchanged (the down is scaled by residual_multiplier); without the width the file is plain Granite-MoE's and
-    the shared tensors are refused, as are a gate without its up and two of different shapes."""
+    the shared tensors are refused (test_a_granite_shared_file_that_disagrees_with_itself_is_one_line); one whose width
+    is 0 and which has no shared tensors is Granite-MoE's too, as llama.cpp reads it."""
     from colibri.image import FLAG_SHARED_PLAIN
     src = FIXTURES / "converted-granitemoeshared-q8_0.gguf"
     cfg, _, _ = read_gguf(src)
@@ -362,17 +363,91 @@ def test_granite_shared_gguf_lands_as_its_converter_split_it(tmp_path):
             enc = img.encoded(role, layer)
             np.testing.assert_array_equal(enc.values, raw.values)
             np.testing.assert_array_equal(enc.scales.view(np.uint16), raw.scales.view(np.uint16))
-    width = "granitemoe.expert_shared_feed_forward_length"
-    with pytest.raises(UnsupportedModel, match=r"ignore: model\.layers\.0\.mlp\.shared_expert\.down_proj"):
-        pack(copy_gguf(src, tmp_path / "plain.gguf", {width: (None, None)}), tmp_path / "x.img", 32, 64)
-    lone = copy_gguf(src, tmp_path / "lone.gguf", {}, {"blk.1.ffn_up_shexp.weight": None})
-    with pytest.raises(UnsupportedModel, match=r"^GGUF layer 1 has one of blk\.1\.ffn_gate_shexp\.weight and "
-                                               r"blk\.1\.ffn_up_shexp\.weight: the shared MLP's gate and up come"):
-        pack(lone, tmp_path / "x.img", 32, 64)
-    narrow = copy_gguf(src, tmp_path / "narrow.gguf", {}, {"blk.0.ffn_gate_shexp.weight": np.zeros((32, 32), np.float32)})
-    with pytest.raises(UnsupportedModel, match=r"blk\.0\.ffn_gate_shexp\.weight \(32, 32\) and blk\.0\.ffn_up_shexp"
-                                               r"\.weight \(64, 32\): two matrices of one shape"):
-        pack(narrow, tmp_path / "x.img", 32, 64)
+    zero = copy_gguf(src, tmp_path / "zero.gguf", {SHARED_WIDTH: (0, U32)}, NO_SHEXP)  # (llama.cpp: no shared MLP)
+    assert read_gguf(zero)[0]["architectures"] == ["GraniteMoeForCausalLM"]
+    pack(zero, tmp_path / "z.img", 32, 64, measure_quality=False)
+    assert read_image((tmp_path / "z.img").read_bytes()).dims.shared_ffn_size == 0
+
+
+def test_granite_shared_gate_and_up_are_each_read_once(monkeypatch):
+    """The shared gate and up the converter split are joined back into input_linear, which the family cuts in two
+    again: each half is its file tensor, read alone (once for the gate, once for the up), never both for either."""
+    from colibri.checkpoint import load_checkpoint
+    from colibri.image import NO_INDEX
+    from colibri.lazy import FileTensor
+    ckpt = load_checkpoint(FIXTURES / "converted-granitemoeshared-q8_0.gguf", 64)
+    reads, load = Counter(), FileTensor.load
+    monkeypatch.setattr(FileTensor, "load", lambda self: (reads.update([self.start]), load(self))[1])
+    for role in (Role.SHARED_GATE, Role.SHARED_UP):
+        loaded(ckpt.tensors[(role, 0, NO_INDEX)])
+    assert len(reads) == 2 and set(reads.values()) == {1}
+
+
+SHARED_WIDTH = "granitemoe.expert_shared_feed_forward_length"
+U32, U64, F32, STR, BOOL, ARRAY = (gguf.GGUFValueType.UINT32, gguf.GGUFValueType.UINT64, gguf.GGUFValueType.FLOAT32,
+                                   gguf.GGUFValueType.STRING, gguf.GGUFValueType.BOOL, gguf.GGUFValueType.ARRAY)
+NO_SHEXP = {f"blk.{layer}.ffn_{w}_shexp.weight": None for layer in (0, 1) for w in ("gate", "up", "down")}
+
+
+@pytest.mark.parametrize("fixture,changes,tensors,error", [
+    # the width key: one whole number below 2^32, or refused by its name (never a traceback, never truncated)
+    ("granitemoeshared", {SHARED_WIDTH: ([64, 64], ARRAY)}, {},
+     r"^GGUF key granitemoe\.expert_shared_feed_forward_length=\[64, 64\]: one number was expected"),
+    ("qwen2moe-q4_k_m", {"qwen2moe.expert_shared_feed_forward_length": ([64, 64], ARRAY)}, {},
+     r"^GGUF key qwen2moe\.expert_shared_feed_forward_length=\[64, 64\]: one number was expected"),
+    ("granitemoeshared", {SHARED_WIDTH: ("64", STR)}, {}, r"^GGUF key .*_length='64': one number was expected"),
+    ("granitemoeshared", {SHARED_WIDTH: (64.5, F32)}, {}, r"^GGUF key .*_length=64\.5: one whole number from 0 to"),
+    ("granitemoeshared", {SHARED_WIDTH: (True, BOOL)}, {}, r"^GGUF key .*_length=True: one number was expected"),
+    ("granitemoeshared", {SHARED_WIDTH: (1 << 40, U64)}, {}, r"^GGUF key .*_length=1099511627776: one whole number"),
+    ("granitemoeshared", {"granitemoe.block_count": (2.0, F32)}, {}, r"^GGUF key granitemoe\.block_count=2\.0: one"),
+    ("granitemoeshared", {"granitemoe.expert_used_count": (2.5, F32)}, {}, r"expert_used_count=2\.5: one whole"),
+    ("granitemoeshared", {"granitemoe.logit_scale": ("8", STR)}, {}, r"^GGUF key granitemoe\.logit_scale='8': one"),
+    # the shared MLP's tensors without a width above 0: llama.cpp reads them only when n_ff_shexp > 0
+    ("granitemoeshared", {SHARED_WIDTH: (0, U32)}, {},
+     r"^GGUF tensors blk\.0\.ffn_gate_shexp\.weight, blk\.0\.ffn_up_shexp\.weight, blk\.0\.ffn_down_shexp\.weight "
+     r"\.\.\.: a granitemoe shared MLP, which needs the key granitemoe\.expert_shared_feed_forward_length above 0 "
+     r"\(the file's is 0\)$"),
+    ("granitemoeshared", {SHARED_WIDTH: (None, None)}, {},
+     r"^GGUF tensors blk\.0\.ffn_gate_shexp\.weight, .*: a granitemoe shared MLP, which needs the key "
+     r"granitemoe\.expert_shared_feed_forward_length$"),
+    ("granitemoe", {}, {"blk.1.ffn_down_shexp.weight": np.zeros((32, 64), np.float32)},
+     r"^GGUF tensors blk\.1\.ffn_down_shexp\.weight: a granitemoe shared MLP, which needs the key granitemoe\."),
+    # a width the tensors disagree with: each named with the keys that size it
+    *[("granitemoeshared", {SHARED_WIDTH: (n, U32)}, {},
+       rf"^GGUF tensor blk\.0\.ffn_gate_shexp\.weight has shape \(64, 32\); the keys granitemoe\.expert_shared_feed_"
+       rf"forward_length={n} and granitemoe\.embedding_length=32 make it \({n}, 32\)$")
+      for n in (32, 128, (1 << 32) - 1)],
+    ("granitemoeshared", {}, {"blk.0.ffn_down_shexp.weight": np.zeros((32, 32), np.float32)},
+     r"^GGUF tensor blk\.0\.ffn_down_shexp\.weight has shape \(32, 32\); the keys granitemoe\.expert_shared_feed_"
+     r"forward_length=64 and granitemoe\.embedding_length=32 make it \(32, 64\)$"),
+    ("granitemoeshared", {}, {"blk.0.ffn_gate_shexp.weight": np.zeros((32, 32), np.float32)},
+     r"^GGUF tensor blk\.0\.ffn_gate_shexp\.weight has shape \(32, 32\);"),
+    ("granitemoeshared", {}, {"blk.1.ffn_up_shexp.weight": np.zeros((64, 16), np.float32)},
+     r"^GGUF tensor blk\.1\.ffn_up_shexp\.weight has shape \(64, 16\);"),
+    # the width without its tensors, or a part of them
+    ("granitemoeshared", {}, NO_SHEXP,
+     r"^GGUF file lacks blk\.0\.ffn_gate_shexp\.weight, blk\.0\.ffn_up_shexp\.weight and blk\.0\.ffn_down_shexp\."
+     r"weight: the key granitemoe\.expert_shared_feed_forward_length=64 gives every layer with experts a shared MLP"),
+    ("granitemoeshared", {}, {"blk.1.ffn_up_shexp.weight": None},
+     r"^GGUF file lacks blk\.1\.ffn_up_shexp\.weight: the key granitemoe\.expert_shared_feed_forward_length=64"),
+    ("granitemoeshared", {}, {"blk.1.ffn_down_shexp.weight": None},
+     r"^GGUF file lacks blk\.1\.ffn_down_shexp\.weight:"),
+    # biases GraniteMoeSharedMLP has not: refused by their GGUF names
+    ("granitemoeshared", {}, {"blk.0.ffn_gate_shexp.bias": np.zeros(64, np.float32)},
+     r"^GGUF tensors the runtime would not use: blk\.0\.ffn_gate_shexp\.bias$"),
+    ("granitemoeshared", {}, {"blk.1.ffn_down_shexp.bias": np.zeros(32, np.float32)},
+     r"^GGUF tensors the runtime would not use: blk\.1\.ffn_down_shexp\.bias$"),
+])
+def test_a_granite_shared_file_that_disagrees_with_itself_is_one_line(fixture, changes, tensors, error, tmp_path):
+    """GraniteMoeShared's file (llama.cpp's converter's) with its shared MLP's width key or tensors changed (review of
+    418f921): the key of another type or out of range, the tensors without the key (or with it 0, where llama.cpp
+    reads no shared MLP), a width or a tensor that disagrees, tensors missing, biases: each refused in one line
+    naming the file's own keys and tensors, never transformers' names, never a traceback; a qwen2moe file's width key
+    and other keys read as counts or scales alike."""
+    bad = copy_gguf(FIXTURES / f"converted-{fixture}{'' if '-q' in fixture else '-q8_0'}.gguf", tmp_path / "bad.gguf",
+                    changes, tensors)
+    with pytest.raises(UnsupportedModel, match=error):
+        pack(bad, tmp_path / "x.img", 32, 64, measure_quality=False)
 
 
 @pytest.mark.parametrize("family,llama_cpp_norm", [("qwen3moe", True), ("qwen2moe_sparse_step", False),
@@ -479,9 +554,6 @@ def test_a_bidirectional_file_is_refused(tmp_path):
         pack(bi, tmp_path / "x.img", 32, 64, measure_quality=False)
 
 
-U32, F32, STR = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING
-
-
 @pytest.mark.parametrize("changes,error", [
     ({"qwen35moe.ssm.inner_size": (62, U32)}, "inner_size=62: the value heads' width"),
     ({"qwen35moe.attention.recurrent_layers": ([True, True], gguf.GGUFValueType.ARRAY)}, "a flag for each of the 5"),
@@ -500,7 +572,6 @@ def test_a_qwen35moe_file_that_disagrees_with_itself_is_one_line(changes, error,
         pack(bad, tmp_path / "x.img", 32, 64, measure_quality=False)
 
 
-ARRAY = gguf.GGUFValueType.ARRAY
 UNTURNED = float(np.float32(1e30))
 
 
@@ -526,7 +597,7 @@ UNTURNED = float(np.float32(1e30))
                                                             "rope.dimension_count_swa")}, {},
      "blk.0.attn_q.weight has 64 rows"),  # (before anything is sized by the head)
     ("gemma4", {"gemma4.attention.key_length": (8, U32)}, {}, "attention.key_length, gemma4.attention.value_length"),
-    ("gemma4", {"gemma4.final_logit_softcapping": (True, gguf.GGUFValueType.BOOL)}, {}, "a finite number"),
+    ("gemma4", {"gemma4.final_logit_softcapping": (True, BOOL)}, {}, "softcapping=True: one number was expected"),
     ("gemma4", {"gemma4.final_logit_softcapping": (float("nan"), F32)}, {}, "a finite number"),
     ("gemma4", {"gemma4.rope.freq_base": (0.0, F32)}, {}, "RoPE bases above 0"),
     ("gemma4", {"gemma4.feed_forward_length": ([0, 0, 0], ARRAY)}, {}, "one MLP width"),

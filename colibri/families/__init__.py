@@ -25,7 +25,8 @@ _gguf = [(f.gguf_arch, f.moe, f.gguf_variant_key) for f in FAMILIES.values() if 
 if len(set(_gguf)) != len(_gguf):
     raise ValueError(f"colibri/families: GGUF architectures {_gguf} name one twice, with or without experts")
 if any(v and (a, m, "") not in _gguf for a, m, v in _gguf):
-    raise ValueError("colibri/families: a family with a gguf_variant_key is a variant of one of its architecture without")
+    raise ValueError("colibri/families: a family with a gguf_variant_key needs a family of the same GGUF architecture "
+                     "and expert kind without one, the family it is a variant of")
 if any(f.gguf_read_tensors and not f.gguf_read_config for f in FAMILIES.values()):
     raise ValueError("colibri/families: a gguf_read_tensors hook is called only beside a gguf_read_config one")
 

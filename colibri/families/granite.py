@@ -9,7 +9,7 @@ from dataclasses import replace
 from colibri.families.base import ConfigContext, Family, OwnFields, UnsupportedModel, derived_tensor
 from colibri.format import Role
 from colibri.dims import FLAG_ROUTER_TOPK_SOFTMAX, FLAG_SHARED_PLAIN
-from colibri.gguf_common import MODEL_TENSOR
+from colibri.gguf_common import MODEL_TENSOR, Joined
 from colibri.lazy import loaded
 from colibri.quant import matrix_rows
 
@@ -43,6 +43,8 @@ def shared_tensor(raw: dict, d, key: tuple[Role, int, int]) -> tuple[list[str], 
         raise UnsupportedModel(f"checkpoint tensor {name} has shape {list(source.shape)}; shared_intermediate_size "
                                f"and hidden_size make it {[2 * width, d.hidden_size]}")
     rows = slice(0, width) if role == Role.SHARED_GATE else slice(width, 2 * width)
+    if isinstance(source, Joined) and source.part(rows) is not None:  # from GGUF: the converter's gate or up alone
+        return [name], source.part(rows)
     return [name], derived_tensor(source, (width, d.hidden_size), lambda: matrix_rows(loaded(source), rows))
 
 
@@ -58,8 +60,9 @@ GRANITE_MOE = Family(
 FAMILIES = {
     "GraniteMoeForCausalLM": GRANITE_MOE,
     # and its shared MLP, whose output joins the experts' before the residual multiplier (so it scales its down too);
-    # from GGUF, a granitemoe file with the shared MLP's width (llama.cpp reads the shared expert when the key is
-    # there), its input_linear split by the converter into ffn_gate_shexp and ffn_up_shexp
+    # from GGUF, a granitemoe file whose expert_shared_feed_forward_length is above 0 (llama.cpp reads the shared MLP
+    # only then: src/models/granite-moe.cpp; 0, or no key, is GraniteMoe's file), its input_linear split by the
+    # converter into ffn_gate_shexp and ffn_up_shexp (joined back, each read alone for the gate or the up)
     "GraniteMoeSharedForCausalLM": replace(
         GRANITE_MOE, own_keys=(*MULTIPLIERS, "shared_intermediate_size"),
         weight_scales=(*SCALED, (Role.SHARED_DOWN, "residual_multiplier", False)),
