@@ -59,6 +59,12 @@ class Checkpoint:
     # GGUF storage types the image has no dtype for, dequantized to f32 (exactly): type name -> tensors
     converted: dict[str, int] = field(default_factory=dict)
     towers_left_out: int = 0  # a multimodal checkpoint's vision and audio tower tensors (text in, text out)
+    config: dict = field(default_factory=dict)  # what dims were read from (a GGUF file's keys as transformers')
+
+    def dims_at(self, max_seq: int) -> ModelDims:
+        """The dimensions load_checkpoint gives for an image of `max_seq` positions, from the config alone (no
+        file read again): the KV cache, the RoPE tables and a sliding window follow max_seq."""
+        return read_config(self.config, max_seq)[0]
 
 
 def _family(cfg: dict) -> tuple[str, Family]:
@@ -232,11 +238,18 @@ def _positive(cfg: dict, key: str) -> float:
 def _shard_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [path / f for f in sorted(set(weight_map.values()))]
+        try:
+            shards = [path / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise UnsupportedModel(f"{index} does not map tensor names to shards ({type(exc).__name__}: {exc}): "
+                                   f"{DOWNLOAD_AGAIN}") from None
+        for shard in shards:
+            if not shard.exists():
+                raise UnsupportedModel(f"{shard} is missing, though {index.name} lists it: {DOWNLOAD_AGAIN}")
+        return shards
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {path}")
+        raise FileNotFoundError(f"no *.safetensors files in {path}: {DOWNLOAD_AGAIN}")
     return files
 
 
@@ -245,6 +258,7 @@ SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": ml_dtype
                       "I16": "<i2", "I8": "i1", "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?",
                       "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
 MAX_SAFETENSORS_HEADER = 100_000_000  # safetensors' own limit on the JSON header
+DOWNLOAD_AGAIN = "the checkpoint is incomplete or damaged; download it again"
 
 
 def read_safetensors(path: Path) -> dict[str, FileTensor]:
@@ -254,13 +268,14 @@ def read_safetensors(path: Path) -> dict[str, FileTensor]:
     file = OpenFile(path)
     length = struct.unpack("<Q", file.read(8, 0))[0] if file.size >= 8 else None
     if length is None or length > min(MAX_SAFETENSORS_HEADER, file.size - 8):
-        raise UnsupportedModel(f"{path}: not a safetensors file (its header length is missing or past its end)")
+        raise UnsupportedModel(f"{path}: not a safetensors file (its header length is missing or past its end): "
+                               f"{DOWNLOAD_AGAIN}")
     try:
         header = json.loads(bytes(file.read(length, 8)))
     except ValueError as exc:
-        raise UnsupportedModel(f"{path}: safetensors header is not JSON: {exc}") from None
+        raise UnsupportedModel(f"{path}: safetensors header is not JSON ({exc}): {DOWNLOAD_AGAIN}") from None
     if not isinstance(header, dict):
-        raise UnsupportedModel(f"{path}: safetensors header is not a JSON object")
+        raise UnsupportedModel(f"{path}: safetensors header is not a JSON object: {DOWNLOAD_AGAIN}")
     out = {}
     for name, info in header.items():
         if name != "__metadata__":
@@ -281,7 +296,7 @@ def _safetensors_entry(file: OpenFile, data_start: int, name: str, info) -> File
     stored = np.dtype(SAFETENSORS_DTYPES[dtype])
     if not begin <= end <= file.size - data_start or end - begin != math.prod(shape) * stored.itemsize:
         raise UnsupportedModel(f"{file.path}: tensor {name}: data_offsets [{begin}, {end}] do not hold shape "
-                               f"{list(shape)} of {dtype} inside the file")
+                               f"{list(shape)} of {dtype} inside the file ({file.size:,} bytes): {DOWNLOAD_AGAIN}")
     return FileTensor(file, data_start + begin, stored, shape)
 
 
@@ -381,20 +396,28 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
         try:
             cfg = json.loads((path / "config.json").read_text())
         except ValueError as exc:
-            raise UnsupportedModel(f"{path / 'config.json'} is not valid JSON: {exc}") from None
+            raise UnsupportedModel(f"{path / 'config.json'} is not valid JSON ({exc}): fix it, or {DOWNLOAD_AGAIN}") \
+                from None
         if not isinstance(cfg, dict):
-            raise UnsupportedModel(f"{path / 'config.json'} is not a JSON object")
+            raise UnsupportedModel(f"{path / 'config.json'} is not a JSON object: fix it, or {DOWNLOAD_AGAIN}")
         if norm_topk_prob is not None:
             cfg["norm_topk_prob"] = norm_topk_prob
         raw = _load_tensors(path)
         converted = {}
     else:
-        raise FileNotFoundError(f"{path} is neither a .gguf file nor a directory with config.json")
+        raise FileNotFoundError(f"{path} is neither a .gguf file nor a directory with config.json: give a Hugging Face "
+                                "checkpoint directory (config.json and *.safetensors) or a llama.cpp .gguf file")
     cfg, raw, towers = text_model(cfg, raw)
     try:
         dims, tied, arch, extra = read_config(cfg, max_seq)
+    except UnsupportedModel:
+        raise
     except KeyError as exc:
         raise UnsupportedModel(f"{path}: the config has no {exc}, which its architecture needs") from None
+    except (TypeError, ValueError, ArithmeticError) as exc:  # a field of the wrong type (null, a list), range (0 heads)
+        source = path if path.suffix == ".gguf" else path / "config.json"
+        raise UnsupportedModel(f"{source}: a config field has a value of the wrong type or range ({exc}): fix it, or "
+                               f"{DOWNLOAD_AGAIN}") from None
     fam = FAMILIES[arch]
     keys = [(Role.TOKEN_EMBD, NO_INDEX, NO_INDEX), (Role.OUTPUT_NORM, NO_INDEX, NO_INDEX)]
     keys += [(r, NO_INDEX, NO_INDEX) for r in (Role.PLE_EMBD, Role.PLE_MODEL_PROJ, Role.PLE_PROJ_NORM) if dims.present(r)]
@@ -437,4 +460,4 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
     n_params = sum(a.size for a in weights.values())
     idle_experts = sum(dims.n_experts - dims.top_k for moe in dims.moe_layers if moe)
     n_active = n_params - idle_experts * 3 * dims.hidden_size * dims.ffn_size
-    return Checkpoint(dims, tensors, arch, tied, n_params, n_active, converted, towers)
+    return Checkpoint(dims, tensors, arch, tied, n_params, n_active, converted, towers, cfg)

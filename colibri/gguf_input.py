@@ -114,8 +114,11 @@ def read_gguf(path: Path, norm_topk_prob: bool | None = None
     dequantized to f32) from a GGUF file."""
     try:
         reader = open_gguf(path)
+    except OSError:  # (unreadable: said as such, not as a damaged file)
+        raise
     except Exception as exc:  # the gguf package's parse of hostile bytes fails in many ways (IndexError, struct.error...)
-        raise GGUFError(f"{path} is not a readable GGUF file: {type(exc).__name__}: {exc}") from None
+        raise GGUFError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc}): it is cut short or not "
+                        "GGUF at all; download or convert it again") from None
 
     def field(key: str, default=None, required: bool = True):
         f = reader.fields.get(key)

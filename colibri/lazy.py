@@ -33,7 +33,10 @@ class OpenFile:
         buf = memoryview(bytearray(nbytes))
         done = 0
         while done < nbytes:
-            got = os.preadv(self.fd, [buf[done:]], offset + done)
+            try:
+                got = os.preadv(self.fd, [buf[done:]], offset + done)
+            except OSError as exc:  # (a folder opens, then reads as EISDIR; a failing disk EIO): say which file
+                raise OSError(exc.errno, exc.strerror, str(self.path)) from None
             if got == 0:
                 raise ValueError(f"{self.path} ends at {offset + done} bytes, inside a tensor the header places there")
             done += got

@@ -36,7 +36,7 @@ def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray
     entry points at the first one's bytes instead of a copy. `meta` (the tokenizer, the chat template:
     colibri/text.py) goes into the metadata section after everything, as JSON.
     """
-    plan = _lay_out(dims, tensors, expert_align, pinned, meta)
+    plan = plan_image(dims, tensors, expert_align, pinned, meta)
     buf = bytearray(plan.image_bytes)
     view = memoryview(buf)
 
@@ -53,23 +53,36 @@ def write_image(path: Path, dims: ModelDims, tensors: dict[tuple[Role, int, int]
     """build_image's bytes written straight into the file at `path`, a tensor at a time (the image is never
     a second copy of the model in RAM: written pages belong to the page cache, not the process). Returns
     its size."""
-    plan = _lay_out(dims, tensors, expert_align, pinned, meta)
-    with open(path, "w+b") as f:
-        f.truncate(plan.image_bytes)  # zeros: the padding between tensors
-        fd = f.fileno()
+    return write_plan(path, plan_image(dims, tensors, expert_align, pinned, meta))
 
-        def write(at: int, data: bytes | np.ndarray) -> None:
-            data = memoryview(data).cast("B")
-            while len(data):
-                done = os.pwrite(fd, data, at)
-                data, at = data[done:], at + done
-        _fill(write, lambda at, n: os.pread(fd, n, at), plan)
+
+def write_plan(path: Path, plan: ImagePlan, progress: Callable[[int], None] | None = None) -> int:
+    """The planned image written into the file at `path` as write_image writes it; `progress(bytes)` is told of
+    each tensor's bytes as they are written (plan.data_bytes in all). Returns its size, plan.image_bytes. An
+    error writing the file names it (os.pwrite's own names none)."""
+    try:
+        with open(path, "w+b") as f:
+            f.truncate(plan.image_bytes)  # zeros: the padding between tensors
+            fd = f.fileno()
+
+            def write(at: int, data: bytes | np.ndarray) -> None:
+                data = memoryview(data).cast("B")
+                while len(data):
+                    done = os.pwrite(fd, data, at)
+                    data, at = data[done:], at + done
+            _fill(write, lambda at, n: os.pread(fd, n, at), plan, progress)
+    except OSError as exc:
+        if exc.filename is not None:  # (a checkpoint file read while writing names itself)
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
     return plan.image_bytes
 
 
 @dataclass
-class _Plan:
-    """Where everything goes: the table in canonical order, and the stored bytes of each placed tensor."""
+class ImagePlan:
+    """Where everything goes: the table in canonical order, and the stored bytes of each placed tensor. Computed
+    from the tensors' shapes and dtypes alone (plan_image), so an image's size is known before any tensor is
+    converted."""
     dims: ModelDims
     entries: list[TensorEntry]
     sources: list[tuple[TensorEntry, Encoded | Deferred]]  # placed tensors (tied ones once)
@@ -81,6 +94,16 @@ class _Plan:
     expert_align: int
     meta: bytes            # the metadata section's JSON (b"": none)
     meta_offset: int
+
+    @property
+    def resident_bytes(self) -> int:
+        """The resident part: everything before the routed experts a board may stream (docs/STREAMING.md)."""
+        return self.expert_offset
+
+    @property
+    def data_bytes(self) -> int:
+        """The bytes of the placed tensors, values and scales: what writing them goes through."""
+        return sum(entry.nbytes + entry.scales_bytes for entry, _ in self.sources)
 
 
 def check_runnable(d: ModelDims) -> None:
@@ -108,7 +131,10 @@ def check_runnable(d: ModelDims) -> None:
         raise ValueError(f"the layers would not verify: {exc}") from None
 
 
-def _lay_out(dims: ModelDims, tensors: dict, expert_align: int, pinned: frozenset, meta: dict | None) -> _Plan:
+def plan_image(dims: ModelDims, tensors: dict, expert_align: int = ALIGN,
+               pinned: frozenset[tuple[int, int]] = frozenset(), meta: dict | None = None) -> ImagePlan:
+    """The layout build_image and write_image give `tensors` (their arguments alike), without encoding any: its
+    image_bytes and resident_bytes are the image's, exactly."""
     check_runnable(dims)
     if expert_align % ALIGN or expert_align <= 0:
         raise ValueError(f"expert_align must be a positive multiple of {ALIGN}")
@@ -162,14 +188,15 @@ def _lay_out(dims: ModelDims, tensors: dict, expert_align: int, pinned: frozense
     meta_bytes = json.dumps(meta, separators=(",", ":")).encode() if meta else b""
     meta_offset = align_up(cursor) if meta_bytes else 0
     image_bytes = meta_offset + len(meta_bytes) if meta_bytes else cursor
-    return _Plan(dims, [entries[i] for i in range(len(order))], sources, table_offset, crc_offset, data_offset,
+    return ImagePlan(dims, [entries[i] for i in range(len(order))], sources, table_offset, crc_offset, data_offset,
                  expert_offset, image_bytes, expert_align, meta_bytes, meta_offset)
 
 
 def _fill(write: Callable[[int, bytes | np.ndarray], None], read: Callable[[int, int], bytes | memoryview],
-          plan: _Plan) -> None:
+          plan: ImagePlan, progress: Callable[[int], None] | None = None) -> None:
     """Write the planned image (into zeroed storage of plan.image_bytes) one tensor at a time through
-    `write(offset, data)`, then the table, the CRCs (summed by reading back, a window at a time) and the header."""
+    `write(offset, data)`, telling `progress` each one's bytes, then the table, the CRCs (summed by reading back, a
+    window at a time) and the header."""
     for entry, src in plan.sources:  # one tensor in memory at a time: a Deferred one is encoded here
         enc = src.encoded() if isinstance(src, Deferred) else src
         values = np.ascontiguousarray(enc.values).reshape(-1).view(np.uint8)
@@ -179,6 +206,8 @@ def _fill(write: Callable[[int, bytes | np.ndarray], None], read: Callable[[int,
         write(entry.offset, values)
         if entry.scales_bytes:
             write(entry.scales_offset, np.ascontiguousarray(enc.scales, dtype="<f2").reshape(-1).view(np.uint8))
+        if progress:
+            progress(entry.nbytes + entry.scales_bytes)
     if plan.meta:
         write(plan.meta_offset, plan.meta)
     write(plan.table_offset, b"".join(e.pack() for e in plan.entries))
