@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Pack a Hugging Face checkpoint (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Llama, Qwen2, Qwen3, DeepSeek-V2/V3, gpt-oss) into a Colibri image.
+"""Pack a Hugging Face checkpoint or a GGUF file into a Colibri image: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE,
+Llama, Qwen2, Qwen3, DeepSeek-V2/V3, gpt-oss, Gemma 4, Granite MoE, GLM-4.7-Flash, Qwen3.5-MoE, LFM2, LFM2-MoE.
 
-Examples:
-  python host/pack.py path/to/mixtral-checkpoint -o model.img --max-seq 256
-  python host/pack.py models/demo-adder -o demo.img --max-seq 64 --board x86_64_baremetal
-  python host/pack.py path/to/checkpoint -o model.img --dtype q4_0 --keep output --keep 'blk.*.attn_*=q8_0'
-  python host/pack.py qwen2-moe-q8_0.gguf -o model.img --dtype q8_0
-  python host/pack.py path/to/checkpoint -o model.img --dtype q4_0 --pin-from trace.json --pin 16
+Examples (in a checkout, `python host/pack.py ...` is the same command):
+  colibri pack path/to/mixtral-checkpoint -o model.img --max-seq 256
+  colibri pack models/demo-adder -o demo.img --max-seq 64 --board x86_64_baremetal
+  colibri pack path/to/checkpoint -o model.img --dtype q4_0 --keep output --keep 'blk.*.attn_*=q8_0'
+  colibri pack qwen2-moe-q8_0.gguf -o model.img --dtype q8_0
+  colibri pack path/to/checkpoint -o model.img --dtype q4_0 --pin-from trace.json --pin 16
 
 --dtype sets the dtype of the large matrices (attention, experts, shared experts, dense MLPs, the token
 embedding and the output matrix, which --dtype q4_0 keeps at q8_0 as llama.cpp's Q4_0 files do); norms,
@@ -16,8 +17,11 @@ llama.cpp's: token_embd, output, blk.N.attn_q, blk.N.ffn_gate_exps.E (expert E),
 When some tensor is not f32 (or --kv f16), the report shows what that costs on a calibration prompt
 against the f32 image of the same checkpoint.
 
+--board checks that the image and its work arena fit the board's memory before anything is converted; when
+they do not, the error says what does: the largest --max-seq, --kv f16, a narrower --dtype.
+
 The image has two tiers (docs/FORMAT.md): a resident part (everything but the routed experts) and an
-expert part that a board can stream from slow memory (flash.py --expert-cache). --pin-from/--pin move the
+expert part that a board can stream from slow memory (colibri run --expert-cache). --pin-from/--pin move the
 experts a calibration trace routed to most into the resident part.
 """
 from __future__ import annotations
@@ -26,21 +30,22 @@ import fnmatch
 import json
 import sys
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from tqdm import tqdm
 
 from colibri.console import Parser
-from colibri.checkpoint import UnsupportedModel, load_checkpoint
-from colibri.image import (KV_DTYPES, NO_INDEX, ModelDims, Role, arena_bytes, entry_encoded, open_image,
-                           tensor_name, write_image)
+from colibri.checkpoint import Checkpoint, UnsupportedModel, load_checkpoint
+from colibri.image import KV_DTYPES, NO_INDEX, ModelDims, Role, arena_bytes, entry_encoded, open_image, tensor_name
 from colibri.lazy import LazyTensor, OpenFile
 from colibri.quant import QBLOCK, VALUE_BYTES, Deferred, DType, Encoded, convert
 from colibri.reference import Reference
 from colibri.text import checkpoint_meta
-from colibri.sim.boards import board_names, fit_report, load_board
+from colibri.sim.boards import Board, board_names, fit_report, load_board, memory_region
+from colibri.writer import ImagePlan, plan_image, write_plan
 
 # The matrices --dtype applies to; everything else (norms, biases, routers, the shared-expert gate) stays f32.
 LARGE = {Role.TOKEN_EMBD, Role.LM_HEAD, Role.WQ, Role.WK, Role.WV, Role.WO, Role.WQ_A, Role.WQ_B, Role.WKV_A,
@@ -66,6 +71,10 @@ def human(n: int) -> str:
 
 class DoesNotFit(ValueError):
     """The image or its arena is larger than the board's memory for it."""
+
+
+# the dtypes a fit suggestion narrows the large matrices to, widest (least lossy) first
+NARROWER = (DType.F16, DType.Q8_0, DType.Q4_0)
 
 
 def parse_keep(spec: str) -> tuple[str, DType]:
@@ -127,8 +136,9 @@ class OneTensorAtATime:
     expert) -> Encoded` and let go when the next one is asked for: the reference over a model without the
     model in memory (with Reference(..., keep_weights=False))."""
 
-    def __init__(self, dims: ModelDims, load: Callable[[Role, int, int], Encoded]):
-        self.dims, self._load = dims, load
+    def __init__(self, dims: ModelDims, load: Callable[[Role, int, int], Encoded],
+                 on_load: Callable[[], object] | None = None):
+        self.dims, self._load, self._on_load = dims, load, on_load
         self._last: tuple[tuple[Role, int, int], Encoded] | None = None
 
     def encoded(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> Encoded:
@@ -136,6 +146,8 @@ class OneTensorAtATime:
         if self._last is None or self._last[0] != key:
             self._last = None  # the previous tensor goes before the next one is read
             self._last = (key, self._load(*key))
+            if self._on_load:
+                self._on_load()
         return self._last[1]
 
     def tensor(self, role: Role, layer: int = NO_INDEX, expert: int = NO_INDEX) -> np.ndarray:
@@ -163,13 +175,14 @@ def quality(f32: OneTensorAtATime, packed: OneTensorAtATime) -> dict:
             "kl_divergence": kl, "top1_agreement": top1, "lossy": kl > LOSSY_KL or top1 < LOSSY_TOP1}
 
 
-def checkpoint_f32(dims: ModelDims, tensors: dict) -> OneTensorAtATime:
+def checkpoint_f32(dims: ModelDims, tensors: dict, on_load: Callable[[], object] | None = None) -> OneTensorAtATime:
     """The f32 image of a checkpoint's tensors, read from the checkpoint a tensor at a time, never written."""
     f32 = convert_tensors(tensors, DType.F32, [])
-    return OneTensorAtATime(dims, lambda *key: f32[key].encoded() if isinstance(f32[key], Deferred) else f32[key])
+    return OneTensorAtATime(dims, lambda *key: f32[key].encoded() if isinstance(f32[key], Deferred) else f32[key],
+                            on_load)
 
 
-def written_image(path: Path) -> OneTensorAtATime:
+def written_image(path: Path, on_load: Callable[[], object] | None = None) -> OneTensorAtATime:
     """An image file's tensors, read from the file a tensor at a time (its table read once)."""
     img = open_image(path, check_crcs=False)
     entries = {(e.role, e.layer, e.expert): e for e in img.entries if e.shape}
@@ -179,7 +192,7 @@ def written_image(path: Path) -> OneTensorAtATime:
         e = entries[key]
         scales = file.read(e.scales_bytes, e.scales_offset) if e.scales_bytes else None
         return entry_encoded(e, file.read(e.nbytes, e.offset), scales)
-    return OneTensorAtATime(img.dims, load)
+    return OneTensorAtATime(img.dims, load, on_load)
 
 
 def hot_experts(trace: dict, count: int) -> frozenset[tuple[int, int]]:
@@ -193,33 +206,218 @@ def hot_experts(trace: dict, count: int) -> frozenset[tuple[int, int]]:
     return frozenset(ranked[:count])
 
 
-def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, *, board: str | None = None,
-         norm_topk_prob: bool | None = None, dtype: DType = DType.F32, keep: list[tuple[str, DType]] | None = None,
-         kv: str = "f32", measure_quality: bool = True, pinned: frozenset[tuple[int, int]] = frozenset()) -> dict:
-    ckpt = load_checkpoint(src, max_seq, norm_topk_prob)
-    dims = replace(ckpt.dims, kv_dtype=KV_DTYPES[kv])
+@dataclass(frozen=True)
+class Choice:
+    """The options an image's sizes follow: what a fit suggestion may change."""
+    max_seq: int
+    kv: str
+    dtype: DType
+
+    def flags(self, asked: Choice) -> str:
+        """The options that turn the `asked` packing into this one, as the user types them."""
+        changes = ((self.dtype != asked.dtype, f"--dtype {self.dtype.name.lower()}"),
+                   (self.max_seq != asked.max_seq, f"--max-seq {self.max_seq}"),
+                   (self.kv != asked.kv, f"--kv {self.kv}"))
+        return " ".join(flag for changed, flag in changes if changed)
+
+
+class Packing:
+    """One checkpoint as it would be packed under any Choice, sized before a tensor is converted: the image by the
+    plan write_plan then follows (writer.plan_image: one layout, so the planned size is the written size), the
+    arena by the model's dimensions (plan.arena_bytes). The checkpoint is mapped for the asked max_seq; another
+    one's dimensions come from its config alone, and its tensors (the RoPE tables follow max_seq) from mapping it
+    again, one other at a time (its files stay open while it is kept). The metadata section (tokenizer, chat
+    template) is read when a size first needs it: a checkpoint directory's JSON files at once, but a GGUF file's
+    vocabulary only when a verdict depends on it, since transformers takes seconds to convert it (SmolLM2's 49k
+    tokens: 6 s)."""
+
+    def __init__(self, src: Path, max_seq: int | None, norm_topk_prob: bool | None, keep: list[tuple[str, DType]],
+                 expert_align: int, pinned: frozenset[tuple[int, int]]):
+        self.src, self.norm_topk_prob, self.keep = Path(src), norm_topk_prob, keep
+        self.expert_align, self.pinned = expert_align, pinned
+        self.checkpoint = load_checkpoint(self.src, max_seq, norm_topk_prob)  # as asked (None: its default)
+        self._other: Checkpoint | None = None
+        self._meta: dict | None = None
+        self.meta_read = False
+        self.meta_costly = self.src.is_file()  # a GGUF file (a directory's tokenizer is JSON to read)
+
+    def checkpoint_at(self, max_seq: int) -> Checkpoint:
+        if max_seq == self.checkpoint.dims.max_seq:
+            return self.checkpoint
+        if self._other is None or self._other.dims.max_seq != max_seq:
+            self._other = None  # its files closed before the next mapping opens them
+            self._other = load_checkpoint(self.src, max_seq, self.norm_topk_prob)
+        return self._other
+
+    def dims(self, choice: Choice) -> ModelDims:
+        return replace(self.checkpoint.dims_at(choice.max_seq), kv_dtype=KV_DTYPES[choice.kv])
+
+    def arena_bytes(self, choice: Choice) -> int:
+        return arena_bytes(self.dims(choice))
+
+    @property
+    def meta(self) -> dict | None:
+        """The image's metadata section: the tokenizer and chat template, for colibri run --prompt/--chat."""
+        if not self.meta_read:
+            try:
+                self._meta = checkpoint_meta(self.src)
+            except ValueError as exc:  # (json's message names no file)
+                raise UnsupportedModel(f"{self.src}: tokenizer.json, tokenizer_config.json or generation_config.json "
+                                       f"is not valid JSON ({exc}): fix it, or download the checkpoint again") from None
+            self.meta_read = True
+        return self._meta
+
+    def plan(self, choice: Choice, with_meta: bool = True) -> ImagePlan:
+        """The image's layout; without its metadata section (the image's size less that section) when
+        `with_meta` is False."""
+        tensors = convert_tensors(self.checkpoint_at(choice.max_seq).tensors, choice.dtype, self.keep)
+        return plan_image(self.dims(choice), tensors, self.expert_align, self.pinned,
+                          self.meta if with_meta else None)
+
+    def image_bytes(self, choice: Choice) -> tuple[int, bool]:
+        """(the image's bytes, True), or (its bytes but the metadata section, False) while that is costly and
+        unread."""
+        exact = self.meta_read or not self.meta_costly
+        return self.plan(choice, with_meta=exact).image_bytes, exact
+
+
+def size_of(nbytes: int, exact: bool = True) -> str:
+    """A size as the fit error gives it: `exact` False for an image whose metadata section is not counted."""
+    return f"{'' if exact else 'at least '}{nbytes:,} bytes"
+
+
+class BoardFit:
+    """A board's image region and arena against a Packing's sizes. The image is judged without its metadata
+    section first: when the rest is too large already, no tokenizer is read to say so."""
+
+    def __init__(self, board: Board, packing: Packing):
+        self.board, self.packing = board, packing
+        self.image_cap = memory_region(board.spec, "image")
+        self.arena_cap = memory_region(board.spec, "arena")
+
+    def arena_fits(self, choice: Choice) -> bool:
+        return self.arena_cap is None or self.packing.arena_bytes(choice) <= self.arena_cap.bytes
+
+    def image_fits(self, choice: Choice) -> bool:
+        if self.image_cap is None:
+            return True
+        image, exact = self.packing.image_bytes(choice)
+        if image > self.image_cap.bytes:  # (too large even before the metadata section: nothing more to read)
+            return False
+        return exact or self.packing.plan(choice).image_bytes <= self.image_cap.bytes
+
+    def largest_max_seq(self, asked: Choice, kv: str) -> int | None:
+        """The largest max_seq up to the asked one whose arena fits with a `kv` cache (the arena grows with
+        max_seq), or None when not even 1 does."""
+        def fits(max_seq: int) -> bool:
+            return self.arena_fits(Choice(max_seq, kv, asked.dtype))
+        if fits(asked.max_seq):
+            return asked.max_seq
+        if not fits(1):
+            return None
+        low, high = 1, asked.max_seq  # low fits, high does not
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle)
+        return low
+
+    def arena_options(self, asked: Choice) -> list[Choice]:
+        """The max_seq and KV cache choices whose arena fits: the asked KV type with its largest max_seq, then an
+        f16 cache (half an f32 one) if that allows a longer one."""
+        options: list[Choice] = []
+        for kv in (asked.kv, "f16"):
+            max_seq = self.largest_max_seq(asked, kv)
+            if max_seq and (not options or max_seq > options[-1].max_seq):
+                options.append(Choice(max_seq, kv, asked.dtype))
+        return options
+
+    def what_fits(self, asked: Choice) -> list[Choice]:
+        """Each arena option with the widest dtype (the asked one, or a narrower one) whose image fits: every
+        choice returned was sized and fits."""
+        found = []
+        for option in self.arena_options(asked):
+            for dtype in (asked.dtype, *(d for d in NARROWER if value_bytes(d) < value_bytes(asked.dtype))):
+                if self.image_fits(replace(option, dtype=dtype)):
+                    found.append(replace(option, dtype=dtype))
+                    break
+        return found
+
+    def does_not_fit(self, asked: Choice) -> DoesNotFit:
+        """The error: what the asked packing needs of each region, then what fits, or what is too large even at
+        the least."""
+        advice = self.advice(asked)  # first: when it read the tokenizer, the image's size is known exactly
+        image, exact = self.packing.image_bytes(asked)
+        arena = self.packing.arena_bytes(asked)
+        return DoesNotFit(
+            f"{self.packing.src.name} does not fit {self.board.name}: the arena for max_seq {asked.max_seq} needs "
+            f"{size_of(arena)} of its {self.arena_cap.bytes:,} ({100 * arena / self.arena_cap.bytes:.1f}%), the image "
+            f"{size_of(image, exact)} of its {self.image_cap.bytes:,} ({100 * image / self.image_cap.bytes:.1f}%)"
+            f"\n  {advice}")
+
+    def advice(self, asked: Choice) -> str:
+        def described(choice: Choice) -> str:
+            return f"`{choice.flags(asked)}`" if choice.flags(asked) else "as asked"
+        fitting = self.what_fits(asked)
+        if fitting:
+            return f"what fits {self.board.name}: " + ", or ".join(
+                f"{described(c)} (image {human(self.packing.plan(c).image_bytes)}, arena "
+                f"{human(self.packing.arena_bytes(c))})" for c in fitting)
+        options = self.arena_options(asked)
+        if not options:
+            least = Choice(1, "f16", asked.dtype)
+            return (f"nothing fits {self.board.name}: even {described(least)} needs an arena of "
+                    f"{size_of(self.packing.arena_bytes(least))}")
+        least = replace(options[0], dtype=min((asked.dtype, *NARROWER), key=value_bytes))
+        return f"nothing fits {self.board.name}: even {described(least)} makes the image " \
+               f"{size_of(*self.packing.image_bytes(least))}"
+
+    def check(self, asked: Choice) -> list[str]:
+        """The fit report's lines for the asked packing; DoesNotFit, naming what fits, when it does not."""
+        if not (self.arena_fits(asked) and self.image_fits(asked)):
+            raise self.does_not_fit(asked)
+        return fit_report(self.board, self.packing.plan(asked).image_bytes, self.packing.arena_bytes(asked))[1]
+
+
+def progress_bar(show: bool, desc: str, total: int | None = None, unit: str = "B") -> tqdm:
+    """A tqdm bar on stderr when `show` (stderr is a terminal), else one that draws nothing: tests and logs
+    capture stderr."""
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", leave=False, disable=not show,
+                file=sys.stderr)
+
+
+def check_pins(dims: ModelDims, pinned: frozenset[tuple[int, int]]) -> None:
     for layer, expert in pinned:
         if not (0 <= layer < dims.n_layers and dims.moe_layers[layer] and 0 <= expert < dims.n_experts):
             raise ValueError(f"cannot pin expert {expert} of layer {layer}: the model has no such routed expert "
                              "(was the trace made with another model?)")
-    tensors = convert_tensors(ckpt.tensors, dtype, keep or [])
+
+
+def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, *, board: str | None = None,
+         norm_topk_prob: bool | None = None, dtype: DType = DType.F32, keep: list[tuple[str, DType]] | None = None,
+         kv: str = "f32", measure_quality: bool = True, pinned: frozenset[tuple[int, int]] = frozenset(),
+         progress: bool = False) -> dict:
+    """Pack `src` into the image `out`: sized first and checked against `board` (DoesNotFit, before anything is
+    converted), then written a tensor at a time into `out`.part, renamed `out` once whole. `progress`: bars on
+    stderr."""
+    packing = Packing(src, max_seq, norm_topk_prob, keep or [], expert_align, pinned)
+    ckpt = packing.checkpoint
+    check_pins(ckpt.dims, pinned)
+    asked = Choice(ckpt.dims.max_seq, kv, dtype)
+    fit_lines = BoardFit(load_board(board), packing).check(asked) if board else []
+    plan = packing.plan(asked)
+    dims, meta = plan.dims, packing.meta
     # written straight to the file a tensor at a time, then renamed: never a copy of the model in RAM,
     # and never a half-written image under the output name
     part = out.with_name(out.name + ".part")
-    meta = checkpoint_meta(src)  # the tokenizer and chat template, for flash.py --prompt/--chat
     try:
-        size = write_image(part, dims, tensors, expert_align=expert_align, pinned=pinned, meta=meta)
-        fit_lines: list[str] = []
-        if board:
-            fits, fit_lines = fit_report(load_board(board), size, arena_bytes(dims))
-            if not fits:
-                raise DoesNotFit("\n".join(fit_lines) + "\n  a smaller --max-seq shrinks the arena (KV cache); "
-                                 "a smaller model shrinks the image")
+        with progress_bar(progress, "writing", plan.data_bytes) as bar:
+            size = write_plan(part, plan, bar.update)
         img = open_image(part, check_crcs=False)  # just written: only its table is read back
-        narrowed = kv != "f32" or any(t.dtype != DType.F32 for t in tensors.values())
+        narrowed = kv != "f32" or any(e.dtype != DType.F32 for e in plan.entries)
         cost = None
         if narrowed and measure_quality:
-            cost = quality(checkpoint_f32(ckpt.dims, ckpt.tensors), written_image(part))
+            with progress_bar(progress, "quality", unit=" tensors") as bar:
+                cost = quality(checkpoint_f32(ckpt.dims, ckpt.tensors, bar.update), written_image(part, bar.update))
         report = {
             "image": str(out), "image_bytes": size, "arena_bytes": arena_bytes(dims),
             "params": ckpt.n_params, "active_params_per_token": ckpt.n_active_params,
@@ -234,6 +432,16 @@ def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, *, board:
         raise
     part.replace(out)
     return report
+
+
+def os_error_message(exc: OSError, output: Path) -> str:
+    """A file the packer could not read or write, named, with what to do about it."""
+    if exc.filename is None:  # (raised with a message of ours)
+        return str(exc)
+    if Path(exc.filename) in (output, output.with_name(output.name + ".part")):
+        return (f"cannot write {output}: {exc.strerror}: check that its folder exists, that you may write there and "
+                "that the disk has room")
+    return f"cannot read {exc.filename}: {exc.strerror}: check the path, and that you may read it"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,10 +486,9 @@ def main(argv: list[str] | None = None) -> int:
         keep = [parse_keep(k) for k in args.keep]
         r = pack(args.checkpoint, args.output, args.max_seq, args.expert_align, board=args.board, norm_topk_prob=norm,
                  dtype=DType.parse(args.dtype), keep=keep, kv=args.kv, measure_quality=not args.no_quality,
-                 pinned=pinned)
-    except (UnsupportedModel, FileNotFoundError, ValueError) as exc:
-        print(f"pack: error: {exc}", file=sys.stderr)
-        return 2
+                 pinned=pinned, progress=sys.stderr.isatty())
+    except (OSError, ValueError) as exc:  # the checkpoint's own faults (UnsupportedModel), a file unreadable...
+        return ap.fail(os_error_message(exc, args.output) if isinstance(exc, OSError) else str(exc))
     d = r["dims"]
     print(f"packed {args.checkpoint} -> {r['image']}")
     n_moe = sum(d.moe_layers)
