@@ -5,12 +5,15 @@ board from its PE/COFF objects (MinGW-w64's nm and objdump).
 For a board: the runtime's and the board's .text/.rodata/.data/.bss separately, the worst-case
 stack depth (static: the call graph and frame sizes gcc writes with -fcallgraph-info=su), and,
 given an image, whether image + arena + firmware + stack fit each memory region of the board.
-Always: proof that nothing defines or references a forbidden symbol (malloc family, pthread_*,
-C11 threads, stdio, FILE I/O).
+Always: proof that nothing defines or references a forbidden symbol (malloc family, FreeRTOS's heap,
+pthread_*, C11 threads, stdio, FILE I/O). For an RTOS build (--mode release-freertos), each task's
+worst-case stack from its entry function, with what the port keeps on a switched-out task's stack, against
+the stack board.toml gives it: the size to give xTaskCreateStatic.
 
 Examples:
   colibri footprint --board cortex_m4 --image model.img   # full report with usage bars
   colibri footprint --board hosted --json
+  colibri footprint --board cortex_m55 --mode release-freertos           # a FreeRTOS build: every task's stack
   colibri footprint some.o other.o                         # purity and sizes of objects
 Exit status 1 if a forbidden symbol is found or something does not fit.
 """
@@ -37,6 +40,7 @@ from colibri.sim.boards import board_names, load_board, memory_region
 FORBIDDEN = re.compile(
     r"^(malloc|calloc|realloc|free|aligned_alloc|posix_memalign|memalign|valloc|pvalloc|reallocarray"
     r"|_Znw.*|_Zna.*|_Zdl.*|_Zda.*"
+    r"|pvPortMalloc|vPortFree|pvPortCalloc|pvPortRealloc"  # FreeRTOS's heaps (heap_N.c): an RTOS build has none
     r"|pthread_\w+|thrd_\w+|mtx_\w+|cnd_\w+"
     r"|printf|fprintf|sprintf|snprintf|vprintf|vfprintf|vsprintf|vsnprintf|puts|fputs|putchar|fputc|putc"
     r"|scanf|fscanf|sscanf|fopen|fclose|fread|fwrite|fseek|ftell|fflush|fgets|getchar|perror"
@@ -182,6 +186,8 @@ def stack_depth(ci_files: list[Path], roots: list[str], hook_files: list[Path]) 
         if d > indirect_cost[0]:
             indirect_cost = (d, [f"(indirect) {p[0]}"] + p[1:])
     memo.clear()
+    # a static function's title is "file.c:name": a root names either
+    roots = [r if r in frames else next((t for t in frames if t.endswith(":" + r)), r) for r in roots]
     depth, path = max((deepest(r) for r in roots if r in frames), default=(0, []))
     return StackReport(None if problems else depth, path, sorted(unknown), problems)
 
@@ -204,11 +210,21 @@ def usage_bar(label: str, used: int, capacity: int) -> str:
     return f"{label:<48} [{'=' * filled}{' ' * (30 - filled)}] {100 * frac:5.1f}% (used {used:,} of {capacity:,} bytes)"
 
 
+def build_files(out: Path, suffix: str) -> list[Path]:
+    """A build's files of one kind in its folders (board/, common/ and below, kernel/, ...: not the top level)."""
+    return sorted(p for p in out.rglob(f"*{suffix}") if len(p.relative_to(out).parts) > 1)
+
+
+def rtos_of(board, mode: str) -> tuple[str, dict] | None:
+    """The RTOS build a mode names (release-freertos: FreeRTOS, board.toml's [rtos.freertos]), or None."""
+    return next(((name, rt) for name, rt in board.spec.get("rtos", {}).items() if mode.endswith("-" + name)), None)
+
+
 def board_report(board_name: str, mode: str, image: Path | None) -> dict:
     board = load_board(board_name)
     out = ROOT / "build" / board_name / mode
     runtime = [inspect(o) for o in runtime_objects(board_name, mode)]
-    board_objs = sorted(o for o in out.glob("*/*.o") if o.parent.name not in ("firmware", "tests", "tools"))
+    board_objs = [o for o in build_files(out, ".o") if o.relative_to(out).parts[0] not in ("firmware", "tests", "tools")]
     board_parts = [inspect(o) for o in board_objs]
     elf = inspect(board.firmware(mode))
     os_process = board.spec["link"] == "stdio"  # the hosted boards: the board's own code uses the C library
@@ -217,11 +233,17 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
         "runtime": total(runtime), "board_code": total(board_parts), "firmware_elf": elf.sizes,
         "forbidden": {r.path: r.forbidden for r in runtime + ([] if os_process else [elf]) if r.forbidden},
     }
-    ci = sorted(out.glob("*/*.ci"))
-    hook_files = (sorted((out / "board").glob("*.ci")) + sorted((out / "common").glob("*.ci"))
+    ci = [c for c in build_files(out, ".ci") if not c.name.endswith(".c.ci")]
+    hook_files = (sorted((out / "board").rglob("*.ci")) + sorted((out / "common").rglob("*.ci"))
                   + sorted((out / "firmware").glob("kernels*.ci")))  # the runtime calls its kernels through pointers
+    rtos = rtos_of(board, mode)
     if not os_process:  # a process's stack is its operating system's business
-        report["stack"] = asdict(stack_depth([c for c in ci if not c.name.endswith(".c.ci")], ROOTS, hook_files))
+        # an RTOS build's main stack also takes the interrupts (on Cortex-M; RISC-V's port has its own for them)
+        roots = ROOTS + (rtos[1].get("interrupt_roots", []) if rtos else [])
+        report["stack"] = asdict(stack_depth(ci, roots, hook_files))
+    if rtos:
+        report["rtos"] = rtos[0]
+        report["tasks"] = task_stacks(rtos[1], ci, hook_files)
     mem = board.spec.get("memory")
     bars, fits = [], True
     if image is not None:
@@ -258,9 +280,28 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
         if reserved:
             bars.append(usage_bar("stack (worst case vs reserved)", stack["depth"], reserved))
             fits &= stack["depth"] <= reserved
+    for t in report.get("tasks", []):
+        if t["need"] is None:
+            fits = False
+        else:
+            bars.append(usage_bar(f"task {t['task']} stack (worst case vs given)", t["need"], t["given"]))
+            fits &= t["need"] <= t["given"]
     report["memory"] = bars
     report["fits"] = fits
     return report
+
+
+def task_stacks(rt: dict, ci: list[Path], hook_files: list[Path]) -> list[dict]:
+    """Each task of an RTOS build (board.toml's [rtos.<name>.stacks]: the task `link` runs link_task()): its static
+    worst case from its entry function, plus what the port keeps on a switched-out task's stack (context_bytes), the
+    least stack to give xTaskCreateStatic, against what board.toml gives it."""
+    out = []
+    for task, given in rt.get("stacks", {}).items():
+        rep = stack_depth(ci, [f"{task}_task"], hook_files)
+        need = None if rep.depth is None or not rep.path else rep.depth + rt.get("context_bytes", 0)
+        out.append({"task": task, "static": rep.depth, "context": rt.get("context_bytes", 0), "need": need,
+                    "given": given, "path": rep.path, "problems": rep.problems})
+    return out
 
 
 def print_board_report(r: dict) -> None:
@@ -277,6 +318,14 @@ def print_board_report(r: dict) -> None:
                   f"{' > '.join(stack['path'][:8])}")
         if stack["unknown"]:
             print(f"         not compiled here, counted as 0: {', '.join(stack['unknown'])}")
+    for t in r.get("tasks", []):
+        if t["need"] is None:
+            why = "; ".join(t["problems"]) or f"no {t['task']}_task in the call graph"
+            print(f"  task {t['task']}: unbounded ({why})")
+        else:
+            print(f"  task {t['task']}: worst case {t['static']:,} bytes (static) + {t['context']:,} the port keeps on a "
+                  f"switched-out task = {t['need']:,}: give xTaskCreateStatic at least {t['need']:,} bytes "
+                  f"({-(-t['need'] // 4):,} 32-bit words); board.toml gives {t['given']:,}: {' > '.join(t['path'][:6])}")
     for bar in r["memory"]:
         print(f"  {bar}")
     state = r.get("state")

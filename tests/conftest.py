@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 
 from colibri.build import BUILD_LOCK  # noqa: E402
 from colibri.pack import pack  # noqa: E402
-from colibri.sim.boards import board_names, load_board  # noqa: E402
+from colibri.sim.boards import board_names, load_board, rtos_kernel_problem, rtos_names  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -76,15 +76,20 @@ def make_checkpoint(cfg: TinyConfig, out: Path, max_shard_size: str | None = Non
 
 def _model_boards() -> list[str]:
     """Every board folder (boards/*/board.toml); "board@asan" is a board built by the host's compiler again under
-    ASan + UBSan."""
+    ASan + UBSan; "board@freertos" the board's firmware as FreeRTOS tasks (its board.toml's [rtos.freertos],
+    docs/RTOS.md), when the kernel is here (FREERTOS_KERNEL_PATH; else tests/test_rtos.py's tests say so, skipped)."""
     out = []
     for name in board_names():
-        out += [name, f"{name}@asan"] if load_board(name).spec["toolchain"] == "host" else [name]
+        spec = load_board(name).spec
+        out += [name, f"{name}@asan"] if spec["toolchain"] == "host" else [name]
+        out += [f"{name}@{rtos}" for rtos in rtos_names(spec) if not rtos_kernel_problem(rtos)]
     return out
 
 
 # Every board that runs models, found by its folder; each model test runs on each of them.
 MODEL_BOARDS = _model_boards()
+# Every RTOS build of a board ("cortex_m55@freertos"), whether or not its kernel is here
+RTOS_BOARDS = [f"{name}@{rtos}" for name in board_names() for rtos in rtos_names(load_board(name).spec)]
 # The boards that are an operating-system process (the protocol on stdin/stdout, the image a file)
 OS_BOARDS = [b for b in MODEL_BOARDS if "@" not in b and load_board(b).spec["link"] == "stdio"]
 RELEASE_BOARDS = [b for b in MODEL_BOARDS if "@" not in b]
@@ -95,15 +100,26 @@ def board_name(run: str) -> str:
     return run.split("@")[0]
 
 
-def build(board: str, mode: str = "release", kernels: str = "auto", lean: bool = False) -> Path:
+def build(board: str, mode: str = "release", kernels: str = "auto", lean: bool = False, rtos: str = "none") -> Path:
     """scons for one target, one build at a time across the test processes (pytest-xdist's workers share build/;
     the second to ask finds it up to date)."""
     (ROOT / "build").mkdir(exist_ok=True)
     with open(ROOT / "build" / BUILD_LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         subprocess.run([sys.executable, "-m", "SCons", "-Q", f"board={board}", f"mode={mode}", f"kernels={kernels}",
-                        f"lean={'yes' if lean else 'no'}"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    return ROOT / "build" / board / (mode + ("-scalar" if kernels == "scalar" else "") + ("-lean" if lean else ""))
+                        f"lean={'yes' if lean else 'no'}", f"rtos={rtos}"], cwd=ROOT, check=True,
+                       stdout=subprocess.DEVNULL)
+    return ROOT / "build" / board / (mode + ("-scalar" if kernels == "scalar" else "") + ("-lean" if lean else "")
+                                     + ("" if rtos == "none" else f"-{rtos}"))
+
+
+def build_run(run: str) -> Path:
+    """The firmware of a MODEL_BOARDS entry, built: "hosted@asan" in mode asan, "cortex_m55@freertos" with rtos=freertos."""
+    board, _, how = run.partition("@")
+    if how and how in rtos_names(load_board(board).spec):
+        return build(board, rtos=how) / ("firmware" + load_board(board).spec.get("program_suffix", ".elf"))
+    build(board, how or "release")
+    return load_board(board).firmware(how or "release")
 
 
 def assert_bit_identical(device: np.ndarray, expected: np.ndarray, what: str = "logits") -> None:
@@ -193,12 +209,7 @@ def hosted_build() -> Path:
 @pytest.fixture(scope="session")
 def firmwares() -> dict[str, Path]:
     """Build every model board once per test session: board name -> firmware ELF."""
-    out = {}
-    for run in MODEL_BOARDS:
-        board, mode = (run.split("@") + ["release"])[:2]
-        build(board, mode)
-        out[run] = load_board(board).firmware(mode)
-    return out
+    return {run: build_run(run) for run in MODEL_BOARDS}
 
 
 @pytest.fixture(scope="session")

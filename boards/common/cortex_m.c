@@ -3,11 +3,19 @@
  * report, CMSDK APB UART, a 64-bit cycle counter, semihosting exit. Each board's board.toml
  * supplies the addresses as -D flags: BOARD_NAME, UART_BASE, CPU_HZ in its cflags, and from its [memory]
  * (the memory map) IMAGE_BASE, IMAGE_CAPACITY (image and upload region) and the linker regions, whose ARENA
- * gives the symbols __arena_start/__arena_end. */
+ * gives the symbols __arena_start/__arena_end.
+ *
+ * Built with COLIBRI_FREERTOS (scons board=NAME rtos=freertos, docs/RTOS.md) the same board runs FreeRTOS: the vector
+ * table gains the kernel's SVC, PendSV and SysTick handlers (the tick from the core's own timer) and the UART's
+ * receive interrupt (UART_RX_IRQ), the link task sleeps on that interrupt instead of polling, and board_main hands
+ * the board_io to the tasks (boards/common/freertos/freertos.c). */
 #include <stdint.h>
 
 #include "colibri.h"
 #include "link.h"
+#if defined(COLIBRI_FREERTOS)
+#include "rtos.h"
+#endif
 
 #define REG(addr) (*(volatile uint32_t *)(uintptr_t)(addr))
 
@@ -33,10 +41,29 @@ static void uart_write(const uint8_t *p, size_t n) {
     }
 }
 
+#if defined(COLIBRI_FREERTOS)
+/* CTRL bit 3 enables the receive interrupt, INTSTATUS (+0x0C) bit 1 is its flag (write 1 to clear). A byte that
+ * arrived while the interrupt was off raises no flag, so the state is read again after enabling it. */
+static int uart_read_byte(void) {
+    while (!(REG(UART_BASE + 0x04) & 2u)) {
+        REG(UART_BASE + 0x08) = 3u | 8u;
+        if (!(REG(UART_BASE + 0x04) & 2u)) rtos_wait_rx();
+        REG(UART_BASE + 0x08) = 3u;
+    }
+    return (int)(REG(UART_BASE) & 0xFFu);
+}
+
+static void uart_rx_isr(void) {
+    REG(UART_BASE + 0x08) = 3u;  /* the receive interrupt off until the link task waits again */
+    REG(UART_BASE + 0x0C) = 2u;
+    rtos_rx_from_isr();
+}
+#else
 static int uart_read_byte(void) {
     while (!(REG(UART_BASE + 0x04) & 2u)) {}
     return (int)(REG(UART_BASE) & 0xFFu);
 }
+#endif
 
 static void uart_puts(const char *s) {
     while (*s) uart_write((const uint8_t *)s++, 1);
@@ -66,6 +93,44 @@ static uint64_t counter_cycles(void *user) {
         lo = REG(CNTCV_LO);
     } while (hi != REG(CNTCV_HI));
     return (uint64_t)hi << 32 | lo;
+}
+#elif defined(CMSDK_TIMER) && defined(COLIBRI_FREERTOS)
+/* Under FreeRTOS several tasks read the counter and may preempt each other mid-read, so readers only read: the tick
+ * interrupt (every millisecond, far more often than the 171 s between wraps) is the one writer of the wrap count,
+ * behind a sequence number a reader checks (a seqlock: no interrupt masked, no lock taken). */
+static volatile uint32_t timer_seq, timer_last, timer_wraps;
+
+static void counter_init(void) {
+    REG(CMSDK_TIMER + 0x08) = 0xFFFFFFFFu; /* RELOAD */
+    REG(CMSDK_TIMER + 0x04) = 0xFFFFFFFFu; /* VALUE */
+    REG(CMSDK_TIMER + 0x00) = 1u;          /* CTRL: enable, no interrupt */
+    timer_last = REG(CMSDK_TIMER + 0x04);
+}
+
+void vApplicationTickHook(void);
+void vApplicationTickHook(void) {
+    timer_seq++;
+    __asm__ volatile("" ::: "memory");
+    const uint32_t now = REG(CMSDK_TIMER + 0x04);
+    if (now > timer_last) timer_wraps++;
+    timer_last = now;
+    __asm__ volatile("" ::: "memory");
+    timer_seq++;
+}
+
+static uint64_t counter_cycles(void *user) {
+    (void)user;
+    uint32_t seq, last, wraps, now;
+    do {
+        seq = timer_seq;
+        __asm__ volatile("" ::: "memory");
+        last = timer_last;
+        wraps = timer_wraps;
+        now = REG(CMSDK_TIMER + 0x04);
+        __asm__ volatile("" ::: "memory");
+    } while ((seq & 1u) || seq != timer_seq);
+    if (now > last) wraps++; /* wrapped since the tick's last look */
+    return ((uint64_t)wraps << 32) + (0xFFFFFFFFu - now);
 }
 #elif defined(CMSDK_TIMER)
 static uint32_t timer_last;
@@ -122,17 +187,56 @@ _Noreturn void reset_handler(void) {
 }
 
 typedef void (*vector)(void);
-__attribute__((section(".vectors"), used)) static const vector vectors[16] = {
+#if defined(COLIBRI_FREERTOS)
+void SVC_Handler(void);
+void PendSV_Handler(void);
+void SysTick_Handler(void);
+#define SVC_VECTOR SVC_Handler
+#define PENDSV_VECTOR PendSV_Handler
+#define SYSTICK_VECTOR SysTick_Handler
+#define VECTORS (16 + UART_RX_IRQ + 1)
+#else
+#define SVC_VECTOR default_handler
+#define PENDSV_VECTOR default_handler
+#define SYSTICK_VECTOR default_handler
+#define VECTORS 16
+#endif
+__attribute__((section(".vectors"), used)) static const vector vectors[VECTORS] = {
     (vector)(uintptr_t)&__stack_top, (vector)reset_handler, default_handler, hardfault_handler,
     default_handler, default_handler, default_handler, 0, 0, 0, 0,
-    default_handler, default_handler, 0, default_handler, default_handler,
+    SVC_VECTOR, default_handler, 0, PENDSV_VECTOR, SYSTICK_VECTOR,
+#if defined(COLIBRI_FREERTOS)
+    [16 + UART_RX_IRQ] = uart_rx_isr,
+#endif
 };
+
+#if defined(COLIBRI_FREERTOS)
+_Noreturn void board_fatal(const char *what, const char *name) {
+    uart_puts("\r\ncolibri: ");
+    uart_puts(what);
+    uart_puts(name);
+    uart_puts("\r\n");
+    board_exit(125);
+}
+
+_Noreturn void board_stop(uint32_t code) { board_exit(code); }
+
+void board_idle(void) { __asm__ volatile("wfi"); }
+
+/* NVIC: the UART's receive interrupt enabled, at a priority below configMAX_SYSCALL_INTERRUPT_PRIORITY's (it calls
+ * the kernel's FromISR API), the lowest the kernel's own handlers do not use. */
+static void uart_irq_init(void) {
+    *(volatile uint8_t *)(uintptr_t)(0xE000E400u + UART_RX_IRQ) = UART_IRQ_PRIORITY; /* NVIC_IPR, a byte each */
+    REG(0xE000E100u + 4u * (UART_RX_IRQ / 32u)) = 1u << (UART_RX_IRQ % 32u); /* NVIC_ISER */
+}
+#endif
 
 void board_main(void) {
     REG(0xE000ED08u) = (uint32_t)(uintptr_t)vectors; /* VTOR */
     uart_init();
     counter_init();
-    board_io io = {
+    static board_io io; /* static: FreeRTOS reuses this (main) stack for interrupts once the scheduler runs */
+    io = (board_io){
         .board = BOARD_NAME, .read_byte = uart_read_byte, .write = uart_write, .cycles = counter_cycles,
         .cycle_hz = CPU_HZ,
         /* QEMU's loader may have put an image here; if not, OPEN says "bad magic" until one is uploaded */
@@ -140,6 +244,12 @@ void board_main(void) {
         .upload = (uint8_t *)(uintptr_t)IMAGE_BASE, .upload_capacity = IMAGE_CAPACITY,
         .arena = __arena_start, .arena_size = (size_t)(__arena_end - __arena_start), .prefill_batch = PREFILL_BATCH,
     };
+#if defined(COLIBRI_FREERTOS)
+    uart_irq_init();
+    uart_puts("FreeRTOS: colibri " BOARD_NAME " ready\r\n");
+    rtos_start(&io);
+#else
     uart_puts("colibri " BOARD_NAME " ready\r\n");
     board_exit((uint32_t)link_serve(&io));
+#endif
 }

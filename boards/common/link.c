@@ -429,8 +429,91 @@ static void do_stats(link_state *l, uint8_t seq) {
     send(l, RSP_STATS, seq, sizeof fields);
 }
 
-int link_serve(const board_io *io) {
-    static link_state l; /* 20 KiB of buffers: static, not on a small board's stack */
+/* The link's one state: frame buffers and the open context (20 KiB: static, not on a small board's stack). */
+static link_state l;
+
+/* The request link_serve has received (in l.rx): its type, seq and payload length. */
+static uint8_t req_type, req_seq;
+static uint32_t req_len;
+
+/* A board's own request (BOARD_REQ_FIRST..BOARD_REQ_LAST, answered with type | 0x80): the board's hook builds the
+ * answer's payload in place, or says which error to send. */
+static void do_board_request(link_state *s, uint8_t type, uint8_t seq, uint32_t len) {
+    uint32_t n = 0;
+    uint64_t detail = 0;
+    uint32_t code = s->io->request(type, s->rx, len, payload(s), &n, &detail);
+    if (code || n > MAX_PAYLOAD) {
+        send_error(s, seq, code ? code : LINK_BAD_PAYLOAD, detail);
+        return;
+    }
+    send(s, (uint8_t)(type | 0x80u), seq, n);
+}
+
+void link_execute(void) {
+    const uint8_t type = req_type, seq = req_seq;
+    const uint32_t len = req_len;
+    const int needs_ctx = type == REQ_START || type == REQ_FEED || type == REQ_STEP || type == REQ_LOGITS ||
+                          type == REQ_STATS || type == REQ_TRACE;
+    if (needs_ctx && !l.ctx) {
+        send_error(&l, seq, LINK_NOT_OPEN, 0);
+        return;
+    }
+    switch (type) {
+    case REQ_INFO: do_info(&l, seq); break;
+    case REQ_OPEN: do_open(&l, seq, len); break;
+    case REQ_START: do_start(&l, seq, len); break;
+    case REQ_FEED: do_feed(&l, seq, len); break;
+    case REQ_STEP: do_step(&l, seq); break;
+    case REQ_LOGITS: do_logits(&l, seq, len); break;
+    case REQ_TRACE: do_trace(&l, seq, len); break;
+    case REQ_STATS: do_stats(&l, seq); break;
+    case REQ_UPLOAD_BEGIN: do_upload_begin(&l, seq, len); break;
+    case REQ_UPLOAD_CHUNK: do_upload_chunk(&l, seq, len); break;
+    case REQ_UPLOAD_END: do_upload_end(&l, seq); break;
+    default:
+        if (type >= BOARD_REQ_FIRST && type <= BOARD_REQ_LAST && l.io->request) do_board_request(&l, type, seq, len);
+        else send_error(&l, seq, LINK_UNKNOWN_TYPE, type);
+        break;
+    }
+}
+
+void link_context(const uint8_t **image, size_t *image_size, uint64_t *arena_used) {
+    *image = l.image;
+    *image_size = l.image_size;
+    if (!arena_used) return;
+    colibri_stats s = COLIBRI_STATS_INIT;
+    *arena_used = l.ctx && colibri_get_stats(l.ctx, &s) == COLIBRI_OK ? s.arena_bytes : 0;
+}
+
+/* Wait for the next request that is not a retransmission (answering those, and corrupt frames, itself): 1 with it in
+ * req_type, req_seq, req_len and l.rx; 0 after answering QUIT (its code in *code); -1 at the end of the stream. */
+static int next_request(int *code) {
+    for (;;) {
+        uint8_t type, seq;
+        uint32_t crc;
+        int len = recv_frame(&l, &type, &seq, &crc);
+        if (len == -1) return -1;
+        if (len < 0) continue;
+        if (l.have_last && seq == l.last_seq && crc == l.last_crc) { /* a retransmission: answer again */
+            l.io->write(l.tx, frame_bytes(l.tx));
+            continue;
+        }
+        l.have_last = 1;
+        l.last_seq = seq;
+        l.last_crc = crc;
+        if (type == REQ_QUIT) {
+            *code = len >= 4 ? (int)get32(l.rx) : 0;
+            send(&l, RSP_BYE, seq, 0);
+            return 0;
+        }
+        req_type = type;
+        req_seq = seq;
+        req_len = (uint32_t)len;
+        return 1;
+    }
+}
+
+static void link_start(const board_io *io) {
     l.io = io;
     l.image = io->image;
     l.image_size = io->image_size;
@@ -438,43 +521,18 @@ int link_serve(const board_io *io) {
     l.ctx = 0;
     l.have_last = 0;
     l.trace_len = 0;
-    for (;;) {
-        uint8_t type, seq;
-        uint32_t crc;
-        int len = recv_frame(&l, &type, &seq, &crc);
-        if (len == -1) return 0;
-        if (len < 0) continue;
-        if (l.have_last && seq == l.last_seq && crc == l.last_crc) { /* a retransmission: answer again */
-            io->write(l.tx, frame_bytes(l.tx));
-            continue;
-        }
-        l.have_last = 1;
-        l.last_seq = seq;
-        l.last_crc = crc;
-        const int needs_ctx = type == REQ_START || type == REQ_FEED || type == REQ_STEP || type == REQ_LOGITS ||
-                              type == REQ_STATS || type == REQ_TRACE;
-        if (needs_ctx && !l.ctx) {
-            send_error(&l, seq, LINK_NOT_OPEN, 0);
-            continue;
-        }
-        switch (type) {
-        case REQ_INFO: do_info(&l, seq); break;
-        case REQ_OPEN: do_open(&l, seq, (uint32_t)len); break;
-        case REQ_START: do_start(&l, seq, (uint32_t)len); break;
-        case REQ_FEED: do_feed(&l, seq, (uint32_t)len); break;
-        case REQ_STEP: do_step(&l, seq); break;
-        case REQ_LOGITS: do_logits(&l, seq, (uint32_t)len); break;
-        case REQ_TRACE: do_trace(&l, seq, (uint32_t)len); break;
-        case REQ_STATS: do_stats(&l, seq); break;
-        case REQ_UPLOAD_BEGIN: do_upload_begin(&l, seq, (uint32_t)len); break;
-        case REQ_UPLOAD_CHUNK: do_upload_chunk(&l, seq, (uint32_t)len); break;
-        case REQ_UPLOAD_END: do_upload_end(&l, seq); break;
-        case REQ_QUIT: {
-            uint32_t code = len >= 4 ? get32(l.rx) : 0;
-            send(&l, RSP_BYE, seq, 0);
-            return (int)code;
-        }
-        default: send_error(&l, seq, LINK_UNKNOWN_TYPE, type); break;
-        }
-    }
+}
+
+int link_serve(const board_io *io) {
+    link_start(io);
+    int code = 0, r;
+    while ((r = next_request(&code)) > 0) link_execute();
+    return r < 0 ? 0 : code;
+}
+
+int link_serve_elsewhere(const board_io *io) {
+    link_start(io);
+    int code = 0, r;
+    while ((r = next_request(&code)) > 0) io->execute();
+    return r < 0 ? 0 : code;
 }

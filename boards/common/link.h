@@ -32,9 +32,33 @@ typedef struct {
     /* Prompt tokens computed in one pass (colibri_options.prefill_batch) when OPEN asks for no expert
      * cache: at most this many, as many as the arena has room for. 0: one token a pass. */
     uint32_t prefill_batch;
+    /* For link_serve_elsewhere() (an RTOS board: docs/RTOS.md): called for every request but QUIT, it must see that
+     * link_execute() is called (in the task that owns the runtime's context) and return when it has returned. */
+    void (*execute)(void);
+    /* A board's own requests, types BOARD_REQ_FIRST..BOARD_REQ_LAST (NULL: none; such a type is then unknown, as
+     * on every other board). Build the answer's payload in `answer` (MAX_PAYLOAD bytes), set *answer_len and return
+     * 0: the answer goes out as type | 0x80. Or return an error code (a link error or a colibri_status) with *detail. */
+    uint32_t (*request)(uint8_t type, const uint8_t *payload, uint32_t len, uint8_t *answer, uint32_t *answer_len,
+                        uint64_t *detail);
 } board_io;
+
+#define BOARD_REQ_FIRST 0x70u
+#define BOARD_REQ_LAST 0x7Fu
 
 /* Serve requests; returns the exit code QUIT asked for, or 0 at end of stream. */
 int link_serve(const board_io *io);
+
+/* The same, each request run through io->execute (in another task) rather than here: the caller's stack never holds
+ * the runtime's frames. */
+int link_serve_elsewhere(const board_io *io);
+
+/* Run the request link_serve_elsewhere() has received (answering it), in the task io->execute hands it to, while
+ * link_serve_elsewhere() waits. */
+void link_execute(void);
+
+/* The image the link opens (the preloaded one or the last upload) and the arena its open context uses (0 when none
+ * is open; arena_used may be NULL): where a board's fetch hook copies from, and where it may open a second context on
+ * the same image, after the first in the arena. */
+void link_context(const uint8_t **image, size_t *image_size, uint64_t *arena_used);
 
 #endif

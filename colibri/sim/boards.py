@@ -1,6 +1,7 @@
 """Board descriptions: boards/<name>/board.toml, read as data."""
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,3 +96,30 @@ def load_board(name: str) -> Board:
     if not path.exists():
         raise ValueError(f"unknown board {name!r}; boards: {', '.join(board_names())}")
     return Board(name, tomllib.loads(path.read_text()))
+
+
+# ---- RTOS builds (docs/RTOS.md): a board.toml's [rtos.<name>] table; the kernel comes from the user's tree ----
+
+RTOS_KERNEL_ENV = {"freertos": "FREERTOS_KERNEL_PATH"}
+
+
+def rtos_names(spec: dict) -> list[str]:
+    """The RTOS builds a board has (`scons board=NAME rtos=<one of them>`)."""
+    return sorted(spec.get("rtos", {}))
+
+
+def rtos_kernel(rtos: str) -> Path | None:
+    """The kernel tree the environment names for `rtos` (FREERTOS_KERNEL_PATH), if it is one."""
+    path = os.environ.get(RTOS_KERNEL_ENV[rtos])
+    return Path(path) if path and (Path(path) / "tasks.c").is_file() and (Path(path) / "include").is_dir() else None
+
+
+def rtos_kernel_problem(rtos: str) -> str | None:
+    """Why an RTOS build cannot be made here, in one line saying what to set; None when it can."""
+    var = RTOS_KERNEL_ENV[rtos]
+    if rtos_kernel(rtos):
+        return None
+    given = os.environ.get(var)
+    what = f"{var}={given} is not a FreeRTOS kernel tree (no tasks.c and include/ there)" if given else f"{var} is not set"
+    return (f"rtos={rtos} needs the FreeRTOS kernel: {what}; set {var} to a FreeRTOS-Kernel checkout "
+            "(the folder with tasks.c, include/ and portable/)")

@@ -1,0 +1,422 @@
+/* Colibri inside FreeRTOS tasks, the same on every board with an RTOS build (scons board=NAME rtos=freertos;
+ * docs/RTOS.md). Every object is static: FreeRTOS allocates nothing here (configSUPPORT_DYNAMIC_ALLOCATION 0).
+ *
+ *   deadline   (highest) released every tick (1 kHz); records how late each release runs, by the board's counter
+ *   fetch      a stand-in for a DMA engine: copies an expert block out of the image region when the inference
+ *              task's fetch_start queues it, and wakes that task, which waits in fetch_wait
+ *   link       the serial protocol (link_serve_elsewhere): reads frames (sleeping on the UART's receive interrupt), hands each
+ *              request to the inference task and writes its answer
+ *   inference  owns the link's context: runs link_execute() for every request (the runtime's calls)
+ *   pair       a second context on the same image, after the first in the arena, at the inference task's priority:
+ *              the two share the core by time slicing (the board's requests PAIR_START, PAIR_RESULT)
+ *   idle       waits for an interrupt
+ *
+ * The runtime takes no lock and masks no interrupt; the only critical sections here are the kernel's own and the
+ * fetch engine's claim of a transfer record (a few instructions). */
+#include <stdint.h>
+
+#include "FreeRTOS.h"
+#include "queue.h"
+#include "task.h"
+
+#include "colibri.h"
+#include "link.h"
+#include "rtos.h"
+
+void *memcpy(void *dst, const void *src, size_t n);
+
+#ifndef STACK_LINK
+#error "board.toml's [rtos.freertos.stacks] gives every task's stack in bytes (-DSTACK_LINK=... from the build)"
+#endif
+#define WORDS(bytes) ((bytes) / sizeof(StackType_t))
+
+/* Priorities: above the inference tasks, everything that must answer promptly. */
+enum {
+    PRIO_INFERENCE = tskIDLE_PRIORITY + 2, /* the link's context and the pair's, time-sliced */
+    PRIO_LINK = tskIDLE_PRIORITY + 4,
+    PRIO_FETCH = tskIDLE_PRIORITY + 5,
+    PRIO_DEADLINE = configMAX_PRIORITIES - 1,
+};
+
+/* Task notification indices (configTASK_NOTIFICATION_ARRAY_ENTRIES). */
+enum { NOTIFY_JOB = 0, NOTIFY_FETCH = 1, NOTIFY_RX = 2, NOTIFY_PAIR = 3 };
+
+/* The board's own requests (link.h: BOARD_REQ_FIRST..LAST), answered with type | 0x80 (docs/RTOS.md). */
+enum { REQ_RTOS_STATS = 0x70, REQ_PAIR_START = 0x71, REQ_PAIR_RESULT = 0x72 };
+#define LINK_BAD_PAYLOAD 203u
+#define LINK_NOT_OPEN 204u
+
+static const board_io *board;
+
+typedef struct {
+    StaticTask_t tcb;
+    TaskHandle_t handle;
+    uint32_t stack_bytes;
+} task_slot;
+
+static StackType_t link_stack[WORDS(STACK_LINK)], inference_stack[WORDS(STACK_INFERENCE)],
+    fetch_stack[WORDS(STACK_FETCH)], deadline_stack[WORDS(STACK_DEADLINE)], pair_stack[WORDS(STACK_PAIR)];
+static task_slot link_t, inference_t, fetch_t, deadline_t, pair_t;
+
+/* ---- faults ---- */
+void rtos_assert_failed(int line) {
+    static char msg[] = "line 00000";
+    for (int i = 0; i < 5; i++, line /= 10) msg[9 - i] = (char)('0' + line % 10);
+    board_fatal("FreeRTOS assertion failed in the kernel at ", msg);
+}
+
+void vApplicationStackOverflowHook(TaskHandle_t task, char *name);
+void vApplicationStackOverflowHook(TaskHandle_t task, char *name) {
+    (void)task;
+    board_fatal("stack overflow in task ", name);
+}
+
+/* The idle task waits for an interrupt, so an idle board costs QEMU no host time; RTOS_STATS can make it spin instead
+ * (flag bit 1), for a deadline measurement under QEMU's -icount, whose virtual clock then follows instructions alone
+ * (a sleeping QEMU follows the host's clock, and wakes late by the host's scheduling). */
+static volatile uint8_t idle_spins;
+
+void vApplicationIdleHook(void);
+void vApplicationIdleHook(void) {
+    if (!idle_spins) board_idle();
+}
+
+/* ---- the link task and the inference task ---- */
+static volatile uint8_t inference_busy, pair_busy; /* inside a runtime call (for the preemption count) */
+static volatile uint32_t preemptions;              /* one inference task took the core from the other mid-call */
+static TaskHandle_t last_inference;                /* of the two, the one that ran last */
+
+/* The kernel's traceTASK_SWITCHED_IN: counts the times one inference task gets the core while the other is in the
+ * middle of a runtime call (higher-priority tasks, the deadline task every tick, may run between the two). */
+void rtos_switched_in(void) {
+    TaskHandle_t now = xTaskGetCurrentTaskHandle();
+    if (now != inference_t.handle && now != pair_t.handle) return;
+    if ((last_inference == inference_t.handle && inference_busy && now == pair_t.handle) ||
+        (last_inference == pair_t.handle && pair_busy && now == inference_t.handle))
+        preemptions++;
+    last_inference = now;
+}
+
+/* link_serve's execute hook, in the link task: the inference task runs the request; wait for it. */
+static void execute_in_inference_task(void) {
+    xTaskNotifyGiveIndexed(inference_t.handle, NOTIFY_JOB);
+    ulTaskNotifyTakeIndexed(NOTIFY_JOB, pdTRUE, portMAX_DELAY);
+}
+
+static void inference_task(void *arg) {
+    (void)arg;
+    for (;;) {
+        ulTaskNotifyTakeIndexed(NOTIFY_JOB, pdTRUE, portMAX_DELAY);
+        inference_busy = 1;
+        link_execute();
+        inference_busy = 0;
+        xTaskNotifyGiveIndexed(link_t.handle, NOTIFY_JOB);
+    }
+}
+
+static void link_task(void *arg) {
+    board_stop((uint32_t)link_serve_elsewhere((const board_io *)arg)); /* QUIT's code, as on the bare board */
+}
+
+/* Only the link task reads the UART. A notification given before it waits is kept, so none is lost. */
+void rtos_wait_rx(void) { ulTaskNotifyTakeIndexed(NOTIFY_RX, pdTRUE, portMAX_DELAY); }
+
+void rtos_rx_from_isr(void) {
+    BaseType_t woken = pdFALSE;
+    vTaskNotifyGiveIndexedFromISR(link_t.handle, NOTIFY_RX, &woken);
+    portYIELD_FROM_ISR(woken);
+}
+
+/* ---- the fetch task: a DMA engine's stand-in ----
+ * fetch_start claims a transfer record, queues its index and returns; the fetch task copies the block out of the
+ * image region (the board's slow memory) and wakes the record's owner, which waits in fetch_wait. With every record
+ * in flight (the runtime starts at most a layer's misses and guesses at once: far fewer), the copy is made at once. */
+#define TRANSFERS 16u
+enum { XFER_FREE, XFER_QUEUED, XFER_DONE };
+typedef struct {
+    const uint8_t *src;
+    void *dst;
+    size_t bytes;
+    TaskHandle_t owner;
+    volatile uint8_t state;
+} transfer;
+static transfer transfers[TRANSFERS];
+static StaticQueue_t fetch_queue_tcb;
+static uint8_t fetch_queue_storage[TRANSFERS];
+static QueueHandle_t fetch_queue;
+static volatile uint32_t transfers_queued, transfers_at_once;
+
+static int fetch_start(uint64_t offset, size_t bytes, void *dst) {
+    const uint8_t *image;
+    size_t size;
+    link_context(&image, &size, 0);
+    if (!image || offset > size || bytes > size - offset) return 1;
+    uint32_t i;
+    taskENTER_CRITICAL();
+    for (i = 0; i < TRANSFERS && transfers[i].state != XFER_FREE; i++) {}
+    if (i < TRANSFERS) transfers[i].state = XFER_QUEUED;
+    taskEXIT_CRITICAL();
+    if (i == TRANSFERS) { /* every record in flight: copy now */
+        transfers_at_once++;
+        memcpy(dst, image + offset, bytes);
+        return 0;
+    }
+    transfer *t = &transfers[i];
+    t->src = image + offset;
+    t->dst = dst;
+    t->bytes = bytes;
+    t->owner = xTaskGetCurrentTaskHandle();
+    const uint8_t index = (uint8_t)i;
+    transfers_queued++;
+    xQueueSend(fetch_queue, &index, portMAX_DELAY);
+    return 0;
+}
+
+static int fetch_wait(void *dst) {
+    TaskHandle_t me = xTaskGetCurrentTaskHandle();
+    for (uint32_t i = 0; i < TRANSFERS; i++) {
+        transfer *t = &transfers[i];
+        if (t->state == XFER_FREE || t->dst != dst || t->owner != me) continue;
+        while (t->state != XFER_DONE) ulTaskNotifyTakeIndexed(NOTIFY_FETCH, pdTRUE, portMAX_DELAY);
+        t->state = XFER_FREE;
+        return 0;
+    }
+    return 0; /* copied at once by fetch_start */
+}
+
+static void fetch_task(void *arg) {
+    (void)arg;
+    for (;;) {
+        uint8_t i;
+        if (xQueueReceive(fetch_queue, &i, portMAX_DELAY) != pdPASS) continue;
+        transfer *t = &transfers[i];
+        memcpy(t->dst, t->src, t->bytes);
+        t->state = XFER_DONE;
+        xTaskNotifyGiveIndexed(t->owner, NOTIFY_FETCH);
+    }
+}
+
+/* ---- the deadline task: a 1 kHz job beside inference ----
+ * Released every tick by xTaskDelayUntil; each release reads the board's counter. Lateness is measured against the
+ * first release of the window plus k periods of the counter: its spread (max - min) is the release jitter. */
+static struct {
+    volatile uint8_t restart;
+    uint64_t anchor, previous, releases;
+    int64_t late_min, late_max;
+    uint64_t interval_min, interval_max;
+} deadline;
+
+static void deadline_task(void *arg) {
+    (void)arg;
+    const uint64_t period = (uint32_t)board->cycle_hz / configTICK_RATE_HZ; /* (no 64-bit division: no libgcc) */
+    TickType_t wake = xTaskGetTickCount();
+    deadline.restart = 1;
+    for (;;) {
+        xTaskDelayUntil(&wake, 1);
+        const uint64_t now = board->cycles(0);
+        if (deadline.restart) {
+            deadline.restart = 0;
+            deadline.anchor = now;
+            deadline.releases = 0;
+            deadline.late_min = deadline.late_max = 0;
+            deadline.interval_min = UINT64_MAX;
+            deadline.interval_max = 0;
+        } else {
+            deadline.releases++;
+            const int64_t late = (int64_t)(now - deadline.anchor - deadline.releases * period);
+            if (late < deadline.late_min) deadline.late_min = late;
+            if (late > deadline.late_max) deadline.late_max = late;
+            const uint64_t interval = now - deadline.previous;
+            if (interval < deadline.interval_min) deadline.interval_min = interval;
+            if (interval > deadline.interval_max) deadline.interval_max = interval;
+        }
+        deadline.previous = now;
+    }
+}
+
+/* ---- the pair: a second context, in its own task ---- */
+#define PAIR_MAX 64u
+static struct {
+    uint32_t n_prompt, n_new, n_rows;
+    uint32_t tokens[PAIR_MAX]; /* the prompt, then the tokens it generated */
+    uint32_t crcs[PAIR_MAX];   /* colibri_crc32 of the logits after each fed token */
+    uint32_t status;
+    uint64_t cycles;
+    volatile uint8_t running, done;
+    TaskHandle_t waiter;
+    const uint8_t *image;
+    size_t image_size;
+    uint8_t *arena;
+    size_t arena_size;
+} pair;
+
+static uint32_t pair_row(colibri_ctx *ctx) {
+    const float *logits;
+    uint32_t vocab;
+    if (colibri_logits(ctx, &logits, &vocab) != COLIBRI_OK) return 0;
+    return colibri_crc32(0, logits, (size_t)vocab * sizeof(float));
+}
+
+static colibri_status pair_run(void) {
+    colibri_options opts = { .size = sizeof(colibri_options), .cycles = board->cycles };
+    colibri_ctx *ctx = 0;
+    uint64_t needed = 0;
+    colibri_status st = colibri_open(pair.image, pair.image_size, pair.arena, pair.arena_size, &opts, &ctx, &needed);
+    if (st) return st;
+    for (uint32_t i = 0; i < pair.n_prompt; i++) { /* a token at a time: every row's logits */
+        if ((st = colibri_feed(ctx, &pair.tokens[i], 1))) return st;
+        pair.crcs[pair.n_rows++] = pair_row(ctx);
+    }
+    colibri_sampler greedy;
+    colibri_sampler_init(&greedy, 0.0f, 0, 1.0f, 0);
+    for (uint32_t k = 0; k < pair.n_new; k++) {
+        if ((st = colibri_step(ctx, &greedy, &pair.tokens[pair.n_prompt + k]))) return st;
+        pair.crcs[pair.n_rows++] = pair_row(ctx);
+    }
+    return COLIBRI_OK;
+}
+
+static void pair_task(void *arg) {
+    (void)arg;
+    for (;;) {
+        ulTaskNotifyTakeIndexed(NOTIFY_JOB, pdTRUE, portMAX_DELAY);
+        const uint64_t t0 = board->cycles(0);
+        pair_busy = 1;
+        pair.status = pair_run();
+        pair_busy = 0;
+        pair.cycles = board->cycles(0) - t0;
+        pair.running = 0;
+        pair.done = 1;
+        if (pair.waiter) xTaskNotifyGiveIndexed(pair.waiter, NOTIFY_PAIR);
+    }
+}
+
+/* ---- the board's requests ---- */
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static void put64(uint8_t *p, uint64_t v) { put32(p, (uint32_t)v); put32(p + 4, (uint32_t)(v >> 32)); }
+static uint32_t get32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* RTOS_STATS [u32 flags: bit 0 restarts the deadline window, bit 1 makes the idle task spin rather than wait for an
+ * interrupt (until a RTOS_STATS without it)] -> the deadline window, the preemption and transfer counts and every
+ * task's stack. */
+static uint32_t rtos_stats(const uint8_t *in, uint32_t len, uint8_t *out, uint32_t *out_len) {
+    if (len != 0 && len != 4) return LINK_BAD_PAYLOAD;
+    put32(out, configTICK_RATE_HZ);
+    put32(out + 4, (uint32_t)board->cycle_hz / configTICK_RATE_HZ);
+    put64(out + 8, deadline.releases);
+    put64(out + 16, (uint64_t)deadline.late_min);
+    put64(out + 24, (uint64_t)deadline.late_max);
+    put64(out + 32, deadline.releases ? deadline.interval_min : 0);
+    put64(out + 40, deadline.interval_max);
+    put32(out + 48, preemptions);
+    put32(out + 52, transfers_queued);
+    put32(out + 56, transfers_at_once);
+    const struct { const char *name; TaskHandle_t handle; uint32_t bytes; } tasks[] = {
+        { "link", link_t.handle, link_t.stack_bytes },
+        { "inference", inference_t.handle, inference_t.stack_bytes },
+        { "fetch", fetch_t.handle, fetch_t.stack_bytes },
+        { "deadline", deadline_t.handle, deadline_t.stack_bytes },
+        { "pair", pair_t.handle, pair_t.stack_bytes },
+        { "idle", xTaskGetIdleTaskHandle(), configMINIMAL_STACK_SIZE * sizeof(StackType_t) },
+    };
+    const uint32_t n = sizeof tasks / sizeof tasks[0];
+    put32(out + 60, n);
+    uint8_t *p = out + 64;
+    for (uint32_t i = 0; i < n; i++, p += 28) { /* char name[16], u32 stack bytes, u32 most used, u32 priority */
+        uint32_t c = 0;
+        for (const char *s = tasks[i].name; *s && c < 15; s++) p[c++] = (uint8_t)*s;
+        while (c < 16) p[c++] = 0;
+        const uint32_t unused = (uint32_t)uxTaskGetStackHighWaterMark(tasks[i].handle) * sizeof(StackType_t);
+        put32(p + 16, tasks[i].bytes);
+        put32(p + 20, tasks[i].bytes - unused);
+        put32(p + 24, (uint32_t)uxTaskPriorityGet(tasks[i].handle));
+    }
+    *out_len = (uint32_t)(p - out);
+    if (len == 4) {
+        const uint32_t flags = get32(in);
+        idle_spins = (flags & 2u) != 0;
+        if (flags & 1u) deadline.restart = 1;
+    }
+    return 0;
+}
+
+/* PAIR_START u32 new tokens, u32 prompt tokens, u32 prompt[]: open a second context on the link's image, after the
+ * link's open context in the arena, and generate greedily in the pair task, at the inference task's priority. */
+static uint32_t pair_start(const uint8_t *in, uint32_t len, uint8_t *out, uint32_t *out_len, uint64_t *detail) {
+    if (len < 8) return LINK_BAD_PAYLOAD;
+    const uint32_t n_new = get32(in), n_prompt = get32(in + 4);
+    if (n_prompt == 0 || n_prompt > PAIR_MAX || n_new > PAIR_MAX - n_prompt || len != 8 + 4 * n_prompt) {
+        *detail = PAIR_MAX;
+        return LINK_BAD_PAYLOAD;
+    }
+    if (pair.running) return LINK_BAD_PAYLOAD;
+    uint64_t used;
+    link_context(&pair.image, &pair.image_size, &used);
+    if (!used) return LINK_NOT_OPEN; /* the link's context is open first: the pair's arena follows it */
+    used = (used + COLIBRI_ARENA_ALIGN - 1) & ~(uint64_t)(COLIBRI_ARENA_ALIGN - 1);
+    if (used >= board->arena_size) return COLIBRI_E_ARENA_TOO_SMALL;
+    pair.arena = (uint8_t *)board->arena + used;
+    pair.arena_size = board->arena_size - (size_t)used;
+    pair.n_prompt = n_prompt;
+    pair.n_new = n_new;
+    pair.n_rows = 0;
+    for (uint32_t i = 0; i < n_prompt; i++) pair.tokens[i] = get32(in + 8 + 4 * i);
+    pair.done = 0;
+    pair.running = 1;
+    xTaskNotifyGiveIndexed(pair_t.handle, NOTIFY_JOB);
+    put64(out, (uint64_t)(pair.arena - (uint8_t *)board->arena));
+    *out_len = 8;
+    return 0;
+}
+
+/* PAIR_RESULT: wait for the pair, then u32 status, u32 rows, u64 cycles, u32 tokens[prompt + new], u32 crcs[rows]. */
+static uint32_t pair_result(uint8_t *out, uint32_t *out_len) {
+    if (!pair.running && !pair.done) return LINK_NOT_OPEN;
+    pair.waiter = xTaskGetCurrentTaskHandle();
+    while (!pair.done) ulTaskNotifyTakeIndexed(NOTIFY_PAIR, pdTRUE, portMAX_DELAY);
+    pair.waiter = 0;
+    put32(out, pair.status);
+    put32(out + 4, pair.n_rows);
+    put64(out + 8, pair.cycles);
+    uint8_t *p = out + 16;
+    for (uint32_t i = 0; i < pair.n_prompt + pair.n_new; i++, p += 4) put32(p, pair.tokens[i]);
+    for (uint32_t i = 0; i < pair.n_rows; i++, p += 4) put32(p, pair.crcs[i]);
+    *out_len = (uint32_t)(p - out);
+    return 0;
+}
+
+static uint32_t board_request(uint8_t type, const uint8_t *in, uint32_t len, uint8_t *out, uint32_t *out_len,
+                              uint64_t *detail) {
+    switch (type) {
+    case REQ_RTOS_STATS: return rtos_stats(in, len, out, out_len);
+    case REQ_PAIR_START: return pair_start(in, len, out, out_len, detail);
+    case REQ_PAIR_RESULT: return len ? LINK_BAD_PAYLOAD : pair_result(out, out_len);
+    default: *detail = type; return 202u; /* LINK_UNKNOWN_TYPE */
+    }
+}
+
+/* ---- start ---- */
+static TaskHandle_t create(task_slot *t, TaskFunction_t fn, const char *name, StackType_t *stack, uint32_t bytes,
+                           UBaseType_t prio, void *arg) {
+    t->stack_bytes = bytes;
+    t->handle = xTaskCreateStatic(fn, name, (configSTACK_DEPTH_TYPE)WORDS(bytes), arg, prio, stack, &t->tcb);
+    return t->handle;
+}
+
+_Noreturn void rtos_start(board_io *io) {
+    io->execute = execute_in_inference_task;
+    io->request = board_request;
+    io->fetch_start = fetch_start;
+    io->fetch_wait = fetch_wait;
+    board = io;
+    fetch_queue = xQueueCreateStatic(TRANSFERS, 1, fetch_queue_storage, &fetch_queue_tcb);
+    create(&deadline_t, deadline_task, "deadline", deadline_stack, STACK_DEADLINE, PRIO_DEADLINE, 0);
+    create(&fetch_t, fetch_task, "fetch", fetch_stack, STACK_FETCH, PRIO_FETCH, 0);
+    create(&link_t, link_task, "link", link_stack, STACK_LINK, PRIO_LINK, io);
+    create(&inference_t, inference_task, "inference", inference_stack, STACK_INFERENCE, PRIO_INFERENCE, 0);
+    create(&pair_t, pair_task, "pair", pair_stack, STACK_PAIR, PRIO_INFERENCE, 0);
+    vTaskStartScheduler();
+    board_fatal("the scheduler did not start", "");
+}

@@ -1,0 +1,153 @@
+"""The RTOS builds' own requests (docs/RTOS.md), the board requests 0x70-0x7F that boards/common/freertos/freertos.c
+answers with type | 0x80: the deadline task's release jitter, every task's stack high-water mark, and a second
+context in a task of its own.
+
+  python -m colibri.sim.rtos IMAGE --board cortex_m55 [--icount 5] [--tokens 8]
+
+boots the board's FreeRTOS build (build/<board>/release-freertos), restarts the deadline window with the idle task
+spinning, runs a greedy generation verified against the numpy reference, and prints the jitter and the stacks.
+"""
+from __future__ import annotations
+
+import struct
+import sys
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from colibri.protocol import Client, Sampling
+
+REQ_RTOS_STATS, REQ_PAIR_START, REQ_PAIR_RESULT = 0x70, 0x71, 0x72
+RESTART, SPIN = 1, 2  # RTOS_STATS flags: restart the deadline window; the idle task spins rather than sleeps
+
+
+@dataclass
+class TaskStack:
+    name: str
+    bytes: int       # given to xTaskCreateStatic
+    used: int        # the most it has used: bytes less uxTaskGetStackHighWaterMark's
+    priority: int
+
+
+@dataclass
+class RtosStats:
+    tick_hz: int
+    period: int              # counter ticks in a tick period
+    releases: int            # of the deadline task since the window started
+    late_min: int            # each release's time less (the window's first + k periods), in counter ticks
+    late_max: int
+    interval_min: int        # between consecutive releases, counter ticks
+    interval_max: int
+    preemptions: int         # one inference task got the core while the other was inside a runtime call
+    transfers_queued: int    # expert blocks the fetch task copied
+    transfers_at_once: int   # copied in fetch_start, every transfer record being in flight
+    tasks: list[TaskStack]
+
+    @property
+    def jitter(self) -> int:
+        """The release jitter: the spread of the releases' lateness, counter ticks."""
+        return self.late_max - self.late_min
+
+    def task(self, name: str) -> TaskStack:
+        return next(t for t in self.tasks if t.name == name)
+
+
+def rtos_stats(client: Client, flags: int = 0) -> RtosStats:
+    p = client.call(REQ_RTOS_STATS, struct.pack("<I", flags), REQ_RTOS_STATS | 0x80)
+    fields = struct.unpack_from("<IIQqqQQIIII", p)
+    tasks = []
+    for i in range(fields[-1]):
+        name, size, used, prio = struct.unpack_from("<16sIII", p, 64 + 28 * i)
+        tasks.append(TaskStack(name.rstrip(b"\0").decode(), size, used, prio))
+    return RtosStats(*fields[:-1], tasks)
+
+
+def pair_start(client: Client, prompt: list[int], new_tokens: int) -> int:
+    """Start a second context on the open image, generating greedily in the pair task; its arena's offset."""
+    p = client.call(REQ_PAIR_START, struct.pack(f"<II{len(prompt)}I", new_tokens, len(prompt), *prompt),
+                    REQ_PAIR_START | 0x80)
+    return struct.unpack("<Q", p)[0]
+
+
+@dataclass
+class PairResult:
+    status: int
+    tokens: list[int]   # the prompt, then what it generated
+    crcs: list[int]     # CRC-32 of each row of logits (after each fed token)
+    cycles: int
+
+
+def pair_result(client: Client, n_tokens: int) -> PairResult:
+    p = client.call(REQ_PAIR_RESULT, b"", REQ_PAIR_RESULT | 0x80)
+    status, rows, cycles = struct.unpack_from("<IIQ", p)
+    tokens = list(struct.unpack_from(f"<{n_tokens}I", p, 16))
+    crcs = list(struct.unpack_from(f"<{rows}I", p, 16 + 4 * n_tokens))
+    return PairResult(status, tokens, crcs, cycles)
+
+
+def row_crcs(logits) -> list[int]:
+    """The CRC-32 of each row of float32 logits, as the board computes it (colibri_crc32 is zlib's)."""
+    return [zlib.crc32(row.astype("<f4").tobytes()) & 0xFFFFFFFF for row in logits]
+
+
+class MeasuringClient(Client):
+    """A Client that, after OPEN, restarts the deadline window (flags), and before QUIT reads the RTOS stats:
+    flash.run_session's generation measured as it runs."""
+
+    def __init__(self, *args, flags: int = RESTART, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.flags = flags
+        self.rtos: RtosStats | None = None
+
+    def open(self, *args, **kwargs):
+        opened = super().open(*args, **kwargs)
+        rtos_stats(self, self.flags)
+        return opened
+
+    def quit(self, code: int = 0) -> None:
+        self.rtos = rtos_stats(self, self.flags & SPIN)
+        super().quit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from colibri.flash import run_session, verify
+    from colibri.image import read_image
+    from colibri.paths import ROOT
+    from colibri.reference import Reference
+    from colibri.sim.boards import load_board
+    from colibri.sim.launch import start_board
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("image", type=Path)
+    ap.add_argument("--board", default="cortex_m55")
+    ap.add_argument("--icount", type=int, default=5, help="QEMU -icount shift: 2^N ns an instruction (default 5)")
+    ap.add_argument("--tokens", type=int, default=8, help="new tokens to generate")
+    ap.add_argument("--prompt-tokens", default="13,1,2,3,10,0,4,5,11")
+    ap.add_argument("--expert-cache", type=int, default=0)
+    args = ap.parse_args(argv)
+    board = load_board(args.board)
+    firmware = ROOT / "build" / args.board / "release-freertos" / "firmware.elf"
+    prompt = [int(t) for t in args.prompt_tokens.split(",")]
+    extra = ["-icount", f"shift={args.icount}"] if args.icount >= 0 else []
+    with start_board(board, firmware, args.image, extra) as device:
+        client = MeasuringClient(device.link, timeout=120, flags=RESTART | SPIN)
+        result = run_session(client, args.image, prompt, args.tokens, Sampling(), True, False,
+                             expert_cache=args.expert_cache)
+    v = verify(Reference(read_image(args.image.read_bytes())), prompt, result, Sampling())
+    s = client.rtos
+    us = 1e6 / (s.period * s.tick_hz)  # a counter tick in microseconds
+    print(f"{args.board} FreeRTOS, QEMU -icount shift={args.icount}: {len(prompt)} + {args.tokens} tokens, "
+          f"logits {'bit-identical to the reference' if v.bit_identical else 'DIFFER'}")
+    print(f"deadline task at {s.tick_hz} Hz: {s.releases} releases, lateness {s.late_min * us:+.1f} to "
+          f"{s.late_max * us:+.1f} us (jitter {s.jitter * us:.1f} us), intervals {s.interval_min * us:.1f} to "
+          f"{s.interval_max * us:.1f} us")
+    print(f"fetch task: {s.transfers_queued} transfers ({s.transfers_at_once} copied at once)")
+    for t in s.tasks:
+        print(f"  {t.name:<10} priority {t.priority}  stack {t.bytes:>6,}  most used {t.used:>6,}")
+    return 0 if v.bit_identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""Colibri inside FreeRTOS tasks (docs/RTOS.md): `scons board=NAME rtos=freertos` for every board whose board.toml
+has [rtos.freertos], with the kernel tree FREERTOS_KERNEL_PATH names (.ci/run sets it). Every model test runs on
+these builds too ("cortex_m55@freertos" in conftest.MODEL_BOARDS); here are what only an RTOS build has: no heap in
+the whole ELF, each task's stack against its static worst case, expert streaming through the fetch task, two contexts
+in two tasks, and a 1 kHz task's deadlines kept beside inference. Without the kernel every test here but the first is
+skipped, saying what to set."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import MODEL_BOARDS, ROOT, RTOS_BOARDS, assert_bit_identical, board_name, build_run
+from colibri import footprint
+from colibri.flash import run_session
+from colibri.image import read_image
+from colibri.pack import pack
+from colibri.protocol import Sampling
+from colibri.reference import Reference
+from colibri.sim.boards import load_board, rtos_kernel_problem
+from colibri.sim.launch import start_board
+from colibri.sim.rtos import (RESTART, SPIN, MeasuringClient, pair_result, pair_start, row_crcs, rtos_stats)
+
+PROMPT = [13, 1, 2, 3, 10, 0, 4, 5, 11]  # the demo model's "^123+045=": its answer takes 5 tokens
+# Under QEMU's -icount shift=5 an instruction takes 32 ns of the virtual clock the boards' counters and timers follow:
+# a core of 31.25 MHz doing one instruction a cycle, near the Cortex-M55's 32 MHz and the M4's 25 MHz.
+ICOUNT = ["-icount", "shift=5"]
+# The bound on the deadline task's release jitter there: 1,000 instructions (32 us, 3.2% of its 1 ms period). A
+# release is the tick's exception entry, the kernel's tick handler (which walks the delayed list), PendSV's context
+# switch (saving the FP state when the interrupted task used it) and the task's counter read: a few hundred
+# instructions, whose length varies with what was interrupted; the kernel's own critical sections (BASEPRI raised in
+# its queue and notification calls, tens of instructions) may delay it further. The runtime adds nothing: it masks no
+# interrupt (test_the_runtime_masks_no_interrupt), so inference at a lower priority cannot delay the task.
+JITTER_INSTRUCTIONS = 1000
+
+
+def kernel_or_skip(run: str) -> None:
+    problem = rtos_kernel_problem(run.partition("@")[2])
+    if problem:
+        pytest.skip(problem)
+
+
+@pytest.fixture(scope="module")
+def demo_image(tmp_path_factory):
+    """The shipped demo model at max_seq 16 (2 layers of 4 f32 experts, top-2: the minimum cache is 2 slots)."""
+    path = tmp_path_factory.mktemp("rtos") / "demo.img"
+    pack(ROOT / "models" / "demo-adder", path, 16, 64)
+    return path
+
+
+def test_an_rtos_build_without_the_kernel_says_what_to_set(tmp_path):
+    """No FREERTOS_KERNEL_PATH (or one that is not a kernel tree): the build stops with one line naming it."""
+    for value in (None, str(tmp_path)):
+        env = {k: v for k, v in os.environ.items() if k != "FREERTOS_KERNEL_PATH"}
+        if value:
+            env["FREERTOS_KERNEL_PATH"] = value
+        done = subprocess.run([sys.executable, "-m", "SCons", "-Q", "board=cortex_m55", "rtos=freertos"], cwd=ROOT,
+                              env=env, capture_output=True, text=True)
+        assert done.returncode != 0
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "set FREERTOS_KERNEL_PATH to a FreeRTOS-Kernel checkout" in lines[0], done.stderr
+        assert ("is not set" if value is None else f"{value} is not a FreeRTOS kernel tree") in lines[0]
+
+
+@pytest.mark.parametrize("run", RTOS_BOARDS)
+def test_rtos_builds_run_every_model_test(run):
+    """Their logits byte-identical to the bare board's: every model test runs on them (MODEL_BOARDS)."""
+    kernel_or_skip(run)
+    assert run in MODEL_BOARDS and board_name(run) in MODEL_BOARDS
+
+
+@pytest.mark.parametrize("run", RTOS_BOARDS)
+def test_rtos_firmware_has_no_heap_and_every_task_stack_fits(run):
+    """The whole ELF, kernel included, allocates nothing (FreeRTOS's pvPortMalloc and vPortFree are forbidden too),
+    and each task's stack holds its static worst case plus what the port keeps on a switched-out task, the
+    inference task's sized from that figure (within 256 bytes)."""
+    kernel_or_skip(run)
+    board, rtos = run.split("@")
+    build_run(run)
+    r = footprint.board_report(board, f"release-{rtos}", None)
+    assert r["forbidden"] == {} and r["fits"], r["memory"]
+    elf = footprint.inspect(ROOT / "build" / board / f"release-{rtos}" / "firmware.elf")
+    assert not elf.forbidden
+    kernel = {p.name for p in (ROOT / "build" / board / f"release-{rtos}" / "kernel").glob("*.o")}
+    assert {"tasks.o", "queue.o", "list.o", "port.o"} <= kernel and not any(k.startswith("heap_") for k in kernel)
+    tasks = {t["task"]: t for t in r["tasks"]}
+    assert set(tasks) == {"link", "inference", "fetch", "deadline", "pair"}
+    for t in tasks.values():
+        assert t["need"] is not None and t["static"] > 0 and t["need"] <= t["given"], t
+    assert tasks["inference"]["given"] - tasks["inference"]["need"] < 256
+    assert any(p.endswith("colibri_open") for p in tasks["inference"]["path"])  # the runtime's frames are in it
+
+
+@pytest.mark.parametrize("run", RTOS_BOARDS)
+def test_the_runtime_masks_no_interrupt(run):
+    """The runtime's objects hold no instruction that masks interrupts (Arm: cpsid, or a write to PRIMASK, BASEPRI or
+    FAULTMASK; RISC-V: a write to mstatus or mie), so it cannot delay a higher-priority task's interrupt."""
+    kernel_or_skip(run)
+    board, rtos = run.split("@")
+    build_run(run)
+    objdump = load_board(board).spec["objcopy"].replace("objcopy", "objdump")
+    out = ROOT / "build" / board / f"release-{rtos}"
+
+    def masking(objects) -> list[str]:
+        text = subprocess.run([objdump, "-d", *map(str, objects)], capture_output=True, text=True, check=True).stdout
+        assert len(text) > 1000
+        return [line for line in text.splitlines()
+                if any(m in line for m in ("\tcpsid", "\tmsr\tPRIMASK", "\tmsr\tBASEPRI", "\tmsr\tFAULTMASK",
+                                           "mstatus", "\tmie"))]
+    assert masking(sorted((out / "firmware").glob("*.o"))) == []
+    assert masking(sorted((out / "kernel").glob("port*.o")))  # the kernel's port does, where the check sees it
+
+
+def stack_bounds(run: str) -> dict[str, int]:
+    """Each task's static worst case plus the port's context, from the footprint report."""
+    board, rtos = run.split("@")
+    return {t["task"]: t["need"] for t in footprint.board_report(board, f"release-{rtos}", None)["tasks"]}
+
+
+def assert_stacks_within_bounds(run: str, stats) -> None:
+    bounds = stack_bounds(run)
+    for task in stats.tasks:
+        if task.name in bounds:
+            assert 0 < task.used <= bounds[task.name] <= task.bytes, (task, bounds[task.name])
+
+
+@pytest.mark.parametrize("run", RTOS_BOARDS)
+def test_streaming_at_the_minimum_cache_goes_through_the_fetch_task(run, demo_image, firmwares):
+    """OPEN with the smallest expert cache (one layer's top-k): every routed expert reaches the arena through the
+    board's asynchronous hooks, fetch_start queueing each block to the fetch task and fetch_wait sleeping until it
+    has copied it; the logits are the reference's, bit for bit, with prefetch on and off."""
+    kernel_or_skip(run)
+    ref = Reference(read_image(demo_image.read_bytes()))
+    slots = ref.d.top_k
+    for prefetch in (True, False):
+        with start_board(load_board(board_name(run)), firmwares[run], demo_image) as device:
+            client = MeasuringClient(device.link, timeout=60)
+            result = run_session(client, demo_image, PROMPT, 5, Sampling(), True, False, expert_cache=slots,
+                                 prefetch=prefetch)
+        assert device.guest_code == 0
+        assert result.expert_cache == slots and result.tokens == ref.greedy(PROMPT, 5)
+        assert_bit_identical(result.logits, ref.forward(PROMPT + result.tokens))
+        s = client.rtos
+        assert result.stats["expert_misses"] > 0
+        assert s.transfers_queued == result.stats["expert_misses"] + result.stats["prefetch_issued"]
+        assert s.transfers_at_once == 0
+        assert_stacks_within_bounds(run, s)
+        assert s.task("fetch").used > 0
+
+
+@pytest.mark.parametrize("run", RTOS_BOARDS)
+def test_two_contexts_in_two_tasks_each_as_if_alone(run, demo_image, firmwares):
+    """The link's context (the inference task) and a second one on the same image (the pair task, after the first in
+    the arena), at one priority, time-sliced, each preempted by the other in the middle of runtime calls: both give
+    the reference's tokens and logits, bit for bit, as each does alone. Every task's stack stays within its static
+    bound."""
+    kernel_or_skip(run)
+    ref = Reference(read_image(demo_image.read_bytes()))
+    other = [13, 9, 8, 7, 10, 0, 1, 2, 11]  # "^987+012="
+    new = ref.d.max_seq - len(other)
+
+    class Pair(MeasuringClient):
+        def open(self, *args, **kwargs):
+            opened = super().open(*args, **kwargs)
+            self.arena_offset = pair_start(self, other, new)
+            return opened
+
+        def quit(self, code: int = 0) -> None:
+            self.pair = pair_result(self, len(other) + new)
+            super().quit(code)
+
+    with start_board(load_board(board_name(run)), firmwares[run], demo_image) as device:
+        client = Pair(device.link, timeout=60)
+        result = run_session(client, demo_image, PROMPT, 5, Sampling(), True, False)
+    assert device.guest_code == 0
+    assert client.arena_offset >= result.stats["arena_bytes"] and client.arena_offset % 64 == 0
+    assert result.tokens == ref.greedy(PROMPT, 5)
+    assert_bit_identical(result.logits, ref.forward(PROMPT + result.tokens))
+    pair = client.pair
+    assert pair.status == 0 and pair.tokens == other + ref.greedy(other, new)
+    assert pair.crcs == row_crcs(ref.forward(pair.tokens))
+    s = client.rtos
+    assert s.preemptions > 0  # they really ran at once
+    assert_stacks_within_bounds(run, s)
+    assert s.task("pair").used > s.task("pair").bytes // 2 and s.task("inference").used > s.task("inference").bytes // 2
+
+
+@pytest.mark.parametrize("run", RTOS_BOARDS)
+def test_a_1khz_task_keeps_its_deadlines_beside_inference(run, demo_image, firmwares):
+    """Under QEMU's -icount (the virtual clock follows instructions, not the host's scheduling) the deadline task,
+    released every 1 ms tick at the highest priority, is measured by the board's counter over a verified generation:
+    its release jitter stays under JITTER_INSTRUCTIONS' worth of time. The idle task spins meanwhile (RTOS_STATS flag):
+    a QEMU that sleeps in WFI wakes on the host's clock, late by the host's scheduling."""
+    kernel_or_skip(run)
+    ref = Reference(read_image(demo_image.read_bytes()))
+    with start_board(load_board(board_name(run)), firmwares[run], demo_image, ICOUNT) as device:
+        client = MeasuringClient(device.link, timeout=120, flags=RESTART | SPIN)
+        result = run_session(client, demo_image, PROMPT, 5, Sampling(), True, False)
+    assert device.guest_code == 0
+    assert_bit_identical(result.logits, ref.forward(PROMPT + result.tokens))
+    s = client.rtos
+    hz = s.period * s.tick_hz
+    bound = JITTER_INSTRUCTIONS * 32e-9 * hz  # counter ticks
+    us = 1e6 / hz
+    print(f"\n{run}: {s.releases} releases of the 1 kHz task during a {len(PROMPT)} + 5 token generation: lateness "
+          f"{s.late_min * us:+.1f} to {s.late_max * us:+.1f} us, jitter {s.jitter * us:.1f} us (bound "
+          f"{bound * us:.0f} us); intervals {s.interval_min * us:.1f} to {s.interval_max * us:.1f} us")
+    assert s.releases >= 50
+    assert s.jitter <= bound
+    assert s.period - bound <= s.interval_min <= s.interval_max <= s.period + bound
+    assert_stacks_within_bounds(run, s)
