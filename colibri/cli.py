@@ -7,6 +7,7 @@
   colibri info model.img                          what an image holds, and which boards it fits
   colibri footprint --board cortex_m4 [...]       tools/footprint.py: sizes, stack, purity of a build
   colibri report trace.json [...]                 tools/routing_report.py: where the experts' time goes
+  colibri farm export|verify|places [...]         board farms through labgrid (docs/FARM.md)
   colibri --version                               the package's version
 
 `colibri SUBCOMMAND --help` lists each one's options. Building, running on a board and the footprint report
@@ -21,7 +22,8 @@ from colibri import __version__
 from colibri.console import run_tool
 
 SUBCOMMANDS = {"pack": "colibri.pack", "run": "colibri.flash", "build": "colibri.build", "boards": "colibri.boards_cli",
-               "info": "colibri.info", "footprint": "colibri.footprint", "report": "colibri.routing_report"}
+               "info": "colibri.info", "footprint": "colibri.footprint", "report": "colibri.routing_report",
+               "farm": "colibri.farm.cli"}
 
 
 def main(argv: list[str] | None = None) -> int:
