@@ -9,19 +9,21 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zlib
 
 import pytest
 
 from conftest import MODEL_BOARDS, ROOT, RTOS_BOARDS, assert_bit_identical, board_name, build_run
 from colibri import footprint
-from colibri.flash import run_session
+from colibri.flash import run_on_board, run_session
 from colibri.image import read_image
 from colibri.pack import pack
 from colibri.protocol import Sampling
 from colibri.reference import Reference
 from colibri.sim.boards import load_board, rtos_kernel_problem
 from colibri.sim.launch import start_board
-from colibri.sim.rtos import (RESTART, SPIN, MeasuringClient, pair_result, pair_start, row_crcs, rtos_stats)
+from colibri.sim.rtos import RESTART, SPIN, MeasuringClient, pair_result, pair_start, row_crcs
+from test_trace import mixed_image, test_trace_matches_reference_routing as trace_matches_reference  # noqa: F401
 
 PROMPT = [13, 1, 2, 3, 10, 0, 4, 5, 11]  # the demo model's "^123+045=": its answer takes 5 tokens
 # Under QEMU's -icount shift=5 an instruction takes 32 ns of the virtual clock the boards' counters and timers follow:
@@ -111,6 +113,26 @@ def test_the_runtime_masks_no_interrupt(run):
                                            "mstatus", "\tmie"))]
     assert masking(sorted((out / "firmware").glob("*.o"))) == []
     assert masking(sorted((out / "kernel").glob("port*.o")))  # the kernel's port does, where the check sees it
+
+
+@pytest.mark.parametrize("run", RTOS_BOARDS)
+def test_serial_upload_path(run, images, firmwares):
+    """The image sent over the link in checksummed chunks (the link task reads them on the receive interrupt, the
+    inference task writes them), as to a real board without a loader: the same tokens and logits."""
+    kernel_or_skip(run)
+    image = images["top3_gqa4_tied"]
+    result = run_on_board(image, board_name(run), PROMPT[:4], 8, Sampling(), True, firmware=firmwares[run], upload=True)
+    assert result.upload_crc32 == zlib.crc32(image.read_bytes())
+    ref = Reference(read_image(image.read_bytes()))
+    assert result.tokens == ref.greedy(PROMPT[:4], 8)
+    assert_bit_identical(result.logits, ref.forward(PROMPT[:4] + result.tokens))
+
+
+@pytest.mark.parametrize("run", RTOS_BOARDS)
+def test_trace_matches_reference_routing(run, images, mixed_image, firmwares, tmp_path):  # noqa: F811
+    """tests/test_trace.py's check, on the RTOS builds: every layer's routing and residual CRCs are the reference's."""
+    kernel_or_skip(run)
+    trace_matches_reference(run, "mixed", images, mixed_image, firmwares, tmp_path)
 
 
 def stack_bounds(run: str) -> dict[str, int]:
