@@ -562,6 +562,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", help="a real board's serial port: /dev/ttyUSB0, or a URL such as socket://host:2000 "
                                    "(ser2net) or rfc2217://host:2217; implies --upload")
     ap.add_argument("--baud", type=int, default=921600, help="baud rate for --port (default 921600)")
+    ap.add_argument("--place", metavar="NAME|TAG=VALUE", help="a board farm's labgrid place, by name or tags "
+                    "(board=cortex_m55: any free one): held for the run, its board reset, the image uploaded over its "
+                    "serial port (docs/FARM.md; coordinator from $LG_COORDINATOR)")
+    ap.add_argument("--place-timeout", type=float, default=60.0, metavar="SECONDS",
+                    help="how long --place waits while someone else holds the place (default 60)")
+    ap.add_argument("--lg-env", metavar="FILE", help="for --place: a labgrid environment file (its "
+                                                     "coordinator_address; its targets' colibri_board option)")
     ap.add_argument("--gdb", action="store_true", help="start QEMU halted with a GDB stub and print how to attach")
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--prompt", metavar="TEXT", help="a prompt in words, encoded with the image's tokenizer; the "
@@ -615,6 +622,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-prefetch", action="store_true",
                     help="with --expert-cache: do not guess and fetch the next layer's experts early")
     args = ap.parse_args(argv)
+    if args.place:
+        from colibri.farm.run import run_on_place
+        return run_on_place(ap, args, run)
+    return run(ap, args)
+
+
+def run(ap: Parser, args: argparse.Namespace) -> int:
+    """colibri run with its arguments parsed (on a board it starts, or the one at --port)."""
     if args.max_new_tokens < 0:
         ap.error("--max-new-tokens must be >= 0")
     if not 1 <= args.threads <= 64:

@@ -28,7 +28,7 @@ class FarmError(Exception):
 def require_labgrid() -> None:
     """FarmError, in one line, when labgrid is not installed."""
     try:
-        import labgrid  # noqa: F401
+        import labgrid  # noqa: F401  (only whether it is there)
     except ImportError:
         raise FarmError("board farms need labgrid, which is not installed: pip install 'colibri[farm]' "
                         "(or pip install labgrid)") from None

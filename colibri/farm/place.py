@@ -9,7 +9,6 @@ every way out (an error, Ctrl-C, SIGTERM).
 """
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -20,7 +19,6 @@ from colibri.farm import FarmError
 from colibri.farm.coordinator import Coordinator, PlaceView, Resource
 
 POLL_S = 0.25  # between polls of a waiting reservation (each poll also keeps it from expiring)
-SERIAL_WAIT_S = 15.0  # for a place's serial server to accept connections (after a reset, a QEMU restarting)
 BOOT_WAIT_S = 30.0  # for its board to answer after a reset
 HELLO_TIMEOUT_S = 2.0  # one INFO while waiting for that (a Cortex-M under QEMU answers its first in about 1 s)
 DEFAULT_POWER_DELAY = 2.0  # labgrid's NetworkPowerDriver: seconds off in a power cycle
@@ -88,8 +86,8 @@ class HeldPlace:
     reset: str  # what was done to reset the board before the run, as the user reads it
 
 
-def serial_url(resource: Resource) -> tuple[str, str, int]:
-    """(URL, host, port) of a NetworkSerialPort, through labgrid's proxy manager (an exporter that requires a
+def serial_url(resource: Resource) -> str:
+    """The pyserial URL of a NetworkSerialPort, through labgrid's proxy manager (an exporter that requires a
     proxy, or $LG_PROXY: an SSH forward)."""
     from labgrid import Target
     from labgrid.factory import target_factory
@@ -100,10 +98,10 @@ def serial_url(resource: Resource) -> tuple[str, str, int]:
     host, number = proxymanager.get_host_and_port(port)
     protocol = resource.args.get("protocol", "rfc2217")
     if protocol == "raw":
-        return f"socket://{host}:{number}", host, number
+        return f"socket://{host}:{number}"
     if protocol == "rfc2217":
         # as labgrid's SerialDriver: ser2net's RFC 2217 server need not take modem control lines
-        return f"rfc2217://{host}:{number}?ign_set_control", host, number
+        return f"rfc2217://{host}:{number}?ign_set_control"
     raise FarmError(f"serial port {resource.name}: unknown protocol {protocol!r} (raw or rfc2217)")
 
 
@@ -136,38 +134,34 @@ def power_cycle(place: str, resource: Resource, delay: float) -> None:
             target.deactivate_all_drivers()
 
 
-def wait_for_serial(place: str, host: str, port: int, timeout: float = SERIAL_WAIT_S) -> None:
-    """Until the serial server accepts a connection (it may be restarting after the reset)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection((host, port), timeout=2.0).close()
-            return
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                raise FarmError(f"place {place}: its serial port {host}:{port} does not accept connections "
-                                f"({exc.strerror or exc})") from None
-            time.sleep(0.1)
-
-
 def wait_for_board(place: str, url: str, baud: int, timeout: float = BOOT_WAIT_S) -> str:
-    """Until the board answers INFO (what it sends while it boots is not the protocol, and what reaches it before
-    its UART is set up is lost, so INFO is asked again every HELLO_TIMEOUT_S); the board's name as it says it."""
+    """Until the board answers INFO; the board's name as it says it. After a reset its serial server may not take
+    connections yet (a QEMU restarting), what the board sends while it boots is not the protocol, and what reaches
+    it before its UART is set up is lost: so the port is opened again while it fails, and INFO asked again every
+    HELLO_TIMEOUT_S."""
     from colibri.protocol import Client, LinkClosed, LinkError
     from colibri.sim.launch import open_port
     deadline = time.monotonic() + timeout
-    with open_port(url, baud) as link:
-        client = Client(link, timeout=HELLO_TIMEOUT_S, retries=0)
-        while True:
-            try:
-                return client.info().board
-            except LinkClosed as exc:
-                raise FarmError(f"place {place}: the board's serial link closed while it was starting ({exc})") \
-                    from None
-            except LinkError as exc:
-                if time.monotonic() > deadline:
-                    raise FarmError(f"place {place}: the board did not answer within {timeout:g} s of its reset "
-                                    f"({exc})") from None
+    problem = ""
+    while time.monotonic() < deadline:
+        try:
+            with open_port(url, baud) as link:
+                client = Client(link, timeout=HELLO_TIMEOUT_S, retries=0)
+                while True:
+                    try:
+                        return client.info().board
+                    except LinkClosed as exc:  # a QEMU on its way out: open it again
+                        problem = str(exc)
+                        break
+                    except LinkError as exc:
+                        problem = str(exc)
+                        if time.monotonic() > deadline:
+                            break
+        except LinkError as exc:  # could not open it, or it closed: the server is not there yet
+            problem = str(exc)
+        time.sleep(0.1)
+    raise FarmError(f"place {place}: its board did not answer at {url} within {timeout:g} s of its reset "
+                    f"({problem.splitlines()[0] if problem else 'no answer'})")
 
 
 def pick(resources: list[Resource], cls: str, preferred: str) -> Resource | None:
@@ -265,7 +259,7 @@ def prepare(coordinator: Coordinator, name: str, reset: bool, kinds: dict[str, s
         raise FarmError(f"place {name} has no NetworkSerialPort to talk to its board over (its resources: {have})")
     if not serial.avail:
         raise FarmError(f"place {name}: its serial port is not available (its exporter lost it)")
-    url, host, port = serial_url(serial)
+    url = serial_url(serial)
     tags = coordinator.places()[name].tags
     power = pick(resources, "NetworkPowerPort", "power")
     done = "not reset (the place has no power port)"
@@ -279,6 +273,5 @@ def prepare(coordinator: Coordinator, name: str, reset: bool, kinds: dict[str, s
     elif power is not None:
         done = "not reset (asked not to)"
     baud = int(serial.args.get("speed") or 115200)
-    wait_for_serial(name, host, port)
     said = wait_for_board(name, url, baud)
     return HeldPlace(name, tags.get("board") or kinds.get(name) or said, url, baud, done)
