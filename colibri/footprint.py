@@ -243,7 +243,9 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
         report["stack"] = asdict(stack_depth(ci, roots, hook_files))
     if rtos:
         report["rtos"] = rtos[0]
-        report["tasks"] = task_stacks(rtos[1], ci, hook_files)
+        with open(board.firmware(mode), "rb") as f:
+            word = ELFFile(f).elfclass // 8  # FreeRTOS's StackType_t: the machine word
+        report["tasks"] = task_stacks(rtos[1], ci, hook_files, word)
     mem = board.spec.get("memory")
     bars, fits = [], True
     if image is not None:
@@ -291,7 +293,7 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
     return report
 
 
-def task_stacks(rt: dict, ci: list[Path], hook_files: list[Path]) -> list[dict]:
+def task_stacks(rt: dict, ci: list[Path], hook_files: list[Path], word: int = 4) -> list[dict]:
     """Each task of an RTOS build (board.toml's [rtos.<name>.stacks]: the task `link` runs link_task()): its static
     worst case from its entry function, plus what the port keeps on a switched-out task's stack (context_bytes), the
     least stack to give xTaskCreateStatic, against what board.toml gives it."""
@@ -300,7 +302,7 @@ def task_stacks(rt: dict, ci: list[Path], hook_files: list[Path]) -> list[dict]:
         rep = stack_depth(ci, [f"{task}_task"], hook_files)
         need = None if rep.depth is None or not rep.path else rep.depth + rt.get("context_bytes", 0)
         out.append({"task": task, "static": rep.depth, "context": rt.get("context_bytes", 0), "need": need,
-                    "given": given, "path": rep.path, "problems": rep.problems})
+                    "given": given, "word": word, "path": rep.path, "problems": rep.problems})
     return out
 
 
@@ -325,7 +327,8 @@ def print_board_report(r: dict) -> None:
         else:
             print(f"  task {t['task']}: worst case {t['static']:,} bytes (static) + {t['context']:,} the port keeps on a "
                   f"switched-out task = {t['need']:,}: give xTaskCreateStatic at least {t['need']:,} bytes "
-                  f"({-(-t['need'] // 4):,} 32-bit words); board.toml gives {t['given']:,}: {' > '.join(t['path'][:6])}")
+                  f"({-(-t['need'] // t['word']):,} words of StackType_t); board.toml gives {t['given']:,}: "
+                  f"{' > '.join(t['path'][:6])}")
     for bar in r["memory"]:
         print(f"  {bar}")
     state = r.get("state")
