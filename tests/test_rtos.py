@@ -233,3 +233,96 @@ def test_a_1khz_task_keeps_its_deadlines_beside_inference(run, demo_image, firmw
     assert s.jitter <= bound
     assert s.period - bound <= s.interval_min <= s.interval_max <= s.period + bound
     assert_stacks_within_bounds(run, s)
+
+
+# A user's firmware project, as docs/RTOS.md sketches it: the FreeRTOS kernel through its own CMake (FREERTOS_PORT, a
+# freertos_config target for FreeRTOSConfig.h, no FREERTOS_HEAP: no heap), Colibri through firmware/CMakeLists.txt
+# (colibri::runtime), and the board's own sources. board.cmake, written from board.toml, holds the board's facts.
+CMAKE_PROJECT = """\
+cmake_minimum_required(VERSION 3.15)
+project(colibri_freertos_firmware C ASM)
+include(${CMAKE_CURRENT_SOURCE_DIR}/board.cmake)
+
+# FreeRTOSConfig.h (the board's) and, the board having no C library, the <string.h> and <stdlib.h> the kernel includes
+add_library(freertos_config INTERFACE)
+target_include_directories(freertos_config SYSTEM INTERFACE ${BOARD_DIR} ${COLIBRI}/boards/common/freertos
+                           ${COLIBRI}/boards/common/freertos/include)
+set(FREERTOS_PORT ${BOARD_FREERTOS_PORT} CACHE STRING "the kernel's port")
+add_subdirectory(${FREERTOS_KERNEL_PATH} freertos_kernel)
+
+add_subdirectory(${COLIBRI}/firmware colibri)
+
+add_executable(firmware.elf ${BOARD_SOURCES})
+target_compile_definitions(firmware.elf PRIVATE ${BOARD_DEFINES})
+target_include_directories(firmware.elf PRIVATE ${COLIBRI}/boards/common ${COLIBRI}/boards/common/freertos)
+set_source_files_properties(${COLIBRI}/boards/common/rt.c PROPERTIES COMPILE_OPTIONS -fno-tree-loop-distribute-patterns)
+target_link_libraries(firmware.elf PRIVATE colibri::runtime freertos_kernel gcc)
+target_link_options(firmware.elf PRIVATE -nostdlib -nostartfiles -Wl,--gc-sections
+                    -Wl,-T,${BOARD_DIR}/link.ld -L${CMAKE_CURRENT_SOURCE_DIR} -L${COLIBRI})
+"""
+
+
+def cmake_board_files(run: str, where) -> None:
+    """The toolchain file and board.cmake for the board of `run`, from its board.toml (and memory.ld, as SCons
+    writes it)."""
+    from colibri.sim.boards import memory_defines, memory_ld
+    board, rtos = run.split("@")
+    spec = load_board(board).spec
+    rt = spec["rtos"][rtos]
+    cflags = spec["cflags"] + rt.get("cflags", [])
+    flags = [f for f in cflags if not f.startswith("-D")]
+    defines = ([f[2:].replace('\\"', '"') for f in cflags if f.startswith("-D")]
+               + [d[2:] for d in memory_defines(spec)] + [f"PREFILL_BATCH={spec.get('prefill_batch', 0)}u",
+                                                           "COLIBRI_FREERTOS=1"]
+               + [f"STACK_{task.upper()}={size}u" for task, size in rt["stacks"].items()])
+    sources = [ROOT / "boards" / board / s for s in spec["sources"] + rt["sources"]]
+    prefix = spec["cc"][:-len("gcc")]
+    (where / "toolchain.cmake").write_text(
+        "set(CMAKE_SYSTEM_NAME Generic)\n"
+        f"set(CMAKE_C_COMPILER {spec['cc']})\nset(CMAKE_ASM_COMPILER {spec['cc']})\nset(CMAKE_OBJCOPY {prefix}objcopy)\n"
+        "set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)\n"
+        f"set(CMAKE_C_FLAGS_INIT \"{' '.join(flags)}\")\nset(CMAKE_ASM_FLAGS_INIT \"{' '.join(flags)}\")\n"
+        "set(CMAKE_C_FLAGS_RELEASE \"-O2\")\n")
+    quoted = lambda items: " ".join(f"[=[{i}]=]" for i in items)  # noqa: E731  (CMake's bracket arguments)
+    (where / "board.cmake").write_text(
+        f"set(COLIBRI [=[{ROOT}]=])\nset(BOARD_DIR [=[{ROOT / 'boards' / board}]=])\n"
+        f"set(BOARD_FREERTOS_PORT {rt['cmake_port']})\n"
+        f"set(BOARD_DEFINES {quoted(defines)})\nset(BOARD_SOURCES {quoted(sources)})\n")
+    (where / "memory.ld").write_text(memory_ld(spec, board))
+    (where / "CMakeLists.txt").write_text(CMAKE_PROJECT)
+
+
+def test_cmake_builds_the_same_firmware(demo_image, firmwares, tmp_path):
+    """firmware/CMakeLists.txt's colibri::runtime in a CMake project with the FreeRTOS kernel's own CMake: the Cortex-M55
+    FreeRTOS firmware built that way gives the SCons build's logits, bit for bit, and has no heap either."""
+    import shutil
+    run = "cortex_m55@freertos"
+    kernel_or_skip(run)
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed: apt-get install cmake (tools/setup.sh installs it)")
+    src, out = tmp_path / "project", tmp_path / "build"
+    src.mkdir()
+    cmake_board_files(run, src)
+    env = {**os.environ}
+    configure = subprocess.run(["cmake", "-S", str(src), "-B", str(out), f"-DCMAKE_TOOLCHAIN_FILE={src / 'toolchain.cmake'}",
+                                "-DCMAKE_BUILD_TYPE=Release", f"-DFREERTOS_KERNEL_PATH={env['FREERTOS_KERNEL_PATH']}"],
+                               capture_output=True, text=True, env=env)
+    assert configure.returncode == 0, configure.stdout[-3000:] + configure.stderr[-3000:]
+    built = subprocess.run(["cmake", "--build", str(out), "-j", "2"], capture_output=True, text=True)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    elf = out / "firmware.elf"
+    assert not footprint.inspect(elf).forbidden
+    runtime = out / "colibri" / "colibri_runtime.o"  # the one object libcolibri_runtime.a holds, as SCons's
+    assert not footprint.inspect(runtime).forbidden
+    from elftools.elf.elffile import ELFFile
+    with open(runtime, "rb") as f:
+        exported = {s.name for s in ELFFile(f).get_section_by_name(".symtab").iter_symbols()
+                    if s["st_info"]["bind"] in ("STB_GLOBAL", "STB_WEAK") and s["st_shndx"] != "SHN_UNDEF"}
+    assert "colibri_open" in exported and all(name.startswith("colibri_") for name in exported), sorted(exported)
+    ref = Reference(read_image(demo_image.read_bytes()))
+    runs = {}
+    for how, firmware in (("scons", firmwares[run]), ("cmake", elf)):
+        runs[how] = run_on_board(demo_image, board_name(run), PROMPT, 5, Sampling(), True, firmware=firmware)
+    assert runs["cmake"].tokens == runs["scons"].tokens == ref.greedy(PROMPT, 5)
+    assert runs["cmake"].logits.tobytes() == runs["scons"].logits.tobytes()
+    assert_bit_identical(runs["cmake"].logits, ref.forward(PROMPT + runs["cmake"].tokens))

@@ -20,9 +20,9 @@ apt_install() {
         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     fi
 }
-# gcc-mingw-w64-x86-64-win32 builds the hosted_windows board; wine runs it off Windows
+# gcc-mingw-w64-x86-64-win32 builds the hosted_windows board; wine runs it off Windows; cmake builds firmware/CMakeLists.txt
 apt_install gcc make qemu-system-x86 qemu-system-arm qemu-system-misc gcc-arm-none-eabi gcc-riscv64-unknown-elf \
-    clang libclang-rt-14-dev valgrind gcc-mingw-w64-x86-64-win32 wine wine64
+    clang libclang-rt-14-dev valgrind gcc-mingw-w64-x86-64-win32 wine wine64 cmake
 
 PY=${PYTHON:-python3}
 managed=$($PY -c 'import os, sysconfig; print(os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))')
