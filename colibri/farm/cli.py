@@ -58,7 +58,7 @@ def export_main(argv: list[str], prog: str) -> int:
     if args.image is not None and not args.image.is_file():
         return ap.fail(f"image {args.image} not found")
     try:
-        require_labgrid()
+        require_labgrid()  # before a build that would be for nothing
         firmwares = {b.name: ensure_built(b) for b in boards}
     except (FarmError, BuildError) as exc:
         return ap.fail(str(exc))
@@ -80,6 +80,9 @@ def export_main(argv: list[str], prog: str) -> int:
             farm.wait()
     except FarmError as exc:
         return ap.fail(str(exc))
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: how a farm is meant to stop; the boards are stopped by now
+        print(f"farm stopped: {len(boards)} board{'s' if len(boards) > 1 else ''} and "
+              f"{'their places' if not args.keep_places else 'their processes (places kept)'} gone", flush=True)
     return 0
 
 
@@ -89,6 +92,7 @@ def places_main(argv: list[str], prog: str) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     from colibri.farm.coordinator import Coordinator, quiet_labgrid_logging
+    from colibri.farm.place import tag_text
     quiet_labgrid_logging()
     try:
         with Coordinator(args.coordinator or coordinator_address()) as c:
@@ -99,7 +103,7 @@ def places_main(argv: list[str], prog: str) -> int:
         print(json.dumps([{"place": p.name, "tags": p.tags, "acquired": p.acquired} for p in places]))
         return 0
     rows = [("place", "board", "tags", "held by")] + [
-        (p.name, p.tags.get("board", "?"), ",".join(f"{k}={v}" for k, v in p.tags.items() if k != "board") or "-",
+        (p.name, p.tags.get("board", "?"), tag_text({k: v for k, v in p.tags.items() if k != "board"}) or "-",
          p.acquired or "-") for p in places]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:

@@ -20,7 +20,10 @@ from colibri.farm.coordinator import Coordinator, PlaceView, Resource
 
 POLL_S = 0.25  # between polls of a waiting reservation (each poll also keeps it from expiring)
 BOOT_WAIT_S = 30.0  # for its board to answer after a reset
-HELLO_TIMEOUT_S = 2.0  # one INFO while waiting for that (a Cortex-M under QEMU answers its first in about 1 s)
+# INFO is asked again after each of these in turn, the last repeated: what reaches a board before its UART is set up
+# is lost (a QEMU board boots as the first connection comes), so the first tries are short; a Cortex-M under QEMU
+# answers its first request after about a second, so the later ones are not
+HELLO_TIMEOUTS_S = (0.25, 0.5, 1.0, 2.0)
 DEFAULT_POWER_DELAY = 2.0  # labgrid's NetworkPowerDriver: seconds off in a power cycle
 
 
@@ -46,6 +49,11 @@ def matches(place: PlaceView, tags: dict[str, str]) -> bool:
     return all(have.get(k) == v for k, v in tags.items())
 
 
+def tag_text(tags: dict[str, str]) -> str:
+    """Tags as key=value,... in key order (the coordinator keeps no order)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(tags.items()))
+
+
 def describe_query(tags: dict[str, str]) -> str:
     return tags["name"] if list(tags) == ["name"] else ",".join(f"{k}={v}" for k, v in tags.items())
 
@@ -56,7 +64,7 @@ def matching_places(coordinator: Coordinator, query: str) -> list[PlaceView]:
     places = coordinator.places()
     found = [p for p in places.values() if matches(p, tags)]
     if not found:
-        known = ", ".join(f"{p.name} ({','.join(f'{k}={v}' for k, v in p.tags.items()) or 'no tags'})"
+        known = ", ".join(f"{p.name} ({tag_text(p.tags) or 'no tags'})"
                           for p in sorted(places.values(), key=lambda p: p.name)) or "none"
         raise FarmError(f"no place at {coordinator.address} matches {describe_query(tags)}; places: {known}")
     return sorted(found, key=lambda p: p.name)
@@ -137,8 +145,8 @@ def power_cycle(place: str, resource: Resource, delay: float) -> None:
 def wait_for_board(place: str, url: str, baud: int, timeout: float = BOOT_WAIT_S) -> str:
     """Until the board answers INFO; the board's name as it says it. After a reset its serial server may not take
     connections yet (a QEMU restarting), what the board sends while it boots is not the protocol, and what reaches
-    it before its UART is set up is lost: so the port is opened again while it fails, and INFO asked again every
-    HELLO_TIMEOUT_S."""
+    it before its UART is set up is lost: so the port is opened again while it fails, and INFO asked again after
+    each of HELLO_TIMEOUTS_S."""
     from colibri.protocol import Client, LinkClosed, LinkError
     from colibri.sim.launch import open_port
     deadline = time.monotonic() + timeout
@@ -146,10 +154,10 @@ def wait_for_board(place: str, url: str, baud: int, timeout: float = BOOT_WAIT_S
     while time.monotonic() < deadline:
         try:
             with open_port(url, baud) as link:
-                client = Client(link, timeout=HELLO_TIMEOUT_S, retries=0)
-                while True:
+                for attempt in range(1 << 30):
+                    wait = HELLO_TIMEOUTS_S[min(attempt, len(HELLO_TIMEOUTS_S) - 1)]
                     try:
-                        return client.info().board
+                        return Client(link, timeout=wait, retries=0).info().board
                     except LinkClosed as exc:  # a QEMU on its way out: open it again
                         problem = str(exc)
                         break
