@@ -196,7 +196,7 @@ def written_image(path: Path, on_load: Callable[[], object] | None = None) -> On
 
 
 def hot_experts(trace: dict, count: int) -> frozenset[tuple[int, int]]:
-    """The `count` (layer, expert) pairs a calibration trace (flash.py --trace-out) routed to most often;
+    """The `count` (layer, expert) pairs a calibration trace (colibri run --trace-out) routed to most often;
     ties go to the lower layer, then the lower expert."""
     uses: Counter[tuple[int, int]] = Counter()
     for token in trace.get("trace", []):
@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
                          "file (default: its expert_weights_norm key, or else what llama.cpp does for the "
                          "architecture: qwen3moe and lfm2moe true, qwen2moe and olmoe false)")
     ap.add_argument("--pin-from", type=Path, metavar="TRACE.json",
-                    help="a calibration trace (flash.py --trace-out): pin its most routed experts into the resident "
+                    help="a calibration trace (colibri run --trace-out): pin its most routed experts into the resident "
                          "part, so a board with an expert cache never fetches them (docs/STREAMING.md)")
     ap.add_argument("--pin", type=int, default=0, metavar="N", help="how many experts --pin-from pins")
     args = ap.parse_args(argv)
@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             pinned = hot_experts(json.loads(args.pin_from.read_text()), args.pin)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            ap.error(f"--pin-from {args.pin_from}: not a trace written by flash.py --trace-out ({exc})")
+            ap.error(f"--pin-from {args.pin_from}: not a trace written by colibri run --trace-out ({exc})")
     try:
         norm = None if args.norm_topk_prob is None else args.norm_topk_prob == "true"
         keep = [parse_keep(k) for k in args.keep]
@@ -509,8 +509,10 @@ def main(argv: list[str] | None = None) -> int:
     if n_moe:
         expert_part = r["image_bytes"] - r["resident_bytes"]
         pins = f", {len(r['pinned'])} hot experts pinned resident" if r["pinned"] else ""
+        if r["pinned"] and len(r["pinned"]) < args.pin:  # the trace routed to fewer experts than asked for
+            pins += f" (--pin {args.pin}: the trace routed to only {len(r['pinned'])} experts)"
         print(f"  tiers       resident {human(r['resident_bytes'])}, expert part {human(expert_part)}{pins} "
-              "(flash.py --expert-cache streams the expert part)")
+              "(colibri run --expert-cache streams the expert part)")
     kv = "f16" if d.kv_dtype else "f32"
     print(f"  arena       {r['arena_bytes']:,} bytes ({human(r['arena_bytes'])}) for max_seq {d.max_seq}, {kv} KV cache "
           f"of {human(d.kv_cache_bytes())}")
@@ -535,10 +537,10 @@ def main(argv: list[str] | None = None) -> int:
                   "and look at this line again")
     if r["tokenizer"]:
         chat = ", chat template" if r["chat_template"] else ", no chat template"
-        print(f"  text        tokenizer{chat} (flash.py --prompt \"...\"{' or --chat' if r['chat_template'] else ''})")
+        print(f"  text        tokenizer{chat} (colibri run --prompt \"...\"{' or --chat' if r['chat_template'] else ''})")
     else:
         print("  text        no tokenizer carried (a checkpoint directory with tokenizer.json has one): "
-              "flash.py takes --prompt-tokens")
+              "colibri run takes --prompt-tokens")
     for line in r["fit"]:
         print(f"  {line}")
     return 0

@@ -156,7 +156,9 @@ def plan_image(dims: ModelDims, tensors: dict, expert_align: int = ALIGN,
         src = tensors[(role, layer, expert)]
         want = expected_shape(dims, role, layer)
         if tuple(src.shape) != want:
-            raise ValueError(f"{role.name} layer={layer} expert={expert}: shape {src.shape}, expected {want}")
+            # llama.cpp's names: a GGUF file's own, and no index where the tensor has none
+            raise ValueError(f"tensor {tensor_name(role, layer, expert)} has shape {tuple(src.shape)}; the model's "
+                             f"sizes make it {want}")
         if id(src) in placed:
             first = placed[id(src)]
             entries[i] = TensorEntry(role, layer, expert, first.dtype, want, first.offset, first.nbytes,

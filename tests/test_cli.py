@@ -293,3 +293,15 @@ def test_progress_bars_show_on_a_terminal_only(demo_image):
     assert b"upload:" in shown and b"prompt:" in shown, shown[-2000:]
     piped = run(*args)
     assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+
+
+def test_pinning_more_experts_than_the_trace_routed_says_so(tmp_path, hosted_build):
+    trace = tmp_path / "calib.json"
+    traced = run("run", ROOT / "models" / "demo-adder", "--max-seq", "16", "--board", "hosted", "--firmware",
+                 hosted_build / "firmware.elf", "--prompt-tokens", DEMO_PROMPT, "--max-new-tokens", "2", "--trace-out",
+                 trace, env={"XDG_CACHE_HOME": str(tmp_path)})
+    assert traced.returncode == 0, traced.stderr
+    packed = run("pack", ROOT / "models" / "demo-adder", "-o", tmp_path / "p.img", "--max-seq", "16", "--no-quality",
+                 "--pin-from", trace, "--pin", "100")
+    assert packed.returncode == 0 and "8 hot experts pinned resident (--pin 100: the trace routed to only 8 experts)" \
+        in packed.stdout, packed.stdout

@@ -450,6 +450,16 @@ def test_a_granite_shared_file_that_disagrees_with_itself_is_one_line(fixture, c
         pack(bad, tmp_path / "x.img", 32, 64, measure_quality=False)
 
 
+def test_a_wrong_shaped_tensor_is_named_as_the_file_names_it(tmp_path):
+    """A tensor of the wrong shape is refused by its llama.cpp name (a GGUF file's own), with no index where the
+    tensor has none (not `WO layer=0 expert=4294967295`)."""
+    bad = copy_gguf(FIXTURES / "converted-granitemoe-q8_0.gguf", tmp_path / "bad.gguf", {},
+                    {"blk.0.attn_output.weight": np.zeros((32, 16), np.float32)})
+    with pytest.raises(ValueError, match=r"^tensor blk\.0\.attn_output has shape \(32, 16\); the model's sizes make "
+                                         r"it \(32, 32\)$"):
+        pack(bad, tmp_path / "x.img", 32, 64, measure_quality=False)
+
+
 @pytest.mark.parametrize("family,llama_cpp_norm", [("qwen3moe", True), ("qwen2moe_sparse_step", False),
                                                     ("olmoe_clip", False), ("lfm2moe_k4", True)])
 def test_a_file_without_the_norm_key_runs_as_llama_cpp_runs_it(family, llama_cpp_norm, sources, tmp_path):

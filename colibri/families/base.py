@@ -114,7 +114,7 @@ class Family:
     # layer_ffn, which its config hook checks); any other architecture's list there is refused
     gguf_per_layer: tuple[str, ...] = ()
     # a second family of an architecture and expert kind (GraniteMoeShared's, of granitemoe with experts): the key
-    # ({arch} in it) whose presence in a file makes the file this family's rather than the first's
+    # ({arch} in it) whose value above 0 in a file makes the file this family's rather than the first's
     gguf_variant_key: str = ""
     # the config field the file's expert_shared_feed_forward_length fills
     gguf_shared_ffn_key: str = "shared_expert_intermediate_size"

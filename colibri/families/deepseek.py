@@ -163,8 +163,8 @@ def gguf_config(f: GGUFFile) -> dict:
                         f"({k(Keys.LLM.EXPERT_GATING_FUNC)}): DeepSeek-V3 scores by sigmoid, and llama.cpp would "
                         "use softmax here; convert it from a config.json with scoring_func \"sigmoid\"" if has_bias
                         else "sigmoid gating but no router bias (exp_probs_b): neither DeepSeek-V2 nor V3"))
-    n_group = int(field(k(Keys.LLM.EXPERT_GROUP_COUNT), 1, required=False))
-    topk_group = int(field(k(Keys.LLM.EXPERT_GROUP_USED_COUNT), n_group, required=False))
+    n_group = f.number(Keys.LLM.EXPERT_GROUP_COUNT, 1)
+    topk_group = f.number(Keys.LLM.EXPERT_GROUP_USED_COUNT, n_group)
     if n_group > 1 and not sigmoid:
         raise GGUFError(f"GGUF key {k(Keys.LLM.EXPERT_GROUP_COUNT)}={n_group} with softmax gating: llama.cpp scores a "
                         "group by its best two experts, transformers' DeepSeek-V2 by its best one; refusing to pick")
@@ -172,17 +172,17 @@ def gguf_config(f: GGUFFile) -> dict:
     if scaling and scaling != "none":
         raise GGUFError(f"GGUF key {k(Keys.Rope.SCALING_TYPE)}={scaling!r}: RoPE scaling of a deepseek2 file is not "
                         "read yet (llama.cpp folds YaRN's mscale into its own keys); pack the safetensors checkpoint")
-    rope = int(field(k(Keys.Rope.DIMENSION_COUNT)))
+    rope = f.number(Keys.Rope.DIMENSION_COUNT)
     key_mla, value_mla = field(k(Keys.Attention.KEY_LENGTH_MLA), None), field(k(Keys.Attention.VALUE_LENGTH_MLA), None)
     ff = field(k(Keys.LLM.FEED_FORWARD_LENGTH), 0, required=False)
     q_lora = field(k(Keys.Attention.Q_LORA_RANK), None, required=False)
     cfg = {
         "architectures": ["DeepseekV3ForCausalLM" if sigmoid else "DeepseekV2ForCausalLM"],
         "num_key_value_heads": n_head,  # the file says 1: MLA's latent, which the runtime's image says too
-        "q_lora_rank": int(q_lora) if q_lora else None, "kv_lora_rank": int(field(k(Keys.Attention.KV_LORA_RANK))),
+        "q_lora_rank": int(q_lora) if q_lora else None, "kv_lora_rank": f.number(Keys.Attention.KV_LORA_RANK),
         "qk_rope_head_dim": rope, "qk_nope_head_dim": int(key_mla) - rope, "v_head_dim": int(value_mla),
-        "first_k_dense_replace": int(field(k(Keys.LLM.LEADING_DENSE_BLOCK_COUNT), 0, required=False)),
-        "intermediate_size": int(ff), "n_shared_experts": int(field(k(Keys.LLM.EXPERT_SHARED_COUNT), 0, required=False)),
+        "first_k_dense_replace": f.number(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 0),
+        "intermediate_size": int(ff), "n_shared_experts": f.number(Keys.LLM.EXPERT_SHARED_COUNT, 0),
         "routed_scaling_factor": float(field(k(Keys.LLM.EXPERT_WEIGHTS_SCALE), 1.0, required=False)),
         "norm_topk_prob": bool(field(k(Keys.LLM.EXPERT_WEIGHTS_NORM), False, required=False)),
         "n_group": n_group, "topk_group": topk_group,
