@@ -11,6 +11,15 @@
 
 void *memcpy(void *dst, const void *src, size_t n); /* the C library's, or boards/common/rt.c on bare metal */
 
+/* Each request's handler keeps its own frame: inlined into link_execute, their frames (a colibri_stats or more in
+ * several) would all be under every runtime call, in the worst-case stack colibri footprint computes (240 bytes more
+ * on the Cortex-M4, against 520 bytes of .text this way). */
+#if defined(__GNUC__) || defined(__clang__)
+#define HANDLER static __attribute__((noinline)) void
+#else
+#define HANDLER static void
+#endif
+
 /* schema:link (written by python -m colibri.schema from format/schema.toml) */
 #define SYNC0 0xA5u
 #define SYNC1 0x5Au
@@ -131,7 +140,7 @@ static int recv_frame(link_state *l, uint8_t *type, uint8_t *seq, uint32_t *crc)
     return (int)len;
 }
 
-static void do_info(link_state *l, uint8_t seq) {
+HANDLER do_info(link_state *l, uint8_t seq) {
     uint8_t *p = payload(l);
     put32(p, PROTOCOL_VERSION);
     put32(p + 4, MAX_PAYLOAD);
@@ -193,7 +202,7 @@ static void parallel_for_board(void *user, void (*fn)(void *arg, uint32_t part),
 }
 
 /* OPEN [u32 expert cache slots, u32 expert policy] */
-static void do_open(link_state *l, uint8_t seq, uint32_t len) {
+HANDLER do_open(link_state *l, uint8_t seq, uint32_t len) {
     const board_io *io = l->io;
     if (len != 0 && len != 8) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
     colibri_options opts = { .size = sizeof(colibri_options), .cycles = io->cycles, .user = l }; /* the trace hook only while tracing: do_start */
@@ -255,7 +264,7 @@ static void do_open(link_state *l, uint8_t seq, uint32_t len) {
 static uint64_t cycles_now(const board_io *io) { return io->cycles ? io->cycles(0) : 0; }
 
 /* START: a new sequence (reset) with these sampling parameters. */
-static void do_start(link_state *l, uint8_t seq, uint32_t len) {
+HANDLER do_start(link_state *l, uint8_t seq, uint32_t len) {
     const uint8_t *r = l->rx;
     if (len != 24) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
     colibri_sampler s;
@@ -271,7 +280,7 @@ static void do_start(link_state *l, uint8_t seq, uint32_t len) {
 
 /* FEED: tokens at the next positions. All are checked before any is fed, so a failed FEED
  * changes nothing. */
-static void do_feed(link_state *l, uint8_t seq, uint32_t len) {
+HANDLER do_feed(link_state *l, uint8_t seq, uint32_t len) {
     const uint8_t *r = l->rx;
     uint32_t n = len >= 4 ? get32(r) : 0;
     if (len < 8 || (len - 4) % 4 || n != (len - 4) / 4) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
@@ -298,7 +307,7 @@ static void do_feed(link_state *l, uint8_t seq, uint32_t len) {
 }
 
 /* STEP: sample the next token from the current logits and feed it. */
-static void do_step(link_state *l, uint8_t seq) {
+HANDLER do_step(link_state *l, uint8_t seq) {
     uint32_t tok;
     colibri_stats before = COLIBRI_STATS_INIT;
     colibri_get_stats(l->ctx, &before);
@@ -316,7 +325,7 @@ static void do_step(link_state *l, uint8_t seq) {
 }
 
 /* LOGITS: a slice of the logits after the last fed token (read-only, so any repeat is harmless). */
-static void do_logits(link_state *l, uint8_t seq, uint32_t len) {
+HANDLER do_logits(link_state *l, uint8_t seq, uint32_t len) {
     if (len != 8) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
     const float *logits;
     uint32_t vocab;
@@ -338,7 +347,7 @@ static void do_logits(link_state *l, uint8_t seq, uint32_t len) {
 }
 
 /* TRACE(first_byte): the last fed token's layer records from that byte offset on, as many as fit. */
-static void do_trace(link_state *l, uint8_t seq, uint32_t len) {
+HANDLER do_trace(link_state *l, uint8_t seq, uint32_t len) {
     if (len != 4) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
     uint32_t first = get32(l->rx);
     if (first > l->trace_len) { send_error(l, seq, LINK_BAD_PAYLOAD, l->trace_len); return; }
@@ -363,7 +372,7 @@ static void send_upload_ack(link_state *l, uint8_t seq) {
     send(l, RSP_UPLOAD_ACK, seq, 8);
 }
 
-static void do_upload_begin(link_state *l, uint8_t seq, uint32_t len) {
+HANDLER do_upload_begin(link_state *l, uint8_t seq, uint32_t len) {
     if (len != 12) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
     uint64_t total = get64(l->rx);
     uint32_t crc = get32(l->rx + 8);
@@ -381,7 +390,7 @@ static void do_upload_begin(link_state *l, uint8_t seq, uint32_t len) {
     send_upload_ack(l, seq);
 }
 
-static void do_upload_chunk(link_state *l, uint8_t seq, uint32_t len) {
+HANDLER do_upload_chunk(link_state *l, uint8_t seq, uint32_t len) {
     if (len < 8 || !l->upload_total) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
     uint64_t offset = get64(l->rx), n = len - 8;
     if (offset <= l->upload_received && n <= l->upload_received - offset) { /* already have it */
@@ -397,7 +406,7 @@ static void do_upload_chunk(link_state *l, uint8_t seq, uint32_t len) {
     send_upload_ack(l, seq);
 }
 
-static void do_upload_end(link_state *l, uint8_t seq) {
+HANDLER do_upload_end(link_state *l, uint8_t seq) {
     if (!l->upload_total || l->upload_received != l->upload_total) {
         send_error(l, seq, LINK_UPLOAD_ORDER, l->upload_received);
         return;
@@ -417,7 +426,7 @@ static void do_upload_end(link_state *l, uint8_t seq) {
     send(l, RSP_UPLOADED, seq, 12);
 }
 
-static void do_stats(link_state *l, uint8_t seq) {
+HANDLER do_stats(link_state *l, uint8_t seq) {
     colibri_stats s = COLIBRI_STATS_INIT;
     colibri_get_stats(l->ctx, &s);
     uint8_t *p = payload(l);
@@ -438,7 +447,7 @@ static uint32_t req_len;
 
 /* A board's own request (BOARD_REQ_FIRST..BOARD_REQ_LAST, answered with type | 0x80): the board's hook builds the
  * answer's payload in place, or says which error to send. */
-static void do_board_request(link_state *s, uint8_t type, uint8_t seq, uint32_t len) {
+HANDLER do_board_request(link_state *s, uint8_t type, uint8_t seq, uint32_t len) {
     uint32_t n = 0;
     uint64_t detail = 0;
     uint32_t code = s->io->request(type, s->rx, len, payload(s), &n, &detail);
