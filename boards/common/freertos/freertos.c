@@ -199,12 +199,30 @@ static void fetch_task(void *arg) {
 /* ---- the deadline task: a 1 kHz job beside inference ----
  * Released every tick by xTaskDelayUntil; each release reads the board's counter. Lateness is measured against the
  * first release of the window plus k periods of the counter: its spread (max - min) is the release jitter. */
-static struct {
-    volatile uint8_t restart;
-    uint64_t anchor, previous, releases;
+typedef struct {
+    uint64_t releases;
     int64_t late_min, late_max;
     uint64_t interval_min, interval_max;
+} deadline_window;
+static struct {
+    volatile uint8_t restart;
+    volatile uint32_t seq; /* odd while the task updates the window: a reader (lower priority) reads again */
+    uint64_t anchor, previous;
+    deadline_window w;
 } deadline;
+
+/* A consistent copy of the window (its 64-bit fields are two words each on a 32-bit core). */
+static deadline_window deadline_read(void) {
+    deadline_window w;
+    uint32_t seq;
+    do {
+        seq = deadline.seq;
+        __asm__ volatile("" ::: "memory");
+        w = deadline.w;
+        __asm__ volatile("" ::: "memory");
+    } while ((seq & 1u) || seq != deadline.seq);
+    return w;
+}
 
 static void deadline_task(void *arg) {
     (void)arg;
@@ -214,22 +232,24 @@ static void deadline_task(void *arg) {
     for (;;) {
         xTaskDelayUntil(&wake, 1);
         const uint64_t now = board->cycles(0);
+        deadline_window *w = &deadline.w;
+        deadline.seq++;
+        __asm__ volatile("" ::: "memory");
         if (deadline.restart) {
             deadline.restart = 0;
             deadline.anchor = now;
-            deadline.releases = 0;
-            deadline.late_min = deadline.late_max = 0;
-            deadline.interval_min = UINT64_MAX;
-            deadline.interval_max = 0;
+            *w = (deadline_window){ .interval_min = UINT64_MAX };
         } else {
-            deadline.releases++;
-            const int64_t late = (int64_t)(now - deadline.anchor - deadline.releases * period);
-            if (late < deadline.late_min) deadline.late_min = late;
-            if (late > deadline.late_max) deadline.late_max = late;
+            w->releases++;
+            const int64_t late = (int64_t)(now - deadline.anchor - w->releases * period);
+            if (late < w->late_min) w->late_min = late;
+            if (late > w->late_max) w->late_max = late;
             const uint64_t interval = now - deadline.previous;
-            if (interval < deadline.interval_min) deadline.interval_min = interval;
-            if (interval > deadline.interval_max) deadline.interval_max = interval;
+            if (interval < w->interval_min) w->interval_min = interval;
+            if (interval > w->interval_max) w->interval_max = interval;
         }
+        __asm__ volatile("" ::: "memory");
+        deadline.seq++;
         deadline.previous = now;
     }
 }
@@ -305,11 +325,12 @@ static uint32_t rtos_stats(const uint8_t *in, uint32_t len, uint8_t *out, uint32
     if (len != 0 && len != 4) return LINK_BAD_PAYLOAD;
     put32(out, configTICK_RATE_HZ);
     put32(out + 4, (uint32_t)board->cycle_hz / configTICK_RATE_HZ);
-    put64(out + 8, deadline.releases);
-    put64(out + 16, (uint64_t)deadline.late_min);
-    put64(out + 24, (uint64_t)deadline.late_max);
-    put64(out + 32, deadline.releases ? deadline.interval_min : 0);
-    put64(out + 40, deadline.interval_max);
+    const deadline_window w = deadline_read();
+    put64(out + 8, w.releases);
+    put64(out + 16, (uint64_t)w.late_min);
+    put64(out + 24, (uint64_t)w.late_max);
+    put64(out + 32, w.releases ? w.interval_min : 0);
+    put64(out + 40, w.interval_max);
     put32(out + 48, preemptions);
     put32(out + 52, transfers_queued);
     put32(out + 56, transfers_at_once);
