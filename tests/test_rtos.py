@@ -176,9 +176,9 @@ def test_streaming_at_the_minimum_cache_goes_through_the_fetch_task(run, demo_im
 @pytest.mark.parametrize("run", RTOS_BOARDS)
 def test_two_contexts_in_two_tasks_each_as_if_alone(run, demo_image, firmwares):
     """The link's context (the inference task) and a second one on the same image (the pair task, after the first in
-    the arena), at one priority, time-sliced, each preempted by the other in the middle of runtime calls: both give
-    the reference's tokens and logits, bit for bit, as each does alone. Every task's stack stays within its static
-    bound."""
+    the arena, generating over and over while the link's generation runs), at one priority, time-sliced, each preempted
+    by the other in the middle of runtime calls: both give the reference's tokens and logits, bit for bit, as each
+    does alone, and every repetition of the pair's the same. Every task's stack stays within its static bound."""
     kernel_or_skip(run)
     ref = Reference(read_image(demo_image.read_bytes()))
     other = [13, 9, 8, 7, 10, 0, 1, 2, 11]  # "^987+012="
@@ -204,6 +204,7 @@ def test_two_contexts_in_two_tasks_each_as_if_alone(run, demo_image, firmwares):
     pair = client.pair
     assert pair.status == 0 and pair.tokens == other + ref.greedy(other, new)
     assert pair.crcs == row_crcs(ref.forward(pair.tokens))
+    assert pair.runs >= 2 and pair.differing == 0  # it kept generating through the link's run, the same bits each time
     s = client.rtos
     assert s.preemptions > 0  # they really ran at once
     assert_stacks_within_bounds(run, s)

@@ -63,7 +63,8 @@ def rtos_stats(client: Client, flags: int = 0) -> RtosStats:
 
 
 def pair_start(client: Client, prompt: list[int], new_tokens: int) -> int:
-    """Start a second context on the open image, generating greedily in the pair task; its arena's offset."""
+    """Start a second context on the open image, generating greedily in the pair task, again and again until
+    pair_result; its arena's offset."""
     p = client.call(REQ_PAIR_START, struct.pack(f"<II{len(prompt)}I", new_tokens, len(prompt), *prompt),
                     REQ_PAIR_START | 0x80)
     return struct.unpack("<Q", p)[0]
@@ -74,15 +75,18 @@ class PairResult:
     status: int
     tokens: list[int]   # the prompt, then what it generated
     crcs: list[int]     # CRC-32 of each row of logits (after each fed token)
-    cycles: int
+    cycles: int         # of its first generation
+    runs: int           # generations it made (it repeats from a reset context until asked for the result)
+    differing: int      # of the later ones, those whose tokens or rows differ from the first's
 
 
 def pair_result(client: Client, n_tokens: int) -> PairResult:
+    """Stop the pair after its current generation and read what its first gave."""
     p = client.call(REQ_PAIR_RESULT, b"", REQ_PAIR_RESULT | 0x80)
-    status, rows, cycles = struct.unpack_from("<IIQ", p)
-    tokens = list(struct.unpack_from(f"<{n_tokens}I", p, 16))
-    crcs = list(struct.unpack_from(f"<{rows}I", p, 16 + 4 * n_tokens))
-    return PairResult(status, tokens, crcs, cycles)
+    status, rows, cycles, runs, differing = struct.unpack_from("<IIQII", p)
+    tokens = list(struct.unpack_from(f"<{n_tokens}I", p, 24))
+    crcs = list(struct.unpack_from(f"<{rows}I", p, 24 + 4 * n_tokens))
+    return PairResult(status, tokens, crcs, cycles, runs, differing)
 
 
 def row_crcs(logits) -> list[int]:

@@ -8,7 +8,8 @@
  *              request to the inference task and writes its answer
  *   inference  owns the link's context: runs link_execute() for every request (the runtime's calls)
  *   pair       a second context on the same image, after the first in the arena, at the inference task's priority:
- *              the two share the core by time slicing (the board's requests PAIR_START, PAIR_RESULT)
+ *              the two share the core by time slicing (the board's requests PAIR_START, PAIR_RESULT); it generates
+ *              over and over until told to stop, each time the same bits
  *   idle       waits for an interrupt
  *
  * The runtime takes no lock and masks no interrupt; the only critical sections here are the kernel's own and the
@@ -254,15 +255,19 @@ static void deadline_task(void *arg) {
     }
 }
 
-/* ---- the pair: a second context, in its own task ---- */
+/* ---- the pair: a second context, in its own task ----
+ * It generates, then generates again from a reset context until PAIR_RESULT asks it to stop: it computes for as long
+ * as the link's own generation goes on, however late the host's requests come, and every repetition must give the
+ * first one's bits. */
 #define PAIR_MAX 64u
 static struct {
     uint32_t n_prompt, n_new, n_rows;
-    uint32_t tokens[PAIR_MAX]; /* the prompt, then the tokens it generated */
+    uint32_t tokens[PAIR_MAX]; /* the prompt, then the tokens the first generation chose */
     uint32_t crcs[PAIR_MAX];   /* colibri_crc32 of the logits after each fed token */
-    uint32_t status;
-    uint64_t cycles;
-    volatile uint8_t running, done;
+    uint32_t again_tokens[PAIR_MAX], again_crcs[PAIR_MAX]; /* a repetition's */
+    uint32_t status, runs, differing; /* generations made; of the later ones, those unlike the first */
+    uint64_t cycles;                  /* the first generation's */
+    volatile uint8_t running, stop, done;
     TaskHandle_t waiter;
     const uint8_t *image;
     size_t image_size;
@@ -277,21 +282,44 @@ static uint32_t pair_row(colibri_ctx *ctx) {
     return colibri_crc32(0, logits, (size_t)vocab * sizeof(float));
 }
 
+/* The prompt (tokens[0..n_prompt)) a token at a time, then n_new greedy steps into tokens[n_prompt..]: every row's
+ * logits' CRC into crcs. */
+static colibri_status pair_generate(colibri_ctx *ctx, uint32_t *tokens, uint32_t *crcs) {
+    colibri_status st;
+    uint32_t rows = 0;
+    for (uint32_t i = 0; i < pair.n_prompt; i++) {
+        if ((st = colibri_feed(ctx, &tokens[i], 1))) return st;
+        crcs[rows++] = pair_row(ctx);
+    }
+    colibri_sampler greedy;
+    colibri_sampler_init(&greedy, 0.0f, 0, 1.0f, 0);
+    for (uint32_t k = 0; k < pair.n_new; k++) {
+        if ((st = colibri_step(ctx, &greedy, &tokens[pair.n_prompt + k]))) return st;
+        crcs[rows++] = pair_row(ctx);
+    }
+    return COLIBRI_OK;
+}
+
 static colibri_status pair_run(void) {
     colibri_options opts = { .size = sizeof(colibri_options), .cycles = board->cycles };
     colibri_ctx *ctx = 0;
     uint64_t needed = 0;
     colibri_status st = colibri_open(pair.image, pair.image_size, pair.arena, pair.arena_size, &opts, &ctx, &needed);
     if (st) return st;
-    for (uint32_t i = 0; i < pair.n_prompt; i++) { /* a token at a time: every row's logits */
-        if ((st = colibri_feed(ctx, &pair.tokens[i], 1))) return st;
-        pair.crcs[pair.n_rows++] = pair_row(ctx);
-    }
-    colibri_sampler greedy;
-    colibri_sampler_init(&greedy, 0.0f, 0, 1.0f, 0);
-    for (uint32_t k = 0; k < pair.n_new; k++) {
-        if ((st = colibri_step(ctx, &greedy, &pair.tokens[pair.n_prompt + k]))) return st;
-        pair.crcs[pair.n_rows++] = pair_row(ctx);
+    const uint64_t t0 = board->cycles(0);
+    if ((st = pair_generate(ctx, pair.tokens, pair.crcs))) return st;
+    pair.cycles = board->cycles(0) - t0;
+    pair.n_rows = pair.n_prompt + pair.n_new;
+    pair.runs = 1;
+    while (!pair.stop) {
+        if ((st = colibri_reset(ctx))) return st;
+        for (uint32_t i = 0; i < pair.n_prompt; i++) pair.again_tokens[i] = pair.tokens[i];
+        if ((st = pair_generate(ctx, pair.again_tokens, pair.again_crcs))) return st;
+        pair.runs++;
+        uint32_t same = 1;
+        for (uint32_t i = 0; i < pair.n_rows; i++)
+            same &= pair.again_tokens[i] == pair.tokens[i] && pair.again_crcs[i] == pair.crcs[i];
+        pair.differing += !same;
     }
     return COLIBRI_OK;
 }
@@ -300,11 +328,9 @@ static void pair_task(void *arg) {
     (void)arg;
     for (;;) {
         ulTaskNotifyTakeIndexed(NOTIFY_JOB, pdTRUE, portMAX_DELAY);
-        const uint64_t t0 = board->cycles(0);
         pair_busy = 1;
         pair.status = pair_run();
         pair_busy = 0;
-        pair.cycles = board->cycles(0) - t0;
         pair.running = 0;
         pair.done = 1;
         if (pair.waiter) xTaskNotifyGiveIndexed(pair.waiter, NOTIFY_PAIR);
@@ -382,9 +408,10 @@ static uint32_t pair_start(const uint8_t *in, uint32_t len, uint8_t *out, uint32
     pair.arena_size = board->arena_size - (size_t)used;
     pair.n_prompt = n_prompt;
     pair.n_new = n_new;
-    pair.n_rows = 0;
+    pair.n_rows = pair.runs = pair.differing = 0;
+    pair.cycles = 0;
     for (uint32_t i = 0; i < n_prompt; i++) pair.tokens[i] = get32(in + 8 + 4 * i);
-    pair.done = 0;
+    pair.done = pair.stop = 0;
     pair.running = 1;
     xTaskNotifyGiveIndexed(pair_t.handle, NOTIFY_JOB);
     put64(out, (uint64_t)(pair.arena - (uint8_t *)board->arena));
@@ -392,16 +419,21 @@ static uint32_t pair_start(const uint8_t *in, uint32_t len, uint8_t *out, uint32
     return 0;
 }
 
-/* PAIR_RESULT: wait for the pair, then u32 status, u32 rows, u64 cycles, u32 tokens[prompt + new], u32 crcs[rows]. */
+/* PAIR_RESULT: stop the pair after its current generation and wait for it, then u32 status, u32 rows, u64 cycles (the
+ * first generation's), u32 generations, u32 of them unlike the first, u32 tokens[prompt + new], u32 crcs[rows] (the
+ * first generation's). */
 static uint32_t pair_result(uint8_t *out, uint32_t *out_len) {
     if (!pair.running && !pair.done) return LINK_NOT_OPEN;
     pair.waiter = xTaskGetCurrentTaskHandle();
+    pair.stop = 1;
     while (!pair.done) ulTaskNotifyTakeIndexed(NOTIFY_PAIR, pdTRUE, portMAX_DELAY);
     pair.waiter = 0;
     put32(out, pair.status);
     put32(out + 4, pair.n_rows);
     put64(out + 8, pair.cycles);
-    uint8_t *p = out + 16;
+    put32(out + 16, pair.runs);
+    put32(out + 20, pair.differing);
+    uint8_t *p = out + 24;
     for (uint32_t i = 0; i < pair.n_prompt + pair.n_new; i++, p += 4) put32(p, pair.tokens[i]);
     for (uint32_t i = 0; i < pair.n_rows; i++, p += 4) put32(p, pair.crcs[i]);
     *out_len = (uint32_t)(p - out);
