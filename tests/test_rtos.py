@@ -136,6 +136,34 @@ def test_trace_matches_reference_routing(run, images, mixed_image, firmwares, tm
     trace_matches_reference(run, "mixed", images, mixed_image, firmwares, tmp_path)
 
 
+@pytest.mark.parametrize("run", RTOS_BOARDS)
+def test_a_lossy_link_gives_the_clean_bits_or_fails_cleanly(run, images, firmwares):
+    """tests/test_faults.py's sweep, shorter, over the RTOS builds' interrupt-driven UARTs: dropped, flipped,
+    duplicated and delayed bytes at 1e-3 a byte; every run is the clean run's bits or a LinkError, never wrong."""
+    from colibri.protocol import LinkError
+    from colibri.sim.faults import LossyTransport
+    kernel_or_skip(run)
+    sampling = Sampling(0.9, 0, 0.95, 5)
+    clean = run_on_board(images["base"], board_name(run), PROMPT[:4], 12, sampling, True, firmware=firmwares[run])
+    identical, faults = 0, 0
+    for seed in range(3):
+        proxies = []
+
+        def wrap(link, seed=seed):
+            proxies.append(LossyTransport(link, 1e-3, seed))
+            return proxies[-1]
+        try:
+            got = run_on_board(images["base"], board_name(run), PROMPT[:4], 12, sampling, True, firmware=firmwares[run],
+                               timeout=0.4, retries=8, wrap=wrap)
+            assert got.tokens == clean.tokens and got.logits.tobytes() == clean.logits.tobytes()
+            identical += 1
+        except LinkError as exc:
+            assert str(exc)
+        c = proxies[0].counts
+        faults += c.dropped + c.flipped + c.duplicated + c.delayed
+    assert faults > 3 and identical >= 2
+
+
 def stack_bounds(run: str) -> dict[str, int]:
     """Each task's static worst case plus the port's context, from the footprint report."""
     board, rtos = run.split("@")
