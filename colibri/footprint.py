@@ -245,7 +245,7 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
         report["rtos"] = rtos[0]
         with open(board.firmware(mode), "rb") as f:
             word = ELFFile(f).elfclass // 8  # FreeRTOS's StackType_t: the machine word
-        report["tasks"] = task_stacks(rtos[1], ci, hook_files, word)
+        report["tasks"] = task_stacks(rtos[1], ci, hook_files, word, mode.split("-")[0])
     mem = board.spec.get("memory")
     bars, fits = [], True
     if image is not None:
@@ -293,12 +293,12 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
     return report
 
 
-def task_stacks(rt: dict, ci: list[Path], hook_files: list[Path], word: int = 4) -> list[dict]:
-    """Each task of an RTOS build (board.toml's [rtos.<name>.stacks]: the task `link` runs link_task()): its static
-    worst case from its entry function, plus what the port keeps on a switched-out task's stack (context_bytes), the
-    least stack to give xTaskCreateStatic, against what board.toml gives it."""
+def task_stacks(rt: dict, ci: list[Path], hook_files: list[Path], word: int = 4, mode: str = "release") -> list[dict]:
+    """Each task of an RTOS build (board.toml's [rtos.<name>.stacks], or .stacks_<mode> where it has one: the task
+    `link` runs link_task()): its static worst case from its entry function, plus what the port keeps on a switched-out
+    task's stack (context_bytes), the least stack to give xTaskCreateStatic, against what board.toml gives it."""
     out = []
-    for task, given in rt.get("stacks", {}).items():
+    for task, given in rt.get(f"stacks_{mode}", rt.get("stacks", {})).items():
         rep = stack_depth(ci, [f"{task}_task"], hook_files)
         need = None if rep.depth is None or not rep.path else rep.depth + rt.get("context_bytes", 0)
         out.append({"task": task, "static": rep.depth, "context": rt.get("context_bytes", 0), "need": need,
