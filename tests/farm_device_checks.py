@@ -1,5 +1,6 @@
 """tests/test_device.py's checks on labgrid farm places instead of boards started here: each image's logits
-bit-identical to the numpy reference, its greedy tokens the reference's, seeded sampling that repeats itself.
+bit-identical to the numpy reference, its greedy tokens the reference's, seeded sampling that repeats itself; and
+a random image's, which needs no checkpoint made.
 
 Not collected by a plain `pytest tests` (no farm there); run it against a farm with the plugin:
 
@@ -15,7 +16,9 @@ import pytest
 from conftest import CONFIGS, assert_bit_identical
 from colibri.image import read_image
 from colibri.protocol import Sampling
+from colibri.quant import DType
 from colibri.reference import Reference
+from colibri.synthetic import moe_dims, random_image
 
 PROMPT = [1, 5, 9, 3]
 
@@ -38,3 +41,14 @@ def test_sampling_is_seeded(farm_place, images):
     a, b, c = run(7), run(7), run(8)
     assert a == b
     assert a != c
+
+
+def test_random_image_matches_reference(farm_place, tmp_path):
+    """A small random MoE image (no checkpoint to make: the quickest check that a place works end to end)."""
+    image = tmp_path / "random.img"
+    image.write_bytes(random_image(moe_dims(hidden=16, ffn=16, experts=4, layers=1, vocab=32, max_seq=16), DType.Q8_0,
+                                   seed=3, expert_align=64))
+    result = farm_place.run(image, PROMPT, 8)
+    ref = Reference(read_image(image.read_bytes()))
+    assert result.tokens == ref.greedy(PROMPT, 8)
+    assert_bit_identical(result.logits, ref.forward(PROMPT + result.tokens))

@@ -187,6 +187,13 @@ class Coordinator:
             raise FarmError(f"the coordinator dropped reservation {token} ({res.state.name})")
         return res.allocations["main"][0] if res.allocations.get("main") else None
 
+    def reservations(self) -> list[tuple[str, str, str]]:
+        """Every reservation the coordinator keeps: (token, owner, state)."""
+        from labgrid.remote.common import Reservation
+        from labgrid.remote.generated import labgrid_coordinator_pb2 as pb
+        found = self._rpc("GetReservations", pb.GetReservationsRequest()).reservations
+        return [(r.token, r.owner, r.state.name) for r in map(Reservation.from_pb2, found)]
+
     def cancel(self, token: str) -> None:
         from labgrid.remote.generated import labgrid_coordinator_pb2 as pb
         self._rpc("CancelReservation", pb.CancelReservationRequest(token=token))

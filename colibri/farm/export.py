@@ -40,6 +40,7 @@ LISTEN_TIMEOUT = 15.0  # QEMU opening its serial port
 EXPORT_TIMEOUT = 30.0  # the exporter's resources reaching the coordinator
 QUICK_EXIT_S = 2.0  # a QEMU that fails this soon after starting, QUICK_EXITS times in a row, is broken
 QUICK_EXITS = 5
+IDLE_RESTART_S = 10.0  # a guest left running with no client this long is started again, back to waiting
 SPEED = 115200  # what the NetworkSerialPort says; QEMU's UARTs take any rate
 
 
@@ -59,6 +60,23 @@ def spawn(argv: list[str], log: Path, **kwargs) -> subprocess.Popen:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 preexec_fn=_die_with_parent if _prctl else None,
                                 process_group=0, **kwargs)
+
+
+def connected(port: int) -> bool | None:
+    """Whether a TCP connection to this local port is established (Linux's /proc/net/tcp{,6}); None where that
+    cannot be read."""
+    found = None
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        found = bool(found)
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # ESTABLISHED, our port
+                return True
+    return found
 
 
 def clean_exit(board: Board, status: int) -> bool:
@@ -150,15 +168,38 @@ class QemuBoard:
                         self.broken = str(exc)
                 if not self.powered and self.proc is not None:
                     self._kill()
+                if self.proc is not None and self._abandoned():
+                    self._kill()  # started again by the next round, its guest stopped until a client comes
                 self._applied = True
                 self._cond.notify_all()
                 self._cond.wait(0.05)  # wakes on a power command; else looks for an ended QEMU this often
             if self.proc is not None:
                 self._kill()
 
+    def _abandoned(self) -> bool:
+        """Whether the guest has kept a core busy with nobody connected for IDLE_RESTART_S: a session that ended
+        without QUIT (a client killed, a link cut) leaves a guest polling its UART. Checked once a second from QEMU's
+        CPU time (an idle QEMU waiting for its first connection, or a guest asleep in WFI, uses next to none)."""
+        now = time.monotonic()
+        if now - self._checked < 1.0:
+            return False
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        except (OSError, ValueError, IndexError):
+            return False
+        busy = (cpu - self._cpu) / (now - self._checked) > 0.5 if self._checked else False
+        self._checked, self._cpu = now, cpu
+        if not busy or connected(self.port) is not False:
+            self._busy_since = None
+            return False
+        self._busy_since = self._busy_since or now
+        return now - self._busy_since > IDLE_RESTART_S
+
     def _spawn(self) -> None:
         self.proc = spawn(self.command(), self.log)
         self._started_at = time.monotonic()
+        self._checked, self._cpu, self._busy_since = 0.0, 0.0, None  # for _abandoned
         self.starts += 1
         pattern = re.compile(rb"waiting for connection on: disconnected:tcp:[^:]+:(\d+)")
         deadline = time.monotonic() + LISTEN_TIMEOUT
