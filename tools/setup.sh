@@ -56,7 +56,7 @@ CHECK
 then
     echo "setup: installing Python packages from requirements.txt"
     $PY -m pip install -q --disable-pip-version-check -r requirements.txt 2>&1 | grep -v "^WARNING" || true
-    $PY -c "import numpy, safetensors, ml_dtypes, elftools, serial, SCons, transformers, pytest, xdist, gguf, matplotlib, tokenizers, tqdm, jinja2"
+    $PY -c "import numpy, safetensors, ml_dtypes, elftools, serial, SCons, transformers, pytest, xdist, gguf, matplotlib, tokenizers, tqdm, jinja2, labgrid"
 fi
 # the `colibri` command, running this checkout
 if ! "$PY" -c "import importlib.metadata as m; m.distribution('colibri')" 2>/dev/null; then
