@@ -224,7 +224,8 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
     board = load_board(board_name)
     out = ROOT / "build" / board_name / mode
     runtime = [inspect(o) for o in runtime_objects(board_name, mode)]
-    board_objs = [o for o in build_files(out, ".o") if o.relative_to(out).parts[0] not in ("firmware", "tests", "tools")]
+    board_objs = [o for o in build_files(out, ".o")
+                  if o.relative_to(out).parts[0] not in ("firmware", "tests", "tools")]
     board_parts = [inspect(o) for o in board_objs]
     elf = inspect(board.firmware(mode))
     os_process = board.spec["link"] == "stdio"  # the hosted boards: the board's own code uses the C library
@@ -325,7 +326,8 @@ def print_board_report(r: dict) -> None:
             why = "; ".join(t["problems"]) or f"no {t['task']}_task in the call graph"
             print(f"  task {t['task']}: unbounded ({why})")
         else:
-            print(f"  task {t['task']}: worst case {t['static']:,} bytes (static) + {t['context']:,} the port keeps on a "
+            print(f"  task {t['task']}: worst case {t['static']:,} bytes (static) + {t['context']:,} the port keeps "
+                  f"on a "
                   f"switched-out task = {t['need']:,}: give xTaskCreateStatic at least {t['need']:,} bytes "
                   f"({-(-t['need'] // t['word']):,} words of StackType_t); board.toml gives {t['given']:,}: "
                   f"{' > '.join(t['path'][:6])}")

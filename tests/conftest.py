@@ -114,7 +114,8 @@ def build(board: str, mode: str = "release", kernels: str = "auto", lean: bool =
 
 
 def build_run(run: str) -> Path:
-    """The firmware of a MODEL_BOARDS entry, built: "hosted@asan" in mode asan, "cortex_m55@freertos" with rtos=freertos."""
+    """The firmware of a MODEL_BOARDS entry, built: "hosted@asan" in mode asan, "cortex_m55@freertos" with
+    rtos=freertos."""
     board, _, how = run.partition("@")
     if how and how in rtos_names(load_board(board).spec):
         return build(board, rtos=how) / ("firmware" + load_board(board).spec.get("program_suffix", ".elf"))

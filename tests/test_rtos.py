@@ -309,7 +309,8 @@ def cmake_board_files(run: str, where) -> None:
     prefix = spec["cc"][:-len("gcc")]
     (where / "toolchain.cmake").write_text(
         "set(CMAKE_SYSTEM_NAME Generic)\n"
-        f"set(CMAKE_C_COMPILER {spec['cc']})\nset(CMAKE_ASM_COMPILER {spec['cc']})\nset(CMAKE_OBJCOPY {prefix}objcopy)\n"
+        f"set(CMAKE_C_COMPILER {spec['cc']})\nset(CMAKE_ASM_COMPILER {spec['cc']})\n"
+        f"set(CMAKE_OBJCOPY {prefix}objcopy)\n"
         "set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)\n"
         f"set(CMAKE_C_FLAGS_INIT \"{' '.join(flags)}\")\nset(CMAKE_ASM_FLAGS_INIT \"{' '.join(flags)}\")\n"
         "set(CMAKE_C_FLAGS_RELEASE \"-O2\")\n")
@@ -323,8 +324,8 @@ def cmake_board_files(run: str, where) -> None:
 
 
 def test_cmake_builds_the_same_firmware(demo_image, firmwares, tmp_path):
-    """firmware/CMakeLists.txt's colibri::runtime in a CMake project with the FreeRTOS kernel's own CMake: the Cortex-M55
-    FreeRTOS firmware built that way gives the SCons build's logits, bit for bit, and has no heap either."""
+    """firmware/CMakeLists.txt's colibri::runtime in a CMake project with the FreeRTOS kernel's own CMake: the
+    Cortex-M55 FreeRTOS firmware built that way gives the SCons build's logits, bit for bit, and has no heap either."""
     import shutil
     run = "cortex_m55@freertos"
     kernel_or_skip(run)
@@ -334,8 +335,9 @@ def test_cmake_builds_the_same_firmware(demo_image, firmwares, tmp_path):
     src.mkdir()
     cmake_board_files(run, src)
     env = {**os.environ}
-    configure = subprocess.run(["cmake", "-S", str(src), "-B", str(out), f"-DCMAKE_TOOLCHAIN_FILE={src / 'toolchain.cmake'}",
-                                "-DCMAKE_BUILD_TYPE=Release", f"-DFREERTOS_KERNEL_PATH={env['FREERTOS_KERNEL_PATH']}"],
+    configure = subprocess.run(["cmake", "-S", str(src), "-B", str(out),
+                                f"-DCMAKE_TOOLCHAIN_FILE={src / 'toolchain.cmake'}", "-DCMAKE_BUILD_TYPE=Release",
+                                f"-DFREERTOS_KERNEL_PATH={env['FREERTOS_KERNEL_PATH']}"],
                                capture_output=True, text=True, env=env)
     assert configure.returncode == 0, configure.stdout[-3000:] + configure.stderr[-3000:]
     built = subprocess.run(["cmake", "--build", str(out), "-j", "2"], capture_output=True, text=True)
@@ -366,7 +368,8 @@ def test_smp_needs_a_port_these_boards_lack():
     from colibri.sim.boards import rtos_kernel
     kernel, spec = rtos_kernel("freertos"), load_board("riscv64_virt").spec
     rt = spec["rtos"]["freertos"]
-    done = subprocess.run([spec["cc"], *spec["cflags"], "-std=c11", "-DconfigNUMBER_OF_CORES=2", "-DconfigUSE_PASSIVE_IDLE_HOOK=0",
+    done = subprocess.run([spec["cc"], *spec["cflags"], "-std=c11", "-DconfigNUMBER_OF_CORES=2",
+                           "-DconfigUSE_PASSIVE_IDLE_HOOK=0",
                            f"-I{ROOT / 'boards/common/freertos/include'}", f"-I{ROOT / 'boards/common/freertos'}",
                            f"-I{ROOT / 'boards/riscv64_virt'}", f"-I{kernel / 'include'}", f"-I{kernel / rt['port']}",
                            "-fsyntax-only", str(kernel / "tasks.c")], capture_output=True, text=True)

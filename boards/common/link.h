@@ -37,7 +37,8 @@ typedef struct {
     void (*execute)(void);
     /* A board's own requests, types BOARD_REQ_FIRST..BOARD_REQ_LAST (NULL: none; such a type is then unknown, as
      * on every other board). Build the answer's payload in `answer` (MAX_PAYLOAD bytes), set *answer_len and return
-     * 0: the answer goes out as type | 0x80. Or return an error code (a link error or a colibri_status) with *detail. */
+     * 0: the answer goes out as type | 0x80. Or return an error code (a link error or a colibri_status) with
+     * *detail. */
     uint32_t (*request)(uint8_t type, const uint8_t *payload, uint32_t len, uint8_t *answer, uint32_t *answer_len,
                         uint64_t *detail);
 } board_io;

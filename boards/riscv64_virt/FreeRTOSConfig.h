@@ -19,7 +19,7 @@
 #define configENABLE_VPU 1
 #endif
 
-#define UART_IRQ_PRIORITY 1              /* unused: the PLIC's sources share one level here (boards/riscv64_virt/board.c) */
+#define UART_IRQ_PRIORITY 1              /* unused: the PLIC's sources share one level here (board.c) */
 
 #include "colibri_freertos.h"
 

@@ -120,6 +120,7 @@ def rtos_kernel_problem(rtos: str) -> str | None:
     if rtos_kernel(rtos):
         return None
     given = os.environ.get(var)
-    what = f"{var}={given} is not a FreeRTOS kernel tree (no tasks.c and include/ there)" if given else f"{var} is not set"
+    what = (f"{var}={given} is not a FreeRTOS kernel tree (no tasks.c and include/ there)" if given
+            else f"{var} is not set")
     return (f"rtos={rtos} needs the FreeRTOS kernel: {what}; set {var} to a FreeRTOS-Kernel checkout "
             "(the folder with tasks.c, include/ and portable/)")

@@ -4,8 +4,8 @@
  *   deadline   (highest) released every tick (1 kHz); records how late each release runs, by the board's counter
  *   fetch      a stand-in for a DMA engine: copies an expert block out of the image region when the inference
  *              task's fetch_start queues it, and wakes that task, which waits in fetch_wait
- *   link       the serial protocol (link_serve_elsewhere): reads frames (sleeping on the UART's receive interrupt), hands each
- *              request to the inference task and writes its answer
+ *   link       the serial protocol (link_serve_elsewhere): reads frames (sleeping on the UART's receive
+ *              interrupt), hands each request to the inference task and writes its answer
  *   inference  owns the link's context: runs link_execute() for every request (the runtime's calls)
  *   pair       a second context on the same image, after the first in the arena, at the inference task's priority:
  *              the two share the core by time slicing (the board's requests PAIR_START, PAIR_RESULT); it generates
