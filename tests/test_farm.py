@@ -134,6 +134,24 @@ def tiny_image(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def upload_image(tmp_path_factory) -> Path:
+    """210 KB: several seconds of upload, for the runs that are cut short."""
+    path = tmp_path_factory.mktemp("farm-images") / "upload.img"
+    path.write_bytes(random_image(moe_dims(hidden=32, ffn=64, experts=8, layers=4, top_k=2, vocab=64, max_seq=16),
+                                  DType.Q8_0, seed=2, expert_align=64))
+    return path
+
+
+def start_run_on_place(image: Path, place: str, address: str, log: Path, *args: str) -> subprocess.Popen:
+    """`colibri run --place` in the background, its stderr in `log`, once it holds its place."""
+    with open(log, "w") as err:
+        proc = colibri("run", image, "--place", place, "--prompt-tokens", PROMPT, "--max-new-tokens", "2", *args,
+                       env={"LG_COORDINATOR": address}, stderr=err)
+    wait_for_line(log, "on place", proc, 60)
+    return proc
+
+
 def qemu_pid(port: int) -> int:
     """The QEMU whose serial server is on `port`."""
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
@@ -209,18 +227,12 @@ def test_a_held_place_is_waited_for_then_named_with_its_holder(farm, tiny_image,
     assert_all_released(address)
 
 
-def test_a_board_killed_mid_run_ends_the_run_with_a_named_error(farm, tiny_image, tmp_path):
+def test_a_board_killed_mid_run_ends_the_run_with_a_named_error(farm, tiny_image, upload_image, tmp_path):
     """The board's QEMU killed while the image uploads: the run ends at once with an error naming the place, the
     place is released, and the farm starts the board again for the next run."""
     address, place = farm["address"], PLACES[0]
-    image = tmp_path / "upload.img"  # 210 KB: several seconds of upload
-    image.write_bytes(random_image(moe_dims(hidden=32, ffn=64, experts=8, layers=4, top_k=2, vocab=64, max_seq=16),
-                                   DType.Q8_0, seed=2, expert_align=64))
     log = tmp_path / "run.log"
-    with open(log, "w") as err:
-        proc = colibri("run", image, "--place", place, "--prompt-tokens", PROMPT, "--max-new-tokens", "2",
-                       env={"LG_COORDINATOR": address}, stderr=err)
-    wait_for_line(log, "on place", proc, 60)
+    proc = start_run_on_place(upload_image, place, address, log)
     time.sleep(1.0)  # into the upload
     os.kill(qemu_pid(farm["serial"][place]), signal.SIGKILL)
     proc.communicate(timeout=60)
@@ -234,18 +246,12 @@ def test_a_board_killed_mid_run_ends_the_run_with_a_named_error(farm, tiny_image
     assert again.returncode == 0 and "1 of 1 places" in again.stdout, again.stdout + again.stderr
 
 
-def test_a_hung_board_times_out_with_a_named_error(farm, tmp_path):
+def test_a_hung_board_times_out_with_a_named_error(farm, upload_image, tmp_path):
     """The board's QEMU stopped (SIGSTOP) in the middle of the upload: the run asks again --retries times, each
     after --timeout seconds, then ends naming the place, which is released."""
     address, place = farm["address"], PLACES[1]
-    image = tmp_path / "upload.img"
-    image.write_bytes(random_image(moe_dims(hidden=32, ffn=64, experts=8, layers=4, top_k=2, vocab=64, max_seq=16),
-                                   DType.Q8_0, seed=2, expert_align=64))
     log = tmp_path / "run.log"
-    with open(log, "w") as err:
-        proc = colibri("run", image, "--place", place, "--prompt-tokens", PROMPT, "--max-new-tokens", "2",
-                       "--timeout", "1", "--retries", "1", env={"LG_COORDINATOR": address}, stderr=err)
-    wait_for_line(log, "on place", proc, 60)
+    proc = start_run_on_place(upload_image, place, address, log, "--timeout", "1", "--retries", "1")
     time.sleep(0.5)
     qemu = qemu_pid(farm["serial"][place])
     os.kill(qemu, signal.SIGSTOP)
@@ -260,21 +266,32 @@ def test_a_hung_board_times_out_with_a_named_error(farm, tmp_path):
     assert_all_released(address)
 
 
+def test_ctrl_c_releases_the_place(farm, upload_image, tmp_path):
+    """Ctrl-C in the middle of a run on a place: one line, exit status 130, the place released."""
+    address, place = farm["address"], PLACES[0]
+    log = tmp_path / "run.log"
+    proc = start_run_on_place(upload_image, place, address, log)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    said = log.read_text().strip()
+    assert proc.returncode == 130 and said.splitlines()[-1] == "colibri run: interrupted", said
+    assert_all_released(address)
+
+
 def test_device_checks_run_on_farm_places_through_the_pytest_plugin(farm):
     """tests/farm_device_checks.py (test_device's checks) run by pytest against a farm place: its random image's
     test here (the others make checkpoints with transformers first, and take the same path)."""
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "colibri.farm.pytest_plugin",
-                           "tests/farm_device_checks.py", "--farm-place", "board=riscv64_virt",
-                           "--farm-coordinator", farm["address"], "-k", "random_image",
-                           "-p", "no:cacheprovider"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr
-    skipped = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "colibri.farm.pytest_plugin",
-                              "tests/farm_device_checks.py", "-k", "seeded", "-p", "no:cacheprovider", "-rs"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=300,
-                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert skipped.returncode == 0 and "no farm places: give pytest --farm-place" in skipped.stdout, skipped.stdout
+    pytest_ = [sys.executable, "-m", "pytest", "-q", "-p", "colibri.farm.pytest_plugin", "-p", "no:cacheprovider",
+               "tests/farm_device_checks.py"]
+    started = [subprocess.Popen(pytest_ + args, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+               for args in (["--farm-place", "board=riscv64_virt", "--farm-coordinator", farm["address"],
+                             "-k", "random_image"],
+                            ["-k", "random_image", "-rs"])]  # no places given
+    (done, _), (skipped, _) = (proc.communicate(timeout=300) for proc in started)
+    assert started[0].returncode == 0 and "1 passed" in done, done
+    assert started[1].returncode == 0 and "no farm places: give pytest --farm-place" in skipped, skipped
     assert_all_released(farm["address"])
 
 
