@@ -70,7 +70,7 @@ def export_main(argv: list[str], prog: str) -> int:
         with QemuFarm(address, boards, [firmwares[b.name] for b in boards], args.image, args.name, args.host,
                       args.keep_places) as farm:
             rows = [("place", "board", "serial port", "power")] + [
-                (e.place, e.board, e.serial, e.power.split(": ", 1)[1]) for e in farm.exported()]
+                (e.place, e.board, e.serial, e.power) for e in farm.exported()]
             widths = [max(len(r[i]) for r in rows) for i in range(4)]
             for r in rows:
                 print("  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip())

@@ -375,8 +375,7 @@ class QemuFarm:
         self.exporter.wait()
 
     def exported(self) -> list[ExportedBoard]:
-        power = [f"{b.place} power: rest /power/{i}" for i, b in enumerate(self.boards)]
-        return [ExportedBoard(b.place, b.board.name, b.url(), p) for b, p in zip(self.boards, power)]
+        return [ExportedBoard(b.place, b.board.name, b.url(), f"rest /power/{i}") for i, b in enumerate(self.boards)]
 
     def wait(self) -> None:
         """Until the exporter ends (it does when the coordinator goes away) or Ctrl-C / SIGTERM."""
