@@ -179,13 +179,14 @@ def assert_stacks_within_bounds(run: str, stats) -> None:
 
 @pytest.mark.parametrize("run", RTOS_BOARDS)
 def test_streaming_at_the_minimum_cache_goes_through_the_fetch_task(run, demo_image, firmwares):
-    """OPEN with the smallest expert cache (one layer's top-k): every routed expert reaches the arena through the
-    board's asynchronous hooks, fetch_start queueing each block to the fetch task and fetch_wait sleeping until it
-    has copied it; the logits are the reference's, bit for bit, with prefetch on and off."""
+    """OPEN with the smallest expert cache (one layer's top-k), prefetch off, then one slot more with prefetch on (the
+    smallest cache with room for a guess: at the minimum every slot serves the current layer): every routed expert
+    and every guess reaches the arena through the board's asynchronous hooks, fetch_start queueing each block to the
+    fetch task and returning before it is copied, fetch_wait sleeping until it is; the logits are the reference's,
+    bit for bit, both times."""
     kernel_or_skip(run)
     ref = Reference(read_image(demo_image.read_bytes()))
-    slots = ref.d.top_k
-    for prefetch in (True, False):
+    for slots, prefetch in ((ref.d.top_k, False), (ref.d.top_k + 1, True)):
         with start_board(load_board(board_name(run)), firmwares[run], demo_image) as device:
             client = MeasuringClient(device.link, timeout=60)
             result = run_session(client, demo_image, PROMPT, 5, Sampling(), True, False, expert_cache=slots,
@@ -193,10 +194,15 @@ def test_streaming_at_the_minimum_cache_goes_through_the_fetch_task(run, demo_im
         assert device.guest_code == 0
         assert result.expert_cache == slots and result.tokens == ref.greedy(PROMPT, 5)
         assert_bit_identical(result.logits, ref.forward(PROMPT + result.tokens))
-        s = client.rtos
-        assert result.stats["expert_misses"] > 0
-        assert s.transfers_queued == result.stats["expert_misses"] + result.stats["prefetch_issued"]
-        assert s.transfers_at_once == 0
+        s, stats = client.rtos, result.stats
+        print(f"\n{run} {slots} slots, prefetch {'on' if prefetch else 'off'}: {stats['expert_misses']} misses, "
+              f"{stats['prefetch_issued']} guesses; {s['xfer_queued']} transfers, {s['xfer_pending']} pending when "
+              f"fetch_start returned, fetch_wait slept {s['fetch_sleeps']} of {s['fetch_waits']} times")
+        assert stats["expert_misses"] > 0 and (stats["prefetch_issued"] > 0) == prefetch
+        assert s["xfer_queued"] == stats["expert_misses"] + stats["prefetch_issued"] == s["fetch_waits"]
+        assert s["xfer_at_once"] == 0
+        # asynchronous: the copy is not made inside fetch_start, and the runtime really waits for it
+        assert s["xfer_pending"] > s["xfer_queued"] // 2 and s["fetch_sleeps"] > 0
         assert_stacks_within_bounds(run, s)
         assert s.task("fetch").used > 0
 
@@ -234,7 +240,7 @@ def test_two_contexts_in_two_tasks_each_as_if_alone(run, demo_image, firmwares):
     assert pair.crcs == row_crcs(ref.forward(pair.tokens))
     assert pair.runs >= 2 and pair.differing == 0  # it kept generating through the link's run, the same bits each time
     s = client.rtos
-    assert s.preemptions > 0  # they really ran at once
+    assert s["preemptions"] > 0  # they really ran at once
     assert_stacks_within_bounds(run, s)
     assert s.task("pair").used > s.task("pair").bytes // 2 and s.task("inference").used > s.task("inference").bytes // 2
 

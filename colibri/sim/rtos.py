@@ -32,16 +32,20 @@ class TaskStack:
 @dataclass
 class RtosStats:
     tick_hz: int
-    period: int              # counter ticks in a tick period
-    releases: int            # of the deadline task since the window started
-    late_min: int            # each release's time less (the window's first + k periods), in counter ticks
-    late_max: int
-    interval_min: int        # between consecutive releases, counter ticks
-    interval_max: int
-    preemptions: int         # one inference task got the core while the other was inside a runtime call
-    transfers_queued: int    # expert blocks the fetch task copied
-    transfers_at_once: int   # copied in fetch_start, every transfer record being in flight
+    period: int                  # counter ticks in a tick period
+    counters: dict[str, int]     # by name (boards/common/freertos/freertos.c's rtos_stats): see the properties
     tasks: list[TaskStack]
+
+    def __getitem__(self, name: str) -> int:
+        return self.counters[name]
+
+    # the deadline task's window: releases since it started; each release's time less (the window's first + k
+    # periods), and the interval between consecutive releases, in counter ticks
+    releases = property(lambda self: self["releases"])
+    late_min = property(lambda self: self["late_min"])
+    late_max = property(lambda self: self["late_max"])
+    interval_min = property(lambda self: self["interval_min"])
+    interval_max = property(lambda self: self["interval_max"])
 
     @property
     def jitter(self) -> int:
@@ -52,14 +56,24 @@ class RtosStats:
         return next(t for t in self.tasks if t.name == name)
 
 
+SIGNED = ("late_min", "late_max")  # counters the board sends as two's complement
+
+
 def rtos_stats(client: Client, flags: int = 0) -> RtosStats:
     p = client.call(REQ_RTOS_STATS, struct.pack("<I", flags), REQ_RTOS_STATS | 0x80)
-    fields = struct.unpack_from("<IIQqqQQIIII", p)
+    tick_hz, period, n = struct.unpack_from("<III", p)
+    at, counters = 12, {}
+    for _ in range(n):
+        name, value = struct.unpack_from("<16sQ", p, at)
+        name = name.rstrip(b"\0").decode()
+        counters[name] = value - (1 << 64) if name in SIGNED and value >> 63 else value
+        at += 24
     tasks = []
-    for i in range(fields[-1]):
-        name, size, used, prio = struct.unpack_from("<16sIII", p, 64 + 28 * i)
+    for _ in range(struct.unpack_from("<I", p, at)[0]):
+        name, size, used, prio = struct.unpack_from("<16sIII", p, at + 4)
         tasks.append(TaskStack(name.rstrip(b"\0").decode(), size, used, prio))
-    return RtosStats(*fields[:-1], tasks)
+        at += 28
+    return RtosStats(tick_hz, period, counters, tasks)
 
 
 def pair_start(client: Client, prompt: list[int], new_tokens: int) -> int:
@@ -147,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"deadline task at {s.tick_hz} Hz: {s.releases} releases, lateness {s.late_min * us:+.1f} to "
           f"{s.late_max * us:+.1f} us (jitter {s.jitter * us:.1f} us), intervals {s.interval_min * us:.1f} to "
           f"{s.interval_max * us:.1f} us")
-    print(f"fetch task: {s.transfers_queued} transfers ({s.transfers_at_once} copied at once)")
+    print(f"fetch task: {s['xfer_queued']} transfers ({s['xfer_at_once']} copied at once, {s['xfer_pending']} "
+          f"still pending when fetch_start returned); fetch_wait slept {s['fetch_sleeps']} of {s['fetch_waits']} "
+          f"times; prefetch issued {result.stats.get('prefetch_issued', 0)}")
     for t in s.tasks:
         print(f"  {t.name:<10} priority {t.priority}  stack {t.bytes:>6,}  most used {t.used:>6,}")
     return 0 if v.bit_identical else 1

@@ -3,7 +3,8 @@
  *
  *   deadline   (highest) released every tick (1 kHz); records how late each release runs, by the board's counter
  *   fetch      a stand-in for a DMA engine: copies an expert block out of the image region when the inference
- *              task's fetch_start queues it, and wakes that task, which waits in fetch_wait
+ *              task's fetch_start queues it, and wakes that task, which waits in fetch_wait; at the inference
+ *              tasks' priority, so the copy runs beside the computation (time-sliced), never inside fetch_start
  *   link       the serial protocol (link_serve_elsewhere): reads frames (sleeping on the UART's receive
  *              interrupt), hands each request to the inference task and writes its answer
  *   inference  owns the link's context: runs link_execute() for every request (the runtime's calls)
@@ -31,11 +32,14 @@ void *memcpy(void *dst, const void *src, size_t n);
 #endif
 #define WORDS(bytes) ((bytes) / sizeof(StackType_t))
 
-/* Priorities: above the inference tasks, everything that must answer promptly. */
+/* Priorities: above the inference tasks, everything that must answer promptly. The fetch task shares the inference
+ * tasks' priority: above them, xQueueSend in fetch_start would switch to it at once and the copy would be done before
+ * fetch_start returned (a synchronous copy in disguise); at their priority it waits for the core as a DMA engine
+ * waits for the bus: it copies when the inference task sleeps in fetch_wait or when the tick gives it a time slice. */
 enum {
-    PRIO_INFERENCE = tskIDLE_PRIORITY + 2, /* the link's context and the pair's, time-sliced */
+    PRIO_INFERENCE = tskIDLE_PRIORITY + 2, /* the link's context, the pair's and the fetch engine, time-sliced */
+    PRIO_FETCH = PRIO_INFERENCE,
     PRIO_LINK = tskIDLE_PRIORITY + 4,
-    PRIO_FETCH = tskIDLE_PRIORITY + 5,
     PRIO_DEADLINE = configMAX_PRIORITIES - 1,
 };
 
@@ -131,7 +135,9 @@ void rtos_rx_from_isr(void) {
 /* ---- the fetch task: a DMA engine's stand-in ----
  * fetch_start claims a transfer record, queues its index and returns; the fetch task copies the block out of the
  * image region (the board's slow memory) and wakes the record's owner, which waits in fetch_wait. With every record
- * in flight (the runtime starts at most a layer's misses and guesses at once: far fewer), the copy is made at once. */
+ * in flight (the runtime starts at most a layer's misses and guesses at once: far fewer), the copy is made at once.
+ * The counters show the transfers were asynchronous: still pending when fetch_start returned, and waited for by a
+ * fetch_wait that had to sleep. */
 #define TRANSFERS 16u
 enum { XFER_FREE, XFER_QUEUED, XFER_DONE };
 typedef struct {
@@ -145,7 +151,9 @@ static transfer transfers[TRANSFERS];
 static StaticQueue_t fetch_queue_tcb;
 static uint8_t fetch_queue_storage[TRANSFERS];
 static QueueHandle_t fetch_queue;
-static volatile uint32_t transfers_queued, transfers_at_once;
+static volatile uint32_t transfers_queued, transfers_at_once; /* queued to the fetch task; copied in fetch_start */
+static volatile uint32_t transfers_pending;                   /* not yet copied when fetch_start returned */
+static volatile uint32_t fetch_waits, fetch_sleeps;           /* fetch_wait for a queued transfer; of those, slept */
 
 static int fetch_start(uint64_t offset, size_t bytes, void *dst) {
     const uint8_t *image;
@@ -170,6 +178,7 @@ static int fetch_start(uint64_t offset, size_t bytes, void *dst) {
     const uint8_t index = (uint8_t)i;
     transfers_queued++;
     xQueueSend(fetch_queue, &index, portMAX_DELAY);
+    if (t->state != XFER_DONE) transfers_pending++;
     return 0;
 }
 
@@ -178,7 +187,13 @@ static int fetch_wait(void *dst) {
     for (uint32_t i = 0; i < TRANSFERS; i++) {
         transfer *t = &transfers[i];
         if (t->state == XFER_FREE || t->dst != dst || t->owner != me) continue;
-        while (t->state != XFER_DONE) ulTaskNotifyTakeIndexed(NOTIFY_FETCH, pdTRUE, portMAX_DELAY);
+        uint32_t slept = 0;
+        while (t->state != XFER_DONE) {
+            slept = 1;
+            ulTaskNotifyTakeIndexed(NOTIFY_FETCH, pdTRUE, portMAX_DELAY);
+        }
+        fetch_waits++;
+        fetch_sleeps += slept;
         t->state = XFER_FREE;
         return 0;
     }
@@ -345,21 +360,40 @@ static uint32_t get32(const uint8_t *p) {
 }
 
 /* RTOS_STATS [u32 flags: bit 0 restarts the deadline window, bit 1 makes the idle task spin rather than wait for an
- * interrupt (until a RTOS_STATS without it)] -> the deadline window, the preemption and transfer counts and every
- * task's stack. */
+ * interrupt (until a RTOS_STATS without it)] -> u32 tick Hz, u32 counter ticks a period, the named counters (u32 n,
+ * then n of char[16] name, u64 value: a host reads the ones it knows by name) and every task's stack. */
+static uint8_t *put_name(uint8_t *p, const char *name) {
+    uint32_t c = 0;
+    for (const char *s = name; *s && c < 15; s++) p[c++] = (uint8_t)*s;
+    while (c < 16) p[c++] = 0;
+    return p + 16;
+}
+
 static uint32_t rtos_stats(const uint8_t *in, uint32_t len, uint8_t *out, uint32_t *out_len) {
     if (len != 0 && len != 4) return LINK_BAD_PAYLOAD;
     put32(out, configTICK_RATE_HZ);
     put32(out + 4, (uint32_t)board->cycle_hz / configTICK_RATE_HZ);
     const deadline_window w = deadline_read();
-    put64(out + 8, w.releases);
-    put64(out + 16, (uint64_t)w.late_min);
-    put64(out + 24, (uint64_t)w.late_max);
-    put64(out + 32, w.releases ? w.interval_min : 0);
-    put64(out + 40, w.interval_max);
-    put32(out + 48, preemptions);
-    put32(out + 52, transfers_queued);
-    put32(out + 56, transfers_at_once);
+    const struct { const char *name; uint64_t value; } counters[] = {
+        { "releases", w.releases },                       /* of the deadline task in the window */
+        { "late_min", (uint64_t)w.late_min },             /* counter ticks, signed */
+        { "late_max", (uint64_t)w.late_max },
+        { "interval_min", w.releases ? w.interval_min : 0 },
+        { "interval_max", w.interval_max },
+        { "preemptions", preemptions },
+        { "xfer_queued", transfers_queued },              /* expert blocks the fetch task copied */
+        { "xfer_at_once", transfers_at_once },            /* copied in fetch_start: every record in flight */
+        { "xfer_pending", transfers_pending },            /* not yet copied when fetch_start returned */
+        { "fetch_waits", fetch_waits },                   /* fetch_wait calls for a queued transfer */
+        { "fetch_sleeps", fetch_sleeps },                 /* of those, the ones that slept until the copy was done */
+    };
+    const uint32_t n_counters = sizeof counters / sizeof counters[0];
+    put32(out + 8, n_counters);
+    uint8_t *p = out + 12;
+    for (uint32_t i = 0; i < n_counters; i++, p += 8) {
+        p = put_name(p, counters[i].name);
+        put64(p, counters[i].value);
+    }
     const struct { const char *name; TaskHandle_t handle; uint32_t bytes; } tasks[] = {
         { "link", link_t.handle, link_t.stack_bytes },
         { "inference", inference_t.handle, inference_t.stack_bytes },
@@ -369,16 +403,14 @@ static uint32_t rtos_stats(const uint8_t *in, uint32_t len, uint8_t *out, uint32
         { "idle", xTaskGetIdleTaskHandle(), configMINIMAL_STACK_SIZE * sizeof(StackType_t) },
     };
     const uint32_t n = sizeof tasks / sizeof tasks[0];
-    put32(out + 60, n);
-    uint8_t *p = out + 64;
-    for (uint32_t i = 0; i < n; i++, p += 28) { /* char name[16], u32 stack bytes, u32 most used, u32 priority */
-        uint32_t c = 0;
-        for (const char *s = tasks[i].name; *s && c < 15; s++) p[c++] = (uint8_t)*s;
-        while (c < 16) p[c++] = 0;
+    put32(p, n);
+    p += 4;
+    for (uint32_t i = 0; i < n; i++, p += 12) { /* char name[16], u32 stack bytes, u32 most used, u32 priority */
+        p = put_name(p, tasks[i].name);
         const uint32_t unused = (uint32_t)uxTaskGetStackHighWaterMark(tasks[i].handle) * sizeof(StackType_t);
-        put32(p + 16, tasks[i].bytes);
-        put32(p + 20, tasks[i].bytes - unused);
-        put32(p + 24, (uint32_t)uxTaskPriorityGet(tasks[i].handle));
+        put32(p, tasks[i].bytes);
+        put32(p + 4, tasks[i].bytes - unused);
+        put32(p + 8, (uint32_t)uxTaskPriorityGet(tasks[i].handle));
     }
     *out_len = (uint32_t)(p - out);
     if (len == 4) {
