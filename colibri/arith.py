@@ -237,21 +237,28 @@ def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.rint(q).astype(np.int8), d.astype(F32)
 
 
-def quantized_dot(xq: np.ndarray, xd: np.ndarray, w_int: np.ndarray, w_scale: np.ndarray) -> np.ndarray:
-    """Quantized inputs (quantize_q8_0 of x [n, cols]: xq, xd) times Q8_0/Q4_0 rows (values int8
-    [rows, blocks, 32], f16 scales [rows, blocks]) as dot_blocks computes each row: block b's integer sum times
-    (w_scale[b] x_scale[b]) added to lane b % 8 (from +0, in order), then the 8-lane tree. [n, rows].
-    The integer sums go through float32 BLAS exactly: a product is at most 128 x 127, a block's sum of 32 at
-    most 520,192, below 2^24, so every partial sum in any order (fused or not) is an integer float32 holds."""
+def quantized_dot(xq: np.ndarray, xd: np.ndarray, w_int: np.ndarray, w_a: np.ndarray,
+                  w_c: np.ndarray | None = None) -> np.ndarray:
+    """Quantized inputs (quantize_q8_0 of x [n, cols]: xq, xd) times quantized rows read as the dot products read
+    them (Encoded.block_terms: integers w_int [rows, blocks, 32], float32 factors w_a and, for a dtype with an
+    offset, w_c [rows, blocks]), as dot_blocks and dot_unpacked compute each row: block b's term
+    (float)isum * (a xd), plus (float)xsum * (c xd) where there is an offset, added to lane b % 8 (from +0, in
+    order), then the 8-lane tree. [n, rows].
+    The integer sums go through float32 BLAS exactly: a product is at most 4096 x 127 (Q6_K's value times its
+    sub-block scale), a block's sum of 32 at most 16,646,144, below 2^24, so every partial sum in any order (fused or
+    not) is an integer float32 holds."""
     rows, nb, _ = w_int.shape
     n = xq.shape[0]
-    x_f, w_f, w_d = xq.astype(F32), w_int.astype(F32), w_scale.astype(F32)
+    x_f, w_f, w_a = xq.astype(F32), w_int.astype(F32), w_a.astype(F32)
+    x_sum = xq.astype(np.int32).sum(axis=-1).astype(F32) if w_c is not None else None  # exact: |sum| <= 4064
     lanes = np.zeros((8, n, rows), F32)
     term, scale = np.empty((n, rows), F32), np.empty((n, rows), F32)
     with np.errstate(all="ignore"):
         for b in range(nb):  # lane b % 8 gets block b, in order
             np.matmul(x_f[:, b], w_f[:, b].T, out=term)      # block b's integer sums, exact
-            np.multiply(w_d[None, :, b], xd[:, b, None], out=scale)
+            np.multiply(w_a[None, :, b], xd[:, b, None], out=scale)
             term *= scale
+            if w_c is not None:
+                term += x_sum[:, b, None] * (w_c[None, :, b] * xd[:, b, None])
             lanes[b % 8] += term
         return lanes_tree(lanes, axis=0)

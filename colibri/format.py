@@ -246,9 +246,9 @@ ROLES_BEFORE_LAYERS = (Role.TOKEN_EMBD, Role.ROPE_COS, Role.ROPE_SIN,)
 LAYER_ROLES = (Role.ATTN_NORM, Role.WQ, Role.WQ_GATE, Role.BQ, Role.WK, Role.BK, Role.WV, Role.BV, Role.WO, Role.BO, Role.Q_NORM, Role.K_NORM, Role.SINKS, Role.WQ_A, Role.Q_A_NORM, Role.WQ_B, Role.WKV_A, Role.KV_A_NORM, Role.WK_B, Role.WV_B, Role.FFN_NORM, Role.DENSE_GATE, Role.DENSE_UP, Role.DENSE_DOWN, Role.ROUTER, Role.ROUTER_BIAS, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS, Role.EXPERT_DOWN_BIAS, Role.SHARED_GATE, Role.SHARED_UP, Role.SHARED_DOWN, Role.SHARED_EXPERT_GATE, Role.POST_ATTN_NORM, Role.POST_FFN_NORM, Role.DENSE_POST_NORM, Role.MOE_NORM, Role.MOE_POST_NORM, Role.ROUTER_NORM, Role.EXPERT_SCALE, Role.LAYER_SCALE, Role.PLE_GATE, Role.PLE_PROJ, Role.PLE_POST_NORM, Role.CONV_IN, Role.CONV_KERNEL, Role.CONV_OUT, Role.DN_QKV, Role.DN_Z, Role.DN_B, Role.DN_A, Role.DN_CONV, Role.DN_DT_BIAS, Role.DN_DECAY, Role.DN_NORM, Role.DN_OUT,)
 EXPERT_ROLES = (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN,)
 ROLES_AFTER_LAYERS = (Role.OUTPUT_NORM, Role.LM_HEAD, Role.GLOBAL_ROPE_COS, Role.GLOBAL_ROPE_SIN, Role.PLE_EMBD, Role.PLE_MODEL_PROJ, Role.PLE_PROJ_NORM,)
-DTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0",)  # weight dtypes, valued by position
+DTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4", "Q4_K", "Q5_K", "Q6_K",)  # weight dtypes, valued by position
 # each dtype's storage: (elements per block, bytes per block, bytes of f16 scale per block)
-DTYPE_TRAITS = {"F32": (1, 4, 0), "F16": (1, 2, 0), "BF16": (1, 2, 0), "Q8_0": (32, 32, 2), "Q4_0": (32, 16, 2)}
+DTYPE_TRAITS = {"F32": (1, 4, 0), "F16": (1, 2, 0), "BF16": (1, 2, 0), "Q8_0": (32, 32, 2), "Q4_0": (32, 16, 2), "Q4_1": (32, 20, 0), "Q5_0": (32, 22, 0), "Q5_1": (32, 24, 0), "MXFP4": (32, 17, 0), "Q4_K": (256, 144, 0), "Q5_K": (256, 176, 0), "Q6_K": (256, 210, 0)}
 KV_DTYPES = {"f32": 0, "f16": 1}  # header kv_dtype
 QBLOCK = 32
 

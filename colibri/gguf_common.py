@@ -45,27 +45,29 @@ class GGUFFile:
         return value
 
 
-def lazy(shape: tuple[int, ...], t: LazyTensor, fn, by_expert=None) -> Derived:
+def lazy(shape: tuple[int, ...], t: LazyTensor, fn, by_expert=None, keeps: bool = False) -> Derived:
     """`fn` of a tensor's values, computed when they are read (`by_expert(values of sub-tensor i)`: its
-    sub-tensor i alone)."""
-    return Derived(shape, lambda: fn(t.load()), None if by_expert is None else lambda i: by_expert(t.expert(i)))
+    sub-tensor i alone). `keeps`: fn only moves rows, so a tensor stored in an image dtype stays in it."""
+    return Derived(shape, lambda: fn(t.load()), None if by_expert is None else lambda i: by_expert(t.expert(i)),
+                   t.kept if keeps else None)
 
 
 def split_experts(stacked: LazyTensor) -> list[Derived]:
     """A layer's experts stacked by llama.cpp ([experts, rows, columns]) as one tensor each, its bytes alone read."""
-    return [Derived(stacked.shape[1:], lambda e=e: stacked.expert(e)) for e in range(stacked.shape[0])]
+    return [Derived(stacked.shape[1:], lambda e=e: stacked.expert(e), kept=stacked.kept)
+            for e in range(stacked.shape[0])]
 
 
 def split_gate_up(stacked: LazyTensor, name: str) -> tuple[list[Derived], list[Derived]]:
     """A layer's experts' gate and up fused by llama.cpp's converter (--fuse-gate-up-exps: [experts, 2F, D], gate rows
-    first, as ffn_gate_up_exps) as one gate and one up tensor per expert, its rows whole (Q8_0/Q4_0 blocks as stored),
+    first, as ffn_gate_up_exps) as one gate and one up tensor per expert, its rows whole (quantized blocks as stored),
     its bytes alone read."""
     if len(stacked.shape) != 3 or stacked.shape[1] % 2:
         raise GGUFError(f"GGUF tensor {name} has shape {tuple(stacked.shape)}: llama.cpp stacks a layer's experts' "
                         "gate and up rows, [experts, 2 x ffn, hidden]")
     ffn = stacked.shape[1] // 2
-    return tuple([Derived((ffn, stacked.shape[2]), lambda e=e, half=half: matrix_rows(stacked.expert(e), half))
-                  for e in range(stacked.shape[0])] for half in (slice(0, ffn), slice(ffn, 2 * ffn)))
+    return tuple([Derived((ffn, stacked.shape[2]), lambda e=e, half=half: matrix_rows(stacked.expert(e), half),
+                          kept=stacked.kept) for e in range(stacked.shape[0])] for half in (slice(0, ffn), slice(ffn, 2 * ffn)))
 
 
 class Joined(Derived):
@@ -74,7 +76,8 @@ class Joined(Derived):
     read twice, nor the other with it."""
 
     def __init__(self, parts: tuple[LazyTensor, ...], compute: Callable[[], np.ndarray | Encoded]):
-        super().__init__((sum(t.shape[0] for t in parts), parts[0].shape[1]), compute)
+        kept = parts[0].kept if all(t.kept == parts[0].kept for t in parts) else None  # (rows_joined keeps them then)
+        super().__init__((sum(t.shape[0] for t in parts), parts[0].shape[1]), compute, kept=kept)
         self.parts = parts
 
     def part(self, rows: slice) -> LazyTensor | None:
@@ -89,7 +92,7 @@ class Joined(Derived):
 
 def rows_joined(top: LazyTensor, bottom: LazyTensor, names: list[str]) -> Joined:
     """Two matrices as one, `top`'s rows first (a shared expert's gate and up, which a checkpoint keeps in one matrix
-    and llama.cpp's converter splits): Q8_0/Q4_0 rows as stored where both are stored alike, else f32."""
+    and llama.cpp's converter splits): quantized rows as stored where both are stored alike, else f32."""
     if len(top.shape) != 2 or tuple(top.shape) != tuple(bottom.shape):
         raise GGUFError(f"GGUF tensors {names[0]} {tuple(top.shape)} and {names[1]} {tuple(bottom.shape)}: two "
                         "matrices of one shape were expected")
@@ -109,7 +112,7 @@ def as_row(t: LazyTensor) -> Derived:
 
 
 def floats(t: np.ndarray | Encoded) -> np.ndarray:
-    """Values as f32 (Q8_0/Q4_0 widened exactly)."""
+    """Values as f32 (a quantized tensor's widened exactly)."""
     return t.decode() if isinstance(t, Encoded) else np.asarray(t, np.float32)
 
 
@@ -132,5 +135,5 @@ def heads_stacked(t: np.ndarray | Encoded) -> np.ndarray | Encoded:
     if isinstance(t, Encoded):
         h, rows = t.shape[0], t.shape[1]
         return Encoded(t.dtype, (h * rows, t.shape[2]), t.values.reshape(h * rows, *t.values.shape[2:]),
-                       t.scales.reshape(h * rows, -1))
+                       None if t.scales is None else t.scales.reshape(h * rows, -1))
     return t.reshape(-1, t.shape[-1])

@@ -10,19 +10,19 @@ cannot drift apart. What this module undoes:
   key: Family.gguf_variant_key; llama.cpp reads the shared MLP only then): the shared MLP's gate and up, split by
   the converter, joined back into one matrix;
 - `gpt-oss` (its family file's GGUF hooks): experts as separate gate, up and down stacks (MXFP4 in llama.cpp's
-  converter's files, dequantized exactly like any other type the image has no dtype for) fused back into
-  transformers' layout;
+  converter's files) fused back into transformers' layout;
 - `deepseek2` (DeepSeek-V2/V3, its family file's GGUF hooks): kv_b_proj arrives already split into attn_k_b
   (transposed per head) and attn_v_b, the runtime's own WK_B and WV_B layout, so they are kept as they are;
 - `lfm2` and `lfm2moe` (colibri/families/lfm2.py): a KV head count per layer, 0 where a layer convolves, the
   convolution squeezed to [D, K];
 - `qwen35moe` (colibri/families/qwen35.py's GGUF hooks): the DeltaNet's value heads, which the converter tiles for
   ggml, put back in transformers' order; the norms (1 + w) and the decay (-exp(A_log)) taken as stored;
-- storage types: Q8_0 and Q4_0 tensors are kept as they are (host.quant.Encoded), so packing them to
-  the same dtype carries them over bit for bit (but for a tensor the family scales when packing: Granite's
-  multipliers, colibri/families/granite.py's weight_scales); every other type the `gguf` package can dequantize
-  (F16, BF16, Q4_1, Q5_0, Q5_1, the K-quants, the IQ types, ...) is widened to f32 exactly, and the
-  packer converts it to the dtype asked for. `read_gguf` says which types it converted.
+- storage types: tensors of a type the image has (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4, Q4_K, Q5_K, Q6_K) are kept
+  as they are (colibri.quant.Encoded), so packing them to the same dtype (or `--dtype stored`) carries them over bit
+  for bit (but for a tensor the family scales or transposes when packing: Granite's multipliers,
+  colibri/families/granite.py's weight_scales; gpt-oss's experts); every other type the `gguf` package can
+  dequantize (F16, BF16, Q2_K, Q3_K, the IQ types, ...) is widened to f32 exactly, and the packer converts it to
+  the dtype asked for. `read_gguf` says which types it converted.
 The architecture and the config keys are checked before any tensor is read, so a refusal of a
 multi-GB file is immediate. No tensor is read here: each is read by its offset when the packer writes it
 (colibri/lazy.py), a routed expert's bytes alone out of its layer's 3-D tensor, and the layout undone then.
@@ -48,7 +48,7 @@ from colibri.quant import DType, Encoded, from_gguf_blocks
 NUMBER_KEYS = (".block_count", ".head_count", ".head_count_kv", ".embedding_length", ".context_length",
                ".feed_forward_length", ".expert_used_count", ".layer_norm_rms_epsilon", ".dimension_count",
                ".kv_lora_rank", ".key_length_mla", ".value_length_mla", ".scaling.factor")
-KEPT_TYPES = {gguf.GGMLQuantizationType.Q8_0: DType.Q8_0, gguf.GGMLQuantizationType.Q4_0: DType.Q4_0}
+KEPT_TYPES = {gguf.GGMLQuantizationType[d.name]: d for d in DType if d.quantized}  # carried over as stored
 # widened to f32 with nothing lost: not worth naming in the conversion report
 EXACT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
 # llama.cpp architecture -> {has experts: HF architecture} (the families' gguf_arch: colibri/families/; one family,
@@ -321,7 +321,8 @@ def _per_layer(reader: gguf.GGUFReader, key: str, default: int, *, arch: str, n_
 
 
 def _file_tensor(file: OpenFile, t) -> FileTensor:
-    """A GGUF tensor unread: Q8_0/Q4_0 to come as stored (Encoded), every other type dequantized to f32 when read.
+    """A GGUF tensor unread: an image dtype's to come as stored (Encoded), every other type dequantized to f32 when
+    read.
     The reader's own arrays map the file; only their dtype and shape are taken, and one row is dequantized now
     so that a type the gguf package cannot dequantize is refused before anything is written."""
     shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dimensions fastest first
@@ -379,7 +380,8 @@ def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, hf_arch: str, n_layer
                 if len(t.shape) != 3:
                     raise GGUFError(f"GGUF layer {layer}'s {which.replace('_proj', '')} tensor has shape {tuple(t.shape)}: "
                                     "llama.cpp's converter stacks it per head, [heads, rows, columns]")
-                out[f"{p}self_attn.{which}.weight"] = lazy((t.shape[0] * t.shape[1], t.shape[2]), t, heads_stacked)
+                out[f"{p}self_attn.{which}.weight"] = lazy((t.shape[0] * t.shape[1], t.shape[2]), t, heads_stacked,
+                                                           keeps=True)
         router = gguf_name(MODEL_TENSOR.FFN_GATE_INP, layer) + ".weight"
         if router in pending:
             out[f"{p}{fam.moe_prefix}.{fam.router_name}"] = pending.pop(router)
@@ -401,7 +403,8 @@ def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, hf_arch: str, n_layer
                 for kind in ("weight", "bias"):
                     key = f"{p}self_attn.{proj}.{kind}"
                     if key in out:
-                        out[key] = lazy(out[key].shape, out[key], functools.partial(_unpermuted, n_head=heads))
+                        out[key] = lazy(out[key].shape, out[key], functools.partial(_unpermuted, n_head=heads),
+                                        keeps=True)
     for name, t in out.items():  # llama.cpp may store the shared expert's gate as a vector
         if name.endswith("shared_expert_gate.weight") and t.ndim == 1:
             out[name] = as_row(t)

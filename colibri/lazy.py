@@ -45,9 +45,9 @@ class OpenFile:
 
 class LazyTensor:
     """A tensor whose shape is known and whose values are read or computed only when asked for: load() as
-    stored (an array, or an Encoded Q8_0/Q4_0 tensor of a GGUF file), np.asarray(t) as float32."""
+    stored (an array, or an Encoded tensor of a GGUF file), np.asarray(t) as float32."""
 
-    # The image dtype its values are stored in already (a GGUF Q8_0/Q4_0 tensor, loaded as Encoded), or None
+    # The image dtype its values are stored in already (a GGUF tensor of an image dtype, loaded as Encoded), or None
     kept: DType | None = None
 
     def __init__(self, shape: tuple[int, ...]):
@@ -112,9 +112,9 @@ class Derived(LazyTensor):
     given) sub-tensor i of them without computing the others."""
 
     def __init__(self, shape: tuple[int, ...], compute: Callable[[], np.ndarray | Encoded],
-                 compute_expert: Callable[[int], np.ndarray | Encoded] | None = None):
+                 compute_expert: Callable[[int], np.ndarray | Encoded] | None = None, kept: DType | None = None):
         super().__init__(shape)
-        self.compute, self.compute_expert = compute, compute_expert
+        self.compute, self.compute_expert, self.kept = compute, compute_expert, kept
 
     def load(self) -> np.ndarray | Encoded:
         return self.compute()

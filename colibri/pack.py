@@ -41,7 +41,7 @@ from colibri.console import Parser
 from colibri.checkpoint import Checkpoint, UnsupportedModel, load_checkpoint
 from colibri.image import KV_DTYPES, NO_INDEX, ModelDims, Role, arena_bytes, entry_encoded, open_image, tensor_name
 from colibri.lazy import LazyTensor, OpenFile
-from colibri.quant import QBLOCK, VALUE_BYTES, Deferred, DType, Encoded, convert
+from colibri.quant import Deferred, DType, Encoded, convert, fitted
 from colibri.reference import Reference
 from colibri.text import checkpoint_meta
 from colibri.sim.boards import Board, board_names, fit_report, load_board, memory_region
@@ -83,11 +83,14 @@ def parse_keep(spec: str) -> tuple[str, DType]:
     return glob, DType.parse(dtype) if dtype else DType.F32
 
 
-def value_bytes(dtype: DType) -> float:
-    """Bytes per value stored: what makes one dtype wider than another."""
-    if dtype.quantized:
-        return (VALUE_BYTES[dtype] + 2) / QBLOCK  # the values of a block and its f16 scale
-    return 4.0 if dtype == DType.F32 else 2.0
+def value_bytes(dtype: DType | None) -> float:
+    """Bytes per value stored: what makes one dtype wider than another (None, --dtype stored: at most f32's)."""
+    return 4.0 if dtype is None else dtype.bytes_per_value
+
+
+def dtype_flag(dtype: DType | None) -> str:
+    """--dtype's word for a dtype (None: stored)."""
+    return "stored" if dtype is None else dtype.name.lower()
 
 
 def stored_dtype(t: object) -> DType | None:
@@ -95,17 +98,20 @@ def stored_dtype(t: object) -> DType | None:
     return t.dtype if isinstance(t, Encoded) else t.kept if isinstance(t, LazyTensor) else None
 
 
-def choose_dtype(role: Role, layer: int, expert: int, dtype: DType, keep: list[tuple[str, DType]],
+def choose_dtype(role: Role, layer: int, expert: int, dtype: DType | None, keep: list[tuple[str, DType]],
                  stored: DType | None = None) -> DType:
-    """A tensor's dtype: the first --keep glob matching its name, else --dtype for the large matrices and f32 for
-    everything else; but the output matrix at q8_0 when --dtype is q4_0, as llama.cpp's Q4_0 files keep it (the
-    logits feel its rounding most), unless it is stored as Q4_0 already (widening those values gains nothing)."""
+    """A tensor's dtype: the first --keep glob matching its name, else --dtype for the large matrices (None,
+    --dtype stored: the dtype a GGUF file stores it in where the image has it, else f32) and f32 for everything
+    else; but the output matrix at q8_0 when --dtype is q4_0, as llama.cpp's Q4_0 files keep it (the logits feel
+    its rounding most), unless it is stored as Q4_0 already (widening those values gains nothing)."""
     if role not in LARGE:
         return DType.F32
     name = tensor_name(role, layer, expert)
     for glob, kept in keep:
         if fnmatch.fnmatchcase(name, glob):
             return kept
+    if dtype is None:
+        return stored if stored is not None else DType.F32
     if role == Role.LM_HEAD and dtype == DType.Q4_0 and stored != DType.Q4_0:
         return DType.Q8_0
     return dtype
@@ -118,7 +124,7 @@ def convert_tensors(tensors: dict, dtype: DType, keep: list[tuple[str, DType]]) 
     when the image is written."""
     wanted: dict[int, DType] = {}
     for key, t in tensors.items():
-        want = choose_dtype(*key, dtype, keep, stored_dtype(t))
+        want = fitted(choose_dtype(*key, dtype, keep, stored_dtype(t)), t.shape[-1])
         if id(t) not in wanted or value_bytes(want) > value_bytes(wanted[id(t)]):
             wanted[id(t)] = want
     done: dict[int, Encoded | Deferred] = {}
@@ -211,11 +217,11 @@ class Choice:
     """The options an image's sizes follow: what a fit suggestion may change."""
     max_seq: int
     kv: str
-    dtype: DType
+    dtype: DType | None  # None: --dtype stored
 
     def flags(self, asked: Choice) -> str:
         """The options that turn the `asked` packing into this one, as the user types them."""
-        changes = ((self.dtype != asked.dtype, f"--dtype {self.dtype.name.lower()}"),
+        changes = ((self.dtype != asked.dtype, f"--dtype {dtype_flag(self.dtype)}"),
                    (self.max_seq != asked.max_seq, f"--max-seq {self.max_seq}"),
                    (self.kv != asked.kv, f"--kv {self.kv}"))
         return " ".join(flag for changed, flag in changes if changed)
@@ -393,7 +399,7 @@ def check_pins(dims: ModelDims, pinned: frozenset[tuple[int, int]]) -> None:
 
 
 def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, *, board: str | None = None,
-         norm_topk_prob: bool | None = None, dtype: DType = DType.F32, keep: list[tuple[str, DType]] | None = None,
+         norm_topk_prob: bool | None = None, dtype: DType | None = DType.F32, keep: list[tuple[str, DType]] | None = None,
          kv: str = "f32", measure_quality: bool = True, pinned: frozenset[tuple[int, int]] = frozenset(),
          progress: bool = False) -> dict:
     """Pack `src` into the image `out`: sized first and checked against `board` (DoesNotFit, before anything is
@@ -455,8 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expert-align", type=int, default=64,
                     help="byte alignment of each expert block, e.g. 4096 for page-granular prefetch (default 64)")
     ap.add_argument("--board", choices=board_names(), help="check that image + arena fit this board's memory")
-    ap.add_argument("--dtype", default="f32", choices=[d.name.lower() for d in DType],
-                    help="dtype of the large matrices (default f32)")
+    ap.add_argument("--dtype", default="f32", choices=[d.name.lower() for d in DType] + ["stored"],
+                    help="dtype of the large matrices (default f32); stored: each as a GGUF file stores it, where "
+                         "the image has that dtype (a Q4_K_M file's mix of Q4_K, Q6_K, ... as it is), else f32")
     ap.add_argument("--keep", action="append", default=[], metavar="NAME_GLOB[=DTYPE]",
                     help="keep matching tensors wider: f32, or the dtype given (repeatable; first match wins)")
     ap.add_argument("--kv", default="f32", choices=sorted(KV_DTYPES), help="KV cache element type (default f32)")
@@ -485,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         norm = None if args.norm_topk_prob is None else args.norm_topk_prob == "true"
         keep = [parse_keep(k) for k in args.keep]
         r = pack(args.checkpoint, args.output, args.max_seq, args.expert_align, board=args.board, norm_topk_prob=norm,
-                 dtype=DType.parse(args.dtype), keep=keep, kv=args.kv, measure_quality=not args.no_quality,
+                 dtype=None if args.dtype == "stored" else DType.parse(args.dtype), keep=keep, kv=args.kv, measure_quality=not args.no_quality,
                  pinned=pinned, progress=sys.stderr.isatty())
     except (OSError, ValueError) as exc:  # the checkpoint's own faults (UnsupportedModel), a file unreadable...
         return ap.fail(os_error_message(exc, args.output) if isinstance(exc, OSError) else str(exc))
@@ -531,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  quality     vs the f32 image on {q['tokens']} calibration tokens: max |dlogit| {q['max_abs_dlogit']:.4g}, "
               f"mean {q['mean_abs_dlogit']:.4g}, KL {q['kl_divergence']:.3g}, top-1 agreement {q['top1_agreement']:.1%}")
         if q["lossy"]:
-            wider = {"q4_0": "q8_0", "q8_0": "f16"}.get(args.dtype, "f32")
+            wider = "f16" if args.dtype == "q8_0" else "f32" if args.dtype in ("f16", "bf16") else "q8_0"
             print(f"  warning     this packing loses more than KL {LOSSY_KL} or top-1 {LOSSY_TOP1:.0%} allow: the model's "
                   f"text will change. Pack with --dtype {wider}, or keep chosen tensors wider (--keep NAME_GLOB={wider}) "
                   "and look at this line again")

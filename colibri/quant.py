@@ -1,11 +1,12 @@
-"""Weight dtypes of the image (f32, f16, bf16, Q8_0, Q4_0): encoding, exact decoding, and the
-activation quantization the runtime applies before a quantized dot product.
+"""Weight dtypes of the image (f32, f16, bf16, and GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4, Q4_K, Q5_K, Q6_K):
+encoding, exact decoding, and the activation quantization the runtime applies before a quantized dot product.
 
-Q8_0 and Q4_0 are GGUF's schemes: blocks of 32 values along a row with one f16 scale each;
-quantizing uses the `gguf` package (llama.cpp's reference quantizers), so a GGUF tensor of that
-type and a tensor quantized here agree. The image stores a quantized tensor as its values (int8,
-or packed int4 pairs as GGUF lays them out in a block) followed by its f16 scales; a row whose
-length is not a multiple of 32 is zero-padded to whole blocks (docs/FORMAT.md).
+The quantized dtypes are GGUF's schemes, so a GGUF tensor of one of them carries over unchanged. Q8_0 and Q4_0 are
+stored as their values (int8, or packed int4 pairs as GGUF lays them out in a block) followed by their f16 scales;
+the others ("block dtypes", colibri/block_dtypes.py) as GGUF's blocks, scales inside. A row whose length is not a
+multiple of its block is zero-padded to whole blocks (the dtypes with blocks of 32; a K-quant row is whole blocks,
+docs/FORMAT.md). Quantizing uses the `gguf` package's quantizers (llama.cpp's reference ones, ported) and, for the
+K-quants, which it lacks, colibri/kquant.py's port of llama.cpp's.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import gguf
 import ml_dtypes
 import numpy as np
 
+from colibri import block_dtypes
 from colibri.format import DTYPE_TRAITS, DTYPES, QBLOCK  # noqa: F401  (format/schema.toml's)
 
 
@@ -27,20 +29,37 @@ class DType(enum.IntEnum):
     BF16 = DTYPES.index("BF16")
     Q8_0 = DTYPES.index("Q8_0")
     Q4_0 = DTYPES.index("Q4_0")
+    Q4_1 = DTYPES.index("Q4_1")
+    Q5_0 = DTYPES.index("Q5_0")
+    Q5_1 = DTYPES.index("Q5_1")
+    MXFP4 = DTYPES.index("MXFP4")
+    Q4_K = DTYPES.index("Q4_K")
+    Q5_K = DTYPES.index("Q5_K")
+    Q6_K = DTYPES.index("Q6_K")
 
     @property
     def block(self) -> int:
-        """Elements of a row stored together: QBLOCK for a quantized dtype, 1 for a float one."""
+        """Elements of a row stored together: 32 or 256 for a quantized dtype, 1 for a float one."""
         return DTYPE_TRAITS[self.name][0]
 
     @property
     def block_bytes(self) -> int:
+        """Bytes of a block (its f16 scale apart not counted: scales_apart)."""
         return DTYPE_TRAITS[self.name][1]
 
     @property
     def quantized(self) -> bool:
-        """Whether each block carries an f16 scale."""
+        return self.block > 1
+
+    @property
+    def scales_apart(self) -> bool:
+        """Q8_0, Q4_0: each block's f16 scale stored apart, after the values; the block dtypes hold theirs."""
         return DTYPE_TRAITS[self.name][2] > 0
+
+    @property
+    def bytes_per_value(self) -> float:
+        """What makes one dtype wider than another: a block's bytes, with its scale, per element."""
+        return (self.block_bytes + DTYPE_TRAITS[self.name][2]) / self.block
 
     @classmethod
     def parse(cls, name: str) -> "DType":
@@ -50,8 +69,14 @@ class DType(enum.IntEnum):
             raise ValueError(f"unknown dtype {name!r}; choose from {', '.join(d.name.lower() for d in cls)}") from None
 
 
-GGUF_TYPE = {DType.Q8_0: gguf.GGMLQuantizationType.Q8_0, DType.Q4_0: gguf.GGMLQuantizationType.Q4_0}
-VALUE_BYTES = {d: d.block_bytes for d in DType if d.quantized}  # per block
+GGUF_TYPE = {d: gguf.GGMLQuantizationType[d.name] for d in DType if d.quantized}
+# llama.cpp's fallback (llama-quant.cpp tensor_type_fallback) for a row that is not whole K-quant blocks
+K_FALLBACK = {DType.Q4_K: DType.Q5_0, DType.Q5_K: DType.Q5_1, DType.Q6_K: DType.Q8_0}
+
+
+def fitted(dtype: DType, cols: int) -> DType:
+    """`dtype` for a matrix of `cols` columns: a K-quant's needs whole 256-element blocks, else llama.cpp's fallback."""
+    return K_FALLBACK[dtype] if dtype in K_FALLBACK and cols % dtype.block else dtype
 
 
 def blocks(cols: int) -> int:
@@ -60,10 +85,12 @@ def blocks(cols: int) -> int:
 
 @dataclass(frozen=True)
 class Encoded:
-    """A matrix (or vector) in an image dtype: `values` as stored, `scales` [rows, blocks] f16 when quantized."""
+    """A matrix (or vector) in an image dtype: `values` as stored, `scales` [rows, blocks] f16 for Q8_0/Q4_0."""
     dtype: DType
     shape: tuple[int, ...]
-    values: np.ndarray  # f32 / f16 / bf16 elements, int8 [rows, blocks, 32], or uint8 [rows, blocks, 16]
+    # f32 / f16 / bf16 elements, int8 [rows, blocks, 32] (Q8_0), uint8 [rows, blocks, 16] (Q4_0), or a block
+    # dtype's GGUF blocks uint8 [rows, blocks, block_bytes]
+    values: np.ndarray
     scales: np.ndarray | None = None
 
     @property
@@ -85,17 +112,26 @@ class Encoded:
                        None if self.scales is None else self.scales[index])
 
     def int_values(self) -> np.ndarray:
-        """Quantized values as int8 [rows, blocks, 32] (Q4_0 unpacked: low nibbles first, minus 8)."""
+        """Q8_0/Q4_0 values as int8 [rows, blocks, 32] (Q4_0 unpacked: low nibbles first, minus 8)."""
         if self.dtype == DType.Q8_0:
             return self.values.view(np.int8)
         lo, hi = self.values & 0xF, self.values >> 4
         return np.concatenate([lo, hi], axis=-1).view(np.int8) - np.int8(8)
+
+    def block_terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """A quantized matrix as the dot products read it (docs/KERNELS.md): per block of 32 integers q [rows,
+        blocks, 32] and float32 factors a and c [rows, blocks] (c None: 0), element k's value q[k] a + c."""
+        if self.dtype.scales_apart:
+            return self.int_values(), self.scales.astype(np.float32), None
+        return block_dtypes.unpack(self.values, self.dtype.name)
 
     def decode(self) -> np.ndarray:
         """The exact float32 values the runtime computes with."""
         if not self.dtype.quantized:
             return self.values.astype(np.float32)
         cols = self.shape[-1]
+        if not self.dtype.scales_apart:
+            return block_dtypes.decode(self.values, self.dtype.name, cols)
         full = self.int_values().astype(np.float32) * self.scales.astype(np.float32)[..., None]
         return full.reshape(*self.shape[:-1], -1)[..., :cols]
 
@@ -106,7 +142,7 @@ class Encoded:
 
 
 def matrix_rows(t: np.ndarray | Encoded, rows: slice) -> np.ndarray | Encoded:
-    """Rows of a matrix: of an Encoded one (a GGUF file's Q8_0/Q4_0) as stored, whole blocks; else as f32."""
+    """Rows of a matrix: of an Encoded one (a GGUF file's quantized tensor) as stored, whole blocks; else as f32."""
     return t.rows(rows) if isinstance(t, Encoded) else np.asarray(t, np.float32)[rows]
 
 
@@ -133,7 +169,7 @@ def stored_bytes(t: Encoded | Deferred) -> tuple[int, int]:
         return t.values.nbytes, 0 if t.scales is None else t.scales.size
     rows, cols = int(np.prod(t.shape[:-1])), t.shape[-1]
     nb = -(-cols // t.dtype.block)
-    return rows * nb * t.dtype.block_bytes, rows * nb if t.dtype.quantized else 0
+    return rows * nb * t.dtype.block_bytes, rows * nb if t.dtype.scales_apart else 0
 
 
 def encode(arr: np.ndarray, dtype: DType) -> Encoded:
@@ -148,10 +184,15 @@ def encode(arr: np.ndarray, dtype: DType) -> Encoded:
     if arr.ndim != 2:
         raise ValueError(f"only matrices can be quantized, not shape {arr.shape}")
     rows, cols = arr.shape
+    dtype = fitted(dtype, cols)
+    if dtype in K_FALLBACK:
+        from colibri import kquant  # (numpy's work, only when asked for)
+        return Encoded(dtype, (rows, cols), kquant.QUANTIZERS[dtype.name.lower()](arr).reshape(rows, -1, dtype.block_bytes))
     nb = blocks(cols)
     padded = np.zeros((rows, nb * QBLOCK), np.float32)
     padded[:, :cols] = arr
-    raw = gguf.quants.quantize(padded, GGUF_TYPE[dtype])  # [rows, nb * (2 + value bytes)]
+    with np.errstate(all="ignore"):  # (values past f16's range: its scale is infinite, as llama.cpp's would be)
+        raw = gguf.quants.quantize(padded, GGUF_TYPE[dtype])  # [rows, nb * block bytes]
     return from_gguf_blocks(raw, dtype, (rows, cols))
 
 
@@ -180,10 +221,12 @@ def mxfp4_dequantize(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
 
 
 def from_gguf_blocks(raw: np.ndarray, dtype: DType, shape: tuple[int, ...]) -> Encoded:
-    """Split GGUF blocks (f16 scale, then the values) of a tensor of `shape` (rows last) into the
-    image's values and scales, unchanged."""
-    lead, nb = tuple(shape[:-1]), blocks(shape[-1])
-    per_block = 2 + VALUE_BYTES[dtype]
+    """GGUF blocks of a tensor of `shape` (rows last) as the image stores them, unchanged: Q8_0/Q4_0's split into
+    values and scales (the f16 scale first in each block), a block dtype's as they are."""
+    lead, nb = tuple(shape[:-1]), -(-shape[-1] // dtype.block)
+    if not dtype.scales_apart:
+        return Encoded(dtype, shape, np.ascontiguousarray(raw, dtype=np.uint8).reshape(*lead, nb, dtype.block_bytes))
+    per_block = 2 + dtype.block_bytes
     blk = np.ascontiguousarray(raw, dtype=np.uint8).reshape(*lead, nb, per_block)
     scales = blk[..., :2].copy().view("<f2").reshape(*lead, nb)
     values = blk[..., 2:].copy()
@@ -212,14 +255,19 @@ def quantize_activation(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def quantized_matmul(x: np.ndarray, w: Encoded) -> np.ndarray:
-    """x [n, cols] times a Q8_0/Q4_0 matrix [rows, cols]^T with x quantized as the runtime does: per block
-    the exact integer dot product times (w_scale * x_scale) in float32, summed over blocks in float64."""
+    """x [n, cols] times a quantized matrix [rows, cols]^T with x quantized as the runtime does: per block the exact
+    integer dot product times (a * x_scale) in float32, plus the offset's term for a dtype with one, summed over
+    blocks in float64."""
     xq, xd = quantize_activation(x)
-    wq = w.int_values().astype(np.float64)  # small integers: float64 BLAS products are exact
-    wd = w.scales.astype(np.float32)
+    q, a, c = w.block_terms()
+    wq = q.astype(np.float64)  # small integers: float64 BLAS products are exact
+    x_sum = xq.astype(np.float64).sum(axis=-1)
     out = np.zeros((x.shape[0], w.shape[0]), np.float64)
     for b in range(wq.shape[1]):
         isum = xq[:, b, :].astype(np.float64) @ wq[:, b, :].T                 # [n, rows], exact
-        scale = (wd[None, :, b] * xd[:, b, None]).astype(np.float32)          # rounded as on the device
-        out += (isum.astype(np.float32) * scale).astype(np.float32)
+        scale = (a[None, :, b] * xd[:, b, None]).astype(np.float32)           # rounded as on the device
+        term = (isum.astype(np.float32) * scale).astype(np.float32)
+        if c is not None:
+            term = term + (x_sum[:, b, None].astype(np.float32) * (c[None, :, b] * xd[:, b, None])).astype(np.float32)
+        out += term
     return out.astype(np.float32)

@@ -93,8 +93,8 @@ class Matrix:
             return (x @ self._decoded.T).astype(F32)
         if enc.dtype.quantized:
             xq, xd = arith.quantize_q8_0(x)
-            return by_row_blocks(lambda r0, r1: arith.quantized_dot(
-                xq, xd, enc.rows(slice(r0, r1)).int_values(), enc.scales[r0:r1]), self.rows, max(n, 16) * self.cols)
+            return by_row_blocks(lambda r0, r1: arith.quantized_dot(xq, xd, *enc.rows(slice(r0, r1)).block_terms()),
+                                 self.rows, max(n, 16) * self.cols)
         return by_row_blocks(lambda r0, r1: arith.float_dot(x, enc.values[r0:r1]), self.rows, max(n, 16) * self.cols,
                              True)
 

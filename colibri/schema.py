@@ -596,7 +596,12 @@ def render_doc_sections(s: Schema) -> dict[str, str]:
         f"| {b['name']} | {b['lifetime']} | {b['elem']} | {count(b)} | {b['when'] or 'always'} | {b['doc']} |"
         for b in s.buffers]
     plan += ["", "| term | |", "| --- | --- |"] + [f"| {t['name']} | {t['doc']} |" for t in s.plan_terms]
+    dtypes = ["| dtype | block | bytes | f16 scales | a block's bytes | element value |",
+              "| --- | --- | --- | --- | --- | --- |"] + [
+        f"| {d['name']} ({i}) | {d['block']} | {d['bytes']} | {d['scale_bytes'] or '—'} | {d['layout']} | {d['value']} |"
+        for i, d in enumerate(s.dtype_traits)]
     return {"plan": "\n".join(plan),
+            "dtype": "\n".join(dtypes),
             "header": "\n".join(_md_table(s.header)),
             "entry": "\n".join(_md_table(entry)),
             "layer": "\n".join(_md_table(s.layer) + [""] + values)}

@@ -49,8 +49,12 @@ class TensorEntry:
 def entry_encoded(e: TensorEntry, values: bytes | memoryview | np.ndarray, scales: bytes | memoryview | np.ndarray | None,
                   values_at: int = 0, scales_at: int = 0) -> Encoded:
     """The tensor of table entry `e` as stored, without copying: its values at `values_at` of one buffer and,
-    quantized, its scales at `scales_at` of another (the image itself for both, or the bytes read of each)."""
+    Q8_0/Q4_0, its scales at `scales_at` of another (the image itself for both, or the bytes read of each)."""
     dtype = DType(e.dtype)
+    if dtype.quantized and not dtype.scales_apart:  # GGUF's blocks, scales inside
+        rows, cols = e.shape
+        vals = np.frombuffer(values, np.uint8, e.nbytes, values_at)
+        return Encoded(dtype, e.shape, vals.reshape(rows, -(-cols // dtype.block), dtype.block_bytes))
     if dtype.quantized:
         rows, cols = e.shape
         per_block = QBLOCK if dtype == DType.Q8_0 else QBLOCK // 2

@@ -17,7 +17,7 @@ from colibri.format import (ALIGN, ARCH_MOE, ENTRY_BYTES, EXPERT_ROLES, F32_TABL
                             LAYER_FIELDS, MAGIC, MAX_LAYER_KINDS, MAX_LAYERS, VERSION, Role)
 from colibri.plan import arena_bytes
 from colibri.reader import ImageError, check_records
-from colibri.quant import QBLOCK, Deferred, DType, Encoded, stored_bytes
+from colibri.quant import Deferred, DType, Encoded, stored_bytes
 from colibri.table import LAYER_STRUCT, TensorEntry, crc32, expert_blocks, header_block, tensor_name
 
 def build_image(dims: ModelDims, tensors: dict[tuple[Role, int, int], np.ndarray | Encoded],
@@ -173,7 +173,9 @@ def plan_image(dims: ModelDims, tensors: dict, expert_align: int = ALIGN,
         entry = TensorEntry(role, layer, expert, enc.dtype, want, cursor, values)
         cursor = align_up(cursor + entry.nbytes)
         if enc.dtype.quantized:
-            entry.group_size, entry.scales_offset, entry.scales_bytes = QBLOCK, cursor, 2 * scales
+            entry.group_size = enc.dtype.block
+        if enc.dtype.scales_apart:
+            entry.scales_offset, entry.scales_bytes = cursor, 2 * scales
             cursor = align_up(cursor + entry.scales_bytes)
         entries[i] = entry
         placed[id(src)] = entry

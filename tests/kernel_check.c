@@ -19,6 +19,7 @@ static float w32[2 * MAX_N], x32[2 * MAX_N];
 static uint16_t w16[2 * MAX_N], scales[ROWS * MAX_BLOCKS];
 static int8_t w8[ROWS * MAX_BLOCKS * QBLOCK], xq[2 * MAX_BLOCKS * QBLOCK];
 static uint8_t w4[ROWS * MAX_BLOCKS * QBLOCK / 2];
+static uint8_t wb[ROWS * MAX_BLOCKS * 24u]; /* rows of a block dtype (Q5_1's 24 bytes per 32 values the widest) */
 static float xq_scale[2 * MAX_BLOCKS];
 static int32_t xq_sum[2 * MAX_BLOCKS];
 /* quantize_q8_0's outputs, the kernel set's and the scalar one's */
@@ -167,6 +168,38 @@ static void check_swiglu(const kernel_set *fast, const kernel_set *ref, uint32_t
     check("swiglu", n, bad ? 1.0f : 0.0f, 0.0f);
 }
 
+/* Each block dtype's rows against the scalar ones on random blocks: random bits everywhere but the f16 scale fields
+ * (finite, below 0.05 in magnitude) and MXFP4's exponent (2^-28 .. 2^11), so a sum overflows nowhere. K-quant rows
+ * take the whole 256-element blocks of `blocks` (none when fewer than 8). */
+static void check_block_dtypes(const kernel_set *fast, const kernel_set *ref, uint32_t blocks) {
+    static const struct { uint32_t dtype; uint8_t f16_at[2]; const char *name; } DTYPES_CHECKED[] = {
+        { DTYPE_Q4_1, { 0, 2 }, "rows_q4_1" }, { DTYPE_Q5_0, { 0, 0 }, "rows_q5_0" }, { DTYPE_Q5_1, { 0, 2 }, "rows_q5_1" },
+        { DTYPE_MXFP4, { 255, 255 }, "rows_mxfp4" }, { DTYPE_Q4_K, { 0, 2 }, "rows_q4_k" },
+        { DTYPE_Q5_K, { 0, 2 }, "rows_q5_k" }, { DTYPE_Q6_K, { 208, 208 }, "rows_q6_k" },
+    };
+    for (uint32_t k = 0; k < sizeof DTYPES_CHECKED / sizeof DTYPES_CHECKED[0]; k++) {
+        const uint32_t dtype = DTYPES_CHECKED[k].dtype, per = DTYPE_TRAITS[dtype].block / QBLOCK;
+        const uint32_t n_blocks = blocks / per * per, row_blocks = n_blocks / per, bytes = DTYPE_TRAITS[dtype].bytes;
+        rows_block_fn f = rows_block_for(fast, dtype), g = rows_block_for(ref, dtype);
+        if (!f || !n_blocks) continue;
+        for (uint32_t i = 0; i < ROWS * row_blocks * bytes; i++) wb[i] = (uint8_t)next();
+        for (uint32_t b = 0; b < ROWS * row_blocks; b++) {
+            uint8_t *blk = wb + b * bytes;
+            if (dtype == DTYPE_MXFP4) blk[0] = (uint8_t)(100u + next() % 40u);
+            for (uint32_t j = 0; j < 2 && dtype != DTYPE_MXFP4; j++) {
+                const uint16_t h = f32_to_f16(uniform() * 0.05f);
+                blk[DTYPES_CHECKED[k].f16_at[j]] = (uint8_t)h;
+                blk[DTYPES_CHECKED[k].f16_at[j] + 1] = (uint8_t)(h >> 8);
+            }
+        }
+        const q8_vector xv = { xq, xq_scale, xq_sum };
+        float got[ROWS], want[ROWS];
+        f(wb, &xv, n_blocks, ROWS, got);
+        g(wb, &xv, n_blocks, ROWS, want);
+        for (uint32_t r = 0; r < ROWS; r++) check(DTYPES_CHECKED[k].name, n_blocks, got[r], want[r]);
+    }
+}
+
 static void say_hex64(uint64_t v) { /* hex: 64-bit division would pull libgcc into 32-bit boards */
     static const char digits[] = "0123456789abcdef";
     char buf[17];
@@ -215,6 +248,7 @@ int link_serve(const board_io *io) {
         fast->rows_q4_0(w4, scales, &xv, blocks, ROWS, got);
         ref->rows_q4_0(w4, scales, &xv, blocks, ROWS, want);
         for (uint32_t r = 0; r < ROWS; r++) check("rows_q4_0", blocks, got[r], want[r]);
+        check_block_dtypes(fast, ref, blocks);
         cases += 4;
         if (fast->tile_f32) {
             fast->tile_f32(w32, x32, x32 + n, n, tile);

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import CONFIGS, TinyConfig, make_checkpoint, make_family_checkpoint
 from gguf_writer import hf_to_gguf
+from colibri.format import DTYPES
 from colibri.checkpoint import UnsupportedModel
 from colibri.gguf_input import open_gguf, read_gguf, unpermute
 from colibri.image import FLAG_NORM_TOPK, Role, read_image
@@ -27,7 +28,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
 # converted-<family>-<type> from its converter (convert_hf_to_gguf.py), then its quantizer where needed
 LLAMA_CPP_FILES = sorted(p.stem for p in FIXTURES.glob("*.gguf"))
 CONVERTED = [f for f in LLAMA_CPP_FILES if f.startswith("converted-")]
-NATIVE = {"F32", "F16", "BF16", "Q8_0", "Q4_0"}  # storage types an image holds as they are
+NATIVE = set(DTYPES)  # storage types an image holds as they are (F32, F16, BF16 widened to f32 exactly)
 # (and Gemma 4, which tests/gguf_writer.py does not write: the converter's own files are read instead,
 # converted-gemma4-*, in test_llama_cpp_files_match_transformers and test_gemma4_gguf_...)
 # (nor GLM's dense layer between MoE ones: a deepseek2 file has its dense layers first; test_glm_gguf_...)
@@ -111,22 +112,24 @@ def test_quantized_gguf_dequantizes_within_the_format_error(qtype, tmp_path):
     pack(tmp_path / "q.gguf", tmp_path / "q.img", 32, 64)  # and it packs
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_0, Q.Q5_1], ids=lambda q: q.name)
-def test_types_without_an_image_dtype_are_dequantized_exactly(qtype, sources, tmp_path, capsys):
-    """A GGUF type the image has no dtype for (here written by the gguf package's port of llama.cpp's
-    quantizer) packs: each tensor is dequantized to f32 with nothing lost, the report names what was
-    converted, and the device computes exactly what the dequantized weights give."""
+@pytest.mark.parametrize("name,qtype", [("mixtral-iq4_nl", Q.IQ4_NL), ("mixtral-iq4_xs", Q.IQ4_XS)],
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_types_without_an_image_dtype_are_dequantized_exactly(name, qtype, tmp_path, capsys):
+    """A GGUF type the image has no dtype for (written by llama.cpp's quantizer) packs, --dtype stored too: each
+    tensor is dequantized to f32 with nothing lost, the report names what was converted, and the device computes
+    exactly what the dequantized weights give."""
     from colibri import pack as pack_cli
-    path = hf_to_gguf(sources["mixtral32"], tmp_path / "q.gguf", qtype)
+    path = FIXTURES / f"{name}.gguf"
     out = tmp_path / "q.img"
-    assert pack_cli.main([str(path), "-o", str(out), "--max-seq", "32"]) == 0
+    assert pack_cli.main([str(path), "-o", str(out), "--max-seq", "32", "--dtype", "stored"]) == 0
     assert f"{qtype.name} tensors: no image dtype holds them" in capsys.readouterr().out
     img = read_image(out.read_bytes())
     reader = gguf.GGUFReader(str(path))
     stored = {t.name: t for t in reader.tensors}
     assert stored["blk.1.ffn_down_exps.weight"].tensor_type == qtype
-    exact = gguf.dequantize(stored["blk.1.ffn_down_exps.weight"].data, qtype)[2]
-    np.testing.assert_array_equal(img.tensor(Role.EXPERT_DOWN, 1, 2), exact)
+    exact = gguf.dequantize(stored["blk.1.ffn_down_exps.weight"].data, qtype)[1]
+    assert img.entry(Role.EXPERT_DOWN, 1, 1).dtype == DType.F32
+    np.testing.assert_array_equal(img.tensor(Role.EXPERT_DOWN, 1, 1), exact)
     np.testing.assert_array_equal(img.tensor(Role.TOKEN_EMBD), gguf.dequantize(stored["token_embd.weight"].data, qtype))
     # to a narrower dtype on request, with the cost measured against the exact values
     assert pack_cli.main([str(path), "-o", str(tmp_path / "q8.img"), "--max-seq", "32", "--dtype", "q8_0"]) == 0

@@ -90,7 +90,8 @@ static double time_matvec(const kernel_set *k, uint32_t dtype, const void *w, co
             for (uint32_t i = 0; i < rows; i++) out[i] = k->dot_bf16((const uint16_t *)w + (size_t)i * COLS, x, COLS);
             break;
         case DTYPE_Q8_0: k->rows_q8_0(w, scales, xq, blocks, rows, out); break;
-        default: k->rows_q4_0(w, scales, xq, blocks, rows, out);
+        case DTYPE_Q4_0: k->rows_q4_0(w, scales, xq, blocks, rows, out); break;
+        default: rows_block_for(k, dtype)(w, xq, blocks, rows, out);
         }
         t[r] = (now() - t0) / passes;
         sink = out[rows - 1];
@@ -105,8 +106,11 @@ int main(int argc, char **argv) {
         return 0;
     }
     const size_t budget = (size_t)(argc > 1 ? atoi(argv[1]) : 512) << 20;
-    static const char *names[] = { "f32", "f16", "bf16", "q8_0", "q4_0" };
-    static const double bytes_per_weight[] = { 4.0, 2.0, 2.0, 34.0 / 32, 18.0 / 32 }; /* scales included */
+    static const char *names[DTYPE_COUNT] = { "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4", "q4_k", "q5_k",
+                                              "q6_k" };
+    double bytes_per_weight[DTYPE_COUNT]; /* scales included */
+    for (uint32_t d = 0; d < DTYPE_COUNT; d++)
+        bytes_per_weight[d] = (double)(DTYPE_TRAITS[d].bytes + DTYPE_TRAITS[d].scale_bytes) / DTYPE_TRAITS[d].block;
     float *x = malloc(COLS * sizeof(float));
     int8_t *xq = malloc(COLS);
     float *xq_scale = malloc(COLS / QBLOCK * sizeof(float));
@@ -129,7 +133,7 @@ int main(int argc, char **argv) {
     const kernel_set *sets[] = { &kernels_scalar, kernels_select() };
     for (uint32_t dtype = 0; dtype < DTYPE_COUNT; dtype++) {
         uint32_t rows = (uint32_t)((double)budget / (bytes_per_weight[dtype] * COLS));
-        if (dtype >= DTYPE_Q8_0 && (size_t)rows * COLS / QBLOCK * 2 > budget / 16) rows = (uint32_t)(budget / 16 / 2 / (COLS / QBLOCK));
+        if (DTYPE_TRAITS[dtype].scale_bytes && (size_t)rows * COLS / QBLOCK * 2 > budget / 16) rows = (uint32_t)(budget / 16 / 2 / (COLS / QBLOCK));
         const uint32_t hot_rows = (uint32_t)(HOT_BYTES / (bytes_per_weight[dtype] * COLS));
         const double bytes_per_row = bytes_per_weight[dtype] * COLS;
         for (int s = 0; s < 2; s++) {

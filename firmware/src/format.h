@@ -123,11 +123,14 @@ enum tensor_role {
     ROLE_PLE_PROJ_NORM = 69
 };
 enum tensor_dtype {
-    DTYPE_F32 = 0, DTYPE_F16 = 1, DTYPE_BF16 = 2, DTYPE_Q8_0 = 3, DTYPE_Q4_0 = 4, DTYPE_COUNT = 5
+    DTYPE_F32 = 0, DTYPE_F16 = 1, DTYPE_BF16 = 2, DTYPE_Q8_0 = 3, DTYPE_Q4_0 = 4, DTYPE_Q4_1 = 5, DTYPE_Q5_0 = 6,
+    DTYPE_Q5_1 = 7, DTYPE_MXFP4 = 8, DTYPE_Q4_K = 9, DTYPE_Q5_K = 10, DTYPE_Q6_K = 11, DTYPE_COUNT = 12
 };
 #define QBLOCK 32u /* elements per quantization block (Q8_0, Q4_0): GGUF's block size */
 /* Each dtype's storage, X(dtype, elements per block, bytes per block, bytes of f16 scale per block). */
-#define IMG_DTYPES(X) X(F32, 1, 4, 0) X(F16, 1, 2, 0) X(BF16, 1, 2, 0) X(Q8_0, 32, 32, 2) X(Q4_0, 32, 16, 2)
+#define IMG_DTYPES(X) X(F32, 1, 4, 0) X(F16, 1, 2, 0) X(BF16, 1, 2, 0) X(Q8_0, 32, 32, 2) X(Q4_0, 32, 16, 2) \
+    X(Q4_1, 32, 20, 0) X(Q5_0, 32, 22, 0) X(Q5_1, 32, 24, 0) X(MXFP4, 32, 17, 0) X(Q4_K, 256, 144, 0) \
+    X(Q5_K, 256, 176, 0) X(Q6_K, 256, 210, 0)
 enum kv_dtype {
     KV_F32 = 0, KV_F16 = 1
 };

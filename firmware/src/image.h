@@ -102,15 +102,16 @@ static inline uint32_t layer_dense_ffn(const model_dims *d, uint32_t layer) { re
  * is its offset minus its block's. */
 typedef struct {
     uint64_t offset;         /* of the values, from the image start */
-    uint64_t scales;         /* of the Q8_0/Q4_0 block scales (0: a float dtype) */
+    uint64_t scales;         /* of the Q8_0/Q4_0 block scales (0: none apart) */
     uint32_t rows, cols;     /* rows 0: absent (the table does not list it); cols 1 for a vector */
     uint32_t dtype, reserved;
 } tensor_ref;
 #define TENSOR_REF_BYTES 32u
 
 /* Each dtype's storage (format.h's IMG_DTYPES, from format/schema.toml): a row's elements in blocks of `block`, each
- * block `bytes` long, and `scale_bytes` of f16 scale per block in the tensor's scales (0: a float dtype, none). */
-typedef struct { uint8_t block, bytes, scale_bytes; } dtype_traits;
+ * block `bytes` long, and `scale_bytes` of f16 scale per block in the tensor's scales (0: none apart, the block holds
+ * its own or the dtype is a float one). */
+typedef struct { uint16_t block; uint8_t bytes, scale_bytes; } dtype_traits;
 extern const dtype_traits DTYPE_TRAITS[DTYPE_COUNT];
 
 /* Checked arithmetic: return 0 on overflow. */

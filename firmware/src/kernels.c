@@ -123,7 +123,8 @@ static void rows_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const q8
 
 const kernel_set kernels_scalar = { .name = "scalar", .dot_f32 = dot_f32_scalar, .dot_f16 = dot_f16_scalar,
                                     .dot_bf16 = dot_bf16_scalar, .rows_q8_0 = rows_q8_0_scalar, .rows_q4_0 = rows_q4_0_scalar,
-                                    .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar };
+                                    .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar,
+                                    KERNELS_BLOCK_DTYPES_SCALAR };
 
 /* v * inv as an int8: rounded to nearest, ties to even (adding 1.5 * 2^23 leaves no fraction bits).
  * Finite inputs give |v * inv| <= 127; a non-finite x (an inf or NaN that reached a matvec) must
@@ -162,6 +163,10 @@ void swiglu_scalar(float *g, const float *u, uint32_t n) {
 }
 
 void weight_row(float *out, const weight *w, uint32_t row) {
+    if (WITH_BLOCK_DTYPES && !DTYPE_TRAITS[w->dtype].scale_bytes && DTYPE_TRAITS[w->dtype].block > 1u) {
+        weight_row_block(out, w, row);
+        return;
+    }
     const uint32_t n = w->cols;
     switch (w->dtype) {
     case DTYPE_F32: {

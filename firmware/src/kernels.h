@@ -6,6 +6,7 @@
 
 #include "colibri.h"
 #include "format.h"
+#include "mechanisms.h"
 
 /* x86-64 under GCC, Clang or MSVC with its SIMD kernels (x86.h has their intrinsics): CPUID chooses the kernels
  * and the CRC at open. */
@@ -13,10 +14,11 @@
 #define COLIBRI_X86_SIMD 1
 #endif
 
-/* One weight matrix as the kernels see it (rows x cols, row-major). Quantized dtypes store each row
- * as ceil(cols / QBLOCK) blocks, the last one zero-padded, with one f16 scale per block. */
+/* One weight matrix as the kernels see it (rows x cols, row-major). Q8_0 and Q4_0 store each row as
+ * ceil(cols / QBLOCK) blocks, the last one zero-padded, with one f16 scale per block apart; the block dtypes
+ * (Q4_1 ... Q6_K) store GGUF's blocks, scales inside (docs/FORMAT.md "Dtypes"). */
 typedef struct {
-    const void *data;        /* f32 / f16 / bf16 elements, int8 values, or packed int4 pairs */
+    const void *data;        /* f32 / f16 / bf16 elements, int8 values, packed int4 pairs, or GGUF blocks */
     const uint16_t *scales;  /* f16 block scales (Q8_0, Q4_0), else NULL */
     uint32_t dtype, rows, cols, blocks; /* blocks per row (quantized) */
 } weight;
@@ -29,6 +31,9 @@ typedef struct {
     const float *scale;
     const int32_t *sum;
 } q8_vector;
+
+/* Rows of a block dtype times x quantized to Q8_0 (kernel_set's rows_q4_1 ... rows_q6_k). */
+typedef void (*rows_block_fn)(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);
 
 /* The dot-product kernels of one instruction set. Every entry gives the same bits as the scalar
  * one (docs/KERNELS.md: the fixed summation order). For the float dtypes w is one row and x is f32; the
@@ -44,6 +49,11 @@ typedef struct {
                       float *out);
     void (*rows_q4_0)(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
                       float *out);
+#if WITH_BLOCK_DTYPES
+    /* The block dtypes (GGUF's blocks, scales inside): `rows` consecutive rows of `blocks` blocks of QBLOCK
+     * elements (a K-quant row holds blocks / 8 of its 256-element blocks) times x, as the scalar ones. */
+    rows_block_fn rows_q4_1, rows_q5_0, rows_q5_1, rows_mxfp4, rows_q4_k, rows_q5_k, rows_q6_k;
+#endif
     /* x (n floats) quantized to Q8_0 as quantize_q8_0_scalar does, bit for bit */
     void (*quantize_q8_0)(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n);
     /* SwiGLU in place: g[i] = g[i] / (1 + colibri_expf(-g[i])) * u[i], as swiglu_scalar computes it */
@@ -60,6 +70,25 @@ typedef struct {
     void (*tile_q4_0)(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,
                       uint32_t blocks, float out[4]);
 } kernel_set;
+
+/* The kernel set's rows for a block dtype (NULL for the others, and in the lean build). */
+static inline rows_block_fn rows_block_for(const kernel_set *k, uint32_t dtype) {
+#if !WITH_BLOCK_DTYPES
+    (void)k, (void)dtype;
+    return 0;
+#else
+    switch (dtype) {
+    case DTYPE_Q4_1: return k->rows_q4_1;
+    case DTYPE_Q5_0: return k->rows_q5_0;
+    case DTYPE_Q5_1: return k->rows_q5_1;
+    case DTYPE_MXFP4: return k->rows_mxfp4;
+    case DTYPE_Q4_K: return k->rows_q4_k;
+    case DTYPE_Q5_K: return k->rows_q5_k;
+    case DTYPE_Q6_K: return k->rows_q6_k;
+    default: return 0;
+    }
+#endif
+}
 
 /* ---- crc32.c ---- */
 /* Whether this CPU has the carry-less multiplication crc32_update can fold with: CPUID on x86-64 (a trap to the
@@ -120,6 +149,24 @@ void quantize_q8_0_scalar(int8_t *xq, float *scale, int32_t *sum, const float *x
 void swiglu_scalar(float *g, const float *u, uint32_t n);
 /* Row `row` of w as floats (the embedding lookup). */
 void weight_row(float *out, const weight *w, uint32_t row);
+/* ---- kernels_block.c: the block dtypes' scalar kernels, which every kernel set has until it has its own ---- */
+void rows_q4_1_scalar(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);
+void rows_q5_0_scalar(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);
+void rows_q5_1_scalar(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);
+void rows_mxfp4_scalar(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);
+void rows_q4_k_scalar(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);
+void rows_q5_k_scalar(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);
+void rows_q6_k_scalar(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);
+#if WITH_BLOCK_DTYPES
+#define KERNELS_BLOCK_DTYPES_SCALAR                                                                                    \
+    .rows_q4_1 = rows_q4_1_scalar, .rows_q5_0 = rows_q5_0_scalar, .rows_q5_1 = rows_q5_1_scalar,                         \
+    .rows_mxfp4 = rows_mxfp4_scalar,                                                                                   \
+    .rows_q4_k = rows_q4_k_scalar, .rows_q5_k = rows_q5_k_scalar, .rows_q6_k = rows_q6_k_scalar
+#else
+#define KERNELS_BLOCK_DTYPES_SCALAR /* the lean build: none (its verifier refuses them) */
+#endif
+/* Row `row` of a block-dtype matrix as floats (weight_row's part for them). */
+void weight_row_block(float *out, const weight *w, uint32_t row);
 extern const kernel_set kernels_scalar;
 extern const kernel_set kernels_mve, kernels_dsp, kernels_rvv; /* kernels_<isa>.c, in builds for that ISA */
 const kernel_set *kernels_x86_select(void);                     /* kernels_x86.c: AVX2 if CPUID says so */

@@ -189,5 +189,5 @@ static void swiglu_mve(float *g, const float *u, uint32_t n) {
 
 const kernel_set kernels_mve = { .name = "mve", .dot_f32 = dot_f32_mve, .dot_f16 = dot_f16_mve, .dot_bf16 = dot_bf16_mve,
                                  .rows_q8_0 = rows_q8_0_mve, .rows_q4_0 = rows_q4_0_mve,
-                                 .quantize_q8_0 = quantize_q8_0_mve, .swiglu = swiglu_mve };
+                                 .quantize_q8_0 = quantize_q8_0_mve, .swiglu = swiglu_mve, KERNELS_BLOCK_DTYPES_SCALAR };
 #endif

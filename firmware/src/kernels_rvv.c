@@ -133,5 +133,5 @@ static void rows_q4_0_rvv(const uint8_t *w, const uint16_t *w_scale, const q8_ve
 
 const kernel_set kernels_rvv = { .name = "rvv", .dot_f32 = dot_f32_rvv, .dot_f16 = dot_f16_scalar, .dot_bf16 = dot_bf16_rvv,
                                  .rows_q8_0 = rows_q8_0_rvv, .rows_q4_0 = rows_q4_0_rvv,
-                                 .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar };
+                                 .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar, KERNELS_BLOCK_DTYPES_SCALAR };
 #endif

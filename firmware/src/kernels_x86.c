@@ -180,7 +180,7 @@ static const kernel_set kernels_avx2 = { .name = "avx2", .dot_f32 = dot_f32_avx2
                                          .dot_bf16 = dot_bf16_avx2, .rows_q8_0 = rows_q8_0_avx2, .rows_q4_0 = rows_q4_0_avx2,
                                          .quantize_q8_0 = quantize_q8_0_avx2, .swiglu = swiglu_avx2,
                                          .tile_f32 = tile_f32_avx2, .tile_f16 = tile_f16_avx2, .tile_bf16 = tile_bf16_avx2,
-                                         .tile_q8_0 = tile_q8_0_avx2, .tile_q4_0 = tile_q4_0_avx2 };
+                                         .tile_q8_0 = tile_q8_0_avx2, .tile_q4_0 = tile_q4_0_avx2, KERNELS_BLOCK_DTYPES_SCALAR };
 
 /* AVX-512 (F, VL, BW, VNNI): the AVX2 set with what gains from it. The f32 prefill tile holds its 16 lanes
  * in one register (two for AVX2): the same additions in the same lanes, half the instructions, 1.35x the
@@ -222,7 +222,7 @@ static const kernel_set kernels_avx512 = { .name = "avx512", .dot_f32 = dot_f32_
                                            .rows_q4_0 = rows_q4_0_vnni, .quantize_q8_0 = quantize_q8_0_avx2,
                                            .swiglu = swiglu_avx2, .tile_f32 = tile_f32_512, .tile_f16 = tile_f16_avx2,
                                            .tile_bf16 = tile_bf16_avx2, .tile_q8_0 = tile_q8_0_vnni,
-                                           .tile_q4_0 = tile_q4_0_vnni };
+                                           .tile_q4_0 = tile_q4_0_vnni, KERNELS_BLOCK_DTYPES_SCALAR };
 
 /* The best set this CPU runs: AVX2 needs AVX2 and F16C in the CPU and YMM state enabled by the OS (or the
  * bare-metal boot code: XCR0 bits 1, 2); AVX-512 its four extensions and ZMM and mask state too (bits 5-7). */

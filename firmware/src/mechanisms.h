@@ -1,8 +1,9 @@
 /* The mechanisms this build computes: the one place that knows what the lean build leaves out.
  *
  * Every build has the standard ones: attention with grouped KV heads, sliding windows, q/k norms, biases and
- * clipping; a softmax router, shared experts, dense layers; every weight and KV dtype. `scons lean=yes` defines
- * COLIBRI_LEAN 1 (the Cortex-M4's 16 KiB runtime: tools/size_gate.json) and leaves out those below. Each is
+ * clipping; a softmax router, shared experts, dense layers; the float and Q8_0/Q4_0 weight dtypes and every KV
+ * dtype. `scons lean=yes` defines COLIBRI_LEAN 1 (the Cortex-M4's 16 KiB runtime: tools/size_gate.json) and leaves
+ * out those below. Each is
  * tested with a plain `if (WITH_X && ...)`, never #if: both builds compile every line, and the lean one's
  * compiler drops what it cannot reach. The verifier refuses an image that needs one of those that change results
  * (COLIBRI_E_UNSUPPORTED): BUILD_OPTIONS and the lean marks of the layer record's values (format/schema.toml),
@@ -33,6 +34,9 @@
 #define WITH_THREADED_HEADS (!COLIBRI_LEAN)   /* a token's attention heads split across the board's threads */
 #define WITH_TRACE_CRC (!COLIBRI_LEAN)        /* the trace's residual-stream CRCs */
 #define WITH_TOP_P_STOP (!COLIBRI_LEAN)       /* top-p sampling's early stop (sampler.c) */
+#define WITH_BLOCK_DTYPES (!COLIBRI_LEAN)     /* the dtypes with GGUF's blocks, Q4_1 ... Q6_K (kernels_block.c: a file of
+                                               * extern functions every kernel set points at, so left out by #if);
+                                               * they follow Q4_0 (asserted in table.c) */
 
 /* The layer options this build computes, and of a record field's `count` values those it computes as a mask of
  * 1 << value, given the lean build's (format.h, from format/schema.toml) */
@@ -45,7 +49,7 @@ _Static_assert(WITH_MLA == !COLIBRI_LEAN && WITH_ROUTERS == !COLIBRI_LEAN && WIT
                    WITH_DELTA_NET == !COLIBRI_LEAN &&
                    WITH_WINDOW_RINGS == !COLIBRI_LEAN &&
                    WITH_THREADED_HEADS == !COLIBRI_LEAN && WITH_TRACE_CRC == !COLIBRI_LEAN &&
-                   WITH_TOP_P_STOP == !COLIBRI_LEAN,
+                   WITH_TOP_P_STOP == !COLIBRI_LEAN && WITH_BLOCK_DTYPES == !COLIBRI_LEAN,
                "the mechanisms are one switch (COLIBRI_LEAN): BUILD_OPTIONS and the verifier follow it");
 
 #endif

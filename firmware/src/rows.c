@@ -33,10 +33,12 @@ static int tile_rows(const kernel_set *k, const weight *w, uint32_t r, const flo
         if (!k->tile_f16) return 0;
         k->tile_f16((const uint16_t *)w->data + (size_t)r * w->cols, x0, x1, w->cols, out);
         return 1;
-    default:
+    case DTYPE_BF16:
         if (!k->tile_bf16) return 0;
         k->tile_bf16((const uint16_t *)w->data + (size_t)r * w->cols, x0, x1, w->cols, out);
         return 1;
+    default: /* the block dtypes have no tiles */
+        return 0;
     }
 }
 
@@ -61,6 +63,10 @@ static void token_rows(const kernel_set *k, const weight *w, const float *x, con
                      xq, w->blocks, r1 - r0, out + r0);
     } else if (w->dtype == DTYPE_F32) {
         for (uint32_t r = r0; r < r1; r++) out[r] = k->dot_f32((const float *)w->data + (size_t)r * cols, x, cols);
+    } else if (WITH_BLOCK_DTYPES && w->dtype != DTYPE_F16 && w->dtype != DTYPE_BF16) {
+        const dtype_traits *t = &DTYPE_TRAITS[w->dtype];
+        const size_t row_bytes = (size_t)(cols + t->block - 1u) / t->block * t->bytes;
+        rows_block_for(k, w->dtype)((const uint8_t *)w->data + r0 * row_bytes, xq, w->blocks, r1 - r0, out + r0);
     } else {
         float (*dot16)(const uint16_t *, const float *, uint32_t) = w->dtype == DTYPE_F16 ? k->dot_f16 : k->dot_bf16;
         for (uint32_t r = r0; r < r1; r++) out[r] = dot16((const uint16_t *)w->data + (size_t)r * cols, x, cols);
@@ -142,7 +148,8 @@ void run_rows(colibri_ctx *c, const token_buffers *tb, rows_work *m) {
     int quantized = 0;
     for (uint32_t j = 0; j < m->n; j++) {
         weights += (uint64_t)m->w[j].rows * m->w[j].cols;
-        quantized |= m->w[j].dtype == DTYPE_Q8_0 || m->w[j].dtype == DTYPE_Q4_0;
+        quantized |= WITH_BLOCK_DTYPES ? DTYPE_TRAITS[m->w[j].dtype].block > 1u
+                                       : m->w[j].dtype == DTYPE_Q8_0 || m->w[j].dtype == DTYPE_Q4_0;
     }
     m->k = c->kernels;
     if (quantized) {

@@ -127,10 +127,12 @@ static void spec_for(uint32_t facts, const uint32_t *terms, tensor_spec *s) {
     s->attrs = ROLE_SPECS[s->role - 1].attrs;
 }
 
+_Static_assert(DTYPE_Q4_0 + 1 == DTYPE_Q4_1 && DTYPE_Q6_K + 1 == DTYPE_COUNT,
+               "the block dtypes come after Q4_0 (format/schema.toml): the lean build refuses them as one range");
 #define DTYPE_ROW(name, block, bytes, scale_bytes) [DTYPE_##name] = { block, bytes, scale_bytes },
 const dtype_traits DTYPE_TRAITS[DTYPE_COUNT] = { IMG_DTYPES(DTYPE_ROW) };
 
-/* Bytes of a rows x cols tensor's values in `dtype`, and of its block scales (0 for float dtypes).
+/* Bytes of a rows x cols tensor's values in `dtype`, and of its block scales apart (0: none).
  * rows, cols <= 2^24 and a block's bytes < 2^8, so nothing here can overflow 64 bits. */
 static void tensor_bytes(uint32_t dtype, uint32_t rows, uint32_t cols, uint64_t *values, uint64_t *scales) {
     const dtype_traits *t = &DTYPE_TRAITS[dtype];
@@ -150,18 +152,22 @@ static colibri_status check_entry(const uint8_t *e, const tensor_spec *s, uint64
     uint32_t dtype = rd16(e + E_DTYPE);
     uint64_t off = rd64(e + E_OFFSET), scales_off = rd64(e + E_SCALES_OFFSET);
     if (dtype >= DTYPE_COUNT) return COLIBRI_E_IMAGE_DTYPE;
+    if (!WITH_BLOCK_DTYPES && dtype > DTYPE_Q4_0) return COLIBRI_E_UNSUPPORTED; /* the block dtypes (mechanisms.h) */
     /* vectors and the tables read as floats (RoPE, expert biases) are f32; any other matrix may be narrower */
     if (dtype != DTYPE_F32 && (s->ndims != 2 || (s->attrs & IMG_ROLE_F32)))
         return COLIBRI_E_IMAGE_DTYPE;
-    const int quantized = DTYPE_TRAITS[dtype].scale_bytes != 0;
+    const dtype_traits *t = &DTYPE_TRAITS[dtype];
+    const int scales_apart = t->scale_bytes != 0, quantized = WITH_BLOCK_DTYPES ? t->block > 1u : scales_apart;
+    /* the input vector is quantized in blocks of QBLOCK as far as cols reaches: a longer block must end there */
+    if (WITH_BLOCK_DTYPES && t->block > QBLOCK && s->dim1 % t->block) return COLIBRI_E_IMAGE_TABLE;
     uint64_t bytes, scales;
     tensor_bytes(dtype, s->dim0, s->dim1, &bytes, &scales);
-    if (rd32(e + E_GROUP) != (quantized ? DTYPE_TRAITS[dtype].block : 0u) || rd64(e + E_BYTES) != bytes ||
+    if (rd32(e + E_GROUP) != (quantized ? t->block : 0u) || rd64(e + E_BYTES) != bytes ||
         rd64(e + E_SCALES_BYTES) != scales)
         return COLIBRI_E_IMAGE_TABLE;
     if (off % IMG_ALIGN || off < data_offset || !add_ok(off, bytes, end) || *end > limit)
         return COLIBRI_E_IMAGE_BOUNDS;
-    if (quantized) { /* the scales follow the values directly, so a tensor is one contiguous range */
+    if (scales_apart) { /* the scales follow the values directly, so a tensor is one contiguous range */
         uint64_t at;
         if (!align_ok(*end, &at) || scales_off != at || !add_ok(scales_off, scales, end) || *end > limit)
             return COLIBRI_E_IMAGE_BOUNDS;

@@ -1,0 +1,158 @@
+"""The block dtypes (Q4_1, Q5_0, Q5_1, MXFP4, Q4_K, Q5_K, Q6_K: GGUF's blocks kept as they are, docs/FORMAT.md):
+a GGUF file's tensors of those types land in the image byte for byte, and decode to what `gguf.dequantize` gives;
+packing from floats quantizes by llama.cpp's rules (the K-quants through colibri/kquant.py, tests/test_kquant.py);
+and every board computes the numpy reference's bits with them (docs/KERNELS.md's order), on its optimized build,
+the scalar build and the hosted board's threads."""
+from __future__ import annotations
+
+import struct
+
+import gguf
+import numpy as np
+import pytest
+
+from capi import STATUS, Lib
+from conftest import MODEL_BOARDS, WIDE, TinyConfig, assert_bit_identical, board_name, build, make_checkpoint
+from colibri import flash, kquant
+from colibri.format import ENTRY_OFFSETS
+from colibri.gguf_input import unpermute
+from colibri.image import ENTRY_BYTES, HEADER_BYTES, Role, read_image
+from colibri.pack import pack
+from colibri.protocol import Sampling
+from colibri.quant import DType, from_gguf_blocks
+from colibri.reference import Reference
+from test_gguf import FIXTURES
+from test_verifier import reseal
+
+BLOCK = [DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.MXFP4, DType.Q4_K, DType.Q5_K, DType.Q6_K]
+# every matrix a whole number of K-quant blocks (hidden and FFN 256), so --dtype q4_k stores Q4_K everywhere
+K256 = TinyConfig("k256", vocab=97, hidden=256, ffn=256, layers=2, heads=4, kv_heads=2, experts=4, top_k=2, seed=6)
+# llama.cpp's quantizer's files (tools/make_gguf_fixtures.py): each block type, beside the Q6_K output matrix
+FILES = ["mixtral-q4_1", "mixtral-q5_0", "mixtral-q5_1", "mixtral-q4_k_m", "mixtral-q5_k_m", "mixtral-q6_k"]
+PROMPT = [1, 5, 9, 3, 40, 17]
+NEW_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def k256_checkpoint(tmp_path_factory):
+    return make_checkpoint(K256, tmp_path_factory.mktemp("k256") / "k256")
+
+
+def runs_everywhere(image, firmwares, prompt: list[int], new: int) -> dict:
+    """The image on every model board, the hosted board's scalar build and its threads: name -> run."""
+    runs = {board: flash.run_on_board(image, board_name(board), prompt, new, Sampling(), True, firmware=firmwares[board])
+            for board in MODEL_BOARDS}
+    runs["hosted, kernels=scalar"] = flash.run_on_board(image, "hosted", prompt, new, Sampling(), True,
+                                                        firmware=build("hosted", kernels="scalar") / "firmware.elf")
+    for threads in (2, 3):
+        runs[f"hosted, {threads} threads"] = flash.run_on_board(image, "hosted", prompt, new, Sampling(), True,
+                                                                firmware=firmwares["hosted"], threads=threads)
+    return runs
+
+
+def assert_reference_bits_everywhere(image, runs: dict, prompt: list[int]) -> None:
+    first = runs["hosted"]
+    expected = Reference(read_image(image.read_bytes())).forward(prompt + first.tokens)
+    assert_bit_identical(first.logits, expected)
+    assert first.tokens == [int(np.argmax(row)) for row in expected[len(prompt) - 1:-1]]
+    for name, run in runs.items():
+        assert run.tokens == first.tokens, name
+        assert run.logits.tobytes() == first.logits.tobytes(), f"{name} differs from hosted"
+
+
+@pytest.mark.parametrize("dtype", BLOCK, ids=lambda d: d.name.lower())
+def test_packed_from_floats_on_every_board(dtype, k256_checkpoint, firmwares, tmp_path):
+    """--dtype q4_k (and each block dtype) of an f32 checkpoint: every large matrix in that dtype, a K-quant's bytes
+    those of llama.cpp's quantizer (the port tests/test_kquant.py holds to llama.cpp's own), and the reference's bits
+    on every board."""
+    image = tmp_path / "m.img"
+    pack(k256_checkpoint, image, 32, 64, dtype=dtype, measure_quality=False)
+    img = read_image(image.read_bytes())
+    matrices = [e for e in img.entries if e.role in (Role.WQ, Role.WO, Role.EXPERT_GATE, Role.EXPERT_DOWN, Role.LM_HEAD)]
+    assert matrices and all(DType(e.dtype) == dtype for e in matrices)
+    if dtype.name.lower() in kquant.QUANTIZERS:
+        from safetensors.numpy import load_file
+        weights = load_file(k256_checkpoint / "model.safetensors")
+        wo = weights["model.layers.1.self_attn.o_proj.weight"].astype(np.float32)
+        assert img.encoded(Role.WO, 1).values.tobytes() == kquant.QUANTIZERS[dtype.name.lower()](wo).tobytes()
+    assert_reference_bits_everywhere(image, runs_everywhere(image, firmwares, PROMPT, NEW_TOKENS), PROMPT)
+
+
+def test_k_quant_rows_that_are_not_whole_blocks_fall_back(tmp_path):
+    """A row that is not a whole number of 256-element blocks (WIDE's hidden 264) takes llama.cpp's fallback type
+    (llama-quant.cpp's tensor_type_fallback): Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0."""
+    src = make_checkpoint(WIDE, tmp_path / "wide")
+    for asked, fallback in ((DType.Q4_K, DType.Q5_0), (DType.Q5_K, DType.Q5_1), (DType.Q6_K, DType.Q8_0)):
+        pack(src, tmp_path / "m.img", 32, 64, dtype=asked, measure_quality=False)
+        img = read_image((tmp_path / "m.img").read_bytes())
+        assert DType(img.entry(Role.WQ, 0).dtype) == fallback, asked
+
+
+def file_tensors_in_image(img, name: str, t) -> list[tuple[object, object]]:
+    """(the file's tensor as stored, the image's) for a GGUF tensor the image keeps as it is: the q rows of a
+    `llama` file reordered back, the routed experts one by one."""
+    raw = from_gguf_blocks(t.data, DType[t.tensor_type.name], tuple(int(n) for n in reversed(t.shape)))
+    layer = int(name.split(".")[1]) if name.startswith("blk.") else None
+    kind = name.split(".")[-2]
+    simple = {"token_embd": Role.TOKEN_EMBD, "output": Role.LM_HEAD, "attn_v": Role.WV, "attn_output": Role.WO}
+    if kind in simple:
+        return [(raw, img.encoded(simple[kind], *(() if layer is None else (layer,))))]
+    if kind == "attn_q":
+        return [(raw.map_rows(lambda a: unpermute(a, img.dims.n_heads)), img.encoded(Role.WQ, layer))]
+    experts = {"ffn_gate_exps": Role.EXPERT_GATE, "ffn_up_exps": Role.EXPERT_UP, "ffn_down_exps": Role.EXPERT_DOWN}
+    if kind in experts:
+        return [(raw[e], img.encoded(experts[kind], layer, e)) for e in range(img.dims.n_experts)]
+    return []
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_gguf_blocks_carry_over_unchanged(name, firmwares, tmp_path):
+    """--dtype stored of a file llama.cpp's quantizer wrote: each tensor of a block type in the image with the same
+    bytes, decoding to gguf.dequantize's values (a zero's sign aside: Q6_K's q * scale is 0 before d multiplies it);
+    the file's mix of types kept; hosted and x86_64 bare metal give the reference's bits."""
+    src = FIXTURES / f"{name}.gguf"
+    image = tmp_path / "m.img"
+    pack(src, image, 32, 64, dtype=None, measure_quality=False)
+    img = read_image(image.read_bytes())
+    kept, types = 0, set()
+    for t in gguf.GGUFReader(str(src)).tensors:
+        if t.tensor_type.name not in {d.name for d in BLOCK}:
+            continue
+        for stored, packed in file_tensors_in_image(img, t.name, t):
+            assert packed.dtype == stored.dtype and packed.values.tobytes() == stored.values.tobytes(), t.name
+            exact = gguf.dequantize(stored.values.reshape(-1), gguf.GGMLQuantizationType[t.tensor_type.name])
+            np.testing.assert_array_equal(packed.decode().reshape(-1), exact.reshape(-1)[:packed.decode().size])
+            kept += 1
+            types.add(t.tensor_type.name)
+    assert kept >= 10 and types <= {k.upper() for k in img.bytes_by_dtype()}  # every block type the file has
+    runs = {b: flash.run_on_board(image, b, PROMPT, NEW_TOKENS, Sampling(), True, firmware=firmwares[b])
+            for b in ("hosted", "x86_64_baremetal")}
+    assert_reference_bits_everywhere(image, runs, PROMPT)
+
+
+def _entry_field(i: int, field: str) -> int:
+    return HEADER_BYTES + i * ENTRY_BYTES + ENTRY_OFFSETS[field]
+
+
+def test_verifier_refuses_a_k_quant_row_that_is_not_whole_blocks(hosted_build, tmp_path):
+    """The input vector is quantized in blocks of 32 only as far as a row's columns reach, so a K-quant row must be
+    whole 256-element blocks: an entry claiming Q4_K for 264 columns, with every size consistent and the image
+    resealed, is refused (COLIBRI_E_IMAGE_TABLE). The same entry as Q4_1 (blocks of 32, smaller) verifies, so the
+    refusal is the rule's and not another check's."""
+    lib = Lib(hosted_build / "libcolibri.so")
+    src = make_checkpoint(WIDE, tmp_path / "wide")
+    pack(src, tmp_path / "m.img", 32, 64, dtype=DType.Q5_0, measure_quality=False)
+    data = (tmp_path / "m.img").read_bytes()
+    img = read_image(data)
+    i = next(k for k, e in enumerate(img.entries) if e.role == Role.WO)
+    rows, cols = img.entries[i].shape
+    assert cols % 256 and lib.verify(data)[0] == 0
+
+    def as_dtype(dtype: DType) -> bytes:
+        buf = bytearray(data)
+        struct.pack_into("<H", buf, _entry_field(i, "dtype"), dtype)
+        struct.pack_into("<I", buf, _entry_field(i, "group_size"), dtype.block)
+        struct.pack_into("<Q", buf, _entry_field(i, "bytes"), rows * -(-cols // dtype.block) * dtype.block_bytes)
+        return bytes(reseal(buf))
+    assert lib.verify(as_dtype(DType.Q4_1))[0] == 0
+    assert lib.verify(as_dtype(DType.Q4_K))[0] == STATUS["E_IMAGE_TABLE"]
