@@ -28,20 +28,24 @@ def source_files(src: Path) -> list[Path]:
 
 
 def file_dtype(src: Path) -> str:
-    """The image dtype that keeps a model as its files store it: a GGUF file's most common type of matrix when the
-    image has it (Q8_0, Q4_0, F16, BF16, F32; q8_0 for any other, such as the K-quants), a checkpoint's
-    config dtype (f16, bf16; f32 otherwise)."""
+    """The --dtype that keeps a model as its files store it: for a GGUF file `stored` (each matrix in its own type)
+    when the image has every quantized type it holds, its most common type when that is a float one (f16, bf16,
+    f32), q8_0 when it holds a type no image has (IQ4_XS, Q3_K, ...); a checkpoint's config dtype (f16, bf16; f32
+    otherwise)."""
     if src.is_dir():
         config = json.loads((src / "config.json").read_text()) if (src / "config.json").is_file() else {}
         stored = config.get("dtype") or config.get("torch_dtype") or ""
         return {"float16": "f16", "bfloat16": "bf16"}.get(stored, "f32")
     import gguf
+    from colibri.format import DTYPES
     weights: dict[str, int] = {}
     for t in gguf.GGUFReader(src).tensors:
         if len(t.shape) >= 2:
-            weights[t.tensor_type.name.lower()] = weights.get(t.tensor_type.name.lower(), 0) + int(t.n_bytes)
-    common = max(weights, key=weights.get, default="q8_0")
-    return common if common in ("q8_0", "q4_0", "f16", "bf16", "f32") else "q8_0"
+            weights[t.tensor_type.name] = weights.get(t.tensor_type.name, 0) + int(t.n_bytes)
+    common = max(weights, key=weights.get, default="Q8_0")
+    if common in ("F16", "BF16", "F32"):
+        return common.lower()
+    return "stored" if all(name in DTYPES for name in weights) else "q8_0"
 
 
 def cache_key(src: Path, options: dict) -> str:
@@ -68,5 +72,6 @@ def packed_image(src: Path, dtype: str | None, max_seq: int | None, kv: str, boa
     dtype = dtype or file_dtype(src)
     seq = f"max_seq {max_seq}" if max_seq else "the default max_seq"
     say(f"packing {src} ({dtype}, {seq}, {kv} KV cache) into {out}; `colibri pack` packs with every option")
-    pack(src, out, max_seq, 64, board=board, dtype=DType.parse(dtype), kv=kv, measure_quality=False)
+    pack(src, out, max_seq, 64, board=board, dtype=None if dtype == "stored" else DType.parse(dtype), kv=kv,
+         measure_quality=False)
     return out

@@ -506,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     if r["converted"]:
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(r["converted"].items()))
         print(f"  converted   {kinds} tensors: no image dtype holds them, so they were dequantized to f32 "
-              f"exactly and stored as {args.dtype} (--dtype q8_0 or q4_0 requantizes them; the quality line "
+              f"exactly and stored as {'f32' if args.dtype == 'stored' else args.dtype} (--dtype q8_0 or q4_k "
+              "requantizes them; the quality line "
               "shows what that costs)")
     if r["towers_left_out"]:
         print(f"  text model  the multimodal checkpoint's text model: {r['towers_left_out']} vision and audio tower "

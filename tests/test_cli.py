@@ -216,8 +216,8 @@ def test_a_board_behind_a_tcp_serial_server(demo_image, hosted_build):
 
 def test_run_a_model_file_or_checkpoint_packs_it_once(tmp_path, hosted_build):
     """`colibri run model.gguf` (or a checkpoint directory) packs it into the cache first, said in one line, and
-    the next run with the same options uses that image; other options make another. The file's own dtype is kept
-    (a Q8_0 file packs to q8_0 blocks, unchanged)."""
+    the next run with the same options uses that image; other options make another. The file's own types are kept
+    (a Q8_0 file packs to q8_0 blocks, unchanged: --dtype stored)."""
     env = {"XDG_CACHE_HOME": str(tmp_path)}
     gguf = ROOT / "tests" / "fixtures" / "gguf" / "converted-mixtral-q8_0.gguf"
     args = ("--board", "hosted", "--firmware", hosted_build / "firmware.elf", "--prompt", "hello there",
@@ -226,7 +226,7 @@ def test_run_a_model_file_or_checkpoint_packs_it_once(tmp_path, hosted_build):
     for ran in (first, second):
         assert ran.returncode == 0 and "greedy tokens agree 3/3: PASS" in ran.stdout, ran.stderr
     images = list((tmp_path / "colibri" / "images").glob("*.img"))
-    assert len(images) == 1 and first.stderr.strip() == (f"packing {gguf} (q8_0, the default max_seq, f32 KV cache) "
+    assert len(images) == 1 and first.stderr.strip() == (f"packing {gguf} (stored, the default max_seq, f32 KV cache) "
                                                           f"into {images[0]}; `colibri pack` packs with every option")
     assert second.stderr == "" and first.stdout.splitlines()[0] == second.stdout.splitlines()[0]
     assert set(open_image(images[0], check_crcs=False).bytes_by_dtype()) == {"f32", "q8_0"}
