@@ -612,9 +612,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="compute on N threads (the hosted board; bare-metal boards have one core). The same bits "
                          "for any N: each thread computes fixed rows")
-    ap.add_argument("--dtype", choices=[d.name.lower() for d in DType],
+    ap.add_argument("--dtype", choices=[d.name.lower() for d in DType] + ["stored"],
                     help="for a checkpoint or .gguf: the dtype to pack its large matrices in (default: as its files "
-                         "store them; q8_0 for a GGUF type no image has)")
+                         "store them, `stored`: a GGUF file's each in its own type; q8_0 for a GGUF type no image "
+                         "has)")
     ap.add_argument("--max-seq", type=int, help="for a checkpoint or .gguf: the longest sequence to pack for "
                                                 "(default: colibri pack's)")
     ap.add_argument("--kv", default="f32", choices=("f32", "f16"),
