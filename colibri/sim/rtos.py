@@ -18,7 +18,8 @@ from pathlib import Path
 from colibri.protocol import Client, Sampling
 
 REQ_RTOS_STATS, REQ_PAIR_START, REQ_PAIR_RESULT = 0x70, 0x71, 0x72
-RESTART, SPIN = 1, 2  # RTOS_STATS flags: restart the deadline window; the idle task spins rather than sleeps
+# RTOS_STATS flags: restart the deadline window; the idle task spins rather than sleeps; the deadline task is held
+RESTART, SPIN, HOLD = 1, 2, 4
 
 
 @dataclass

@@ -76,8 +76,7 @@ void rtos_assert_failed(int line);
 void rtos_switched_in(void);
 #endif
 #define configASSERT(x) do { if (!(x)) rtos_assert_failed(__LINE__); } while (0)
-/* Counts when one inference task takes the core from the other in the middle of a runtime call (the two-context
- * test's proof of preemption). */
+/* Counts the time slices between the two inference tasks (the two-context test's proof: freertos.c). */
 #define traceTASK_SWITCHED_IN() rtos_switched_in()
 
 #endif

@@ -80,6 +80,7 @@ void vApplicationStackOverflowHook(TaskHandle_t task, char *name) {
  * (flag bit 1), for a deadline measurement under QEMU's -icount, whose virtual clock then follows instructions alone
  * (a sleeping QEMU follows the host's clock, and wakes late by the host's scheduling). */
 static volatile uint8_t idle_spins;
+static uint8_t deadline_held; /* suspended by RTOS_STATS (only the inference task runs its requests) */
 
 void vApplicationIdleHook(void);
 void vApplicationIdleHook(void) {
@@ -87,19 +88,26 @@ void vApplicationIdleHook(void) {
 }
 
 /* ---- the link task and the inference task ---- */
-static volatile uint8_t inference_busy, pair_busy; /* inside a runtime call (for the preemption count) */
-static volatile uint32_t preemptions;              /* one inference task took the core from the other mid-call */
-static TaskHandle_t last_inference;                /* of the two, the one that ran last */
+/* Time slices between the two contexts (the two-context test's proof): a switch straight from one inference task to
+ * the other while both are computing, neither having blocked. `computing` is set while a task is inside its runtime
+ * calls and cleared wherever it blocks there (fetch_wait's sleep, PAIR_RESULT's wait), so a switch because the
+ * running one blocked is not counted; nor is one through a higher-priority task (the link task woken by the UART),
+ * as the switch-in hook sees which task ran just before. FreeRTOS also rotates equal-priority tasks whenever a
+ * higher-priority one blocks, time slicing or not (taskSELECT_HIGHEST_PRIORITY_TASK steps through the ready list), so
+ * the test holds the 1 kHz deadline task meanwhile (RTOS_STATS flag bit 2): what is left to switch between the two
+ * mid-computation is the tick's time slice, and with configUSE_TIME_SLICING 0 the count stays 0. */
+static volatile uint8_t inference_computing, pair_computing;
+static volatile uint32_t slices_to_pair, slices_to_inference;
+static TaskHandle_t running; /* the task that had the core before the switch in progress */
 
-/* The kernel's traceTASK_SWITCHED_IN: counts the times one inference task gets the core while the other is in the
- * middle of a runtime call (higher-priority tasks, the deadline task every tick, may run between the two). */
+/* The kernel's traceTASK_SWITCHED_IN, inside the scheduler with the new task current. */
 void rtos_switched_in(void) {
-    TaskHandle_t now = xTaskGetCurrentTaskHandle();
-    if (now != inference_t.handle && now != pair_t.handle) return;
-    if ((last_inference == inference_t.handle && inference_busy && now == pair_t.handle) ||
-        (last_inference == pair_t.handle && pair_busy && now == inference_t.handle))
-        preemptions++;
-    last_inference = now;
+    const TaskHandle_t now = xTaskGetCurrentTaskHandle();
+    if (inference_computing && pair_computing) {
+        if (running == inference_t.handle && now == pair_t.handle) slices_to_pair++;
+        if (running == pair_t.handle && now == inference_t.handle) slices_to_inference++;
+    }
+    running = now;
 }
 
 /* link_serve's execute hook, in the link task: the inference task runs the request; wait for it. */
@@ -112,9 +120,9 @@ static void inference_task(void *arg) {
     (void)arg;
     for (;;) {
         ulTaskNotifyTakeIndexed(NOTIFY_JOB, pdTRUE, portMAX_DELAY);
-        inference_busy = 1;
+        inference_computing = 1;
         link_execute();
-        inference_busy = 0;
+        inference_computing = 0;
         xTaskNotifyGiveIndexed(link_t.handle, NOTIFY_JOB);
     }
 }
@@ -190,7 +198,9 @@ static int fetch_wait(void *dst) {
         uint32_t slept = 0;
         while (t->state != XFER_DONE) {
             slept = 1;
+            inference_computing = 0; /* only the link's context streams experts */
             ulTaskNotifyTakeIndexed(NOTIFY_FETCH, pdTRUE, portMAX_DELAY);
+            inference_computing = 1;
         }
         fetch_waits++;
         fetch_sleeps += slept;
@@ -254,6 +264,7 @@ static void deadline_task(void *arg) {
         if (deadline.restart) {
             deadline.restart = 0;
             deadline.anchor = now;
+            wake = xTaskGetTickCount(); /* after being held: from now, not a burst of the releases it missed */
             *w = (deadline_window){ .interval_min = UINT64_MAX };
         } else {
             w->releases++;
@@ -343,9 +354,9 @@ static void pair_task(void *arg) {
     (void)arg;
     for (;;) {
         ulTaskNotifyTakeIndexed(NOTIFY_JOB, pdTRUE, portMAX_DELAY);
-        pair_busy = 1;
+        pair_computing = 1;
         pair.status = pair_run();
-        pair_busy = 0;
+        pair_computing = 0;
         pair.running = 0;
         pair.done = 1;
         if (pair.waiter) xTaskNotifyGiveIndexed(pair.waiter, NOTIFY_PAIR);
@@ -360,8 +371,9 @@ static uint32_t get32(const uint8_t *p) {
 }
 
 /* RTOS_STATS [u32 flags: bit 0 restarts the deadline window, bit 1 makes the idle task spin rather than wait for an
- * interrupt (until a RTOS_STATS without it)] -> u32 tick Hz, u32 counter ticks a period, the named counters (u32 n,
- * then n of char[16] name, u64 value: a host reads the ones it knows by name) and every task's stack. */
+ * interrupt, bit 2 holds the deadline task (vTaskSuspend; these two until a RTOS_STATS without them)] -> u32 tick Hz,
+ * u32 counter ticks a period, the named counters (u32 n, then n of char[16] name, u64 value: a host reads the ones it
+ * knows by name) and every task's stack. */
 static uint8_t *put_name(uint8_t *p, const char *name) {
     uint32_t c = 0;
     for (const char *s = name; *s && c < 15; s++) p[c++] = (uint8_t)*s;
@@ -369,31 +381,31 @@ static uint8_t *put_name(uint8_t *p, const char *name) {
     return p + 16;
 }
 
+static uint8_t *put_counter(uint8_t *p, const char *name, uint64_t value) {
+    p = put_name(p, name);
+    put64(p, value);
+    return p + 8;
+}
+
 static uint32_t rtos_stats(const uint8_t *in, uint32_t len, uint8_t *out, uint32_t *out_len) {
     if (len != 0 && len != 4) return LINK_BAD_PAYLOAD;
     put32(out, configTICK_RATE_HZ);
     put32(out + 4, (uint32_t)board->cycle_hz / configTICK_RATE_HZ);
     const deadline_window w = deadline_read();
-    const struct { const char *name; uint64_t value; } counters[] = {
-        { "releases", w.releases },                       /* of the deadline task in the window */
-        { "late_min", (uint64_t)w.late_min },             /* counter ticks, signed */
-        { "late_max", (uint64_t)w.late_max },
-        { "interval_min", w.releases ? w.interval_min : 0 },
-        { "interval_max", w.interval_max },
-        { "preemptions", preemptions },
-        { "xfer_queued", transfers_queued },              /* expert blocks the fetch task copied */
-        { "xfer_at_once", transfers_at_once },            /* copied in fetch_start: every record in flight */
-        { "xfer_pending", transfers_pending },            /* not yet copied when fetch_start returned */
-        { "fetch_waits", fetch_waits },                   /* fetch_wait calls for a queued transfer */
-        { "fetch_sleeps", fetch_sleeps },                 /* of those, the ones that slept until the copy was done */
-    };
-    const uint32_t n_counters = sizeof counters / sizeof counters[0];
-    put32(out + 8, n_counters);
-    uint8_t *p = out + 12;
-    for (uint32_t i = 0; i < n_counters; i++, p += 8) {
-        p = put_name(p, counters[i].name);
-        put64(p, counters[i].value);
-    }
+    uint8_t *p = out + 12; /* the counters, a name and a value each (written in turn: no table on the stack) */
+    p = put_counter(p, "releases", w.releases); /* of the deadline task in the window */
+    p = put_counter(p, "late_min", (uint64_t)w.late_min); /* counter ticks, signed */
+    p = put_counter(p, "late_max", (uint64_t)w.late_max);
+    p = put_counter(p, "interval_min", w.releases ? w.interval_min : 0);
+    p = put_counter(p, "interval_max", w.interval_max);
+    p = put_counter(p, "slices_to_pair", slices_to_pair); /* time slices between the contexts, mid-computation */
+    p = put_counter(p, "slices_to_inf", slices_to_inference);
+    p = put_counter(p, "xfer_queued", transfers_queued);   /* expert blocks the fetch task copied */
+    p = put_counter(p, "xfer_at_once", transfers_at_once); /* copied in fetch_start: every record in flight */
+    p = put_counter(p, "xfer_pending", transfers_pending); /* not yet copied when fetch_start returned */
+    p = put_counter(p, "fetch_waits", fetch_waits);        /* fetch_wait calls for a queued transfer */
+    p = put_counter(p, "fetch_sleeps", fetch_sleeps);      /* of those, the ones that slept until it was copied */
+    put32(out + 8, (uint32_t)(p - (out + 12)) / 24u);
     const struct { const char *name; TaskHandle_t handle; uint32_t bytes; } tasks[] = {
         { "link", link_t.handle, link_t.stack_bytes },
         { "inference", inference_t.handle, inference_t.stack_bytes },
@@ -417,6 +429,12 @@ static uint32_t rtos_stats(const uint8_t *in, uint32_t len, uint8_t *out, uint32
         const uint32_t flags = get32(in);
         idle_spins = (flags & 2u) != 0;
         if (flags & 1u) deadline.restart = 1;
+        if ((flags & 4u) && !deadline_held) vTaskSuspend(deadline_t.handle);
+        if (!(flags & 4u) && deadline_held) {
+            deadline.restart = 1;
+            vTaskResume(deadline_t.handle);
+        }
+        deadline_held = (flags & 4u) != 0;
     }
     return 0;
 }
@@ -458,7 +476,9 @@ static uint32_t pair_result(uint8_t *out, uint32_t *out_len) {
     if (!pair.running && !pair.done) return LINK_NOT_OPEN;
     pair.waiter = xTaskGetCurrentTaskHandle();
     pair.stop = 1;
+    inference_computing = 0; /* it blocks here: switching to the pair now is no time slice */
     while (!pair.done) ulTaskNotifyTakeIndexed(NOTIFY_PAIR, pdTRUE, portMAX_DELAY);
+    inference_computing = 1;
     pair.waiter = 0;
     put32(out, pair.status);
     put32(out + 4, pair.n_rows);
