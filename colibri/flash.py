@@ -18,7 +18,8 @@ Examples (`colibri run` in a checkout is `python host/flash.py`):
 
 --verify compares the device with the numpy reference built from the same image, bit for bit (the reference
 computes what the runtime computes, in its order: docs/KERNELS.md): it catches runtime and board bugs.
---against compares with transformers on the source checkpoint: it also catches packing mistakes (a tensor mapped wrongly is in the image and so in the reference, but not in transformers).
+--against compares with transformers on the source checkpoint: it also catches packing mistakes (a tensor
+mapped wrongly is in the image and so in the reference, but not in transformers).
 """
 from __future__ import annotations
 
@@ -28,11 +29,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from colibri.console import Parser
+from colibri.console import Parser, Stopped
 from colibri.autopack import packed_image
 from colibri.build import BuildError, ensure_built
 from colibri.checkpoint import UnsupportedModel
@@ -44,6 +45,9 @@ from colibri.sampling import Sampler
 from colibri.text import NoTokenizer, Text, TextStream
 from colibri.sim.boards import DEFAULT_BOARD, Board, board_names, load_board, memory_shortfalls
 from colibri.sim.launch import open_port, start_board
+
+if TYPE_CHECKING:
+    from colibri.farm.run import FarmPlace
 
 @dataclass
 class Verification:
@@ -423,7 +427,9 @@ def chat_turns(client: Client, text: Text, sampling: Sampling, max_new: int, max
                 write(reply.push(token))
                 if token in text.eos_ids:
                     break
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
+            if isinstance(exc, Stopped):  # SIGTERM, SIGHUP: the chat ends, not only the answer
+                raise
             fed = [-1]  # no prefix of any conversation: the next turn starts the context over
             write(reply.finish() + " [interrupted]")
         else:
@@ -436,16 +442,31 @@ def chat_turns(client: Client, text: Text, sampling: Sampling, max_new: int, max
 def run_chat(image: Path, board_name: str, firmware: Path | None, text: Text, sampling: Sampling, max_new: int, *,
              timeout: float = 60.0, retries: int = 4, expert_cache: int = 0, prefetch: bool = True,
              read: Callable[[str], str] = input, write: Callable[[str], None] = emit,
-             threads: int = 1) -> list[dict[str, str]]:
-    """Boot the board with the image and chat on it (chat_turns)."""
+             threads: int = 1, port: str | None = None, baud: int = 921600) -> list[dict[str, str]]:
+    """Boot the board with the image and chat on it (chat_turns); with `port`, chat on the board at that serial
+    port (a real one, a TCP serial server, a farm place's) with the image uploaded over it first, as --port runs."""
+    if port:
+        with open_port(port, baud) as link:
+            client = Client(link, timeout=timeout, retries=retries)
+            client.info()
+            data = image.read_bytes()
+            crc = client.upload(data)
+            write(f"[{port}] image uploaded, device CRC-32 {crc:08x} matches\n")
+            return chat_on(client, text, sampling, max_new, expert_cache, prefetch, read, write)
     board = load_board(board_name)
     board_args = (streaming_args(board) if expert_cache else []) + threads_args(board, threads)
     with start_board(board, firmware or board.firmware(), image, board_args) as device:
-        client = Client(device.link, timeout=timeout, retries=retries)
-        client.info()
-        opened = client.open(expert_cache, prefetch)
-        messages = chat_turns(client, text, sampling, max_new, opened.max_seq, read, write)
-        client.quit()
+        return chat_on(Client(device.link, timeout=timeout, retries=retries), text, sampling, max_new, expert_cache,
+                       prefetch, read, write)
+
+
+def chat_on(client: Client, text: Text, sampling: Sampling, max_new: int, expert_cache: int, prefetch: bool,
+            read: Callable[[str], str], write: Callable[[str], None]) -> list[dict[str, str]]:
+    """OPEN the image the board holds, chat, QUIT."""
+    client.info()
+    opened = client.open(expert_cache, prefetch)
+    messages = chat_turns(client, text, sampling, max_new, opened.max_seq, read, write)
+    client.quit()
     return messages
 
 
@@ -623,14 +644,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-prefetch", action="store_true",
                     help="with --expert-cache: do not guess and fetch the next layer's experts early")
     args = ap.parse_args(argv)
-    if args.place:
-        from colibri.farm.run import run_on_place
-        return run_on_place(ap, args, run)
+    if args.place is not None:
+        from colibri.farm.run import FarmPlace
+        place = FarmPlace(ap, args)
+        try:
+            return run(ap, args, place)
+        finally:
+            place.close()  # released on every way out: a return, an error, Ctrl-C, SIGTERM, SIGHUP
     return run(ap, args)
 
 
-def run(ap: Parser, args: argparse.Namespace) -> int:
-    """colibri run with its arguments parsed (on a board it starts, or the one at --port)."""
+def take_place(ap: Parser, place: FarmPlace, img: Image, image_bytes: int, prompt: list[int] | None, max_new: int,
+               slots: int) -> int | None:
+    """--place, once the run's own arguments are checked: the place's board checked against the image, then the
+    place held (FarmPlace.take); None when it is, else the exit status of the one-line error said."""
+    from colibri.farm import FarmError
+    try:
+        problem = place.take(img, image_bytes, prompt, max_new, slots)
+    except FarmError as exc:
+        return ap.fail(str(exc))
+    return ap.fail(problem) if problem else None
+
+
+def run(ap: Parser, args: argparse.Namespace, place: FarmPlace | None = None) -> int:
+    """colibri run with its arguments parsed (on a board it starts, the one at --port, or a farm place's, held
+    only once every check the host can make has passed)."""
+    remote = bool(args.port) or place is not None
     if args.max_new_tokens < 0:
         ap.error("--max-new-tokens must be >= 0")
     if not 1 <= args.threads <= 64:
@@ -648,11 +687,11 @@ def run(ap: Parser, args: argparse.Namespace) -> int:
         if args.max_seq is not None and args.max_seq < 1:
             ap.error("--max-seq must be at least 1")
         try:
-            args.image = packed_image(args.image, args.dtype, args.max_seq, args.kv, None if args.port else args.board,
+            args.image = packed_image(args.image, args.dtype, args.max_seq, args.kv, None if remote else args.board,
                                       lambda line: print(line, file=sys.stderr, flush=True))
         except (UnsupportedModel, ValueError, OSError) as exc:
             return ap.fail(f"cannot pack {args.image}: {exc}")
-    if not args.port:
+    if not remote:
         try:  # an unknown board, or no checkout to find boards in: said before anything is printed or started
             load_board(args.board)
         except ValueError as exc:
@@ -671,7 +710,7 @@ def run(ap: Parser, args: argparse.Namespace) -> int:
     greedy = args.temperature <= 0 or args.top_k == 1
     text: Text | None = None
     prompt: list[int] = args.prompt_tokens
-    board = None if args.port else load_board(args.board)
+    board = None if remote else load_board(args.board)
     image_bytes = args.image.stat().st_size
     if args.chat == "":
         try:
@@ -681,9 +720,13 @@ def run(ap: Parser, args: argparse.Namespace) -> int:
             firmware = ready_firmware(img, image_bytes, board, None, args.max_new_tokens, slots, args.firmware)
         except (NoTokenizer, NotReady) as exc:
             return ap.fail(str(exc))
+        if place is not None and (status := take_place(ap, place, img, image_bytes, None, args.max_new_tokens,
+                                                       slots)) is not None:
+            return status
         try:
             run_chat(args.image, args.board, firmware, text, sampling, args.max_new_tokens, timeout=args.timeout,
-                     retries=args.retries, expert_cache=slots, prefetch=not args.no_prefetch, threads=args.threads)
+                     retries=args.retries, expert_cache=slots, prefetch=not args.no_prefetch, threads=args.threads,
+                     port=args.port, baud=args.baud)
         except (DeviceError, LinkError, ValueError) as exc:
             print(f"\n{ap.prog}: error: {exc}", file=sys.stderr)
             return 2
@@ -701,6 +744,9 @@ def run(ap: Parser, args: argparse.Namespace) -> int:
         firmware = ready_firmware(img, image_bytes, board, prompt, args.max_new_tokens, slots, args.firmware)
     except NotReady as exc:
         return ap.fail(str(exc))
+    if place is not None and (status := take_place(ap, place, img, image_bytes, prompt, args.max_new_tokens,
+                                                   slots)) is not None:
+        return status
     stream = TextStream(text) if text else None
 
     def on_token(ev) -> None:
@@ -771,6 +817,8 @@ def run(ap: Parser, args: argparse.Namespace) -> int:
     report: dict = {"board": result.board, "kernels": result.kernels, "prompt_tokens": prompt, "tokens": result.tokens,
                     "stats": result.stats, "upload_crc32": result.upload_crc32, "timing": result.timing,
                     "threads": result.threads, "prefill_batch": result.prefill_batch}
+    if place is not None and place.held is not None:
+        report["place"] = place.held.name
     if text is not None:
         report["text"] = text.decode(result.tokens)
     status = 0

@@ -46,17 +46,31 @@ def wait_for_line(path: Path, pattern: str, proc: subprocess.Popen, timeout: flo
     pytest.fail(f"no {pattern!r} from {proc.args[:4]} (status {proc.poll()}):\n{path.read_text(errors='replace')}")
 
 
-def children(pid: int) -> list[int]:
-    """The processes whose parent is `pid`."""
-    out = []
+def children(pid: int) -> dict[int, bytes]:
+    """The processes whose parent is `pid`, with their command lines."""
+    out = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                out[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
     return out
+
+
+def still_running(processes: dict[int, bytes]) -> list[bytes]:
+    """Those of `processes` (pid -> command line) that are still running: the pid there, not a zombie, with the
+    same command line (a pid used again by another process does not count)."""
+    left = []
+    for pid, cmdline in processes.items():
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state != "Z" and Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline:
+                left.append(cmdline.replace(b"\0", b" ")[:120])
+        except OSError:
+            continue
+    return left
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -69,20 +83,36 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-@pytest.fixture(scope="module")
-def coordinator(tmp_path_factory):
-    """labgrid's coordinator on a free loopback port (its state files in a folder of its own)."""
-    pytest.importorskip("labgrid")
-    work = tmp_path_factory.mktemp("coordinator")
+def start_coordinator(work: Path) -> tuple[subprocess.Popen, str]:
+    """labgrid's coordinator on a free loopback port (its state files in `work`): the process and its address."""
     log = work / "coordinator.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "labgrid.remote.coordinator", "--listen", "127.0.0.1:0"],
                                 cwd=work, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         port = wait_for_line(log, r"listening on 127\.0\.0\.1:(\d+)", proc, 30).group(1)
-        yield f"127.0.0.1:{port}"
+    except BaseException:
+        stop(proc)
+        raise
+    return proc, f"127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def coordinator(tmp_path_factory):
+    """labgrid's coordinator on a free loopback port (its state files in a folder of its own)."""
+    pytest.importorskip("labgrid")
+    proc, address = start_coordinator(tmp_path_factory.mktemp("coordinator"))
+    try:
+        yield address
     finally:
         stop(proc)
+
+
+def labgrid_client(address: str, place: str, *command: str) -> None:
+    """labgrid's own client on a place, as another user (alice at lab-pc) would run it."""
+    other = dict(os.environ, LG_USERNAME="alice", LG_HOSTNAME="lab-pc", LG_COORDINATOR=address)
+    subprocess.run([sys.executable, "-m", "labgrid.remote.client", "-p", place, *command], env=other, check=True,
+                   capture_output=True, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -95,18 +125,20 @@ def farm(coordinator, tmp_path_factory):
     with open(log, "w") as out:
         proc = colibri("farm", "export", "--boards", ",".join(FARM_BOARDS), "--coordinator", coordinator,
                        stdout=out, stderr=subprocess.STDOUT)
+    started: dict[int, bytes] = {}
     try:
         wait_for_line(log, r"farm ready", proc, 120)
         serial = {m.group(1): int(m.group(2)) for m in re.finditer(r"(qemu-\S+)\s+\S+\s+socket://127\.0\.0\.1:(\d+)",
                                                                    log.read_text())}
         assert sorted(serial) == PLACES
-        started = children(proc.pid)  # the QEMUs and the exporter
+        started.update(children(proc.pid))  # the QEMUs and the exporter
         assert len(started) == len(FARM_BOARDS) + 1, started
         yield {"address": coordinator, "serial": serial, "proc": proc, "log": log}
     finally:
+        started.update(children(proc.pid))  # the QEMUs running now (a board is started again after each run)
         stop(proc)
     assert proc.returncode == 0 and "farm stopped" in log.read_text(), log.read_text()
-    assert children(proc.pid) == [] and not any(Path(f"/proc/{pid}").exists() for pid in started)
+    assert still_running(started) == [], "farm export left these running"
     assert places(coordinator) == {}, "farm export deleted its places"
 
 
@@ -140,6 +172,40 @@ def upload_image(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("farm-images") / "upload.img"
     path.write_bytes(random_image(moe_dims(hidden=32, ffn=64, experts=8, layers=4, top_k=2, vocab=64, max_seq=16),
                                   DType.Q8_0, seed=2, expert_align=64))
+    return path
+
+
+@pytest.fixture(scope="module")
+def wide_image(tmp_path_factory) -> Path:
+    """5 MB, with a 16,384-token KV cache: its arena (67 MB) is more than riscv64_virt's 60 MiB arena region, not
+    x86_64_baremetal's 128 MiB."""
+    path = tmp_path_factory.mktemp("farm-images") / "wide.img"
+    path.write_bytes(random_image(moe_dims(hidden=256, ffn=16, experts=4, layers=4, top_k=2, vocab=32, max_seq=16384),
+                                  DType.Q8_0, seed=3, expert_align=64))
+    return path
+
+
+@pytest.fixture(scope="module")
+def chat_image(tmp_path_factory) -> Path:
+    """A tiny random model whose image carries a tokenizer (whole words: user:, bot:, w0 ... w27, </s>) and a chat
+    template."""
+    import json as json_
+    from unittest import mock
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from colibri import synthetic
+    words = ["[UNK]", "</s>", "user:", "assistant:"] + [f"w{i}" for i in range(28)]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    meta = {"tokenizer": json_.loads(tokenizer.to_str()), "eos_token_ids": [1],
+            "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}assistant:"}
+    build_image = synthetic.im.build_image
+    with mock.patch.object(synthetic.im, "build_image", lambda *a, **k: build_image(*a, **k, meta=meta)):
+        data = random_image(moe_dims(hidden=16, ffn=16, experts=4, layers=1, top_k=2, vocab=32, max_seq=32),
+                            DType.Q8_0, seed=4, expert_align=64)
+    path = tmp_path_factory.mktemp("farm-images") / "chat.img"
+    path.write_bytes(data)
     return path
 
 
@@ -199,16 +265,20 @@ def test_a_held_place_is_waited_for_then_named_with_its_holder(farm, tiny_image,
     """Someone else (labgrid's own client, as another user) holds a place: run --place waits for it up to the
     timeout given and then says who holds it; a run that waits longer gets the place when it is released."""
     address, place = farm["address"], PLACES[1]
-    other = dict(os.environ, LG_USERNAME="alice", LG_HOSTNAME="lab-pc", LG_COORDINATOR=address)
-    client = [sys.executable, "-m", "labgrid.remote.client", "-p", place]
-    subprocess.run(client + ["acquire"], env=other, check=True, capture_output=True, timeout=60)
+    labgrid_client(address, place, "acquire")
     try:
         env = {"LG_COORDINATOR": address}
         started = time.monotonic()
-        refused = run("run", tiny_image, "--place", place, "--place-timeout", "2", "--prompt-tokens", PROMPT,
-                      "--max-new-tokens", "2", "--json", env=env)
+        refused = [colibri("run", tiny_image, "--place", place, "--place-timeout", "2", "--prompt-tokens", PROMPT,
+                           "--max-new-tokens", "2", *json_, env=env) for json_ in ([], ["--json"])]
+        (_, said), (_, said_json) = (proc.communicate(timeout=120) for proc in refused)
         assert time.monotonic() - started >= 2
-        assert_one_line_error(refused, f"no place matching {place} came free in 2 s: {place} is held by lab-pc/alice")
+        # on stderr: that it waits and for whom, then the error (--json: the error alone)
+        held = f"{place} is held by lab-pc/alice"
+        assert [proc.returncode for proc in refused] == [2, 2]
+        assert said.splitlines() == [f"colibri run: waiting up to 2 s for a place matching {place} ({held})",
+                                     f"colibri run: error: no place matching {place} came free in 2 s: {held}"], said
+        assert said_json.splitlines() == said.splitlines()[1:], said_json
         log = tmp_path / "waiting.log"
         with open(log, "w") as err:
             waiting = colibri("run", tiny_image, "--place", "board=x86_64_baremetal", "--place-timeout", "60",
@@ -217,7 +287,7 @@ def test_a_held_place_is_waited_for_then_named_with_its_holder(farm, tiny_image,
         time.sleep(1.0)
         assert waiting.poll() is None  # still waiting
     finally:
-        subprocess.run(client + ["release"], env=other, check=True, capture_output=True, timeout=60)
+        labgrid_client(address, place, "release")
     out, _ = waiting.communicate(timeout=120)
     err = log.read_text()
     assert waiting.returncode == 0, err
@@ -266,16 +336,33 @@ def test_a_hung_board_times_out_with_a_named_error(farm, upload_image, tmp_path)
     assert_all_released(address)
 
 
-def test_ctrl_c_releases_the_place(farm, upload_image, tmp_path):
-    """Ctrl-C in the middle of a run on a place: one line, exit status 130, the place released."""
+@pytest.mark.parametrize("command, signum, says", [
+    ("run", signal.SIGINT, "interrupted"),
+    ("run", signal.SIGTERM, "terminated (SIGTERM)"),
+    ("run", signal.SIGHUP, "hung up (SIGHUP: its terminal closed)"),
+    ("farm verify", signal.SIGINT, "interrupted")], ids=["run-SIGINT", "run-SIGTERM", "run-SIGHUP", "verify-SIGINT"])
+def test_a_signal_releases_the_place(farm, upload_image, tmp_path, command, signum, says):
+    """Ctrl-C, SIGTERM (a CI job's timeout) or SIGHUP (the terminal closed) in the middle of a run on a place: one
+    line naming the command, exit status 128 + the signal's number, the place released."""
     address, place = farm["address"], PLACES[0]
     log = tmp_path / "run.log"
-    proc = start_run_on_place(upload_image, place, address, log)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
+    if command == "run":
+        proc = start_run_on_place(upload_image, place, address, log)
+    else:
+        with open(log, "w") as err:
+            proc = colibri("farm", "verify", upload_image, "--boards", place, "--prompt-tokens", PROMPT,
+                           "--coordinator", address, stderr=err)
+        from colibri.farm.coordinator import Coordinator
+        with Coordinator(address) as coordinator:
+            deadline = time.monotonic() + 60
+            while not coordinator.places()[place].acquired and time.monotonic() < deadline:
+                time.sleep(0.1)
+    time.sleep(0.5)  # into the upload
+    proc.send_signal(signum)
     proc.communicate(timeout=60)
-    said = log.read_text().strip()
-    assert proc.returncode == 130 and said.splitlines()[-1] == "colibri run: interrupted", said
+    said = log.read_text().strip().splitlines()
+    assert proc.returncode == 128 + signum and said[-1] == f"colibri {command}: {says}", said
+    assert said[:-1] == ([] if command != "run" else [line for line in said if "on place" in line]), said
     assert_all_released(address)
 
 
@@ -298,6 +385,7 @@ def test_device_checks_run_on_farm_places_through_the_pytest_plugin(farm):
 def test_farm_user_errors_are_one_line(farm, tiny_image, tmp_path):
     address = farm["address"]
     env = {"LG_COORDINATOR": address}
+    environments: dict[int, dict[str, str]] = {}  # by case: the environment's own variables
     cases = [
         (("farm", "export", "--boards", "hosted"), "hosted is not a QEMU board; farm export runs QEMU boards: "),
         (("farm", "export", "--boards", "nope"), "unknown board 'nope'"),
@@ -310,15 +398,242 @@ def test_farm_user_errors_are_one_line(farm, tiny_image, tmp_path):
         (("farm", "verify", tiny_image, "--boards", PLACES[0], "--prompt-tokens", "1", "--max-new-tokens", "40",
           "--coordinator", address), "exceed the image's max_seq 16"),
         (("farm", "nope"), "unknown command 'nope'"),
-        (("run", tiny_image, "--place", "qemu-nope", "--prompt-tokens", "1"), "no place at"),
+        (("run", tiny_image, "--place", "qemu-nope", "--prompt-tokens", "1", "--max-new-tokens", "2"), "no place at"),
         (("run", tiny_image, "--place", PLACES[0], "--port", "socket://x:1", "--prompt-tokens", "1"),
          "--place and --port each name the board"),
+        (("run", tiny_image, "--place", "board=a,board=b", "--prompt-tokens", "1", "--max-new-tokens", "2"),
+         "asks for a place whose board is both a and b"),
     ]
-    started = [(colibri(*args, env=env), says) for args, says in cases]  # at once: each is mostly Python starting
+    # the coordinator's address and the environment file, wherever they are read
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- targets\n")
+    nameless = tmp_path / "nameless.yaml"
+    nameless.write_text("targets:\n  main:\n    resources:\n      RemotePlace: {}\n")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("targets:\n  main: [\n")
+    run_tiny = ("run", tiny_image, "--prompt-tokens", "1", "--max-new-tokens", "2", "--place", PLACES[0])
+    verify_tiny = ("farm", "verify", tiny_image, "--prompt-tokens", "1", "--max-new-tokens", "2")
+    for args, environment, says in [
+            (("farm", "places"), {"LG_COORDINATOR": ""}, "LG_COORDINATOR is empty: give the coordinator as HOST:PORT"),
+            (run_tiny, {"LG_COORDINATOR": "127.0.0.1:abc"}, "LG_COORDINATOR=127.0.0.1:abc is not a coordinator "
+                                                            "address (Port could not be cast to integer value"),
+            (verify_tiny + ("--boards", "x"), {"LG_COORDINATOR": "[::1"}, "LG_COORDINATOR=[::1 is not a coordinator"),
+            (("farm", "places", "--coordinator", "127.0.0.1:99999"), {},
+             "--coordinator=127.0.0.1:99999 is not a coordinator address (Port out of range"),
+            (("farm", "places"), {"LG_COORDINATOR": "ws://lab:20408/ws"}, "LG_COORDINATOR=ws://lab:20408/ws is the "
+             "form of labgrid before 25.0 (crossbar's URL); since 25.0 the coordinator is gRPC at HOST:PORT: write "
+             "lab:20408"),
+            (run_tiny, {"LG_ENV": str(listed)}, f"the labgrid environment {listed} is not an environment file"),
+            (("farm", "export", "--boards", "riscv64_virt"), {"LG_ENV": str(listed)}, "is not an environment file"),
+            (verify_tiny + ("--lg-env", nameless), {}, "target main's RemotePlace has no name: write name: PLACE"),
+            (verify_tiny + ("--lg-env", broken), {}, f"cannot read the labgrid environment {broken}: ")]:
+        cases.append((args, says))
+        environments[len(cases) - 1] = environment
+    started = [(colibri(*args, env={**env, **environments.get(i, {})}), says)
+               for i, (args, says) in enumerate(cases)]  # at once: each is mostly Python starting
     for proc, says in started:
         out, err = proc.communicate(timeout=300)
         assert_one_line_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err), says)
     assert_all_released(address)
+
+
+def test_a_second_export_never_takes_over_a_farms_exporter_or_places(farm, tmp_path):
+    """`farm export` again with the same --name: refused at once in one line (the coordinator would refuse its
+    exporter), the first farm's places untouched; a place of one of its names made by someone else: refused, the
+    place left as it was."""
+    address = farm["address"]
+    before = places(address)
+    again = run("farm", "export", "--boards", "riscv64_virt", "--coordinator", address)
+    assert_one_line_error(again, f"an exporter named qemu is already connected to the coordinator at {address} "
+                                 "(another farm export?): give this one another --name")
+    labgrid_client(address, "other-riscv64_virt", "create")
+    try:
+        labgrid_client(address, "other-riscv64_virt", "set-tags", "owner=ops")
+        taken = run("farm", "export", "--boards", "riscv64_virt", "--name", "other", "--coordinator", address)
+        assert_one_line_error(taken, f"place other-riscv64_virt already exists at the coordinator at {address} for "
+                                     "other resources (none): give this export another --name, or delete the place")
+        assert places(address) == {**before, "other-riscv64_virt": {
+            "place": "other-riscv64_virt", "tags": {"owner": "ops"}, "acquired": None}}
+    finally:
+        labgrid_client(address, "other-riscv64_virt", "delete")
+    assert places(address) == before
+
+
+def test_run_on_a_place_checks_its_arguments_and_the_board_before_holding_it(farm, tiny_image, wide_image, tmp_path):
+    """What the host can see is wrong is said at once, before a place is reserved or a board reset: a missing or
+    garbage image and too many tokens before the coordinator is asked (none answers at 127.0.0.1:1), an arena too
+    large for the place's board (its tag) while someone else holds it (no wait); farm verify refuses it too. A run
+    that is fine says in its JSON which place it ran on."""
+    address = farm["address"]
+    garbage = tmp_path / "garbage.img"
+    garbage.write_bytes(os.urandom(4096))
+    nobody = {"LG_COORDINATOR": "127.0.0.1:1"}
+    tokens = ("--prompt-tokens", PROMPT, "--max-new-tokens", "2")
+    arena = ("the image needs a 67,390,528-byte arena and riscv64_virt's arena region (DRAM) holds 62,914,560: "
+             "repack with a smaller --max-seq or --kv f16")
+    labgrid_client(address, PLACES[0], "acquire")
+    try:
+        cases = [
+            (("run", tmp_path / "missing.img", "--place", PLACES[0], *tokens), nobody,
+             "colibri run: error: image " + str(tmp_path / "missing.img") + " not found; make one with colibri pack "
+             "(`colibri run --help` lists the options)"),
+            (("run", garbage, "--place", PLACES[0], *tokens), nobody, "is not a valid image (bad magic"),
+            (("run", tiny_image, "--place", PLACES[0], "--prompt-tokens", PROMPT, "--max-new-tokens", "40"), nobody,
+             "3 prompt + 40 new tokens exceed the image's max_seq 16"),
+            (("run", wide_image, "--place", PLACES[0], "--place-timeout", "60", *tokens), {"LG_COORDINATOR": address},
+             f"colibri run: error: {arena}"),
+            (("farm", "verify", wide_image, "--boards", "board=riscv64_virt", "--boards", "board=x86_64_baremetal",
+              *tokens, "--coordinator", address), {}, f"colibri farm verify: error: place {PLACES[0]}: {arena}")]
+        started = time.monotonic()
+        procs = [(colibri(*args, env=env), says) for args, env, says in cases]
+        for proc, says in procs:
+            out, err = proc.communicate(timeout=120)
+            assert_one_line_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err), says)
+        assert time.monotonic() - started < 50  # none waited for the place alice holds
+    finally:
+        labgrid_client(address, PLACES[0], "release")
+    assert_all_released(address)
+    fine = run("run", tiny_image, "--place", "board=riscv64_virt", *tokens, "--verify", "--json",
+               env={"LG_COORDINATOR": address})
+    report = json.loads(fine.stdout.splitlines()[-1])
+    assert fine.returncode == 0 and report["place"] == PLACES[0] and report["verify"]["passed"], fine.stderr
+
+
+def test_a_chat_runs_on_the_places_board(farm, chat_image):
+    """`run --place --chat`: the conversation is with the place's board (the image uploaded over its serial port),
+    not with a board started here; the answer is the reference's."""
+    from colibri.image import read_image
+    from colibri.reference import Reference
+    from colibri.text import Text
+    address, place = farm["address"], PLACES[1]
+    proc = colibri("run", chat_image, "--place", place, "--chat", "--max-new-tokens", "4",
+                   env={"LG_COORDINATOR": address}, stdin=subprocess.PIPE)
+    out, err = proc.communicate("w1 w2\n", timeout=120)
+    assert proc.returncode == 0, err
+    image = read_image(chat_image.read_bytes())
+    text = Text(image.meta)
+    answer = Reference(image).greedy(text.chat_tokens([{"role": "user", "content": "w1 w2"}]), 4)
+    answer = answer[:answer.index(1) + 1] if 1 in answer else answer  # up to </s>
+    port = farm["serial"][place]
+    assert re.fullmatch(rf"\[socket://127\.0\.0\.1:{port}\] image uploaded, device CRC-32 [0-9a-f]{{8}} matches\n"
+                        rf"you> {re.escape(text.decode(answer))}\nyou> ", out), out
+    assert err.splitlines() == [f"colibri run: on place {place} (x86_64_baremetal) at socket://127.0.0.1:{port}; "
+                                "reset by power cycling (0 s off)"], err
+    assert_all_released(address)
+
+
+def test_a_place_whose_exporter_is_offline_is_named(farm, tiny_image):
+    """A place whose exporter has gone (the coordinator has dropped its resources): run --place says so in one
+    line, farm verify marks it ERROR with its board from its tag; both release it."""
+    address, place = farm["address"], "zz-offline"
+    labgrid_client(address, place, "create")
+    try:
+        labgrid_client(address, place, "add-match", "gone/zz-offline/*")
+        labgrid_client(address, place, "set-tags", "board=riscv64_virt")
+        says = f"place {place}: its exporter is offline (its serial port is not available): start exporter gone again"
+        ran = run("run", tiny_image, "--place", place, "--prompt-tokens", PROMPT, "--max-new-tokens", "2",
+                  env={"LG_COORDINATOR": address})
+        assert_one_line_error(ran, f"colibri run: error: {says}")
+        table = run("farm", "verify", tiny_image, "--boards", place, "--prompt-tokens", PROMPT, "--coordinator",
+                    address)
+        assert table.returncode == 1, table.stdout + table.stderr
+        assert re.search(rf"^{place}\s+riscv64_virt\s+-\s+-\s+-\s+-\s+ERROR$", table.stdout, re.M), table.stdout
+        assert f"{place}: {says}" in table.stdout and "0 of 1 places" in table.stdout
+        assert_all_released(address)
+    finally:
+        labgrid_client(address, place, "delete")
+
+
+def test_results_that_cannot_be_written_are_one_line(farm, tiny_image):
+    """farm verify's table or JSON to a full disk (/dev/full): one line, exit status 2 (not 1, which says a board
+    disagrees), the places released."""
+    address = farm["address"]
+    procs = []
+    for place, json_ in zip(PLACES, ([], ["--json"])):
+        with open("/dev/full", "w") as full:
+            procs.append(colibri("farm", "verify", tiny_image, "--boards", place, "--prompt-tokens", PROMPT,
+                                 "--max-new-tokens", "1", "--coordinator", address, *json_, stdout=full))
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2 and err.splitlines() == [
+            "colibri farm verify: error: cannot write its output (No space left on device): write it where there is "
+            "room"], err
+    assert_all_released(address)
+
+
+def reseal_header(data: bytearray) -> bytes:
+    """The header's CRC computed again over its (changed) fields."""
+    import struct
+
+    from colibri.image import HEADER_BYTES, HEADER_CRC_OFFSET, crc32
+    struct.pack_into("<I", data, HEADER_CRC_OFFSET, 0)
+    struct.pack_into("<I", data, HEADER_CRC_OFFSET, crc32(bytes(data[:HEADER_BYTES])))
+    return bytes(data)
+
+
+def test_a_preloaded_farm_and_a_board_that_disagrees(tiny_image, tmp_path):
+    """farm export --image on a coordinator of its own, one of its place names already there (made for its
+    exporter, tagged by someone): that place is used as it is and kept on exit. The boards hold an image whose
+    header says another RMSNorm epsilon (same size, same payload CRC): `--upload auto` finds it on the boards (no
+    upload) and it verifies; the test's tiny image, which the boards seem to hold too, does not: exit status 1, the
+    table names the board. When the coordinator goes away, farm export says so in one line."""
+    import struct
+
+    from colibri.image import HEADER_OFFSETS
+    build("riscv64_virt")
+    tampered = tmp_path / "tampered.img"
+    data = bytearray(tiny_image.read_bytes())
+    struct.pack_into("<f", data, HEADER_OFFSETS["rms_norm_eps"], 0.5)
+    tampered.write_bytes(reseal_header(data))
+    work = tmp_path / "coordinator"
+    work.mkdir()
+    coordinator, address = start_coordinator(work)
+    processes: dict[int, bytes] = {}
+    export: subprocess.Popen | None = None
+    try:
+        labgrid_client(address, "pre-riscv64_virt", "create")
+        labgrid_client(address, "pre-riscv64_virt", "add-match", "pre/pre-riscv64_virt/*")
+        labgrid_client(address, "pre-riscv64_virt", "set-tags", "board=riscv64_virt", "owner=ops")
+        log = tmp_path / "export.log"
+        with open(log, "w") as out:
+            export = colibri("farm", "export", "--boards", "riscv64_virt,riscv64_virt", "--name", "pre", "--image",
+                             tampered, "--coordinator", address, stdout=out, stderr=subprocess.STDOUT)
+        wait_for_line(log, "farm ready", export, 120)
+        processes.update(children(export.pid))
+        assert "used as they are (not retagged, kept on exit): pre-riscv64_virt\n" in log.read_text()
+        preloaded = run("farm", "verify", tampered, "--boards", "board=riscv64_virt", "--prompt-tokens", PROMPT,
+                        "--coordinator", address)
+        assert preloaded.returncode == 0, preloaded.stdout + preloaded.stderr
+        for place in ("pre-riscv64_virt", "pre-riscv64_virt-2"):
+            assert re.search(rf"^{place}\s+riscv64_virt\s+on board\s+[\d,.]+\s+[\d,.]+\s+bit-identical \(11 rows\)\s+"
+                             r"PASS$", preloaded.stdout, re.M), preloaded.stdout
+        differs = run("farm", "verify", tiny_image, "--boards", "pre-riscv64_virt", "--prompt-tokens", PROMPT,
+                      "--coordinator", address)
+        assert differs.returncode == 1, differs.stdout + differs.stderr
+        assert re.search(r"^pre-riscv64_virt\s+riscv64_virt\s+on board\s+[\d,.]+\s+[\d,.]+\s+differ from row 0 "
+                         r"\(\d+/11\)\s+FAIL$", differs.stdout, re.M), differs.stdout
+        assert "farm verify: 0 of 1 places bit-identical to the reference" in differs.stdout
+        assert_all_released(address)
+        assert places(address)["pre-riscv64_virt"]["tags"] == {"board": "riscv64_virt", "owner": "ops"}
+        processes.update(children(export.pid))
+        stop(export)  # SIGTERM: the place it made deleted, the one it found kept
+        assert export.returncode == 0 and "farm stopped" in log.read_text(), log.read_text()
+        assert list(places(address)) == ["pre-riscv64_virt"]
+        with open(log, "w") as out:
+            export = colibri("farm", "export", "--boards", "riscv64_virt", "--name", "pre", "--coordinator", address,
+                             stdout=out, stderr=subprocess.PIPE)
+        wait_for_line(log, "farm ready", export, 120)
+        processes.update(children(export.pid))
+        stop(coordinator)
+        _, err = export.communicate(timeout=60)  # (its first lines may say it built the firmware again)
+        assert export.returncode == 2 and "Traceback" not in err and re.fullmatch(
+            rf"colibri farm export: error: the coordinator at {address} went away, and the exporter with it; the "
+            r"boards are stopped \(exporter log: /\S+\.log\)", err.splitlines()[-1]), err
+    finally:
+        if export is not None:
+            stop(export)
+        stop(coordinator)
+    assert still_running(processes) == []
 
 
 def test_without_labgrid_a_place_is_refused_in_one_line(tmp_path, tiny_image):
@@ -330,7 +645,8 @@ def test_without_labgrid_a_place_is_refused_in_one_line(tmp_path, tiny_image):
     says = "board farms need labgrid, which is not installed: pip install 'colibri[farm]'"
     started = [subprocess.Popen([sys.executable, "-m", "colibri.cli", *map(str, args)], cwd=ROOT, env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-               for args in (("run", tiny_image, "--place", "board=cortex_m55", "--prompt-tokens", "1"),
+               for args in (("run", tiny_image, "--place", "board=cortex_m55", "--prompt-tokens", "1",
+                             "--max-new-tokens", "2"),
                             ("farm", "verify", tiny_image, "--boards", "board=cortex_m55", "--prompt-tokens", "1"),
                             ("farm", "export", "--boards", "cortex_m55"), ("farm", "places"))]
     for proc in started:

@@ -13,6 +13,7 @@ labgrid is an optional extra (`pip install colibri[farm]`): everything here impo
 from __future__ import annotations
 
 import os
+import re
 
 DEFAULT_COORDINATOR = "127.0.0.1:20408"  # labgrid's own default
 
@@ -34,14 +35,53 @@ def require_labgrid() -> None:
                         "(or pip install labgrid)") from None
 
 
-def coordinator_address(env_file: str | None = None) -> str:
-    """Where the coordinator is, as labgrid's own client finds it: the environment file's coordinator_address
-    option (--lg-env or $LG_ENV), else $LG_COORDINATOR, else 127.0.0.1:20408."""
-    fallback = os.environ.get("LG_COORDINATOR", DEFAULT_COORDINATOR)
-    env_file = env_file or os.environ.get("LG_ENV")
-    if not env_file:
-        return fallback
-    return read_environment(env_file).coordinator or fallback
+def check_address(address: object, source: str) -> str:
+    """A coordinator address as labgrid 25.0 and later take it (HOST:PORT, HOST, [IPv6]:PORT), or FarmError in one
+    line naming where it came from (`source`) and what to write instead."""
+    text = str(address).strip()
+    if not text:
+        raise FarmError(f"{source} is empty: give the coordinator as HOST:PORT (labgrid's default: "
+                        f"{DEFAULT_COORDINATOR})")
+    from urllib.parse import urlsplit
+    old = re.fullmatch(r"wss?://([^/?#]+)([/?#].*)?", text)
+    if old:  # crossbar's WAMP URL, labgrid before 25.0
+        netloc = old.group(1)
+        try:
+            instead = netloc if urlsplit(f"//{netloc}").port else f"{netloc}:20408"
+        except ValueError:
+            instead = DEFAULT_COORDINATOR
+        raise FarmError(f"{source}={text} is the form of labgrid before 25.0 (crossbar's URL); since 25.0 the "
+                        f"coordinator is gRPC at HOST:PORT: write {instead}")
+    try:
+        parts = urlsplit(f"//{text}")
+        port = parts.port
+    except ValueError as exc:
+        raise FarmError(f"{source}={text} is not a coordinator address ({exc}): give HOST:PORT, such as "
+                        f"{DEFAULT_COORDINATOR}") from None
+    if not parts.hostname or parts.path or parts.query or parts.fragment or port == 0 or " " in text:
+        raise FarmError(f"{source}={text} is not a coordinator address: give HOST:PORT, such as {DEFAULT_COORDINATOR}")
+    return text
+
+
+def coordinator_address(option: str | None = None, env_file: str | None = None) -> str:
+    """Where the coordinator is, as labgrid's own client finds it: `option` (--coordinator), the environment file's
+    coordinator_address option (`env_file`, else $LG_ENV), $LG_COORDINATOR, or 127.0.0.1:20408; checked, so a
+    malformed one is a FarmError naming where it came from."""
+    if option is not None:
+        return check_address(option, "--coordinator")
+    env_file = env_file or os.environ.get("LG_ENV") or None
+    if env_file:
+        env = read_environment(env_file)
+        if env.coordinator is not None:
+            return check_address(env.coordinator, f"coordinator_address in {env_file}")
+    if "LG_COORDINATOR" in os.environ:
+        return check_address(os.environ["LG_COORDINATOR"], "LG_COORDINATOR")
+    return DEFAULT_COORDINATOR
+
+
+def environment_file(option: str | None) -> str | None:
+    """The labgrid environment file: --lg-env, else $LG_ENV (an empty one is none)."""
+    return option or os.environ.get("LG_ENV") or None
 
 
 class Environment:
@@ -53,18 +93,44 @@ class Environment:
         self.places = places  # place name -> board kind (None: from the place's tags, or the board itself)
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (YAML's errors take three)."""
+    return " ".join(str(exc).split())
+
+
 def read_environment(path: str) -> Environment:
+    """The file's coordinator and places; FarmError, in one line, when it cannot be read or is not an environment
+    file (not a mapping, a RemotePlace without a name)."""
     require_labgrid()
     from labgrid.config import Config
     from labgrid.exceptions import InvalidConfigError, NoConfigFoundError
     from labgrid.factory import target_factory
+    said = f"the labgrid environment {path}"
     try:
-        config = Config(path)
+        try:
+            config = Config(path)
+        except (TypeError, AttributeError, KeyError):  # YAML, but not a mapping (labgrid reads it as one)
+            config = None
+        if config is None or not isinstance(config.data, dict):
+            raise FarmError(f"{said} is not an environment file: labgrid's is a YAML mapping with targets: and "
+                            "options:")
         places: dict[str, str | None] = {}
-        for target, body in (config.get_targets() or {}).items():
-            resources, _ = target_factory.normalize_config(body or {})
-            for name in resources.get("RemotePlace", {}):
-                places[name] = ((body or {}).get("options") or {}).get("colibri_board")
-    except (InvalidConfigError, NoConfigFoundError, OSError, AttributeError, TypeError, ValueError) as exc:
-        raise FarmError(f"cannot read the labgrid environment {path}: {exc}") from None
-    return Environment((config.data.get("options") or {}).get("coordinator_address"), places)
+        targets = config.data.get("targets") or {}
+        if not isinstance(targets, dict):
+            raise FarmError(f"{said}: its targets: is not a mapping of target names")
+        for target, body in targets.items():
+            body = body or {}
+            if not isinstance(body, dict):
+                raise FarmError(f"{said}: target {target} is not a mapping (resources:, options:)")
+            resources, _ = target_factory.normalize_config(body)
+            options = body.get("options") or {}
+            for name, _ in resources.get("RemotePlace", {}).items():
+                if not isinstance(name, str) or not name.strip():
+                    raise FarmError(f"{said}: target {target}'s RemotePlace has no name: write name: PLACE under it")
+                board = options.get("colibri_board") if isinstance(options, dict) else None
+                places[name.strip()] = str(board) if board is not None else None
+        options = config.data.get("options") or {}
+        coordinator = options.get("coordinator_address") if isinstance(options, dict) else None
+    except (InvalidConfigError, NoConfigFoundError, OSError, AttributeError, TypeError, ValueError, KeyError) as exc:
+        raise FarmError(f"cannot read {said}: {one_line(exc)}") from None
+    return Environment(None if coordinator is None else str(coordinator), places)

@@ -12,13 +12,12 @@ coordinator_address (--lg-env or $LG_ENV), $LG_COORDINATOR, or 127.0.0.1:20408. 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from colibri.console import Parser
-from colibri.farm import FarmError, coordinator_address, read_environment, require_labgrid
+from colibri.console import Parser, name_command
+from colibri.farm import FarmError, coordinator_address, environment_file, read_environment, require_labgrid
 
 
 def split_boards(values: list[str]) -> list[str]:
@@ -55,17 +54,24 @@ def export_main(argv: list[str], prog: str) -> int:
         qemu = [n for n in board_names() if load_board(n).spec["link"] == "qemu"]
         return ap.fail(f"{', '.join(not_qemu)} {'is' if len(not_qemu) == 1 else 'are'} not a QEMU board; farm export "
                        f"runs QEMU boards: {', '.join(qemu)}")
-    if args.image is not None and not args.image.is_file():
-        return ap.fail(f"image {args.image} not found")
+    if args.image is not None:
+        problem = preload_problem(args.image, boards)
+        if problem:
+            return ap.fail(problem)
     try:
         require_labgrid()  # before a build that would be for nothing
+        address = coordinator_address(args.coordinator)
+    except FarmError as exc:
+        return ap.fail(str(exc))
+    from colibri.farm.coordinator import Coordinator, quiet_labgrid_logging
+    from colibri.farm.export import QemuFarm, check_names, place_names
+    quiet_labgrid_logging()
+    try:  # the coordinator there, the names free: before a build (QemuFarm checks them again as it starts)
+        with Coordinator(address) as coordinator:
+            check_names(coordinator, args.name, place_names(args.name, kinds))
         firmwares = {b.name: ensure_built(b) for b in boards}
     except (FarmError, BuildError) as exc:
         return ap.fail(str(exc))
-    from colibri.farm.coordinator import quiet_labgrid_logging
-    from colibri.farm.export import QemuFarm
-    quiet_labgrid_logging()
-    address = args.coordinator or coordinator_address()
     try:
         with QemuFarm(address, boards, [firmwares[b.name] for b in boards], args.image, args.name, args.host,
                       args.keep_places) as farm:
@@ -74,16 +80,40 @@ def export_main(argv: list[str], prog: str) -> int:
             widths = [max(len(r[i]) for r in rows) for i in range(4)]
             for r in rows:
                 print("  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip())
+            if farm.reused:
+                print(f"places already at the coordinator, used as they are (not retagged, kept on exit): "
+                      f"{', '.join(farm.reused)}")
             preload = f", {args.image.name} preloaded" if args.image else ""
             print(f"farm ready: {len(boards)} board{'s' if len(boards) > 1 else ''} exported as {args.name} to the "
                   f"coordinator at {address}{preload}; Ctrl-C stops them", flush=True)
             farm.wait()
     except FarmError as exc:
         return ap.fail(str(exc))
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: how a farm is meant to stop; the boards are stopped by now
-        print(f"farm stopped: {len(boards)} board{'s' if len(boards) > 1 else ''} and "
-              f"{'their places' if not args.keep_places else 'their processes (places kept)'} gone", flush=True)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: how a farm is meant to stop; the boards are stopped by now
+        try:
+            print(f"farm stopped: {len(boards)} board{'s' if len(boards) > 1 else ''} and "
+                  f"{'their places' if not args.keep_places else 'their processes (places kept)'} gone", flush=True)
+        except OSError:  # a terminal closed (SIGHUP)
+            pass
     return 0
+
+
+def preload_problem(image: Path, boards: list) -> str | None:
+    """Why `farm export --image` cannot preload this file on these boards (not a file, not a Colibri image, larger
+    than a board's image region or needing more arena than it has), as the user reads it; None when it can."""
+    if not image.is_file():
+        return f"image {image} not found; make one with colibri pack"
+    from colibri.flash import preflight
+    from colibri.image import ImageError, open_image
+    try:
+        img = open_image(image, check_crcs=False)
+    except ImageError as exc:
+        return f"{image} is not a valid image ({exc}); make one with colibri pack"
+    for board in boards:
+        problem = preflight(img, image.stat().st_size, board, None, 0, 0)
+        if problem:
+            return f"--image {image.name} cannot be preloaded on {board.name}: {problem}"
+    return None
 
 
 def places_main(argv: list[str], prog: str) -> int:
@@ -95,7 +125,7 @@ def places_main(argv: list[str], prog: str) -> int:
     from colibri.farm.place import tag_text
     quiet_labgrid_logging()
     try:
-        with Coordinator(args.coordinator or coordinator_address()) as c:
+        with Coordinator(coordinator_address(args.coordinator)) as c:
             places = sorted(c.places().values(), key=lambda p: p.name)
     except FarmError as exc:
         return ap.fail(str(exc))
@@ -140,7 +170,7 @@ def verify_main(argv: list[str], prog: str) -> int:
     args = ap.parse_args(argv)
     if args.max_new_tokens < 0 or args.jobs < 0 or args.place_timeout < 0:
         ap.error("--max-new-tokens, --jobs and --place-timeout take a number >= 0")
-    env_file = args.lg_env or (None if args.boards else os.environ.get("LG_ENV"))
+    env_file = environment_file(args.lg_env)  # its places when no --boards; its colibri_board always
     if not args.boards and not env_file:
         ap.error("say which places: --boards (names or tags such as board=cortex_m55) or --lg-env FILE")
     if not args.image.is_file():
@@ -164,39 +194,50 @@ def verify_main(argv: list[str], prog: str) -> int:
     try:
         require_labgrid()
         env = read_environment(env_file) if env_file else None
+        address = coordinator_address(args.coordinator, env_file)
     except FarmError as exc:
         return ap.fail(str(exc))
     from colibri.farm.coordinator import Coordinator, quiet_labgrid_logging
     from colibri.farm.place import matching_places
+    from colibri.farm.run import check_board
     from colibri.farm.verify import farm_verify, table
     quiet_labgrid_logging()
-    address = args.coordinator or (env.coordinator if env and env.coordinator else None) or coordinator_address()
+    kinds = env.places if env else {}
     started = time.perf_counter()
     try:
         with Coordinator(address) as coordinator:
             names: list[str] = []
+            boards: dict[str, str | None] = {}  # the board kind each place is known to be, before it is held
             for query in ([q for v in args.boards for q in ([v] if "=" in v else v.split(","))] if args.boards
-                          else list(env.places)):
-                names += [p.name for p in matching_places(coordinator, query) if p.name not in names]
+                          else list(kinds)):
+                for p in matching_places(coordinator, query):
+                    if p.name not in names:
+                        names.append(p.name)
+                        boards[p.name] = p.tags.get("board") or kinds.get(p.name)
             if not names:
                 return ap.fail(f"the environment file {env_file} names no RemotePlace")
+            for kind in dict.fromkeys(b for b in boards.values() if b):  # refused before any place is held
+                problem = check_board(img, args.image.stat().st_size, kind, prompt, args.max_new_tokens, 0)
+                if problem:
+                    on = [n for n in names if boards[n] == kind]
+                    return ap.fail(f"place{'s' if len(on) > 1 else ''} {', '.join(on)}: {problem}")
             runs = farm_verify(coordinator, names, args.image, prompt, args.max_new_tokens, wait=args.place_timeout,
                                timeout=args.timeout, retries=args.retries, upload=args.upload, jobs=args.jobs,
-                               kinds=env.places if env else None, reset=not args.no_reset)
+                               kinds=kinds, reset=not args.no_reset, boards=boards)
     except FarmError as exc:
         return ap.fail(str(exc))
     wall = time.perf_counter() - started
     passed = sum(r.passed for r in runs)
     ok = passed == len(runs)
-    if not args.json:
+    if args.json:  # written (flushed) before the verdict: output that cannot be written is the one line said
+        print(json.dumps({"image": str(args.image), "prompt_tokens": prompt, "max_new_tokens": args.max_new_tokens,
+                          "seconds": round(wall, 3), "passed": ok, "places": [r.as_json() for r in runs]}), flush=True)
+    else:
         for line in table(runs):
             print(line)
     print(f"farm verify: {passed} of {len(runs)} places bit-identical to the reference over {len(prompt)} prompt + "
           f"{args.max_new_tokens} new tokens in {wall:.1f} s: {'PASS' if ok else 'FAIL'}",
-          file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-        print(json.dumps({"image": str(args.image), "prompt_tokens": prompt, "max_new_tokens": args.max_new_tokens,
-                          "seconds": round(wall, 3), "passed": ok, "places": [r.as_json() for r in runs]}))
+          file=sys.stderr if args.json else sys.stdout, flush=True)
     return 0 if ok else 1
 
 
@@ -213,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: error: unknown command {args[0]!r}; choose from {', '.join(COMMANDS)} ({prog} --help)",
               file=sys.stderr)
         return 2
+    name_command(f"{prog} {args[0]}")  # `colibri farm verify: interrupted`
     return COMMANDS[args[0]](args[1:], f"{prog} {args[0]}")
 
 

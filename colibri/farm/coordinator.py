@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Coroutine, TypeVar
 
@@ -67,8 +66,12 @@ class Coordinator:
 
     async def _start(self):
         from labgrid.remote.client import ClientSession, Error
-        from labgrid.util.proxy import proxymanager
-        session = ClientSession(proxymanager.get_grpc_address(self.address, default_port=20408), self.loop)
+        from labgrid.util.proxy import ProxyError, proxymanager
+        try:
+            grpc_address = proxymanager.get_grpc_address(self.address, default_port=20408)
+        except (ProxyError, ValueError) as exc:
+            raise FarmError(f"{self.address} is not a coordinator address ({exc}): give HOST:PORT") from None
+        session = ClientSession(grpc_address, self.loop)
         try:
             await session.start()
         except Error:
@@ -133,15 +136,18 @@ class Coordinator:
                     for name, p in self.session.places.items()}
         return self._call(copy())
 
-    def add_place(self, name: str, tags: dict[str, str], matches: list[str], comment: str = "") -> None:
-        """A place with these tags and resource matches (exporter/group/cls patterns); an existing one is updated."""
+    def create_place(self, name: str) -> None:
+        """A new, empty place; FarmError when one of that name exists (it is someone's: never taken over)."""
         from labgrid.remote.generated import labgrid_coordinator_pb2 as pb
-        place = self.places().get(name)
-        if place is None:
-            self._rpc("AddPlace", pb.AddPlaceRequest(name=name))
-            place = self.places()[name]
+        self._rpc("AddPlace", pb.AddPlaceRequest(name=name))
+
+    def set_up_place(self, name: str, tags: dict[str, str], matches: list[str], comment: str = "") -> None:
+        """Give a place (one this session created) its resource matches (exporter/group/cls patterns), tags and
+        comment."""
+        from labgrid.remote.generated import labgrid_coordinator_pb2 as pb
+        have = self.places()[name].matches
         for pattern in matches:
-            if pattern not in place.matches:
+            if pattern not in have:
                 self._rpc("AddPlaceMatch", pb.AddPlaceMatchRequest(placename=name, pattern=pattern))
         self._rpc("SetPlaceTags", pb.SetPlaceTagsRequest(placename=name, tags=tags))
         if comment:
@@ -159,17 +165,11 @@ class Coordinator:
                     for g, group in groups.items() for n, r in group.items() if "cls" in r.data}
         return self._call(copy())
 
-    def wait_for_resources(self, exporter: str, groups: list[str], timeout: float) -> None:
-        """Until the exporter's groups are all at the coordinator and available (the exporter has started)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            have = {g for (e, g, n), r in self.resources(exporter).items() if r.avail}
-            if set(groups) <= have:
-                return
-            if time.monotonic() > deadline:
-                raise FarmError(f"the exporter {exporter} did not publish {', '.join(sorted(set(groups) - have))} "
-                                f"to the coordinator at {self.address} within {timeout:.0f} s")
-            time.sleep(0.1)
+    def exporter_connected(self, exporter: str) -> bool:
+        """Whether an exporter of this name is connected (the coordinator drops an exporter's resources when it
+        goes, so one with resources is there)."""
+        self.sync()
+        return bool(self.resources(exporter))
 
     # ---- reservations and acquiring ----
     def reserve(self, tags: dict[str, str]) -> str:

@@ -275,6 +275,26 @@ class PowerServer:
         self.server.server_close()
 
 
+def check_names(coordinator: Coordinator, name: str, places: list[str]) -> list[str]:
+    """Before anything starts: no exporter of this name connected (the coordinator would refuse ours, and its places
+    are someone's), and each place name free or a place made for our exporter's resources (one an earlier export
+    kept: used as it is, never retagged nor deleted); those places. FarmError in one line otherwise."""
+    if coordinator.exporter_connected(name):
+        raise FarmError(f"an exporter named {name} is already connected to the coordinator at {coordinator.address} "
+                        "(another farm export?): give this one another --name")
+    there = coordinator.places()
+    reused = []
+    for place in places:
+        if place not in there:
+            continue
+        if f"{name}/{place}/*" not in there[place].matches:
+            raise FarmError(f"place {place} already exists at the coordinator at {coordinator.address} for other "
+                            f"resources ({', '.join(there[place].matches) or 'none'}): give this export another "
+                            f"--name, or delete the place (labgrid-client -p {place} delete)")
+        reused.append(place)
+    return reused
+
+
 @dataclass(frozen=True)
 class ExportedBoard:
     place: str
@@ -306,6 +326,7 @@ class QemuFarm:
         self.places = place_names(name, [b.name for b in boards])
         self.boards: list[QemuBoard] = []
         self.exporter: subprocess.Popen | None = None
+        self.reused: list[str] = []  # places that were at the coordinator already: used as they are, kept on exit
         self._stack = ExitStack()
         self.workdir = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="colibri-farm-")))
 
@@ -320,8 +341,12 @@ class QemuFarm:
     def __exit__(self, *exc) -> None:
         self._stack.close()
 
+    def _check_names(self, coordinator: Coordinator) -> None:
+        self.reused = check_names(coordinator, self.name, self.places)
+
     def _start(self) -> None:
         coordinator = self._stack.enter_context(Coordinator(self.coordinator_address))
+        self._check_names(coordinator)
         image = None
         if self.image is not None:  # QEMU's -initrd splits its file name at ',' and ' '
             image = self.workdir / "image.bin"
@@ -347,16 +372,56 @@ class QemuFarm:
                                self.coordinator_address, "--name", self.name, "--hostname", self.host, str(config)],
                               log, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         self._stack.callback(self._stop_exporter)
-        try:
-            coordinator.wait_for_resources(self.name, self.places, EXPORT_TIMEOUT)
-        except FarmError as exc:
-            raise FarmError(f"{exc}; exporter log:\n{log.read_text(errors='replace').strip()[-1500:]}") from None
+        self._wait_published(coordinator)
         for place, qemu in zip(self.places, self.boards):
-            # a place of the same name from an earlier export keeps its other matches: ours is the one added
-            coordinator.add_place(place, {"board": qemu.board.name, "power_delay": "0"}, [f"{self.name}/{place}/*"],
-                                  comment=f"QEMU {qemu.board.name} exported by colibri farm export")
-            if not self.keep_places:
+            if place in self.reused:
+                continue
+            coordinator.create_place(place)
+            if not self.keep_places:  # ours from here on: deleted on the way out, whatever stops the farm
                 self._stack.callback(self._delete_place, coordinator, place)
+            coordinator.set_up_place(place, {"board": qemu.board.name, "power_delay": "0"},
+                                     [f"{self.name}/{place}/*"],
+                                     comment=f"QEMU {qemu.board.name} exported by colibri farm export")
+
+    def _wait_published(self, coordinator: Coordinator) -> None:
+        """Until our exporter's resources are at the coordinator, available, and ours (each console at our QEMU's
+        port: an exporter of the same name elsewhere publishes groups of the same names); FarmError in one line
+        when the exporter ends first (the coordinator refused it) or the time runs out."""
+        want = {place: qemu.port for place, qemu in zip(self.places, self.boards)}
+        deadline = time.monotonic() + EXPORT_TIMEOUT
+        while True:
+            have = {g: r.args.get("port") for (e, g, n), r in coordinator.resources(self.name).items()
+                    if n == "console" and r.avail}
+            if all(have.get(place) == port for place, port in want.items()):
+                return
+            if self.exporter.poll() is not None:
+                raise FarmError(f"the labgrid exporter ended at its start ({self._exporter_said()}); its log: "
+                                f"{self.keep_log()}")
+            if time.monotonic() > deadline:
+                missing = ", ".join(p for p, port in want.items() if have.get(p) != port)
+                raise FarmError(f"the exporter {self.name} did not publish {missing} to the coordinator at "
+                                f"{self.coordinator_address} within {EXPORT_TIMEOUT:.0f} s; its log: {self.keep_log()}")
+            time.sleep(0.1)
+
+    def _exporter_said(self) -> str:
+        """labgrid's own words for why the exporter ended: the coordinator's answer (gRPC's `details`), else the
+        log's last line that is not part of a traceback."""
+        log = (self.workdir / "exporter.log").read_text(errors="replace")
+        details = re.findall(r'details = "(.*)"', log)
+        if details:
+            return details[-1][:300]
+        lines = [line.strip() for line in log.splitlines()
+                 if line.strip() and not line.startswith((" ", "\t", "Traceback", ">"))]
+        return lines[-1][:300] if lines else f"status {self.exporter.returncode}, nothing logged"
+
+    def keep_log(self) -> Path:
+        """The exporter's log copied out of the working folder (which goes when the farm stops): its path."""
+        kept = Path(tempfile.gettempdir()) / f"colibri-farm-{self.name}-{os.getpid()}-exporter.log"
+        try:
+            kept.write_bytes((self.workdir / "exporter.log").read_bytes())
+        except OSError:
+            return self.workdir / "exporter.log"
+        return kept
 
     @staticmethod
     def _delete_place(coordinator: Coordinator, place: str) -> None:
@@ -378,8 +443,24 @@ class QemuFarm:
         return [ExportedBoard(b.place, b.board.name, b.url(), f"rest /power/{i}") for i, b in enumerate(self.boards)]
 
     def wait(self) -> None:
-        """Until the exporter ends (it does when the coordinator goes away) or Ctrl-C / SIGTERM."""
+        """Until the exporter ends (it does when the coordinator goes away) or Ctrl-C / SIGTERM / SIGHUP; then
+        FarmError in one line: the coordinator gone, or the exporter's own last word, and where its log is."""
         while self.exporter.poll() is None:
             time.sleep(0.2)
-        raise FarmError(f"the labgrid exporter ended (status {self.exporter.returncode}); log:\n"
-                        f"{(self.workdir / 'exporter.log').read_text(errors='replace').strip()[-1500:]}")
+        if not reachable(self.coordinator_address):
+            raise FarmError(f"the coordinator at {self.coordinator_address} went away, and the exporter with it; "
+                            f"the boards are stopped (exporter log: {self.keep_log()})")
+        raise FarmError(f"the labgrid exporter ended ({self._exporter_said()}); the boards are stopped (its log: "
+                        f"{self.keep_log()})")
+
+
+def reachable(address: str, timeout: float = 2.0) -> bool:
+    """Whether something accepts TCP connections at HOST:PORT (the coordinator's default port when none)."""
+    import socket
+    from urllib.parse import urlsplit
+    parts = urlsplit(f"//{address}")
+    try:
+        with socket.create_connection((parts.hostname, parts.port or 20408), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False

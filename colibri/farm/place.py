@@ -39,6 +39,9 @@ def parse_query(text: str) -> dict[str, str]:
         key, sep, value = pair.strip().partition("=")
         if not sep or not key or not value:
             raise FarmError(f"{text!r}: give a place name, or tags as key=value[,key=value]")
+        if key in tags and tags[key] != value:
+            raise FarmError(f"{text!r} asks for a place whose {key} is both {tags[key]} and {value}: give each query "
+                            "on its own (farm verify: --boards once for each)")
         tags[key] = value
     return tags
 
@@ -262,8 +265,16 @@ def prepare(coordinator: Coordinator, name: str, reset: bool, kinds: dict[str, s
     """An acquired place made ready for a run: its serial port found, its board reset."""
     resources = coordinator.acquired_resources(name)
     serial = pick(resources, "NetworkSerialPort", "console")
+    if serial is None and not resources:  # the coordinator drops an exporter's resources when it goes
+        matched = coordinator.places()[name].matches
+        if not matched:
+            raise FarmError(f"place {name} matches no resources: give it its board's with labgrid-client -p {name} "
+                            "add-match EXPORTER/GROUP/*")
+        exporters = ", ".join(sorted({m.split("/")[0] for m in matched}))
+        raise FarmError(f"place {name}: its exporter is offline (its serial port is not available): start "
+                        f"exporter {exporters} again (colibri farm export, or labgrid-exporter on the boards' host)")
     if serial is None:
-        have = ", ".join(sorted({r.cls for r in resources})) or "none"
+        have = ", ".join(sorted({r.cls for r in resources}))
         raise FarmError(f"place {name} has no NetworkSerialPort to talk to its board over (its resources: {have})")
     if not serial.avail:
         raise FarmError(f"place {name}: its serial port is not available (its exporter lost it)")

@@ -1,7 +1,8 @@
 """pytest plugin: device tests against labgrid farm places instead of boards started here.
 
-    pytest -p colibri.farm.pytest_plugin --farm-place board=cortex_m55 --farm-place board=riscv64_virt tests/test_farm_places.py
-    pytest -p colibri.farm.pytest_plugin --lg-env farm.yaml tests/test_farm_places.py     # its RemotePlaces
+    pytest -p colibri.farm.pytest_plugin --farm-place board=cortex_m55 --farm-place board=riscv64_virt \
+        tests/farm_device_checks.py
+    pytest -p colibri.farm.pytest_plugin --lg-env farm.yaml tests/farm_device_checks.py     # its RemotePlaces
 
 A test that takes the `farm_place` fixture runs once per place: every place a --farm-place names or whose tags it
 matches, or every RemotePlace of the labgrid environment file (labgrid's own --lg-env, or $LG_ENV), as labgrid's
@@ -42,9 +43,7 @@ def _coordinator(config: pytest.Config):
         from colibri.farm.coordinator import Coordinator
         env_file = _env_file(config)
         env = read_environment(env_file) if env_file else None
-        address = (config.option.farm_coordinator or (env.coordinator if env else None)
-                   or coordinator_address())
-        session = Coordinator(address)
+        session = Coordinator(coordinator_address(config.option.farm_coordinator, env_file))
         config._colibri_farm_coordinator = session
         config._colibri_farm_kinds = env.places if env else {}
         config.add_cleanup(session.close)
@@ -112,9 +111,8 @@ def farm_place(request: pytest.FixtureRequest):
     """The place this test runs on, held for the test (parametrized over the run's places)."""
     from colibri.farm.place import hold_place
     config = request.config
-    coordinator = _coordinator(config)
     try:
-        with hold_place(coordinator, request.param, config.option.farm_place_timeout,
+        with hold_place(_coordinator(config), request.param, config.option.farm_place_timeout,
                         kinds=config._colibri_farm_kinds) as held:
             yield FarmBoard(held.name, held.board or "", held.url, held.baud, held.reset)
     except FarmError as exc:

@@ -73,15 +73,17 @@ def board_holds(client: Client, image: Path) -> bool:
 
 def run_place(coordinator: Coordinator, query: str, image: Path, prompt: list[int], max_new: int,
               reference: Reference, *, wait: float, timeout: float, retries: int, upload: str,
-              kinds: dict[str, str | None], reset: bool = True, holdings: Holdings | None = None) -> PlaceRun:
+              kinds: dict[str, str | None], reset: bool = True, holdings: Holdings | None = None,
+              board: str | None = None) -> PlaceRun:
     """Hold one place, run the prompt on its board and verify it; every failure is kept in the PlaceRun's error
-    (one line naming what failed), the place released whatever happened."""
-    run = PlaceRun(query)
+    (one line naming what failed), the place released whatever happened. `board`: the kind the place is known to
+    be before it is held (its tag), which the image was checked against."""
+    run = PlaceRun(query, board=board or "")
     started = time.perf_counter()
     try:
         with hold_place(coordinator, query, wait, reset=reset, kinds=kinds, holdings=holdings) as held:
-            run.place, run.board, run.reset = held.name, held.board or "", held.reset
-            run_on_held(run, held, image, prompt, max_new, reference, timeout, retries, upload)
+            run.place, run.board, run.reset = held.name, held.board or run.board, held.reset
+            run_on_held(run, held, image, prompt, max_new, reference, timeout, retries, upload, checked=board)
     except FarmError as exc:
         run.error = str(exc)
     except DeviceError as exc:
@@ -93,11 +95,19 @@ def run_place(coordinator: Coordinator, query: str, image: Path, prompt: list[in
 
 
 def run_on_held(run: PlaceRun, held: HeldPlace, image: Path, prompt: list[int], max_new: int, reference: Reference,
-                timeout: float, retries: int, upload: str) -> None:
+                timeout: float, retries: int, upload: str, checked: str | None = None) -> None:
+    """The run on a held place's board; the image checked against the board's memory first when the board is of
+    another kind than `checked` (the one it was checked against before)."""
+    from colibri.farm.run import check_board
     with open_port(held.url, held.baud) as link:
         client = Client(link, timeout=timeout, retries=retries)
         info = client.info()
         run.board = info.board or run.board
+        if run.board != checked:
+            problem = check_board(open_image(image, check_crcs=False), image.stat().st_size, run.board, prompt,
+                                  max_new, 0)
+            if problem:
+                raise FarmError(problem)
         run.uploaded = upload == "always" or not board_holds(client, image)
         run.result = run_session(client, image, prompt, max_new, Sampling(), want_logits=True, upload=run.uploaded)
     run.verification = verify(reference, prompt, run.result, Sampling())
@@ -105,8 +115,10 @@ def run_on_held(run: PlaceRun, held: HeldPlace, image: Path, prompt: list[int], 
 
 def farm_verify(coordinator: Coordinator, queries: list[str], image: Path, prompt: list[int], max_new: int, *,
                 wait: float, timeout: float, retries: int, upload: str = "auto", jobs: int = 0,
-                kinds: dict[str, str | None] | None = None, reset: bool = True) -> list[PlaceRun]:
-    """Run on every place of `queries` (place names, each held by name), `jobs` at a time (0: all at once)."""
+                kinds: dict[str, str | None] | None = None, reset: bool = True,
+                boards: dict[str, str | None] | None = None) -> list[PlaceRun]:
+    """Run on every place of `queries` (place names, each held by name), `jobs` at a time (0: all at once).
+    `boards`: each place's kind as known before it is held (the image was checked against it)."""
     try:
         reference = Reference(read_image(image.read_bytes()))
     except ImageError as exc:
@@ -119,7 +131,7 @@ def farm_verify(coordinator: Coordinator, queries: list[str], image: Path, promp
         with gate:
             runs[i] = run_place(coordinator, queries[i], image, prompt, max_new, reference, wait=wait,
                                 timeout=timeout, retries=retries, upload=upload, kinds=kinds or {}, reset=reset,
-                                holdings=holdings)
+                                holdings=holdings, board=(boards or {}).get(queries[i]))
     threads = [threading.Thread(target=work, args=(i,), name=f"farm-{q}", daemon=True) for i, q in enumerate(queries)]
     try:
         for t in threads:
