@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MODEL_BOARDS, assert_bit_identical, board_name, make_family_checkpoint
+from conftest import MODEL_RUNS, assert_bit_identical, board_name, make_family_checkpoint
 from colibri import flash
-from colibri.image import FLAG_NORM_TOPK, FLAG_SHARED_EXPERT, read_image
+from colibri.image import FLAG_NORM_TOPK, FLAG_SHARED_EXPERT, Role, read_image
 from colibri.pack import pack
+from colibri.quant import DType
 from colibri.protocol import Sampling
 from colibri.reference import Reference
 
@@ -497,7 +498,8 @@ def test_qwen35_multimodal_checkpoint_packs_its_text_model(tmp_path, capsys):
 def test_gpt_oss_mxfp4_experts_read_as_transformers_dequantizes_them(tmp_path):
     """gpt-oss's released checkpoints store the experts as MXFP4 (E2M1 codes in blocks of 32 with an E8M0
     scale, [E, out, in/32, 16], quantization_config mxfp4): they pack to the image the same experts give as
-    transformers' own dequantization (integrations.mxfp4.convert_moe_packed_tensors) stored in f32."""
+    transformers' own dequantization (integrations.mxfp4.convert_moe_packed_tensors) stored in f32, or kept as
+    MXFP4 with the same values."""
     from safetensors.numpy import load_file, save_file
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
     arch, cfg = next((a, c) for n, a, c in FAMILIES if n == "gpt_oss")
@@ -523,7 +525,20 @@ def test_gpt_oss_mxfp4_experts_read_as_transformers_dequantizes_them(tmp_path):
     save_file(packed, str(mx / "model.safetensors"))
     pack(src, tmp_path / "plain.img", max_seq=32, expert_align=64)
     pack(mx, tmp_path / "mx.img", max_seq=32, expert_align=64)
-    assert (tmp_path / "mx.img").read_bytes() == (tmp_path / "plain.img").read_bytes()
+    # the same values (the image's MXFP4 reads E2M1's -0 as 0, as llama.cpp's kvalues_mxfp4 do: a zero's sign never
+    # changes a sum whose lanes start at +0), and the same table
+    plain, mxf = read_image((tmp_path / "plain.img").read_bytes()), read_image((tmp_path / "mx.img").read_bytes())
+    assert plain.entries == mxf.entries and plain.dims == mxf.dims
+    for e in plain.entries:
+        np.testing.assert_array_equal(mxf.tensor(e.role, e.layer, e.expert), plain.tensor(e.role, e.layer, e.expert))
+    # kept as MXFP4 (--dtype stored): the same values, a quarter of the bytes
+    pack(mx, tmp_path / "kept.img", max_seq=32, expert_align=64, dtype=None, measure_quality=False)
+    kept = read_image((tmp_path / "kept.img").read_bytes())
+    for role in (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN):
+        for layer in range(plain.dims.n_layers):
+            for expert in range(plain.dims.n_experts):
+                assert kept.entry(role, layer, expert).dtype == DType.MXFP4
+                np.testing.assert_array_equal(kept.tensor(role, layer, expert), plain.tensor(role, layer, expert))
     with pytest.raises(Exception, match="quant_method='fp8'"):
         (mx / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "fp8"}}))
         pack(mx, tmp_path / "fp8.img", max_seq=32, expert_align=64)
