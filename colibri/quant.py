@@ -206,18 +206,24 @@ def convert(t: np.ndarray | Encoded, dtype: DType) -> Encoded:
     return encode(t, dtype)
 
 
-# OCP MXFP4's E2M1 values by 4-bit code (sign bit 3)
-FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
-
-
-def mxfp4_dequantize(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """MXFP4 as gpt-oss's checkpoints store it: blocks [..., G, 16] of packed E2M1 codes (element 2j in the low
-    nibble of byte j, 2j + 1 in the high one), scales [..., G] E8M0 (2^(s - 127)): values [..., G * 32], exact."""
+def mxfp4_blocks_from_hf(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """gpt-oss's MXFP4 (blocks [..., G, 16]: element 2j in the low nibble of byte j, 2j + 1 in the high one; scales
+    [..., G] E8M0) as GGUF's MXFP4 blocks [..., G, 17] ({e; qs[16]}: element j in the low nibble of byte j, j + 16
+    in the high one), the image's: the same codes and exponents, so the same values exactly."""
     blocks, scales = np.asarray(blocks, np.uint8), np.asarray(scales, np.uint8)
-    values = np.empty((*blocks.shape[:-1], 32), np.float32)
-    values[..., 0::2], values[..., 1::2] = FP4_VALUES[blocks & 0xF], FP4_VALUES[blocks >> 4]
-    values = np.ldexp(values, scales.astype(np.int32)[..., None] - 127)
-    return values.reshape(*blocks.shape[:-2], -1)
+    codes = np.empty((*blocks.shape[:-1], 32), np.uint8)
+    codes[..., 0::2], codes[..., 1::2] = blocks & 0xF, blocks >> 4
+    out = np.empty((*blocks.shape[:-1], 17), np.uint8)
+    out[..., 0], out[..., 1:] = scales, codes[..., :16] | codes[..., 16:] << 4
+    return out
+
+
+def mxfp4_blocks_to_hf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """GGUF's MXFP4 blocks [..., G, 17] as gpt-oss's (blocks [..., G, 16], scales [..., G]): mxfp4_blocks_from_hf
+    undone."""
+    values = np.asarray(values, np.uint8)
+    codes = np.concatenate([values[..., 1:] & 0xF, values[..., 1:] >> 4], axis=-1)
+    return codes[..., 0::2] | codes[..., 1::2] << 4, values[..., 0].copy()
 
 
 def from_gguf_blocks(raw: np.ndarray, dtype: DType, shape: tuple[int, ...]) -> Encoded:

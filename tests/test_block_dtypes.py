@@ -156,3 +156,23 @@ def test_verifier_refuses_a_k_quant_row_that_is_not_whole_blocks(hosted_build, t
         return bytes(reseal(buf))
     assert lib.verify(as_dtype(DType.Q4_1))[0] == 0
     assert lib.verify(as_dtype(DType.Q4_K))[0] == STATUS["E_IMAGE_TABLE"]
+
+
+def test_gpt_oss_gguf_experts_stay_mxfp4(firmwares, tmp_path):
+    """llama.cpp's converter keeps gpt-oss's experts as MXFP4: --dtype stored keeps them so (each expert's bytes
+    the file's, through gpt-oss's layout and back), and hosted and x86_64 bare metal give the reference's bits."""
+    src = FIXTURES / "converted-gpt-oss-q8_0.gguf"
+    image = tmp_path / "m.img"
+    pack(src, image, 32, 64, dtype=None, measure_quality=False)
+    img = read_image(image.read_bytes())
+    stacks = {t.name: t for t in gguf.GGUFReader(str(src)).tensors if t.name.endswith("_exps.weight")}
+    roles = {"ffn_gate_exps": Role.EXPERT_GATE, "ffn_up_exps": Role.EXPERT_UP, "ffn_down_exps": Role.EXPERT_DOWN}
+    for name, t in stacks.items():
+        assert t.tensor_type == gguf.GGMLQuantizationType.MXFP4
+        raw = from_gguf_blocks(t.data, DType.MXFP4, tuple(int(n) for n in reversed(t.shape)))
+        layer, role = int(name.split(".")[1]), roles[name.split(".")[2]]
+        for e in range(img.dims.n_experts):
+            assert img.encoded(role, layer, e).values.tobytes() == raw[e].values.tobytes(), (name, e)
+    runs = {b: flash.run_on_board(image, b, [15496, 995, 11], 3, Sampling(), True, firmware=firmwares[b])
+            for b in ("hosted", "x86_64_baremetal")}
+    assert_reference_bits_everywhere(image, runs, [15496, 995, 11])

@@ -32,14 +32,16 @@ def smollm2_gguf() -> Path:
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory) -> dict[str, tuple[Path, str]]:
-    """The GGUF packed three ways, max_seq 64, with what pack printed: f16; q8_0; q4_0 with an f16 KV cache,
-    planned for the Cortex-M55 (88 MiB of its 128 MiB DDR: the output matrix stays q8_0; a 2 MiB arena of its 4 MiB). The quantized ones with
-    the quality report."""
+    """The GGUF packed four ways, max_seq 64, with what pack printed: f16; q8_0; q4_0 with an f16 KV cache,
+    planned for the Cortex-M55 (88 MiB of its 128 MiB DDR: the output matrix stays q8_0; a 2 MiB arena of its 4 MiB);
+    and as the file stores it (--dtype stored: its Q4_1 tensors as they are), for the Cortex-M55 too. The quantized
+    ones with the quality report."""
     out = tmp_path_factory.mktemp("smollm2")
     gguf = smollm2_gguf()
     images = {}
     for name, args in {"f16": ["--dtype", "f16", "--no-quality"], "q8_0": ["--dtype", "q8_0"],
-                       "q4_0": ["--dtype", "q4_0", "--kv", "f16", "--board", "cortex_m55"]}.items():
+                       "q4_0": ["--dtype", "q4_0", "--kv", "f16", "--board", "cortex_m55"],
+                       "stored": ["--dtype", "stored", "--kv", "f16", "--board", "cortex_m55"]}.items():
         image, printed = out / f"smollm2-{name}.img", io.StringIO()
         with contextlib.redirect_stdout(printed):
             assert pack_cli.main([str(gguf), "-o", str(image), "--max-seq", "64", *args]) == 0
@@ -59,7 +61,7 @@ def run(image: Path, board: str, capsys, *args: str) -> dict:
     return report
 
 
-@pytest.mark.parametrize("dtype", ["f16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("dtype", ["f16", "q8_0", "q4_0", "stored"])
 def test_verify_is_bit_identical_on_the_hosted_board(dtype, smol, firmwares, capsys):
     report = run(smol[dtype], "hosted", capsys, "--firmware", str(firmwares["hosted"]), "--prompt", PROMPTS[0],
                  "--max-new-tokens", "8", "--verify")
@@ -69,11 +71,21 @@ def test_verify_is_bit_identical_on_the_hosted_board(dtype, smol, firmwares, cap
         assert "Paris" in report["text"]
 
 
-def test_verify_is_bit_identical_on_the_cortex_m55(smol, firmwares, capsys):
-    report = run(smol["q4_0"], "cortex_m55", capsys, "--firmware", str(firmwares["cortex_m55"]), "--prompt", PROMPTS[0],
+@pytest.mark.parametrize("dtype", ["q4_0", "stored"])
+def test_verify_is_bit_identical_on_the_cortex_m55(dtype, smol, firmwares, capsys):
+    report = run(smol[dtype], "cortex_m55", capsys, "--firmware", str(firmwares["cortex_m55"]), "--prompt", PROMPTS[0],
                  "--max-new-tokens", "3", "--verify")
     assert report["kernels"] == "mve"
     assert report["verify"]["passed"] and report["verify"]["rows_identical"] == report["verify"]["rows"]
+
+
+def test_the_file_packs_as_it_stores_its_tensors(smol):
+    """--dtype stored keeps the file's Q4_1 tensors as they are (no requantization: the bytes by dtype are the
+    file's types), which --dtype q4_0 had to requantize."""
+    import gguf
+    kinds = {t.tensor_type.name.lower() for t in gguf.GGUFReader(str(smollm2_gguf())).tensors if len(t.shape) == 2}
+    stored = read_image(smol["stored"].read_bytes()).bytes_by_dtype()
+    assert "q4_1" in kinds and set(stored) - {"f32"} == kinds - {"f32"}
 
 
 @pytest.mark.parametrize("dtype", ["f16", "q8_0"])
@@ -97,7 +109,8 @@ def test_f16_greedy_text_is_transformers(smol, firmwares, capsys):
 def test_what_quantization_costs_against_f16(smol, packed):
     """KL and top-1 agreement of the quantized images against the f16 image on six real prompts (the reference's
     logits). Measured: q8_0 KL 0.007, top-1 95.2% (bound 0.02, 90%); q4_0, a requantization of Q4_1 (its output
-    matrix kept at q8_0), KL 0.81, top-1 50%: the pack report warns about it (and not about q8_0). llama.cpp's own
+    matrix kept at q8_0), KL 0.81, top-1 50%: the pack report warns about it (and not about q8_0); the file's own
+    Q4_1 tensors (--dtype stored) only the activations' quantization. llama.cpp's own
     Q8_0 and Q4_0 cost as much (tools/quant_quality.py, docs/PERFORMANCE.md)."""
     images = {name: read_image(smol[name].read_bytes()) for name in smol}
     text = Text(images["f16"].meta)
@@ -107,7 +120,7 @@ def test_what_quantization_costs_against_f16(smol, packed):
         z = z.astype(np.float64) - z.max(axis=-1, keepdims=True)
         return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
     cost = {}
-    for name in ("q8_0", "q4_0"):
+    for name in ("q8_0", "q4_0", "stored"):
         kl, top1 = [], []
         for prompt in PROMPTS:
             tokens = text.encode(prompt)
@@ -118,7 +131,8 @@ def test_what_quantization_costs_against_f16(smol, packed):
     print(cost)
     assert cost["q8_0"][0] <= 0.02 and cost["q8_0"][1] >= 0.9
     assert cost["q4_0"][0] > pack_cli.LOSSY_KL  # what the warning below is for
-    for name, lossy in (("q8_0", False), ("q4_0", True)):
+    assert cost["stored"][0] <= 0.02 and cost["stored"][1] >= 0.9  # the file's own values: activations' rounding only
+    for name, lossy in (("q8_0", False), ("q4_0", True), ("stored", False)):
         assert ("  warning     this packing loses more" in packed[name][1]) == lossy, (name, packed[name][1])
 
 

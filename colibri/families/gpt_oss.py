@@ -11,7 +11,7 @@ from colibri.gguf_common import (MODEL_TENSOR, GGUFError, GGUFFile, Keys, fused_
 from colibri.format import Role
 from colibri.dims import FLAG_ATTN_SINKS, FLAG_EXPERT_BIAS, FLAG_ROUTER_BIAS, FLAG_ROUTER_TOPK_SOFTMAX
 from colibri.lazy import Derived, LazyTensor, expert_of
-from colibri.quant import mxfp4_dequantize
+from colibri.quant import DType, Encoded, mxfp4_blocks_from_hf, mxfp4_blocks_to_hf
 
 EXPERTS = (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN, Role.EXPERT_GATE_BIAS, Role.EXPERT_UP_BIAS,
            Role.EXPERT_DOWN_BIAS)
@@ -52,10 +52,14 @@ def tensor(raw: dict, d, key: tuple[Role, int, int]) -> tuple[list[str], object]
     fused = "down_proj" if role == Role.EXPERT_DOWN else "gate_up_proj"
     rows = slice(None) if role == Role.EXPERT_DOWN else slice(0 if role == Role.EXPERT_GATE else 1, None, 2)
     shape = (d.hidden_size, d.ffn_size) if role == Role.EXPERT_DOWN else (d.ffn_size, d.hidden_size)
-    if p + fused + "_blocks" in raw:  # MXFP4: [E, out, in] once dequantized
+    if p + fused + "_blocks" in raw:  # MXFP4, kept as the image's MXFP4 blocks: [E, out, in]
         blocks, scales = raw[p + fused + "_blocks"], raw[p + fused + "_scales"]
-        compute = lambda: mxfp4_dequantize(expert_of(blocks, expert), expert_of(scales, expert))[rows]  # noqa: E731
-        return [p + fused + "_blocks", p + fused + "_scales"], derived_tensor(blocks, shape, compute)
+
+        def compute() -> Encoded:
+            return Encoded(DType.MXFP4, shape, mxfp4_blocks_from_hf(expert_of(blocks, expert),
+                                                                    expert_of(scales, expert))[rows])
+        names = [p + fused + "_blocks", p + fused + "_scales"]
+        return names, Derived(shape, compute, kept=DType.MXFP4) if isinstance(blocks, LazyTensor) else compute()
     source = raw[p + fused]
     compute = lambda: np.asarray(expert_of(source, expert), np.float32).T[rows]  # noqa: E731
     return [p + fused], derived_tensor(source, shape, compute)
@@ -92,10 +96,22 @@ def gguf_config(f: GGUFFile) -> dict:
     return cfg
 
 
+def hf_mxfp4(parts: list[Encoded], which: str) -> np.ndarray:
+    """GGUF MXFP4 matrices ([..., rows, G, 17]; gate and up, or down alone) as gpt-oss's `_blocks` or `_scales`
+    (gate and up rows interleaved, gate first, as gate_up_proj holds them)."""
+    values = parts[0].values
+    if len(parts) == 2:
+        values = np.empty((*values.shape[:-3], 2 * values.shape[-3], *values.shape[-2:]), np.uint8)
+        values[..., 0::2, :, :], values[..., 1::2, :, :] = parts[0].values, parts[1].values
+    blocks, scales = mxfp4_blocks_to_hf(values)
+    return blocks if which == "_blocks" else scales
+
+
 def gguf_tensors(f: GGUFFile) -> dict[str, LazyTensor | np.ndarray]:
     """A gpt-oss file's tensors under transformers' names and in its layout: every layer's experts fused
-    (gate_up_proj [E, D, 2F], gate and up interleaved by column; down_proj [E, F, D]), as GptOssExperts holds them.
-    The other tensors stay as stored (a Q8_0/Q4_0 one carries over unchanged)."""
+    (gate_up_proj [E, D, 2F], gate and up interleaved by column; down_proj [E, F, D]), as GptOssExperts holds them,
+    or, when they are MXFP4 (llama.cpp's converter keeps gpt-oss's), as its MXFP4 blocks and scales, which the image
+    keeps as MXFP4. The other tensors stay as stored (a quantized one carries over unchanged)."""
     n_layers, pending = f.n_layers, dict(f.tensors)
     out: dict[str, LazyTensor | np.ndarray] = {}
 
@@ -134,14 +150,23 @@ def gguf_tensors(f: GGUFFile) -> dict[str, LazyTensor | np.ndarray]:
             if t is not None and tuple(t.shape) != tuple(shape):
                 raise GGUFError(f"GGUF layer {layer}'s expert tensors disagree with its {name(MODEL_TENSOR.FFN_GATE_EXP)} "
                                 f"{tuple(gate.shape)}: one has shape {tuple(t.shape)}, not {tuple(shape)}")
-        out[p + "mlp.experts.gate_up_proj"] = Derived(
-            (n_experts, hidden, 2 * ffn), lambda gate=gate, up=up: fused_gate_up(gate.load(), up.load()),
-            lambda i, gate=gate, up=up: fused_gate_up(gate.expert(i), up.expert(i)))
+        if gate.kept == up.kept == down.kept == DType.MXFP4:  # kept as MXFP4, in gpt-oss's blocks and scales
+            for part, stacked, rows in (("gate_up_proj", (gate, up), 2 * ffn), ("down_proj", (down,), hidden)):
+                cols = down.shape[2] if part == "down_proj" else hidden
+                for which, shape in (("_blocks", (n_experts, rows, cols // 32, 16)), ("_scales", (n_experts, rows, cols // 32))):
+                    out[p + "mlp.experts." + part + which] = Derived(
+                        shape, lambda stacked=stacked, which=which: hf_mxfp4([t.load() for t in stacked], which),
+                        lambda i, stacked=stacked, which=which: hf_mxfp4([t.expert(i) for t in stacked], which))
+        else:
+            out[p + "mlp.experts.gate_up_proj"] = Derived(
+                (n_experts, hidden, 2 * ffn), lambda gate=gate, up=up: fused_gate_up(gate.load(), up.load()),
+                lambda i, gate=gate, up=up: fused_gate_up(gate.expert(i), up.expert(i)))
         bias = np.empty((n_experts, 2 * ffn), np.float32)
         bias[:, 0::2] = np.asarray(take(name(MODEL_TENSOR.FFN_GATE_EXP, "bias")), np.float32)
         bias[:, 1::2] = np.asarray(take(name(MODEL_TENSOR.FFN_UP_EXP, "bias")), np.float32)
         out[p + "mlp.experts.gate_up_proj_bias"] = bias
-        out[p + "mlp.experts.down_proj"] = lazy((n_experts, ffn, hidden), down, transposed, transposed)
+        if down.kept != DType.MXFP4 or gate.kept != DType.MXFP4 or up.kept != DType.MXFP4:
+            out[p + "mlp.experts.down_proj"] = lazy((n_experts, ffn, hidden), down, transposed, transposed)
         out[p + "mlp.experts.down_proj_bias"] = take(name(MODEL_TENSOR.FFN_DOWN_EXP, "bias"))
     if pending:
         raise GGUFError(f"GGUF tensors the runtime would not use: {', '.join(sorted(pending)[:5])}")
