@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MODEL_RUNS, assert_bit_identical, board_name, make_family_checkpoint
+from conftest import MODEL_BOARDS, assert_bit_identical, board_name, make_family_checkpoint
 from colibri import flash
 from colibri.image import FLAG_NORM_TOPK, FLAG_SHARED_EXPERT, Role, read_image
 from colibri.pack import pack
