@@ -125,6 +125,10 @@ def test_gguf_blocks_carry_over_unchanged(name, firmwares, tmp_path):
             kept += 1
             types.add(t.tensor_type.name)
     assert kept >= 10 and types <= {k.upper() for k in img.bytes_by_dtype()}  # every block type the file has
+    # the image's quantized bytes are the file's: the same tensors, nothing requantized or widened
+    file_bytes = sum(int(t.n_bytes) for t in gguf.GGUFReader(str(src)).tensors if t.tensor_type.name in {
+        d.name for d in DType if d.quantized})
+    assert sum(v for k, v in img.bytes_by_dtype().items() if DType[k.upper()].quantized) == file_bytes
     runs = {b: flash.run_on_board(image, b, PROMPT, NEW_TOKENS, Sampling(), True, firmware=firmwares[b])
             for b in ("hosted", "x86_64_baremetal")}
     assert_reference_bits_everywhere(image, runs, PROMPT)
