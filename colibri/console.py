@@ -84,9 +84,10 @@ def guarded(main: Callable[[list[str] | None], int], argv: list[str] | None = No
     """`main(argv)`, with Ctrl-C, SIGTERM and SIGHUP said in one line (every board a command started is stopped
     and every farm place it holds released as its `with` blocks unwind), a closed stdout pipe ending it quietly,
     and output that cannot be written (ENOSPC, EIO) said in one line."""
-    # SIGTERM (a CI job's timeout, `kill`) and SIGHUP (the terminal closed) unwind like Ctrl-C
+    # SIGTERM (a CI job's timeout, `kill`) and SIGHUP (the terminal closed) unwind like Ctrl-C; one ignored when the
+    # command started (nohup's SIGHUP) stays ignored
     for signum in SIGNALS:
-        if signum != signal.SIGINT:
+        if signum != signal.SIGINT and signal.getsignal(signum) != signal.SIG_IGN:
             signal.signal(signum, _stop)
     _command[:] = []
     try:

@@ -7,7 +7,10 @@ no process is left behind.
 The boards are riscv64_virt and x86_64_baremetal, the two with a 16550 UART (the quicker uploads over QEMU's
 emulated UARTs: docs/PERFORMANCE.md), and the images are small random ones (14 KB; 210 KB for the run that is
 cut), uploaded over each place's serial port as a real board's would be: the upload path is the one a real
-board takes (QEMU's loader, `farm export --image`, would skip it).
+board takes (QEMU's loader, `farm export --image`, would skip it). The preloaded path has a farm of its own, on a
+coordinator of its own, whose boards hold an image that differs from the test's in its header alone: one board
+that disagrees (exit status 1), and the farm's end when its coordinator goes away. What the user gets wrong, and
+a run stopped by Ctrl-C, SIGTERM or SIGHUP, is one line, with nothing held after.
 """
 from __future__ import annotations
 
@@ -139,11 +142,17 @@ def farm(coordinator, tmp_path_factory):
         stop(proc)
     assert proc.returncode == 0 and "farm stopped" in log.read_text(), log.read_text()
     assert still_running(started) == [], "farm export left these running"
-    assert places(coordinator) == {}, "farm export deleted its places"
+    assert places(coordinator, cli=True) == {}, "farm export deleted its places"
 
 
-def places(address: str) -> dict[str, dict]:
-    """The places at the coordinator, as `colibri farm places --json` reports them."""
+def places(address: str, cli: bool = False) -> dict[str, dict]:
+    """The places at the coordinator, as `colibri farm places --json` reports them (asked through it with `cli`,
+    else in this process, which is quicker)."""
+    if not cli:
+        from colibri.farm.coordinator import Coordinator
+        with Coordinator(address) as coordinator:
+            return {p.name: {"place": p.name, "tags": p.tags, "acquired": p.acquired}
+                    for p in coordinator.places().values()}
     out = run("farm", "places", "--coordinator", address, "--json")
     assert out.returncode == 0, out.stderr
     return {p["place"]: p for p in json.loads(out.stdout)}
@@ -152,9 +161,9 @@ def places(address: str) -> dict[str, dict]:
 def assert_all_released(address: str) -> None:
     """No place held, and no reservation left (each run cancels its own)."""
     from colibri.farm.coordinator import Coordinator
-    held = {name: p["acquired"] for name, p in places(address).items() if p["acquired"]}
-    assert held == {}, f"places still held: {held}"
     with Coordinator(address) as coordinator:
+        held = {p.name: p.acquired for p in coordinator.places().values() if p.acquired}
+        assert held == {}, f"places still held: {held}"
         assert coordinator.reservations() == []
 
 
@@ -634,6 +643,24 @@ def test_a_preloaded_farm_and_a_board_that_disagrees(tiny_image, tmp_path):
             stop(export)
         stop(coordinator)
     assert still_running(processes) == []
+
+
+@pytest.mark.parametrize("signum, says", [(signal.SIGTERM, "terminated (SIGTERM)"),
+                                          (signal.SIGHUP, "hung up (SIGHUP: its terminal closed)")],
+                         ids=["SIGTERM", "SIGHUP"])
+def test_any_command_stopped_by_a_signal_says_so_in_one_line(tiny_image, signum, says):
+    """Not only the farm's: `colibri run --port` waiting on a board that does not answer (a TCP server that takes
+    the connection and says nothing), stopped by SIGTERM or SIGHUP: one line, exit status 128 + the signal."""
+    import socket
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        proc = colibri("run", tiny_image, "--port", f"socket://127.0.0.1:{server.getsockname()[1]}",
+                       "--prompt-tokens", PROMPT, "--max-new-tokens", "2")
+        server.settimeout(60)
+        connection, _ = server.accept()  # the run is waiting for the board's answer
+        with connection:
+            proc.send_signal(signum)
+            _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum and err.splitlines() == [f"colibri run: {says}"], err
 
 
 def test_without_labgrid_a_place_is_refused_in_one_line(tmp_path, tiny_image):
