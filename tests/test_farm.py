@@ -531,12 +531,20 @@ def test_a_chat_runs_on_the_places_board(farm, chat_image):
     assert_all_released(address)
 
 
-def test_a_place_whose_exporter_is_offline_is_named(farm, tiny_image):
+def test_a_place_whose_exporter_is_offline_is_named(farm, tiny_image, wide_image, tmp_path):
     """A place whose exporter has gone (the coordinator has dropped its resources): run --place says so in one
-    line, farm verify marks it ERROR with its board from its tag; both release it."""
+    line, farm verify marks it ERROR with its board from its tag; both release it. With no board tag, the kind
+    $LG_ENV's colibri_board gives it is the one the image is checked against, before the place is held."""
     address, place = farm["address"], "zz-offline"
     labgrid_client(address, place, "create")
     try:
+        environment = tmp_path / "farm.yaml"
+        environment.write_text(f"targets:\n  main:\n    resources:\n      RemotePlace:\n        name: {place}\n"
+                               f"    options:\n      colibri_board: riscv64_virt\n")
+        refused = run("run", wide_image, "--place", place, "--prompt-tokens", PROMPT, "--max-new-tokens", "2",
+                      env={"LG_COORDINATOR": address, "LG_ENV": str(environment)})
+        assert_one_line_error(refused, "colibri run: error: the image needs a 67,390,528-byte arena and "
+                                       "riscv64_virt's arena region (DRAM) holds 62,914,560")
         labgrid_client(address, place, "add-match", "gone/zz-offline/*")
         labgrid_client(address, place, "set-tags", "board=riscv64_virt")
         says = f"place {place}: its exporter is offline (its serial port is not available): start exporter gone again"
