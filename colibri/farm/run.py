@@ -13,11 +13,15 @@ from __future__ import annotations
 import argparse
 import sys
 from contextlib import ExitStack
+from typing import TYPE_CHECKING
 
 from colibri.console import Parser
 from colibri.farm import coordinator_address, environment_file, read_environment, require_labgrid
 from colibri.farm.place import HeldPlace
 from colibri.image import Image
+
+if TYPE_CHECKING:
+    from colibri.farm.coordinator import Coordinator
 
 
 def check_board(img: Image, image_bytes: int, kind: str | None, prompt: list[int] | None, max_new: int,
@@ -46,7 +50,7 @@ class FarmPlace:
         self.kinds: dict[str, str | None] = {}
         self.held: HeldPlace | None = None
         self._stack = ExitStack()
-        self._coordinator = None
+        self._coordinator: Coordinator | None = None
 
     def board_kind(self) -> str | None:
         """Connect to the coordinator and say the board kind of every place the query matches (their `board` tag,
