@@ -6,6 +6,7 @@ Examples:
   colibri build --board cortex_m4
   colibri build --board hosted --mode debug
   colibri build --board cortex_m55 --kernels scalar
+  colibri build --board cortex_m55 --rtos freertos   # as FreeRTOS tasks (FREERTOS_KERNEL_PATH; docs/RTOS.md)
 
 `colibri run` builds a board's firmware itself when it is missing or older than its sources.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from colibri.console import Parser
 from colibri.paths import ROOT
-from colibri.sim.boards import Board, board_names, load_board
+from colibri.sim.boards import Board, board_names, load_board, rtos_kernel_problem, rtos_names
 
 MODES = ("release", "debug", "asan")
 BUILD_LOCK = "build.lock"  # in build/: one SCons run at a time per tree (pytest-xdist's workers share one)
@@ -31,9 +32,11 @@ class BuildError(RuntimeError):
     """The firmware could not be built; the message says why and what to do."""
 
 
-def output_dir(board: str, mode: str = "release", kernels: str = "auto", lean: bool = False) -> Path:
-    """Where SConstruct puts a build: build/<board>/<mode>[-scalar][-lean]."""
-    return ROOT / "build" / board / (mode + ("-scalar" if kernels == "scalar" else "") + ("-lean" if lean else ""))
+def output_dir(board: str, mode: str = "release", kernels: str = "auto", lean: bool = False,
+               rtos: str = "none") -> Path:
+    """Where SConstruct puts a build: build/<board>/<mode>[-scalar][-lean][-<rtos>]."""
+    return ROOT / "build" / board / (mode + ("-scalar" if kernels == "scalar" else "") + ("-lean" if lean else "")
+                                     + ("" if rtos == "none" else f"-{rtos}"))
 
 
 def firmware_targets(board: Board, out: Path) -> list[Path]:
@@ -70,21 +73,29 @@ def check_toolchain(board: Board) -> None:
         raise BuildError("SCons is not installed: pip install scons")
 
 
-def build(board: Board, mode: str = "release", kernels: str = "auto", lean: bool = False) -> Path:
+def build(board: Board, mode: str = "release", kernels: str = "auto", lean: bool = False, rtos: str = "none") -> Path:
     """Build `board`'s firmware (one build at a time in a tree: concurrent SCons runs would share its database);
     returns the output folder. Raises BuildError with the compiler's last lines when it fails."""
     check_toolchain(board)
-    out = output_dir(board.name, mode, kernels, lean)
+    if rtos != "none":
+        if rtos not in rtos_names(board.spec):
+            having = [b for b in board_names() if rtos in rtos_names(load_board(b).spec)]
+            raise BuildError(f"{board.name} has no {rtos} build (its board.toml has no [rtos.{rtos}]); boards with "
+                             f"one: {', '.join(having) or 'none'}")
+        if rtos_kernel_problem(rtos):
+            raise BuildError(rtos_kernel_problem(rtos))
+    out = output_dir(board.name, mode, kernels, lean, rtos)
     (ROOT / "build").mkdir(exist_ok=True)
     with open(ROOT / "build" / BUILD_LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         done = subprocess.run([sys.executable, "-m", "SCons", "-Q", f"board={board.name}", f"mode={mode}",
-                               f"kernels={kernels}", f"lean={'yes' if lean else 'no'}",
+                               f"kernels={kernels}", f"lean={'yes' if lean else 'no'}", f"rtos={rtos}",
                                *(str(t.relative_to(ROOT)) for t in firmware_targets(board, out))],
                               cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise BuildError(f"building {board.name} failed (scons board={board.name} mode={mode} in {ROOT}):\n{tail}")
+        how = f"scons board={board.name} mode={mode}" + (f" rtos={rtos}" if rtos != "none" else "")
+        raise BuildError(f"building {board.name} failed ({how} in {ROOT}):\n{tail}")
     for target in firmware_targets(board, out):  # SCons judges by content: a touched source left them as they were,
         target.touch()                           # and they are current now
     return out
@@ -108,10 +119,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="auto: the board's SIMD kernels (default); scalar: the portable reference kernels only")
     ap.add_argument("--lean", action="store_true",
                     help="leave the newer families' mechanisms out (a smaller runtime: docs/BOARDS.md)")
+    ap.add_argument("--rtos", default="none", help="none (default: bare metal), or an RTOS the board's board.toml has "
+                    "a build for: freertos (the kernel tree FREERTOS_KERNEL_PATH names; docs/RTOS.md)")
     args = ap.parse_args(argv)
     try:
         board = load_board(args.board)
-        out = build(board, args.mode, args.kernels, args.lean)
+        out = build(board, args.mode, args.kernels, args.lean, args.rtos)
     except (ValueError, BuildError) as exc:
         return ap.fail(str(exc))
     for target in firmware_targets(board, out):

@@ -277,6 +277,28 @@ def test_a_1khz_task_keeps_its_deadlines_beside_inference(run, demo_image, firmw
     assert_stacks_within_bounds(run, s)
 
 
+def test_the_measuring_command_says_a_user_error_in_one_line(demo_image, tmp_path):
+    """python -m colibri.sim.rtos: by default as many new tokens as the image's max_seq leaves after the prompt (the
+    demo image: 9 + 7), and every user error one line on stderr, exit status 2, no traceback."""
+    kernel_or_skip("cortex_m55@freertos")
+    build_run("cortex_m55@freertos")
+    (tmp_path / "junk.img").write_bytes(b"junk")
+    command = [sys.executable, "-m", "colibri.sim.rtos"]
+    for args, says in (([str(demo_image), "--tokens", "8"], "9 prompt + 8 new tokens do not fit the image's max_seq "
+                        "16: give --tokens 1 to 7"),
+                       ([str(tmp_path / "none.img")], "not found; make one with colibri pack"),
+                       ([str(tmp_path / "junk.img")], "is not a valid image"),
+                       ([str(demo_image), "--board", "hosted"], "board hosted has no FreeRTOS build"),
+                       ([str(demo_image), "--prompt-tokens", "1,x"], "is not a comma-separated list of token ids")):
+        done = subprocess.run(command + args, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stdout == "", (args, done.stdout, done.stderr)
+        assert len(done.stderr.splitlines()) == 1 and says in done.stderr, (args, done.stderr)
+    done = subprocess.run(command + [str(demo_image), "--board", "cortex_m55"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "9 + 7 tokens, logits bit-identical to the reference" in done.stdout
+
+
 # A user's firmware project, as docs/RTOS.md sketches it: the FreeRTOS kernel through its own CMake (FREERTOS_PORT, a
 # freertos_config target for FreeRTOSConfig.h, no FREERTOS_HEAP: no heap), Colibri through firmware/CMakeLists.txt
 # (colibri::runtime), and the board's own sources. board.cmake, written from board.toml, holds the board's facts.

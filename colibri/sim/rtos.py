@@ -2,7 +2,7 @@
 answers with type | 0x80: the deadline task's release jitter, every task's stack high-water mark, and a second
 context in a task of its own.
 
-  python -m colibri.sim.rtos IMAGE --board cortex_m55 [--icount 5] [--tokens 8]
+  python -m colibri.sim.rtos IMAGE --board cortex_m55 [--icount 5] [--tokens N] [--expert-cache SLOTS]
 
 boots the board's FreeRTOS build (build/<board>/release-freertos), restarts the deadline window with the idle task
 spinning, runs a greedy generation verified against the numpy reference, and prints the jitter and the stacks.
@@ -129,35 +129,61 @@ class MeasuringClient(Client):
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
+    from colibri.console import Parser
     from colibri.flash import run_session, verify
     from colibri.image import read_image
     from colibri.paths import ROOT
+    from colibri.protocol import DeviceError, LinkError
+    from colibri.reader import ImageError
     from colibri.reference import Reference
-    from colibri.sim.boards import load_board
+    from colibri.sim.boards import board_names, load_board, rtos_kernel_problem, rtos_names
     from colibri.sim.launch import start_board
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(__doc__, prog="python -m colibri.sim.rtos")
     ap.add_argument("image", type=Path)
-    ap.add_argument("--board", default="cortex_m55")
+    ap.add_argument("--board", default="cortex_m55", choices=board_names())
     ap.add_argument("--icount", type=int, default=5, help="QEMU -icount shift: 2^N ns an instruction (default 5)")
-    ap.add_argument("--tokens", type=int, default=8, help="new tokens to generate")
-    ap.add_argument("--prompt-tokens", default="13,1,2,3,10,0,4,5,11")
-    ap.add_argument("--expert-cache", type=int, default=0)
+    ap.add_argument("--tokens", type=int, help="new tokens to generate (default: as many as the image's max_seq "
+                    "leaves after the prompt)")
+    ap.add_argument("--prompt-tokens", default="13,1,2,3,10,0,4,5,11", help="comma-separated token ids (default: "
+                    "the demo model's \"^123+045=\")")
+    ap.add_argument("--expert-cache", type=int, default=0, help="expert cache slots (0: none)")
     args = ap.parse_args(argv)
-    board = load_board(args.board)
+    try:
+        prompt = [int(t) for t in args.prompt_tokens.split(",")]
+    except ValueError:
+        ap.error(f"--prompt-tokens {args.prompt_tokens!r} is not a comma-separated list of token ids")
+    if "freertos" not in rtos_names(load_board(args.board).spec):
+        return ap.fail(f"board {args.board} has no FreeRTOS build (its board.toml has no [rtos.freertos])")
     firmware = ROOT / "build" / args.board / "release-freertos" / "firmware.elf"
-    prompt = [int(t) for t in args.prompt_tokens.split(",")]
+    if not firmware.is_file():
+        kernel = rtos_kernel_problem("freertos")
+        return ap.fail(f"{firmware} is missing: build it with `scons board={args.board} rtos=freertos`"
+                       + (f" ({kernel})" if kernel else ""))
+    if not args.image.is_file():
+        return ap.fail(f"image {args.image} not found; make one with colibri pack")
+    try:
+        ref = Reference(read_image(args.image.read_bytes()))
+    except ImageError as exc:
+        return ap.fail(f"{args.image} is not a valid image ({exc}); make one with colibri pack")
+    tokens = ref.d.max_seq - len(prompt) if args.tokens is None else args.tokens
+    if tokens < 1 or len(prompt) + tokens > ref.d.max_seq:
+        return ap.fail(f"{len(prompt)} prompt + {tokens} new tokens do not fit the image's max_seq {ref.d.max_seq}: "
+                       f"give --tokens 1 to {ref.d.max_seq - len(prompt)} or a shorter --prompt-tokens"
+                       if len(prompt) < ref.d.max_seq else
+                       f"{len(prompt)} prompt tokens leave no room in the image's max_seq {ref.d.max_seq}")
     extra = ["-icount", f"shift={args.icount}"] if args.icount >= 0 else []
-    with start_board(board, firmware, args.image, extra) as device:
-        client = MeasuringClient(device.link, timeout=120, flags=RESTART | SPIN)
-        result = run_session(client, args.image, prompt, args.tokens, Sampling(), True, False,
-                             expert_cache=args.expert_cache)
-    v = verify(Reference(read_image(args.image.read_bytes())), prompt, result, Sampling())
+    try:
+        with start_board(load_board(args.board), firmware, args.image, extra) as device:
+            client = MeasuringClient(device.link, timeout=120, flags=RESTART | SPIN)
+            result = run_session(client, args.image, prompt, tokens, Sampling(), True, False,
+                                 expert_cache=args.expert_cache)
+    except (DeviceError, LinkError, FileNotFoundError, ValueError) as exc:
+        return ap.fail(str(exc))
+    v = verify(ref, prompt, result, Sampling())
     s = client.rtos
     us = 1e6 / (s.period * s.tick_hz)  # a counter tick in microseconds
-    print(f"{args.board} FreeRTOS, QEMU -icount shift={args.icount}: {len(prompt)} + {args.tokens} tokens, "
+    print(f"{args.board} FreeRTOS, QEMU -icount shift={args.icount}: {len(prompt)} + {tokens} tokens, "
           f"logits {'bit-identical to the reference' if v.bit_identical else 'DIFFER'}")
     print(f"deadline task at {s.tick_hz} Hz: {s.releases} releases, lateness {s.late_min * us:+.1f} to "
           f"{s.late_max * us:+.1f} us (jitter {s.jitter * us:.1f} us), intervals {s.interval_min * us:.1f} to "
@@ -171,4 +197,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from colibri.console import guarded
+    sys.exit(guarded(main, prog="python -m colibri.sim.rtos"))
