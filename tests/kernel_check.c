@@ -170,8 +170,23 @@ static void check_swiglu(const kernel_set *fast, const kernel_set *ref, uint32_t
 
 /* Each block dtype's rows against the scalar ones on random blocks: random bits everywhere but the f16 scale fields
  * (finite, below 0.05 in magnitude) and MXFP4's exponent (2^-28 .. 2^11), so a sum overflows nowhere. K-quant rows
- * take the whole 256-element blocks of `blocks` (none when fewer than 8). */
+ * take the whole 256-element blocks of `blocks` (none when fewer than 8). Every other call probes the integer sums'
+ * edges instead, with x all +127, all -127 or +-127 at random (the quantizer's extremes): every weight byte 0xFF (the
+ * largest nibbles, 5- and 6-bit values, MXFP4's -12), or 0x00 and 0xFF at random (Q6_K's -32 too), Q6_K's scales
+ * all -128 or -128 and 127 at random: where a SIMD kernel's byte products would saturate if any could. */
+static int8_t xe[MAX_BLOCKS * QBLOCK];
+static int32_t xe_sum[MAX_BLOCKS];
 static void check_block_dtypes(const kernel_set *fast, const kernel_set *ref, uint32_t blocks) {
+    static uint32_t calls;
+    const uint32_t call = calls++ % 8;
+    const uint32_t edge = call % 2 ? call / 2 % 3 + 1 : 0; /* 0: random; 1: 0xFF, +127; 2: 0xFF, -127; 3: 0x00/0xFF, +-127 */
+    for (uint32_t b = 0; b < blocks && edge; b++) {
+        xe_sum[b] = 0;
+        for (uint32_t i = 0; i < QBLOCK; i++) {
+            xe[b * QBLOCK + i] = (int8_t)(edge == 1 ? 127 : edge == 2 ? -127 : next() & 1 ? 127 : -127);
+            xe_sum[b] += xe[b * QBLOCK + i];
+        }
+    }
     static const struct { uint32_t dtype; uint8_t f16_at[2]; const char *name; } DTYPES_CHECKED[] = {
         { DTYPE_Q4_1, { 0, 2 }, "rows_q4_1" }, { DTYPE_Q5_0, { 0, 0 }, "rows_q5_0" }, { DTYPE_Q5_1, { 0, 2 }, "rows_q5_1" },
         { DTYPE_MXFP4, { 255, 255 }, "rows_mxfp4" }, { DTYPE_Q4_K, { 0, 2 }, "rows_q4_k" },
@@ -182,17 +197,19 @@ static void check_block_dtypes(const kernel_set *fast, const kernel_set *ref, ui
         const uint32_t n_blocks = blocks / per * per, row_blocks = n_blocks / per, bytes = DTYPE_TRAITS[dtype].bytes;
         rows_block_fn f = rows_block_for(fast, dtype), g = rows_block_for(ref, dtype);
         if (!f || !n_blocks) continue;
-        for (uint32_t i = 0; i < ROWS * row_blocks * bytes; i++) wb[i] = (uint8_t)next();
+        for (uint32_t i = 0; i < ROWS * row_blocks * bytes; i++)
+            wb[i] = (uint8_t)(!edge ? next() : edge < 3 || next() & 1 ? 0xFFu : 0x00u);
         for (uint32_t b = 0; b < ROWS * row_blocks; b++) {
             uint8_t *blk = wb + b * bytes;
             if (dtype == DTYPE_MXFP4) blk[0] = (uint8_t)(100u + next() % 40u);
+            for (uint32_t j = 0; j < 16 && edge && dtype == DTYPE_Q6_K; j++) blk[192 + j] = edge < 3 || next() & 1 ? 0x80u : 0x7Fu;
             for (uint32_t j = 0; j < 2 && dtype != DTYPE_MXFP4; j++) {
                 const uint16_t h = f32_to_f16(uniform() * 0.05f);
                 blk[DTYPES_CHECKED[k].f16_at[j]] = (uint8_t)h;
                 blk[DTYPES_CHECKED[k].f16_at[j] + 1] = (uint8_t)(h >> 8);
             }
         }
-        const q8_vector xv = { xq, xq_scale, xq_sum };
+        const q8_vector xv = { edge ? xe : xq, xq_scale, edge ? xe_sum : xq_sum };
         float got[ROWS], want[ROWS];
         f(wb, &xv, n_blocks, ROWS, got);
         g(wb, &xv, n_blocks, ROWS, want);

@@ -1,8 +1,9 @@
 /* x86-64 kernels: AVX2 (with F16C) and AVX-512, chosen at open by CPUID, so one binary also runs on a CPU
  * without AVX2 (it then uses the scalar set): the float dots and tiles, the activation quantizer and SwiGLU here,
- * the Q8_0/Q4_0 kernels in kernels_x86_quantized.c. Each function computes exactly what its scalar twin in
- * kernels.c computes (docs/KERNELS.md): float lanes i % 16 in two 8-wide registers, quantized block terms in
- * lane b % 8, products and sums rounded separately (no FMA), the same final tree. */
+ * the Q8_0/Q4_0 kernels in kernels_x86_quantized.c, the block dtypes' (Q4_1 ... Q6_K) in kernels_x86_block.c.
+ * Each function computes exactly what its scalar twin in kernels.c (or kernels_block.c) computes
+ * (docs/KERNELS.md): float lanes i % 16 in two 8-wide registers, quantized block terms in lane b % 8, products
+ * and sums rounded separately (no FMA), the same final tree. */
 #include "internal.h"
 #include "x86.h"
 
@@ -180,7 +181,7 @@ static const kernel_set kernels_avx2 = { .name = "avx2", .dot_f32 = dot_f32_avx2
                                          .dot_bf16 = dot_bf16_avx2, .rows_q8_0 = rows_q8_0_avx2, .rows_q4_0 = rows_q4_0_avx2,
                                          .quantize_q8_0 = quantize_q8_0_avx2, .swiglu = swiglu_avx2,
                                          .tile_f32 = tile_f32_avx2, .tile_f16 = tile_f16_avx2, .tile_bf16 = tile_bf16_avx2,
-                                         .tile_q8_0 = tile_q8_0_avx2, .tile_q4_0 = tile_q4_0_avx2, KERNELS_BLOCK_DTYPES_SCALAR };
+                                         .tile_q8_0 = tile_q8_0_avx2, .tile_q4_0 = tile_q4_0_avx2, BLOCK_ROWS(avx2) };
 
 /* AVX-512 (F, VL, BW, VNNI): the AVX2 set with what gains from it. The f32 prefill tile holds its 16 lanes
  * in one register (two for AVX2): the same additions in the same lanes, half the instructions, 1.35x the
@@ -222,7 +223,7 @@ static const kernel_set kernels_avx512 = { .name = "avx512", .dot_f32 = dot_f32_
                                            .rows_q4_0 = rows_q4_0_vnni, .quantize_q8_0 = quantize_q8_0_avx2,
                                            .swiglu = swiglu_avx2, .tile_f32 = tile_f32_512, .tile_f16 = tile_f16_avx2,
                                            .tile_bf16 = tile_bf16_avx2, .tile_q8_0 = tile_q8_0_vnni,
-                                           .tile_q4_0 = tile_q4_0_vnni, KERNELS_BLOCK_DTYPES_SCALAR };
+                                           .tile_q4_0 = tile_q4_0_vnni, BLOCK_ROWS(vnni) };
 
 /* The best set this CPU runs: AVX2 needs AVX2 and F16C in the CPU and YMM state enabled by the OS (or the
  * bare-metal boot code: XCR0 bits 1, 2); AVX-512 its four extensions and ZMM and mask state too (bits 5-7). */

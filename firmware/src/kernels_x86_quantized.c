@@ -5,33 +5,9 @@
 #include "x86.h"
 
 #if defined(COLIBRI_X86_SIMD)
-/* The integer core of the quantized kernels, one per instruction set: 32 unsigned bytes u times 32 signed
- * bytes s, each int32 lane the sum of four neighbouring products (VPDPBUSD's arithmetic; AVX2 adds pairs in
- * int16 first: exact, as every u here is <= 128 and every s >= -127, the activation quantizer never giving
- * -128, so a pair stays below maddubs' int16 saturation). products2 adds two such: u0 s0 + u1 s1 (with
- * u <= 15, a Q4_0 nibble, AVX2 adds them in int16 too). Integer sums are exact in any order, so both
- * sets' kernels give the same bits. */
-typedef __m256i (*products_fn)(__m256i u, __m256i s);
-typedef __m256i (*products2_fn)(__m256i u0, __m256i s0, __m256i u1, __m256i s1);
-AVX2 static __m256i products_avx2(__m256i u, __m256i s) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-}
-AVX2 static __m256i products2_avx2(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
-    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1)),
-                             _mm256_set1_epi16(1));
-}
-
 /* A Q8_0 block's products: |w| (unsigned) times x with w's sign. */
 AVX2 ALWAYS_INLINE __m256i block_products(__m256i w, __m256i x, products_fn products) {
     return products(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-}
-
-/* The integer sums of 8 blocks (each 8 int32 lanes) as one vector, block k in lane k. */
-AVX2 static __m256i block_totals(const __m256i p[8]) {
-    __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
-    __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
-    __m256i lo4 = _mm256_hadd_epi32(h01, h23), hi4 = _mm256_hadd_epi32(h45, h67);
-    return _mm256_add_epi32(_mm256_permute2x128_si256(lo4, hi4, 0x20), _mm256_permute2x128_si256(lo4, hi4, 0x31));
 }
 
 /* acc[k] += (float)isum[k] * (w_scale[k] * x_scale[k]) for 8 blocks */
@@ -311,11 +287,6 @@ AVX2 ALWAYS_INLINE void tile_q4_0_x86(const uint8_t *w, const uint16_t *w_scale,
 
 QUANTIZED_ENTRIES(avx2, AVX2, products_avx2, products2_avx2)
 
-/* VPDPBUSD: four products and their sum in one instruction, for the quantized kernels. */
-AVX512 static __m256i products_vnni(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
-AVX512 static __m256i products2_vnni(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
-    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u0, s0), u1, s1);
-}
 QUANTIZED_ENTRIES(vnni, AVX512, products_vnni, products2_vnni)
 
 #endif

@@ -73,6 +73,35 @@ AVX2 static inline int32_t block_total(__m256i p) {
     return _mm_cvtsi128_si32(s);
 }
 
+/* The integer core of the quantized kernels (kernels_x86_quantized.c, kernels_x86_block.c), one per instruction
+ * set: 32 unsigned bytes u times 32 signed bytes s, each int32 lane the sum of four neighbouring products
+ * (VPDPBUSD's arithmetic; AVX2 adds pairs in int16 first: exact, as every u here is <= 128 and every s >= -127,
+ * the activation quantizer never giving -128, so a pair stays below maddubs' int16 saturation). products2 adds
+ * two such: u0 s0 + u1 s1 (with u <= 15, a Q4_0 nibble, AVX2 adds them in int16 too). Integer sums are exact in
+ * any order, so both sets' kernels give the same bits. */
+typedef __m256i (*products_fn)(__m256i u, __m256i s);
+typedef __m256i (*products2_fn)(__m256i u0, __m256i s0, __m256i u1, __m256i s1);
+AVX2 static inline __m256i products_avx2(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+AVX2 static inline __m256i products2_avx2(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1)),
+                             _mm256_set1_epi16(1));
+}
+/* VPDPBUSD: four products and their sum in one instruction (the AVX-512 set). */
+AVX512 static inline __m256i products_vnni(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+AVX512 static inline __m256i products2_vnni(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u0, s0), u1, s1);
+}
+
+/* The integer sums of 8 blocks (each 8 int32 lanes) as one vector, block k in lane k. */
+AVX2 static inline __m256i block_totals(const __m256i p[8]) {
+    __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
+    __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
+    __m256i lo4 = _mm256_hadd_epi32(h01, h23), hi4 = _mm256_hadd_epi32(h45, h67);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(lo4, hi4, 0x20), _mm256_permute2x128_si256(lo4, hi4, 0x31));
+}
+
 /* The quantized entries of the AVX2 and AVX-512 sets (kernels_x86_quantized.c), which the sets hold. */
 #define QUANTIZED_DECLS(set)                                                                                         \
     void rows_q8_0_##set(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows, \
@@ -85,6 +114,26 @@ AVX2 static inline int32_t block_total(__m256i p) {
                          uint32_t blocks, float out[4]);
 QUANTIZED_DECLS(avx2)
 QUANTIZED_DECLS(vnni)
+
+/* The block dtypes' rows of the AVX2 and AVX-512 sets (kernels_x86_block.c), and the sets' entries for them. */
+#if WITH_BLOCK_DTYPES
+#define BLOCK_DECLS(set)                                                                                             \
+    void rows_q4_1_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);         \
+    void rows_q5_0_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);         \
+    void rows_q5_1_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);         \
+    void rows_mxfp4_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);        \
+    void rows_q4_k_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);         \
+    void rows_q5_k_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);         \
+    void rows_q6_k_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);
+BLOCK_DECLS(avx2)
+BLOCK_DECLS(vnni)
+#define BLOCK_ROWS(set)                                                                                              \
+    .rows_q4_1 = rows_q4_1_##set, .rows_q5_0 = rows_q5_0_##set, .rows_q5_1 = rows_q5_1_##set,                       \
+    .rows_mxfp4 = rows_mxfp4_##set, .rows_q4_k = rows_q4_k_##set, .rows_q5_k = rows_q5_k_##set,                     \
+    .rows_q6_k = rows_q6_k_##set
+#else
+#define BLOCK_ROWS(set) /* the lean build: none */
+#endif
 
 /* CPUID feature bits (Intel SDM vol. 2A, CPUID): leaf 1 ecx, leaf 7 ebx and ecx */
 #define X86_1_ECX_PCLMUL (1u << 1)
