@@ -74,25 +74,61 @@ def make_checkpoint(cfg: TinyConfig, out: Path, max_shard_size: str | None = Non
     return out
 
 
-def _model_boards() -> list[str]:
+def _every_model_board() -> list[str]:
     """Every board folder (boards/*/board.toml); "board@asan" is a board built by the host's compiler again under
     ASan + UBSan; "board@freertos" the board's firmware as FreeRTOS tasks (its board.toml's [rtos.freertos],
-    docs/RTOS.md), when the kernel is here (FREERTOS_KERNEL_PATH; else tests/test_rtos.py's tests say so, skipped)."""
+    docs/RTOS.md), whether or not its kernel is here."""
     out = []
     for name in board_names():
         spec = load_board(name).spec
         out += [name, f"{name}@asan"] if spec["toolchain"] == "host" else [name]
-        out += [f"{name}@{rtos}" for rtos in rtos_names(spec) if not rtos_kernel_problem(rtos)]
+        out += [f"{name}@{rtos}" for rtos in rtos_names(spec)]
     return out
 
 
-# Every board that runs models, found by its folder; each model test runs on each of them.
-MODEL_BOARDS = _model_boards()
+def _rtos_problem(run: str) -> str | None:
+    """Why an RTOS build ("cortex_m55@freertos") cannot be made here (no kernel), in one line; else None."""
+    board, _, how = run.partition("@")
+    return rtos_kernel_problem(how) if how in rtos_names(load_board(board).spec) else None
+
+
+# Every board that runs models, found by its folder, that can be built here (an RTOS build needs its kernel:
+# FREERTOS_KERNEL_PATH): the boards a test that runs every board in one go runs.
+MODEL_BOARDS = [b for b in _every_model_board() if not _rtos_problem(b)]
 # Every RTOS build of a board ("cortex_m55@freertos"), whether or not its kernel is here
 RTOS_BOARDS = [f"{name}@{rtos}" for name in board_names() for rtos in rtos_names(load_board(name).spec)]
 # The boards that are an operating-system process (the protocol on stdin/stdout, the image a file)
 OS_BOARDS = [b for b in MODEL_BOARDS if "@" not in b and load_board(b).spec["link"] == "stdio"]
 RELEASE_BOARDS = [b for b in MODEL_BOARDS if "@" not in b]
+
+
+def run_param(run: str):
+    """A MODEL_BOARDS-style entry to parametrize a test with: an RTOS build whose kernel is not here is kept, skipped
+    with the one line that says what to set, so it never silently disappears from a test's list."""
+    problem = _rtos_problem(run)
+    return pytest.param(run, marks=pytest.mark.skip(reason=problem)) if problem else run
+
+
+def with_rtos(boards: list[str]) -> list:
+    """`boards`, each followed by its RTOS builds ("cortex_m55@freertos"): every model test that runs on a bare board
+    runs on its RTOS builds too, logits byte-identical (issue 32); skipped with the reason where the kernel is not
+    here."""
+    out = []
+    for board in boards:
+        out.append(board)
+        if "@" not in board:
+            out += [run_param(f"{board}@{rtos}") for rtos in rtos_names(load_board(board).spec)]
+    return out
+
+
+# Each model test parametrized by board runs on each of these (MODEL_BOARDS, and the RTOS builds that cannot be made
+# here, skipped saying why).
+MODEL_RUNS = [run_param(b) for b in _every_model_board()]
+# For a test that runs every board in one go: one entry running MODEL_BOARDS, then each RTOS build it leaves out,
+# skipped saying why (the test body ignores the value when it is None).
+EVERY_BOARD = [pytest.param(MODEL_BOARDS, id="every-board")] + [
+    pytest.param(None, id=b, marks=pytest.mark.skip(reason=_rtos_problem(b)))
+    for b in _every_model_board() if _rtos_problem(b)]
 
 
 def board_name(run: str) -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RELEASE_BOARDS, ROOT
+from conftest import RELEASE_BOARDS, ROOT, board_name, with_rtos
 from colibri.demo_task import ANSWER_LEN, VOCAB, decode_answer, encode_problem, held_out, held_out_problems
 from colibri.image import read_image
 from colibri.pack import pack
@@ -44,9 +44,10 @@ def test_tokenizer_matches_task():
     assert tok.encode("^123+045=").ids == encode_problem(123, 45)
 
 
-@pytest.mark.parametrize("board", RELEASE_BOARDS)
+@pytest.mark.parametrize("board", with_rtos(RELEASE_BOARDS))
 def test_demo_answers_on_every_board(board, firmwares, capsys):
-    assert demo.main(["--board", board, "--problems", "4", "--json"]) == 0
+    assert demo.main(["--board", board_name(board), "--firmware", str(firmwares[board]), "--problems", "4",
+                      "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["passed"] and len(report["problems"]) == 4
     assert report["rows_identical"] == report["rows"] > 0  # every logits row bit-identical to the reference

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from capi import Lib
-from conftest import CONFIGS, MODEL_BOARDS, OS_BOARDS, assert_bit_identical, board_name
+from conftest import CONFIGS, EVERY_BOARD, MODEL_RUNS, OS_BOARDS, assert_bit_identical, board_name, with_rtos
 from colibri import flash
 from colibri.image import Role, read_image
 from colibri.protocol import DeviceError, Sampling
@@ -26,7 +26,7 @@ def firmware(hosted_build):
     return hosted_build / "firmware.elf"
 
 
-@pytest.mark.parametrize("board", MODEL_BOARDS)
+@pytest.mark.parametrize("board", MODEL_RUNS)
 @pytest.mark.parametrize("name", [c.name for c in CONFIGS])
 def test_device_matches_reference(board, name, images, firmwares, hosted_build):
     image = images[name]
@@ -44,7 +44,7 @@ def test_device_matches_reference(board, name, images, firmwares, hosted_build):
     assert result.stats["expert_calls"] == (len(PROMPT) + 16) * ref.d.n_layers * ref.d.top_k
 
 
-@pytest.mark.parametrize("board", MODEL_BOARDS)
+@pytest.mark.parametrize("board", MODEL_RUNS)
 def test_sampling_is_seeded(board, images, firmwares):
     def run(seed):
         return flash.run_on_board(images["base"], board_name(board), PROMPT, 20, Sampling(1.2, 0, 0.95, seed), False,
@@ -54,20 +54,23 @@ def test_sampling_is_seeded(board, images, firmwares):
     assert a != c
 
 
-def test_boards_agree_bit_for_bit(images, firmwares):
+@pytest.mark.parametrize("boards", EVERY_BOARD)
+def test_boards_agree_bit_for_bit(boards, images, firmwares):
     """Scalar kernels, -ffp-contract=off: the same image, prompt and seed give the same bytes on every board."""
     runs = [flash.run_on_board(images["top3_gqa4_tied"], board_name(board), PROMPT, 12, Sampling(0.8, 0, 0.9, 5), True,
-                               firmware=firmwares[board]) for board in MODEL_BOARDS]
+                               firmware=firmwares[board]) for board in boards]
     for other in runs[1:]:
         assert other.tokens == runs[0].tokens
         assert other.logits.tobytes() == runs[0].logits.tobytes()
 
 
-@pytest.mark.parametrize("board", ["x86_64_baremetal", "cortex_m4", "riscv64_virt"])
+@pytest.mark.parametrize("board", with_rtos(["x86_64_baremetal", "cortex_m4", "riscv64_virt"]))
 def test_serial_upload_path(board, images, firmwares):
-    """The image sent over the link in checksummed chunks, as to a real board without a loader."""
+    """The image sent over the link in checksummed chunks, as to a real board without a loader (on a FreeRTOS build
+    the link task reads them on the UART's receive interrupt and the inference task writes them)."""
     image = images["top3_gqa4_tied"]
-    result = flash.run_on_board(image, board, PROMPT, 8, Sampling(), True, firmware=firmwares[board], upload=True)
+    result = flash.run_on_board(image, board_name(board), PROMPT, 8, Sampling(), True, firmware=firmwares[board],
+                                upload=True)
     assert result.upload_crc32 == zlib.crc32(image.read_bytes())
     ref = Reference(read_image(image.read_bytes()))
     assert result.tokens == ref.greedy(PROMPT, 8)
@@ -182,7 +185,7 @@ def test_missing_qemu_names_the_package(images, firmwares, monkeypatch):
                            firmware=firmwares["x86_64_baremetal"])
 
 
-@pytest.mark.parametrize("board", ["hosted", "cortex_m4"])
+@pytest.mark.parametrize("board", with_rtos(["hosted", "cortex_m4"]))
 def test_nonfinite_values_are_a_named_error_on_the_device(board, images, firmwares, tmp_path):
     """A NaN in the weights surfaces as COLIBRI_E_NONFINITE over the link (detail: the token's index in
     the FEED request), never as tokens computed from a silently absorbed NaN."""
@@ -196,7 +199,8 @@ def test_nonfinite_values_are_a_named_error_on_the_device(board, images, firmwar
     struct.pack_into("<f", data, embd.offset + 9 * img.dims.hidden_size * 4, float("inf"))  # token 9
     (tmp_path / "inf.img").write_bytes(reseal(data))
     with pytest.raises(DeviceError) as err:
-        flash.run_on_board(tmp_path / "inf.img", board, PROMPT, 4, Sampling(), False, firmware=firmwares[board])
+        flash.run_on_board(tmp_path / "inf.img", board_name(board), PROMPT, 4, Sampling(), False,
+                           firmware=firmwares[board])
     assert err.value.message == "NaN or infinity in the router or the logits"
     assert err.value.detail == PROMPT.index(9)
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import MODEL_BOARDS, WIDE, assert_bit_identical, board_name, build, make_checkpoint
+from conftest import (EVERY_BOARD, WIDE, assert_bit_identical, board_name, build, build_run, make_checkpoint,
+                      with_rtos)
 from colibri import flash
 from colibri.image import read_image
 from colibri.pack import pack
@@ -31,14 +32,15 @@ def scalar_firmware():
     return build("hosted", kernels="scalar") / "firmware.elf"
 
 
+@pytest.mark.parametrize("boards", EVERY_BOARD)
 @pytest.mark.parametrize("dtype,kv", VARIANTS, ids=[f"{d.name.lower()}-kv{k}" for d, k in VARIANTS])
-def test_dtype_on_every_board(dtype, kv, wide_checkpoint, firmwares, scalar_firmware, tmp_path):
+def test_dtype_on_every_board(dtype, kv, boards, wide_checkpoint, firmwares, scalar_firmware, tmp_path):
     image = tmp_path / "wide.img"
     pack(wide_checkpoint, image, 32, 64, dtype=dtype, kv=kv, measure_quality=False)
     ref = Reference(read_image(image.read_bytes()))
 
     runs = {board: flash.run_on_board(image, board_name(board), PROMPT, NEW_TOKENS, Sampling(), True,
-                                      firmware=firmwares[board]) for board in MODEL_BOARDS}
+                                      firmware=firmwares[board]) for board in boards}
     runs["x86_64 without AVX2"] = flash.run_on_board(image, "x86_64_baremetal", PROMPT, NEW_TOKENS, Sampling(), True,
                                                      firmware=firmwares["x86_64_baremetal"],
                                                      board_args=["-cpu", "Nehalem"])
@@ -50,7 +52,7 @@ def test_dtype_on_every_board(dtype, kv, wide_checkpoint, firmwares, scalar_firm
             runs[f"{board}, {threads} threads"] = flash.run_on_board(image, board, PROMPT, NEW_TOKENS, Sampling(), True,
                                                                      firmware=firmwares[board], threads=threads)
     from test_kernels import EXPECTED_KERNELS
-    kernels = {**{board: EXPECTED_KERNELS[board_name(board)] for board in MODEL_BOARDS},
+    kernels = {**{board: EXPECTED_KERNELS[board_name(board)] for board in boards},
                "x86_64 without AVX2": "scalar", "hosted, kernels=scalar": "scalar",
                **{f"{board}, {t} threads": EXPECTED_KERNELS[board] for board, counts in threaded.items() for t in counts}}
     assert {name: run.kernels for name, run in runs.items()} == kernels  # each board really used its own
@@ -63,16 +65,17 @@ def test_dtype_on_every_board(dtype, kv, wide_checkpoint, firmwares, scalar_firm
         assert run.logits.tobytes() == first.logits.tobytes(), f"{name} differs from hosted"
 
 
-def test_sampled_tokens_agree_across_boards_q4(wide_checkpoint, firmwares, tmp_path):
+@pytest.mark.parametrize("boards", EVERY_BOARD)
+def test_sampled_tokens_agree_across_boards_q4(boards, wide_checkpoint, firmwares, tmp_path):
     """Temperature sampling reads every logit bit: one seed, one token stream on every board."""
     image = tmp_path / "q4.img"
     pack(wide_checkpoint, image, 32, 64, dtype=DType.Q4_0, measure_quality=False)
     streams = {board: flash.run_on_board(image, board_name(board), PROMPT, 12, Sampling(0.9, 0, 0.95, 3), False,
-                                         firmware=firmwares[board]).tokens for board in MODEL_BOARDS}
+                                         firmware=firmwares[board]).tokens for board in boards}
     assert len({tuple(s) for s in streams.values()}) == 1, streams
 
 
-@pytest.mark.parametrize("board", ["cortex_m55", "x86_64_baremetal"])
+@pytest.mark.parametrize("board", with_rtos(["cortex_m55", "x86_64_baremetal"]))
 @pytest.mark.parametrize("dtype", [DType.Q8_0, DType.Q4_0])
 def test_a_nan_norm_weight_is_named_on_boards_with_their_own_quantizer(board, dtype, wide_checkpoint, tmp_path):
     """Helium's and AVX2's activation quantizers (kernels_mve.c, kernels_x86.c) carry a NaN in a normed vector
@@ -82,14 +85,12 @@ def test_a_nan_norm_weight_is_named_on_boards_with_their_own_quantizer(board, dt
 
     from colibri.image import Role
     from colibri.protocol import DeviceError
-    from colibri.sim.boards import load_board
     from test_verifier import reseal
     image = tmp_path / "wide.img"
     pack(wide_checkpoint, image, max_seq=16, expert_align=64, dtype=dtype, measure_quality=False)
     data = bytearray(image.read_bytes())
     struct.pack_into("<f", data, read_image(bytes(data)).entry(Role.ATTN_NORM, 0).offset + 4 * 100, float("nan"))
     image.write_bytes(bytes(reseal(data)))
-    build(board)
     with pytest.raises(DeviceError) as err:
-        flash.run_on_board(image, board, PROMPT, 1, Sampling(), False, firmware=load_board(board).firmware("release"))
+        flash.run_on_board(image, board_name(board), PROMPT, 1, Sampling(), False, firmware=build_run(board))
     assert "COLIBRI_E_NONFINITE" in str(err.value)

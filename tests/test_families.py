@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MODEL_BOARDS, assert_bit_identical, board_name, make_family_checkpoint
+from conftest import MODEL_RUNS, assert_bit_identical, board_name, make_family_checkpoint
 from colibri import flash
 from colibri.image import FLAG_NORM_TOPK, FLAG_SHARED_EXPERT, Role, read_image
 from colibri.pack import pack
@@ -341,7 +341,7 @@ def test_prefill_batch_gives_the_bits_of_one_token_a_pass(name, family_images, h
             assert batched.stats().tokens_fed == len(prompt) + len(after)
 
 
-@pytest.mark.parametrize("board", MODEL_BOARDS)
+@pytest.mark.parametrize("board", MODEL_RUNS)
 def test_every_family_on_every_board(board, family_images, firmwares):
     for name, (_, image) in family_images.items():
         result = flash.run_on_board(image, board_name(board), PROMPT, 10, Sampling(), True, firmware=firmwares[board])

@@ -1,8 +1,8 @@
 """Today's bits on the boards: configurations of tests/test_golden.py run on x86_64_baremetal, cortex_m55,
-cortex_m4 (full and lean) and riscv64_virt must give the digests pinned in tests/golden/logits.json, with the
-prompt fed in one frame (the board's prefill batch) and a token a frame. Same image, same prompt: the same bits on
-every board, so the boards share the hosted build's pins. The lean Cortex-M4 build refuses the families whose
-mechanisms it leaves out, by name, and runs the others.
+cortex_m4 (full and lean) and riscv64_virt, and the FreeRTOS builds of the last three, must give the digests pinned
+in tests/golden/logits.json, with the prompt fed in one frame (the board's prefill batch) and a token a frame. Same
+image, same prompt: the same bits on every board, so the boards share the hosted build's pins. The lean Cortex-M4
+build refuses the families whose mechanisms it leaves out, by name, and runs the others.
 
 By default each board runs every family once, at a weight dtype and KV dtype that rotate over the families (every
 mechanism, every dtype's kernels and both caches on every board: 23 images a board). COLIBRI_GOLDEN_FULL=1 runs
@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from conftest import build
+from conftest import board_name, build, build_run, with_rtos
 from test_families import FAMILIES
 from test_golden import AFTER, DTYPES, KV, PROMPT, golden_images, golden_key, pinned, steps_digest
 from colibri.image import read_image
@@ -23,9 +23,20 @@ from colibri.protocol import Client, DeviceError, Sampling
 from colibri.sim.boards import load_board
 from colibri.sim.launch import start_board
 
-# (board, lean build)
-RUNS = [("x86_64_baremetal", False), ("cortex_m55", False), ("cortex_m4", False), ("cortex_m4", True),
-        ("riscv64_virt", False)]
+
+def _runs() -> list:
+    """(board run, lean build): each board, its FreeRTOS builds after it (conftest.with_rtos: skipped saying why where
+    the kernel is not here), and the lean Cortex-M4."""
+    out = []
+    for run in with_rtos(["x86_64_baremetal", "cortex_m55", "cortex_m4", "riscv64_virt"]):
+        if isinstance(run, str):
+            out.append(pytest.param(run, False, id=run))
+        else:
+            out.append(pytest.param(run.values[0], False, id=run.values[0], marks=run.marks))
+    return out + [pytest.param("cortex_m4", True, id="cortex_m4-lean")]
+
+
+RUNS = _runs()
 LEAN_REFUSES = ("deepseek_v2", "deepseek_v3", "gpt_oss", "gemma4", "granitemoe", "glm4", "lfm2", "qwen35")  # the families (name prefixes) lean=yes leaves out
 
 
@@ -72,15 +83,15 @@ def sequence(client: Client, vocab: int, batched: bool) -> str:
     return steps_digest(rows)
 
 
-@pytest.mark.parametrize("board,lean", RUNS, ids=[b + ("-lean" if lean else "") for b, lean in RUNS])
+@pytest.mark.parametrize("board,lean", RUNS)
 def test_board_keeps_the_pinned_bits(board, lean, configurations):
     checkpoints, images = configurations
     chosen = selection()
     assert len(images) == (len(chosen) if chosen is not None else len(FAMILIES) * len(DTYPES) * len(KV)) > 0
     want = pinned()
     assert checkpoints == want["checkpoints"], "the checkpoints are not the pinned ones: see tests/test_golden.py"
-    firmware = build(board, lean=lean) / "firmware.elf"
-    spec = load_board(board)
+    firmware = build_run(board) if "@" in board else build(board, lean=lean) / "firmware.elf"
+    spec = load_board(board_name(board))
     wrong, ran, refused = [], 0, 0
     for image in images:
         with start_board(spec, firmware, image.path) as device:

@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from conftest import MODEL_BOARDS, board_name
+from conftest import MODEL_RUNS, board_name
 from colibri.codes import (LINK_BAD_CRC, LINK_BAD_LENGTH, LINK_BAD_PAYLOAD, LINK_NOT_OPEN, LINK_UNKNOWN_TYPE,
                            LINK_UPLOAD_CRC, LINK_UPLOAD_ORDER, LINK_UPLOAD_TOO_BIG)
 from colibri.protocol import (REQ_INFO, REQ_UPLOAD_BEGIN, REQ_UPLOAD_CHUNK, REQ_UPLOAD_END, RSP_ERROR, RSP_INFO,
@@ -52,7 +52,7 @@ def test_oversized_payload_refused():
         encode_frame(REQ_INFO, 1, bytes(5000))
 
 
-@pytest.mark.parametrize("board", MODEL_BOARDS)
+@pytest.mark.parametrize("board", MODEL_RUNS)
 def test_device_rejects_corrupt_request_and_keeps_serving(board, images, firmwares):
     with start_board(load_board(board_name(board)), firmwares[board], images["base"]) as device:
         link = device.link

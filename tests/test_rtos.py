@@ -1,15 +1,15 @@
 """Colibri inside FreeRTOS tasks (docs/RTOS.md): `scons board=NAME rtos=freertos` for every board whose board.toml
 has [rtos.freertos], with the kernel tree FREERTOS_KERNEL_PATH names (.ci/run sets it). Every model test runs on
-these builds too ("cortex_m55@freertos" in conftest.MODEL_BOARDS); here are what only an RTOS build has: no heap in
-the whole ELF, each task's stack against its static worst case, expert streaming through the fetch task, two contexts
-in two tasks, and a 1 kHz task's deadlines kept beside inference. Without the kernel every test here but the first is
-skipped, saying what to set."""
+these builds too, on the boards it runs on bare ("cortex_m55@freertos" in conftest.MODEL_RUNS, with_rtos, EVERY_BOARD);
+here are what only an RTOS build has: no heap in the whole ELF, each task's stack against its static worst case,
+expert streaming through the fetch task, two contexts in two tasks, and a 1 kHz task's deadlines kept beside
+inference. Without the kernel the tests here that need it are skipped, saying what to set, and so are the model
+tests' FreeRTOS entries."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import zlib
 
 import pytest
 
@@ -23,7 +23,6 @@ from colibri.reference import Reference
 from colibri.sim.boards import load_board, rtos_kernel_problem
 from colibri.sim.launch import start_board
 from colibri.sim.rtos import HOLD, RESTART, SPIN, MeasuringClient, pair_result, pair_start, row_crcs
-from test_trace import mixed_image, test_trace_matches_reference_routing as trace_matches_reference  # noqa: F401
 
 PROMPT = [13, 1, 2, 3, 10, 0, 4, 5, 11]  # the demo model's "^123+045=": its answer takes 5 tokens
 # Under QEMU's -icount shift=5 an instruction takes 32 ns of the virtual clock the boards' counters and timers follow:
@@ -66,11 +65,33 @@ def test_an_rtos_build_without_the_kernel_says_what_to_set(tmp_path):
         assert ("is not set" if value is None else f"{value} is not a FreeRTOS kernel tree") in lines[0]
 
 
+# The model tests, each run on the FreeRTOS builds of the bare boards it runs on (conftest.MODEL_RUNS, with_rtos,
+# EVERY_BOARD)
+MODEL_TEST_FILES = ["test_device.py", "test_dtypes.py", "test_families.py", "test_protocol.py", "test_golden_boards.py",
+                    "test_demo.py", "test_streaming.py", "test_smollm2.py", "test_trace.py"]
+
+
 @pytest.mark.parametrize("run", RTOS_BOARDS)
 def test_rtos_builds_run_every_model_test(run):
     """Their logits byte-identical to the bare board's: every model test runs on them (MODEL_BOARDS)."""
     kernel_or_skip(run)
     assert run in MODEL_BOARDS and board_name(run) in MODEL_BOARDS
+
+
+def test_without_the_kernel_the_rtos_runs_are_skipped_saying_why(monkeypatch):
+    """With FREERTOS_KERNEL_PATH unset, the model tests' FreeRTOS entries do not vanish: in every model test file
+    they are there, skipped with the one line that says what to set (and nothing else is selected by their ids)."""
+    monkeypatch.delenv("FREERTOS_KERNEL_PATH", raising=False)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q", "-rs",
+                           "-k", "freertos", *MODEL_TEST_FILES], cwd=ROOT / "tests", capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    reason = rtos_kernel_problem("freertos")
+    assert reason and "FREERTOS_KERNEL_PATH is not set" in reason
+    skipped = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED [")]
+    for name in MODEL_TEST_FILES:
+        assert any(f" {name}:" in line and line.endswith(reason) for line in skipped), (name, done.stdout[-3000:])
+    assert " passed" not in done.stdout.splitlines()[-1] and " failed" not in done.stdout.splitlines()[-1]
 
 
 @pytest.mark.parametrize("run", RTOS_BOARDS)
@@ -113,27 +134,6 @@ def test_the_runtime_masks_no_interrupt(run):
                                            "mstatus", "\tmie"))]
     assert masking(sorted((out / "firmware").glob("*.o"))) == []
     assert masking(sorted((out / "kernel").glob("port*.o")))  # the kernel's port does, where the check sees it
-
-
-@pytest.mark.parametrize("run", [b for b in RTOS_BOARDS if board_name(b) in ("cortex_m4", "riscv64_virt")])
-def test_serial_upload_path(run, images, firmwares):
-    """The image sent over the link in checksummed chunks (the link task reads them on the receive interrupt, the
-    inference task writes them), as to a real board without a loader: the same tokens and logits. On the boards
-    tests/test_device.py uploads to (the M55's is the M4's UART, a byte an interrupt: 9 s here)."""
-    kernel_or_skip(run)
-    image = images["top3_gqa4_tied"]
-    result = run_on_board(image, board_name(run), PROMPT[:4], 8, Sampling(), True, firmware=firmwares[run], upload=True)
-    assert result.upload_crc32 == zlib.crc32(image.read_bytes())
-    ref = Reference(read_image(image.read_bytes()))
-    assert result.tokens == ref.greedy(PROMPT[:4], 8)
-    assert_bit_identical(result.logits, ref.forward(PROMPT[:4] + result.tokens))
-
-
-@pytest.mark.parametrize("run", RTOS_BOARDS)
-def test_trace_matches_reference_routing(run, images, mixed_image, firmwares, tmp_path):  # noqa: F811
-    """tests/test_trace.py's check, on the RTOS builds: every layer's routing and residual CRCs are the reference's."""
-    kernel_or_skip(run)
-    trace_matches_reference(run, "mixed", images, mixed_image, firmwares, tmp_path)
 
 
 @pytest.mark.parametrize("run", RTOS_BOARDS)

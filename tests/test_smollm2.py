@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import with_rtos
 from colibri import flash
 from colibri import pack as pack_cli
 from colibri.image import read_image
@@ -71,9 +72,10 @@ def test_verify_is_bit_identical_on_the_hosted_board(dtype, smol, firmwares, cap
         assert "Paris" in report["text"]
 
 
+@pytest.mark.parametrize("board", with_rtos(["cortex_m55"]))
 @pytest.mark.parametrize("dtype", ["q4_0", "stored"])
-def test_verify_is_bit_identical_on_the_cortex_m55(dtype, smol, firmwares, capsys):
-    report = run(smol[dtype], "cortex_m55", capsys, "--firmware", str(firmwares["cortex_m55"]), "--prompt", PROMPTS[0],
+def test_verify_is_bit_identical_on_the_cortex_m55(dtype, board, smol, firmwares, capsys):
+    report = run(smol[dtype], "cortex_m55", capsys, "--firmware", str(firmwares[board]), "--prompt", PROMPTS[0],
                  "--max-new-tokens", "3", "--verify")
     assert report["kernels"] == "mve"
     assert report["verify"]["passed"] and report["verify"]["rows_identical"] == report["verify"]["rows"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from capi import FETCH, FETCH_WAIT, PREFETCH, STATUS, TRACE, Context, Lib, Options
-from conftest import make_family_checkpoint
+from conftest import board_name, make_family_checkpoint, with_rtos
 from test_families import FAMILIES
 from colibri.flash import run_on_board
 from colibri.image import build_image, expert_cache_bytes, read_image
@@ -267,15 +267,16 @@ def test_pinned_experts_are_never_fetched(lib, streaming_images):
     assert not {img.expert_block(*le)[0] for le in pinned} & set(ctx.memory.offsets)
 
 
-@pytest.mark.parametrize("board", ["cortex_m55", "x86_64_baremetal"])
+@pytest.mark.parametrize("board", with_rtos(["cortex_m55", "x86_64_baremetal"]))
 def test_bare_metal_streaming_gives_the_resident_bits(board, streaming_images, firmwares, tmp_path):
     """On a bare-metal board the expert part is reached through the link's fetch hook, a copy out of the
-    image region that stands in for external flash (docs/BOARDS.md)."""
+    image region that stands in for external flash (docs/BOARDS.md); on a FreeRTOS build through the fetch task
+    (docs/RTOS.md)."""
     path = tmp_path / "stream.img"
     path.write_bytes(streaming_images["base-q8_0"])
     greedy = Sampling()
-    runs = {slots: run_on_board(path, board, PROMPT, 4, greedy, True, firmware=firmwares[board], expert_cache=slots,
-                                prefetch=slots == 2) for slots in (0, 2, 8)}
+    runs = {slots: run_on_board(path, board_name(board), PROMPT, 4, greedy, True, firmware=firmwares[board],
+                                expert_cache=slots, prefetch=slots == 2) for slots in (0, 2, 8)}
     for slots in (2, 8):
         assert runs[slots].tokens == runs[0].tokens
         assert runs[slots].logits.tobytes() == runs[0].logits.tobytes(), slots

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import board_name, make_family_checkpoint
+from conftest import board_name, make_family_checkpoint, with_rtos
 from colibri import flash
 from colibri.image import read_image
 from colibri.pack import pack
@@ -29,7 +29,7 @@ def mixed_image(tmp_path_factory):
     return base / "mixed.img"
 
 
-@pytest.mark.parametrize("board", ["hosted", "x86_64_baremetal", "cortex_m4", "riscv64_virt"])
+@pytest.mark.parametrize("board", with_rtos(["hosted", "x86_64_baremetal", "cortex_m4", "riscv64_virt"]))
 @pytest.mark.parametrize("which", ["base", "mixed"])
 def test_trace_matches_reference_routing(board, which, images, mixed_image, firmwares, tmp_path):
     image = images["base"] if which == "base" else mixed_image

@@ -8,6 +8,7 @@ Examples:
   python tools/demo.py                                 # x86_64 bare metal under QEMU
   python tools/demo.py --board hosted --problems 10
   python tools/demo.py --json
+  python tools/demo.py --board cortex_m55 --firmware build/cortex_m55/release-freertos/firmware.elf  # FreeRTOS
 """
 from __future__ import annotations
 
@@ -42,10 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--problems", type=int, default=6, help="how many held-out problems to ask (default 6)")
     ap.add_argument("--seed", type=int, default=2026, help="which held-out problems")
     ap.add_argument("--json", action="store_true", help="one JSON object on the last line instead of the table")
+    ap.add_argument("--firmware", type=Path, help="the board's firmware to run (default: its release build; a "
+                    "FreeRTOS build is build/<board>/release-freertos/firmware.elf, docs/RTOS.md)")
     args = ap.parse_args(argv)
 
     board = load_board(args.board)
-    firmware = board.firmware()
+    firmware = args.firmware or board.firmware()
     if not firmware.exists():
         print(f"demo: {firmware} is missing; build it with `scons board={args.board}`", file=sys.stderr)
         return 2
