@@ -36,10 +36,10 @@ def file_dtype(src: Path) -> str:
         config = json.loads((src / "config.json").read_text()) if (src / "config.json").is_file() else {}
         stored = config.get("dtype") or config.get("torch_dtype") or ""
         return {"float16": "f16", "bfloat16": "bf16"}.get(stored, "f32")
-    import gguf
     from colibri.format import DTYPES
+    from colibri.gguf_input import gguf_reader
     weights: dict[str, int] = {}
-    for t in gguf.GGUFReader(src).tensors:
+    for t in gguf_reader(src).tensors:  # a damaged file: GGUFError, in pack's words
         if len(t.shape) >= 2:
             weights[t.tensor_type.name] = weights.get(t.tensor_type.name, 0) + int(t.n_bytes)
     common = max(weights, key=weights.get, default="Q8_0")
@@ -62,8 +62,11 @@ def packed_image(src: Path, dtype: str | None, max_seq: int | None, kv: str, boa
                  say: Callable[[str], None]) -> Path:
     """The image of `src` packed with these options: from the cache, or packed now (said in one line). Raises
     what colibri.pack.pack raises for a source it cannot pack."""
+    from colibri.checkpoint import not_a_checkpoint
     from colibri.pack import pack
     from colibri.quant import DType
+    if (problem := not_a_checkpoint(src)) is not None:  # said before "packing ..."
+        raise problem
     options = {"dtype": dtype, "max_seq": max_seq, "kv": kv}  # dtype None: the files' own, found when packing
     out = image_cache() / f"{src.name}-{cache_key(src, options)}.img"
     if out.is_file():

@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     names = board_names()
     if not names:
-        return ap.fail(f"no boards/ in {ROOT}: run inside a Colibri checkout, set COLIBRI_ROOT to one, or "
-                       "install the package from a wheel (which carries them)")
+        return ap.fail(f"no boards/ in {ROOT}: run the colibri of a checkout (pip install -e .), set "
+                       "COLIBRI_ROOT to one, or install the package from a wheel (which carries them)")
     facts = [board_facts(load_board(name)) for name in names]
     if args.json:
         print(json.dumps(facts))

@@ -382,11 +382,25 @@ def text_model(cfg: dict, raw: dict) -> tuple[dict, dict, int]:
     return text, out, towers
 
 
+def not_a_checkpoint(path: Path) -> Exception | None:
+    """What to raise for a path that is neither a GGUF file (by its magic) nor a directory with config.json, said
+    before anything is read; None for one that is."""
+    from colibri.inputs import is_gguf
+    if (path.is_file() and is_gguf(path)) or (path / "config.json").exists():
+        return None
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return UnsupportedModel(f"{path} is not a readable GGUF file (it does not start with GGUF's magic): it is cut "
+                                "short or not GGUF at all; download or convert it again")
+    return FileNotFoundError(f"{path} is neither a GGUF file nor a directory with config.json: give a Hugging Face "
+                             "checkpoint directory (config.json and *.safetensors) or a llama.cpp GGUF file")
+
+
 def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool | None = None) -> Checkpoint:
     """A Hugging Face checkpoint directory or a .gguf file, mapped to the runtime's description.
     `norm_topk_prob` overrides (or supplies, for a GGUF file that lacks it) the routing renormalization."""
+    from colibri.inputs import is_gguf
     path = Path(path)
-    if path.suffix == ".gguf" and path.is_file():
+    if path.is_file() and is_gguf(path):  # by its magic: SMOL.GGUF, an ollama blob without an extension
         from colibri.gguf_input import GGUFError, read_gguf
         try:
             cfg, raw, converted = read_gguf(path, norm_topk_prob)
@@ -405,8 +419,7 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
         raw = _load_tensors(path)
         converted = {}
     else:
-        raise FileNotFoundError(f"{path} is neither a .gguf file nor a directory with config.json: give a Hugging Face "
-                                "checkpoint directory (config.json and *.safetensors) or a llama.cpp .gguf file")
+        raise not_a_checkpoint(path) or AssertionError(path)
     cfg, raw, towers = text_model(cfg, raw)
     try:
         dims, tied, arch, extra = read_config(cfg, max_seq)
@@ -415,7 +428,7 @@ def load_checkpoint(path: Path | str, max_seq: int | None, norm_topk_prob: bool 
     except KeyError as exc:
         raise UnsupportedModel(f"{path}: the config has no {exc}, which its architecture needs") from None
     except (TypeError, ValueError, ArithmeticError) as exc:  # a field of the wrong type (null, a list), range (0 heads)
-        source = path if path.suffix == ".gguf" else path / "config.json"
+        source = path if path.is_file() else path / "config.json"
         raise UnsupportedModel(f"{source}: a config field has a value of the wrong type or range ({exc}): fix it, or "
                                f"{DOWNLOAD_AGAIN}") from None
     fam = FAMILIES[arch]

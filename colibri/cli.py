@@ -11,8 +11,8 @@
   colibri --version                               the package's version
 
 `colibri SUBCOMMAND --help` lists each one's options. Building, running on a board and the footprint report
-use the Colibri tree: a checkout (the working directory or one above it, or $COLIBRI_ROOT), or the copy of
-firmware/ and boards/ an installed wheel carries, built in ~/.cache/colibri/.
+use the Colibri tree: the checkout this colibri package is imported from (or $COLIBRI_ROOT), or else the copy of
+firmware/ and boards/ an installed wheel carries, built in ~/.cache/colibri/ (whatever the working directory).
 """
 from __future__ import annotations
 

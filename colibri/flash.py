@@ -34,17 +34,19 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from colibri.console import Parser, Stopped
-from colibri.autopack import packed_image
+from colibri.autopack import is_image, packed_image
 from colibri.build import BuildError, ensure_built
 from colibri.checkpoint import UnsupportedModel
 from colibri.image import Image, ImageError, arena_bytes, expert_cache_bytes, open_image, read_image
+from colibri.inputs import is_gguf, not_utf8, number, output_problem, utf8_text, whole
 from colibri.protocol import STATUS_NAMES, Client, DeviceError, Generation, LinkError, Sampling, Transport
 from colibri.reference import Reference
 from colibri.quant import DType
 from colibri.sampling import Sampler
 from colibri.text import NoTokenizer, Text, TextStream
 from colibri.sim.boards import DEFAULT_BOARD, Board, board_names, load_board, memory_shortfalls
-from colibri.sim.launch import open_port, start_board
+from colibri.sim.launch import (below, firmware_problem, launch_problem, line_open, open_port,
+                                 start_board)
 
 if TYPE_CHECKING:
     from colibri.farm.run import FarmPlace
@@ -314,7 +316,10 @@ def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, 
     return result
 
 
-NARROWER_DTYPES = ("f16", "q8_0", "q4_0")  # what a repack can narrow an image's large matrices to, widest first
+# --fault-rate's largest: the fault injector (colibri/sim/faults.py) tests the link's recovery, which
+# tests/test_faults.py sweeps at 1e-4 and 1e-3; at 0.01 most frames are damaged already, and above it a run
+# mostly waits out --timeout between retransmissions (0.5 never ended)
+MAX_FAULT_RATE = 0.01
 
 
 def preflight(img: Image, image_bytes: int, board: Board | None, prompt: list[int] | None, max_new: int,
@@ -330,6 +335,10 @@ def preflight(img: Image, image_bytes: int, board: Board | None, prompt: list[in
     if slots > len(img.streamed_experts()):
         return (f"--expert-cache {slots} is more slots than the image's {len(img.streamed_experts())} streamed "
                 "experts: --expert-cache all gives each its own")
+    least = min(d.top_k, len(img.streamed_experts()))  # the device's own minimum (image.c: expert_cache_min)
+    if 0 < slots < least:
+        return (f"--expert-cache {slots} is fewer slots than the {d.top_k} experts one layer routes to (top_k): "
+                f"ask for at least {least}")
     if prompt is not None:
         outside = [t for t in prompt if t >= d.vocab_size]
         if outside:
@@ -348,11 +357,7 @@ def preflight(img: Image, image_bytes: int, board: Board | None, prompt: list[in
         if what == "image":
             elsewhere = [b for b in board_names() if b != board.name and not memory_shortfalls(
                 load_board(b), image_bytes, arena_bytes(d) + cache)]
-            narrowest = max((i for i, t in enumerate(NARROWER_DTYPES) if t in img.bytes_by_dtype()), default=-1)
-            narrower = NARROWER_DTYPES[narrowest + 1:][-2:]
-            repack = (f"pack it with --dtype {' or '.join(narrower)}, or a smaller model" if narrower
-                      else "a smaller model")
-            return (f"the image is {need:,} bytes and {holds}: {repack}"
+            return (f"the image is {need:,} bytes and {holds}: {repack_advice(img, need, region.bytes)}"
                     + (f", or run it on {', '.join(elsewhere)}" if elsewhere else ""))
         with_cache = f" with {slots} expert cache slots" if slots else ""
         return (f"the image needs a {need:,}-byte arena{with_cache} and {holds}: repack with a smaller --max-seq "
@@ -361,15 +366,31 @@ def preflight(img: Image, image_bytes: int, board: Board | None, prompt: list[in
     return None
 
 
+def repack_advice(img: Image, image_bytes: int, room: int) -> str:
+    """What packing the image's checkpoint again would make it fit `room` bytes: the widest narrower --dtype whose
+    image, sized exactly as colibri pack would write it, fits; or that even the narrowest does not."""
+    from colibri.pack import NARROWER, repacked_image_bytes
+    sizes = {dtype: repacked_image_bytes(img, dtype) for dtype in NARROWER}
+    fitting = [dtype for dtype, size in sizes.items() if size <= room and size < image_bytes]
+    if fitting:
+        name = fitting[0].name.lower()
+        return f"repack it with --dtype {name} (the image is then {sizes[fitting[0]]:,} bytes), or a smaller model"
+    narrowest = NARROWER[-1]
+    return f"even --dtype {narrowest.name.lower()} makes it {sizes[narrowest]:,} bytes: a smaller model"
+
+
 class NotReady(Exception):
     """A run the host refuses before a board starts; the message says why and what to do."""
 
 
 def ready_firmware(img: Image, image_bytes: int, board: Board | None, prompt: list[int] | None, max_new: int,
-                   slots: int, firmware: Path | None) -> Path | None:
-    """The checks before the boot (preflight), then the firmware to boot: the one given, or the board's release
-    build, built first when it is missing or older than its sources (None for a board on a serial port)."""
-    problem = preflight(img, image_bytes, board, prompt, max_new, slots)
+                   slots: int, firmware: Path | None, upload: bool = False, gdb: bool = False) -> Path | None:
+    """The checks before the boot (preflight, then whether the board can be started so: launch_problem), then the
+    firmware to boot: the one given, or the board's release build, built first when it is missing or older than
+    its sources (None for a board on a serial port)."""
+    problem = preflight(img, image_bytes, board, prompt, max_new, slots) or \
+        (launch_problem(board, upload, gdb) if board is not None else None) or \
+        (firmware_problem(board, firmware) if board is not None and firmware is not None else None)
     if problem:
         raise NotReady(problem)
     if board is None or firmware is not None:
@@ -400,6 +421,10 @@ def chat_turns(client: Client, text: Text, sampling: Sampling, max_new: int, max
             line = read("you> ").strip()
         except EOFError:
             break
+        except UnicodeDecodeError as exc:  # (a reader that decodes strictly)
+            write(f"[that line holds bytes that are not UTF-8 ({exc.object[exc.start:exc.end].hex(' ')}): give UTF-8 "
+                  "text]\n")
+            continue
         if line == "/quit":
             break
         if line == "/reset":
@@ -409,9 +434,16 @@ def chat_turns(client: Client, text: Text, sampling: Sampling, max_new: int, max
             continue
         if not line:
             continue
+        if problem := not_utf8(line):
+            write(f"[that line {problem.removeprefix('it ')}]\n")
+            continue
         want = text.chat_tokens(messages + [{"role": "user", "content": line}])
         if len(want) + max_new > max_seq:
-            write(f"[the conversation would pass the image's max_seq {max_seq}: /reset to start over]\n")
+            room = max_seq - len(want)
+            fewer = (f"at most {room} new tokens fit (--max-new-tokens {room})" if room > 0
+                     else "the conversation fills it")
+            write(f"[{len(want)} prompt + {max_new} new tokens exceed the image's max_seq {max_seq}: {fewer}; "
+                  "/reset to start over]\n")
             continue
         if want[:len(fed)] != fed:  # re-tokenized differently: start over with the whole conversation
             client.start(sampling)
@@ -437,6 +469,18 @@ def chat_turns(client: Client, text: Text, sampling: Sampling, max_new: int, max
         write("\n")
         messages.append({"role": "assistant", "content": text.decode(reply.ids)})
     return messages
+
+
+def chat_room_problem(text: Text, max_new: int, max_seq: int) -> str | None:
+    """Why no turn of an interactive chat could be answered (the chat template's own tokens for an empty message
+    and --max-new-tokens pass max_seq), as the one-shot path says it; None when one can."""
+    least = len(text.chat_tokens([{"role": "user", "content": ""}]))
+    if least + max_new <= max_seq:
+        return None
+    room = max_seq - least
+    fewer = f"ask for at most {room} new tokens (--max-new-tokens {room}), or " if room > 0 else ""
+    return (f"{least} prompt (the chat template's, for an empty message) + {max_new} new tokens exceed the image's "
+            f"max_seq {max_seq}: {fewer}repack with a larger --max-seq")
 
 
 def run_chat(image: Path, board_name: str, firmware: Path | None, text: Text, sampling: Sampling, max_new: int, *,
@@ -512,9 +556,10 @@ def parse_tokens(text: str) -> list[int]:
 
 
 def rate(tokens: int, seconds: float | None) -> str:
+    count = f"{tokens} token{'' if tokens == 1 else 's'}"
     if not seconds:
-        return f"{tokens} tokens"
-    return f"{tokens} tokens in {seconds * 1e3:,.1f} ms ({tokens / seconds:,.1f} tok/s)"
+        return count
+    return f"{count} in {seconds * 1e3:,.1f} ms ({tokens / seconds:,.1f} tok/s)"
 
 
 def timing_line(result: RunResult) -> str:
@@ -548,13 +593,17 @@ def cache_line(stats: dict[str, int], slots: int) -> str:
             f"{stats['cycles_fetch_wait'] / n:,.0f} cycles/token waiting{prefetch}")
 
 
-def cache_slots(spec: str, image: Path) -> int:
-    """--expert-cache: a slot count, `all`, or a byte budget (512KiB, 4MiB, 1000000B) turned into slots."""
+def cache_slots(spec: str, image: Path, say: Callable[[str], None] = lambda line: None) -> int:
+    """--expert-cache: a slot count, `all`, or a byte budget (512KiB, 4MiB, 1000000B) turned into slots; a budget
+    that holds more than every streamed expert is said (`say`) as what it is used for."""
     text = spec.strip().lower()
+    img = open_image(image, check_crcs=False)
+    streamed = len(img.streamed_experts())
+    if text.isdigit() and int(text) == 0:
+        raise ValueError(f"--expert-cache {spec} streams nothing: leave it out to read the experts in place, or ask "
+                         f"for at least {max(1, min(img.dims.top_k, streamed))} slots")
     if text.isdigit():
         return int(text)
-    img = open_image(image)
-    streamed = len(img.streamed_experts())
     if text == "all":
         return streamed
     for suffix, scale in (("gib", 1 << 30), ("mib", 1 << 20), ("kib", 1 << 10), ("b", 1)):
@@ -567,6 +616,9 @@ def cache_slots(spec: str, image: Path) -> int:
             if slots == 0:
                 raise ValueError(f"--expert-cache {spec}: one slot needs "
                                  f"{expert_cache_bytes(img.expert_block_bytes, 1, crcs):,} bytes")
+            if slots == streamed and budget > expert_cache_bytes(img.expert_block_bytes, slots, crcs):
+                say(f"--expert-cache {spec} holds every one of the image's {streamed} streamed experts: {slots} slots "
+                    f"({expert_cache_bytes(img.expert_block_bytes, slots, crcs):,} bytes) are all it uses")
             return slots
     raise ValueError(f"--expert-cache {spec!r}: give a slot count, 'all', or bytes such as 512KiB or 4MiB")
 
@@ -575,14 +627,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = Parser(__doc__)
     ap.add_argument("image", type=Path, help="image file made by colibri pack; or a checkpoint directory or a .gguf "
                                              "file, packed first into a cache (--dtype, --max-seq, --kv)")
-    ap.add_argument("--board", default=DEFAULT_BOARD, help=f"board to run on (default {DEFAULT_BOARD})")
+    ap.add_argument("--board", help=f"board to start and run on (default {DEFAULT_BOARD}; not with --port)")
     ap.add_argument("--firmware", type=Path,
                     help="firmware ELF (default: the board's release build, built first when missing or stale)")
     ap.add_argument("--upload", action="store_true",
                     help="send the image over the serial link in checksummed chunks instead of QEMU's loader")
     ap.add_argument("--port", help="a real board's serial port: /dev/ttyUSB0, or a URL such as socket://host:2000 "
                                    "(ser2net) or rfc2217://host:2217; implies --upload")
-    ap.add_argument("--baud", type=int, default=921600, help="baud rate for --port (default 921600)")
+    ap.add_argument("--baud", type=whole(1, 2**31 - 1), default=921600, help="baud rate for --port (default 921600)")
     ap.add_argument("--place", metavar="NAME|TAG=VALUE", help="a board farm's labgrid place, by name or tags "
                     "(board=cortex_m55: any free one): held for the run, its board reset, the image uploaded over its "
                     "serial port (docs/FARM.md; coordinator from $LG_COORDINATOR)")
@@ -592,21 +644,22 @@ def main(argv: list[str] | None = None) -> int:
                                                      "coordinator_address; its targets' colibri_board option)")
     ap.add_argument("--gdb", action="store_true", help="start QEMU halted with a GDB stub and print how to attach")
     what = ap.add_mutually_exclusive_group(required=True)
-    what.add_argument("--prompt", metavar="TEXT", help="a prompt in words, encoded with the image's tokenizer; the "
-                      "answer streams as text and stops at the end-of-sequence token")
-    what.add_argument("--chat", metavar="MESSAGE", nargs="?", const="",
+    what.add_argument("--prompt", metavar="TEXT", type=utf8_text,
+                      help="a prompt in words, encoded with the image's tokenizer; the answer streams as text and "
+                           "stops at the end-of-sequence token")
+    what.add_argument("--chat", metavar="MESSAGE", nargs="?", const="", type=utf8_text,
                       help="a user message, put through the image's chat template; without one, an interactive "
                            "chat that keeps the KV cache across turns (/reset clears it, /quit or end of input ends)")
     what.add_argument("--prompt-tokens", type=parse_tokens, help="comma-separated token ids")
     ap.add_argument("--max-new-tokens", type=int, default=16)
-    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    ap.add_argument("--top-k", type=int, default=0, help="0 = no top-k cut")
-    ap.add_argument("--top-p", type=float, default=1.0, help="1 = no nucleus cut")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=number(0, 100), default=0.0, help="0 = greedy (default); 0 to 100")
+    ap.add_argument("--top-k", type=whole(0, 2**32 - 1), default=0, help="0 = no top-k cut")
+    ap.add_argument("--top-p", type=number(0, 1), default=1.0, help="1 = no nucleus cut; 0 to 1")
+    ap.add_argument("--seed", type=whole(0, 2**64 - 1), default=0)
     ap.add_argument("--verify", action="store_true",
                     help="compare the device's logits with the numpy reference, bit for bit; when they part, name the "
                          "first token, layer and step where they do (one more run, traced)")
-    ap.add_argument("--tolerance", type=float,
+    ap.add_argument("--tolerance", type=number(0),
                     help="--verify within this max abs logit error instead of bit for bit (a deliberate comparison, "
                          "e.g. of a runtime you changed); --against: the near-tie margin for greedy tokens")
     ap.add_argument("--against", type=Path, metavar="CHECKPOINT",
@@ -621,11 +674,15 @@ def main(argv: list[str] | None = None) -> int:
                          "attention, routing and each expert")
     ap.add_argument("--trace-out", type=Path, metavar="FILE.json",
                     help="save the trace (implies --trace) for tools/routing_report.py")
-    ap.add_argument("--timeout", type=float, default=60.0,
+    ap.add_argument("--timeout", type=number(0, low_open=True), default=60.0,
                     help="seconds to wait for an answer before sending a request again (default 60)")
-    ap.add_argument("--retries", type=int, default=4, help="retransmissions of a request before giving up (default 4)")
-    ap.add_argument("--fault-rate", type=float, default=0.0, metavar="R",
-                    help="testing: drop/flip/duplicate/delay each byte with probability R in both directions")
+    ap.add_argument("--retries", type=whole(0, 1000), default=4,
+                    help="retransmissions of a request before giving up (default 4)")
+    ap.add_argument("--fault-rate", type=number(0, MAX_FAULT_RATE), default=0.0, metavar="R",
+                    help="testing the link: drop/flip/duplicate/delay each byte with probability R in both directions, "
+                         f"at most {MAX_FAULT_RATE} (tests/test_faults.py uses 0.001; at 0.01 two 100-byte frames in "
+                         "three are damaged, and each damaged request waits --timeout before it is sent again: use a "
+                         "short --timeout with it)")
     ap.add_argument("--fault-seed", type=int, default=0, help="seed of --fault-rate")
     ap.add_argument("--expert-cache", metavar="N|BYTES|all",
                     help="stream routed experts through the board's fetch hook into a cache of N slots (or as many "
@@ -639,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
                          "has)")
     ap.add_argument("--max-seq", type=int, help="for a checkpoint or .gguf: the longest sequence to pack for "
                                                 "(default: colibri pack's)")
-    ap.add_argument("--kv", default="f32", choices=("f32", "f16"),
+    ap.add_argument("--kv", choices=("f32", "f16"),
                     help="for a checkpoint or .gguf: the KV cache's element type (default f32)")
     ap.add_argument("--no-prefetch", action="store_true",
                     help="with --expert-cache: do not guess and fetch the next layer's experts early")
@@ -670,8 +727,18 @@ def run(ap: Parser, args: argparse.Namespace, place: FarmPlace | None = None) ->
     """colibri run with its arguments parsed (on a board it starts, the one at --port, or a farm place's, held
     only once every check the host can make has passed)."""
     remote = bool(args.port) or place is not None
+    if args.port and (args.board is not None or args.gdb):
+        ap.error("--port and --board each name the board: --port talks to the board on that serial port, --board "
+                 "(and --gdb) start one; give one of them")
+    args.board = args.board or DEFAULT_BOARD
     if args.max_new_tokens < 0:
         ap.error("--max-new-tokens must be >= 0")
+    if args.against is not None and not args.against.exists():  # (else transformers takes it for a hub name)
+        ap.error(f"--against {args.against} does not exist: give the checkpoint directory or GGUF file the image "
+                 "was packed from")
+    for option, path in (("--trace-out", args.trace_out), ("--dump-logits", args.dump_logits)):
+        if path is not None and (problem := output_problem(path, option)):  # before the run, not after it
+            return ap.fail(problem)
     if not 1 <= args.threads <= 64:
         ap.error("--threads takes 1 to 64")
     if args.threads > 1:
@@ -683,14 +750,21 @@ def run(ap: Parser, args: argparse.Namespace, place: FarmPlace | None = None) ->
             ap.error(str(exc))
     if not args.image.exists():
         ap.error(f"image {args.image} not found; make one with colibri pack")
-    if args.image.is_dir() or args.image.suffix == ".gguf":  # a model, not an image: packed first (or found packed)
+    if args.image.is_dir() or is_gguf(args.image):  # a model, not an image: packed first (or found packed)
         if args.max_seq is not None and args.max_seq < 1:
             ap.error("--max-seq must be at least 1")
         try:
-            args.image = packed_image(args.image, args.dtype, args.max_seq, args.kv, None if remote else args.board,
+            args.image = packed_image(args.image, args.dtype, args.max_seq, args.kv or "f32",
+                                      None if remote else args.board,
                                       lambda line: print(line, file=sys.stderr, flush=True))
         except (UnsupportedModel, ValueError, OSError) as exc:
             return ap.fail(f"cannot pack {args.image}: {exc}")
+    elif is_image(args.image):
+        given = [flag for flag, value in (("--max-seq", args.max_seq), ("--dtype", args.dtype), ("--kv", args.kv))
+                 if value is not None]
+        if given:
+            ap.error(f"{given[0]} applies to a checkpoint or a GGUF file, which colibri run packs first; {args.image} "
+                     "is packed already: colibri pack packs it again with other options")
     if not remote:
         try:  # an unknown board, or no checkout to find boards in: said before anything is printed or started
             load_board(args.board)
@@ -702,7 +776,9 @@ def run(ap: Parser, args: argparse.Namespace, place: FarmPlace | None = None) ->
     except ImageError as exc:
         return ap.fail(f"{args.image} is not a valid image ({exc}); make one with colibri pack")
     try:
-        slots = cache_slots(args.expert_cache, args.image) if args.expert_cache else 0
+        slots = cache_slots(args.expert_cache, args.image, lambda line: print(f"{ap.prog}: {line}",
+                                                                               file=sys.stderr)) \
+            if args.expert_cache else 0
     except (ValueError, ImageError) as exc:
         ap.error(str(exc))
     quiet = args.json
@@ -717,12 +793,16 @@ def run(ap: Parser, args: argparse.Namespace, place: FarmPlace | None = None) ->
             text = Text(img.meta)
             if not text.meta.get("chat_template"):
                 raise NoTokenizer("this image's checkpoint has no chat template: use --prompt")
+            if problem := chat_room_problem(text, args.max_new_tokens, img.dims.max_seq):
+                raise NotReady(problem)
             firmware = ready_firmware(img, image_bytes, board, None, args.max_new_tokens, slots, args.firmware)
         except (NoTokenizer, NotReady) as exc:
             return ap.fail(str(exc))
         if place is not None and (status := take_place(ap, place, img, image_bytes, None, args.max_new_tokens,
                                                        slots)) is not None:
             return status
+        if hasattr(sys.stdin, "reconfigure"):  # a line's bytes that are not UTF-8 are said, not a traceback
+            sys.stdin.reconfigure(errors="surrogateescape")
         try:
             run_chat(args.image, args.board, firmware, text, sampling, args.max_new_tokens, timeout=args.timeout,
                      retries=args.retries, expert_cache=slots, prefetch=not args.no_prefetch, threads=args.threads,
@@ -741,7 +821,8 @@ def run(ap: Parser, args: argparse.Namespace, place: FarmPlace | None = None) ->
         if not prompt:
             ap.error("the prompt encodes to no tokens")
     try:
-        firmware = ready_firmware(img, image_bytes, board, prompt, args.max_new_tokens, slots, args.firmware)
+        firmware = ready_firmware(img, image_bytes, board, prompt, args.max_new_tokens, slots, args.firmware,
+                                  args.upload, args.gdb)
     except NotReady as exc:
         return ap.fail(str(exc))
     if place is not None and (status := take_place(ap, place, img, image_bytes, prompt, args.max_new_tokens,
@@ -758,6 +839,7 @@ def run(ap: Parser, args: argparse.Namespace, place: FarmPlace | None = None) ->
         if len(asked) > 80:  # a long prompt is the user's own text: its start says which one it was
             asked = asked[:60] + f"... ({len(prompt)} tokens)"
         print(f"[{args.port or args.board}] {asked} -> ", end="", flush=True)
+        line_open(True)  # what is said on stderr from here goes below it
     want_logits = args.verify or args.dump_logits is not None or args.against is not None
     trace = args.trace or args.trace_out is not None
     wrap = None
@@ -791,11 +873,12 @@ def run(ap: Parser, args: argparse.Namespace, place: FarmPlace | None = None) ->
                     f"({exc.detail:,} arena bytes)")
         elif exc.code == STATUS_NAMES.index("E_BAD_ARG") and slots:
             hint = f": --expert-cache {slots} is more slots than the image streams experts (try --expert-cache all)"
-        print(f"\n{ap.prog}: {exc}{hint}", file=sys.stderr)
+        print(below(f"{ap.prog}: {exc}{hint}"), file=sys.stderr)
         return 2
     except (LinkError, ValueError, FileNotFoundError, ImageError) as exc:
-        print(f"\n{ap.prog}: error: {exc}", file=sys.stderr)
+        print(below(f"{ap.prog}: error: {exc}"), file=sys.stderr)
         return 2
+    line_open(False)
     if not quiet:
         if stream:
             emit(stream.finish())
@@ -807,7 +890,8 @@ def run(ap: Parser, args: argparse.Namespace, place: FarmPlace | None = None) ->
         if result.expert_cache:
             print(f"[{result.board}] {cache_line(result.stats, result.expert_cache)}")
     if args.dump_logits:
-        np.save(args.dump_logits, result.logits)
+        with open(args.dump_logits, "wb") as f:  # the name given (np.save would add .npy to one without it)
+            np.save(f, result.logits)
     if trace:
         traced = trace_report(result, prompt, args.image, text or optional_text(img))
         if args.trace_out:

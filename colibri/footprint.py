@@ -248,7 +248,7 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
             word = ELFFile(f).elfclass // 8  # FreeRTOS's StackType_t: the machine word
         report["tasks"] = task_stacks(rtos[1], ci, hook_files, word, mode.split("-")[0])
     mem = board.spec.get("memory")
-    bars, fits = [], True
+    bars, fits, too_large = [], True, []
     if image is not None:
         from colibri.image import read_image
         d = read_image(image.read_bytes(), check_crcs=False).dims
@@ -269,10 +269,16 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
             from colibri.image import prefill_bytes, read_image
             img = read_image(image.read_bytes())
             image_cap, arena_cap = memory_region(board.spec, "image").bytes, memory_region(board.spec, "arena").bytes
-            for label, used, cap in (("image", len(img.data), image_cap),
-                                     ("arena (the image's exact plan)", img.header["arena_bytes"], arena_cap)):
+            regions = (("image", len(img.data), image_cap, memory_region(board.spec, "image").name),
+                       ("arena (the image's exact plan)", img.header["arena_bytes"], arena_cap,
+                        memory_region(board.spec, "arena").name))
+            for label, used, cap, region in regions:
                 bars.append(usage_bar(label, used, cap))
                 fits &= used <= cap
+                if used > cap:
+                    what = label.split(" ")[0]
+                    too_large.append(f"the {what} needs {used:,} bytes, {100 * used / cap:.0f}% of the {cap:,} of its "
+                                     f"region ({region})")
             batch = board.spec.get("prefill_batch", 0)
             if batch > 1:  # optional: without room for it the board opens with none (the same results, slower prompts)
                 bars.append(usage_bar(f"arena with a prefill batch of {batch} (open takes what fits)",
@@ -291,6 +297,7 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
             fits &= t["need"] <= t["given"]
     report["memory"] = bars
     report["fits"] = fits
+    report["too_large"] = too_large  # the image's and its arena's, said in one line
     return report
 
 
@@ -348,6 +355,11 @@ def print_board_report(r: dict) -> None:
         print(f"FORBIDDEN in {path}: {', '.join(syms)}", file=sys.stderr)
     if not r["forbidden"]:
         print("  purity: no allocation, thread or stdio symbol defined or referenced")
+    if r.get("too_large"):
+        print(f"the image does not fit {r['board']}: {'; '.join(r['too_large'])} (`colibri info IMAGE` says which "
+              "boards it fits; `colibri pack ... --board` what packing would)")
+    elif not r["fits"]:
+        print(f"this build does not fit {r['board']}: see the bars above")
 
 
 def layer_state(d) -> dict | None:

@@ -107,18 +107,23 @@ def open_gguf(path: Path) -> gguf.GGUFReader:
     return _reader(str(path), st.st_mtime_ns, st.st_size)
 
 
-def read_gguf(path: Path, norm_topk_prob: bool | None = None
-              ) -> tuple[dict, dict[str, LazyTensor | np.ndarray], dict[str, int]]:
-    """(HF-style config dict, HF-named tensors, unread (their load() gives Q8_0/Q4_0 as stored, any other type
-    dequantized to f32), and how many tensors of each storage type the image has no dtype for are
-    dequantized to f32) from a GGUF file."""
+def gguf_reader(path: Path) -> gguf.GGUFReader:
+    """open_gguf, a damaged file said as GGUFError (what pack says of it, and `colibri run` before it packs)."""
     try:
-        reader = open_gguf(path)
+        return open_gguf(path)
     except OSError:  # (unreadable: said as such, not as a damaged file)
         raise
     except Exception as exc:  # the gguf package's parse of hostile bytes fails in many ways (IndexError, struct.error...)
         raise GGUFError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc}): it is cut short or not "
                         "GGUF at all; download or convert it again") from None
+
+
+def read_gguf(path: Path, norm_topk_prob: bool | None = None
+              ) -> tuple[dict, dict[str, LazyTensor | np.ndarray], dict[str, int]]:
+    """(HF-style config dict, HF-named tensors, unread (their load() gives Q8_0/Q4_0 as stored, any other type
+    dequantized to f32), and how many tensors of each storage type the image has no dtype for are
+    dequantized to f32) from a GGUF file."""
+    reader = gguf_reader(path)
 
     def field(key: str, default=None, required: bool = True):
         f = reader.fields.get(key)

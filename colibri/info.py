@@ -89,10 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("image", type=Path, help="an image made by colibri pack")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the text")
     args = ap.parse_args(argv)
+    if args.image.is_dir():
+        return ap.fail(f"{args.image} is a directory, not an image: give an image made by colibri pack (colibri pack "
+                       "makes one of a checkpoint directory or a GGUF file)")
     try:
         info = describe(args.image)
     except FileNotFoundError:
         return ap.fail(f"{args.image} not found")
+    except OSError as exc:
+        return ap.fail(f"cannot read {args.image}: {exc.strerror}")
     except ImageError as exc:
         return ap.fail(f"{args.image} is not a valid image ({exc}); make one with colibri pack")
     if args.json:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from colibri.inputs import is_gguf
+
 
 class OracleUnavailable(RuntimeError):
     """transformers (or torch) is not installed, so there is nothing to compare with."""
@@ -65,7 +67,7 @@ def checkpoint_logits(src: Path, tokens: list[int]) -> np.ndarray:
                                 "`pip install torch==2.13.0 transformers`") from None
     transformers.utils.logging.disable_progress_bar()
     with tempfile.TemporaryDirectory() as tmp:
-        path = _gguf_as_checkpoint(src, Path(tmp)) if src.suffix == ".gguf" else src
+        path = _gguf_as_checkpoint(src, Path(tmp)) if src.is_file() and is_gguf(src) else src
         try:
             model = transformers.AutoModelForCausalLM.from_pretrained(path, experts_implementation="eager",
                                                                       dtype=torch.float32).eval()

@@ -39,7 +39,8 @@ from tqdm import tqdm
 
 from colibri.console import Parser
 from colibri.checkpoint import Checkpoint, UnsupportedModel, load_checkpoint
-from colibri.image import KV_DTYPES, NO_INDEX, ModelDims, Role, arena_bytes, entry_encoded, open_image, tensor_name
+from colibri.image import (KV_DTYPES, NO_INDEX, Image, ModelDims, Role, arena_bytes, entry_encoded, expert_blocks,
+                           open_image, tensor_name)
 from colibri.lazy import LazyTensor, OpenFile
 from colibri.quant import Deferred, DType, Encoded, convert, fitted
 from colibri.reference import Reference
@@ -115,6 +116,25 @@ def choose_dtype(role: Role, layer: int, expert: int, dtype: DType | None, keep:
     if role == Role.LM_HEAD and dtype == DType.Q4_0 and stored != DType.Q4_0:
         return DType.Q8_0
     return dtype
+
+
+def repacked_image_bytes(img: Image, dtype: DType | None) -> int:
+    """The exact size of the image that packing `img`'s checkpoint again with --dtype `dtype` (and no --keep) makes:
+    the shapes of its table planned in the dtypes choose_dtype gives them (a tied tensor once, in the wider of its
+    choices), with its pinned experts, expert alignment and metadata as they are. What `colibri run` suggests for a
+    board whose image region it does not fit is sized by this, never guessed."""
+    ties: dict[int, list] = {}
+    for e in img.entries:
+        ties.setdefault(e.offset, []).append(e)
+    tensors = {}
+    for tied in ties.values():
+        want = max((fitted(choose_dtype(e.role, e.layer, e.expert, dtype, []), e.shape[-1]) for e in tied),
+                   key=value_bytes)
+        tensor = Deferred(want, tuple(tied[0].shape), lambda: None)
+        for e in tied:
+            tensors[(e.role, e.layer, e.expert)] = tensor
+    pinned = frozenset((g.layer, g.expert) for g, _ in expert_blocks(img.entries)) - set(img.streamed_experts())
+    return plan_image(img.dims, tensors, img.header["expert_align"], pinned, img.meta).image_bytes
 
 
 def convert_tensors(tensors: dict, dtype: DType, keep: list[tuple[str, DType]]) -> dict:
@@ -405,6 +425,12 @@ def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, *, board:
     """Pack `src` into the image `out`: sized first and checked against `board` (DoesNotFit, before anything is
     converted), then written a tensor at a time into `out`.part, renamed `out` once whole. `progress`: bars on
     stderr."""
+    from colibri.autopack import source_files
+    from colibri.inputs import is_gguf, overwrites_source
+    src, out = Path(src), Path(out)
+    if (src.is_dir() or src.is_file()) and (source := overwrites_source(source_files(src), out)):
+        what = "the GGUF file" if is_gguf(src) else f"{source.name} of the checkpoint"
+        raise ValueError(f"{out} is {what} being packed: the image would replace it; give -o another file")
     packing = Packing(src, max_seq, norm_topk_prob, keep or [], expert_align, pinned)
     ckpt = packing.checkpoint
     check_pins(ckpt.dims, pinned)

@@ -1,11 +1,13 @@
 """Where the Colibri tree is: the boards/ descriptions, the firmware sources, SConstruct and build/ that the
 board tools work with.
 
-In order: $COLIBRI_ROOT; the checkout this package sits in (`pip install -e .`, or run from a checkout); a
-checkout at the working directory or above it; and for a package installed from a wheel, the tree the wheel
-carries (colibri/tree/: SConstruct, firmware/, boards/) copied into the user's cache
-($XDG_CACHE_HOME/colibri/<version>/, ~/.cache by default), where its builds are written. Packing needs none of
-this; building, running on a board and the footprint report do."""
+In order: $COLIBRI_ROOT; the checkout this package sits in (`pip install -e .`, or run from a checkout: the
+package's own folder's parent has SConstruct and boards/); and for a package installed from a wheel, the tree the
+wheel carries (colibri/tree/: SConstruct, firmware/, boards/) copied into the user's cache
+($XDG_CACHE_HOME/colibri/<version>/, ~/.cache by default), where its builds are written. The working directory
+plays no part: an installed package run inside some other checkout (an older one, or any folder with boards/ and
+SConstruct) must not mix that tree's firmware with its own host code. Packing needs none of this; building,
+running on a board and the footprint report do."""
 from __future__ import annotations
 
 import os
@@ -53,13 +55,9 @@ def find_root() -> Path:
         return Path(os.environ["COLIBRI_ROOT"]).resolve()
     if is_checkout(PACKAGE.parent):
         return PACKAGE.parent
-    here = Path.cwd().resolve()
-    checkout = next((p for p in (here, *here.parents) if is_checkout(p)), None)
-    if checkout:
-        return checkout
     if is_checkout(PACKAGED_TREE):
         return user_tree()
-    return here
+    return PACKAGE.parent  # neither: no boards/ (said when a board is asked for)
 
 
 ROOT = find_root()

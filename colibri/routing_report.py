@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from colibri.console import Parser
+from colibri.inputs import output_problem
 
 
 def analyse(trace: dict) -> dict:
@@ -90,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("routing"), help="prefix of the PNG files (default: routing)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.out.is_dir():  # a prefix, not a folder: /tmp would write /tmp-usage.png
+        return ap.fail(f"--out {args.out} is a directory: --out takes a prefix of the PNG files, such as "
+                       f"{args.out / 'routing'}")
+    problem = output_problem(args.out, "--out")  # its folder: there, or the PNGs are lost after the work
+    if problem:
+        return ap.fail(problem)
     try:
         trace = json.loads(args.trace.read_text())
     except (OSError, ValueError) as exc:  # ValueError: not JSON, or not text at all

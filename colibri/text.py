@@ -72,7 +72,8 @@ def checkpoint_meta(src: Path) -> dict | None:
     """The metadata section for a checkpoint: a directory's tokenizer, chat template and end-of-sequence
     tokens (None when it has no tokenizer.json), or a GGUF file's (gguf_meta)."""
     src = Path(src)
-    if src.suffix == ".gguf" and src.is_file():
+    from colibri.inputs import is_gguf
+    if src.is_file() and is_gguf(src):
         return gguf_meta(src)
     if not src.is_dir() or not (src / "tokenizer.json").exists():
         return None

@@ -89,7 +89,7 @@ def test_user_errors_are_one_line_before_any_board_boots(demo_image, dense_image
          "this image has none in its expert part"),
         ((dense_images["wide"], "--board", "cortex_m4", "--prompt-tokens", "1", "--max-new-tokens", "4"),
          f"the image is {dense_images['wide'].stat().st_size:,} bytes and cortex_m4's image region (PSRAM) holds "
-         "16,777,216: pack it with --dtype q8_0 or q4_0"),
+         "16,777,216: repack it with --dtype q8_0 (the image is then "),
         ((dense_images["long"], "--board", "cortex_m4", "--prompt-tokens", "1"),
          "arena and cortex_m4's arena region (SSRAM2/3) holds 3,932,160: repack with a smaller --max-seq or --kv f16"),
         ((demo_image, "--board", "cortex_m55", "--prompt-tokens", "1", "--expert-cache", "8", "--threads", "2"),
@@ -306,3 +306,311 @@ def test_pinning_more_experts_than_the_trace_routed_says_so(tmp_path, hosted_bui
                  "--pin-from", trace, "--pin", "100")
     assert packed.returncode == 0 and "8 hot experts pinned resident (--pin 100: the trace routed to only 8 experts)" \
         in packed.stdout, packed.stdout
+
+
+# ---- issue 30's new-user review: what a new user still tripped over ----
+
+def call(capsys, *args) -> subprocess.CompletedProcess:
+    """The colibri command run in this process (no interpreter to start: the cases below are many), as `run` does
+    in a subprocess: its exit status and what it wrote."""
+    import signal as _signal
+    from colibri.cli import main
+    handlers = {s: _signal.getsignal(s) for s in (_signal.SIGTERM, _signal.SIGHUP)}
+    argv0 = sys.argv[0]
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        for s, h in handlers.items():
+            _signal.signal(s, h)
+        sys.argv[0] = argv0
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
+def test_pack_never_writes_over_the_checkpoint_it_packs(tmp_path, capsys):
+    """-o naming the GGUF file being packed, a checkpoint's own weights file, a symlink to it or a hard link of it:
+    refused in one line, the source left as it was."""
+    import shutil
+    gguf = tmp_path / "mx.gguf"
+    shutil.copy(ROOT / "tests" / "fixtures" / "gguf" / "converted-mixtral-q8_0.gguf", gguf)
+    ckpt = tmp_path / "dm"
+    shutil.copytree(ROOT / "models" / "demo-adder", ckpt)
+    weights = ckpt / "model.safetensors"
+    os.symlink(weights, tmp_path / "link.img")
+    os.link(weights, tmp_path / "hard.img")
+    before = {p: p.read_bytes() for p in (gguf, weights, ckpt / "config.json")}
+    for src, out in ((gguf, gguf), (ckpt, weights), (ckpt, ckpt / "config.json"), (ckpt, tmp_path / "link.img"),
+                     (ckpt, tmp_path / "hard.img"), (ckpt, tmp_path / "dm" / ".." / "dm" / "model.safetensors")):
+        assert_one_line_error(call(capsys, "pack", src, "-o", out, "--no-quality"), "the image would replace it")
+    assert all(p.read_bytes() == data for p, data in before.items())
+    packed = call(capsys, "pack", ckpt, "-o", ckpt / "model.img", "--max-seq", "16", "--no-quality")  # beside: fine
+    assert packed.returncode == 0, packed.stderr
+
+
+def test_gguf_is_told_by_its_magic_not_its_name(tmp_path, capsys):
+    """An upper-case .GGUF, an ollama blob without an extension: packed as GGUF files."""
+    import shutil
+    for name in ("SMOL.GGUF", "sha256-0123abcd"):
+        model = tmp_path / name
+        shutil.copy(ROOT / "tests" / "fixtures" / "gguf" / "converted-mixtral-q8_0.gguf", model)
+        packed = call(capsys, "pack", model, "-o", tmp_path / f"{name}.img", "--no-quality")
+        assert packed.returncode == 0 and "MixtralForCausalLM" in packed.stdout, packed.stderr
+
+
+def test_run_on_a_damaged_gguf_says_what_pack_says(tmp_path, capsys, monkeypatch):
+    """autopack reads the file's types before packing: a damaged file is said in pack's words."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cut = tmp_path / "t.gguf"
+    cut.write_bytes((ROOT / "tests" / "fixtures" / "gguf" / "converted-mixtral-q8_0.gguf").read_bytes()[:300_000])
+    said = call(capsys, "run", cut, "--board", "hosted", "--prompt-tokens", "1")
+    assert_one_line_error(said, "is not a readable GGUF file")
+    assert "it is cut short or not GGUF at all; download or convert it again" in said.stderr
+    assert "larger dtype" not in said.stderr
+
+
+def test_a_folder_that_is_not_a_checkpoint_is_said_before_packing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    said = call(capsys, "run", tmp_path, "--board", "hosted", "--prompt-tokens", "1")
+    assert_one_line_error(said, "is neither a GGUF file nor a directory with config.json")
+    assert "packing" not in said.stderr
+
+
+def test_an_installed_package_uses_its_own_tree_wherever_it_runs(tmp_path):
+    """A package imported from outside a checkout (a wheel's) uses the tree it carries, even from inside a folder
+    (or below one) that has boards/ and SConstruct: that folder is not its checkout."""
+    import shutil
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "colibri", site / "colibri", ignore=shutil.ignore_patterns("__pycache__", "tree"))
+    tree = site / "colibri" / "tree"
+    (tree / "boards" / "hosted").mkdir(parents=True)
+    (tree / "boards" / "hosted" / "board.toml").write_text("")
+    (tree / "SConstruct").write_text("")
+    fake = tmp_path / "fake"
+    (fake / "boards").mkdir(parents=True)
+    (fake / "SConstruct").write_text("")
+    (fake / "below").mkdir()
+    from colibri import __version__
+    for cwd in (fake, fake / "below"):
+        where = subprocess.run([sys.executable, "-c", "from colibri.paths import ROOT; print(ROOT)"], cwd=cwd,
+                               env={"PATH": os.environ["PATH"], "PYTHONPATH": str(site),
+                                    "XDG_CACHE_HOME": str(tmp_path / "cache")}, capture_output=True, text=True)
+        assert where.stdout.strip() == str(tmp_path / "cache" / "colibri" / __version__), where
+    checkout = subprocess.run([sys.executable, "-c", "from colibri.paths import ROOT; print(ROOT)"], cwd=fake,
+                              env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert checkout.stdout.strip() == str(ROOT), checkout  # the checkout's own package: the checkout
+
+
+def test_host_side_tracebacks_are_one_line_errors(demo_image, tmp_path, capsys):
+    """info on a folder, report's --out where it cannot write: one line, exit 2."""
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"n_layers": 1, "n_experts": 2, "top_k": 1, "trace": [
+        {"pos": 0, "token": 1, "layers": [{"layer": 0, "experts": [1], "weights": [1.0], "cycles_attention": 1,
+                                           "cycles_router": 1, "cycles_ffn": 1, "cycles_expert": [1]}]}]}))
+    cases = [
+        (("info", tmp_path), "is a directory, not an image"),
+        (("info", ROOT / "models" / "demo-adder"), "is a directory, not an image"),
+        (("report", trace, "--out", tmp_path / "nonexist" / "routing"), "does not exist"),
+        (("report", trace, "--out", tmp_path), "is a directory"),
+    ]
+    for args, says in cases:
+        assert_one_line_error(call(capsys, *args), says)
+    assert not list(tmp_path.parent.glob(f"{tmp_path.name}-*.png"))
+
+
+def test_footprint_of_an_image_too_large_says_so_in_one_line(dense_images, capsys):
+    build("cortex_m4")
+    said = call(capsys, "footprint", "--board", "cortex_m4", "--image", dense_images["wide"])
+    size = dense_images["wide"].stat().st_size
+    assert said.returncode == 1, said.stderr
+    assert said.stdout.splitlines()[-1].startswith(
+        f"the image does not fit cortex_m4: the image needs {size:,} bytes, {100 * size / 16777216:.0f}% of the "
+        "16,777,216 of its region (PSRAM)"), said.stdout
+
+
+def test_a_port_that_cannot_be_opened_is_said_once(demo_image, capsys):
+    said = call(capsys, "run", demo_image, "--port", "/nonexist/ttyUSB9", "--prompt-tokens", "1", "--max-new-tokens",
+                "1")
+    assert_one_line_error(said, "cannot open /nonexist/ttyUSB9: No such file or directory")
+    assert said.stderr.count("/nonexist/ttyUSB9") == 1, said.stderr
+
+
+def test_bad_option_values_are_argument_errors_naming_the_range(demo_image, capsys):
+    """Each number a run takes is checked against its range by argparse (exit 2, one line), before anything is read
+    or booted; text that is not UTF-8 (a shell hands its bytes over as surrogates) likewise."""
+    demo = (demo_image, "--board", "hosted", "--prompt-tokens", "1")
+    cases = [
+        (("--top-k", "-2"), "give a whole number from 0 to 4,294,967,295"),
+        (("--top-k", "99999999999"), "give a whole number from 0 to 4,294,967,295"),
+        (("--fault-rate", "2"), "give a number from 0 to 0.01"),
+        (("--fault-rate", "0.5"), "give a number from 0 to 0.01"),
+        (("--fault-rate", "-1"), "give a number from 0 to 0.01"),
+        (("--timeout", "0"), "give a number above 0"),
+        (("--retries", "-1"), "give a whole number from 0 to 1,000"),
+        (("--tolerance", "-1"), "give a number of 0 or more"),
+        (("--temperature", "nan"), "give a number from 0 to 100"),
+        (("--temperature", "-1"), "give a number from 0 to 100"),
+        (("--top-p", "5"), "give a number from 0 to 1"),
+        (("--baud", "-5"), "give a whole number from 1 to"),
+        (("--seed", "-1"), "give a whole number from 0 to 18,446,744,073,709,551,615"),
+    ]
+    for extra, says in cases:
+        said = call(capsys, "run", *demo, *extra)
+        assert_one_line_error(said, says)
+        assert f"argument {extra[0]}" in said.stderr
+    for extra in (("--prompt", "\udcff\udcfe"), ("--chat", "hi\udcff")):
+        said = call(capsys, "run", demo_image, "--board", "hosted", *extra)
+        assert_one_line_error(said, "holds bytes that are not UTF-8 (ff")
+
+
+def test_what_the_host_can_check_is_checked_before_the_board_boots(demo_image, tmp_path, capsys, monkeypatch):
+    """Output paths that cannot be written, a firmware that is a folder or missing, --upload or --gdb on a process
+    board, a QEMU not installed, an expert cache smaller than top_k, a checkpoint to compare with that is not there,
+    options that apply to a checkpoint only: one line, exit 2, and nothing printed on stdout (no `[board] prompt ->`
+    half-line: no board started)."""
+    demo = (demo_image, "--board", "hosted", "--prompt-tokens", DEMO_PROMPT, "--max-new-tokens", "2")
+    cases = [
+        (("--trace-out", tmp_path), "--trace-out " + str(tmp_path) + " is a directory"),
+        (("--trace-out", "/nonexist/t.json"), "the folder /nonexist does not exist"),
+        (("--dump-logits", "/nonexist/x.npy"), "the folder /nonexist does not exist"),
+        (("--dump-logits", tmp_path), "is a directory"),
+        (("--firmware", tmp_path), f"firmware {tmp_path} is a directory"),
+        (("--firmware", tmp_path / "nope.elf"), "nope.elf not found"),
+        (("--upload",), "leave out --upload"),
+        (("--gdb",), "--gdb starts QEMU halted"),
+        (("--expert-cache", "1"), "--expert-cache 1 is fewer slots than the 2 experts one layer routes to (top_k)"),
+        (("--expert-cache", "0"), "--expert-cache 0 streams nothing"),
+        (("--against", tmp_path / "nonexist"), "nonexist does not exist"),
+        (("--max-seq", "32"), "--max-seq applies to a checkpoint or a GGUF file"),
+        (("--dtype", "q8_0"), "--dtype applies to a checkpoint or a GGUF file"),
+        (("--kv", "f16"), "--kv applies to a checkpoint or a GGUF file"),
+        (("--port", "socket://127.0.0.1:1"), "--port and --board each name the board"),
+    ]
+    for extra, says in cases:
+        said = call(capsys, "run", *demo, *extra)
+        assert_one_line_error(said, says)
+        assert said.stdout == "", (extra, said.stdout)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no QEMU (and no compiler: the check comes before any build)
+    said = call(capsys, "run", demo_image, "--board", "cortex_m4", "--prompt-tokens", "1", "--max-new-tokens", "1")
+    assert_one_line_error(said, "qemu-system-arm not found: apt-get install qemu-system-arm")
+    assert said.stdout == ""
+
+
+def test_repack_advice_is_sized_exactly(tmp_path):
+    """An image too large for a board's image region is told the widest dtype whose image, sized exactly as pack
+    would write it, fits there (never one that does not); when none does, that it does not."""
+    from colibri.sim.boards import Board
+    from colibri.quant import DType
+    image = tmp_path / "demo.img"
+    pack(ROOT / "models" / "demo-adder", image, 32, 64, measure_quality=False)
+    sizes = {}
+    for dtype in (DType.F16, DType.Q8_0, DType.Q4_0):
+        sizes[dtype] = pack(ROOT / "models" / "demo-adder", tmp_path / "x.img", 32, 64, dtype=dtype,
+                            measure_quality=False)["image_bytes"]
+    img = open_image(image, check_crcs=False)
+
+    def tiny(image_bytes: int) -> Board:
+        return Board("tiny", {"memory": {"image": {"name": "FLASH", "origin": 0, "bytes": image_bytes},
+                                         "arena": {"name": "RAM", "origin": 0, "bytes": 1 << 20}}})
+    said = flash.preflight(img, image.stat().st_size, tiny(sizes[DType.Q8_0] + 1), [1], 1, 0)
+    assert f"repack it with --dtype q8_0 (the image is then {sizes[DType.Q8_0]:,} bytes)" in said, said
+    assert "f16" not in said and "q4_0" not in said
+    said = flash.preflight(img, image.stat().st_size, tiny(sizes[DType.Q4_0] - 1), [1], 1, 0)
+    assert f"even --dtype q4_0 makes it {sizes[DType.Q4_0]:,} bytes: a smaller model" in said, said
+    assert "repack it with" not in said
+
+
+class FakeClient:
+    """A board that answers every step with the end-of-sequence token, for chat_turns."""
+
+    def __init__(self, eos: int):
+        self.eos, self.fed = eos, []
+
+    def start(self, sampling) -> None:
+        self.fed = []
+
+    def feed_all(self, tokens) -> None:
+        self.fed += list(tokens)
+
+    def step(self):
+        from types import SimpleNamespace
+        return SimpleNamespace(token=self.eos)
+
+
+def test_a_chat_says_what_passes_max_seq_and_goes_on_after_bytes_that_are_not_utf8(chat_image):
+    text = Text(open_image(chat_image, check_crcs=False).meta)
+    eos = min(text.eos_ids)
+    shown = []
+
+    reads = iter(["hi\udcff", UnicodeDecodeError("utf-8", b"\xfe", 0, 1, "invalid start byte"), "word " * 40, "hello"])
+
+    def read(_prompt: str) -> str:
+        got = next(reads, None)
+        if got is None:
+            raise EOFError
+        if isinstance(got, Exception):
+            raise got
+        return got
+    max_seq, max_new = 128, 60
+    messages = flash.chat_turns(FakeClient(eos), text, Sampling(), max_new, max_seq, read, shown.append)
+    said = "".join(shown)
+    assert said.count("bytes that are not UTF-8") == 2, said
+    long = len(text.chat_tokens([{"role": "user", "content": ("word " * 40).strip()}]))
+    assert f"[{long} prompt + {max_new} new tokens exceed the image's max_seq {max_seq}" in said, said
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["hello"]
+
+
+def test_an_interactive_chat_that_cannot_fit_one_turn_is_refused_before_the_boot(chat_image, capsys):
+    text = Text(open_image(chat_image, check_crcs=False).meta)
+    least = len(text.chat_tokens([{"role": "user", "content": ""}]))
+    said = call(capsys, "run", chat_image, "--board", "hosted", "--chat", "--max-new-tokens", "1000")
+    assert_one_line_error(said, f"{least} prompt (the chat template's, for an empty message) + 1000 new tokens exceed "
+                                f"the image's max_seq 128: ask for at most {128 - least} new tokens")
+
+
+def test_interactive_chat_reads_bytes_that_are_not_utf8_and_goes_on(chat_image, hosted_build):
+    proc = colibri("run", chat_image, "--board", "hosted", "--firmware", hosted_build / "firmware.elf", "--chat",
+                   "--max-new-tokens", "4", stdin=subprocess.PIPE, errors="surrogateescape")
+    out, err = proc.communicate("hi\udcff\udcfe\nhello\n", timeout=300)  # the bytes ff fe, not UTF-8
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert "bytes that are not UTF-8 (ff fe" in out and out.count("you> ") == 3, out
+
+
+def test_a_run_says_what_it_capped_and_writes_the_logits_where_asked(demo_image, hosted_build, tmp_path, capsys):
+    import numpy as np
+    logits = tmp_path / "logits"  # no .npy: written under this very name
+    said = call(capsys, "run", demo_image, "--board", "hosted", "--firmware", hosted_build / "firmware.elf",
+                "--prompt-tokens", DEMO_PROMPT, "--max-new-tokens", "1", "--expert-cache", "10GiB",
+                "--dump-logits", logits)
+    assert said.returncode == 0, said.stderr
+    assert "--expert-cache 10GiB holds every one of the image's 8 streamed experts: 8 slots" in said.stderr
+    assert np.load(logits).shape == (10, 14) and not (tmp_path / "logits.npy").exists()
+    assert "decode 1 token " in said.stdout or "decode 1 token," in said.stdout, said.stdout
+
+
+def test_timing_words_and_a_line_below_a_half_line():
+    assert flash.rate(1, None) == "1 token" and flash.rate(2, None) == "2 tokens"
+    assert flash.rate(1, 0.5).startswith("1 token in 500.0 ms")
+    from colibri.sim import launch
+    launch.line_open(True)
+    assert launch.below("hosted: the board's log is kept in x") == "\nhosted: the board's log is kept in x"
+    assert launch.below("next") == "next"
+
+
+def test_gdb_gets_a_free_port(monkeypatch, capsys):
+    """--gdb's stub listens on a port nothing holds (never a fixed 1234), and the command to attach names it."""
+    from colibri.sim import launch
+    from colibri.sim.boards import load_board
+    seen = []
+
+    def boot(board, firmware, argv, env, log_path, gdb, protocol):
+        seen.append((argv, gdb))
+        raise KeyboardInterrupt
+    monkeypatch.setattr(launch, "_boot", boot)
+    board = load_board("cortex_m4")
+    with pytest.raises(KeyboardInterrupt):
+        with launch.start_board(board, Path(__file__), None, gdb=True):
+            pass
+    argv, port = seen[0]
+    assert isinstance(port, int) and port > 0 and f"tcp:127.0.0.1:{port}" in argv

@@ -110,3 +110,16 @@ def test_readme_demo_figures_are_what_the_demo_prints(tmp_path):
     pack(ROOT / "models" / "demo-adder", image, 16, 64, measure_quality=False)  # as tools/demo.py packs it
     dims = open_image(image, check_crcs=False).dims
     assert plan == arena_bytes(dims) and batch_bytes == prefill_bytes(dims, int(stated.group(3)))
+
+
+def test_the_guides_pack_report_is_what_pack_prints(tmp_path, monkeypatch, capsys):
+    """The GUIDE's sample report (the block after "The report:") is, line for line, what its first pack command
+    prints (the demo model's figures do not depend on the machine)."""
+    from colibri import pack
+    first = next(c for lang, lines in blocks(ROOT / "docs" / "GUIDE.md") if lang == "sh" for c in commands(lines))
+    assert first.startswith("colibri pack ")
+    shown = re.search(r"The report:\n\n```text\n(.*?)\n```", (ROOT / "docs" / "GUIDE.md").read_text(), re.S)
+    (tmp_path / "models").symlink_to(ROOT / "models")
+    monkeypatch.chdir(tmp_path)
+    assert pack.main(first.split()[2:]) == 0
+    assert capsys.readouterr().out.splitlines() == shown.group(1).splitlines()

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(4 experts, top-2) adds 3-digit numbers it never saw in training\n")
     print(f"{'problem':>12}  {'device says':>11}  {'right?':>6}  {'tokens/s':>9}  {'cycles/token':>12}")
     for r in rows:
-        speed = f"{r['tokens_per_s']:9.0f}" if r["tokens_per_s"] else f"{'n/a':>9}"
+        speed = f"{r['tokens_per_s']:9,.0f}" if r["tokens_per_s"] else f"{'n/a':>9}"
         print(f"{r['problem']:>12}  {str(r['answer']):>11}  {'yes' if r['correct'] else 'NO':>6}  {speed}  "
               f"{r['cycles_per_token']:>12,}")
     batch = (f" + a prefill batch of {opened.prefill_batch} tokens, {opened.arena_bytes - packed['arena_bytes']:,}"

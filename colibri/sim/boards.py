@@ -92,7 +92,8 @@ def board_names() -> list[str]:
 def load_board(name: str) -> Board:
     path = BOARDS_DIR / name / "board.toml"
     if not BOARDS_DIR.is_dir():
-        raise ValueError(f"no boards/ here ({ROOT}): run inside a Colibri checkout, or set COLIBRI_ROOT to one")
+        raise ValueError(f"no boards/ here ({ROOT}): run the colibri of a checkout (pip install -e .), install "
+                         "the wheel, or set COLIBRI_ROOT to a checkout")
     if not path.exists():
         raise ValueError(f"unknown board {name!r}; boards: {', '.join(board_names())}")
     return Board(name, tomllib.loads(path.read_text()))

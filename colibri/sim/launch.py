@@ -44,6 +44,65 @@ BOOT_TIMEOUT = 30.0
 BOOT_ATTEMPTS = 2
 
 
+class _Line:
+    """Whether stdout holds a line not yet ended (colibri run's `[board] prompt -> ` and the tokens after it)."""
+    open = False
+
+
+def line_open(is_open: bool) -> None:
+    """Say that stdout's line is (or is no longer) waiting for its end."""
+    _Line.open = is_open
+
+
+def below(line: str) -> str:
+    """`line` for stderr, put below a line stdout has not ended (on a terminal they share the screen)."""
+    start = "\n" if _Line.open else ""
+    _Line.open = False
+    return start + line
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on now."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_problem(board: Board, upload: bool = False, gdb: bool = False) -> str | None:
+    """Why `board` cannot be started as asked, found before anything is started or printed: --upload or --gdb on a
+    board that is a process, a QEMU that is not installed; None when it can be."""
+    spec = board.spec
+    if spec["link"] == "stdio":
+        if upload:
+            return (f"--upload sends the image over a QEMU board's serial link; board {board.name} is a process that "
+                    "reads the image file itself: leave out --upload")
+        if gdb:
+            return (f"--gdb starts QEMU halted with a GDB stub; board {board.name} is a process: run it under a "
+                    f"debugger yourself (gdb --args {board.firmware()} IMAGE)")
+        if spec.get("wrapper") and os.name != "nt" and shutil.which(spec["wrapper"][0]) is None:
+            return (f"{spec['wrapper'][0]} not found: apt-get install {spec.get('wrapper_package', '')} (or run on "
+                    "Windows)")
+        return None
+    if shutil.which(spec["qemu"]) is None:
+        return f"{spec['qemu']} not found: apt-get install {spec['qemu_package']}"
+    return None
+
+
+def firmware_problem(board: Board, firmware: Path) -> str | None:
+    """Why `firmware` cannot be booted on `board` (missing, a directory, not executable for a process board)."""
+    if firmware.is_dir():
+        return f"firmware {firmware} is a directory: give the firmware file, such as {board.firmware()}"
+    if not firmware.is_file():
+        return f"firmware {firmware} not found: build it with `colibri build --board {board.name}`"
+    if board.spec["link"] == "stdio" and os.name != "nt" and not board.spec.get("wrapper") \
+            and not os.access(firmware, os.X_OK):
+        return f"firmware {firmware} is not executable: give the board's firmware program, such as {board.firmware()}"
+    if not os.access(firmware, os.R_OK):
+        return f"firmware {firmware}: you may not read it"
+    return None
+
+
 class BootSilent(LinkTimeout):
     """A board sent nothing at all before the boot timeout (not even part of its banner)."""
 
@@ -196,7 +255,8 @@ def _kernel(board: Board, firmware: Path) -> Path:
     return firmware.with_suffix(".kernel") if "kernel_objcopy" in board.spec else firmware
 
 
-def qemu_command(board: Board, firmware: Path, image: Path | None, gdb: bool = False) -> list[str]:
+def qemu_command(board: Board, firmware: Path, image: Path | None, gdb: int = 0) -> list[str]:
+    """QEMU's command line; `gdb`: the port of a GDB stub to start it halted with (0: none)."""
     spec = board.spec
     cmd = [spec["qemu"], *spec["qemu_args"], "-kernel", str(_kernel(board, firmware)),
            "-serial", "tcp:127.0.0.1:0,server=on,wait=on,nodelay=on"]
@@ -208,7 +268,7 @@ def qemu_command(board: Board, firmware: Path, image: Path | None, gdb: bool = F
         else:
             raise ValueError(f"board {board.name}: unknown image_loader {spec['image_loader']!r}")
     if gdb:
-        cmd += ["-S", "-gdb", "tcp:127.0.0.1:1234"]
+        cmd += ["-S", "-gdb", f"tcp:127.0.0.1:{gdb}"]
     return cmd
 
 
@@ -269,9 +329,10 @@ def _keep(board: Board, log_path: Path, device: Device | None, whose: str = "the
         return f"{whose} log could not be kept in {LOG_DIR} ({exc})"
 
 
-def _boot(board: Board, firmware: Path, argv: list[str], env: dict[str, str] | None, log_path: Path, gdb: bool,
+def _boot(board: Board, firmware: Path, argv: list[str], env: dict[str, str] | None, log_path: Path, gdb: int,
           protocol: bool) -> Device:
-    """Start the board's process and, on a QEMU board, wait for its ready banner (and answer to INFO)."""
+    """Start the board's process and, on a QEMU board, wait for its ready banner (and answer to INFO). `gdb`: the
+    port of the GDB stub QEMU was started halted with (0: none)."""
     stdio = board.spec["link"] == "stdio"
     # In a process group of its own: Ctrl-C in the terminal reaches the host alone, which stops the board (an
     # interactive chat goes on with it after ending an answer)
@@ -289,8 +350,9 @@ def _boot(board: Board, firmware: Path, argv: list[str], env: dict[str, str] | N
         if gdb:
             # Debian's plain gdb knows only the host's architecture; gdb-multiarch debugs Arm and RISC-V too
             debugger = "gdb" if board.spec["toolchain"] == "host" or board.spec["cc"] == "gcc" else "gdb-multiarch"
-            print(f"QEMU is halted with a GDB stub on 127.0.0.1:1234. Attach with (apt-get install {debugger}):\n"
-                  f"  {debugger} {firmware} -ex 'target remote 127.0.0.1:1234' -ex continue", flush=True)
+            print(below(f"QEMU is halted with a GDB stub on 127.0.0.1:{gdb}. Attach with (apt-get install "
+                        f"{debugger}):\n  {debugger} {firmware} -ex 'target remote 127.0.0.1:{gdb}' -ex continue"),
+                  flush=True)
         banner = device.link.read_until_text(board.spec["ready"].encode(), 3600.0 if gdb else BOOT_TIMEOUT)
         device.notes.append(banner.decode(errors="replace").strip())
         # The first request after boot waits for QEMU's main loop on the Cortex-M boards' UART model (about
@@ -340,6 +402,7 @@ def start_board(board: Board, firmware: Path, image: Path | None, extra_args: li
         else:
             if shutil.which(board.spec["qemu"]) is None:
                 raise FileNotFoundError(f"{board.spec['qemu']} not found: apt-get install {board.spec['qemu_package']}")
+            gdb = free_port() if gdb else 0  # never a fixed port another session (or a debugger left open) holds
             argv, env = qemu_command(board, firmware, image, gdb) + (extra_args or []), None
         attempts = BOOT_ATTEMPTS if board.spec["link"] == "qemu" and not gdb else 1
         for attempt in range(1, attempts + 1):
@@ -349,14 +412,14 @@ def start_board(board: Board, firmware: Path, image: Path | None, extra_args: li
                 break
             except BootSilent as exc:
                 if attempt == attempts:
-                    print(f"{board.name}: {_keep(board, log_path, None)}", file=sys.stderr)
+                    print(below(f"{board.name}: {_keep(board, log_path, None)}"), file=sys.stderr)
                     raise
-                print(f"{board.name}: silent while booting ({exc}); {_keep(board, log_path, None, 'its')}; "
-                      "starting it once more", file=sys.stderr)
+                print(below(f"{board.name}: silent while booting ({exc}); {_keep(board, log_path, None, 'its')}; "
+                            "starting it once more"), file=sys.stderr)
             except (DeviceError, FileNotFoundError, KeyboardInterrupt):
                 raise
             except BaseException:
-                print(f"{board.name}: {_keep(board, log_path, None)}", file=sys.stderr)
+                print(below(f"{board.name}: {_keep(board, log_path, None)}"), file=sys.stderr)
                 raise
         try:
             yield device
@@ -367,10 +430,19 @@ def start_board(board: Board, firmware: Path, image: Path | None, extra_args: li
         except (DeviceError, KeyboardInterrupt):
             raise  # the board answered properly, or the user stopped it: nothing to debug on its side
         except BaseException:
-            print(f"{board.name}: {_keep(board, log_path, device)}", file=sys.stderr)
+            print(below(f"{board.name}: {_keep(board, log_path, device)}"), file=sys.stderr)
             raise
         finally:
             _stop(device)
+
+
+def port_error(port: str, exc: Exception) -> str:
+    """What pyserial says of a port it could not open, without what the caller says already: its "[Errno 2] could
+    not open port X: [Errno 2] No such file or directory: 'X'" is "No such file or directory"."""
+    text = str(exc)
+    text = re.sub(r"^(\[Errno \d+\] )?could not open port " + re.escape(port) + r": ", "", text, flags=re.I)
+    text = re.sub(r"^\[Errno \d+\] ", "", text)
+    return re.sub(r": '" + re.escape(port) + r"'$", "", text)
 
 
 @contextmanager
@@ -381,7 +453,7 @@ def open_port(port: str, baud: int) -> Iterator[SerialTransport]:
     try:
         conn = serial.serial_for_url(port, baud)
     except (serial.SerialException, ValueError) as exc:
-        raise LinkError(f"cannot open {port}: {exc}") from None
+        raise LinkError(f"cannot open {port}: {port_error(port, exc)}") from None
     try:
         yield SerialTransport(conn, lambda: f" on {port}")
     finally:
