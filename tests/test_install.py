@@ -32,8 +32,8 @@ def pip_install(py: Path, *args: str) -> None:
                    check=True, capture_output=True, text=True)
 
 
-def run(cmd: list, cwd: Path) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(cwd)}  # no COLIBRI_ROOT, no PYTHONPATH
+def run(cmd: list, cwd: Path, home: Path | None = None) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home or cwd)}  # no COLIBRI_ROOT, no PYTHONPATH
     return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -112,7 +112,7 @@ def test_a_wheel_builds_and_runs_boards_without_a_checkout(tmp_path):
                            ([colibri, "run", image, "--board", "nope", "--prompt-tokens", "1"], ROOT,
                             "unknown board 'nope'"),
                            ([colibri, "pack", tmp_path / "missing", "-o", tmp_path / "x.img"], elsewhere, "missing")):
-        out = run(cmd, cwd)
+        out = run(cmd, cwd, elsewhere)  # (inside the checkout too, the wheel uses its own tree, in ~/.cache)
         assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, (cmd, out.stderr)
         assert out.stderr.strip().count("\n") == 0, out.stderr
 
