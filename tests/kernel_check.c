@@ -173,7 +173,9 @@ static void check_swiglu(const kernel_set *fast, const kernel_set *ref, uint32_t
  * take the whole 256-element blocks of `blocks` (none when fewer than 8). Every other call probes the integer sums'
  * edges instead, with x all +127, all -127 or +-127 at random (the quantizer's extremes): every weight byte 0xFF (the
  * largest nibbles, 5- and 6-bit values, MXFP4's -12), or 0x00 and 0xFF at random (Q6_K's -32 too), Q6_K's scales
- * all -128 or -128 and 127 at random: where a SIMD kernel's byte products would saturate if any could. */
+ * all -128 or -128 and 127 at random: where a SIMD kernel's byte products would saturate if any could. Those calls
+ * also give half the f16 fields an edge value (the smallest subnormal, the largest negative one, -0, 65504: a kernel's
+ * own f16 widening) and half of MXFP4's exponents 0, 1 (subnormal factors), 2 or 230 (2^102: no sum overflows). */
 static int8_t xe[MAX_BLOCKS * QBLOCK];
 static int32_t xe_sum[MAX_BLOCKS];
 static void check_block_dtypes(const kernel_set *fast, const kernel_set *ref, uint32_t blocks) {
@@ -187,6 +189,8 @@ static void check_block_dtypes(const kernel_set *fast, const kernel_set *ref, ui
             xe_sum[b] += xe[b * QBLOCK + i];
         }
     }
+    static const uint16_t EDGE_F16[4] = { 0x0001, 0x83FF, 0x8000, 0x7BFF };
+    static const uint8_t EDGE_E8M0[4] = { 0, 1, 2, 230 };
     static const struct { uint32_t dtype; uint8_t f16_at[2]; const char *name; } DTYPES_CHECKED[] = {
         { DTYPE_Q4_1, { 0, 2 }, "rows_q4_1" }, { DTYPE_Q5_0, { 0, 0 }, "rows_q5_0" }, { DTYPE_Q5_1, { 0, 2 }, "rows_q5_1" },
         { DTYPE_MXFP4, { 255, 255 }, "rows_mxfp4" }, { DTYPE_Q4_K, { 0, 2 }, "rows_q4_k" },
@@ -201,10 +205,11 @@ static void check_block_dtypes(const kernel_set *fast, const kernel_set *ref, ui
             wb[i] = (uint8_t)(!edge ? next() : edge < 3 || next() & 1 ? 0xFFu : 0x00u);
         for (uint32_t b = 0; b < ROWS * row_blocks; b++) {
             uint8_t *blk = wb + b * bytes;
-            if (dtype == DTYPE_MXFP4) blk[0] = (uint8_t)(100u + next() % 40u);
+            if (dtype == DTYPE_MXFP4) blk[0] = edge && next() & 1 ? EDGE_E8M0[next() % 4u] : (uint8_t)(100u + next() % 40u);
             for (uint32_t j = 0; j < 16 && edge && dtype == DTYPE_Q6_K; j++) blk[192 + j] = edge < 3 || next() & 1 ? 0x80u : 0x7Fu;
             for (uint32_t j = 0; j < 2 && dtype != DTYPE_MXFP4; j++) {
-                const uint16_t h = f32_to_f16(uniform() * 0.05f);
+                uint16_t h = f32_to_f16(uniform() * 0.05f);
+                if (edge && next() & 1) h = EDGE_F16[next() % 4u];
                 blk[DTYPES_CHECKED[k].f16_at[j]] = (uint8_t)h;
                 blk[DTYPES_CHECKED[k].f16_at[j] + 1] = (uint8_t)(h >> 8);
             }

@@ -187,7 +187,213 @@ static void swiglu_mve(float *g, const float *u, uint32_t n) {
     swiglu_scalar(g + i, u + i, n - i);
 }
 
+#if WITH_BLOCK_DTYPES
+/* ---- The block dtypes (docs/KERNELS.md "The block dtypes"), as kernels_block.c's rows compute them. A dtype's part
+ * fills 8 blocks' terms at a time: each block's integer sum by VMLADAV over its 32 values unpacked into two registers of
+ * bytes (exact), and its factors a and c. The float steps are shared: blocks 8 s + j into lane j, t = (float)isum *
+ * (a * x_d), t = t + (float)x_sum * (c * x_d), acc += t lane by lane in two 4-lane registers (the scalar kernel's
+ * operations in its order), then the fixed tree. A call whose Helium float work met a subnormal (flushed: FPSCR's IDC,
+ * UFC) or gave a NaN (the default NaN) returns the scalar rows' bits instead: rare (a factor is exact, never subnormal
+ * but for MXFP4's 2^-128 and 2^-127). ---- */
+
+/* GGUF's fields may sit at any byte (MXFP4's blocks are 17 bytes): unaligned LDRH/LDR, which the M55 allows. */
+static uint32_t le32_at(const uint8_t *p) {
+    uint32_t v;
+    return __builtin_memcpy(&v, p, 4), v;
+}
+static float f16_le(const uint8_t *p) {
+    uint16_t v;
+    return __builtin_memcpy(&v, p, 2), f16_to_f32(v);
+}
+
+/* The exact sum of 32 products: values q0 (elements 0..15) and q1 (16..31), each below 128 in size, times x's. */
+static int32_t isum16x2(uint8x16_t q0, uint8x16_t q1, const int8_t *xq) {
+    return vmladavaq_s8(vmladavq_s8(vreinterpretq_s8_u8(q0), vld1q_s8(xq)), vreinterpretq_s8_u8(q1), vld1q_s8(xq + 16));
+}
+
+/* Up to 8 consecutive blocks' integer sums and factors (c only for the dtypes with an offset). */
+typedef struct { int32_t isum[8]; float a[8], c[8]; } terms8;
+/* A dtype's part: the n (<= 8) blocks at w times x's values xq (and sums xsum) into t; returns the address after them. */
+typedef const uint8_t *(*fill8_fn)(const uint8_t *w, uint32_t n, const int8_t *xq, const int32_t *xsum, terms8 *t);
+
+/* Four lanes' float steps. */
+ALWAYS_INLINE float32x4_t add_terms4(float32x4_t acc, const terms8 *t, uint32_t j, const float *xd, const int32_t *xsum,
+                                     int offset) {
+    const float32x4_t d = vld1q_f32(xd);
+    float32x4_t s = vmulq_f32(vcvtq_f32_s32(vld1q_s32(t->isum + j)), vmulq_f32(vld1q_f32(t->a + j), d));
+    if (offset) s = vaddq_f32(s, vmulq_f32(vcvtq_f32_s32(vld1q_s32(xsum)), vmulq_f32(vld1q_f32(t->c + j), d)));
+    return vaddq_f32(acc, s);
+}
+
+/* Every block dtype's rows: `fill` the dtype's part, `offset` whether it has c, `scalar` its scalar rows. A row's last
+ * blocks, fewer than 8, add their terms to their lanes on the FPU after the others. */
+__attribute__((noinline)) static void rows_terms8(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                                                  float *out, fill8_fn fill, int offset, rows_block_fn scalar) {
+    const q8_vector xv = *x;
+    const uint8_t *const w0 = w;
+    flush_flags_clear();
+    for (uint32_t r = 0; r < rows; r++) {
+        float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0;
+        terms8 t;
+        uint32_t b = 0;
+        for (; b + 8 <= blocks; b += 8) {
+            w = fill(w, 8, xv.q + (size_t)b * QBLOCK, xv.sum + b, &t);
+            acc0 = add_terms4(acc0, &t, 0, xv.scale + b, xv.sum + b, offset);
+            acc1 = add_terms4(acc1, &t, 4, xv.scale + b + 4, xv.sum + b + 4, offset);
+        }
+        float acc[8];
+        vst1q_f32(acc, acc0);
+        vst1q_f32(acc + 4, acc1);
+        if (b < blocks) {
+            w = fill(w, blocks - b, xv.q + (size_t)b * QBLOCK, xv.sum + b, &t);
+            for (uint32_t j = 0; b + j < blocks; j++) {
+                float s = (float)t.isum[j] * (t.a[j] * xv.scale[b + j]);
+                if (offset) s = s + (float)xv.sum[b + j] * (t.c[j] * xv.scale[b + j]);
+                acc[j] += s;
+            }
+        }
+        out[r] = sum_lanes8(acc);
+    }
+    int differ = flushed(0.0f); /* the results are in memory: the read's clobber orders them */
+    for (uint32_t r = 0; r < rows; r++) differ |= out[r] != out[r];
+    if (differ) scalar(w0, x, blocks, rows, out);
+}
+
+/* Q4_1 {f16 d, m; u8 qs[16]}, Q5_0 {f16 d; u8 qh[4]; u8 qs[16]}, Q5_1 {f16 d, m; u8 qh[4]; u8 qs[16]}: elements 0..15 in
+ * the low nibbles of qs, 16..31 in the high ones; Q5's bit 4 of element i is bit i of qh, added in the lanes a predicate
+ * made of qh selects (a bit per byte lane); Q5_0's 5 bits - 16: the sum of q x less 16 times x's block sum. */
+enum { Q4_1_BYTES = 20, Q5_0_BYTES = 22, Q5_1_BYTES = 24 };
+ALWAYS_INLINE const uint8_t *fill_q4_1_q5(const uint8_t *w, uint32_t n, const int8_t *xq, const int32_t *xsum, terms8 *t,
+                                          uint32_t bytes) {
+    const uint8x16_t nib = vdupq_n_u8(15);
+    for (uint32_t j = 0; j < n; j++, w += bytes, xq += QBLOCK) {
+        const uint32_t qh = bytes == Q4_1_BYTES ? 0u : le32_at(w + bytes - 20u);
+        const uint8x16_t qs = vld1q_u8(w + bytes - 16u), lo = vandq_u8(qs, nib), hi = vshrq_n_u8(qs, 4);
+        t->isum[j] = isum16x2(vaddq_m_n_u8(lo, lo, 16, (mve_pred16_t)qh), vaddq_m_n_u8(hi, hi, 16, (mve_pred16_t)(qh >> 16)), xq);
+        t->a[j] = f16_le(w);
+        if (bytes == Q5_0_BYTES)
+            t->isum[j] -= 16 * xsum[j];
+        else
+            t->c[j] = f16_le(w + 2);
+    }
+    return w;
+}
+#define FILL_Q4_1_Q5(NAME, BYTES)                                                                                      \
+    static const uint8_t *NAME(const uint8_t *w, uint32_t n, const int8_t *xq, const int32_t *xsum, terms8 *t) {      \
+        return fill_q4_1_q5(w, n, xq, xsum, t, BYTES);                                                                 \
+    }
+FILL_Q4_1_Q5(fill_q4_1, Q4_1_BYTES)
+FILL_Q4_1_Q5(fill_q5_0, Q5_0_BYTES)
+FILL_Q4_1_Q5(fill_q5_1, Q5_1_BYTES)
+
+/* MXFP4 {u8 e; u8 qs[16]}: the nibbles' values (twice E2M1's) by a byte gather from the table, times 2^(e - 128). */
+static const int8_t MXFP4_TWICE[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
+static const uint8_t *fill_mxfp4(const uint8_t *w, uint32_t n, const int8_t *xq, const int32_t *xsum, terms8 *t) {
+    (void)xsum;
+    const uint8x16_t nib = vdupq_n_u8(15);
+    for (uint32_t j = 0; j < n; j++, w += 17, xq += QBLOCK) {
+        const uint8x16_t qs = vld1q_u8(w + 1);
+        const int8x16_t q0 = vldrbq_gather_offset_s8(MXFP4_TWICE, vandq_u8(qs, nib));
+        const int8x16_t q1 = vldrbq_gather_offset_s8(MXFP4_TWICE, vshrq_n_u8(qs, 4));
+        const uint32_t e = w[0];
+        t->isum[j] = vmladavaq_s8(vmladavq_s8(q0, vld1q_s8(xq)), q1, vld1q_s8(xq + 16));
+        t->a[j] = f32_from_bits(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
+    }
+    return w;
+}
+
+/* Q4_K {f16 d, dmin; u8 scales[12]; u8 qs[128]} and Q5_K {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}: sub-block
+ * j (x block 8 s + j) holds the low (j even) or high (j odd) nibbles of qs[32 (j / 2) ..], and for Q5_K bit 4 of its
+ * element l in bit j of qh[l]; its factors d sc and -(dmin m) (exact, four at a time) with the 6-bit scale and min of
+ * llama.cpp's get_scale_min_k4, also four at a time: scm[j] the scales, scm[8 + j] the mins. */
+ALWAYS_INLINE const uint8_t *fill_k4(const uint8_t *w, const int8_t *xq, terms8 *t, int five) {
+    const uint32_t w0 = le32_at(w + 4), w1 = le32_at(w + 8), w2 = le32_at(w + 12);
+    const uint32_t scm[4] = { w0 & 0x3F3F3F3Fu, (w2 & 0x0F0F0F0Fu) | (w0 >> 2 & 0x30303030u), w1 & 0x3F3F3F3Fu,
+                              (w2 >> 4 & 0x0F0F0F0Fu) | (w1 >> 2 & 0x30303030u) };
+    const uint8_t *sc = (const uint8_t *)scm;
+    const float d = f16_le(w), dmin = f16_le(w + 2);
+    vst1q_f32(t->a, vmulq_n_f32(vcvtq_f32_u32(vldrbq_u32(sc)), d));
+    vst1q_f32(t->a + 4, vmulq_n_f32(vcvtq_f32_u32(vldrbq_u32(sc + 4)), d));
+    vst1q_f32(t->c, vnegq_f32(vmulq_n_f32(vcvtq_f32_u32(vldrbq_u32(sc + 8)), dmin)));
+    vst1q_f32(t->c + 4, vnegq_f32(vmulq_n_f32(vcvtq_f32_u32(vldrbq_u32(sc + 12)), dmin)));
+    const uint8x16_t nib = vdupq_n_u8(15), bit4 = vdupq_n_u8(16);
+    uint8x16_t h0 = vdupq_n_u8(0), h1 = h0;
+    if (five) h0 = vld1q_u8(w + 16), h1 = vld1q_u8(w + 32);
+    const uint8_t *qs = w + (five ? 48 : 16);
+    for (uint32_t j = 0; j < 8; j += 2, qs += 32, xq += 2 * QBLOCK) {
+        const uint8x16_t q0 = vld1q_u8(qs), q1 = vld1q_u8(qs + 16);
+        uint8x16_t l0 = vandq_u8(q0, nib), l1 = vandq_u8(q1, nib), u0 = vshrq_n_u8(q0, 4), u1 = vshrq_n_u8(q1, 4);
+        if (five) { /* bits j and j + 1 of qh, then the next two */
+            l0 = vorrq_u8(l0, vandq_u8(vshlq_n_u8(h0, 4), bit4));
+            l1 = vorrq_u8(l1, vandq_u8(vshlq_n_u8(h1, 4), bit4));
+            u0 = vorrq_u8(u0, vandq_u8(vshlq_n_u8(h0, 3), bit4));
+            u1 = vorrq_u8(u1, vandq_u8(vshlq_n_u8(h1, 3), bit4));
+            h0 = vshrq_n_u8(h0, 2), h1 = vshrq_n_u8(h1, 2);
+        }
+        t->isum[j] = isum16x2(l0, l1, xq);
+        t->isum[j + 1] = isum16x2(u0, u1, xq + QBLOCK);
+    }
+    return qs;
+}
+static const uint8_t *fill_q4_k(const uint8_t *w, uint32_t n, const int8_t *xq, const int32_t *xsum, terms8 *t) {
+    return (void)n, (void)xsum, fill_k4(w, xq, t, 0);
+}
+static const uint8_t *fill_q5_k(const uint8_t *w, uint32_t n, const int8_t *xq, const int32_t *xsum, terms8 *t) {
+    return (void)n, (void)xsum, fill_k4(w, xq, t, 1);
+}
+
+/* Q6_K: {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: sub-block j = 4 n + k has the low 4 bits of its values in
+ * ql[64 n + 32 (k & 1) ..] (the high nibbles for k >= 2) and their top 2 in bits 2 k, 2 k + 1 of qh[32 n ..]; each 16
+ * values' sum of (6 bits - 32) x times the 16's scale (|isum| <= 32 x 4096 x 127, below 2^24); the factor is d. */
+/* One sub-block of Q6_K: its nibbles lo0, lo1 (elements 0..15, 16..31), its top 2 bits hi0, hi1 (at bits 4, 5). */
+ALWAYS_INLINE int32_t isum_q6(uint8x16_t lo0, uint8x16_t lo1, uint8x16_t hi0, uint8x16_t hi1, const int8_t *scales,
+                              const int8_t *xq) {
+    return scales[0] * vmladavq_s8(vsubq_n_s8(vreinterpretq_s8_u8(vorrq_u8(lo0, hi0)), 32), vld1q_s8(xq)) +
+           scales[1] * vmladavq_s8(vsubq_n_s8(vreinterpretq_s8_u8(vorrq_u8(lo1, hi1)), 32), vld1q_s8(xq + 16));
+}
+static const uint8_t *fill_q6_k(const uint8_t *w, uint32_t n, const int8_t *xq, const int32_t *xsum, terms8 *t) {
+    (void)n, (void)xsum;
+    const uint8x16_t nib = vdupq_n_u8(15), top = vdupq_n_u8(0x30);
+    for (uint32_t half = 0; half < 2; half++) { /* sub-blocks 4 half + k: ql[64 half ..], qh[32 half ..] */
+        const uint8_t *ql = w + 64u * half, *qh = w + 128 + 32u * half;
+        const int8_t *scales = (const int8_t *)(w + 192) + 8u * half, *x = xq + 4u * QBLOCK * half;
+        int32_t *isum = t->isum + 4u * half;
+        const uint8x16_t h0 = vld1q_u8(qh), h1 = vld1q_u8(qh + 16);
+        uint8x16_t q0 = vld1q_u8(ql), q1 = vld1q_u8(ql + 16);
+        isum[0] = isum_q6(vandq_u8(q0, nib), vandq_u8(q1, nib), vandq_u8(vshlq_n_u8(h0, 4), top),
+                          vandq_u8(vshlq_n_u8(h1, 4), top), scales, x);
+        isum[2] = isum_q6(vshrq_n_u8(q0, 4), vshrq_n_u8(q1, 4), vandq_u8(h0, top), vandq_u8(h1, top), scales + 4,
+                          x + 2 * QBLOCK);
+        q0 = vld1q_u8(ql + 32), q1 = vld1q_u8(ql + 48);
+        isum[1] = isum_q6(vandq_u8(q0, nib), vandq_u8(q1, nib), vandq_u8(vshlq_n_u8(h0, 2), top),
+                          vandq_u8(vshlq_n_u8(h1, 2), top), scales + 2, x + QBLOCK);
+        isum[3] = isum_q6(vshrq_n_u8(q0, 4), vshrq_n_u8(q1, 4), vandq_u8(vshrq_n_u8(h0, 2), top),
+                          vandq_u8(vshrq_n_u8(h1, 2), top), scales + 6, x + 3 * QBLOCK);
+    }
+    const float32x4_t d = vdupq_n_f32(f16_le(w + 208));
+    vst1q_f32(t->a, d), vst1q_f32(t->a + 4, d);
+    return w + 210;
+}
+
+#define ROWS_MVE(NAME, FILL, OFFSET, SCALAR)                                                                           \
+    static void NAME(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) {              \
+        rows_terms8(w, x, blocks, rows, out, FILL, OFFSET, SCALAR);                                                    \
+    }
+ROWS_MVE(rows_q4_1_mve, fill_q4_1, 1, rows_q4_1_scalar)
+ROWS_MVE(rows_q5_0_mve, fill_q5_0, 0, rows_q5_0_scalar)
+ROWS_MVE(rows_q5_1_mve, fill_q5_1, 1, rows_q5_1_scalar)
+ROWS_MVE(rows_mxfp4_mve, fill_mxfp4, 0, rows_mxfp4_scalar)
+ROWS_MVE(rows_q4_k_mve, fill_q4_k, 1, rows_q4_k_scalar)
+ROWS_MVE(rows_q5_k_mve, fill_q5_k, 1, rows_q5_k_scalar)
+ROWS_MVE(rows_q6_k_mve, fill_q6_k, 0, rows_q6_k_scalar)
+#define KERNELS_BLOCK_DTYPES_MVE                                                                                       \
+    .rows_q4_1 = rows_q4_1_mve, .rows_q5_0 = rows_q5_0_mve, .rows_q5_1 = rows_q5_1_mve, .rows_mxfp4 = rows_mxfp4_mve,    \
+    .rows_q4_k = rows_q4_k_mve, .rows_q5_k = rows_q5_k_mve, .rows_q6_k = rows_q6_k_mve
+#else
+#define KERNELS_BLOCK_DTYPES_MVE /* the lean build: none */
+#endif
+
 const kernel_set kernels_mve = { .name = "mve", .dot_f32 = dot_f32_mve, .dot_f16 = dot_f16_mve, .dot_bf16 = dot_bf16_mve,
                                  .rows_q8_0 = rows_q8_0_mve, .rows_q4_0 = rows_q4_0_mve,
-                                 .quantize_q8_0 = quantize_q8_0_mve, .swiglu = swiglu_mve, KERNELS_BLOCK_DTYPES_SCALAR };
+                                 .quantize_q8_0 = quantize_q8_0_mve, .swiglu = swiglu_mve, KERNELS_BLOCK_DTYPES_MVE };
 #endif
