@@ -337,9 +337,10 @@ def hf_name(fam: Family, role: Role, layer: int, expert: int) -> str:
 
 
 def _scaled(t, factor: np.float32, divide: bool):
-    """t times factor (divided by it with `divide`), in f32, computed when read if t is."""
+    """t times factor (divided by it with `divide`), in f32, computed when read if t is; --dtype stored quantizes it
+    again to the type its file stores t in (its values are no longer the file's)."""
     return derived_tensor(t, tuple(t.shape), lambda: np.asarray(t, np.float32) / factor if divide
-                          else np.asarray(t, np.float32) * factor)
+                          else np.asarray(t, np.float32) * factor, keeps=True)
 
 
 def checkpoint_tensor(raw: dict, fam: Family, d: ModelDims, key: tuple[Role, int, int]) -> tuple[list[str], object]:

@@ -324,6 +324,14 @@ def _quantize(rows: np.ndarray, kernel: Callable[[np.ndarray], np.ndarray], bloc
     with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):
         for start in range(0, blocks.shape[0], CHUNK):
             out[start:start + CHUNK] = kernel(blocks[start:start + CHUNK])
+    # the blocks' f16 scales (d, and dmin for Q4_K/Q5_K: the first two, Q6_K's d the last two bytes): where values
+    # are so large that the search overflows (Q6_K from about 1e15) a scale comes out NaN, and llama.cpp's own order
+    # writes an infinite or zero one instead: that block is not llama.cpp's, so it is refused (an infinite scale, as
+    # llama.cpp writes for values past f16's range, is its bytes and is kept)
+    scales = np.ascontiguousarray(out[:, block_bytes - 2:] if name == "Q6_K" else out[:, :4]).view("<f2")
+    if np.isnan(scales).any():
+        bad = int(np.argwhere(np.isnan(scales))[0, 0]) // (cols // QK_K)
+        raise ValueError(f"{name}: row {bad}'s values are too large for {name} (a block's scale overflows)")
     return out.reshape(n_rows, cols // QK_K, block_bytes)
 
 

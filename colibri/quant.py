@@ -70,7 +70,9 @@ class DType(enum.IntEnum):
 
 
 GGUF_TYPE = {d: gguf.GGMLQuantizationType[d.name] for d in DType if d.quantized}
-# llama.cpp's fallback (llama-quant.cpp tensor_type_fallback) for a row that is not whole K-quant blocks
+# llama.cpp's fallback types (llama-quant.cpp tensor_type_fallback) for a row that is not whole K-quant blocks; where
+# that row is not whole blocks of 32 either, llama.cpp takes F16 (GGUF has no partial block) and the image pads the
+# last block with zeros instead (docs/FORMAT.md "Row tails")
 K_FALLBACK = {DType.Q4_K: DType.Q5_0, DType.Q5_K: DType.Q5_1, DType.Q6_K: DType.Q8_0}
 
 
@@ -183,8 +185,11 @@ def encode(arr: np.ndarray, dtype: DType) -> Encoded:
         return Encoded(dtype, arr.shape, arr.astype(ml_dtypes.bfloat16))
     if arr.ndim != 2:
         raise ValueError(f"only matrices can be quantized, not shape {arr.shape}")
+    if not np.isfinite(arr).all():  # (its blocks' scales would be NaN: the runtime would stop at them)
+        raise ValueError(f"row {int(np.argwhere(~np.isfinite(arr))[0, 0])} holds a NaN or an infinity, which no "
+                         f"{dtype.name} block holds; keep this tensor f32 (--keep NAME) or fix the checkpoint")
     rows, cols = arr.shape
-    dtype = fitted(dtype, cols)
+    dtype = fitted(dtype, cols)  # (a row that is not whole 256-element blocks: llama.cpp's fallback type)
     if dtype in K_FALLBACK:
         from colibri import kquant  # (numpy's work, only when asked for)
         return Encoded(dtype, (rows, cols), kquant.QUANTIZERS[dtype.name.lower()](arr).reshape(rows, -1, dtype.block_bytes))

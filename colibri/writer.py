@@ -202,7 +202,10 @@ def _fill(write: Callable[[int, bytes | np.ndarray], None], read: Callable[[int,
     `write(offset, data)`, telling `progress` each one's bytes, then the table, the CRCs (summed by reading back, a
     window at a time) and the header."""
     for entry, src in plan.sources:  # one tensor in memory at a time: a Deferred one is encoded here
-        enc = src.encoded() if isinstance(src, Deferred) else src
+        try:
+            enc = src.encoded() if isinstance(src, Deferred) else src
+        except ValueError as exc:  # (a value no block of the dtype holds: named by the tensor)
+            raise ValueError(f"{tensor_name(entry.role, entry.layer, entry.expert)}: {exc}") from None
         values = np.ascontiguousarray(enc.values).reshape(-1).view(np.uint8)
         if values.size != entry.nbytes:  # (a source whose declared shape was not its own: never into the next tensor)
             raise ValueError(f"{entry.role.name} layer={entry.layer} expert={entry.expert}: {values.size} bytes of values "

@@ -80,7 +80,8 @@ def test_packed_from_floats_on_every_board(dtype, k256_checkpoint, firmwares, tm
 
 def test_k_quant_rows_that_are_not_whole_blocks_fall_back(tmp_path):
     """A row that is not a whole number of 256-element blocks (WIDE's hidden 264) takes llama.cpp's fallback type
-    (llama-quant.cpp's tensor_type_fallback): Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0."""
+    (llama-quant.cpp's tensor_type_fallback): Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, its last block zero-padded
+    (where llama.cpp, whose blocks cannot be partial, takes F16 for a row that is not whole blocks of 32 either)."""
     src = make_checkpoint(WIDE, tmp_path / "wide")
     for asked, fallback in ((DType.Q4_K, DType.Q5_0), (DType.Q5_K, DType.Q5_1), (DType.Q6_K, DType.Q8_0)):
         pack(src, tmp_path / "m.img", 32, 64, dtype=asked, measure_quality=False)

@@ -9,6 +9,7 @@ import gguf
 import numpy as np
 import pytest
 
+from colibri import kquant
 from colibri.kquant import BLOCK_BYTES, QK_K, QUANTIZERS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kquant" / "llama-cpp-kquants.npz"
@@ -109,3 +110,11 @@ def test_bad_input(name):
     x[1, 5] = np.nan
     with pytest.raises(ValueError, match="row 1"):
         quantize(x)
+
+
+def test_values_whose_scale_overflows_are_refused():
+    """Values so large that the Q6_K search overflows (about 1e15) leave a NaN scale where llama.cpp's order writes
+    another block: refused in one line rather than packed into an image that stops with COLIBRI_E_NONFINITE."""
+    rows = (np.random.default_rng(0).standard_normal((2, 256)) * 1e15).astype(np.float32)
+    with pytest.raises(ValueError, match="too large for Q6_K"):
+        kquant.quantize_q6_k(rows)

@@ -140,9 +140,12 @@ class Family:
             raise ValueError(f"window_rule {self.window_rule!r} is not one of {', '.join(WINDOW_RULES)}")
 
 
-def derived_tensor(origin, shape: tuple[int, ...], compute):
-    """compute()'s f32 array: now if `origin` is in memory, when read if it is a tensor of a file."""
-    return Derived(shape, compute) if isinstance(origin, LazyTensor) else np.ascontiguousarray(compute())
+def derived_tensor(origin, shape: tuple[int, ...], compute, keeps: bool = False):
+    """compute()'s f32 array: now if `origin` is in memory, when read if it is a tensor of a file. `keeps`: the
+    result takes the dtype a GGUF file stores `origin` in, for --dtype stored (requantized to it: a scaled tensor)."""
+    if isinstance(origin, LazyTensor):
+        return Derived(shape, compute, kept=origin.kept if keeps else None)
+    return np.ascontiguousarray(compute())
 
 
 def fused_expert_tensor(raw: dict, d, gate_up: str, down: str, role: Role, expert: int) -> tuple[list[str], object]:
