@@ -29,6 +29,7 @@ from pathlib import Path
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
+from elftools.elf.relocation import RelocationSection
 from elftools.elf.sections import SymbolTableSection
 
 from colibri.console import Parser
@@ -128,9 +129,63 @@ class StackReport:
     problems: list[str]        # recursion or dynamic frames
 
 
-def stack_depth(ci_files: list[Path], roots: list[str], hook_files: list[Path]) -> StackReport:
-    """Deepest stack from `roots`. An indirect call (a board hook: UART, cycle counter; a kernel set's
-    entry) costs the deepest function defined in `hook_files` that makes no indirect call itself."""
+# Relocations that are a direct call or jump (their target's address is not taken): Arm's CALL, JUMP24, THM_CALL,
+# THM_JUMP24/19/11/8; RISC-V's BRANCH, JAL, CALL, CALL_PLT, RVC_BRANCH, RVC_JUMP; x86-64's PLT32.
+CALL_RELOCATIONS = {"EM_ARM": {10, 28, 29, 30, 51, 102, 103}, "EM_RISCV": {16, 17, 18, 19, 44, 45},
+                    "EM_X86_64": {4}}
+VECTOR_SECTIONS = (".vectors", ".isr_vector")  # a function only these name is the hardware's to call: a root
+
+
+def address_taken(objects: list[Path]) -> set[str]:
+    """The functions whose address the objects take (a relocation against the function, or against its section at
+    its offset, that is not a direct call or jump): what an indirect call may reach. Those only a vector table names
+    are left out (the hardware calls them: roots of their own)."""
+    out: dict[str, set[str]] = {}
+    for obj in objects:
+        with open(obj, "rb") as f:
+            if f.read(4) != b"\x7fELF":  # a PE/COFF object (the Windows board): an operating system's process
+                continue
+            f.seek(0)
+            elf = ELFFile(f)
+            calls = CALL_RELOCATIONS.get(elf["e_machine"])
+            symtab = elf.get_section_by_name(".symtab")
+            if calls is None or symtab is None:
+                continue
+            functions = {(sym["st_shndx"], sym["st_value"] & ~1): sym.name for sym in symtab.iter_symbols()
+                         if sym["st_info"]["type"] == "STT_FUNC" and isinstance(sym["st_shndx"], int)}
+            for sec in elf.iter_sections():
+                if not isinstance(sec, RelocationSection):
+                    continue
+                placed = elf.get_section(sec["sh_info"])
+                if placed.name.startswith((".debug", ".ARM.exidx", ".eh_frame", ".comment")):
+                    continue
+                for r in sec.iter_relocations():
+                    if r["r_info_type"] in calls:
+                        continue
+                    sym = symtab.get_symbol(r["r_info_sym"])
+                    addend = r.entry.get("r_addend")
+                    if addend is None:  # REL (Arm): the addend is the word in place, for the data relocations here
+                        at = r["r_offset"]
+                        addend = (int.from_bytes(placed.data()[at:at + 4], "little")
+                                  if placed["sh_type"] != "SHT_NOBITS" and r["r_info_type"] == 2 else 0)
+                    # a function, or a name defined in another object (undefined here: the linker resolves it)
+                    named = sym["st_info"]["type"] == "STT_FUNC" or sym["st_shndx"] == "SHN_UNDEF"
+                    if named and sym.name and addend in (0, 1):
+                        out.setdefault(sym.name, set()).add(placed.name)
+                    elif sym["st_info"]["type"] == "STT_SECTION":  # a static function: its section at its offset
+                        name = functions.get((sym["st_shndx"], addend & ~1))
+                        if name:
+                            out.setdefault(name, set()).add(placed.name)
+    return {f for f, where in out.items() if not all(w.startswith(VECTOR_SECTIONS) for w in where)}
+
+
+def stack_depth(ci_files: list[Path], roots: list[str], hooks: set[str] | list[Path]) -> StackReport:
+    """Deepest stack from `roots`. An indirect call costs the deepest of the `hooks` (the functions whose address is
+    taken, address_taken(): a board hook such as the UART or the cycle counter, a kernel set's entry, a worker the
+    runtime hands to parallel_for), roots excepted. A hook that makes an indirect call itself (an adapter: link.c's
+    fetch_start_board calling the board's fetch_start) costs its own depth with that call costing the deepest hook
+    that makes none. `hooks` may instead be a list of .ci files: every function defined there that makes no
+    indirect call (a coarser rule, for objects without relocations)."""
     frames: dict[str, int] = {}
     dynamic: list[str] = []
     edges: dict[str, list[str]] = {}
@@ -149,52 +204,93 @@ def stack_depth(ci_files: list[Path], roots: list[str], hook_files: list[Path]) 
 
     unknown: set[str] = set()
     problems = [f"{f}: dynamic stack frame" for f in dynamic]
-    memo: dict[str, tuple[int, list[str]]] = {}
-    active: set[str] = set()
+    indirect: set[str] = set()  # the functions from which an indirect call is reachable
+    pending = [INDIRECT]
+    callers: dict[str, list[str]] = {}
+    for src, dsts in edges.items():
+        for dst in dsts:
+            callers.setdefault(dst, []).append(src)
+    while pending:
+        for caller in callers.get(pending.pop(), []):
+            if caller not in indirect:
+                indirect.add(caller)
+                pending.append(caller)
 
-    def reaches_indirect(f: str, seen: set[str]) -> bool:
+    # a static function's title is "file.c:name": a root or a hook names either
+    def titles(name: str) -> list[str]:
+        return [name] if name in frames else [t for t in frames if t.endswith(":" + name)]
+
+    roots = [t for r in roots for t in titles(r)]
+    if isinstance(hooks, list):
+        hook_titles = {f for f, ci in defined_in.items() if ci in hooks and f not in indirect}
+    else:
+        hook_titles = {t for h in hooks for t in titles(h)}
+    hook_titles -= set(roots)
+    memo: dict[tuple, tuple[int, list[str]]] = {}
+    leaves = {h for h in hook_titles if h not in indirect}
+
+    # `adapter`: below a hook's own indirect call, which reaches a hook that makes none (an adapter forwards to the
+    # interface it adapts: link.c's fetch_start_board to the board's fetch_start, a row kernel to its dtype's fill
+    # function; the board's parallel_for hands the runtime's worker to tasks of their own, which are roots)
+    def deepest(f: str, adapter: bool, active: frozenset) -> tuple[int, list[str]]:
         if f == INDIRECT:
-            return True
-        seen.add(f)
-        return any(g not in seen and reaches_indirect(g, seen) for g in edges.get(f, []))
-
-    def deepest(f: str) -> tuple[int, list[str]]:
-        if f in memo:
-            return memo[f]
+            best = (0, ["(indirect: no hook)"])
+            for h in sorted(leaves if adapter else hook_titles):
+                d, p = deepest(h, True, frozenset())
+                if d > best[0]:
+                    best = (d, [f"(indirect) {p[0]}"] + p[1:])
+            return best
+        key = (f, adapter) if f in indirect else (f,)
+        if key in memo:
+            return memo[key]
         if f in active:
             problems.append(f"recursion through {f}")
             return 0, [f]
-        if f == INDIRECT:
-            return indirect_cost
         if f not in frames:
             unknown.add(f)
             return 0, [f]
-        active.add(f)
         best = (0, [])
         for g in edges.get(f, []):
-            d, p = deepest(g)
+            d, p = deepest(g, adapter, active | {f})
             if d > best[0]:
                 best = (d, p)
-        active.discard(f)
-        memo[f] = (frames[f] + best[0], [f] + best[1])
-        return memo[f]
+        memo[key] = (frames[f] + best[0], [f] + best[1])
+        return memo[key]
 
-    indirect_cost = (0, ["(indirect: no hook)"])
-    hooks = [f for f, ci in defined_in.items() if ci in hook_files and not reaches_indirect(f, set())]
-    for h in hooks:
-        d, p = deepest(h)
-        if d > indirect_cost[0]:
-            indirect_cost = (d, [f"(indirect) {p[0]}"] + p[1:])
-    memo.clear()
-    # a static function's title is "file.c:name": a root names either
-    roots = [r if r in frames else next((t for t in frames if t.endswith(":" + r)), r) for r in roots]
-    depth, path = max((deepest(r) for r in roots if r in frames), default=(0, []))
-    return StackReport(None if problems else depth, path, sorted(unknown), problems)
+    depth, path = max((deepest(r, False, frozenset()) for r in roots), default=(0, []))
+    return StackReport(None if problems else depth, path, sorted(unknown), sorted(set(problems)))
+
+
+def interrupt_stack(ci_files: list[Path], spec: dict, hooks: set[str]) -> dict:
+    """The interrupts' share of a stack (board.toml's [interrupts], or [rtos.<name>.interrupts] for an RTOS build):
+    `levels` lists the handlers' roots by priority, lowest first (a root "name+N" adds the N bytes its assembly entry
+    pushes before calling it); a handler can preempt one of a lower level, so the worst case is the deepest root of
+    every level stacked, each with `frame_bytes` (the exception frame the core pushes, FP state included). `stack` is
+    "main" (the thread's own stack: the figure is added to its worst case) or the symbol of a separate stack."""
+    levels, total, path = [], 0, []
+    for roots in spec.get("levels", []):
+        best: tuple = (0, [], None)
+        for root in roots:
+            name, _, extra = root.partition("+")
+            rep = stack_depth(ci_files, [name], hooks)
+            if rep.depth is None:
+                return {"depth": None, "problems": rep.problems, "levels": levels, "stack": spec.get("stack", "main")}
+            if not rep.path:
+                return {"depth": None, "problems": [f"interrupt root {name} is not in the call graph"],
+                        "levels": levels, "stack": spec.get("stack", "main")}
+            if rep.depth + int(extra or 0) >= best[0]:
+                best = (rep.depth + int(extra or 0), rep.path, root)
+        levels.append({"roots": roots, "deepest": best[0], "root": best[2], "path": best[1]})
+        total += best[0] + spec.get("frame_bytes", 0)
+        path += best[1][:1]
+    return {"depth": total, "levels": levels, "frame_bytes": spec.get("frame_bytes", 0), "path": path,
+            "stack": spec.get("stack", "main"), "problems": []}
 
 
 # ---- a board's whole report ----
 
 ROOTS = ["reset_handler", "board_main", "main"]
+KERNEL_TASKS = {"prvIdleTask"}  # FreeRTOS's own tasks' entry functions (the idle task's stack is the kernel's)
 
 
 def runtime_objects(board: str, mode: str) -> list[Path]:
@@ -235,18 +331,30 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
         "forbidden": {r.path: r.forbidden for r in runtime + ([] if os_process else [elf]) if r.forbidden},
     }
     ci = [c for c in build_files(out, ".ci") if not c.name.endswith(".c.ci")]
-    hook_files = (sorted((out / "board").rglob("*.ci")) + sorted((out / "common").rglob("*.ci"))
-                  + sorted((out / "firmware").glob("kernels*.ci")))  # the runtime calls its kernels through pointers
     rtos = rtos_of(board, mode)
+    interrupts = (rtos[1] if rtos else board.spec).get("interrupts", {})
+    # what an indirect call may reach: a function whose address is taken, but for those only the kernel starts (the
+    # tasks' entry functions, given to xTaskCreateStatic) and the interrupt handlers: roots of their own stacks
+    started = {f"{task}_task" for task in (rtos[1].get("stacks", {}) if rtos else {})} | KERNEL_TASKS
+    hooks = address_taken(build_files(out, ".o")) - started - {r.partition("+")[0] for level in
+                                                               interrupts.get("levels", []) for r in level}
     if not os_process:  # a process's stack is its operating system's business
-        # an RTOS build's main stack also takes the interrupts (on Cortex-M; RISC-V's port has its own for them)
-        roots = ROOTS + (rtos[1].get("interrupt_roots", []) if rtos else [])
-        report["stack"] = asdict(stack_depth(ci, roots, hook_files))
+        stack = stack_depth(ci, ROOTS, hooks)
+        irq = interrupt_stack(ci, interrupts, hooks)
+        if irq["depth"] is None:
+            stack.depth, stack.problems = None, stack.problems + irq["problems"]
+        elif irq["stack"] == "main" and stack.depth is not None:
+            stack.depth += irq["depth"]  # the handlers run on the thread's stack, on top of its deepest path
+        report["stack"] = asdict(stack)
+        if irq["levels"]:
+            if irq["stack"] != "main":  # the interrupts' own stack (RISC-V's FreeRTOS port switches to one)
+                irq["given"] = symbol_size(board.firmware(mode), irq["stack"])
+            report["interrupts"] = irq
     if rtos:
         report["rtos"] = rtos[0]
         with open(board.firmware(mode), "rb") as f:
             word = ELFFile(f).elfclass // 8  # FreeRTOS's StackType_t: the machine word
-        report["tasks"] = task_stacks(rtos[1], ci, hook_files, word, mode.split("-")[0])
+        report["tasks"] = task_stacks(rtos[1], ci, hooks, word, mode.split("-")[0])
     mem = board.spec.get("memory")
     bars, fits, too_large = [], True, []
     if image is not None:
@@ -289,6 +397,10 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
         if reserved:
             bars.append(usage_bar("stack (worst case vs reserved)", stack["depth"], reserved))
             fits &= stack["depth"] <= reserved
+    irq = report.get("interrupts")
+    if irq and irq.get("given") is not None and irq["depth"] is not None:
+        bars.append(usage_bar(f"interrupt stack {irq['stack']} (worst case vs given)", irq["depth"], irq["given"]))
+        fits &= irq["depth"] <= irq["given"]
     for t in report.get("tasks", []):
         if t["need"] is None:
             fits = False
@@ -301,13 +413,21 @@ def board_report(board_name: str, mode: str, image: Path | None) -> dict:
     return report
 
 
-def task_stacks(rt: dict, ci: list[Path], hook_files: list[Path], word: int = 4, mode: str = "release") -> list[dict]:
+def symbol_size(elf_path: Path, name: str) -> int | None:
+    """The size of a data symbol of the ELF (a static array: the interrupts' stack), or None."""
+    with open(elf_path, "rb") as f:
+        symtab = ELFFile(f).get_section_by_name(".symtab")
+        sym = symtab.get_symbol_by_name(name) if symtab else None
+        return sym[0]["st_size"] if sym else None
+
+
+def task_stacks(rt: dict, ci: list[Path], hooks: set[str], word: int = 4, mode: str = "release") -> list[dict]:
     """Each task of an RTOS build (board.toml's [rtos.<name>.stacks], or .stacks_<mode> where it has one: the task
     `link` runs link_task()): its static worst case from its entry function, plus what the port keeps on a switched-out
     task's stack (context_bytes), the least stack to give xTaskCreateStatic, against what board.toml gives it."""
     out = []
     for task, given in rt.get(f"stacks_{mode}", rt.get("stacks", {})).items():
-        rep = stack_depth(ci, [f"{task}_task"], hook_files)
+        rep = stack_depth(ci, [f"{task}_task"], hooks)
         need = None if rep.depth is None or not rep.path else rep.depth + rt.get("context_bytes", 0)
         out.append({"task": task, "static": rep.depth, "context": rt.get("context_bytes", 0), "need": need,
                     "given": given, "word": word, "path": rep.path, "problems": rep.problems})
@@ -328,6 +448,13 @@ def print_board_report(r: dict) -> None:
                   f"{' > '.join(stack['path'][:8])}")
         if stack["unknown"]:
             print(f"         not compiled here, counted as 0: {', '.join(stack['unknown'])}")
+    irq = r.get("interrupts")
+    if irq and irq["depth"] is not None:
+        where = ("on the main stack, included above" if irq["stack"] == "main" else
+                 f"on their own stack ({irq['stack']}, {irq.get('given') or 0:,} bytes)")
+        levels = "; ".join(f"{lv['root']} {lv['deepest']:,}" for lv in irq["levels"])
+        print(f"  interrupts: worst case {irq['depth']:,} bytes {where}: by priority, lowest first, {levels}, each "
+              f"with a {irq['frame_bytes']:,}-byte exception frame")
     for t in r.get("tasks", []):
         if t["need"] is None:
             why = "; ".join(t["problems"]) or f"no {t['task']}_task in the call graph"

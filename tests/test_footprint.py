@@ -83,6 +83,55 @@ def test_stack_depth_follows_the_deepest_chain(tmp_path):
     assert no_hooks.path[:3] == ["root", "mid", "leaf"]
 
 
+def test_a_hook_that_calls_through_a_pointer_costs_its_own_depth_too(tmp_path):
+    """An adapter hook (link.c's fetch_start_board, calling the board's fetch_start through board_io) is an indirect
+    call's cost with the leaf it calls; the hooks are the functions whose address is taken (their relocations), not
+    every function of some files; a task's entry function (given to the kernel) is no hook."""
+    src = tmp_path / "hooks.c"
+    src.write_text(
+        "volatile char sink;\n"
+        "typedef void (*fn)(void);\n"
+        "fn board_fetch, runtime_hook, task;\n"
+        "__attribute__((noinline)) void leaf_hook(void) { volatile char b[200]; b[0] = 1; sink = b[0]; }\n"
+        "__attribute__((noinline)) void adapter(void) { volatile char b[300]; b[0] = 2; sink = b[0]; board_fetch(); }\n"
+        "__attribute__((noinline)) void never_pointed_to(void) { volatile char b[400]; b[0] = 3; sink = b[0]; }\n"
+        "__attribute__((noinline)) void worker_task(void) { volatile char b[4000]; b[0] = 4; sink = b[0]; }\n"
+        "void root(void) { volatile char b[32]; b[0] = 5; sink = b[0]; runtime_hook(); never_pointed_to(); }\n"
+        "void setup(void) { board_fetch = leaf_hook; runtime_hook = adapter; task = worker_task; }\n")
+    subprocess.run(["gcc", "-O1", "-c", str(src), "-o", str(tmp_path / "hooks.o"), "-fcallgraph-info=su",
+                    "-fstack-usage", "-fno-pie", "-ffunction-sections"], check=True, cwd=tmp_path)
+    frames = _su_frames((tmp_path / "hooks.su").read_text())
+    taken = footprint.address_taken([tmp_path / "hooks.o"])
+    assert {"leaf_hook", "adapter", "worker_task"} <= taken and not {"never_pointed_to", "root"} & taken
+    rep = footprint.stack_depth([tmp_path / "hooks.ci"], ["root"], taken - {"worker_task"})
+    through_hooks = frames["adapter"] + frames["leaf_hook"]  # root > (indirect) adapter > (indirect) leaf_hook
+    assert through_hooks > frames["never_pointed_to"] and rep.depth == frames["root"] + through_hooks
+    assert rep.path == ["root", "(indirect) adapter", "(indirect) leaf_hook"]
+    # the rule before: the functions of hooks.c making no indirect call, the adapter left out
+    coarse = footprint.stack_depth([tmp_path / "hooks.ci"], ["root"], [tmp_path / "hooks.ci"])
+    assert coarse.depth == frames["root"] + frames["worker_task"]
+
+
+def test_interrupts_stack_by_priority_level(tmp_path):
+    """board.toml's interrupt levels: the deepest root of each level, each with the exception frame, stacked; a root
+    "name+N" adds what its assembly entry pushes; a root missing from the call graph is an error, not 0 bytes."""
+    src = tmp_path / "irq.c"
+    src.write_text(
+        "volatile char sink;\n"
+        "void tick(void) { volatile char b[100]; b[0] = 1; sink = b[0]; }\n"
+        "void switch_context(void) { volatile char b[40]; b[0] = 1; sink = b[0]; }\n"
+        "void uart_isr(void) { volatile char b[60]; b[0] = 1; sink = b[0]; }\n")
+    subprocess.run(["gcc", "-O1", "-c", str(src), "-o", str(tmp_path / "irq.o"), "-fcallgraph-info=su",
+                    "-fstack-usage"], check=True, cwd=tmp_path)
+    frames = _su_frames((tmp_path / "irq.su").read_text())
+    ci = [tmp_path / "irq.ci"]
+    spec = {"levels": [["tick", "switch_context+200"], ["uart_isr"]], "frame_bytes": 32}
+    r = footprint.interrupt_stack(ci, spec, set())
+    assert r["depth"] == max(frames["tick"], frames["switch_context"] + 200) + 32 + frames["uart_isr"] + 32
+    assert [lv["root"] for lv in r["levels"]] == ["switch_context+200", "uart_isr"] and r["stack"] == "main"
+    assert footprint.interrupt_stack(ci, {"levels": [["no_such_handler"]]}, set())["depth"] is None
+
+
 def test_stack_depth_refuses_recursion(tmp_path):
     src = tmp_path / "rec.c"
     src.write_text("int f(int n) { volatile int x = n; return n ? f(n - 1) + x : 0; }\n")

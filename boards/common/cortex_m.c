@@ -176,10 +176,23 @@ extern uint32_t __stack_top, __data_load, __data_start, __data_end, __bss_start,
 extern uint8_t __arena_start[], __arena_end[];
 void board_main(void);
 
+#if defined(COLIBRI_FREERTOS)
+#define STACK_FILL 0xA5A5A5A5u
+extern uint32_t __stack_bottom;
+#endif
+
 _Noreturn void reset_handler(void);
 _Noreturn void reset_handler(void) {
     REG(0xE000ED88u) |= 0xFu << 20; /* CPACR: CP10/CP11 full access (FPU, and MVE on the M55) */
     __asm__ volatile("dsb\n isb" ::: "memory");
+#if defined(COLIBRI_FREERTOS)
+    /* The main stack below this frame filled with a pattern, so board_interrupt_stack can tell how deep it has been
+     * used (the start-up path, then the interrupt handlers once the scheduler runs). Nothing below the stack pointer
+     * is live here; 64 bytes of room are left for this loop's own spills. */
+    uint32_t *sp;
+    __asm__ volatile("mov %0, sp" : "=r"(sp));
+    for (volatile uint32_t *p = &__stack_bottom; p < sp - 16;) *p++ = STACK_FILL;
+#endif
     for (uint32_t *s = &__data_load, *d = &__data_start; d < &__data_end;) *d++ = *s++;
     for (uint32_t *d = &__bss_start; d < &__bss_end;) *d++ = 0;
     board_main();
@@ -222,6 +235,14 @@ _Noreturn void board_fatal(const char *what, const char *name) {
 _Noreturn void board_stop(uint32_t code) { board_exit(code); }
 
 void board_idle(void) { __asm__ volatile("wfi"); }
+
+/* The main stack: the start-up path, then (FreeRTOS resets it when the scheduler starts) every exception handler. */
+void board_interrupt_stack(uint32_t *bytes, uint32_t *used) {
+    const uint32_t *p = &__stack_bottom;
+    while (p < &__stack_top && *p == STACK_FILL) p++;
+    *bytes = (uint32_t)((uintptr_t)&__stack_top - (uintptr_t)&__stack_bottom);
+    *used = (uint32_t)((uintptr_t)&__stack_top - (uintptr_t)p);
+}
 
 /* NVIC: the UART's receive interrupt enabled, at a priority below configMAX_SYSCALL_INTERRUPT_PRIORITY's (it calls
  * the kernel's FromISR API), the lowest the kernel's own handlers do not use. */

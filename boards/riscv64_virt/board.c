@@ -125,6 +125,17 @@ _Noreturn void board_stop(uint32_t code) { board_exit(code); }
 
 void board_idle(void) { __asm__ volatile("wfi"); }
 
+/* The port's interrupt stack (configISR_STACK_SIZE_WORDS words below xISRStackTop), which its xPortStartScheduler
+ * fills with 0xee (portISR_STACK_FILL_BYTE): every trap runs on it. */
+extern const uint64_t xISRStackTop;
+void board_interrupt_stack(uint32_t *bytes, uint32_t *used) {
+    const uint32_t size = configISR_STACK_SIZE_WORDS * 8u;
+    const uint8_t *p = (const uint8_t *)(uintptr_t)(xISRStackTop - size), *top = p + size;
+    while (p < top && *p == 0xEEu) p++;
+    *bytes = size;
+    *used = (uint32_t)(top - p);
+}
+
 void freertos_risc_v_trap_handler(void);
 #endif
 

@@ -415,7 +415,7 @@ static uint32_t rtos_stats(const uint8_t *in, uint32_t len, uint8_t *out, uint32
         { "idle", xTaskGetIdleTaskHandle(), configMINIMAL_STACK_SIZE * sizeof(StackType_t) },
     };
     const uint32_t n = sizeof tasks / sizeof tasks[0];
-    put32(p, n);
+    put32(p, n + 1);
     p += 4;
     for (uint32_t i = 0; i < n; i++, p += 12) { /* char name[16], u32 stack bytes, u32 most used, u32 priority */
         p = put_name(p, tasks[i].name);
@@ -424,6 +424,13 @@ static uint32_t rtos_stats(const uint8_t *in, uint32_t len, uint8_t *out, uint32
         put32(p + 4, tasks[i].bytes - unused);
         put32(p + 8, (uint32_t)uxTaskPriorityGet(tasks[i].handle));
     }
+    uint32_t irq_bytes, irq_used; /* and the interrupt handlers' stack, as a task of no priority */
+    board_interrupt_stack(&irq_bytes, &irq_used);
+    p = put_name(p, "interrupts");
+    put32(p, irq_bytes);
+    put32(p + 4, irq_used);
+    put32(p + 8, 0);
+    p += 12;
     *out_len = (uint32_t)(p - out);
     if (len == 4) {
         const uint32_t flags = get32(in);

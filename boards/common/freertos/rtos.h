@@ -22,5 +22,8 @@ _Noreturn void board_fatal(const char *what, const char *name);
 _Noreturn void board_stop(uint32_t code);
 /* The board's: wait for an interrupt (the idle task's hook). */
 void board_idle(void);
+/* The board's: the stack its interrupt handlers run on (Cortex-M: the main stack; RISC-V: the port's own), its bytes
+ * and the most of them used so far (the part whose fill pattern has been overwritten). */
+void board_interrupt_stack(uint32_t *bytes, uint32_t *used);
 
 #endif
