@@ -18,7 +18,7 @@ from colibri import footprint
 from colibri.flash import run_on_board, run_session
 from colibri.image import read_image
 from colibri.pack import pack
-from colibri.protocol import Sampling
+from colibri.protocol import Client, DeviceError, Sampling
 from colibri.reference import Reference
 from colibri.sim.boards import load_board, rtos_kernel_problem
 from colibri.sim.launch import start_board
@@ -233,6 +233,10 @@ def test_two_contexts_in_two_tasks_each_as_if_alone(run, demo_image, firmwares):
         def open(self, *args, **kwargs):
             opened = super().open(*args, **kwargs)
             self.arena_offset = pair_start(self, other, new)
+            # the pair reads the link's image and its arena follows the link's context: no OPEN or upload meanwhile
+            for refused in (lambda: Client.open(self, expert_cache=2), lambda: self.upload(b"\0" * 64)):
+                with pytest.raises(DeviceError, match="LINK_BUSY"):
+                    refused()
             return opened
 
         def quit(self, code: int = 0) -> None:

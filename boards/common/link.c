@@ -36,7 +36,7 @@ enum {
 /* Link-level error codes, above the runtime's colibri_status values. */
 enum {
     LINK_BAD_CRC = 200, LINK_BAD_LENGTH = 201, LINK_UNKNOWN_TYPE = 202, LINK_BAD_PAYLOAD = 203, LINK_NOT_OPEN = 204,
-    LINK_NO_IMAGE = 205, LINK_UPLOAD_TOO_BIG = 206, LINK_UPLOAD_ORDER = 207, LINK_UPLOAD_CRC = 208
+    LINK_NO_IMAGE = 205, LINK_UPLOAD_TOO_BIG = 206, LINK_UPLOAD_ORDER = 207, LINK_UPLOAD_CRC = 208, LINK_BUSY = 209
 };
 /* /schema:link */
 #define LOGITS_PER_FRAME ((MAX_PAYLOAD - 12u) / 4u)
@@ -465,6 +465,10 @@ void link_execute(void) {
                           type == REQ_STATS || type == REQ_TRACE;
     if (needs_ctx && !l.ctx) {
         send_error(&l, seq, LINK_NOT_OPEN, 0);
+        return;
+    }
+    if (l.io->busy && l.io->busy(type)) {
+        send_error(&l, seq, LINK_BUSY, type);
         return;
     }
     switch (type) {

@@ -41,6 +41,9 @@ typedef struct {
      * *detail. */
     uint32_t (*request)(uint8_t type, const uint8_t *payload, uint32_t len, uint8_t *answer, uint32_t *answer_len,
                         uint64_t *detail);
+    /* May be NULL. Non-zero: the board cannot run a request of this type now, and it is answered LINK_BUSY (an RTOS
+     * build's OPEN or upload while its second context reads the link's image and arena). */
+    int (*busy)(uint8_t type);
 } board_io;
 
 #define BOARD_REQ_FIRST 0x70u

@@ -72,10 +72,10 @@
 
 /* A failed assertion or an overflowed stack stops the board with a message (boards/common/freertos/freertos.c). */
 #ifndef __ASSEMBLER__
-void rtos_assert_failed(int line);
+void rtos_assert_failed(const char *file, int line);
 void rtos_switched_in(void);
 #endif
-#define configASSERT(x) do { if (!(x)) rtos_assert_failed(__LINE__); } while (0)
+#define configASSERT(x) do { if (!(x)) rtos_assert_failed(__FILE__, __LINE__); } while (0)
 /* Counts the time slices between the two inference tasks (the two-context test's proof: freertos.c). */
 #define traceTASK_SWITCHED_IN() rtos_switched_in()
 

@@ -64,10 +64,19 @@ static StackType_t link_stack[WORDS(STACK_LINK)], inference_stack[WORDS(STACK_IN
 static task_slot link_t, inference_t, fetch_t, deadline_t, pair_t;
 
 /* ---- faults ---- */
-void rtos_assert_failed(int line) {
-    static char msg[] = "line 00000";
-    for (int i = 0; i < 5; i++, line /= 10) msg[9 - i] = (char)('0' + line % 10);
-    board_fatal("FreeRTOS assertion failed in the kernel at ", msg);
+/* configASSERT: "colibri: FreeRTOS assertion failed at tasks.c:1234" (the file's name without its folders). */
+void rtos_assert_failed(const char *file, int line) {
+    static char msg[64];
+    const char *name = file;
+    for (const char *s = file; *s; s++)
+        if (*s == '/' || *s == '\\') name = s + 1;
+    uint32_t n = 0, digits = 1;
+    while (*name && n < sizeof msg - 8) msg[n++] = *name++;
+    msg[n++] = ':';
+    for (int rest = line; rest >= 10 && digits < 6; rest /= 10) digits++;
+    for (uint32_t d = digits; d--; line /= 10) msg[n + d] = (char)('0' + line % 10);
+    msg[n + digits] = 0;
+    board_fatal("FreeRTOS assertion failed at ", msg);
 }
 
 void vApplicationStackOverflowHook(TaskHandle_t task, char *name);
@@ -294,7 +303,7 @@ static struct {
     uint32_t status, runs, differing; /* generations made; of the later ones, those unlike the first */
     uint64_t cycles;                  /* the first generation's */
     volatile uint8_t running, stop, done;
-    TaskHandle_t waiter;
+    TaskHandle_t volatile waiter; /* set by PAIR_RESULT in the inference task, read by the pair task */
     const uint8_t *image;
     size_t image_size;
     uint8_t *arena;
@@ -499,6 +508,12 @@ static uint32_t pair_result(uint8_t *out, uint32_t *out_len) {
     return 0;
 }
 
+/* The link's OPEN and uploads while the pair runs: the pair reads the link's image, and its arena follows the link's
+ * context's (an OPEN with another cache would move that boundary under it). */
+static int busy(uint8_t type) {
+    return pair.running && (type == 0x02u /* OPEN */ || (type >= 0x06u && type <= 0x08u) /* UPLOAD_* */);
+}
+
 static uint32_t board_request(uint8_t type, const uint8_t *in, uint32_t len, uint8_t *out, uint32_t *out_len,
                               uint64_t *detail) {
     switch (type) {
@@ -520,6 +535,7 @@ static TaskHandle_t create(task_slot *t, TaskFunction_t fn, const char *name, St
 _Noreturn void rtos_start(board_io *io) {
     io->execute = execute_in_inference_task;
     io->request = board_request;
+    io->busy = busy;
     io->fetch_start = fetch_start;
     io->fetch_wait = fetch_wait;
     board = io;
