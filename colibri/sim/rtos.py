@@ -110,8 +110,8 @@ def row_crcs(logits) -> list[int]:
 
 
 class MeasuringClient(Client):
-    """A Client that, after OPEN, restarts the deadline window (flags), and before QUIT reads the RTOS stats:
-    flash.run_session's generation measured as it runs."""
+    """A Client that, just before OPEN, restarts the deadline window (flags), and before QUIT reads the RTOS stats:
+    flash.run_session's session measured as it runs, OPEN's verification of the image included."""
 
     def __init__(self, *args, flags: int = RESTART, **kwargs):
         super().__init__(*args, **kwargs)
@@ -119,9 +119,8 @@ class MeasuringClient(Client):
         self.rtos: RtosStats | None = None
 
     def open(self, *args, **kwargs):
-        opened = super().open(*args, **kwargs)
         rtos_stats(self, self.flags)
-        return opened
+        return super().open(*args, **kwargs)
 
     def quit(self, code: int = 0) -> None:
         self.rtos = rtos_stats(self, self.flags & SPIN)
