@@ -24,7 +24,7 @@ def host_kernels() -> str:
 # QEMU's `-cpu max` (x86_64_baremetal) has AVX2 and F16C but no AVX-512 (TCG does not emulate it), so the
 # AVX2 set is checked there; the hosted board gets whatever this CPU has
 EXPECTED_KERNELS = {"hosted": host_kernels(), "x86_64_baremetal": "avx2",
-                    "cortex_m55": "mve", "cortex_m4": "dsp", "riscv64_virt": "rvv"}
+                    "cortex_m55": "mve", "cortex_m4": "dsp", "cortex_m33": "dsp", "riscv64_virt": "rvv"}
 EXPECTED_KERNELS["hosted_windows"] = EXPECTED_KERNELS["hosted"]
 
 

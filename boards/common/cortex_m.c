@@ -97,7 +97,9 @@ static uint64_t counter_cycles(void *user) {
 #elif defined(CMSDK_TIMER) && defined(COLIBRI_FREERTOS)
 /* Under FreeRTOS several tasks read the counter and may preempt each other mid-read, so readers only read: the tick
  * interrupt (every millisecond, far more often than the 171 s between wraps) is the one writer of the wrap count,
- * behind a sequence number a reader checks (a seqlock: no interrupt masked, no lock taken). */
+ * behind a sequence number a reader checks (a seqlock: no interrupt masked, no lock taken). The barriers are dmb: a
+ * reader may be on another core (the Cortex-M33 board's second). */
+#define SEQ_BARRIER() __asm__ volatile("dmb" ::: "memory")
 static volatile uint32_t timer_seq, timer_last, timer_wraps;
 
 static void counter_init(void) {
@@ -110,11 +112,11 @@ static void counter_init(void) {
 void vApplicationTickHook(void);
 void vApplicationTickHook(void) {
     timer_seq++;
-    __asm__ volatile("" ::: "memory");
+    SEQ_BARRIER();
     const uint32_t now = REG(CMSDK_TIMER + 0x04);
     if (now > timer_last) timer_wraps++;
     timer_last = now;
-    __asm__ volatile("" ::: "memory");
+    SEQ_BARRIER();
     timer_seq++;
 }
 
@@ -123,11 +125,11 @@ static uint64_t counter_cycles(void *user) {
     uint32_t seq, last, wraps, now;
     do {
         seq = timer_seq;
-        __asm__ volatile("" ::: "memory");
+        SEQ_BARRIER();
         last = timer_last;
         wraps = timer_wraps;
         now = REG(CMSDK_TIMER + 0x04);
-        __asm__ volatile("" ::: "memory");
+        SEQ_BARRIER();
     } while ((seq & 1u) || seq != timer_seq);
     if (now > last) wraps++; /* wrapped since the tick's last look */
     return ((uint64_t)wraps << 32) + (0xFFFFFFFFu - now);
@@ -204,6 +206,9 @@ typedef void (*vector)(void);
 void SVC_Handler(void);
 void PendSV_Handler(void);
 void SysTick_Handler(void);
+#if defined(DOORBELL_IRQ)
+void board_doorbell_isr(void); /* a board with two cores: the other core asks this one to reschedule (its smp.c) */
+#endif
 #define SVC_VECTOR SVC_Handler
 #define PENDSV_VECTOR PendSV_Handler
 #define SYSTICK_VECTOR SysTick_Handler
@@ -220,6 +225,9 @@ __attribute__((section(".vectors"), used)) static const vector vectors[VECTORS] 
     SVC_VECTOR, default_handler, 0, PENDSV_VECTOR, SYSTICK_VECTOR,
 #if defined(COLIBRI_FREERTOS)
     [16 + UART_RX_IRQ] = uart_rx_isr,
+#if defined(DOORBELL_IRQ)
+    [16 + DOORBELL_IRQ] = board_doorbell_isr,
+#endif
 #endif
 };
 

@@ -17,7 +17,7 @@
 #define configMAX_TASK_NAME_LEN 12
 #define configTICK_TYPE_WIDTH_IN_BITS TICK_TYPE_WIDTH_32_BITS
 #define configIDLE_SHOULD_YIELD 1
-#define configTASK_NOTIFICATION_ARRAY_ENTRIES 4  /* RTOS_NOTIFY_*: a request, a transfer, a received byte, a pair */
+#define configTASK_NOTIFICATION_ARRAY_ENTRIES 5  /* a request, a transfer, a received byte, a pair, parallel work */
 #define configQUEUE_REGISTRY_SIZE 0
 #define configENABLE_BACKWARD_COMPATIBILITY 0
 #define configNUM_THREAD_LOCAL_STORAGE_POINTERS 0

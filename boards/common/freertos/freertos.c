@@ -12,6 +12,9 @@
  *              the two share the core by time slicing (the board's requests PAIR_START, PAIR_RESULT); it generates
  *              over and over until told to stop, each time the same bits
  *   idle       waits for an interrupt
+ *   worker     with two cores (an SMP build: configNUMBER_OF_CORES 2), one on each, pinned: the runtime's parallel_for
+ *              hands each its share of the parts; every other task above is pinned to the first core, where it keeps
+ *              one core's semantics
  *
  * The runtime takes no lock and masks no interrupt; the only critical sections here are the kernel's own and the
  * fetch engine's claim of a transfer record (a few instructions). */
@@ -39,12 +42,19 @@ void *memcpy(void *dst, const void *src, size_t n);
 enum {
     PRIO_INFERENCE = tskIDLE_PRIORITY + 2, /* the link's context, the pair's and the fetch engine, time-sliced */
     PRIO_FETCH = PRIO_INFERENCE,
+    PRIO_WORKER = tskIDLE_PRIORITY + 3, /* above the contexts: a part waited for runs at once */
     PRIO_LINK = tskIDLE_PRIORITY + 4,
     PRIO_DEADLINE = configMAX_PRIORITIES - 1,
 };
 
 /* Task notification indices (configTASK_NOTIFICATION_ARRAY_ENTRIES). */
-enum { NOTIFY_JOB = 0, NOTIFY_FETCH = 1, NOTIFY_RX = 2, NOTIFY_PAIR = 3 };
+enum { NOTIFY_JOB = 0, NOTIFY_FETCH = 1, NOTIFY_RX = 2, NOTIFY_PAIR = 3, NOTIFY_WORK = 4 };
+
+#if configNUMBER_OF_CORES > 1
+#define CORE() ((uint32_t)portGET_CORE_ID())
+#else
+#define CORE() 0u
+#endif
 
 /* The board's own requests (link.h: BOARD_REQ_FIRST..LAST), answered with type | 0x80 (docs/RTOS.md). */
 enum { REQ_RTOS_STATS = 0x70, REQ_PAIR_START = 0x71, REQ_PAIR_RESULT = 0x72 };
@@ -107,16 +117,16 @@ void vApplicationIdleHook(void) {
  * mid-computation is the tick's time slice, and with configUSE_TIME_SLICING 0 the count stays 0. */
 static volatile uint8_t inference_computing, pair_computing;
 static volatile uint32_t slices_to_pair, slices_to_inference;
-static TaskHandle_t running; /* the task that had the core before the switch in progress */
+static TaskHandle_t running[configNUMBER_OF_CORES]; /* on each core, the task that had it before this switch */
 
 /* The kernel's traceTASK_SWITCHED_IN, inside the scheduler with the new task current. */
 void rtos_switched_in(void) {
     const TaskHandle_t now = xTaskGetCurrentTaskHandle();
     if (inference_computing && pair_computing) {
-        if (running == inference_t.handle && now == pair_t.handle) slices_to_pair++;
-        if (running == pair_t.handle && now == inference_t.handle) slices_to_inference++;
+        if (running[CORE()] == inference_t.handle && now == pair_t.handle) slices_to_pair++;
+        if (running[CORE()] == pair_t.handle && now == inference_t.handle) slices_to_inference++;
     }
-    running = now;
+    running[CORE()] = now;
 }
 
 /* link_serve's execute hook, in the link task: the inference task runs the request; wait for it. */
@@ -230,6 +240,48 @@ static void fetch_task(void *arg) {
         xTaskNotifyGiveIndexed(t->owner, NOTIFY_FETCH);
     }
 }
+
+/* ---- two cores: the runtime's parallel_for over a worker task on each ----
+ * The link's context opens with this hook (board_io.parallel_for): the calling task hands the parts to the workers,
+ * worker k taking parts k, k + cores, ..., and sleeps until each has said it is done. The runtime splits its work so
+ * that no sum depends on the split: the bits are one core's. */
+#if configNUMBER_OF_CORES > 1
+static StackType_t worker_stack[configNUMBER_OF_CORES][WORDS(STACK_WORKER)];
+static task_slot worker_t[configNUMBER_OF_CORES];
+static struct {
+    void (*fn)(void *arg, uint32_t part);
+    void *arg;
+    uint32_t parts;
+    TaskHandle_t caller;
+} job;
+static volatile uint32_t parts_on_core[configNUMBER_OF_CORES], parallel_calls;
+
+static void worker_task(void *arg) {
+    const uint32_t me = (uint32_t)(uintptr_t)arg;
+    for (;;) {
+        ulTaskNotifyTakeIndexed(NOTIFY_JOB, pdTRUE, portMAX_DELAY);
+        for (uint32_t part = me; part < job.parts; part += configNUMBER_OF_CORES) {
+            job.fn(job.arg, part);
+            parts_on_core[CORE()]++; /* a worker is pinned, so its own count: no other core writes it */
+        }
+        xTaskNotifyGiveIndexed(job.caller, NOTIFY_WORK);
+    }
+}
+
+static void parallel_for(void (*fn)(void *arg, uint32_t part), void *arg, uint32_t parts) {
+    job.fn = fn;
+    job.arg = arg;
+    job.parts = parts;
+    job.caller = xTaskGetCurrentTaskHandle();
+    parallel_calls++;
+    for (uint32_t k = 0; k < configNUMBER_OF_CORES; k++) xTaskNotifyGiveIndexed(worker_t[k].handle, NOTIFY_JOB);
+    for (uint32_t k = 0; k < configNUMBER_OF_CORES; k++) ulTaskNotifyTakeIndexed(NOTIFY_WORK, pdFALSE, portMAX_DELAY);
+}
+
+/* The second core's idle task waits for an interrupt too (its doorbell wakes it: the board's vInterruptCore). */
+void vApplicationPassiveIdleHook(void);
+void vApplicationPassiveIdleHook(void) { board_idle(); }
+#endif
 
 /* ---- the deadline task: a 1 kHz job beside inference ----
  * Released every tick by xTaskDelayUntil; each release reads the board's counter. Lateness is measured against the
@@ -414,6 +466,12 @@ static uint32_t rtos_stats(const uint8_t *in, uint32_t len, uint8_t *out, uint32
     p = put_counter(p, "xfer_pending", transfers_pending); /* not yet copied when fetch_start returned */
     p = put_counter(p, "fetch_waits", fetch_waits);        /* fetch_wait calls for a queued transfer */
     p = put_counter(p, "fetch_sleeps", fetch_sleeps);      /* of those, the ones that slept until it was copied */
+    p = put_counter(p, "cores", configNUMBER_OF_CORES);
+#if configNUMBER_OF_CORES > 1
+    p = put_counter(p, "parallel_calls", parallel_calls);  /* the runtime's parallel_for */
+    p = put_counter(p, "parts_core0", parts_on_core[0]);   /* the parts the workers ran on each core */
+    p = put_counter(p, "parts_core1", parts_on_core[1]);
+#endif
     put32(out + 8, (uint32_t)(p - (out + 12)) / 24u);
     const struct { const char *name; TaskHandle_t handle; uint32_t bytes; } tasks[] = {
         { "link", link_t.handle, link_t.stack_bytes },
@@ -421,7 +479,15 @@ static uint32_t rtos_stats(const uint8_t *in, uint32_t len, uint8_t *out, uint32
         { "fetch", fetch_t.handle, fetch_t.stack_bytes },
         { "deadline", deadline_t.handle, deadline_t.stack_bytes },
         { "pair", pair_t.handle, pair_t.stack_bytes },
+#if configNUMBER_OF_CORES > 1
+        { "idle", xTaskGetIdleTaskHandleForCore(0), configMINIMAL_STACK_SIZE * sizeof(StackType_t) },
+#else
         { "idle", xTaskGetIdleTaskHandle(), configMINIMAL_STACK_SIZE * sizeof(StackType_t) },
+#endif
+#if configNUMBER_OF_CORES > 1
+        { "worker0", worker_t[0].handle, worker_t[0].stack_bytes },
+        { "worker1", worker_t[1].handle, worker_t[1].stack_bytes },
+#endif
     };
     const uint32_t n = sizeof tasks / sizeof tasks[0];
     put32(p, n + 1);
@@ -532,19 +598,38 @@ static TaskHandle_t create(task_slot *t, TaskFunction_t fn, const char *name, St
     return t->handle;
 }
 
+/* Every task but the workers on the first core (an SMP build): there they keep one core's semantics. */
+static void pin(TaskHandle_t task, uint32_t core) {
+#if configNUMBER_OF_CORES > 1
+    vTaskCoreAffinitySet(task, (UBaseType_t)1 << core);
+#else
+    (void)task;
+    (void)core;
+#endif
+}
+
 _Noreturn void rtos_start(board_io *io) {
     io->execute = execute_in_inference_task;
     io->request = board_request;
     io->busy = busy;
     io->fetch_start = fetch_start;
     io->fetch_wait = fetch_wait;
+#if configNUMBER_OF_CORES > 1
+    io->parallel_for = parallel_for;
+    io->parallel_parts = configNUMBER_OF_CORES;
+#endif
     board = io;
     fetch_queue = xQueueCreateStatic(TRANSFERS, 1, fetch_queue_storage, &fetch_queue_tcb);
-    create(&deadline_t, deadline_task, "deadline", deadline_stack, STACK_DEADLINE, PRIO_DEADLINE, 0);
-    create(&fetch_t, fetch_task, "fetch", fetch_stack, STACK_FETCH, PRIO_FETCH, 0);
-    create(&link_t, link_task, "link", link_stack, STACK_LINK, PRIO_LINK, io);
-    create(&inference_t, inference_task, "inference", inference_stack, STACK_INFERENCE, PRIO_INFERENCE, 0);
-    create(&pair_t, pair_task, "pair", pair_stack, STACK_PAIR, PRIO_INFERENCE, 0);
+    pin(create(&deadline_t, deadline_task, "deadline", deadline_stack, STACK_DEADLINE, PRIO_DEADLINE, 0), 0);
+    pin(create(&fetch_t, fetch_task, "fetch", fetch_stack, STACK_FETCH, PRIO_FETCH, 0), 0);
+    pin(create(&link_t, link_task, "link", link_stack, STACK_LINK, PRIO_LINK, io), 0);
+    pin(create(&inference_t, inference_task, "inference", inference_stack, STACK_INFERENCE, PRIO_INFERENCE, 0), 0);
+    pin(create(&pair_t, pair_task, "pair", pair_stack, STACK_PAIR, PRIO_INFERENCE, 0), 0);
+#if configNUMBER_OF_CORES > 1
+    for (uint32_t k = 0; k < configNUMBER_OF_CORES; k++)
+        pin(create(&worker_t[k], worker_task, k ? "worker1" : "worker0", worker_stack[k], STACK_WORKER, PRIO_WORKER,
+                   (void *)(uintptr_t)k), k);
+#endif
     vTaskStartScheduler();
     board_fatal("the scheduler did not start", "");
 }
