@@ -29,8 +29,16 @@ def _gguf_as_checkpoint(src: Path, out: Path) -> Path:
     from colibri.checkpoint import FAMILIES
     from colibri.families.deepseek import kv_b_join
     from colibri.families.qwen35 import as_transformers
+    from colibri import block_dtypes
     from colibri.gguf_input import read_gguf
+    from colibri.lazy import loaded
+    from colibri.quant import mxfp4_blocks_from_hf
     cfg, tensors, _ = read_gguf(src)
+    for name in [n for n in tensors if n.endswith("_blocks")]:  # gpt-oss's MXFP4 experts, dequantized as transformers
+        base = name[:-len("_blocks")]                             # holds them: [E, in, out]
+        blocks, scales = loaded(tensors.pop(name)), loaded(tensors.pop(base + "_scales"))
+        tensors[base] = np.swapaxes(block_dtypes.decode(mxfp4_blocks_from_hf(blocks, scales), "MXFP4",
+                                                        32 * blocks.shape[-2]), -1, -2)
     tensors = {name: np.asarray(t, dtype=np.float32) for name, t in tensors.items()}  # read now: transformers loads it all
     fam = FAMILIES[cfg["architectures"][0]]
     for layer in range(cfg["num_hidden_layers"]) if fam.fused_experts else ():  # Granite: its experts fused again
