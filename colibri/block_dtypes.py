@@ -14,7 +14,6 @@ from colibri.format import DTYPE_TRAITS, DTYPES, QBLOCK
 
 F32 = np.float32
 BLOCK_DTYPES = tuple(n for n in DTYPES if DTYPE_TRAITS[n][0] > 1 and DTYPE_TRAITS[n][2] == 0)
-WITH_OFFSET = ("Q4_1", "Q5_1", "Q4_K", "Q5_K")  # the dtypes whose c is not 0
 MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int16)  # twice E2M1's values
 
 
