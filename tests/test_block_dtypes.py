@@ -181,3 +181,13 @@ def test_gpt_oss_gguf_experts_stay_mxfp4(firmwares, tmp_path):
     runs = {b: flash.run_on_board(image, b, [15496, 995, 11], 3, Sampling(), True, firmware=firmwares[b])
             for b in ("hosted", "x86_64_baremetal")}
     assert_reference_bits_everywhere(image, runs, [15496, 995, 11])
+
+
+def test_a_scaled_tensor_keeps_its_file_type_when_stored(tmp_path):
+    """Granite's multipliers are folded into some matrices when packing (their values are no longer the file's):
+    --dtype stored quantizes them again to the type the file stores them in, rather than widening them to f32."""
+    image = tmp_path / "g.img"
+    pack(FIXTURES / "converted-granitemoe-q8_0.gguf", image, 32, 64, dtype=None, measure_quality=False)
+    img = read_image(image.read_bytes())
+    scaled = [e for e in img.entries if e.role in (Role.TOKEN_EMBD, Role.WO, Role.EXPERT_DOWN, Role.LM_HEAD)]
+    assert scaled and {DType(e.dtype) for e in scaled} == {DType.Q8_0}
