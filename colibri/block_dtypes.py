@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri.format import DTYPE_TRAITS, DTYPES, QBLOCK
+from colibri.format import DTYPE_TRAITS, DTYPES, OFFSET_DTYPES, QBLOCK
 
 F32 = np.float32
 BLOCK_DTYPES = tuple(n for n in DTYPES if DTYPE_TRAITS[n][0] > 1 and DTYPE_TRAITS[n][2] == 0)
@@ -51,8 +51,17 @@ def _k_sub_blocks(qs: np.ndarray) -> np.ndarray:
 
 def unpack(values: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Blocks uint8 [..., blocks, bytes] of a block dtype -> q int16 [..., n, 32], a float32 [..., n], c float32
-    [..., n] or None, n being the row's blocks of QBLOCK (8 per K-quant block)."""
-    blk = np.asarray(values, np.uint8)
+    [..., n] or None, n being the row's blocks of QBLOCK (8 per K-quant block). c is there for the dtypes the schema
+    gives an offset (OFFSET_DTYPES, format/schema.toml), None for the others."""
+    q, a, c = _terms(np.asarray(values, np.uint8), dtype)
+    if (c is not None) != (dtype in OFFSET_DTYPES):
+        raise ValueError(f"{dtype}: format/schema.toml says its blocks carry {'an' if dtype in OFFSET_DTYPES else 'no'} "
+                         f"offset, but its layout here has {'none' if c is None else 'one'}")
+    return q, a, c
+
+
+def _terms(blk: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """unpack's terms of each dtype's layout: c where its blocks hold an offset (m, or a K-quant's dmin times m)."""
     lead = blk.shape[:-2]
     if dtype == "Q4_1":
         return _nibbles(blk[..., 4:20]), _f16(blk, 0), _f16(blk, 2)

@@ -249,6 +249,8 @@ ROLES_AFTER_LAYERS = (Role.OUTPUT_NORM, Role.LM_HEAD, Role.GLOBAL_ROPE_COS, Role
 DTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4", "Q4_K", "Q5_K", "Q6_K",)  # weight dtypes, valued by position
 # each dtype's storage: (elements per block, bytes per block, bytes of f16 scale per block)
 DTYPE_TRAITS = {"F32": (1, 4, 0), "F16": (1, 2, 0), "BF16": (1, 2, 0), "Q8_0": (32, 32, 2), "Q4_0": (32, 16, 2), "Q4_1": (32, 20, 0), "Q5_0": (32, 22, 0), "Q5_1": (32, 24, 0), "MXFP4": (32, 17, 0), "Q4_K": (256, 144, 0), "Q5_K": (256, 176, 0), "Q6_K": (256, 210, 0)}
+# the block dtypes whose blocks carry an offset c besides the factor a: an element is q * a + c
+OFFSET_DTYPES = frozenset({"Q4_1", "Q5_1", "Q4_K", "Q5_K"})
 KV_DTYPES = {"f32": 0, "f16": 1}  # header kv_dtype
 QBLOCK = 32
 

@@ -29,8 +29,10 @@ from typing import Callable
 
 import numpy as np
 
+from colibri.format import DTYPE_TRAITS
+
 QK_K = 256  # values per super-block
-BLOCK_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
+BLOCK_BYTES = {name.lower(): DTYPE_TRAITS[name][1] for name in ("Q4_K", "Q5_K", "Q6_K")}  # format/schema.toml's
 GROUP_MAX_EPS = np.float32(1e-15)  # ggml-quants.c: a group whose largest |x| is below this is all zero
 CHUNK = 512  # super-blocks quantized together: enough to amortize numpy's per-call cost, small enough for cache
 

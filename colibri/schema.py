@@ -82,7 +82,7 @@ class Schema:
     terms: list[dict]
     facts: list[dict]
     dtypes: list[str]
-    dtype_traits: list[dict]  # name, block, bytes, scale_bytes
+    dtype_traits: list[dict]  # name, block, bytes, scale_bytes, offset (bool)
     kv_dtypes: list[str]
     protocol: dict
     statuses: list[dict]      # name, doc, message
@@ -238,6 +238,10 @@ def load(path: Path = SCHEMA) -> Schema:
     if len(facts) > 32:
         raise ValueError(f"format/schema.toml: {len(facts)} layer options and facts do not fit the 32-bit fact word")
     model_wide = {f["name"] for f in raw["fact"] if f.get("scope") == "model"}
+    dtypes = [{**d, "offset": d.get("offset", False)} for d in raw["dtype"]]
+    if len(dtypes) > 32 or any(d["offset"] and (d["block"] == 1 or d["scale_bytes"]) for d in dtypes):
+        raise ValueError("format/schema.toml: more than 32 dtypes (DTYPE_OFFSET_MASK is 32 bits), or an offset on a "
+                         "dtype that is not a block dtype (only those blocks hold a c)")
     layer_terms = {t["name"] for t in raw["term"] if t.get("scope") == "layer"}
     roles = role_specs(raw["roles"], terms, facts, model_wide, layer_terms)
     for names, what in (([h.name for h in header], "header field"), ([e.name for e in entry], "entry field"),
@@ -248,7 +252,7 @@ def load(path: Path = SCHEMA) -> Schema:
         _unique(names, what)
     plan_terms, plan_conditions, buffers = plan_buffers(raw)
     return Schema(fmt, header, entry, layer, layer_values, raw["roles"], roles, raw["term"], raw["fact"],
-                  [d["name"] for d in raw["dtype"]], raw["dtype"],
+                  [d["name"] for d in dtypes], dtypes,
                   [d["name"] for d in raw["kv_dtype"]], raw["protocol"], raw["status"],
                   [e["name"] for e in raw["link_error"]], [(r["name"], r["value"]) for r in raw["request"]],
                   [(r["name"], r["value"]) for r in raw["response"]], plan_terms, plan_conditions, buffers)
@@ -306,7 +310,7 @@ def render_c(s: Schema) -> str:
     lines = [*_c_comment(f"{GENERATED} The image format (docs/FORMAT.md): sizes, layer records, header and table-entry field "
                          "offsets, tensor roles and dtypes. The one definition the runtime's verifier (image.c) and the "
                          "fuzz harness's reseal (tests/fuzz/fuzz_image.c) both read, so a format change cannot leave "
-                         "either behind. Plain C, no runtime declarations."),
+                         "either behind. Plain C: constants and one inline predicate, no runtime declarations."),
              "#ifndef COLIBRI_FORMAT_H", "#define COLIBRI_FORMAT_H", "",
              f"/* ---- format v{f['version']} ---- */",
              f"#define IMG_MAGIC 0x{int.from_bytes(f['magic'].encode() + bytes(8 - len(f['magic'])), 'little'):016X}ull "
@@ -358,6 +362,15 @@ def render_c(s: Schema) -> str:
     lines += [f"#define QBLOCK {f['qblock']}u /* elements per quantization block (Q8_0, Q4_0): GGUF's block size */",
               "/* Each dtype's storage, X(dtype, elements per block, bytes per block, bytes of f16 scale per block). */",
               _c_rows("IMG_DTYPES", [f"{d['name']}, {d['block']}, {d['bytes']}, {d['scale_bytes']}" for d in s.dtype_traits])]
+    lines += _c_enum("DTYPE_BYTES_", [(d["name"], d["bytes"]) for d in s.dtype_traits],
+                     "/* Each dtype's bytes per block as a constant (a kernel's block stride; IMG_DTYPES's third column). */\n"
+                     "enum dtype_block_bytes {")
+    offset = [d["name"] for d in s.dtype_traits if d["offset"]]
+    mask = sum(1 << i for i, d in enumerate(s.dtype_traits) if d["offset"])
+    lines += ["/* The dtypes whose blocks carry an offset c besides the factor a, an element being q * a + c: bit d for dtype d. A",
+              " * dot product adds x_sum * (c * x_d) for them only (docs/KERNELS.md). */",
+              f"#define DTYPE_OFFSET_MASK 0x{mask:X}u /* {', '.join(offset)} */",
+              "static inline unsigned dtype_has_offset(unsigned dtype) { return dtype < 32u ? (DTYPE_OFFSET_MASK >> dtype) & 1u : 0u; }"]
     lines += _c_enum("KV_", [(n.upper(), i) for i, n in enumerate(s.kv_dtypes)], "enum kv_dtype {")
     bits = s.fact_bits
     lines += ["", *_c_comment("A layer's facts a role's presence tests, after its options' bits (format/schema.toml)."),
@@ -457,6 +470,8 @@ def render_py(s: Schema) -> str:
               "# each dtype's storage: (elements per block, bytes per block, bytes of f16 scale per block)",
               "DTYPE_TRAITS = {" + ", ".join(f'"{d["name"]}": ({d["block"]}, {d["bytes"]}, {d["scale_bytes"]})'
                                              for d in s.dtype_traits) + "}",
+              "# the block dtypes whose blocks carry an offset c besides the factor a: an element is q * a + c",
+              "OFFSET_DTYPES = frozenset({" + ", ".join(f'"{d["name"]}"' for d in s.dtype_traits if d["offset"]) + "})",
               "KV_DTYPES = {" + ", ".join(f'"{k}": {i}' for i, k in enumerate(s.kv_dtypes)) + "}  # header kv_dtype",
               f"QBLOCK = {f['qblock']}", "",
               "# The memory plan's buffers (colibri/plan.py lays them out): name, lifetime, element bytes (a number or a",
@@ -596,9 +611,10 @@ def render_doc_sections(s: Schema) -> dict[str, str]:
         f"| {b['name']} | {b['lifetime']} | {b['elem']} | {count(b)} | {b['when'] or 'always'} | {b['doc']} |"
         for b in s.buffers]
     plan += ["", "| term | |", "| --- | --- |"] + [f"| {t['name']} | {t['doc']} |" for t in s.plan_terms]
-    dtypes = ["| dtype | block | bytes | f16 scales | a block's bytes | element value |",
-              "| --- | --- | --- | --- | --- | --- |"] + [
-        f"| {d['name']} ({i}) | {d['block']} | {d['bytes']} | {d['scale_bytes'] or '—'} | {d['layout']} | {d['value']} |"
+    dtypes = ["| dtype | block | bytes | f16 scales | offset | a block's bytes | element value |",
+              "| --- | --- | --- | --- | --- | --- | --- |"] + [
+        f"| {d['name']} ({i}) | {d['block']} | {d['bytes']} | {d['scale_bytes'] or '—'} | {'c' if d['offset'] else '—'} | "
+        f"{d['layout']} | {d['value']} |"
         for i, d in enumerate(s.dtype_traits)]
     return {"plan": "\n".join(plan),
             "dtype": "\n".join(dtypes),

@@ -13,13 +13,13 @@ import pytest
 
 from capi import STATUS, Lib
 from conftest import MODEL_BOARDS, WIDE, TinyConfig, assert_bit_identical, board_name, build, make_checkpoint
-from colibri import flash, kquant
-from colibri.format import ENTRY_OFFSETS
+from colibri import block_dtypes, flash, kquant
+from colibri.format import ENTRY_OFFSETS, OFFSET_DTYPES
 from colibri.gguf_input import unpermute
 from colibri.image import ENTRY_BYTES, HEADER_BYTES, Role, read_image
 from colibri.pack import pack
 from colibri.protocol import Sampling
-from colibri.quant import DType, from_gguf_blocks
+from colibri.quant import DType, encode, from_gguf_blocks
 from colibri.reference import Reference
 from test_gguf import FIXTURES
 from test_verifier import reseal
@@ -58,6 +58,23 @@ def assert_reference_bits_everywhere(image, runs: dict, prompt: list[int]) -> No
     for name, run in runs.items():
         assert run.tokens == first.tokens, name
         assert run.logits.tobytes() == first.logits.tobytes(), f"{name} differs from hosted"
+
+
+@pytest.mark.parametrize("dtype", BLOCK, ids=lambda d: d.name.lower())
+def test_the_schemas_offset_column_decodes_as_gguf_does(dtype, monkeypatch):
+    """format/schema.toml's `offset` column (OFFSET_DTYPES here, DTYPE_OFFSET_MASK in format.h) is what every kernel
+    set and the reference add c's term for: with it, blocks of the dtype (rows with a mean, so Q4_1's m and the
+    K-quants' mins are not 0) decode to gguf.dequantize's values; a column that gave Q5_0 an offset or took Q4_1's
+    is refused (the layout has no c, or drops one)."""
+    rng = np.random.default_rng(34)
+    x = (rng.standard_normal((4, 512)) * 0.1 + rng.standard_normal((4, 1)) * 0.05).astype(np.float32)
+    enc = encode(x, dtype)
+    exact = gguf.dequantize(enc.values.reshape(len(x), -1), gguf.GGMLQuantizationType[dtype.name])
+    np.testing.assert_array_equal(enc.decode(), exact)
+    assert (enc.block_terms()[2] is not None) == (dtype.name in OFFSET_DTYPES)
+    monkeypatch.setattr(block_dtypes, "OFFSET_DTYPES", OFFSET_DTYPES ^ {dtype.name})
+    with pytest.raises(ValueError, match="format/schema.toml says"):
+        enc.decode()
 
 
 @pytest.mark.parametrize("dtype", BLOCK, ids=lambda d: d.name.lower())

@@ -66,6 +66,8 @@ def test_fields_must_fill_the_header_exactly(tmp_path):
     ('name = "xn"\nlifetime = "model"', 'name = "x"\nlifetime = "model"', "listed twice"),
     ('[[layer]]\nname = "router"', '[[layer]]\nname = "router_kind"', "needs its u8 field in"),
     ('name = "NORM_TOPK"\nneeds = "experts"', 'name = "NORM_TOPK"\nneeds = "moe"', "`needs` is one of"),
+    ('name = "Q8_0"\nblock = 32\nbytes = 32\nscale_bytes = 2\n', 'name = "Q8_0"\nblock = 32\nbytes = 32\nscale_bytes = 2\n'
+     'offset = true\n', "an offset on a dtype that is not a block dtype"),
 ])
 def test_a_role_the_runtime_could_not_read_is_refused(tmp_path, old, new, error):
     """A role's shape and presence are checked when the schema is read: terms and facts that exist, a global tensor

@@ -12,7 +12,7 @@
 
 typedef struct {
     int16_t q[QBLOCK];
-    float a, c; /* c: the offset, for the dtypes that have one (Q4_1, Q5_1, Q4_K, Q5_K) */
+    float a, c; /* c: the offset, for the dtypes that have one (format.h's dtype_has_offset) */
 } block_terms;
 
 /* Block b of a row (its x block b) unpacked. */
@@ -23,7 +23,7 @@ static float f16_at(const uint8_t *p) { return f16_to_f32((uint16_t)(p[0] | p[1]
 
 /* Q4_1: {f16 d, m; u8 qs[16]}, byte j holding elements j (low nibble) and j + 16; value q * d + m. */
 static void unpack_q4_1(const uint8_t *row, uint32_t b, block_terms *t) {
-    const uint8_t *blk = row + (size_t)b * 20u, *qs = blk + 4;
+    const uint8_t *blk = row + (size_t)b * DTYPE_BYTES_Q4_1, *qs = blk + 4;
     for (uint32_t j = 0; j < QBLOCK / 2; j++) {
         t->q[j] = (int16_t)(qs[j] & 0xFu);
         t->q[j + QBLOCK / 2] = (int16_t)(qs[j] >> 4);
@@ -46,14 +46,14 @@ static void five_bits(const uint8_t *qh_bytes, int32_t bias, block_terms *t) {
 
 /* Q5_0: {f16 d; u8 qh[4]; u8 qs[16]}; value (q - 16) * d. */
 static void unpack_q5_0(const uint8_t *row, uint32_t b, block_terms *t) {
-    const uint8_t *blk = row + (size_t)b * 22u;
+    const uint8_t *blk = row + (size_t)b * DTYPE_BYTES_Q5_0;
     five_bits(blk + 2, 16, t);
     t->a = f16_at(blk);
 }
 
 /* Q5_1: {f16 d, m; u8 qh[4]; u8 qs[16]}; value q * d + m. */
 static void unpack_q5_1(const uint8_t *row, uint32_t b, block_terms *t) {
-    const uint8_t *blk = row + (size_t)b * 24u;
+    const uint8_t *blk = row + (size_t)b * DTYPE_BYTES_Q5_1;
     five_bits(blk + 4, 0, t);
     t->a = f16_at(blk);
     t->c = f16_at(blk + 2);
@@ -64,7 +64,7 @@ static void unpack_q5_1(const uint8_t *row, uint32_t b, block_terms *t) {
 static const int8_t MXFP4_VALUES[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
 static float e8m0_half(uint8_t e) { return f32_from_bits(e < 2u ? 0x00200000u << e : (uint32_t)(e - 1u) << 23); }
 static void unpack_mxfp4(const uint8_t *row, uint32_t b, block_terms *t) {
-    const uint8_t *blk = row + (size_t)b * 17u, *qs = blk + 1;
+    const uint8_t *blk = row + (size_t)b * DTYPE_BYTES_MXFP4, *qs = blk + 1;
     for (uint32_t j = 0; j < QBLOCK / 2; j++) {
         t->q[j] = MXFP4_VALUES[qs[j] & 0xFu];
         t->q[j + QBLOCK / 2] = MXFP4_VALUES[qs[j] >> 4];
@@ -89,7 +89,7 @@ static void scale_min_k4(const uint8_t *scales, uint32_t j, block_terms *t, cons
 /* Q4_K: {f16 d, dmin; u8 scales[12]; u8 qs[128]}; sub-block j (x block b's 32 elements) is the low (j even) or
  * high nibbles of qs[32 (j / 2) ...]; value q * (d sc) - dmin m. */
 static void unpack_q4_k(const uint8_t *row, uint32_t b, block_terms *t) {
-    const uint8_t *blk = row + (size_t)(b / 8u) * 144u;
+    const uint8_t *blk = row + (size_t)(b / 8u) * DTYPE_BYTES_Q4_K;
     const uint32_t j = b % 8u, shift = (j & 1u) * 4u;
     const uint8_t *qs = blk + 16 + 32u * (j / 2u);
     for (uint32_t l = 0; l < QBLOCK; l++) t->q[l] = (int16_t)((qs[l] >> shift) & 0xFu);
@@ -99,7 +99,7 @@ static void unpack_q4_k(const uint8_t *row, uint32_t b, block_terms *t) {
 /* Q5_K: {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}: Q4_K's nibbles, bit 4 of element l of sub-block j in
  * bit j of qh[l]. */
 static void unpack_q5_k(const uint8_t *row, uint32_t b, block_terms *t) {
-    const uint8_t *blk = row + (size_t)(b / 8u) * 176u;
+    const uint8_t *blk = row + (size_t)(b / 8u) * DTYPE_BYTES_Q5_K;
     const uint32_t j = b % 8u, shift = (j & 1u) * 4u;
     const uint8_t *qh = blk + 16, *qs = blk + 48 + 32u * (j / 2u);
     for (uint32_t l = 0; l < QBLOCK; l++) t->q[l] = (int16_t)(((qs[l] >> shift) & 0xFu) | ((qh[l] >> j) & 1u) << 4);
@@ -110,7 +110,7 @@ static void unpack_q5_k(const uint8_t *row, uint32_t b, block_terms *t) {
  * ql[64n + 32(k & 1) + l] (low nibble for k < 2), its top 2 in bits 2k, 2k + 1 of qh[32n + l], and the scale of
  * its 16: q = (6 bits - 32) * scales[e / 16], an exact integer (|q| <= 4096); value q * d. */
 static void unpack_q6_k(const uint8_t *row, uint32_t b, block_terms *t) {
-    const uint8_t *blk = row + (size_t)(b / 8u) * 210u;
+    const uint8_t *blk = row + (size_t)(b / 8u) * DTYPE_BYTES_Q6_K;
     const uint32_t j = b % 8u, n = j / 4u, k = j % 4u;
     const uint8_t *ql = blk + 64u * n + 32u * (k & 1u), *qh = blk + 128 + 32u * n;
     const int8_t *scales = (const int8_t *)(blk + 192) + 2u * j;
@@ -159,33 +159,24 @@ BLOCK_KERNEL void rows_unpacked(const uint8_t *w, const q8_vector *x, uint32_t b
     for (uint32_t r = 0; r < rows; r++) out[r] = dot_unpacked(w + r * row_bytes, &xv, blocks, unpack, offset);
 }
 
-void rows_q4_1_scalar(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) {
-    rows_unpacked(w, x, blocks, rows, out, DTYPE_Q4_1, unpack_q4_1, 1);
-}
-void rows_q5_0_scalar(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) {
-    rows_unpacked(w, x, blocks, rows, out, DTYPE_Q5_0, unpack_q5_0, 0);
-}
-void rows_q5_1_scalar(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) {
-    rows_unpacked(w, x, blocks, rows, out, DTYPE_Q5_1, unpack_q5_1, 1);
-}
-void rows_mxfp4_scalar(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) {
-    rows_unpacked(w, x, blocks, rows, out, DTYPE_MXFP4, unpack_mxfp4, 0);
-}
-void rows_q4_k_scalar(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) {
-    rows_unpacked(w, x, blocks, rows, out, DTYPE_Q4_K, unpack_q4_k, 1);
-}
-void rows_q5_k_scalar(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) {
-    rows_unpacked(w, x, blocks, rows, out, DTYPE_Q5_K, unpack_q5_k, 1);
-}
-void rows_q6_k_scalar(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) {
-    rows_unpacked(w, x, blocks, rows, out, DTYPE_Q6_K, unpack_q6_k, 0);
-}
+/* Each dtype's rows, its offset flag a constant at the call (format.h's, from format/schema.toml). */
+#define SCALAR_ROWS(name, NAME)                                                                                        \
+    void rows_##name##_scalar(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) {    \
+        rows_unpacked(w, x, blocks, rows, out, DTYPE_##NAME, unpack_##name, (int)dtype_has_offset(DTYPE_##NAME));     \
+    }
+SCALAR_ROWS(q4_1, Q4_1)
+SCALAR_ROWS(q5_0, Q5_0)
+SCALAR_ROWS(q5_1, Q5_1)
+SCALAR_ROWS(mxfp4, MXFP4)
+SCALAR_ROWS(q4_k, Q4_K)
+SCALAR_ROWS(q5_k, Q5_K)
+SCALAR_ROWS(q6_k, Q6_K)
 
 void weight_row_block(float *out, const weight *w, uint32_t row) {
     static const unpack_fn UNPACK[DTYPE_COUNT] = { [DTYPE_Q4_1] = unpack_q4_1, [DTYPE_Q5_0] = unpack_q5_0,
                                                    [DTYPE_Q5_1] = unpack_q5_1, [DTYPE_MXFP4] = unpack_mxfp4, [DTYPE_Q4_K] = unpack_q4_k,
                                                    [DTYPE_Q5_K] = unpack_q5_k, [DTYPE_Q6_K] = unpack_q6_k };
-    const int offset = w->dtype == DTYPE_Q4_1 || w->dtype == DTYPE_Q5_1 || w->dtype == DTYPE_Q4_K || w->dtype == DTYPE_Q5_K;
+    const int offset = (int)dtype_has_offset(w->dtype);
     const uint8_t *p = (const uint8_t *)w->data + (size_t)row * block_row_bytes(w->dtype, w->blocks);
     for (uint32_t b = 0; b < w->blocks; b++) {
         block_terms t;

@@ -134,11 +134,12 @@ static const uint8_t *terms_q6_k(const uint8_t *w, const int8_t *xq, terms8 *t) 
         t->isum[j] = isum;
         t->a[j] = d;
     }
-    return w + 210;
+    return w + DTYPE_BYTES_Q6_K;
 }
 
-/* A K-quant's rows (kind: 0 Q4_K, 1 Q5_K, 2 Q6_K); a row is whole 256-element blocks (the verifier's rule). */
-static void rows_k_dsp(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out, uint32_t kind) {
+/* A K-quant's rows (dtype Q4_K, Q5_K or Q6_K); a row is whole 256-element blocks (the verifier's rule). */
+static void rows_k_dsp(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out, uint32_t dtype) {
+    const uint32_t offset = dtype_has_offset(dtype);
     const q8_vector xv = *x;
     for (float *end = out + rows; out < end; out++) {
         float acc[8];
@@ -146,10 +147,10 @@ static void rows_k_dsp(const uint8_t *w, const q8_vector *x, uint32_t blocks, ui
         for (uint32_t b = 0; b < blocks; b += 8) {
             terms8 t;
             const int8_t *xq = xv.q + (size_t)b * QBLOCK;
-            w = kind == 2u ? terms_q6_k(w, xq, &t) : terms_k4(w, xq, &t, kind);
+            w = dtype == DTYPE_Q6_K ? terms_q6_k(w, xq, &t) : terms_k4(w, xq, &t, dtype == DTYPE_Q5_K);
             for (uint32_t j = 0; j < 8; j++) {
                 float term = (float)t.isum[j] * (t.a[j] * xv.scale[b + j]);
-                if (kind != 2u) term = term + (float)xv.sum[b + j] * (t.c[j] * xv.scale[b + j]);
+                if (offset) term = term + (float)xv.sum[b + j] * (t.c[j] * xv.scale[b + j]);
                 acc[j] += term;
             }
         }
@@ -157,13 +158,13 @@ static void rows_k_dsp(const uint8_t *w, const q8_vector *x, uint32_t blocks, ui
     }
 }
 static void rows_q4_k_dsp(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) {
-    rows_k_dsp(w, x, blocks, rows, out, 0);
+    rows_k_dsp(w, x, blocks, rows, out, DTYPE_Q4_K);
 }
 static void rows_q5_k_dsp(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) {
-    rows_k_dsp(w, x, blocks, rows, out, 1);
+    rows_k_dsp(w, x, blocks, rows, out, DTYPE_Q5_K);
 }
 static void rows_q6_k_dsp(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) {
-    rows_k_dsp(w, x, blocks, rows, out, 2);
+    rows_k_dsp(w, x, blocks, rows, out, DTYPE_Q6_K);
 }
 #define KERNELS_BLOCK_DTYPES_DSP                                                                                       \
     .rows_q4_1 = rows_q4_1_scalar, .rows_q5_0 = rows_q5_0_scalar, .rows_q5_1 = rows_q5_1_scalar,                         \

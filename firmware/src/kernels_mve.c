@@ -225,8 +225,8 @@ ALWAYS_INLINE float32x4_t add_terms4(float32x4_t acc, const terms8 *t, uint32_t 
     return vaddq_f32(acc, s);
 }
 
-/* Every block dtype's rows: `fill` the dtype's part, `offset` whether it has c, `scalar` its scalar rows. A row's last
- * blocks, fewer than 8, add their terms to their lanes on the FPU after the others. */
+/* Every block dtype's rows: `fill` the dtype's part, `offset` whether it has c (format.h's dtype_has_offset), `scalar`
+ * its scalar rows. A row's last blocks, fewer than 8, add their terms to their lanes on the FPU after the others. */
 __attribute__((noinline)) static void rows_terms8(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows,
                                                   float *out, fill8_fn fill, int offset, rows_block_fn scalar) {
     const q8_vector xv = *x;
@@ -262,36 +262,33 @@ __attribute__((noinline)) static void rows_terms8(const uint8_t *w, const q8_vec
 /* Q4_1 {f16 d, m; u8 qs[16]}, Q5_0 {f16 d; u8 qh[4]; u8 qs[16]}, Q5_1 {f16 d, m; u8 qh[4]; u8 qs[16]}: elements 0..15 in
  * the low nibbles of qs, 16..31 in the high ones; Q5's bit 4 of element i is bit i of qh, added in the lanes a predicate
  * made of qh selects (a bit per byte lane); Q5_0's 5 bits - 16: the sum of q x less 16 times x's block sum. */
-enum { Q4_1_BYTES = 20, Q5_0_BYTES = 22, Q5_1_BYTES = 24 };
 ALWAYS_INLINE const uint8_t *fill_q4_1_q5(const uint8_t *w, uint32_t n, const int8_t *xq, const int32_t *xsum, terms8 *t,
-                                          uint32_t bytes) {
+                                          uint32_t dtype, uint32_t bytes) {
     const uint8x16_t nib = vdupq_n_u8(15);
     for (uint32_t j = 0; j < n; j++, w += bytes, xq += QBLOCK) {
-        const uint32_t qh = bytes == Q4_1_BYTES ? 0u : le32_at(w + bytes - 20u);
+        const uint32_t qh = dtype == DTYPE_Q4_1 ? 0u : le32_at(w + bytes - 20u); /* qh[4] before qs[16] */
         const uint8x16_t qs = vld1q_u8(w + bytes - 16u), lo = vandq_u8(qs, nib), hi = vshrq_n_u8(qs, 4);
         t->isum[j] = isum16x2(vaddq_m_n_u8(lo, lo, 16, (mve_pred16_t)qh), vaddq_m_n_u8(hi, hi, 16, (mve_pred16_t)(qh >> 16)), xq);
         t->a[j] = f16_le(w);
-        if (bytes == Q5_0_BYTES)
-            t->isum[j] -= 16 * xsum[j];
-        else
-            t->c[j] = f16_le(w + 2);
+        if (dtype == DTYPE_Q5_0) t->isum[j] -= 16 * xsum[j];
+        if (dtype_has_offset(dtype)) t->c[j] = f16_le(w + 2);
     }
     return w;
 }
-#define FILL_Q4_1_Q5(NAME, BYTES)                                                                                      \
-    static const uint8_t *NAME(const uint8_t *w, uint32_t n, const int8_t *xq, const int32_t *xsum, terms8 *t) {      \
-        return fill_q4_1_q5(w, n, xq, xsum, t, BYTES);                                                                 \
+#define FILL_Q4_1_Q5(name, NAME)                                                                                       \
+    static const uint8_t *fill_##name(const uint8_t *w, uint32_t n, const int8_t *xq, const int32_t *xsum, terms8 *t) { \
+        return fill_q4_1_q5(w, n, xq, xsum, t, DTYPE_##NAME, DTYPE_BYTES_##NAME);                                       \
     }
-FILL_Q4_1_Q5(fill_q4_1, Q4_1_BYTES)
-FILL_Q4_1_Q5(fill_q5_0, Q5_0_BYTES)
-FILL_Q4_1_Q5(fill_q5_1, Q5_1_BYTES)
+FILL_Q4_1_Q5(q4_1, Q4_1)
+FILL_Q4_1_Q5(q5_0, Q5_0)
+FILL_Q4_1_Q5(q5_1, Q5_1)
 
 /* MXFP4 {u8 e; u8 qs[16]}: the nibbles' values (twice E2M1's) by a byte gather from the table, times 2^(e - 128). */
 static const int8_t MXFP4_TWICE[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
 static const uint8_t *fill_mxfp4(const uint8_t *w, uint32_t n, const int8_t *xq, const int32_t *xsum, terms8 *t) {
     (void)xsum;
     const uint8x16_t nib = vdupq_n_u8(15);
-    for (uint32_t j = 0; j < n; j++, w += 17, xq += QBLOCK) {
+    for (uint32_t j = 0; j < n; j++, w += DTYPE_BYTES_MXFP4, xq += QBLOCK) {
         const uint8x16_t qs = vld1q_u8(w + 1);
         const int8x16_t q0 = vldrbq_gather_offset_s8(MXFP4_TWICE, vandq_u8(qs, nib));
         const int8x16_t q1 = vldrbq_gather_offset_s8(MXFP4_TWICE, vshrq_n_u8(qs, 4));
@@ -372,20 +369,20 @@ static const uint8_t *fill_q6_k(const uint8_t *w, uint32_t n, const int8_t *xq, 
     }
     const float32x4_t d = vdupq_n_f32(f16_le(w + 208));
     vst1q_f32(t->a, d), vst1q_f32(t->a + 4, d);
-    return w + 210;
+    return w + DTYPE_BYTES_Q6_K;
 }
 
-#define ROWS_MVE(NAME, FILL, OFFSET, SCALAR)                                                                           \
-    static void NAME(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) {              \
-        rows_terms8(w, x, blocks, rows, out, FILL, OFFSET, SCALAR);                                                    \
+#define ROWS_MVE(name, NAME)                                                                                           \
+    static void rows_##name##_mve(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) { \
+        rows_terms8(w, x, blocks, rows, out, fill_##name, (int)dtype_has_offset(DTYPE_##NAME), rows_##name##_scalar);  \
     }
-ROWS_MVE(rows_q4_1_mve, fill_q4_1, 1, rows_q4_1_scalar)
-ROWS_MVE(rows_q5_0_mve, fill_q5_0, 0, rows_q5_0_scalar)
-ROWS_MVE(rows_q5_1_mve, fill_q5_1, 1, rows_q5_1_scalar)
-ROWS_MVE(rows_mxfp4_mve, fill_mxfp4, 0, rows_mxfp4_scalar)
-ROWS_MVE(rows_q4_k_mve, fill_q4_k, 1, rows_q4_k_scalar)
-ROWS_MVE(rows_q5_k_mve, fill_q5_k, 1, rows_q5_k_scalar)
-ROWS_MVE(rows_q6_k_mve, fill_q6_k, 0, rows_q6_k_scalar)
+ROWS_MVE(q4_1, Q4_1)
+ROWS_MVE(q5_0, Q5_0)
+ROWS_MVE(q5_1, Q5_1)
+ROWS_MVE(mxfp4, MXFP4)
+ROWS_MVE(q4_k, Q4_K)
+ROWS_MVE(q5_k, Q5_K)
+ROWS_MVE(q6_k, Q6_K)
 #define KERNELS_BLOCK_DTYPES_MVE                                                                                       \
     .rows_q4_1 = rows_q4_1_mve, .rows_q5_0 = rows_q5_0_mve, .rows_q5_1 = rows_q5_1_mve, .rows_mxfp4 = rows_mxfp4_mve,    \
     .rows_q4_k = rows_q4_k_mve, .rows_q5_k = rows_q5_k_mve, .rows_q6_k = rows_q6_k_mve

@@ -177,7 +177,7 @@ static uint32_t le32_at(const uint8_t *p) {
     return v;
 }
 
-/* Every block dtype's rows: `fill` the dtype's part, `offset` whether it has c. */
+/* Every block dtype's rows: `fill` the dtype's part, `offset` whether it has c (format.h's dtype_has_offset). */
 __attribute__((noinline)) static void rows_terms8(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows,
                                                   float *out, fill8_fn fill, long offset) {
     const q8_vector xv = *x;
@@ -222,9 +222,9 @@ __attribute__((noinline)) static void rows_terms8(const uint8_t *w, const q8_vec
  * halves (mask bit i: element i; 0 for Q4_1). Q5_0's values are 5 bits - 16: the sum of (q - 16) x is that of q x
  * less 16 times x's block sum. */
 ALWAYS_INLINE const uint8_t *fill_q4_1_q5(const uint8_t *w, uint32_t n, const int8_t *xq, const int32_t *xsum,
-                                          terms8 *t, uint32_t bytes) {
+                                          terms8 *t, uint32_t dtype, uint32_t bytes) {
     for (uint32_t j = 0; j < n; j++, w += bytes, xq += QBLOCK) {
-        const uint32_t qh = bytes == 20u ? 0u : le32_at(w + bytes - 20u);
+        const uint32_t qh = dtype == DTYPE_Q4_1 ? 0u : le32_at(w + bytes - 20u); /* qh[4] before qs[16] */
         long sum;
         __asm__ volatile("vsetivli zero, 1, e32, m1, ta, ma\n\tvmv.s.x v0, %[lo]\n\t"
                          "vsetivli zero, 16, e8, m1, ta, mu\n\t"
@@ -237,25 +237,25 @@ ALWAYS_INLINE const uint8_t *fill_q4_1_q5(const uint8_t *w, uint32_t n, const in
                          : [sum] "=r"(sum)
                          : [lo] "r"((long)(qh & 0xFFFFu)), [hi] "r"((long)(qh >> 16)), [qs] "r"(w + bytes - 16u), [x] "r"(xq)
                          : "t1", "memory");
-        t->isum[j] = (int32_t)sum - (bytes == 22u ? 16 * xsum[j] : 0);
+        t->isum[j] = (int32_t)sum - (dtype == DTYPE_Q5_0 ? 16 * xsum[j] : 0);
     }
     f16_column(t->a, w - bytes * n, bytes, n);
-    if (bytes != 22u) f16_column(t->c, w - bytes * n + 2, bytes, n);
+    if (dtype_has_offset(dtype)) f16_column(t->c, w - bytes * n + 2, bytes, n);
     return w;
 }
-#define FILL_Q4_1_Q5(NAME, BYTES)                                                                                      \
-    static const uint8_t *NAME(const uint8_t *w, uint32_t n, const int8_t *xq, const int32_t *xsum, terms8 *t) {      \
-        return fill_q4_1_q5(w, n, xq, xsum, t, BYTES);                                                                 \
+#define FILL_Q4_1_Q5(name, NAME)                                                                                       \
+    static const uint8_t *fill_##name(const uint8_t *w, uint32_t n, const int8_t *xq, const int32_t *xsum, terms8 *t) { \
+        return fill_q4_1_q5(w, n, xq, xsum, t, DTYPE_##NAME, DTYPE_BYTES_##NAME);                                       \
     }
-FILL_Q4_1_Q5(fill_q4_1, 20)
-FILL_Q4_1_Q5(fill_q5_0, 22)
-FILL_Q4_1_Q5(fill_q5_1, 24)
+FILL_Q4_1_Q5(q4_1, Q4_1)
+FILL_Q4_1_Q5(q5_0, Q5_0)
+FILL_Q4_1_Q5(q5_1, Q5_1)
 
 /* MXFP4 {u8 e; u8 qs[16]}: the nibbles' values (twice E2M1's) gathered from the table, times 2^(e - 128). */
 static const int8_t MXFP4_TWICE[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
 static const uint8_t *fill_mxfp4(const uint8_t *w, uint32_t n, const int8_t *xq, const int32_t *xsum, terms8 *t) {
     (void)xsum;
-    for (uint32_t j = 0; j < n; j++, w += 17, xq += QBLOCK) {
+    for (uint32_t j = 0; j < n; j++, w += DTYPE_BYTES_MXFP4, xq += QBLOCK) {
         long sum;
         __asm__ volatile("vsetivli zero, 16, e8, m1, ta, ma\n\t"
                          "vle8.v v0, (%[qs])\n\tvle8.v v5, (%[table])\n\t"
@@ -373,20 +373,20 @@ static const uint8_t *fill_q6_k(const uint8_t *w, uint32_t n, const int8_t *xq, 
             t->a[j] = d;
         }
     }
-    return w + 210;
+    return w + DTYPE_BYTES_Q6_K;
 }
 
-#define ROWS_RVV(NAME, FILL, OFFSET)                                                                                   \
-    static void NAME(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) {              \
-        rows_terms8(w, x, blocks, rows, out, FILL, OFFSET);                                                            \
+#define ROWS_RVV(name, NAME)                                                                                           \
+    static void rows_##name##_rvv(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) { \
+        rows_terms8(w, x, blocks, rows, out, fill_##name, (long)dtype_has_offset(DTYPE_##NAME));                       \
     }
-ROWS_RVV(rows_q4_1_rvv, fill_q4_1, 1)
-ROWS_RVV(rows_q5_0_rvv, fill_q5_0, 0)
-ROWS_RVV(rows_q5_1_rvv, fill_q5_1, 1)
-ROWS_RVV(rows_mxfp4_rvv, fill_mxfp4, 0)
-ROWS_RVV(rows_q4_k_rvv, fill_q4_k, 1)
-ROWS_RVV(rows_q5_k_rvv, fill_q5_k, 1)
-ROWS_RVV(rows_q6_k_rvv, fill_q6_k, 0)
+ROWS_RVV(q4_1, Q4_1)
+ROWS_RVV(q5_0, Q5_0)
+ROWS_RVV(q5_1, Q5_1)
+ROWS_RVV(mxfp4, MXFP4)
+ROWS_RVV(q4_k, Q4_K)
+ROWS_RVV(q5_k, Q5_K)
+ROWS_RVV(q6_k, Q6_K)
 #define KERNELS_BLOCK_DTYPES_RVV                                                                                       \
     .rows_q4_1 = rows_q4_1_rvv, .rows_q5_0 = rows_q5_0_rvv, .rows_q5_1 = rows_q5_1_rvv, .rows_mxfp4 = rows_mxfp4_rvv,    \
     .rows_q4_k = rows_q4_k_rvv, .rows_q5_k = rows_q5_k_rvv, .rows_q6_k = rows_q6_k_rvv

@@ -118,30 +118,30 @@ AVX2 static float small_tail(float acc[8], const uint8_t *row, const q8_vector *
         float a, c = 0.0f;
         switch (dtype) {
         case DTYPE_Q4_1:
-            blk = row + (size_t)b * 20u;
+            blk = row + (size_t)b * DTYPE_BYTES_Q4_1;
             p = q4_1_products(blk, xq, products_avx2);
             f16_pair1(blk, &a, &c);
             break;
         case DTYPE_Q5_0:
-            blk = row + (size_t)b * 22u;
+            blk = row + (size_t)b * DTYPE_BYTES_Q5_0;
             p = q5_0_products(blk, xq, products_avx2);
             f16_pair1(blk, &a, &c);
             bias = 16;
             break;
         case DTYPE_Q5_1:
-            blk = row + (size_t)b * 24u;
+            blk = row + (size_t)b * DTYPE_BYTES_Q5_1;
             p = q5_1_products(blk, xq, products_avx2);
             f16_pair1(blk, &a, &c);
             break;
         default: /* MXFP4 */
-            blk = row + (size_t)b * 17u;
+            blk = row + (size_t)b * DTYPE_BYTES_MXFP4;
             p = mxfp4_products(blk, xq, products_avx2);
             mxfp4_factors1(blk, &a, &c);
             bias = 12;
         }
         const int32_t isum = block_total(p) - bias * x->sum[b];
         float t = (float)isum * (a * x->scale[b]);
-        if (dtype == DTYPE_Q4_1 || dtype == DTYPE_Q5_1) t = t + (float)x->sum[b] * (c * x->scale[b]);
+        if (dtype_has_offset(dtype)) t = t + (float)x->sum[b] * (c * x->scale[b]);
         acc[b % 8] += t;
     }
     return sum_lanes8(acc);
@@ -284,30 +284,32 @@ AVX2 ALWAYS_INLINE float dot_k_x86(const uint8_t *row, const q8_vector *x, uint3
 }
 
 /* A kernel set's block rows: each dtype's row dot inlined in the row loop, with the set's integer core (x is
- * copied first, as dot_rows does: out may alias what an int8 pointer reaches). */
-#define SMALL_ROWS(name, NAME, set, TARGET, products, stride, bias, offset)                                            \
+ * copied first, as dot_rows does: out may alias what an int8 pointer reaches); the block's bytes and the offset flag
+ * are format.h's constants (format/schema.toml). */
+#define SMALL_ROWS(name, NAME, set, TARGET, products, bias)                                                          \
     TARGET void rows_##name##_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) { \
         const q8_vector xv = *x;                                                                                     \
-        const size_t row_bytes = (size_t)blocks * (stride);                                                          \
+        const size_t row_bytes = (size_t)blocks * DTYPE_BYTES_##NAME;                                                \
         for (uint32_t r = 0; r < rows; r++)                                                                          \
-            out[r] = dot_small_x86(w + r * row_bytes, &xv, blocks, DTYPE_##NAME, stride, bias, offset, name##_products, \
-                                   name##_factors8, products);                                                       \
+            out[r] = dot_small_x86(w + r * row_bytes, &xv, blocks, DTYPE_##NAME, DTYPE_BYTES_##NAME, bias,            \
+                                   (int)dtype_has_offset(DTYPE_##NAME), name##_products, name##_factors8, products); \
     }
-#define K_ROWS(name, set, TARGET, products, bytes, offset, factors)                                                  \
+#define K_ROWS(name, NAME, set, TARGET, products, factors)                                                           \
     TARGET void rows_##name##_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) { \
         const q8_vector xv = *x;                                                                                     \
-        const size_t row_bytes = (size_t)blocks / 8 * (bytes);                                                       \
+        const size_t row_bytes = (size_t)blocks / 8 * DTYPE_BYTES_##NAME;                                            \
         for (uint32_t r = 0; r < rows; r++)                                                                          \
-            out[r] = dot_k_x86(w + r * row_bytes, &xv, blocks, bytes, offset, name##_sums, factors, products);       \
+            out[r] = dot_k_x86(w + r * row_bytes, &xv, blocks, DTYPE_BYTES_##NAME, (int)dtype_has_offset(DTYPE_##NAME), \
+                               name##_sums, factors, products);                                                      \
     }
-#define BLOCK_ENTRIES(set, TARGET, products, products_q6)                                                        \
-    SMALL_ROWS(q4_1, Q4_1, set, TARGET, products, 20, 0, 1)                                                          \
-    SMALL_ROWS(q5_0, Q5_0, set, TARGET, products, 22, 16, 0)                                                         \
-    SMALL_ROWS(q5_1, Q5_1, set, TARGET, products, 24, 0, 1)                                                          \
-    SMALL_ROWS(mxfp4, MXFP4, set, TARGET, products, 17, 12, 0)                                                       \
-    K_ROWS(q4_k, set, TARGET, products, 144, 1, k4_factors)                                                          \
-    K_ROWS(q5_k, set, TARGET, products, 176, 1, k4_factors)                                                          \
-    K_ROWS(q6_k, set, TARGET, products_q6, 210, 0, q6_k_factors)
+#define BLOCK_ENTRIES(set, TARGET, products, products_q6)                                                            \
+    SMALL_ROWS(q4_1, Q4_1, set, TARGET, products, 0)                                                                 \
+    SMALL_ROWS(q5_0, Q5_0, set, TARGET, products, 16)                                                                \
+    SMALL_ROWS(q5_1, Q5_1, set, TARGET, products, 0)                                                                 \
+    SMALL_ROWS(mxfp4, MXFP4, set, TARGET, products, 12)                                                              \
+    K_ROWS(q4_k, Q4_K, set, TARGET, products, k4_factors)                                                            \
+    K_ROWS(q5_k, Q5_K, set, TARGET, products, k4_factors)                                                            \
+    K_ROWS(q6_k, Q6_K, set, TARGET, products_q6, q6_k_factors)
 
 BLOCK_ENTRIES(avx2, AVX2, products_avx2, products_q6_avx2)
 BLOCK_ENTRIES(vnni, AVX512, products_vnni, products_q6_vnni)
