@@ -28,24 +28,15 @@ def source_files(src: Path) -> list[Path]:
 
 
 def file_dtype(src: Path) -> str:
-    """The --dtype that keeps a model as its files store it: for a GGUF file `stored` (each matrix in its own type)
-    when the image has every quantized type it holds, its most common type when that is a float one (f16, bf16,
-    f32), q8_0 when it holds a type no image has (IQ4_XS, Q3_K, ...); a checkpoint's config dtype (f16, bf16; f32
-    otherwise)."""
-    if src.is_dir():
-        config = json.loads((src / "config.json").read_text()) if (src / "config.json").is_file() else {}
-        stored = config.get("dtype") or config.get("torch_dtype") or ""
-        return {"float16": "f16", "bfloat16": "bf16"}.get(stored, "f32")
-    from colibri.format import DTYPES
-    from colibri.gguf_input import gguf_reader
-    weights: dict[str, int] = {}
-    for t in gguf_reader(src).tensors:  # a damaged file: GGUFError, in pack's words
-        if len(t.shape) >= 2:
-            weights[t.tensor_type.name] = weights.get(t.tensor_type.name, 0) + int(t.n_bytes)
-    common = max(weights, key=weights.get, default="Q8_0")
-    if common in ("F16", "BF16", "F32"):
-        return common.lower()
-    return "stored" if all(name in DTYPES for name in weights) else "q8_0"
+    """The --dtype that keeps a model as its files store it: for a GGUF file `stored` (each matrix in its own type;
+    q8_0 for a type no image has, IQ4_XS, Q3_K, ...); a checkpoint's config dtype (f16, bf16; f32 otherwise)."""
+    if not src.is_dir():
+        from colibri.gguf_input import gguf_reader
+        gguf_reader(src)  # a damaged file: GGUFError, in pack's words, before "packing ..." is said
+        return "stored"
+    config = json.loads((src / "config.json").read_text()) if (src / "config.json").is_file() else {}
+    stored = config.get("dtype") or config.get("torch_dtype") or ""
+    return {"float16": "f16", "bfloat16": "bf16"}.get(stored, "f32")
 
 
 def cache_key(src: Path, options: dict) -> str:

@@ -692,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
                          "for any N: each thread computes fixed rows")
     ap.add_argument("--dtype", choices=[d.name.lower() for d in DType] + ["stored"],
                     help="for a checkpoint or .gguf: the dtype to pack its large matrices in (default: as its files "
-                         "store them, `stored`: a GGUF file's each in its own type; q8_0 for a GGUF type no image "
+                         "store them, `stored`: a GGUF file's each in its own type, q8_0 for a GGUF type no image "
                          "has)")
     ap.add_argument("--max-seq", type=int, help="for a checkpoint or .gguf: the longest sequence to pack for "
                                                 "(default: colibri pack's)")

@@ -51,6 +51,19 @@ NUMBER_KEYS = (".block_count", ".head_count", ".head_count_kv", ".embedding_leng
 KEPT_TYPES = {gguf.GGMLQuantizationType[d.name]: d for d in DType if d.quantized}  # carried over as stored
 # widened to f32 with nothing lost: not worth naming in the conversion report
 EXACT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
+# --dtype stored's dtype for a tensor of a type no image dtype holds (IQ4_XS, Q3_K, ...): 8 bits a value keep its
+# values within Q8_0's rounding, where f32 would take 7-10 times the file's bytes
+STORED_FALLBACK = DType.Q8_0
+
+
+def stored_as(qtype: gguf.GGMLQuantizationType) -> DType | None:
+    """The image dtype --dtype stored packs a GGUF tensor of this type in: its own where the image has it (F16 and
+    BF16 too), STORED_FALLBACK for another quantized type, None (f32) for F32."""
+    if qtype in KEPT_TYPES:
+        return KEPT_TYPES[qtype]
+    if qtype == gguf.GGMLQuantizationType.F32:
+        return None
+    return DType[qtype.name] if qtype in EXACT_TYPES else STORED_FALLBACK
 # llama.cpp architecture -> {has experts: HF architecture} (the families' gguf_arch: colibri/families/; one family,
 # or two told apart by the file's expert count, as llama is Llama or Mixtral)
 ARCHITECTURES: dict[str, dict[bool, str]] = {}
@@ -343,7 +356,7 @@ def _file_tensor(file: OpenFile, t) -> FileTensor:
         except NotImplementedError:
             raise GGUFError(f"tensor {t.name} has type {t.tensor_type.name}, which the gguf package cannot "
                             "dequantize; convert the model again with another type") from None
-    return FileTensor(file, t.data_offset, t.data.dtype, t.data.shape, shape, decode, KEPT_TYPES.get(t.tensor_type))
+    return FileTensor(file, t.data_offset, t.data.dtype, t.data.shape, shape, decode, stored_as(t.tensor_type))
 
 
 def _hf_tensors(tensors: dict[str, LazyTensor], arch: str, hf_arch: str, n_layers: int, n_head: int,

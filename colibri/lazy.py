@@ -47,7 +47,9 @@ class LazyTensor:
     """A tensor whose shape is known and whose values are read or computed only when asked for: load() as
     stored (an array, or an Encoded tensor of a GGUF file), np.asarray(t) as float32."""
 
-    # The image dtype its values are stored in already (a GGUF tensor of an image dtype, loaded as Encoded), or None
+    # The image dtype --dtype stored packs it in (colibri.gguf_input.stored_as): the one its file stores it in (a GGUF
+    # tensor of a quantized image dtype, loaded as Encoded, or of F16/BF16), Q8_0 for a GGUF type no image has, or
+    # None (f32)
     kept: DType | None = None
 
     def __init__(self, shape: tuple[int, ...]):

@@ -95,14 +95,16 @@ def dtype_flag(dtype: DType | None) -> str:
 
 
 def stored_dtype(t: object) -> DType | None:
-    """The image dtype a checkpoint's tensor is stored in already (a GGUF Q8_0/Q4_0 tensor), or None."""
+    """The image dtype --dtype stored packs a checkpoint's tensor in (a GGUF file's: its own type's, or Q8_0 for a
+    type no image has), or None (f32)."""
     return t.dtype if isinstance(t, Encoded) else t.kept if isinstance(t, LazyTensor) else None
 
 
 def choose_dtype(role: Role, layer: int, expert: int, dtype: DType | None, keep: list[tuple[str, DType]],
                  stored: DType | None = None) -> DType:
     """A tensor's dtype: the first --keep glob matching its name, else --dtype for the large matrices (None,
-    --dtype stored: the dtype a GGUF file stores it in where the image has it, else f32) and f32 for everything
+    --dtype stored: the dtype a GGUF file stores it in where the image has it, Q8_0 for another quantized type, else
+    f32) and f32 for everything
     else; but the output matrix at q8_0 when --dtype is q4_0, as llama.cpp's Q4_0 files keep it (the logits feel
     its rounding most), unless it is stored as Q4_0 already (widening those values gains nothing)."""
     if role not in LARGE:
@@ -489,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--board", choices=board_names(), help="check that image + arena fit this board's memory")
     ap.add_argument("--dtype", default="f32", choices=[d.name.lower() for d in DType] + ["stored"],
                     help="dtype of the large matrices (default f32); stored: each as a GGUF file stores it, where "
-                         "the image has that dtype (a Q4_K_M file's mix of Q4_K, Q6_K, ... as it is), else f32")
+                         "the image has that dtype (a Q4_K_M file's mix of Q4_K, Q6_K, ... as it is), q8_0 for a "
+                         "quantized type no image has (IQ4_XS, Q3_K, ...), else f32")
     ap.add_argument("--keep", action="append", default=[], metavar="NAME_GLOB[=DTYPE]",
                     help="keep matching tensors wider: f32, or the dtype given (repeatable; first match wins)")
     ap.add_argument("--kv", default="f32", choices=sorted(KV_DTYPES), help="KV cache element type (default f32)")
@@ -532,9 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     if r["converted"]:
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(r["converted"].items()))
         print(f"  converted   {kinds} tensors: no image dtype holds them, so they were dequantized to f32 "
-              f"exactly and stored as {'f32' if args.dtype == 'stored' else args.dtype} (--dtype q8_0 or q4_k "
-              "requantizes them; the quality line "
-              "shows what that costs)")
+              f"exactly and stored as {'q8_0' if args.dtype == 'stored' else args.dtype} (--dtype f32 keeps them "
+              "exact, --dtype q4_k smaller; the quality line shows what that costs)")
     if r["towers_left_out"]:
         print(f"  text model  the multimodal checkpoint's text model: {r['towers_left_out']} vision and audio tower "
               "tensors left out (the image runs text)")

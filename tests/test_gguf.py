@@ -115,13 +115,13 @@ def test_quantized_gguf_dequantizes_within_the_format_error(qtype, tmp_path):
 @pytest.mark.parametrize("name,qtype", [("mixtral-iq4_nl", Q.IQ4_NL), ("mixtral-iq4_xs", Q.IQ4_XS)],
                          ids=lambda v: v if isinstance(v, str) else "")
 def test_types_without_an_image_dtype_are_dequantized_exactly(name, qtype, tmp_path, capsys):
-    """A GGUF type the image has no dtype for (written by llama.cpp's quantizer) packs, --dtype stored too: each
-    tensor is dequantized to f32 with nothing lost, the report names what was converted, and the device computes
-    exactly what the dequantized weights give."""
+    """A GGUF type the image has no dtype for (written by llama.cpp's quantizer) packs: with --dtype f32 each tensor
+    is dequantized to f32 with nothing lost, the report names what was converted, and the device computes exactly
+    what the dequantized weights give; --dtype stored takes q8_0 for them instead (the report says so)."""
     from colibri import pack as pack_cli
     path = FIXTURES / f"{name}.gguf"
     out = tmp_path / "q.img"
-    assert pack_cli.main([str(path), "-o", str(out), "--max-seq", "32", "--dtype", "stored"]) == 0
+    assert pack_cli.main([str(path), "-o", str(out), "--max-seq", "32", "--dtype", "f32"]) == 0
     assert f"{qtype.name} tensors: no image dtype holds them" in capsys.readouterr().out
     img = read_image(out.read_bytes())
     reader = gguf.GGUFReader(str(path))
@@ -131,9 +131,43 @@ def test_types_without_an_image_dtype_are_dequantized_exactly(name, qtype, tmp_p
     assert img.entry(Role.EXPERT_DOWN, 1, 1).dtype == DType.F32
     np.testing.assert_array_equal(img.tensor(Role.EXPERT_DOWN, 1, 1), exact)
     np.testing.assert_array_equal(img.tensor(Role.TOKEN_EMBD), gguf.dequantize(stored["token_embd.weight"].data, qtype))
+    assert pack_cli.main([str(path), "-o", str(tmp_path / "s.img"), "--max-seq", "32", "--dtype", "stored"]) == 0
+    assert "exactly and stored as q8_0" in capsys.readouterr().out
+    assert read_image((tmp_path / "s.img").read_bytes()).entry(Role.EXPERT_DOWN, 1, 1).dtype == DType.Q8_0
     # to a narrower dtype on request, with the cost measured against the exact values
     assert pack_cli.main([str(path), "-o", str(tmp_path / "q8.img"), "--max-seq", "32", "--dtype", "q8_0"]) == 0
     assert "quality" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["mixtral-q3_k_m", "mixtral-iq4_xs", "mixtral-q4_k_m", "mixtral-f32-and-f16"])
+def test_stored_keeps_each_tensor_that_an_image_dtype_holds(name, tmp_path):
+    """--dtype stored (what `colibri run model.gguf` packs) decides tensor by tensor: a type an image dtype holds
+    lands as it is (a Q3_K_M file's Q4_K, Q5_K and Q6_K tensors byte for byte, F16 as F16), a quantized type no
+    image has (Q3_K, IQ4_XS) as q8_0 rather than 7-10 times its bytes in f32, F32 as f32."""
+    from colibri.autopack import file_dtype
+    from colibri.gguf_input import STORED_FALLBACK
+    src = FIXTURES / f"{name}.gguf"
+    if name == "mixtral-f32-and-f16":  # the Q4_K_M file with its attention matrices in F16 and F32
+        reader = gguf.GGUFReader(str(FIXTURES / "mixtral-q4_k_m.gguf"))
+        floats = {t.name: np.asarray(gguf.dequantize(t.data, t.tensor_type), np.float32) for t in reader.tensors
+                  if t.name.endswith(("attn_q.weight", "attn_k.weight"))}
+        changed = {n: (v.astype(np.float16), Q.F16) if "attn_q" in n else v for n, v in floats.items()}
+        src = copy_gguf(FIXTURES / "mixtral-q4_k_m.gguf", tmp_path / "mixed.gguf", {}, changed)
+    assert file_dtype(src) == "stored"
+    image = tmp_path / "m.img"
+    pack(src, image, 32, 64, dtype=None, measure_quality=False)
+    img = read_image(image.read_bytes())
+    names = {"attn_q": (Role.WQ,), "attn_k": (Role.WK,), "attn_output": (Role.WO,), "output": (Role.LM_HEAD,)}
+    seen = set()
+    for t in gguf.GGUFReader(str(src)).tensors:
+        kind = t.name.split(".")[-2]
+        if kind not in names:
+            continue
+        entry = img.entry(*names[kind], *((int(t.name.split(".")[1]),) if t.name.startswith("blk.") else ()))
+        want = (DType[t.tensor_type.name] if t.tensor_type.name in DTYPES else STORED_FALLBACK)
+        assert DType(entry.dtype) == want, (t.name, t.tensor_type.name)
+        seen.add(t.tensor_type.name)
+    assert len(seen) >= 2  # (every file here mixes types)
 
 
 @pytest.mark.parametrize("writer", ["project", "llama.cpp"])
