@@ -222,6 +222,58 @@ static void check_block_dtypes(const kernel_set *fast, const kernel_set *ref, ui
     }
 }
 
+/* The kernel set's accumulate_f32/_f16 against the scalar ones: `rows` rows of n values, `stride` apart (a KV
+ * cache's row holds more than one head), into out that starts where a caller left it (zero, or a first run's sums).
+ * Values uniform, or (tiny) with subnormal products and sums, which Helium flushes; some cases put a NaN (with a
+ * payload of its own), an infinity, a -0 or values that overflow the sum into a row, and every f16 bit pattern
+ * turns up (subnormals; infinities and NaNs in those cases). Every element must have the scalar bits, but for one thing:
+ * where two NaNs meet in an addition, which payload it keeps is the operand order the compiler chose (C leaves it
+ * open; GCC commutes x86's vaddps and addss as it likes), so a NaN there matches any NaN. */
+#define ACC_MAX_ROWS 13u
+#define ACC_MAX_N 200u
+#define ACC_MAX_STRIDE (ACC_MAX_N + 7u)
+static float acc_v32[ACC_MAX_ROWS * ACC_MAX_STRIDE], acc_p[ACC_MAX_ROWS], acc_a[ACC_MAX_N], acc_b[ACC_MAX_N];
+static uint16_t acc_v16[ACC_MAX_ROWS * ACC_MAX_STRIDE];
+static float nan_with(uint32_t payload) {
+    union { uint32_t u; float f; } v = { 0x7FC00000u | (payload & 0x3FFFFFu) };
+    return v.f;
+}
+static uint32_t accumulate_differs(uint32_t n) {
+    uint32_t bad = 0;
+    for (uint32_t i = 0; i < n; i++) bad |= bits(acc_a[i]) != bits(acc_b[i]) && !(acc_a[i] != acc_a[i] && acc_b[i] != acc_b[i]);
+    return bad;
+}
+static void check_accumulate(const kernel_set *fast, const kernel_set *ref, uint32_t c) {
+    const uint32_t n = c < 70 ? c + 1 : 1 + next() % ACC_MAX_N, rows = 1 + next() % ACC_MAX_ROWS;
+    const size_t stride = n + next() % 8u;
+    const float scale = c % 4 == 3 ? 1e-20f : 1.0f;
+    for (uint32_t t = 0; t < rows; t++) acc_p[t] = (uniform() + 1.0f) * 0.5f * scale;
+    for (size_t i = 0; i < rows * stride; i++) {
+        acc_v32[i] = uniform() * 8.0f * scale;
+        acc_v16[i] = (uint16_t)next();
+        if ((acc_v16[i] & 0x7C00u) == 0x7C00u && c % 8 != 5) acc_v16[i] &= 0x83FFu; /* infinities and NaNs: the edge cases' */
+    }
+    if (c % 8 == 5) { /* edges in the rows */
+        static const float edges[] = { 1.0f / 0.0f, -1.0f / 0.0f, -0.0f, 3e38f, -3e38f, 1e-45f };
+        for (uint32_t k = 0; k < 4; k++) acc_v32[next() % (rows * stride)] = edges[next() % 6u];
+        acc_v32[next() % (rows * stride)] = nan_with(next());
+        acc_v32[next() % (rows * stride)] = nan_with(next());
+    }
+    for (uint32_t i = 0; i < n; i++) acc_a[i] = acc_b[i] = c % 3 == 0 ? 0.0f : uniform() * scale;
+    if (c % 8 == 6) { /* out already NaN in one element, -0 in another */
+        const uint32_t at = next() % n;
+        acc_a[at] = acc_b[at] = nan_with(next());
+        acc_a[0] = acc_b[0] = -0.0f;
+    }
+    ACCUMULATE_F32(fast)(acc_a, acc_p, acc_v32, stride, rows, n);
+    ACCUMULATE_F32(ref)(acc_b, acc_p, acc_v32, stride, rows, n);
+    check("accumulate_f32", n, accumulate_differs(n) ? 1.0f : 0.0f, 0.0f);
+    for (uint32_t i = 0; i < n; i++) acc_a[i] = acc_b[i] = c % 3 == 0 ? 0.0f : uniform() * scale;
+    ACCUMULATE_F16(fast)(acc_a, acc_p, acc_v16, stride, rows, n);
+    ACCUMULATE_F16(ref)(acc_b, acc_p, acc_v16, stride, rows, n);
+    check("accumulate_f16", n, accumulate_differs(n) ? 1.0f : 0.0f, 0.0f);
+}
+
 static void say_hex64(uint64_t v) { /* hex: 64-bit division would pull libgcc into 32-bit boards */
     static const char digits[] = "0123456789abcdef";
     char buf[17];
@@ -297,7 +349,8 @@ int link_serve(const board_io *io) {
         }
         check_quantize(fast, ref, c, n, blocks);
         check_swiglu(fast, ref, c, n);
-        cases += 2;
+        check_accumulate(fast, ref, c);
+        cases += 4;
     }
     say("kernel_check: ");
     say_u32(cases);

@@ -124,6 +124,7 @@ static void rows_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const q8
 const kernel_set kernels_scalar = { .name = "scalar", .dot_f32 = dot_f32_scalar, .dot_f16 = dot_f16_scalar,
                                     .dot_bf16 = dot_bf16_scalar, .rows_q8_0 = rows_q8_0_scalar, .rows_q4_0 = rows_q4_0_scalar,
                                     .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar,
+                                    KERNELS_ACCUMULATE(accumulate_f32_scalar, accumulate_f16_scalar)
                                     KERNELS_BLOCK_DTYPES_SCALAR };
 
 /* v * inv as an int8: rounded to nearest, ties to even (adding 1.5 * 2^23 leaves no fraction bits).
@@ -160,6 +161,23 @@ void quantize_q8_0_scalar(int8_t *xq, float *scale, int32_t *sum, const float *x
 
 void swiglu_scalar(float *g, const float *u, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
+}
+
+/* Row by row, as the kernel's definition reads (kernels.h); the sets' own versions take many elements at once. */
+void accumulate_f32_scalar(float *out, const float *p, const float *v, size_t stride, uint32_t rows, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        float sum = out[i];
+        for (uint32_t t = 0; t < rows; t++) sum += p[t] * v[t * stride + i];
+        out[i] = sum;
+    }
+}
+
+void accumulate_f16_scalar(float *out, const float *p, const uint16_t *v, size_t stride, uint32_t rows, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        float sum = out[i];
+        for (uint32_t t = 0; t < rows; t++) sum += p[t] * f16_to_f32(v[t * stride + i]);
+        out[i] = sum;
+    }
 }
 
 void weight_row(float *out, const weight *w, uint32_t row) {

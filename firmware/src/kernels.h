@@ -58,6 +58,14 @@ typedef struct {
     void (*quantize_q8_0)(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n);
     /* SwiGLU in place: g[i] = g[i] / (1 + colibri_expf(-g[i])) * u[i], as swiglu_scalar computes it */
     void (*swiglu)(float *g, const float *u, uint32_t n);
+#if WITH_KERNEL_ACCUMULATE
+    /* Attention's value sum over `rows` cached rows v_t = v + t * stride (f32, or f16 widened exactly):
+     * out[i] = out[i] + p[t] * v_t[i] for t = 0, 1, ..., rows - 1 in turn, each product rounded, then added
+     * (docs/KERNELS.md). Elements are independent, so a kernel may take many at once and keep them in
+     * registers across the rows; each element's additions keep this order. */
+    void (*accumulate_f32)(float *out, const float *p, const float *v, size_t stride, uint32_t rows, uint32_t n);
+    void (*accumulate_f16)(float *out, const float *p, const uint16_t *v, size_t stride, uint32_t rows, uint32_t n);
+#endif
     /* Optional tiles for a prefill batch (NULL: the runtime makes four dots): two adjacent rows (the
      * second starts where the first ends, its scales likewise) times two vectors, out = { row0.x0,
      * row0.x1, row1.x0, row1.x1 }, each the same bits as the dot above. Each weight is loaded once for
@@ -147,6 +155,18 @@ static inline float bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h <
  * activation side of the quantized dot products; the reference for every kernel set's quantize_q8_0. */
 void quantize_q8_0_scalar(int8_t *xq, float *scale, int32_t *sum, const float *x, uint32_t n);
 void swiglu_scalar(float *g, const float *u, uint32_t n);
+void accumulate_f32_scalar(float *out, const float *p, const float *v, size_t stride, uint32_t rows, uint32_t n);
+void accumulate_f16_scalar(float *out, const float *p, const uint16_t *v, size_t stride, uint32_t rows, uint32_t n);
+/* A kernel set's accumulate_f32/_f16 (kernels.h), or the scalar one in the lean build, whose sets have no other */
+#if WITH_KERNEL_ACCUMULATE
+#define KERNELS_ACCUMULATE(f32, f16) .accumulate_f32 = f32, .accumulate_f16 = f16,
+#define ACCUMULATE_F32(k) (k)->accumulate_f32
+#define ACCUMULATE_F16(k) (k)->accumulate_f16
+#else
+#define KERNELS_ACCUMULATE(f32, f16)
+#define ACCUMULATE_F32(k) ((void)(k), accumulate_f32_scalar)
+#define ACCUMULATE_F16(k) ((void)(k), accumulate_f16_scalar)
+#endif
 /* Row `row` of w as floats (the embedding lookup). */
 void weight_row(float *out, const weight *w, uint32_t row);
 /* ---- kernels_block.c: the block dtypes' scalar kernels, which every kernel set has until it has its own ---- */

@@ -175,5 +175,7 @@ static void rows_q6_k_dsp(const uint8_t *w, const q8_vector *x, uint32_t blocks,
 
 const kernel_set kernels_dsp = { .name = "dsp", .dot_f32 = dot_f32_scalar, .dot_f16 = dot_f16_scalar,
                                  .dot_bf16 = dot_bf16_scalar, .rows_q8_0 = rows_q8_0_dsp, .rows_q4_0 = rows_q4_0_dsp,
-                                 .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar, KERNELS_BLOCK_DTYPES_DSP };
+                                 .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar,
+                                 KERNELS_ACCUMULATE(accumulate_f32_scalar, accumulate_f16_scalar)
+                                 KERNELS_BLOCK_DTYPES_DSP };
 #endif

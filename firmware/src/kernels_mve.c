@@ -4,28 +4,7 @@
 #include "internal.h"
 
 #if defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 2) && !defined(COLIBRI_KERNELS_SCALAR)
-#include <arm_mve.h>
-
-/* Loaders of 4 weights as f32 (exact widening), in lane order, and of one weight for the tail. */
-static float32x4_t load4_f32(const void *w, uint32_t i) { return vld1q_f32((const float *)w + i); }
-
-/* bf16 -> f32 is a 16-bit shift: a widening load puts 4 halfwords in 4 word lanes, in order. */
-static float32x4_t load4_bf16(const void *w, uint32_t i) {
-    return vreinterpretq_f32_u32(vshlq_n_u32(vldrhq_u32((const uint16_t *)w + i), 16));
-}
-
-/* f16 -> f32 exactly: normal and inf/NaN values by rebiasing the exponent in the integer domain,
- * subnormals as em * 2^-24 (exact in f32), as f16_to_f32() does. (VCVTB/VCVTT would take even or
- * odd halves and need de-interleaved lanes; this keeps the lane order.) */
-static float32x4_t load4_f16(const void *w, uint32_t i) {
-    uint32x4_t h = vldrhq_u32((const uint16_t *)w + i), em = vandq_u32(h, vdupq_n_u32(0x7FFFu));
-    uint32x4_t sign = vshlq_n_u32(vandq_u32(h, vdupq_n_u32(0x8000u)), 16);
-    uint32x4_t rebias = vdupq_m_n_u32(vdupq_n_u32(0x1C000u), 0x38000u, vcmpcsq_n_u32(em, 0x7C00u));
-    uint32x4_t wide = vorrq_u32(sign, vshlq_n_u32(vaddq_u32(em, rebias), 13));
-    float32x4_t tiny = vmulq_n_f32(vcvtq_f32_u32(em), 5.9604644775390625e-08f);
-    uint32x4_t sub = vorrq_u32(vreinterpretq_u32_f32(tiny), sign);
-    return vreinterpretq_f32_u32(vpselq_u32(sub, wide, vcmphiq_u32(vdupq_n_u32(0x400u), em)));
-}
+#include "mve.h"
 
 static float one_f32(const void *w, uint32_t i) { return ((const float *)w)[i]; }
 static float one_f16(const void *w, uint32_t i) { return f16_to_f32(((const uint16_t *)w)[i]); }
@@ -49,27 +28,6 @@ ALWAYS_INLINE float dot_lanes16(const void *w, const float *x, uint32_t n, float
     vst1q_f32(acc + 12, a3);
     for (; i < n; i++) acc[i % 16] += one(w, i) * x[i];
     return sum_lanes16(acc);
-}
-
-/* Helium's float arithmetic flushes subnormal inputs and results to zero whatever FPSCR.FZ says (QEMU runs
- * it with the standard FPSCR value, as Neon; the FPU's scalar instructions follow FPSCR, where FZ is
- * clear), and it records every flush in FPSCR's cumulative flags: IDC for an input, UFC for a
- * result. A kernel clears both, computes, and if either is set has met a subnormal and may differ from
- * the scalar bits: it then returns the scalar kernel's. Subnormal weights and activations are rare, so
- * the price is two FPSCR accesses per call. */
-#define FPSCR_UFC (1u << 3)
-#define FPSCR_IDC (1u << 7)
-static void flush_flags_clear(void) {
-    uint32_t fpscr;
-    __asm__ volatile("vmrs %0, fpscr" : "=r"(fpscr) : : "memory");
-    fpscr &= ~(FPSCR_UFC | FPSCR_IDC);
-    __asm__ volatile("vmsr fpscr, %0" : : "r"(fpscr) : "memory");
-}
-/* r: the kernel's result, an operand so that its computation cannot move after the read */
-static int flushed(float r) {
-    uint32_t fpscr;
-    __asm__ volatile("vmrs %0, fpscr" : "=r"(fpscr) : "t"(r) : "memory");
-    return (fpscr & (FPSCR_UFC | FPSCR_IDC)) != 0;
 }
 
 static float dot_f32_mve(const float *w, const float *x, uint32_t n) {
@@ -117,6 +75,50 @@ static void rows_q8_0_mve(const int8_t *w, const uint16_t *w_scale, const q8_vec
 static void rows_q4_0_mve(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
                           float *out) {
     dot_rows(w, w_scale, x, blocks, rows, (size_t)blocks * (QBLOCK / 2), out, dot_q4_0_mve);
+}
+
+/* accumulate's elements [i, i + 16) of out over every row in four registers held across the rows, each element's
+ * sum the scalar kernel's in its order. Stored only if no float operation met a subnormal (flushed) and no
+ * lane is NaN (Helium's default NaN, where the FPU keeps an operand's payload); otherwise the scalar kernel
+ * computes these elements from out as it was. Returns 0 then. */
+ALWAYS_INLINE int accumulate_regs(float *out, const float *p, const void *v, size_t stride, uint32_t rows, uint32_t i,
+                                  size_t esize, float32x4_t (*load4)(const void *, uint32_t)) {
+    enum { K = 4 };
+    float32x4_t acc[K];
+    flush_flags_clear();
+    UNROLLED for (int k = 0; k < K; k++) acc[k] = vld1q_f32(out + i + 4 * k);
+    const char *row = v;
+    for (uint32_t t = 0; t < rows; t++, row += stride * esize) {
+        const float pt = p[t];
+        UNROLLED for (int k = 0; k < K; k++) acc[k] = vaddq_f32(acc[k], vmulq_n_f32(load4(row, i + 4 * k), pt));
+    }
+    mve_pred16_t numbers = 0xFFFF;
+    UNROLLED for (int k = 0; k < K; k++) numbers &= vcmpeqq_f32(acc[k], acc[k]);
+    if (flushed((float)numbers) || numbers != 0xFFFF) return 0; /* numbers: made of every sum, so read after them */
+    UNROLLED for (int k = 0; k < K; k++) vst1q_f32(out + i + 4 * k, acc[k]);
+    return 1;
+}
+
+/* Elements [i, i + len) by the scalar kernel of the dtype of esize bytes. */
+ALWAYS_INLINE void accumulate_scalar(float *out, const float *p, const void *v, size_t stride, uint32_t rows, uint32_t i,
+                                     uint32_t len, size_t esize) {
+    if (esize == sizeof(float)) accumulate_f32_scalar(out + i, p, (const float *)v + i, stride, rows, len);
+    else accumulate_f16_scalar(out + i, p, (const uint16_t *)v + i, stride, rows, len);
+}
+/* Groups of 16 elements (a head's size is a multiple of 16 in every model here); the last n % 16, and any group
+ * accumulate_regs declined, by the scalar kernel. */
+ALWAYS_INLINE void accumulate_groups(float *out, const float *p, const void *v, size_t stride, uint32_t rows, uint32_t n,
+                                     size_t esize, float32x4_t (*load4)(const void *, uint32_t)) {
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        if (!accumulate_regs(out, p, v, stride, rows, i, esize, load4)) accumulate_scalar(out, p, v, stride, rows, i, 16, esize);
+    if (i < n) accumulate_scalar(out, p, v, stride, rows, i, n - i, esize);
+}
+static void accumulate_f32_mve(float *out, const float *p, const float *v, size_t stride, uint32_t rows, uint32_t n) {
+    accumulate_groups(out, p, v, stride, rows, n, sizeof *v, load4_f32);
+}
+static void accumulate_f16_mve(float *out, const float *p, const uint16_t *v, size_t stride, uint32_t rows, uint32_t n) {
+    accumulate_groups(out, p, v, stride, rows, n, sizeof *v, load4_f16);
 }
 
 /* The largest |v[i]| of a block as the scalar one finds it: the unsigned maximum (VMAXV) of the bit patterns
@@ -392,5 +394,6 @@ ROWS_MVE(q6_k, Q6_K)
 
 const kernel_set kernels_mve = { .name = "mve", .dot_f32 = dot_f32_mve, .dot_f16 = dot_f16_mve, .dot_bf16 = dot_bf16_mve,
                                  .rows_q8_0 = rows_q8_0_mve, .rows_q4_0 = rows_q4_0_mve,
-                                 .quantize_q8_0 = quantize_q8_0_mve, .swiglu = swiglu_mve, KERNELS_BLOCK_DTYPES_MVE };
+                                 .quantize_q8_0 = quantize_q8_0_mve, .swiglu = swiglu_mve,
+                                 KERNELS_ACCUMULATE(accumulate_f32_mve, accumulate_f16_mve) KERNELS_BLOCK_DTYPES_MVE };
 #endif

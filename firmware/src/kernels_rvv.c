@@ -6,43 +6,13 @@
  * (docs/KERNELS.md): the 16 float lanes are one e32/m4 register group with vl capped at 16 (a wider
  * machine must not spread the lanes further), the tail updates only its lanes (tail-undisturbed),
  * and the integer block sums come from widening multiplies and a widening reduction (exact).
- * f16 has no conversion instruction without Zvfh: it uses the scalar kernel. */
+ * f16 has no conversion instruction without Zvfh: its dot is the scalar kernel; attention's value sum widens f16
+ * in the integer domain (F16_WIDEN). The loops are rvv.h's macros. */
 #include "internal.h"
 
 #if defined(__riscv_vector) && !defined(COLIBRI_KERNELS_SCALAR)
 
-#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 13)
-#error "kernels_rvv.c: this compiler knows the vector registers: declare v0-v31, vl and vtype as its asm's clobbers"
-#endif
-
-/* acc[16] = the 16 lane sums of w[i] * x[i] (lane i % 16). LOAD_W puts the next t0 (<= 16) weights
- * into v0..v3 as f32; W_SHIFT is log2 of a stored weight's bytes. */
-#define FLOAT_DOT_LOOP(LOAD_W, W_SHIFT)                                                                             \
-    __asm__ volatile("vsetivli zero, 16, e32, m4, ta, ma\n\t"                                                     \
-                     "vmv.v.i v8, 0\n\t"                                                                          \
-                     "li t2, 16\n"                                                                                \
-                     "1:\n\t"                                                                                     \
-                     "beqz %[left], 3f\n\t"                                                                       \
-                     "mv t0, %[left]\n\t"                                                                         \
-                     "bleu t0, t2, 2f\n\t"                                                                        \
-                     "mv t0, t2\n"                                                                                \
-                     "2:\n\t"                                                                                     \
-                     LOAD_W                                                                                       \
-                     "vle32.v v4, (%[x])\n\t"                                                                     \
-                     "vfmul.vv v0, v0, v4\n\t"                                                                    \
-                     "vfadd.vv v8, v8, v0\n\t"                                                                    \
-                     "sub %[left], %[left], t0\n\t"                                                               \
-                     "slli t1, t0, " W_SHIFT "\n\t"                                                               \
-                     "add %[w], %[w], t1\n\t"                                                                     \
-                     "slli t1, t0, 2\n\t"                                                                         \
-                     "add %[x], %[x], t1\n\t"                                                                     \
-                     "j 1b\n"                                                                                     \
-                     "3:\n\t"                                                                                     \
-                     "vsetivli zero, 16, e32, m4, ta, ma\n\t"                                                     \
-                     "vse32.v v8, (%[acc])\n\t"                                                                   \
-                     : [w] "+r"(w), [x] "+r"(x), [left] "+r"(left)                                                \
-                     : [acc] "r"(acc)                                                                             \
-                     : "t0", "t1", "t2", "memory")
+#include "rvv.h"
 
 static float dot_f32_rvv(const float *w, const float *x, uint32_t n) {
     float acc[16];
@@ -131,6 +101,17 @@ static void rows_q4_0_rvv(const uint8_t *w, const uint16_t *w_scale, const q8_ve
     dot_rows(w, w_scale, x, blocks, rows, (size_t)blocks * (QBLOCK / 2), out, dot_q4_0_rvv);
 }
 
+static void accumulate_f32_rvv(float *out, const float *p, const float *v, size_t stride, uint32_t rows, uint32_t n) {
+    ACCUMULATE_LOOP("m8", "v8", "v16", "vle32.v v16, (t4)\n\t", 2);
+}
+/* f16 rows: loaded as e16, zero-extended and widened by F16_WIDEN (e32/m4 groups: h v8, the values v20, the sums v24) */
+static void accumulate_f16_rvv(float *out, const float *p, const uint16_t *v, size_t stride, uint32_t rows, uint32_t n) {
+    ACCUMULATE_LOOP("m4", "v24", "v20",
+                    "vsetvli zero, %[vl], e16, m2, ta, ma\n\tvle16.v v4, (t4)\n\t"
+                    "vsetvli zero, %[vl], e32, m4, ta, mu\n\tvzext.vf2 v8, v4\n\t"
+                    F16_WIDEN("v8", "v12", "v16", "v20", "v4"), 1);
+}
+
 #if WITH_BLOCK_DTYPES
 /* ---- The block dtypes (docs/KERNELS.md "The block dtypes"), as kernels_block.c's rows compute them. A dtype's part
  * fills 8 blocks' terms at a time: each block's integer sum from widening multiplies and a widening reduction over its
@@ -146,25 +127,14 @@ typedef struct {
  * address after them. */
 typedef const uint8_t *(*fill8_fn)(const uint8_t *w, uint32_t n, const int8_t *xq, const int32_t *xsum, terms8 *t);
 
-/* out[j] = the f16 at p + j stride widened, for j < n (<= 8), as f16_to_f32 does it (exactly): normal values and
- * infinities/NaNs by rebiasing the exponent in the integer domain, subnormals as em * 2^-24 with the sign. (Every
- * block dtype with f16 fields has blocks of an even size: the fields are 2-byte aligned.) */
+/* out[j] = the f16 at p + j stride widened, for j < n (<= 8), by F16_WIDEN. (Every block dtype with f16 fields has
+ * blocks of an even size: the fields are 2-byte aligned.) */
 __attribute__((noinline)) static void f16_column(float *out, const uint8_t *p, size_t stride, size_t n) {
     __asm__ volatile("vsetvli zero, %[n], e16, m1, ta, ma\n\t"
                      "vlse16.v v1, (%[p]), %[stride]\n\t"
                      "vsetvli zero, %[n], e32, m2, ta, mu\n\t"
-                     "vzext.vf2 v2, v1\n\t"                                  /* h */
-                     "li t0, 0x7FFF\n\tvand.vx v4, v2, t0\n\t"              /* em */
-                     "vxor.vv v6, v2, v4\n\tvsll.vi v6, v6, 16\n\t"         /* the sign, at bit 31 */
-                     "li t0, 0x1C000\n\tvadd.vx v8, v4, t0\n\t"             /* exponent 15 -> 127 */
-                     "li t1, 0x7C00\n\tvmsgeu.vx v0, v4, t1\n\t"
-                     "vadd.vx v8, v8, t0, v0.t\n\t"                         /* infinity, NaN: exponent 255 */
-                     "vsll.vi v8, v8, 13\n\tvor.vv v8, v8, v6\n\t"
-                     "vfcvt.f.xu.v v10, v4\n\t"
-                     "li t0, 0x33800000\n\tfmv.w.x ft0, t0\n\t"             /* 2^-24 */
-                     "vfmul.vf v10, v10, ft0\n\tvor.vv v10, v10, v6\n\t"    /* a subnormal's em * 2^-24: exact */
-                     "li t1, 0x400\n\tvmsltu.vx v0, v4, t1\n\t"
-                     "vmerge.vvm v8, v8, v10, v0\n\t"
+                     "vzext.vf2 v2, v1\n\t"
+                     F16_WIDEN("v2", "v4", "v6", "v8", "v10")
                      "vse32.v v8, (%[out])\n\t"
                      :
                      : [n] "r"(n), [p] "r"(p), [stride] "r"(stride), [out] "r"(out)
@@ -396,5 +366,7 @@ ROWS_RVV(q6_k, Q6_K)
 
 const kernel_set kernels_rvv = { .name = "rvv", .dot_f32 = dot_f32_rvv, .dot_f16 = dot_f16_scalar, .dot_bf16 = dot_bf16_rvv,
                                  .rows_q8_0 = rows_q8_0_rvv, .rows_q4_0 = rows_q4_0_rvv,
-                                 .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar, KERNELS_BLOCK_DTYPES_RVV };
+                                 .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar,
+                                 KERNELS_ACCUMULATE(accumulate_f32_rvv, accumulate_f16_rvv)
+                                 KERNELS_BLOCK_DTYPES_RVV };
 #endif

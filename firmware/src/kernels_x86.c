@@ -177,9 +177,44 @@ AVX2 static void swiglu_avx2(float *g, const float *u, uint32_t n) {
     swiglu_scalar(g + i, u + i, n - i);
 }
 
+/* accumulate's elements [i, i + 8 * K) of out over every row, in K registers held across the rows: each
+ * element's sum is the scalar kernel's (out, then + p[t] * v_t in turn, each product rounded, then added).
+ * Eight registers (64 elements: a head of 64 whole) keep eight additions in flight, which the chain of one
+ * element's additions needs to cover the adder's latency. esize: a stored element's bytes. */
+AVX2 ALWAYS_INLINE void accumulate_regs(float *out, const float *p, const void *v, size_t stride, uint32_t rows, uint32_t i,
+                                        int K, size_t esize, __m256 (*load8)(const void *, uint32_t)) {
+    __m256 acc[8];
+    UNROLLED for (int k = 0; k < K; k++) acc[k] = _mm256_loadu_ps(out + i + 8 * k);
+    const char *row = v;
+    for (uint32_t t = 0; t < rows; t++, row += stride * esize) {
+        const __m256 pt = _mm256_broadcast_ss(p + t);
+        UNROLLED for (int k = 0; k < K; k++) acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(pt, load8(row, i + 8 * k)));
+    }
+    UNROLLED for (int k = 0; k < K; k++) _mm256_storeu_ps(out + i + 8 * k, acc[k]);
+}
+
+/* Whole groups of 64 elements in registers, then of 8 (a head of 64 or 128 is all groups of 64); returns where the
+ * last n % 8 start. */
+AVX2 ALWAYS_INLINE uint32_t accumulate_lanes(float *out, const float *p, const void *v, size_t stride, uint32_t rows,
+                                             uint32_t n, size_t esize, __m256 (*load8)(const void *, uint32_t)) {
+    uint32_t i = 0;
+    for (; i + 64 <= n; i += 64) accumulate_regs(out, p, v, stride, rows, i, 8, esize, load8);
+    for (; i + 8 <= n; i += 8) accumulate_regs(out, p, v, stride, rows, i, 1, esize, load8);
+    return i;
+}
+AVX2 static void accumulate_f32_avx2(float *out, const float *p, const float *v, size_t stride, uint32_t rows, uint32_t n) {
+    const uint32_t i = accumulate_lanes(out, p, v, stride, rows, n, sizeof *v, load8_f32);
+    if (i < n) accumulate_f32_scalar(out + i, p, v + i, stride, rows, n - i);
+}
+AVX2 static void accumulate_f16_avx2(float *out, const float *p, const uint16_t *v, size_t stride, uint32_t rows, uint32_t n) {
+    const uint32_t i = accumulate_lanes(out, p, v, stride, rows, n, sizeof *v, load8_f16);
+    if (i < n) accumulate_f16_scalar(out + i, p, v + i, stride, rows, n - i);
+}
+
 static const kernel_set kernels_avx2 = { .name = "avx2", .dot_f32 = dot_f32_avx2, .dot_f16 = dot_f16_avx2,
                                          .dot_bf16 = dot_bf16_avx2, .rows_q8_0 = rows_q8_0_avx2, .rows_q4_0 = rows_q4_0_avx2,
                                          .quantize_q8_0 = quantize_q8_0_avx2, .swiglu = swiglu_avx2,
+                                         KERNELS_ACCUMULATE(accumulate_f32_avx2, accumulate_f16_avx2)
                                          .tile_f32 = tile_f32_avx2, .tile_f16 = tile_f16_avx2, .tile_bf16 = tile_bf16_avx2,
                                          .tile_q8_0 = tile_q8_0_avx2, .tile_q4_0 = tile_q4_0_avx2, BLOCK_ROWS(avx2) };
 
@@ -221,7 +256,8 @@ AVX512 static void tile_f32_512(const float *w0, const float *x0, const float *x
 static const kernel_set kernels_avx512 = { .name = "avx512", .dot_f32 = dot_f32_avx2, .dot_f16 = dot_f16_avx2,
                                            .dot_bf16 = dot_bf16_avx2, .rows_q8_0 = rows_q8_0_vnni,
                                            .rows_q4_0 = rows_q4_0_vnni, .quantize_q8_0 = quantize_q8_0_avx2,
-                                           .swiglu = swiglu_avx2, .tile_f32 = tile_f32_512, .tile_f16 = tile_f16_avx2,
+                                           .swiglu = swiglu_avx2, KERNELS_ACCUMULATE(accumulate_f32_avx2, accumulate_f16_avx2)
+                                           .tile_f32 = tile_f32_512, .tile_f16 = tile_f16_avx2,
                                            .tile_bf16 = tile_bf16_avx2, .tile_q8_0 = tile_q8_0_vnni,
                                            .tile_q4_0 = tile_q4_0_vnni, BLOCK_ROWS(vnni) };
 

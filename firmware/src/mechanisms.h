@@ -32,6 +32,9 @@
 #define WITH_WINDOW_RINGS (!COLIBRI_LEAN)     /* a prefill batch over window rings (blocks/rings.c); without it a
                                                * windowed model is fed one token a pass */
 #define WITH_THREADED_HEADS (!COLIBRI_LEAN)   /* a token's attention heads split across the board's threads */
+#define WITH_KERNEL_ACCUMULATE (!COLIBRI_LEAN) /* attention's value sum through the kernel set (kernel_set's entries,
+                                               * left out by #if); the lean build's sets would all take the scalar
+                                               * one, so it calls that directly */
 #define WITH_TRACE_CRC (!COLIBRI_LEAN)        /* the trace's residual-stream CRCs */
 #define WITH_TOP_P_STOP (!COLIBRI_LEAN)       /* top-p sampling's early stop (sampler.c) */
 #define WITH_BLOCK_DTYPES (!COLIBRI_LEAN)     /* the dtypes with GGUF's blocks, Q4_1 ... Q6_K (kernels_block.c: a file of
@@ -48,7 +51,8 @@ _Static_assert(WITH_MLA == !COLIBRI_LEAN && WITH_ROUTERS == !COLIBRI_LEAN && WIT
                    WITH_PER_LAYER_INPUTS == !COLIBRI_LEAN && WITH_SHORT_CONV == !COLIBRI_LEAN &&
                    WITH_DELTA_NET == !COLIBRI_LEAN &&
                    WITH_WINDOW_RINGS == !COLIBRI_LEAN &&
-                   WITH_THREADED_HEADS == !COLIBRI_LEAN && WITH_TRACE_CRC == !COLIBRI_LEAN &&
+                   WITH_THREADED_HEADS == !COLIBRI_LEAN && WITH_KERNEL_ACCUMULATE == !COLIBRI_LEAN &&
+                   WITH_TRACE_CRC == !COLIBRI_LEAN &&
                    WITH_TOP_P_STOP == !COLIBRI_LEAN && WITH_BLOCK_DTYPES == !COLIBRI_LEAN,
                "the mechanisms are one switch (COLIBRI_LEAN): BUILD_OPTIONS and the verifier follow it");
 

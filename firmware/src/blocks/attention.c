@@ -14,12 +14,18 @@ static float kv_dot(const colibri_ctx *c, const void *cache, size_t at, const fl
     return c->d.kv_dtype == KV_F16 ? c->kernels->dot_f16((const uint16_t *)cache + at, q, n)
                                    : c->kernels->dot_f32((const float *)cache + at, q, n);
 }
-/* out[i] += p * v[i] for one cached v row; the dtype is chosen once per row, not per element */
-static void kv_accumulate(const colibri_ctx *c, float *out, float p, const void *cache, size_t at, uint32_t n) {
-    if (c->d.kv_dtype == KV_F16) {
-        for (uint32_t i = 0; i < n; i++) out[i] += p * f16_to_f32(((const uint16_t *)cache)[at + i]);
-    } else {
-        for (uint32_t i = 0; i < n; i++) out[i] += p * ((const float *)cache)[at + i];
+/* out[i] = the sum of p[t] * v_t[i] over the `seen` cached rows from ring row `first_row` on (`rows` in the ring,
+ * row_dim apart from element `at`), oldest first: the kernel set's value sum over each run of consecutive rows (up
+ * to the ring's end, then from its start), each element's rows in order. */
+static void kv_accumulate(const colibri_ctx *c, float *out, const float *p, const void *cache, size_t at, size_t row_dim,
+                          uint32_t first_row, uint32_t seen, uint32_t rows, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) out[i] = 0.0f;
+    for (uint32_t done = 0, r = first_row; done < seen; r = 0) {
+        const uint32_t run = seen - done < rows - r ? seen - done : rows - r;
+        const size_t from = at + (size_t)r * row_dim;
+        if (c->d.kv_dtype == KV_F16) ACCUMULATE_F16(c->kernels)(out, p + done, (const uint16_t *)cache + from, row_dim, run, n);
+        else ACCUMULATE_F32(c->kernels)(out, p + done, (const float *)cache + from, row_dim, run, n);
+        done += run;
     }
 }
 
@@ -69,9 +75,7 @@ static void heads_part(void *arg, uint32_t part) {
             att[t] = kv_dot(c, a->k_cache, kv_off + (size_t)r * row_dim, q, kd) * d->attn_scale;
         softmax(att, seen, sinks ? sinks + h : 0);
         float *out = hw->out_all + (size_t)h * vd;
-        for (uint32_t i = 0; i < vd; i++) out[i] = 0.0f;
-        for (uint32_t t = 0, r = first_row; t < seen; t++, r = r + 1 == rows ? 0 : r + 1)
-            kv_accumulate(c, out, att[t], values, kv_off + (size_t)r * row_dim, vd);
+        kv_accumulate(c, out, att, values, kv_off, row_dim, first_row, seen, rows, vd);
     }
 }
 
