@@ -51,6 +51,17 @@ PART = C.CFUNCTYPE(None, C.c_void_p, C.c_uint32)
 PARALLEL_FOR = C.CFUNCTYPE(None, C.c_void_p, PART, C.c_void_p, C.c_uint32)
 
 
+def reversed_parts(calls: list[int]):
+    """A parallel_for hook that runs the parts on this thread, last first (any order must give the same bits),
+    appending each dispatch's part count to `calls`. Keep it referenced while the runtime may call it."""
+    @PARALLEL_FOR
+    def hook(user, fn, arg, parts):
+        calls.append(parts)
+        for part in reversed(range(parts)):
+            fn(arg, part)
+    return hook
+
+
 class Options(Sized):
     _fields_ = [("size", C.c_uint32), ("cycles", C.c_void_p), ("trace", C.c_void_p), ("user", C.c_void_p), ("expert_cache", C.c_uint32),
                 ("expert_policy", C.c_uint32), ("fetch", FETCH), ("fetch_start", FETCH_START), ("fetch_wait", FETCH_WAIT),

@@ -571,6 +571,37 @@ def _family_image(name: str, tmp_path, seed: int, **config) -> bytes:
     return (tmp_path / f"{name}.img").read_bytes()
 
 
+@pytest.mark.parametrize("dtype", ["f32", "q8_0"])
+def test_mla_heads_batched_over_threads_give_the_reference_bits(dtype, hosted_build, tmp_path):
+    """MLA's per-head projections (each head's W_UK^T before attention, W_UV after) run as few dispatches as the
+    quantized inputs' buffer allows, their rows split over the parts as one matrix (here 8 heads: W_UK^T's all at
+    once, W_UV's five and three at q8_0): with the parts run in any order (even and uneven splits) the logits of a
+    prompt and of decoding are the unsplit ones and the reference's, bit for bit."""
+    from capi import Context, Lib, Options, reversed_parts
+    arch, cfg = next((a, c) for n, a, c in FAMILIES if n == "deepseek_v3")
+    ckpt = make_family_checkpoint(arch, dict(cfg, hidden_size=64, num_attention_heads=8, num_key_value_heads=8,
+                                             kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=16,
+                                             v_head_dim=64, num_hidden_layers=2), 7, tmp_path / "wide")
+    image = tmp_path / "wide.img"
+    pack(ckpt, image, max_seq=32, expert_align=64, dtype=DType.parse(dtype), measure_quality=False)
+    data = image.read_bytes()
+    lib = Lib(hosted_build / "libcolibri.so")
+    calls: list[int] = []
+    hook = reversed_parts(calls)
+    tokens = PROMPT[:6]
+    want = Reference(read_image(data)).forward(tokens + [7, 8])
+    for parts in (1, 2, 3, 7):
+        ctx = Context(lib, data, options=Options(parallel_for=hook, parallel_parts=parts) if parts > 1 else None)
+        assert ctx.feed(tokens) == 0
+        rows = [ctx.logits()]
+        for t in (7, 8):
+            assert ctx.feed([t]) == 0
+            rows.append(ctx.logits())
+        assert_bit_identical(np.stack(rows), want[len(tokens) - 1:], f"{parts} parts")
+        assert (len(calls) > 0) == (parts > 1)
+        calls.clear()
+
+
 @pytest.mark.parametrize("name", ["lfm2moe", "qwen35moe"])
 def test_a_reset_starts_the_state_again(name, family_images, hosted_build):
     """colibri_reset goes back to position 0, where a convolving layer's inputs before it are 0 and a DeltaNet's

@@ -291,7 +291,7 @@ def test_parallel_for_hook_gives_the_same_bits_in_any_part_order(lib, tmp_path):
     """The hook may run parts in any order (here last first) on any threads: the logits are the no-hook
     ones, bit for bit, for even and uneven splits. parallel_parts without a hook is E_NULL; above
     COLIBRI_MAX_PARTS (64) E_BAD_ARG."""
-    from capi import PARALLEL_FOR, Options
+    from capi import Options, reversed_parts
     from conftest import WIDE, make_checkpoint
     from colibri.pack import pack
     pack(make_checkpoint(WIDE, tmp_path / "wide"), tmp_path / "wide.img", max_seq=16, expert_align=64,
@@ -300,23 +300,17 @@ def test_parallel_for_hook_gives_the_same_bits_in_any_part_order(lib, tmp_path):
     tokens = [3, 1, 4, 1, 5, 9, 2, 6]
     plain = Context(lib, data)
     assert plain.feed(tokens) == 0
-    calls = []
-
-    @PARALLEL_FOR
-    def reversed_parts(user, fn, arg, parts):
-        calls.append(parts)
-        for part in reversed(range(parts)):
-            fn(arg, part)
-
+    calls: list[int] = []
+    hook = reversed_parts(calls)
     for parts in (2, 3, 7):
-        ctx = Context(lib, data, options=Options(parallel_for=reversed_parts, parallel_parts=parts))
+        ctx = Context(lib, data, options=Options(parallel_for=hook, parallel_parts=parts))
         assert ctx.open_status == 0
         assert ctx.feed(tokens) == 0
         assert ctx.logits().tobytes() == plain.logits().tobytes(), parts
         assert calls and set(calls) == {parts}  # the runtime did split the work
         calls.clear()
     assert Context(lib, data, options=Options(parallel_parts=2)).open_status == STATUS["E_NULL"]
-    assert Context(lib, data, options=Options(parallel_for=reversed_parts, parallel_parts=65)).open_status == \
+    assert Context(lib, data, options=Options(parallel_for=hook, parallel_parts=65)).open_status == \
         STATUS["E_BAD_ARG"]
     assert Context(lib, data, options=Options(parallel_parts=1)).open_status == 0  # one part needs no hook
 

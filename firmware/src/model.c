@@ -46,17 +46,6 @@ static weight matrix_in(const colibri_ctx *c, uint32_t index, const uint8_t *blo
 }
 static weight matrix(const colibri_ctx *c, uint32_t index) { return matrix_in(c, index, c->image, 0); }
 
-/* Rows [r0, r0 + n) of w, as a matrix of their own (one head's part of a per-head projection). */
-static weight weight_rows(const weight *w, uint32_t r0, uint32_t n) {
-    const dtype_traits *t = &DTYPE_TRAITS[w->dtype];
-    const size_t row_bytes = (size_t)((w->cols + t->block - 1u) / t->block) * t->bytes;
-    weight part = *w;
-    part.rows = n;
-    part.data = (const uint8_t *)w->data + r0 * row_bytes;
-    if (w->scales) part.scales = w->scales + (size_t)r0 * w->blocks;
-    return part;
-}
-
 /* out += b for each of n vectors of len, when the image has that bias */
 static void add_bias(const colibri_ctx *c, float *out, uint32_t len, uint32_t n, uint32_t layer, uint32_t b_role) {
     if (!present(c, layer_index(c, layer, b_role))) return;

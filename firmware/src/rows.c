@@ -120,8 +120,29 @@ static float clamped_glu(const ffn_extras *e, float g, float u, uint32_t i) {
     return (u + 1.0f) * (g / (1.0f + colibri_expf(-(e->alpha * g))));
 }
 
+/* A per-head rows_work's (heads > 1) share of its rows, the heads' rows taken as one run: each head's rows through
+ * matrix_rows as a matrix of its own, with the head's inputs and outputs (a row's result is the same whichever
+ * part and whichever run computes it). */
+static void head_rows(const rows_work *m, uint32_t part) {
+    const uint32_t per = m->w[0].rows / m->heads, r0 = part_start(m->w[0].rows, part, m->parts),
+                   r1 = part_start(m->w[0].rows, part + 1, m->parts);
+    const size_t xq_head = (size_t)m->n_tok * m->xq_blocks;
+    for (uint32_t h = r0 / per; h * per < r1; h++) {
+        rows_work head = *m;
+        head.w[0] = weight_rows(&m->w[0], h * per, per);
+        head.x = m->x + (size_t)h * m->x_head;
+        head.out[0] = m->out[0] + (size_t)h * m->out_head;
+        if (m->xq.q) head.xq = (q8_vector){ m->xq.q + h * xq_head * QBLOCK, m->xq.scale + h * xq_head, m->xq.sum + h * xq_head };
+        matrix_rows(&head, 0, r0 > h * per ? r0 - h * per : 0, r1 < (h + 1) * per ? r1 - h * per : per);
+    }
+}
+
 static void rows_part(void *arg, uint32_t part) {
     const rows_work *m = arg;
+    if (WITH_MLA && m->heads > 1) {
+        head_rows(m, part);
+        return;
+    }
     for (uint32_t j = 0; j < m->n; j++)
         matrix_rows(m, j, part_start(m->w[j].rows, part, m->parts), part_start(m->w[j].rows, part + 1, m->parts));
     if (m->epilogue != ROWS_ONLY) {
@@ -154,14 +175,18 @@ void run_rows(colibri_ctx *c, const token_buffers *tb, rows_work *m) {
     m->k = c->kernels;
     if (quantized) {
         const int is_xn = m->x == tb->xn && m->n_tok == tb->n; /* all the tokens' xn: quantized once per norm */
-        const uint32_t blocks = c->d.in_blocks;
+        /* a token's blocks: room for the longest row, or per head one head's (head_rows) */
+        const int heads = WITH_MLA && m->heads > 1;
+        const uint32_t blocks = heads ? (m->w[0].cols + QBLOCK - 1) / QBLOCK : c->d.in_blocks;
         int8_t *q = is_xn ? tb->xq : tb->hq;
         float *scale = is_xn ? tb->xq_scale : tb->hq_scale;
         int32_t *sum = is_xn ? tb->xq_sum : tb->hq_sum;
         if (!is_xn || !c->xn_quantized)
-            for (uint32_t t = 0; t < m->n_tok; t++)
-                c->kernels->quantize_q8_0(q + (size_t)t * blocks * QBLOCK, scale + (size_t)t * blocks,
-                                          sum + (size_t)t * blocks, m->x + (size_t)t * m->x_stride, m->w[0].cols);
+            for (uint32_t h = 0, v = 0; h < (heads ? m->heads : 1u); h++)
+                for (uint32_t t = 0; t < m->n_tok; t++, v++)
+                    c->kernels->quantize_q8_0(q + (size_t)v * blocks * QBLOCK, scale + (size_t)v * blocks,
+                                              sum + (size_t)v * blocks, m->x + (size_t)h * m->x_head + (size_t)t * m->x_stride,
+                                              m->w[0].cols);
         c->xn_quantized |= is_xn;
         m->xq = (q8_vector){ q, scale, sum };
         m->xq_blocks = blocks;

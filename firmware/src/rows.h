@@ -30,6 +30,10 @@ typedef struct {
     weight w[3];
     enum rows_epilogue epilogue;
     const ffn_extras *extras;
+    /* heads > 1 (MLA's per-head projections; n 1, no epilogue): w[0] is `heads` matrices of w[0].rows / heads rows
+     * each, one a head, and head h reads x + h * x_head and writes out[0] + h * out_head (then the token strides);
+     * its quantized inputs are xq_blocks blocks a token, head by head. Its rows are split over the parts as one. */
+    uint32_t heads, x_head, out_head;
 } rows_work;
 
 /* Below this many weights a matrix is not worth waking other threads for (a router, a gate vector). */
@@ -38,6 +42,17 @@ typedef struct {
 /* The first row of `part`: rows < 2^24 (IMG_MAX_DIM) and part <= COLIBRI_MAX_PARTS, so 32 bits hold the product. */
 static inline uint32_t part_start(uint32_t rows, uint32_t part, uint32_t parts) {
     return rows * part / parts;
+}
+
+/* Rows [r0, r0 + n) of w, as a matrix of their own (one head's part of a per-head projection). */
+static inline weight weight_rows(const weight *w, uint32_t r0, uint32_t n) {
+    const dtype_traits *t = &DTYPE_TRAITS[w->dtype];
+    const size_t row_bytes = (size_t)((w->cols + t->block - 1u) / t->block) * t->bytes;
+    weight part = *w;
+    part.rows = n;
+    part.data = (const uint8_t *)w->data + r0 * row_bytes;
+    if (w->scales) part.scales = w->scales + (size_t)r0 * w->blocks;
+    return part;
 }
 
 /* Run m: its inputs quantized first if a matrix wants them, then every part. */

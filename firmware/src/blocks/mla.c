@@ -2,13 +2,19 @@
  * Compiled in model.c's unit (it includes this file), so its functions are static. */
 
 /* A per-head projection for every token: out[h] = w[h] x[h], where head h owns w's rows h * rows ..
- * and reads w.cols values at x + h * x_head, writing at out + h * out_head (strides: one token's). */
+ * and reads w.cols values at x + h * x_head, writing at out + h * out_head (strides: one token's). As few
+ * dispatches as the quantized inputs' buffer allows (rows_work's heads): every head at once for a float matrix, as
+ * many as the buffer's in_blocks blocks a token hold for a quantized one. */
 static void per_head(colibri_ctx *c, const token_buffers *tb, const weight *w, uint32_t rows, const float *x,
                      uint32_t x_head, uint32_t x_stride, float *out, uint32_t out_head, uint32_t out_stride) {
-    for (uint32_t h = 0; h < c->d.n_heads; h++) {
+    const uint32_t H = c->d.n_heads, blocks = (w->cols + QBLOCK - 1) / QBLOCK;
+    const uint32_t group = DTYPE_TRAITS[w->dtype].block > 1u ? c->d.in_blocks / blocks : H; /* cols <= in_blocks' */
+    for (uint32_t h = 0; h < H; h += group) {
+        const uint32_t heads = H - h < group ? H - h : group;
         rows_work m = { .n_tok = tb->n, .n = 1, .x = x + (size_t)h * x_head, .x_stride = x_stride,
                         .out = { out + (size_t)h * out_head }, .out_stride = { out_stride },
-                        .w = { weight_rows(w, h * rows, rows) } };
+                        .w = { weight_rows(w, h * rows, heads * rows) }, .heads = heads, .x_head = x_head,
+                        .out_head = out_head };
         run_rows(c, tb, &m);
     }
 }
