@@ -2,7 +2,7 @@
 """Kernel benchmarks (not tests): where each dtype's kernels stand against the memory bus and the
 scalar code. Prints a table, writes JSON records with --json.
 
-Two parts:
+Three parts:
   hosted  single-thread matvec throughput per dtype and kernel set on a matrix far larger than the
           last-level cache, in GB/s of weights read (scales included), next to a STREAM-style triad
           measured by the same program (build/hosted/release/kernel_bench.elf); several rounds,
@@ -11,9 +11,15 @@ Two parts:
   icount  instructions per generated token under QEMU with -icount (the boards' cycle counters then
           count instructions), SIMD build vs `kernels=scalar` build, per board and dtype, on the
           demo model and a larger random one.
+  attention  long context on the hosted board, where attention outweighs the weights: a random Mixtral with
+          8 heads of 64 (hidden 512, 2 layers, 4 small experts), a 1,024-token prompt in one pass, then
+          decode steps at positions ~1k and ~2k (a second prompt between them), per KV dtype, in milliseconds
+          of the device's clock; with --against COMMIT the same runs with that commit's hosted build beside
+          this tree's, alternated, so both see the same machine (git archive into build/bench/, built there).
 
-  python tools/bench_kernels.py --json bench.json              # both parts
+  python tools/bench_kernels.py --json bench.json              # hosted and icount
   python tools/bench_kernels.py --part hosted --mib 1024 --rounds 5
+  python tools/bench_kernels.py --part attention --against HEAD~1 --rounds 5
 """
 from __future__ import annotations
 
@@ -116,14 +122,106 @@ def icount(tokens: int) -> list[dict]:
     return records
 
 
+ATTENTION_PROMPT = 1024  # tokens of the first pass; decode runs at ~1k, then after as many again at ~2k
+ATTENTION_DECODE = 16    # decode steps measured at each of the two positions
+
+
+def build_commit(commit: str) -> Path:
+    """The hosted firmware of `commit`: its tree exported by git archive into build/bench/<hash> and built there."""
+    found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"], cwd=ROOT,
+                           capture_output=True, text=True)
+    if found.returncode != 0:
+        raise SystemExit(f"bench_kernels: --against {commit}: no such commit")
+    sha = found.stdout.strip()
+    tree = ROOT / "build" / "bench" / f"tree-{sha[:12]}"
+    if not (tree / "SConstruct").exists():
+        tree.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", sha], cwd=ROOT, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    subprocess.run([sys.executable, "-m", "SCons", "-Q", "board=hosted"], cwd=tree, check=True, stdout=subprocess.DEVNULL)
+    return tree / "build" / "hosted" / "release" / "firmware.elf"
+
+
+def attention_image(tmp: Path, kv: str) -> Path:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import TinyConfig, make_checkpoint
+    from colibri.pack import pack
+
+    ckpt = tmp / "attention"
+    if not (ckpt / "config.json").exists():
+        make_checkpoint(TinyConfig("attention", vocab=512, hidden=512, ffn=128, layers=2, heads=8, kv_heads=8, experts=4,
+                                   top_k=2, seed=11), ckpt, max_position_embeddings=4096)
+    image = tmp / f"attention-{kv}.img"
+    pack(ckpt, image, 2 * ATTENTION_PROMPT + 2 * ATTENTION_DECODE + 8, 64, kv=kv, measure_quality=False)
+    return image
+
+
+def attention_run(firmware: Path, image: Path, threads: int) -> dict[str, float]:
+    """One run: milliseconds of the 1,024-token pass, and per decode step at ~1k and ~2k (device clock)."""
+    import numpy as np
+    from colibri.flash import threads_args
+    from colibri.protocol import Client, Sampling
+    from colibri.sim.boards import load_board
+    from colibri.sim.launch import start_board
+
+    rng = np.random.default_rng(5)
+    prompt = [int(t) for t in rng.integers(3, 512, ATTENTION_PROMPT)]
+    stream = [int(t) for t in rng.integers(3, 512, 2 * ATTENTION_DECODE)]
+    board = load_board("hosted")
+    with start_board(board, firmware, image, threads_args(board, threads)) as device:
+        client = Client(device.link, timeout=600)
+        hz = client.info().cycle_hz
+        client.open()
+        client.start(Sampling())
+        prefill = client.feed_all(prompt)
+        near_1k = sum(client.feed([t])[1] for t in stream[:ATTENTION_DECODE])
+        client.feed_all(prompt[:ATTENTION_PROMPT - ATTENTION_DECODE])
+        near_2k = sum(client.feed([t])[1] for t in stream[ATTENTION_DECODE:])
+        client.quit()
+    ms = 1000.0 / hz
+    return {"prefill_1024_ms": prefill * ms, "decode_1k_ms": near_1k * ms / ATTENTION_DECODE,
+            "decode_2k_ms": near_2k * ms / ATTENTION_DECODE}
+
+
+def attention(rounds: int, against: str | None, threads: int) -> list[dict]:
+    builds = {"this tree": scons("hosted") / "firmware.elf"}
+    if against:
+        builds = {against: build_commit(against), **builds}
+    samples: dict[tuple[str, str], list[dict[str, float]]] = {}
+    work = ROOT / "build" / "bench"
+    images = {kv: attention_image(work, kv) for kv in ("f32", "f16")}
+    for r in range(rounds):
+        order = list(builds.items()) if r % 2 == 0 else list(builds.items())[::-1]  # alternated: the same machine
+        for kv, image in images.items():
+            for name, fw in order:
+                run = attention_run(fw, image, threads)
+                samples.setdefault((name, kv), []).append(run)
+                print(f"  round {r + 1} {name:12} kv {kv}: " + ", ".join(f"{k} {v:.1f}" for k, v in run.items()),
+                      file=sys.stderr, flush=True)
+    records = []
+    for (name, kv), runs in samples.items():
+        rec = {"part": "attention", "build": name, "kv": kv, "threads": threads, "rounds": len(runs)}
+        for key in runs[0]:
+            vals = [run[key] for run in runs]
+            rec[key] = {"median": round(statistics.median(vals), 2), "min": round(min(vals), 2), "max": round(max(vals), 2)}
+        records.append(rec)
+    return records
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("hosted", "icount", "all"), default="all")
+    ap.add_argument("--part", choices=("hosted", "icount", "attention", "all"), default="all",
+                    help="all: hosted and icount (attention only by name)")
     ap.add_argument("--mib", type=int, default=512, help="weight bytes per matrix in MiB (default 512)")
-    ap.add_argument("--rounds", type=int, default=3, help="runs of the hosted benchmark (each 7 timed repeats)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="runs of the hosted benchmark (each 7 timed repeats), or of each attention build")
     ap.add_argument("--tokens", type=int, default=8, help="generated tokens per icount run")
+    ap.add_argument("--against", metavar="COMMIT", help="attention: that commit's hosted build beside this tree's")
+    ap.add_argument("--threads", type=int, default=1, help="attention: the hosted board's threads (default 1)")
     ap.add_argument("--json", type=Path, help="write the records here")
     args = ap.parse_args(argv)
+    if args.against and args.part != "attention":
+        ap.error("--against is for --part attention")
     records: list[dict] = []
     load = idle_check()
     print(f"load average before: {load:.2f} (an idle 2-core machine shows < 0.3)")
@@ -139,7 +237,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.part in ("icount", "all"):
         print("\ninstructions per token under QEMU -icount (shift=0), scalar build over SIMD build:")
         records += icount(args.tokens)
+    if args.part == "attention":
+        recs = attention(args.rounds, args.against, args.threads)
+        records += recs
+        print(f"\nattention, hosted, {args.threads} thread(s), 8 heads of 64: median of {args.rounds} rounds (min-max), ms")
+        print("| build | KV | 1,024-token prompt | decode step at ~1k | decode step at ~2k |")
+        print("| --- | --- | --- | --- | --- |")
+        for r in recs:
+            cells = " | ".join(f"{r[k]['median']:.2f} ({r[k]['min']:.2f}-{r[k]['max']:.2f})"
+                               for k in ("prefill_1024_ms", "decode_1k_ms", "decode_2k_ms"))
+            print(f"| {r['build']} | {r['kv']} | {cells} |")
     records.append({"part": "machine", "load_average_before": load, "load_average_after": idle_check()})
+    print(f"load average after: {records[-1]['load_average_after']:.2f}")
     if args.json:
         args.json.write_text(json.dumps(records, indent=1))
         print(f"\nwrote {args.json}")
