@@ -55,7 +55,7 @@ from colibri.protocol import Client  # noqa: E402
 from colibri.sim.boards import load_board  # noqa: E402
 from colibri.sim.launch import start_board  # noqa: E402
 
-DTYPES = ("f32", "f16", "q8_0", "q4_0")
+DTYPES = ("f32", "f16", "q8_0", "q4_0", "q4_k_m")  # q4_k_m: llama.cpp's file, packed as it stores it
 FAMILIES = {
     "mixtral": dict(architectures=["MixtralForCausalLM"], model_type="mixtral", vocab_size=32000, hidden_size=1024,
                     intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
@@ -91,15 +91,28 @@ def make_checkpoint(path: Path, family: str) -> Path:
 
 
 def make_images(ckpt: Path, work: Path, dtypes: list[str]) -> dict[str, Path]:
+    """One image per dtype: from the checkpoint, or for q4_k_m from llama.cpp's Q4_K_M file packed as it stores
+    its tensors (--dtype stored: its Q4_K and Q6_K blocks byte for byte)."""
     from colibri.pack import pack
     from colibri.quant import DType
     out = {}
     for dt in dtypes:
         img = work / f"colibri-{dt}.img"
         if not img.exists():
-            pack(ckpt, img, max_seq=MAX_SEQ, expert_align=4096, dtype=DType[dt.upper()], measure_quality=False)
+            src, dtype = (make_ggufs(ckpt, work, [dt])[dt], None) if dt == "q4_k_m" else (ckpt, DType[dt.upper()])
+            pack(src, img, max_seq=MAX_SEQ, expert_align=4096, dtype=dtype, measure_quality=False)
         out[dt] = img
     return out
+
+
+def quantized_bytes(image: Path, gguf_file: Path) -> tuple[int, int]:
+    """The quantized tensors' bytes in the image and in the GGUF file it was packed from."""
+    import gguf
+    img = open_image(image, check_crcs=False)
+    in_image = sum(e.nbytes + e.scales_bytes for e in img.entries if e.dtype != 0)
+    in_file = sum(int(t.n_bytes) for t in gguf.GGUFReader(str(gguf_file)).tensors
+                  if t.tensor_type.name not in ("F32", "F16", "BF16"))
+    return in_image, in_file
 
 
 def make_ggufs(ckpt: Path, work: Path, dtypes: list[str]) -> dict[str, Path]:
@@ -120,7 +133,8 @@ def make_ggufs(ckpt: Path, work: Path, dtypes: list[str]) -> dict[str, Path]:
 def quantize_with_llama_cpp(src: Path, dst: Path, dtype: str) -> None:
     import llama_cpp
     ftype = {"f32": llama_cpp.LLAMA_FTYPE_ALL_F32, "f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16,
-             "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}[dtype]
+             "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
+             "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M}[dtype]
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = os.cpu_count() or 1
@@ -321,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['engine']} | {r['dtype']} | {r['threads']} | {r['prefill_tok_s']:.1f} ({plo:.1f}-{phi:.1f}) | "
               f"{r['decode_tok_s']:.2f} ({lo:.2f}-{hi:.2f}) | {r['gbps']:.1f} | {100 * r['triad_fraction']:.0f}% | "
               f"{r['open_s']:.2f} | {rss} |")
+    if "q4_k_m" in images:
+        in_image, in_file = quantized_bytes(images["q4_k_m"], make_ggufs(ckpt, work, ["q4_k_m"])["q4_k_m"])
+        print(f"q4_k_m: the image's quantized tensors {in_image:,} bytes, the GGUF file's {in_file:,}")
+        records.append({"dtype": "q4_k_m", "image_quantized_bytes": in_image, "file_quantized_bytes": in_file})
     if args.json:
         args.json.write_text(json.dumps(records, indent=1) + "\n")
     return 0
