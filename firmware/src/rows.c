@@ -42,10 +42,13 @@ static int tile_rows(const kernel_set *k, const weight *w, uint32_t r, const flo
     }
 }
 
-static const float *token_x(const rows_work *m, uint32_t t) { return m->x + (size_t)t * m->x_stride; }
-static q8_vector token_q(const rows_work *m, uint32_t t) {
+/* Token t's input (of head h in a per-head rows_work, whose quantized inputs are the heads' in turn; else h is 0). */
+static const float *token_x(const rows_work *m, uint32_t h, uint32_t t) {
+    return m->x + (size_t)t * m->x_stride + (WITH_MLA ? (size_t)h * m->x_head : 0);
+}
+static q8_vector token_q(const rows_work *m, uint32_t h, uint32_t t) {
     if (!m->xq.q) return (q8_vector){ 0, 0, 0 }; /* float matrices only: nothing was quantized */
-    const size_t b = (size_t)t * m->xq_blocks;
+    const size_t b = ((WITH_MLA ? (size_t)h * m->n_tok : 0) + t) * m->xq_blocks;
     return (q8_vector){ m->xq.q + b * QBLOCK, m->xq.scale + b, m->xq.sum + b };
 }
 
@@ -73,37 +76,37 @@ static void token_rows(const kernel_set *k, const weight *w, const float *x, con
     }
 }
 
-/* Matrix j's rows [r0, r1) for every token: each row is read from memory once for all of them, in
- * tiles of two rows and two tokens where the kernel set has them. */
-static void matrix_rows(const rows_work *m, uint32_t j, uint32_t r0, uint32_t r1) {
-    const weight *w = &m->w[j];
-    float *out = m->out[j];
+/* Rows [r0, r1) of matrix j (w, writing out) for every token, of head h's inputs in a per-head rows_work: each row
+ * is read from memory once for all of them, in tiles of two rows and two tokens where the kernel set has them.
+ * Inlined in each part function, where h is 0 or the head. */
+ALWAYS_INLINE void matrix_rows(const rows_work *m, uint32_t j, const weight *w, float *out, uint32_t h, uint32_t r0,
+                               uint32_t r1) {
     const size_t os = m->out_stride[j];
     if (m->n_tok == 1) {
-        const q8_vector q = token_q(m, 0);
-        token_rows(m->k, w, m->x, &q, out, r0, r1);
+        const q8_vector q = token_q(m, h, 0);
+        token_rows(m->k, w, token_x(m, h, 0), &q, out, r0, r1);
         return;
     }
     uint32_t r = r0;
     for (; r + 2 <= r1; r += 2) {
         uint32_t t = 0;
         for (; t + 2 <= m->n_tok; t += 2) {
-            const q8_vector q0 = token_q(m, t), q1 = token_q(m, t + 1);
+            const q8_vector q0 = token_q(m, h, t), q1 = token_q(m, h, t + 1);
             float o[4];
-            if (!BUILD_HAS_TILES || !tile_rows(m->k, w, r, token_x(m, t), token_x(m, t + 1), &q0, &q1, o)) break;
+            if (!BUILD_HAS_TILES || !tile_rows(m->k, w, r, token_x(m, h, t), token_x(m, h, t + 1), &q0, &q1, o)) break;
             out[t * os + r] = o[0];
             out[(t + 1) * os + r] = o[1];
             out[t * os + r + 1] = o[2];
             out[(t + 1) * os + r + 1] = o[3];
         }
         for (; t < m->n_tok; t++) { /* no tile for this dtype, or the odd token */
-            const q8_vector q = token_q(m, t);
-            token_rows(m->k, w, token_x(m, t), &q, out + t * os, r, r + 2);
+            const q8_vector q = token_q(m, h, t);
+            token_rows(m->k, w, token_x(m, h, t), &q, out + t * os, r, r + 2);
         }
     }
     for (uint32_t t = 0; r < r1 && t < m->n_tok; t++) { /* the odd row */
-        const q8_vector q = token_q(m, t);
-        token_rows(m->k, w, token_x(m, t), &q, out + t * os, r, r1);
+        const q8_vector q = token_q(m, h, t);
+        token_rows(m->k, w, token_x(m, h, t), &q, out + t * os, r, r1);
     }
 }
 
@@ -120,31 +123,11 @@ static float clamped_glu(const ffn_extras *e, float g, float u, uint32_t i) {
     return (u + 1.0f) * (g / (1.0f + colibri_expf(-(e->alpha * g))));
 }
 
-/* A per-head rows_work's (heads > 1) share of its rows, the heads' rows taken as one run: each head's rows through
- * matrix_rows as a matrix of its own, with the head's inputs and outputs (a row's result is the same whichever
- * part and whichever run computes it). */
-static void head_rows(const rows_work *m, uint32_t part) {
-    const uint32_t per = m->w[0].rows / m->heads, r0 = part_start(m->w[0].rows, part, m->parts),
-                   r1 = part_start(m->w[0].rows, part + 1, m->parts);
-    const size_t xq_head = (size_t)m->n_tok * m->xq_blocks;
-    for (uint32_t h = r0 / per; h * per < r1; h++) {
-        rows_work head = *m;
-        head.w[0] = weight_rows(&m->w[0], h * per, per);
-        head.x = m->x + (size_t)h * m->x_head;
-        head.out[0] = m->out[0] + (size_t)h * m->out_head;
-        if (m->xq.q) head.xq = (q8_vector){ m->xq.q + h * xq_head * QBLOCK, m->xq.scale + h * xq_head, m->xq.sum + h * xq_head };
-        matrix_rows(&head, 0, r0 > h * per ? r0 - h * per : 0, r1 < (h + 1) * per ? r1 - h * per : per);
-    }
-}
-
 static void rows_part(void *arg, uint32_t part) {
     const rows_work *m = arg;
-    if (WITH_MLA && m->heads > 1) {
-        head_rows(m, part);
-        return;
-    }
     for (uint32_t j = 0; j < m->n; j++)
-        matrix_rows(m, j, part_start(m->w[j].rows, part, m->parts), part_start(m->w[j].rows, part + 1, m->parts));
+        matrix_rows(m, j, &m->w[j], m->out[j], 0, part_start(m->w[j].rows, part, m->parts),
+                    part_start(m->w[j].rows, part + 1, m->parts));
     if (m->epilogue != ROWS_ONLY) {
         const uint32_t r0 = part_start(m->w[0].rows, part, m->parts), r1 = part_start(m->w[0].rows, part + 1, m->parts);
         for (uint32_t t = 0; t < m->n_tok; t++) {
@@ -162,6 +145,29 @@ static void rows_part(void *arg, uint32_t part) {
     }
 }
 
+/* A per-head rows_work's (heads > 1) part: its share of the heads' rows taken as one run, each head's rows a matrix
+ * of its own with the head's inputs and outputs (a row's result is the same whichever part computes it). A function
+ * of its own: rows_part's frame is on the FreeRTOS tasks' deepest paths (docs/RTOS.md), and stays without it. */
+static void head_part(void *arg, uint32_t part) {
+    const rows_work *m = arg;
+    const uint32_t per = m->w[0].rows / m->heads, r0 = part_start(m->w[0].rows, part, m->parts),
+                   r1 = part_start(m->w[0].rows, part + 1, m->parts);
+    for (uint32_t h = r0 / per; h * per < r1; h++) {
+        const weight w = weight_rows(&m->w[0], h * per, per);
+        matrix_rows(m, 0, &w, m->out[0] + (size_t)h * m->out_head, h, r0 > h * per ? r0 - h * per : 0,
+                    r1 < (h + 1) * per ? r1 - h * per : per);
+    }
+}
+
+/* A per-head rows_work's inputs quantized, head by head, each token's at `blocks` blocks apart. */
+__attribute__((noinline)) static void quantize_heads(const colibri_ctx *c, const rows_work *m, int8_t *q, float *scale,
+                                                     int32_t *sum, uint32_t blocks) {
+    for (uint32_t h = 0, v = 0; h < m->heads; h++)
+        for (uint32_t t = 0; t < m->n_tok; t++, v++)
+            c->kernels->quantize_q8_0(q + (size_t)v * blocks * QBLOCK, scale + (size_t)v * blocks, sum + (size_t)v * blocks,
+                                      m->x + (size_t)h * m->x_head + (size_t)t * m->x_stride, m->w[0].cols);
+}
+
 /* Run m: the inputs quantized first if a matrix wants it (the normed xn once per norm, since many
  * matrices read it), then every part, on the board's threads if it lends some. */
 void run_rows(colibri_ctx *c, const token_buffers *tb, rows_work *m) {
@@ -175,25 +181,26 @@ void run_rows(colibri_ctx *c, const token_buffers *tb, rows_work *m) {
     m->k = c->kernels;
     if (quantized) {
         const int is_xn = m->x == tb->xn && m->n_tok == tb->n; /* all the tokens' xn: quantized once per norm */
-        /* a token's blocks: room for the longest row, or per head one head's (head_rows) */
+        /* a token's blocks: room for the longest row, or per head one head's (head_part) */
         const int heads = WITH_MLA && m->heads > 1;
         const uint32_t blocks = heads ? (m->w[0].cols + QBLOCK - 1) / QBLOCK : c->d.in_blocks;
         int8_t *q = is_xn ? tb->xq : tb->hq;
         float *scale = is_xn ? tb->xq_scale : tb->hq_scale;
         int32_t *sum = is_xn ? tb->xq_sum : tb->hq_sum;
-        if (!is_xn || !c->xn_quantized)
-            for (uint32_t h = 0, v = 0; h < (heads ? m->heads : 1u); h++)
-                for (uint32_t t = 0; t < m->n_tok; t++, v++)
-                    c->kernels->quantize_q8_0(q + (size_t)v * blocks * QBLOCK, scale + (size_t)v * blocks,
-                                              sum + (size_t)v * blocks, m->x + (size_t)h * m->x_head + (size_t)t * m->x_stride,
-                                              m->w[0].cols);
+        if (heads)
+            quantize_heads(c, m, q, scale, sum, blocks);
+        else if (!is_xn || !c->xn_quantized)
+            for (uint32_t t = 0; t < m->n_tok; t++)
+                c->kernels->quantize_q8_0(q + (size_t)t * blocks * QBLOCK, scale + (size_t)t * blocks,
+                                          sum + (size_t)t * blocks, m->x + (size_t)t * m->x_stride, m->w[0].cols);
         c->xn_quantized |= is_xn;
         m->xq = (q8_vector){ q, scale, sum };
         m->xq_blocks = blocks;
     }
     m->parts = c->opts.parallel_parts > 1 && weights >= PARALLEL_MIN_WEIGHTS ? c->opts.parallel_parts : 1;
-    if (m->parts == 1) rows_part(m, 0);
-    else c->opts.parallel_for(c->opts.user, rows_part, m, m->parts);
+    void (*part_fn)(void *, uint32_t) = WITH_MLA && m->heads > 1 ? head_part : rows_part;
+    if (m->parts == 1) part_fn(m, 0);
+    else c->opts.parallel_for(c->opts.user, part_fn, m, m->parts);
 }
 
 /* out = w x for n_tok vectors x (strides: w's columns in, its rows out) */
