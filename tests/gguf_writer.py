@@ -11,10 +11,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from collections.abc import Iterator, Mapping
+
 import gguf
+import ml_dtypes
 import numpy as np
 from gguf.constants import MODEL_TENSOR, TENSOR_NAMES
-from safetensors.numpy import load_file
+
+from colibri.checkpoint import read_safetensors
 
 ARCH = {"MixtralForCausalLM": "llama", "LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
         "Qwen3ForCausalLM": "qwen3", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe",
@@ -24,6 +28,24 @@ ARCH = {"MixtralForCausalLM": "llama", "LlamaForCausalLM": "llama", "Qwen2ForCau
         "Lfm2MoeForCausalLM": "lfm2moe", "Lfm2ForCausalLM": "lfm2",
         "Qwen3_5MoeForCausalLM": "qwen35moe"}
 Q = gguf.GGMLQuantizationType
+
+
+class ShardTensors(Mapping):
+    """A checkpoint's tensors by name, each read from its shard when asked for (as stored; bf16 as f32), so a
+    checkpoint larger than memory converts a tensor at a time."""
+
+    def __init__(self, src: Path):
+        self.lazy = {k: v for f in sorted(src.glob("*.safetensors")) for k, v in read_safetensors(f).items()}
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        values = np.asarray(self.lazy[key].load())
+        return values.astype(np.float32) if values.dtype == ml_dtypes.bfloat16 else values
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.lazy)
+
+    def __len__(self) -> int:
+        return len(self.lazy)
 
 
 def permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -216,14 +238,14 @@ def hf_to_gguf(src: Path, out: Path, qtype: Q = Q.F32, write_norm_key: bool = Tr
     cfg = json.loads((src / "config.json").read_text())
     hf_arch = cfg["architectures"][0]
     arch = ARCH[hf_arch]
-    t = {k: v for f in sorted(src.glob("*.safetensors")) for k, v in load_file(f).items()}
+    t = ShardTensors(src)
     if arch == "qwen35moe":
         return qwen35_to_gguf(cfg, t, out, qtype)
     n_layers, n_head = cfg["num_hidden_layers"], cfg["num_attention_heads"]
     n_kv = cfg.get("num_key_value_heads") or n_head
     n_experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
     deepseek = arch == "deepseek2"
-    w = gguf.GGUFWriter(str(out), arch)
+    w = gguf.GGUFWriter(str(out), arch, use_temp_file=True)  # tensors written as they come, not held
     w.add_block_count(n_layers + mtp_layers)
     if mtp_layers:
         w.add_nextn_predict_layers(mtp_layers)

@@ -1,38 +1,44 @@
 #!/usr/bin/env python3
-"""Hosted speed against the memory bus and against llama.cpp, side by side (docs/PERFORMANCE.md).
+"""Hosted speed against the memory bus and against llama.cpp and ik_llama.cpp, side by side (docs/PERFORMANCE.md).
 A benchmark, not a test: it prints a table and writes JSON records.
 
+  python tools/build_peers.py                                  # the peers' llama-bench and llama-quantize, once
   python tools/bench.py --json results.json                    # everything below, 3 repetitions
   python tools/bench.py --dtypes q8_0 --threads 2 --reps 5     # one row
-  python tools/bench.py --engines colibri --dtypes f32,q4_0    # without the peer
+  python tools/bench.py --engines colibri --dtypes f32,q4_0    # without the peers
+  python tools/bench.py --family mixtral32 --dtypes q8_0,q4_0  # the model far beyond the cache
 
-Model: a Mixtral-architecture checkpoint with random seeded weights made with transformers (hidden 1024,
-intermediate 2816, 8 layers, 16 heads / 4 KV heads, 8 experts top-2, vocab 32000: 640M parameters), or
-with --family qwen2moe a Qwen2-MoE one (60 experts top-4 and the gated shared expert). It is packed into
-one Colibri image per dtype (host/pack.py) and written as one GGUF file per dtype: f32 by the project's
-llama.cpp-style writer (tests/gguf_writer.py), f16/q8_0/q4_0 from it by llama.cpp's own quantizer
-(`llama_model_quantize`). Everything lands in --work (default build/bench) and is reused.
+Models (checkpoints with random seeded weights made with transformers): `mixtral`, a Mixtral-architecture one
+(hidden 1024, intermediate 2816, 8 layers, 16 heads / 4 KV heads, 8 experts top-2, vocab 32000: 640M
+parameters, f32); `mixtral32` and `mixtral64`, the same shape with 11 layers and 32 or 64 experts of 2048 (2.3 B
+and 4.5 B parameters, written in bf16: their experts are several times any last-level cache); `qwen2moe`, a
+Qwen2-MoE one (60 experts top-4 and the gated shared expert). Each is packed into one Colibri image per dtype
+(host/pack.py) and written as one GGUF file per dtype: f32 (bf16 for the bf16 checkpoints) by the project's
+llama.cpp-style writer (tests/gguf_writer.py), the others from it by llama.cpp's own quantizer (llama-quantize);
+`q4_k_m` is llama.cpp's Q4_K_M file, and Colibri's image of it packs that same file as it stores it (--dtype
+stored). Everything lands in --work (default build/bench) and is reused.
 
-Peer: llama.cpp through llama-cpp-python, built from its PyPI sdist. On a CPU that advertises AMX inside
-a VM build it without AMX (the native build crashes on q8_0/q4_0):
-  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON \\
-    -DGGML_AVX512_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \\
-    pip install --no-binary llama-cpp-python llama-cpp-python==0.3.36
+Peers: llama.cpp 0.3.36 and ik_llama.cpp (ik-llama-cpp-python 0.1.5), each through its own `llama-bench`,
+built by tools/build_peers.py from the PyPI sdists that vendor them (that script says how). Both read the same
+GGUF files (llama.cpp's quantizer's).
 
-Method: for each repetition, each dtype and thread count, the engines alternate; each run opens the
-model, feeds a 128-token prompt in one call (prefill: logits of the last token only), then 64 decode steps
-each fed one id of a fixed random stream (greedy decoding of random weights repeats one token and keeps
-the same experts hot, which flatters everyone). Colibri's times are the device's own clock (the hosted
-board's FED frames); llama.cpp's are wall time around llama_decode. Medians with min-max over
-repetitions. The denominator is a STREAM-style triad measured by tools/kernel_bench.c at 1 and 2
-threads; effective bandwidth = weight bytes a decode step reads (from the image's tensor table: dense
-tensors whole, routed experts top_k/n_experts, one embedding row) x decode tokens/s. The 1-minute load
-average before and after is recorded: a busy machine makes every figure meaningless.
+Method: for each repetition, each dtype and thread count, the engines alternate (the order reversed every
+other repetition). A Colibri run opens the image, feeds a 128-token prompt in one call (prefill: logits of the
+last token only), then 64 decode steps each fed one id of a fixed random stream (greedy decoding of random
+weights repeats one token and keeps the same experts hot, which flatters everyone); its times are the device's
+own clock (the hosted board's FED frames). A peer run is one `llama-bench -p 128 -n 64 -t N -r 1 -o json`: its
+own warm-up, then a 128-token prompt in one batch and, from an empty context, 64 decode steps each fed a
+random id (`std::rand() % n_vocab`, so routing moves across the experts as in Colibri's stream). Medians with
+min-max over repetitions. The limit is a read-only stream (tools/kernel_bench.c --read: a sum over 2 GiB, far
+beyond any last-level cache here) at the same thread count, measured before and after the runs; beside it a
+STREAM-style triad. Effective bandwidth = weight bytes a decode step reads (from the Colibri image's tensor
+table: dense tensors whole, routed experts top_k/n_experts, one embedding row; the peers' files hold the same
+tensors in the same types) x decode tokens/s. The 1-minute load average before and after is recorded: a busy
+machine makes every figure meaningless.
 """
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import statistics
@@ -45,10 +51,12 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "tools"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 from colibri.image import Role, open_image  # noqa: E402
+from colibri.quant import DType  # noqa: E402
 from colibri.protocol import Sampling  # noqa: E402
 from colibri.flash import threads_args  # noqa: E402
 from colibri.protocol import Client  # noqa: E402
@@ -56,6 +64,8 @@ from colibri.sim.boards import load_board  # noqa: E402
 from colibri.sim.launch import start_board  # noqa: E402
 
 DTYPES = ("f32", "f16", "q8_0", "q4_0", "q4_k_m")  # q4_k_m: llama.cpp's file, packed as it stores it
+ENGINES = ("colibri", "llama.cpp", "ik_llama.cpp")
+QUANTIZER_TYPES = {"f32": "F32", "bf16": "BF16", "f16": "F16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M"}
 FAMILIES = {
     "mixtral": dict(architectures=["MixtralForCausalLM"], model_type="mixtral", vocab_size=32000, hidden_size=1024,
                     intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
@@ -67,6 +77,10 @@ FAMILIES = {
                      num_experts_per_tok=4, max_position_embeddings=4096, rms_norm_eps=1e-6, norm_topk_prob=False,
                      decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False),
 }
+# The issue's shape far beyond the cache: 11 layers of 32 or 64 experts of 2048, written in bf16
+for _experts in (32, 64):
+    FAMILIES[f"mixtral{_experts}"] = dict(FAMILIES["mixtral"], intermediate_size=2048, num_hidden_layers=11,
+                                          num_local_experts=_experts, dtype="bfloat16")
 MAX_SEQ = 256
 
 
@@ -77,16 +91,24 @@ def load_average() -> float:
 # ---- the model, its images and its GGUF files ----
 
 def make_checkpoint(path: Path, family: str) -> Path:
+    """The family's checkpoint, seeded; a bf16 one is made in bf16 (half the memory of f32 while it is made)
+    and written in shards of 1 GB (save_pretrained serializes a shard at a time)."""
     if (path / "config.json").exists():
         return path
     import torch
     import transformers
     cfg = dict(FAMILIES[family])
     cls = getattr(transformers, cfg["architectures"][0])
+    dtype = getattr(torch, cfg.get("dtype", "float32"))
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     torch.manual_seed(0)
-    model = cls(config).to(torch.float32).eval()
-    model.save_pretrained(path)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model = cls(config).eval()
+    finally:
+        torch.set_default_dtype(default)
+    model.save_pretrained(path, max_shard_size="1GB")
     return path
 
 
@@ -94,7 +116,6 @@ def make_images(ckpt: Path, work: Path, dtypes: list[str]) -> dict[str, Path]:
     """One image per dtype: from the checkpoint, or for q4_k_m from llama.cpp's Q4_K_M file packed as it stores
     its tensors (--dtype stored: its Q4_K and Q6_K blocks byte for byte)."""
     from colibri.pack import pack
-    from colibri.quant import DType
     out = {}
     for dt in dtypes:
         img = work / f"colibri-{dt}.img"
@@ -105,41 +126,58 @@ def make_images(ckpt: Path, work: Path, dtypes: list[str]) -> dict[str, Path]:
     return out
 
 
-def quantized_bytes(image: Path, gguf_file: Path) -> tuple[int, int]:
-    """The quantized tensors' bytes in the image and in the GGUF file it was packed from."""
+def tensor_bytes(image: Path, gguf_file: Path) -> dict[str, dict[str, int]]:
+    """Tensor bytes by type in the image and in the GGUF file it was packed from, and each file's size: what
+    the two hold beyond their tensors is headers, the vocabulary (the GGUF's) and alignment. The image's
+    RoPE tables (its own, precomputed) are counted apart."""
     import gguf
     img = open_image(image, check_crcs=False)
-    in_image = sum(e.nbytes + e.scales_bytes for e in img.entries if e.dtype != 0)
-    in_file = sum(int(t.n_bytes) for t in gguf.GGUFReader(str(gguf_file)).tensors
-                  if t.tensor_type.name not in ("F32", "F16", "BF16"))
-    return in_image, in_file
+    in_image: dict[str, int] = {}
+    for e in img.entries:
+        kind = "rope tables" if e.role in (Role.ROPE_COS, Role.ROPE_SIN) else DType(e.dtype).name
+        in_image[kind] = in_image.get(kind, 0) + e.nbytes + e.scales_bytes
+    in_file: dict[str, int] = {}
+    for t in gguf.GGUFReader(str(gguf_file)).tensors:
+        in_file[t.tensor_type.name] = in_file.get(t.tensor_type.name, 0) + int(t.n_bytes)
+    return {"image": in_image, "file": in_file,
+            "sizes": {"image": image.stat().st_size, "file": gguf_file.stat().st_size}}
 
 
 def make_ggufs(ckpt: Path, work: Path, dtypes: list[str]) -> dict[str, Path]:
+    """The checkpoint as an f32 GGUF (bf16 for a bf16 checkpoint) by the project's writer, and each dtype from
+    it by llama.cpp's llama-quantize."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from gguf_writer import hf_to_gguf
-    f32 = work / "llama-f32.gguf"
-    if not f32.exists():
-        hf_to_gguf(ckpt, f32, placeholder_vocab=True)
+    from gguf_writer import Q, hf_to_gguf
+    cfg = json.loads((ckpt / "config.json").read_text())
+    stored = "bf16" if cfg.get("dtype", cfg.get("torch_dtype")) == "bfloat16" else "f32"
+    base = work / f"llama-{stored}.gguf"
     out = {}
     for dt in dtypes:
         path = work / f"llama-{dt}.gguf"
         if not path.exists():
-            quantize_with_llama_cpp(f32, path, dt)
+            if not base.exists():
+                hf_to_gguf(ckpt, base, Q[stored.upper()], placeholder_vocab=True)
+            quantize_with_llama_cpp(base, path, dt)
         out[dt] = path
     return out
 
 
 def quantize_with_llama_cpp(src: Path, dst: Path, dtype: str) -> None:
-    import llama_cpp
-    ftype = {"f32": llama_cpp.LLAMA_FTYPE_ALL_F32, "f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16,
-             "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
-             "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M}[dtype]
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = ftype
-    params.nthread = os.cpu_count() or 1
-    if llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params) != 0:
-        raise RuntimeError(f"llama.cpp could not quantize {src} to {dtype}")
+    exe = peer_binary("llama.cpp", "llama-quantize")
+    tmp = dst.with_suffix(".part")
+    done = subprocess.run([str(exe), str(src), str(tmp), QUANTIZER_TYPES[dtype], str(os.cpu_count() or 1)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama-quantize could not make {dtype} of {src}: {done.stderr.strip()[-300:]}")
+    tmp.rename(dst)
+
+
+def peer_binary(engine: str, tool: str) -> Path:
+    from build_peers import binary
+    exe = binary(engine, tool)
+    if not exe.exists():
+        raise RuntimeError(f"{exe} is missing: run python tools/build_peers.py")
+    return exe
 
 
 def decode_bytes_per_token(image: Path) -> int:
@@ -162,15 +200,16 @@ def decode_bytes_per_token(image: Path) -> int:
 
 # ---- measurements ----
 
-def triad(threads: int) -> float:
+def bandwidth(kind: str, threads: int) -> float:
+    """GB/s of tools/kernel_bench.c's `--read` (a sum over 2 GiB) or `--triad` stream on `threads` threads."""
     exe = ROOT / "build" / "hosted" / "release" / "kernel_bench.elf"
-    out = subprocess.run([str(exe), "--triad", str(threads)], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([str(exe), f"--{kind}", str(threads)], check=True, capture_output=True, text=True).stdout
     return json.loads(out.splitlines()[-1])["gbps"]
 
 
 @dataclass
 class Run:
-    open_s: float
+    open_s: float | None       # colibri: starting the board to OPEN's answer; the peers' llama-bench does not say
     prefill_s: float
     decode_s: float
     rss_bytes: int = 0         # colibri: the board process's VmRSS after decoding
@@ -201,49 +240,17 @@ def run_colibri(image: Path, threads: int, prompt: list[int], stream: list[int])
     return Run(open_s, prefill / hz, decode / hz, rss, opened.image_bytes + opened.arena_bytes)
 
 
-@functools.cache
-def quiet_llama_cpp():
-    """llama.cpp's log callback set to one that prints nothing (it logs every tensor at load)."""
-    import llama_cpp
-    callback = llama_cpp.llama_log_callback(lambda level, text, user: None)
-    llama_cpp.llama_log_set(callback, None)
-    return callback  # kept alive by the cache: llama.cpp holds the pointer
-
-
-def run_llama_cpp(gguf_path: Path, threads: int, prompt: list[int], stream: list[int]) -> Run:
-    import llama_cpp
-    quiet_llama_cpp()
-    t0 = time.perf_counter()
-    mparams = llama_cpp.llama_model_default_params()
-    model = llama_cpp.llama_model_load_from_file(str(gguf_path).encode(), mparams)
-    cparams = llama_cpp.llama_context_default_params()
-    cparams.n_ctx = MAX_SEQ
-    cparams.n_batch = cparams.n_ubatch = len(prompt)
-    cparams.n_threads = cparams.n_threads_batch = threads
-    ctx = llama_cpp.llama_init_from_model(model, cparams)
-    batch = llama_cpp.llama_batch_init(len(prompt), 0, 1)
-
-    def decode(tokens: list[int], pos: int) -> float:
-        batch.n_tokens = len(tokens)
-        for i, tok in enumerate(tokens):
-            batch.token[i] = tok
-            batch.pos[i] = pos + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = i == len(tokens) - 1
-        t = time.perf_counter()
-        if llama_cpp.llama_decode(ctx, batch) != 0:
-            raise RuntimeError("llama_decode failed")
-        llama_cpp.llama_get_logits_ith(ctx, len(tokens) - 1)[0]  # the logits are there to read
-        return time.perf_counter() - t
-
-    open_s = time.perf_counter() - t0
-    prefill = decode(prompt, 0)
-    dec = sum(decode([tok], len(prompt) + i) for i, tok in enumerate(stream))
-    llama_cpp.llama_batch_free(batch)
-    llama_cpp.llama_free(ctx)
-    llama_cpp.llama_model_free(model)
-    return Run(open_s, prefill, dec)
+def run_llama_bench(engine: str, gguf_path: Path, threads: int, n_prompt: int, n_decode: int) -> Run:
+    """One `llama-bench` run of the peer: its prompt test and its decode test, one repetition each."""
+    cmd = [str(peer_binary(engine, "llama-bench")), "-m", str(gguf_path), "-p", str(n_prompt), "-n", str(n_decode),
+           "-t", str(threads), "-r", "1", "-o", "json"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{engine}'s llama-bench failed on {gguf_path.name}: {done.stderr.strip()[-300:]}")
+    tests = json.loads(done.stdout)
+    prompt = next(t for t in tests if t["n_prompt"] == n_prompt and t["n_gen"] == 0)
+    gen = next(t for t in tests if t["n_gen"] == n_decode and t["n_prompt"] == 0)
+    return Run(None, n_prompt / prompt["avg_ts"], n_decode / gen["avg_ts"])
 
 
 def summarize(vals: list[float]) -> dict:
@@ -257,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--family", choices=sorted(FAMILIES), default="mixtral")
     ap.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated, of " + ", ".join(DTYPES))
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
-    ap.add_argument("--engines", default="colibri,llama.cpp")
+    ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, of " + ", ".join(ENGINES))
     ap.add_argument("--reps", type=int, default=3, help="repetitions (default 3)")
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens (default 128)")
     ap.add_argument("--decode", type=int, default=64, help="decode steps (default 64)")
@@ -268,28 +275,42 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--dtypes takes {', '.join(DTYPES)}")
     threads = [int(t) for t in args.threads.split(",")]
     engines = [e for e in args.engines.split(",") if e]
-    if "llama.cpp" in engines:
-        try:
-            import llama_cpp  # noqa: F401
-        except ImportError:
-            print("bench: llama-cpp-python is not installed; build it as this script's --help says, or pass "
-                  "--engines colibri", file=sys.stderr)
-            return 2
+    if any(e not in ENGINES for e in engines):
+        ap.error(f"--engines takes {', '.join(ENGINES)}")
+    try:
+        for eng in engines:
+            if eng != "colibri":
+                peer_binary(eng, "llama-bench")
+        if "q4_k_m" in dtypes or set(engines) - {"colibri"}:
+            peer_binary("llama.cpp", "llama-quantize")
+        return bench(args, dtypes, threads, engines)
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
 
+
+def bench(args: argparse.Namespace, dtypes: list[str], threads: list[int], engines: list[str]) -> int:
     subprocess.run([sys.executable, "-m", "SCons", "-Q", "board=hosted"], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL)
     work = args.work / args.family
     work.mkdir(parents=True, exist_ok=True)
     ckpt = make_checkpoint(work / "checkpoint", args.family)
     images = make_images(ckpt, work, dtypes)
-    ggufs = make_ggufs(ckpt, work, dtypes) if "llama.cpp" in engines else {}
+    ggufs = make_ggufs(ckpt, work, dtypes) if set(engines) - {"colibri"} else {}
     vocab = FAMILIES[args.family]["vocab_size"]
     rng = np.random.default_rng(1234)
     prompt = [int(t) for t in rng.integers(3, vocab, args.prompt)]
     stream = [int(t) for t in rng.integers(3, vocab, args.decode)]
 
     load_before = load_average()
-    triads = {n: summarize([triad(n) for _ in range(3)]) for n in threads}
+    limits: dict[tuple[str, int], list[float]] = {}
+
+    def measure_limits() -> None:
+        for n in threads:
+            for kind in ("read", "triad"):
+                limits.setdefault((kind, n), []).extend(bandwidth(kind, n) for _ in range(3))
+
+    measure_limits()
     samples: dict[tuple[str, str, int], list[Run]] = {}
     for rep in range(args.reps):
         for dt in dtypes:
@@ -297,48 +318,57 @@ def main(argv: list[str] | None = None) -> int:
                 order = engines if rep % 2 == 0 else engines[::-1]
                 for eng in order:
                     run = (run_colibri(images[dt], n, prompt, stream) if eng == "colibri"
-                           else run_llama_cpp(ggufs[dt], n, prompt, stream))
+                           else run_llama_bench(eng, ggufs[dt], n, args.prompt, args.decode))
                     samples.setdefault((eng, dt, n), []).append(run)
-                    print(f"  rep {rep + 1} {eng:9} {dt:5} {n} thr: prefill {args.prompt / run.prefill_s:7.1f} tok/s, "
-                          f"decode {args.decode / run.decode_s:6.2f} tok/s, open {run.open_s:.2f} s", file=sys.stderr)
+                    print(f"  rep {rep + 1} {eng:12} {dt:6} {n} thr: prefill {args.prompt / run.prefill_s:7.1f} tok/s, "
+                          f"decode {args.decode / run.decode_s:6.2f} tok/s", file=sys.stderr)
+    measure_limits()
     load_after = load_average()
+    limit = {key: summarize(vals) for key, vals in limits.items()}
 
     records = []
     for (eng, dt, n), runs in samples.items():
         bpt = decode_bytes_per_token(images[dt])
         decode_tps = summarize([args.decode / r.decode_s for r in runs])
+        prefill_tps = summarize([args.prompt / r.prefill_s for r in runs])
         gbps = decode_tps["median"] * bpt / 1e9
+        opens = [r.open_s for r in runs if r.open_s is not None]
         records.append({
             "engine": eng, "family": args.family, "dtype": dt, "threads": n,
-            "prefill_tok_s": statistics.median(args.prompt / r.prefill_s for r in runs),
-            "prefill_tok_s_range": [min(args.prompt / r.prefill_s for r in runs),
-                                    max(args.prompt / r.prefill_s for r in runs)],
+            "prefill_tok_s": prefill_tps["median"], "prefill_tok_s_range": [prefill_tps["min"], prefill_tps["max"]],
             "decode_tok_s": decode_tps["median"], "decode_tok_s_range": [decode_tps["min"], decode_tps["max"]],
-            "open_s": statistics.median(r.open_s for r in runs),
+            "open_s": statistics.median(opens) if opens else None,
             "bytes_per_token": bpt, "gbps": gbps,
-            "triad_gbps": triads[n]["median"], "triad_fraction": gbps / triads[n]["median"],
+            "read_gbps": limit[("read", n)]["median"], "read_fraction": gbps / limit[("read", n)]["median"],
+            "triad_gbps": limit[("triad", n)]["median"], "triad_fraction": gbps / limit[("triad", n)]["median"],
             "prompt_tokens": args.prompt, "decode_tokens": args.decode, "reps": len(runs),
             "rss_bytes": max(r.rss_bytes for r in runs) or None,
             "rss_over_image_arena": (max(r.rss_bytes / r.image_arena_bytes for r in runs)
                                      if runs[0].image_arena_bytes else None),
             "load_before": load_before, "load_after": load_after,
         })
-    print(f"\ntriad: " + ", ".join(f"{n} thread{'s' if n > 1 else ''} {t['median']:.1f} GB/s" for n, t in triads.items())
+    print("\n" + "; ".join(f"{kind} {n} thread{'s' if n > 1 else ''} {v['median']:.1f} GB/s ({v['min']:.1f}-{v['max']:.1f})"
+                           for (kind, n), v in sorted(limit.items()))
           + f"; load average {load_before:.2f} before, {load_after:.2f} after")
-    print("| engine | dtype | threads | prefill tok/s (min-max) | decode tok/s (min-max) | GB/s | of triad | open s | "
-          "RSS / (image + arena) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in sorted(records, key=lambda r: (DTYPES.index(r["dtype"]), r["threads"], r["engine"])):
+    print("| engine | dtype | threads | prompt tok/s (min-max) | decode tok/s (min-max) | decode GB/s | of read | "
+          "of triad | open s | RSS / (image + arena) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in sorted(records, key=lambda r: (DTYPES.index(r["dtype"]), r["threads"], ENGINES.index(r["engine"]))):
         lo, hi = r["decode_tok_s_range"]
         plo, phi = r["prefill_tok_s_range"]
         rss = f"{r['rss_over_image_arena']:.3f}" if r["rss_over_image_arena"] else "-"
+        opened = f"{r['open_s']:.2f}" if r["open_s"] is not None else "-"
         print(f"| {r['engine']} | {r['dtype']} | {r['threads']} | {r['prefill_tok_s']:.1f} ({plo:.1f}-{phi:.1f}) | "
-              f"{r['decode_tok_s']:.2f} ({lo:.2f}-{hi:.2f}) | {r['gbps']:.1f} | {100 * r['triad_fraction']:.0f}% | "
-              f"{r['open_s']:.2f} | {rss} |")
+              f"{r['decode_tok_s']:.2f} ({lo:.2f}-{hi:.2f}) | {r['gbps']:.1f} | {100 * r['read_fraction']:.0f}% | "
+              f"{100 * r['triad_fraction']:.0f}% | {opened} | {rss} |")
+    records.extend({"limit": kind, "threads": n, "gbps": v} for (kind, n), v in limit.items())
     if "q4_k_m" in images:
-        in_image, in_file = quantized_bytes(images["q4_k_m"], make_ggufs(ckpt, work, ["q4_k_m"])["q4_k_m"])
-        print(f"q4_k_m: the image's quantized tensors {in_image:,} bytes, the GGUF file's {in_file:,}")
-        records.append({"dtype": "q4_k_m", "image_quantized_bytes": in_image, "file_quantized_bytes": in_file})
+        sizes = tensor_bytes(images["q4_k_m"], make_ggufs(ckpt, work, ["q4_k_m"])["q4_k_m"])
+        print("\n| q4_k_m tensor bytes | image | GGUF file |\n| --- | --- | --- |")
+        for kind in sorted(set(sizes["image"]) | set(sizes["file"])):
+            print(f"| {kind} | {sizes['image'].get(kind, 0):,} | {sizes['file'].get(kind, 0):,} |")
+        print(f"| the whole file | {sizes['sizes']['image']:,} | {sizes['sizes']['file']:,} |")
+        records.append({"dtype": "q4_k_m", "tensor_bytes": sizes})
     if args.json:
         args.json.write_text(json.dumps(records, indent=1) + "\n")
     return 0

@@ -4,8 +4,9 @@ scalar code. Prints a table, writes JSON records with --json.
 
 Three parts:
   hosted  single-thread matvec throughput per dtype and kernel set on a matrix far larger than the
-          last-level cache, in GB/s of weights read (scales included), next to a STREAM-style triad
-          measured by the same program (build/hosted/release/kernel_bench.elf); several rounds,
+          last-level cache, in GB/s of weights read (scales included), next to a STREAM-style triad and
+          a read-only stream over 2 GiB (a plain sum: what one core's loads fetch from memory, decode's
+          limit), measured by the same program (build/hosted/release/kernel_bench.elf); several rounds,
           medians with min-max. Beside it the same kernel on 512 KiB of the matrix, which stays in
           the 2nd-level cache: what the kernel computes at when memory is no limit.
   icount  instructions per generated token under QEMU with -icount (the boards' cycle counters then
