@@ -10,7 +10,8 @@ the native build crashes on q8_0/q4_0, so it is built with the instruction sets 
 AMX off), as llama-cpp-python is for tools/bench.py.
 ik_llama.cpp: the `ik-llama-cpp-python` 0.1.5 sdist (vendor/ik_llama.cpp), with GGML_NATIVE=ON (with it off and
 the AVX-512 flags, iqk_fa_templates.h does not compile here). The sdist lacks
-common/cmake/build-info-gen-cpp.cmake, so common/build-info.cpp is written from its .in.
+common/cmake/build-info-gen-cpp.cmake, the script its build runs to write common/build-info.cpp from its .in, so
+one is written that does that.
 
 Each sdist is fetched with `pip download` into build/peers/sdist/ unless a file of that name is already there;
 the build runs under `nice` and builds only the two targets. Binaries: build/peers/<peer>/build/bin/.
@@ -79,12 +80,14 @@ def source_tree(peer: Peer) -> Path:
         with tarfile.open(archive) as tar:
             tar.extractall(top, filter="data")
     tree = root / peer.vendored
-    info_in, info = tree / "common" / "build-info.cpp.in", tree / "common" / "build-info.cpp"
-    if info_in.exists() and not (tree / "common" / "cmake" / "build-info-gen-cpp.cmake").exists() \
-            and not info.exists():
-        info.write_text(info_in.read_text().replace("@BUILD_NUMBER@", "0")
-                        .replace("@BUILD_COMMIT@", f"{peer.package}-{peer.version}")
-                        .replace("@BUILD_COMPILER@", "gcc").replace("@BUILD_TARGET@", "x86_64-linux-gnu"))
+    script = tree / "common" / "cmake" / "build-info-gen-cpp.cmake"
+    if (tree / "common" / "build-info.cpp.in").exists() and not script.exists():
+        # the build runs this script (from the tree's root) to write common/build-info.cpp from its .in
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text(f'set(BUILD_NUMBER 0)\nset(BUILD_COMMIT "{peer.package}-{peer.version}")\n'
+                          'set(BUILD_COMPILER "${CMAKE_C_COMPILER_ID} ${CMAKE_C_COMPILER_VERSION}")\n'
+                          'set(BUILD_TARGET "x86_64-linux-gnu")\n'
+                          'configure_file(common/build-info.cpp.in common/build-info.cpp @ONLY)\n')
     return tree
 
 
