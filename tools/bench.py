@@ -30,8 +30,8 @@ own clock (the hosted board's FED frames). A peer run is one `llama-bench -p 128
 own warm-up, then a 128-token prompt in one batch and, from an empty context, 64 decode steps each fed a
 random id (`std::rand() % n_vocab`, so routing moves across the experts as in Colibri's stream). Medians with
 min-max over repetitions. The limit is a read-only stream (tools/kernel_bench.c --read: a sum over 2 GiB, far
-beyond any last-level cache here) at the same thread count, measured before and after the runs; beside it a
-STREAM-style triad. Effective bandwidth = weight bytes a decode step reads (from the Colibri image's tensor
+beyond any last-level cache here) at the same thread count, measured twice before each repetition and after the
+last (median with min-max: on this shared VM it moves within minutes); beside it a STREAM-style triad. Effective bandwidth = weight bytes a decode step reads (from the Colibri image's tensor
 table: dense tensors whole, routed experts top_k/n_experts, one embedding row; the peers' files hold the same
 tensors in the same types) x decode tokens/s. The 1-minute load average before and after is recorded: a busy
 machine makes every figure meaningless.
@@ -308,11 +308,11 @@ def bench(args: argparse.Namespace, dtypes: list[str], threads: list[int], engin
     def measure_limits() -> None:
         for n in threads:
             for kind in ("read", "triad"):
-                limits.setdefault((kind, n), []).extend(bandwidth(kind, n) for _ in range(3))
+                limits.setdefault((kind, n), []).extend(bandwidth(kind, n) for _ in range(2))
 
-    measure_limits()
     samples: dict[tuple[str, str, int], list[Run]] = {}
     for rep in range(args.reps):
+        measure_limits()  # between the repetitions too: this VM's bandwidth moves within minutes
         for dt in dtypes:
             for n in threads:
                 order = engines if rep % 2 == 0 else engines[::-1]
