@@ -38,6 +38,14 @@ static int cmp(const void *a, const void *b) {
 
 static volatile float sink;
 
+/* fn on each of `threads` slices of `size` bytes at once, the first on this thread */
+static void run_parallel(void *(*fn)(void *), void *slices, size_t size, int threads) {
+    pthread_t tid[64];
+    for (int k = 1; k < threads; k++) pthread_create(&tid[k], 0, fn, (char *)slices + (size_t)k * size);
+    fn(slices);
+    for (int k = 1; k < threads; k++) pthread_join(tid[k], 0);
+}
+
 /* triad a = b + s c over one slice; 3 x 4 bytes moved per element, as STREAM counts */
 typedef struct { float *a; const float *b, *c; size_t n; } triad_slice;
 static void *triad_run(void *arg) {
@@ -54,16 +62,13 @@ static double triad(size_t bytes, int threads) {
     if (!a || !b || !c || threads < 1 || threads > 64) exit(1);
     for (size_t i = 0; i < n; i++) { a[i] = 0.0f; b[i] = 1.0f; c[i] = 2.0f; }
     triad_slice slice[64];
-    pthread_t tid[64];
     for (int k = 0; k < threads; k++)
         slice[k] = (triad_slice){ a + n * k / threads, b + n * k / threads, c + n * k / threads,
                                   n * (k + 1) / threads - n * k / threads };
     double t[REPEATS];
     for (int r = 0; r < REPEATS; r++) {
         double t0 = now();
-        for (int k = 1; k < threads; k++) pthread_create(&tid[k], 0, triad_run, &slice[k]);
-        triad_run(&slice[0]);
-        for (int k = 1; k < threads; k++) pthread_join(tid[k], 0);
+        run_parallel(triad_run, slice, sizeof slice[0], threads);
         t[r] = now() - t0;
         sink = a[r];
     }
@@ -127,18 +132,13 @@ static double read_stream(size_t bytes, int threads) {
     uint64_t *a = aligned_alloc(64, n * sizeof(uint64_t));
     if (!a || threads < 1 || threads > 64) exit(1);
     read_slice slice[64];
-    pthread_t tid[64];
     for (int k = 0; k < threads; k++) /* slices of whole 64-byte lines, so every load is aligned */
         slice[k] = (read_slice){ a + n / 8 * k / threads * 8, (n / 8 * (k + 1) / threads - n / 8 * k / threads) * 8, 0 };
-    for (int k = 1; k < threads; k++) pthread_create(&tid[k], 0, read_touch, &slice[k]);
-    read_touch(&slice[0]);
-    for (int k = 1; k < threads; k++) pthread_join(tid[k], 0);
+    run_parallel(read_touch, slice, sizeof slice[0], threads);
     double t[REPEATS];
     for (int r = 0; r < REPEATS; r++) {
         double t0 = now();
-        for (int k = 1; k < threads; k++) pthread_create(&tid[k], 0, read_run, &slice[k]);
-        read_run(&slice[0]);
-        for (int k = 1; k < threads; k++) pthread_join(tid[k], 0);
+        run_parallel(read_run, slice, sizeof slice[0], threads);
         t[r] = now() - t0;
         uint64_t sum = 0;
         for (int k = 0; k < threads; k++) sum += slice[k].sum;
