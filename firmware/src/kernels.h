@@ -199,6 +199,7 @@ float dot_bf16_scalar(const uint16_t *w, const float *x, uint32_t n);
  * the instruction (sqrtss, vsqrt.f32, fsqrt.s): correctly rounded everywhere, no libm. */
 #if defined(__GNUC__) || defined(__clang__)
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
+#define NOINLINE __attribute__((noinline))
 #define SQRTF(x) __builtin_sqrtf(x)
 #if defined(__OPTIMIZE_SIZE__)
 #define UNROLLED /* -Os (the Cortex-M4): the loop is smaller */
@@ -208,6 +209,7 @@ float dot_bf16_scalar(const uint16_t *w, const float *x, uint32_t n);
 #else
 #include <xmmintrin.h>
 #define ALWAYS_INLINE static __forceinline
+#define NOINLINE __declspec(noinline)
 #define SQRTF(x) _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(x)))
 #define UNROLLED
 #endif

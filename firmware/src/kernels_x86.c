@@ -202,6 +202,7 @@ AVX2 ALWAYS_INLINE uint32_t accumulate_lanes(float *out, const float *p, const v
     for (; i + 8 <= n; i += 8) accumulate_regs(out, p, v, stride, rows, i, 1, esize, load8);
     return i;
 }
+#if WITH_KERNEL_ACCUMULATE /* (the lean build sums with the scalar loop: mechanisms.h) */
 AVX2 static void accumulate_f32_avx2(float *out, const float *p, const float *v, size_t stride, uint32_t rows, uint32_t n) {
     const uint32_t i = accumulate_lanes(out, p, v, stride, rows, n, sizeof *v, load8_f32);
     if (i < n) accumulate_f32_scalar(out + i, p, v + i, stride, rows, n - i);
@@ -210,6 +211,7 @@ AVX2 static void accumulate_f16_avx2(float *out, const float *p, const uint16_t 
     const uint32_t i = accumulate_lanes(out, p, v, stride, rows, n, sizeof *v, load8_f16);
     if (i < n) accumulate_f16_scalar(out + i, p, v + i, stride, rows, n - i);
 }
+#endif
 
 static const kernel_set kernels_avx2 = { .name = "avx2", .dot_f32 = dot_f32_avx2, .dot_f16 = dot_f16_avx2,
                                          .dot_bf16 = dot_bf16_avx2, .rows_q8_0 = rows_q8_0_avx2, .rows_q4_0 = rows_q4_0_avx2,

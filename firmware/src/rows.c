@@ -160,8 +160,8 @@ static void head_part(void *arg, uint32_t part) {
 }
 
 /* A per-head rows_work's inputs quantized, head by head, each token's at `blocks` blocks apart. */
-__attribute__((noinline)) static void quantize_heads(const colibri_ctx *c, const rows_work *m, int8_t *q, float *scale,
-                                                     int32_t *sum, uint32_t blocks) {
+NOINLINE static void quantize_heads(const colibri_ctx *c, const rows_work *m, int8_t *q, float *scale,
+                                    int32_t *sum, uint32_t blocks) {
     for (uint32_t h = 0, v = 0; h < m->heads; h++)
         for (uint32_t t = 0; t < m->n_tok; t++, v++)
             c->kernels->quantize_q8_0(q + (size_t)v * blocks * QBLOCK, scale + (size_t)v * blocks, sum + (size_t)v * blocks,
