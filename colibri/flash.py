@@ -40,7 +40,7 @@ from colibri.checkpoint import UnsupportedModel
 from colibri.image import Image, ImageError, arena_bytes, expert_cache_bytes, open_image, read_image
 from colibri.inputs import is_gguf, not_utf8, number, output_problem, utf8_text, whole
 from colibri.protocol import STATUS_NAMES, Client, DeviceError, Generation, LinkError, Sampling, Transport
-from colibri.reference import Reference
+from colibri.reference import Reference, experts_problem
 from colibri.quant import DType
 from colibri.sampling import Sampler
 from colibri.text import NoTokenizer, Text, TextStream
@@ -236,9 +236,10 @@ def progress_bar(total: int, enabled: bool, desc: str, unit: str):
 def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sampling: Sampling,
                 want_logits: bool, upload: bool, on_token=None, trace: bool = False,
                 progress: bool = False, expert_cache: int = 0, prefetch: bool = True,
-                stop: frozenset[int] = frozenset(), started: float | None = None) -> RunResult:
+                stop: frozenset[int] = frozenset(), started: float | None = None,
+                experts: int | None = None) -> RunResult:
     """The host's side of one session: INFO, optional upload, OPEN (with an expert cache of
-    `expert_cache` slots, if not 0), the generation (ending early after a token in `stop`), STATS, QUIT.
+    `expert_cache` slots, if not 0, and `experts` routed experts a token, if not the image's top_k), the generation (ending early after a token in `stop`), STATS, QUIT.
     `started` (time.perf_counter()) is when the board was started, for the time to open."""
     started = time.perf_counter() if started is None else started
     info = client.info()
@@ -246,7 +247,7 @@ def run_session(client: Client, image: Path, prompt: list[int], max_new: int, sa
     if upload:
         data = image.read_bytes()
         upload_crc = client.upload(data, progress_bar(len(data), progress, "upload", "B"))
-    opened = client.open(expert_cache, prefetch)
+    opened = client.open(expert_cache, prefetch, experts)
     open_s = time.perf_counter() - started
     if len(prompt) + max_new > opened.max_seq:
         raise ValueError(f"{len(prompt)} prompt + {max_new} new tokens exceed the image's max_seq "
@@ -298,7 +299,7 @@ def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, 
                  timeout: float = 60.0, upload: bool = False, gdb: bool = False, retries: int = 4,
                  wrap: Callable[[Transport], Transport] | None = None, trace: bool = False,
                  progress: bool = False, expert_cache: int = 0, prefetch: bool = True,
-                 stop: frozenset[int] = frozenset(), threads: int = 1) -> RunResult:
+                 stop: frozenset[int] = frozenset(), threads: int = 1, experts: int | None = None) -> RunResult:
     """Boot `board_name` (QEMU or hosted), load the image (QEMU's loader, or `upload` over the link), run.
     `wrap` may put something between host and device (the fault injector of colibri/sim/faults.py)."""
     board = load_board(board_name)
@@ -309,7 +310,8 @@ def run_on_board(image: Path, board_name: str, prompt: list[int], max_new: int, 
     with start_board(board, firmware or board.firmware(), None if upload else image, board_args, gdb) as device:
         link = wrap(device.link) if wrap else device.link
         result = run_session(Client(link, timeout=timeout, retries=retries), image, prompt, max_new, sampling,
-                             want_logits, upload, on_token, trace, progress, expert_cache, prefetch, stop, started)
+                             want_logits, upload, on_token, trace, progress, expert_cache, prefetch, stop, started,
+                             experts)
     result.guest_code = device.guest_code
     if result.guest_code != 0:
         raise LinkError(f"board ended badly after the run: {device.describe()}")
@@ -486,7 +488,8 @@ def chat_room_problem(text: Text, max_new: int, max_seq: int) -> str | None:
 def run_chat(image: Path, board_name: str, firmware: Path | None, text: Text, sampling: Sampling, max_new: int, *,
              timeout: float = 60.0, retries: int = 4, expert_cache: int = 0, prefetch: bool = True,
              read: Callable[[str], str] = input, write: Callable[[str], None] = emit,
-             threads: int = 1, port: str | None = None, baud: int = 921600) -> list[dict[str, str]]:
+             threads: int = 1, port: str | None = None, baud: int = 921600,
+             experts: int | None = None) -> list[dict[str, str]]:
     """Boot the board with the image and chat on it (chat_turns); with `port`, chat on the board at that serial
     port (a real one, a TCP serial server, a farm place's) with the image uploaded over it first, as --port runs."""
     if port:
@@ -496,19 +499,19 @@ def run_chat(image: Path, board_name: str, firmware: Path | None, text: Text, sa
             data = image.read_bytes()
             crc = client.upload(data)
             write(f"[{port}] image uploaded, device CRC-32 {crc:08x} matches\n")
-            return chat_on(client, text, sampling, max_new, expert_cache, prefetch, read, write)
+            return chat_on(client, text, sampling, max_new, expert_cache, prefetch, read, write, experts)
     board = load_board(board_name)
     board_args = (streaming_args(board) if expert_cache else []) + threads_args(board, threads)
     with start_board(board, firmware or board.firmware(), image, board_args) as device:
         return chat_on(Client(device.link, timeout=timeout, retries=retries), text, sampling, max_new, expert_cache,
-                       prefetch, read, write)
+                       prefetch, read, write, experts)
 
 
 def chat_on(client: Client, text: Text, sampling: Sampling, max_new: int, expert_cache: int, prefetch: bool,
-            read: Callable[[str], str], write: Callable[[str], None]) -> list[dict[str, str]]:
+            read: Callable[[str], str], write: Callable[[str], None], experts: int | None = None) -> list[dict[str, str]]:
     """OPEN the image the board holds, chat, QUIT."""
     client.info()
-    opened = client.open(expert_cache, prefetch)
+    opened = client.open(expert_cache, prefetch, experts)
     messages = chat_turns(client, text, sampling, max_new, opened.max_seq, read, write)
     client.quit()
     return messages
@@ -560,6 +563,22 @@ def rate(tokens: int, seconds: float | None) -> str:
     if not seconds:
         return count
     return f"{count} in {seconds * 1e3:,.1f} ms ({tokens / seconds:,.1f} tok/s)"
+
+
+def experts_cost(image: Path, tokens: list[int], logits: np.ndarray, experts: int) -> dict:
+    """What routing to `experts` experts instead of top_k cost a run: its logits (at `experts`, one row per fed token)
+    against the numpy reference's at the image's top_k on the same tokens."""
+    from colibri.pack import logit_cost
+    reference = Reference(read_image(image.read_bytes()))
+    return {"experts": experts, "top_k": reference.d.top_k, "tokens": len(tokens),
+            **logit_cost(reference.forward(tokens), logits)}
+
+
+def experts_line(cost: dict) -> str:
+    """--experts' cost, as colibri pack's quality line says a dtype's."""
+    return (f"experts: {cost['experts']} of top-{cost['top_k']} against top-{cost['top_k']} (numpy reference) on the "
+            f"run's {cost['tokens']} tokens: KL {cost['kl_divergence']:.3g}, top-1 agreement "
+            f"{cost['top1_agreement']:.1%}, max |dlogit| {cost['max_abs_dlogit']:.4g}, mean {cost['mean_abs_dlogit']:.4g}")
 
 
 def timing_line(result: RunResult) -> str:
@@ -700,6 +719,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="for a checkpoint or .gguf: the KV cache's element type (default f32)")
     ap.add_argument("--no-prefetch", action="store_true",
                     help="with --expert-cache: do not guess and fetch the next layer's experts early")
+    ap.add_argument("--experts", type=int, metavar="K",
+                    help="route each token to its K best experts instead of the image's top_k (1 to top_k; "
+                         "llama.cpp's --override-kv ARCH.expert_used_count=int:K): fewer experts, faster decode; with "
+                         "--verify the run also says what K costs against top_k on its tokens (KL, top-1 agreement, "
+                         "numpy reference). The family's routing rules stay, over the K chosen (docs/MODELS.md)")
     args = ap.parse_args(argv)
     if args.place is not None:
         from colibri.farm.run import FarmPlace
@@ -775,6 +799,11 @@ def run(ap: Parser, args: argparse.Namespace, place: FarmPlace | None = None) ->
         img = open_image(args.image, check_crcs=False)  # the device's: it verifies every byte when it opens it)
     except ImageError as exc:
         return ap.fail(f"{args.image} is not a valid image ({exc}); make one with colibri pack")
+    if args.experts is not None and (problem := experts_problem(img.dims, args.experts)):
+        return ap.fail(problem)
+    if args.experts is not None and args.against is not None and args.experts < img.dims.top_k:
+        return ap.fail(f"--against runs transformers at the image's top-{img.dims.top_k}, not at --experts "
+                       f"{args.experts}: leave out one of them")
     try:
         slots = cache_slots(args.expert_cache, args.image, lambda line: print(f"{ap.prog}: {line}",
                                                                                file=sys.stderr)) \
@@ -806,7 +835,7 @@ def run(ap: Parser, args: argparse.Namespace, place: FarmPlace | None = None) ->
         try:
             run_chat(args.image, args.board, firmware, text, sampling, args.max_new_tokens, timeout=args.timeout,
                      retries=args.retries, expert_cache=slots, prefetch=not args.no_prefetch, threads=args.threads,
-                     port=args.port, baud=args.baud)
+                     port=args.port, baud=args.baud, experts=args.experts)
         except (DeviceError, LinkError, ValueError) as exc:
             print(f"\n{ap.prog}: error: {exc}", file=sys.stderr)
             return 2
@@ -853,14 +882,15 @@ def run(ap: Parser, args: argparse.Namespace, place: FarmPlace | None = None) ->
                 result = run_session(Client(link, timeout=args.timeout, retries=args.retries), args.image,
                                      prompt, args.max_new_tokens, sampling, want_logits, True, on_token,
                                      trace, progress=not quiet, expert_cache=slots, prefetch=not args.no_prefetch,
-                                     stop=text.eos_ids if text else frozenset())
+                                     stop=text.eos_ids if text else frozenset(), experts=args.experts)
         else:
             result = run_on_board(args.image, args.board, prompt, args.max_new_tokens, sampling,
                                   want_logits, firmware=firmware, on_token=on_token, timeout=args.timeout,
                                   upload=args.upload,
                                   gdb=args.gdb, retries=args.retries, wrap=wrap, trace=trace, progress=not quiet,
                                   expert_cache=slots, prefetch=not args.no_prefetch,
-                                  stop=text.eos_ids if text else frozenset(), threads=args.threads)
+                                  stop=text.eos_ids if text else frozenset(), threads=args.threads,
+                                  experts=args.experts)
     except DeviceError as exc:
         hint = ""
         if exc.message == "arena too small":
@@ -885,7 +915,8 @@ def run(ap: Parser, args: argparse.Namespace, place: FarmPlace | None = None) ->
         if result.upload_crc32 is not None:
             print(f"\n[{result.board}] image uploaded, device CRC-32 {result.upload_crc32:08x} matches", end="")
         clock = "" if args.port else board.spec.get("clock", "")
-        print(f"\n[{result.board}, {result.kernels} kernels] {timing_line(result)}")
+        routed = f", {args.experts} of top-{img.dims.top_k} experts" if args.experts is not None else ""
+        print(f"\n[{result.board}, {result.kernels} kernels{routed}] {timing_line(result)}")
         print(f"[{result.board}] {phases_line(result.stats, clock)}")
         if result.expert_cache:
             print(f"[{result.board}] {cache_line(result.stats, result.expert_cache)}")
@@ -907,20 +938,26 @@ def run(ap: Parser, args: argparse.Namespace, place: FarmPlace | None = None) ->
         report["text"] = text.decode(result.tokens)
     status = 0
     if args.verify:
-        reference = Reference(read_image(args.image.read_bytes()))
+        reference = Reference(read_image(args.image.read_bytes()), experts=args.experts)
         v = verify(reference, prompt, result, sampling, args.tolerance)
         if v.first_difference is not None and v.tolerance is None and not v.parting:
             # one more run, traced: its residual CRCs and routing name the first layer where device and reference part
             v.parting = traced_parting(reference, args.board, args.port, result, prompt, lambda: run_on_board(
                 args.image, args.board, prompt, args.max_new_tokens, sampling, False, firmware=firmware,
                 timeout=args.timeout, upload=args.upload, retries=args.retries, trace=True, expert_cache=slots,
-                prefetch=not args.no_prefetch, stop=text.eos_ids if text else frozenset(), threads=args.threads))
+                prefetch=not args.no_prefetch, stop=text.eos_ids if text else frozenset(), threads=args.threads,
+                experts=args.experts))
         report["verify"] = {**asdict(v), "passed": v.passed}
         status = 0 if v.passed else 1
         if not quiet:
             print(verify_line(v))
             if v.parting:
                 print(f"verify: {v.parting}")
+        if args.experts is not None and args.experts < img.dims.top_k:
+            del reference  # its weights, before the full top_k's reference reads them again
+            report["experts"] = experts_cost(args.image, prompt + result.tokens, result.logits, args.experts)
+            if not quiet:
+                print(experts_line(report["experts"]))
     if args.against:
         from colibri.oracle import OracleUnavailable
         try:

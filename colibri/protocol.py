@@ -266,10 +266,15 @@ class Client:
             raise LinkError(f"device stored {size} bytes with CRC {device_crc:08x}, sent {len(image)} with {crc:08x}")
         return device_crc
 
-    def open(self, expert_cache: int = 0, prefetch: bool = False) -> OpenInfo:
+    def open(self, expert_cache: int = 0, prefetch: bool = False, experts: int | None = None) -> OpenInfo:
         """OPEN the image; with expert_cache > 0 slots, routed experts stream through the board's fetch
-        hook (docs/STREAMING.md), and with `prefetch` the next layer's experts are guessed and fetched early."""
-        request = struct.pack("<II", expert_cache, EXPERT_PREFETCH if prefetch else 0) if expert_cache else b""
+        hook (docs/STREAMING.md), and with `prefetch` the next layer's experts are guessed and fetched early.
+        `experts`: each token routed to that many experts instead of the image's top_k (None: top_k; the device
+        refuses 0 and more than top_k with COLIBRI_E_BAD_ARG)."""
+        policy = EXPERT_PREFETCH if prefetch and expert_cache else 0
+        request = struct.pack("<II", expert_cache, policy) if expert_cache else b""
+        if experts is not None:
+            request = struct.pack("<III", expert_cache, policy, experts)
         p = self.call(REQ_OPEN, request, RSP_OPENED)
         if len(p) < 72:
             raise LinkError(f"OPENED answer of {len(p)} bytes, expected 72")

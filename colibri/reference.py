@@ -23,6 +23,7 @@ the matrix products with BLAS instead: much faster, and within float rounding of
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +38,7 @@ from colibri.image import (KV_DTYPES, LAYER_ACT_GELU_TANH, LAYER_OPT_ATTN_GATE, 
                            LAYER_OPT_POST_ATTN_NORM, LAYER_OPT_POST_FFN_NORM, LAYER_OPT_ROPE_PAIRS,
                            LAYER_OPT_ROUTER_BIAS, LAYER_OPT_V_NORM, LAYER_QK_NORM_FULL, LAYER_QK_NORM_NONE,
                            LAYER_ROUTER_SIGMOID, LAYER_ROUTER_TOPK_SOFTMAX, LAYER_SHARED_GATED, LAYER_SHARED_PLAIN,
-                           NO_INDEX, Image, Role)
+                           NO_INDEX, Image, ModelDims, Role)
 from colibri.quant import Encoded, quantized_matmul
 
 
@@ -121,11 +122,23 @@ def clamped_glu(g: np.ndarray, u: np.ndarray, alpha: float, limit: float) -> np.
     return (u + ONE) * (g / (ONE + arith.expf(-(F32(alpha) * g))))
 
 
+def experts_problem(d: ModelDims, experts: int) -> str | None:
+    """Why `experts` routed experts a token cannot replace the image's top_k, in one line (None: it can). The
+    device refuses the same with COLIBRI_E_BAD_ARG (colibri_options.experts)."""
+    if not d.n_experts:
+        return f"--experts {experts}: this image has no routed experts (a dense model)"
+    if not 1 <= experts <= d.top_k:
+        return (f"--experts {experts} is outside 1 to {d.top_k}: the image routes each token to its top-{d.top_k} "
+                f"experts, and --experts takes that many or fewer")
+    return None
+
+
 class Reference:
-    def __init__(self, image: Image, keep_weights: bool = True, exact: bool = True):
+    def __init__(self, image: Image, keep_weights: bool = True, exact: bool = True, experts: int | None = None):
         """`keep_weights` False: only the matrix in use is held (a model larger than memory, read from a file a
         tensor at a time: colibri/pack.py), at the cost of reading it again in each forward pass. `exact` False:
-        BLAS matrix products (see the module's docstring)."""
+        BLAS matrix products (see the module's docstring). `experts`: each token routed to that many experts
+        instead of the image's top_k, as colibri_options.experts routes the device's (route())."""
         if exact and not arith.subnormals_kept():
             raise RuntimeError("this process flushes subnormal floats to zero (a library built with -ffast-math?), "
                                "so the reference cannot compute the device's bits: run it in a process without it")
@@ -133,6 +146,10 @@ class Reference:
         self.keep_weights = keep_weights
         self.exact = exact
         self.d = image.dims
+        if experts is not None:
+            if problem := experts_problem(self.d, experts):
+                raise ValueError(problem)
+            self.d = dataclasses.replace(self.d, top_k=experts)
         self.routes: dict[int, tuple[np.ndarray, np.ndarray]] | None = None  # layer -> (experts, weights) per position
         self.residuals: dict[int, tuple[np.ndarray, np.ndarray]] | None = None  # layer -> x after attention, after it
         self._matrices: dict[tuple[Role, int, int], Matrix] = {}

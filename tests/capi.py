@@ -65,7 +65,8 @@ def reversed_parts(calls: list[int]):
 class Options(Sized):
     _fields_ = [("size", C.c_uint32), ("cycles", C.c_void_p), ("trace", C.c_void_p), ("user", C.c_void_p), ("expert_cache", C.c_uint32),
                 ("expert_policy", C.c_uint32), ("fetch", FETCH), ("fetch_start", FETCH_START), ("fetch_wait", FETCH_WAIT),
-                ("parallel_for", PARALLEL_FOR), ("parallel_parts", C.c_uint32), ("prefill_batch", C.c_uint32)]
+                ("parallel_for", PARALLEL_FOR), ("parallel_parts", C.c_uint32), ("prefill_batch", C.c_uint32),
+                ("experts", C.c_uint32)]
 
 
 PREFETCH = 1  # COLIBRI_PREFETCH

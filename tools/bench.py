@@ -7,6 +7,7 @@ A benchmark, not a test: it prints a table and writes JSON records.
   python tools/bench.py --dtypes q8_0 --threads 2 --reps 5     # one row
   python tools/bench.py --engines colibri --dtypes f32,q4_0    # without the peers
   python tools/bench.py --family mixtral32 --dtypes q8_0,q4_0  # the model far beyond the cache
+  python tools/bench.py --engines colibri --experts 1          # Colibri at top_k and at one expert, alternated
 
 Models (checkpoints with random seeded weights made with transformers): `mixtral`, a Mixtral-architecture one
 (hidden 1024, intermediate 2816, 8 layers, 16 heads / 4 KV heads, 8 experts top-2, vocab 32000: 640M
@@ -180,16 +181,16 @@ def peer_binary(engine: str, tool: str) -> Path:
     return exe
 
 
-def decode_bytes_per_token(image: Path) -> int:
-    """Weight bytes one decode step reads: every tensor whole, routed experts top_k/n_experts of them,
-    and one row of the token embedding instead of the whole table."""
+def decode_bytes_per_token(image: Path, experts: int | None = None) -> int:
+    """Weight bytes one decode step reads: every tensor whole, routed experts top_k/n_experts of them (or
+    experts/n_experts, routed to fewer), and one row of the token embedding instead of the whole table."""
     img = open_image(image, check_crcs=False)
     d = img.dims
     total = 0.0
     for e in img.entries:
         size = e.nbytes + e.scales_bytes
         if e.role in (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN):
-            size *= d.top_k / d.n_experts
+            size *= (experts or d.top_k) / d.n_experts
         elif e.role == Role.TOKEN_EMBD:
             size /= d.vocab_size
         elif e.role in (Role.ROPE_COS, Role.ROPE_SIN):
@@ -223,14 +224,15 @@ def vm_rss(pid: int) -> int:
     return 0
 
 
-def run_colibri(image: Path, threads: int, prompt: list[int], stream: list[int]) -> Run:
-    """One run on the hosted board: the prompt in one FEED, then one FEED per token of the stream."""
+def run_colibri(image: Path, threads: int, prompt: list[int], stream: list[int], experts: int | None = None) -> Run:
+    """One run on the hosted board: the prompt in one FEED, then one FEED per token of the stream (each token routed
+    to `experts` experts, if not the image's top_k)."""
     board = load_board("hosted")
     t0 = time.perf_counter()
     with start_board(board, board.firmware(), image, threads_args(board, threads)) as device:
         client = Client(device.link, timeout=600)
         hz = client.info().cycle_hz
-        opened = client.open()
+        opened = client.open(experts=experts)
         open_s = time.perf_counter() - t0
         client.start(Sampling())
         prefill = client.feed(prompt)[1]
@@ -253,6 +255,11 @@ def run_llama_bench(engine: str, gguf_path: Path, threads: int, n_prompt: int, n
     return Run(None, n_prompt / prompt["avg_ts"], n_decode / gen["avg_ts"])
 
 
+def routed_experts(engine: str) -> int | None:
+    """K of the engine colibri@K (--experts); None for the others."""
+    return int(engine.split("@")[1]) if "@" in engine else None
+
+
 def summarize(vals: list[float]) -> dict:
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
 
@@ -269,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens (default 128)")
     ap.add_argument("--decode", type=int, default=64, help="decode steps (default 64)")
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "bench", help="where models are kept")
+    ap.add_argument("--experts", type=int, metavar="K", help="Colibri also routing each token to K experts (colibri run "
+                    "--experts), as one more engine, colibri@K, alternated with the others")
     args = ap.parse_args(argv)
     dtypes = [d for d in args.dtypes.split(",") if d]
     if any(d not in DTYPES for d in dtypes):
@@ -277,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     engines = [e for e in args.engines.split(",") if e]
     if any(e not in ENGINES for e in engines):
         ap.error(f"--engines takes {', '.join(ENGINES)}")
+    if args.experts is not None:
+        top_k = FAMILIES[args.family].get("num_experts_per_tok", 0)
+        if not 1 <= args.experts <= top_k or "colibri" not in engines:
+            ap.error(f"--experts takes 1 to {args.family}'s top-{top_k}, with the colibri engine")
     try:
         for eng in engines:
             if eng != "colibri":
@@ -311,13 +324,15 @@ def bench(args: argparse.Namespace, dtypes: list[str], threads: list[int], engin
                 limits.setdefault((kind, n), []).extend(bandwidth(kind, n) for _ in range(2))
 
     samples: dict[tuple[str, str, int], list[Run]] = {}
+    timed = [e for eng in engines for e in ([eng, f"colibri@{args.experts}"] if eng == "colibri" and args.experts
+                                            else [eng])]
     for rep in range(args.reps):
         measure_limits()  # between the repetitions too: this VM's bandwidth moves within minutes
         for dt in dtypes:
             for n in threads:
-                order = engines if rep % 2 == 0 else engines[::-1]
+                order = timed if rep % 2 == 0 else timed[::-1]
                 for eng in order:
-                    run = (run_colibri(images[dt], n, prompt, stream) if eng == "colibri"
+                    run = (run_colibri(images[dt], n, prompt, stream, routed_experts(eng)) if eng.startswith("colibri")
                            else run_llama_bench(eng, ggufs[dt], n, args.prompt, args.decode))
                     samples.setdefault((eng, dt, n), []).append(run)
                     print(f"  rep {rep + 1} {eng:12} {dt:6} {n} thr: prefill {args.prompt / run.prefill_s:7.1f} tok/s, "
@@ -328,7 +343,7 @@ def bench(args: argparse.Namespace, dtypes: list[str], threads: list[int], engin
 
     records = []
     for (eng, dt, n), runs in samples.items():
-        bpt = decode_bytes_per_token(images[dt])
+        bpt = decode_bytes_per_token(images[dt], routed_experts(eng))
         decode_tps = summarize([args.decode / r.decode_s for r in runs])
         prefill_tps = summarize([args.prompt / r.prefill_s for r in runs])
         gbps = decode_tps["median"] * bpt / 1e9
@@ -353,7 +368,8 @@ def bench(args: argparse.Namespace, dtypes: list[str], threads: list[int], engin
     print("| engine | dtype | threads | prompt tok/s (min-max) | decode tok/s (min-max) | decode GB/s | of read | "
           "of triad | open s | RSS / (image + arena) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in sorted(records, key=lambda r: (DTYPES.index(r["dtype"]), r["threads"], ENGINES.index(r["engine"]))):
+    for r in sorted(records, key=lambda r: (DTYPES.index(r["dtype"]), r["threads"],
+                                            ENGINES.index(r["engine"].split("@")[0]), r["engine"])):
         lo, hi = r["decode_tok_s_range"]
         plo, phi = r["prefill_tok_s_range"]
         rss = f"{r['rss_over_image_arena']:.3f}" if r["rss_over_image_arena"] else "-"

@@ -24,7 +24,7 @@ void *memcpy(void *dst, const void *src, size_t n); /* the C library's, or board
 #define SYNC0 0xA5u
 #define SYNC1 0x5Au
 #define MAX_PAYLOAD 4096u
-#define PROTOCOL_VERSION 3u
+#define PROTOCOL_VERSION 4u
 
 enum {
     REQ_INFO = 0x01, REQ_OPEN = 0x02, REQ_START = 0x03, REQ_STATS = 0x04, REQ_QUIT = 0x05, REQ_UPLOAD_BEGIN = 0x06,
@@ -201,10 +201,10 @@ static void parallel_for_board(void *user, void (*fn)(void *arg, uint32_t part),
     ((const link_state *)user)->io->parallel_for(fn, arg, parts);
 }
 
-/* OPEN [u32 expert cache slots, u32 expert policy] */
+/* OPEN [u32 expert cache slots, u32 expert policy [, u32 routed experts per token]] */
 HANDLER do_open(link_state *l, uint8_t seq, uint32_t len) {
     const board_io *io = l->io;
-    if (len != 0 && len != 8) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
+    if (len != 0 && len != 8 && len != 12) { send_error(l, seq, LINK_BAD_PAYLOAD, len); return; }
     colibri_options opts = { .size = sizeof(colibri_options), .cycles = io->cycles, .user = l }; /* the trace hook only while tracing: do_start */
     if (io->parallel_for && io->parallel_parts > 1) {
         opts.parallel_for = parallel_for_board;
@@ -213,6 +213,10 @@ HANDLER do_open(link_state *l, uint8_t seq, uint32_t len) {
     if (len) {
         opts.expert_cache = get32(l->rx);
         opts.expert_policy = get32(l->rx + 4);
+    }
+    if (len == 12) { /* a count sent is one asked for: 0 here is a request for no experts, not "the image's" */
+        opts.experts = get32(l->rx + 8);
+        if (!opts.experts) { send_error(l, seq, COLIBRI_E_BAD_ARG, 0); return; }
     }
     if (!opts.expert_cache) opts.prefill_batch = io->prefill_batch;
     if (opts.expert_cache) {

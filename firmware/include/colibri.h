@@ -155,6 +155,11 @@ typedef struct {
      * KV-sharing layers read a windowed cache (Gemma 4). The same bits as one token a pass. Not with an
      * expert cache (a fetch serves one token's experts), which feeds one token a pass. */
     uint32_t prefill_batch;    /* at most COLIBRI_MAX_BATCH */
+    /* Routed experts per token: 0 for the image's top_k, or 1..top_k (COLIBRI_E_BAD_ARG otherwise; 0 without
+     * experts), as llama.cpp's expert_used_count: the router picks this many where the image says top_k, and
+     * everything after the pick follows the family as before, over those picked (docs/MODELS.md, "Fewer experts
+     * at run time"). Fewer experts need no more arena: the plan stays the image's. */
+    uint32_t experts;
 } colibri_options;
 
 /* Options with nothing set but their size: `colibri_options opts = COLIBRI_OPTIONS_INIT;`, or with more set
@@ -209,7 +214,7 @@ typedef struct colibri_ctx colibri_ctx;
 
 /* The API's version: it changes whenever a declaration in this header does (a struct's layout, a function's
  * arguments, a status). colibri_api_version() returns the value the library was built with. */
-#define COLIBRI_API_VERSION 1u
+#define COLIBRI_API_VERSION 2u
 uint32_t colibri_api_version(void);
 
 /* Check an image completely (header, CRCs, table, every offset and size) without touching an
@@ -239,7 +244,8 @@ uint64_t colibri_prefill_bytes(const colibri_image_info *info, uint32_t tokens);
  * read the image's table again, so the arena must not overlap the image (COLIBRI_E_ARENA_OVERLAP).
  * On COLIBRI_E_ARENA_TOO_SMALL, *arena_needed (if not NULL) holds the bytes required; on
  * COLIBRI_E_CACHE_TOO_SMALL, the bytes the smallest cache would need.
- * `opts` may be NULL. On success *ctx points into the arena. */
+ * `opts` may be NULL; it is read during the call only, and must not lie in the arena. On success *ctx points into
+ * the arena. */
 colibri_status colibri_open(const void *image, size_t image_size, void *arena, size_t arena_size,
                             const colibri_options *opts, colibri_ctx **ctx, uint64_t *arena_needed);
 

@@ -10,7 +10,8 @@ _Static_assert(sizeof(struct colibri_ctx) <= ARENA_CTX_BYTES, "context must fit 
 static colibri_status arena_need(const colibri_image_info *info, const colibri_options *opts, uint64_t *need) {
     *need = info->arena_bytes;
     if (opts->parallel_parts > 1 && !opts->parallel_for) return COLIBRI_E_NULL;
-    if (opts->parallel_parts > COLIBRI_MAX_PARTS || opts->prefill_batch > COLIBRI_MAX_BATCH) return COLIBRI_E_BAD_ARG;
+    if (opts->parallel_parts > COLIBRI_MAX_PARTS || opts->prefill_batch > COLIBRI_MAX_BATCH || opts->experts > info->top_k)
+        return COLIBRI_E_BAD_ARG;
     if (!opts->expert_cache) return COLIBRI_OK; /* a prefill batch takes what room is left (batch_fit) */
     if (!opts->fetch) return COLIBRI_E_NULL;
     if (opts->expert_cache > info->streamed_experts) return COLIBRI_E_BAD_ARG;
@@ -42,24 +43,22 @@ static uint32_t batch_limit(const model_dims *d, uint32_t asked) {
 colibri_status colibri_open(const void *image, size_t image_size, void *arena, size_t arena_size,
                             const colibri_options *opts, colibri_ctx **ctx, uint64_t *arena_needed) {
     if (!image || !arena || !ctx) return COLIBRI_E_NULL;
-    colibri_options o = { .size = sizeof o }; /* none: every field 0 */
-    if (opts) {
-        if (opts->size != sizeof o) return COLIBRI_E_API_MISMATCH; /* before reading any other field */
-        o = *opts;
-    }
-    const uint32_t slots = o.expert_cache;
+    const colibri_options none = { .size = sizeof none }; /* no options: every field 0 */
+    const colibri_options *o = opts ? opts : &none;
+    if (o->size != sizeof none) return COLIBRI_E_API_MISMATCH; /* before reading any other field */
+    const uint32_t slots = o->expert_cache;
     model_dims d;
     colibri_image_info info;
     const unsigned mode = slots ? IMG_VERIFY_RESIDENT : 0;
     colibri_status st = image_verify(image, image_size, mode, &d, &info);
     if (st) return st;
     uint64_t need;
-    st = arena_need(&info, &o, &need);
+    st = arena_need(&info, o, &need);
     if (arena_needed) *arena_needed = need;
     if (st) return st;
     if ((uintptr_t)arena % COLIBRI_ARENA_ALIGN) return COLIBRI_E_ARENA_ALIGN;
     if (arena_size < need) return COLIBRI_E_ARENA_TOO_SMALL;
-    const uint32_t batch = !slots ? batch_fit(&info, batch_limit(&d, o.prefill_batch), arena_size - need) : 0;
+    const uint32_t batch = !slots ? batch_fit(&info, batch_limit(&d, o->prefill_batch), arena_size - need) : 0;
     need += colibri_prefill_bytes(&info, batch);
     const uintptr_t a0 = (uintptr_t)arena, i0 = (uintptr_t)image; /* sizes fit the address space: both are mapped */
     if (a0 < i0 + image_size && i0 < a0 + (uintptr_t)need) return COLIBRI_E_ARENA_OVERLAP;
@@ -75,7 +74,8 @@ colibri_status colibri_open(const void *image, size_t image_size, void *arena, s
     if (st) return st;
     if (d.expert_block_max != c->d.expert_block_max || d.streamed_experts != c->d.streamed_experts)
         return COLIBRI_E_IMAGE_TABLE;
-    c->opts = o;
+    c->opts = *o; /* o outside the arena (colibri.h): read after the plan's writes */
+    if (o->experts) c->d.top_k = o->experts; /* after the plan, which keeps the image's top_k: every buffer holds K */
     if (batch) batch_plan(&d, batch, (uint8_t *)arena + total, &c->batch, &c->rings); /* after the plan: no cache with a batch */
     if (slots) { /* the cache follows the plan: slot bookkeeping, the expert CRC table, then the slots */
         expert_cache *x = &c->cache;
