@@ -8,6 +8,7 @@ A benchmark, not a test: it prints a table and writes JSON records.
   python tools/bench.py --engines colibri --dtypes f32,q4_0    # without the peers
   python tools/bench.py --family mixtral32 --dtypes q8_0,q4_0  # the model far beyond the cache
   python tools/bench.py --engines colibri --experts 1          # Colibri at top_k and at one expert, alternated
+  python tools/bench.py --dtypes q8_0,q4_0 --depth 2048        # long context: prompt and decode after 2,048 tokens
 
 Models (checkpoints with random seeded weights made with transformers): `mixtral`, a Mixtral-architecture one
 (hidden 1024, intermediate 2816, 8 layers, 16 heads / 4 KV heads, 8 experts top-2, vocab 32000: 640M
@@ -36,6 +37,12 @@ last (median with min-max: on this shared VM it moves within minutes); beside it
 table: dense tensors whole, routed experts top_k/n_experts, one embedding row; the peers' files hold the same
 tensors in the same types) x decode tokens/s. The 1-minute load average before and after is recorded: a busy
 machine makes every figure meaningless.
+
+Long context (--depth D): every run first fills the context with D tokens (Colibri: untimed FEEDs of a fixed random
+stream; the peers: `llama-bench -d D`, whose prompt and decode tests start after a D-token context), then the
+prompt and decode are timed as above, at positions D and later. Those images are packed with max_seq D + prompt +
+decode and an f16 KV cache, the element type the peers' caches hold by default, so each engine's attention reads
+the same bytes.
 """
 from __future__ import annotations
 
@@ -70,7 +77,7 @@ QUANTIZER_TYPES = {"f32": "F32", "bf16": "BF16", "f16": "F16", "q8_0": "Q8_0", "
 FAMILIES = {
     "mixtral": dict(architectures=["MixtralForCausalLM"], model_type="mixtral", vocab_size=32000, hidden_size=1024,
                     intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
-                    num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                    num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=8192, rms_norm_eps=1e-5,
                     tie_word_embeddings=False),
     "qwen2moe": dict(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", vocab_size=32000, hidden_size=1024,
                      intermediate_size=2816, moe_intermediate_size=352, shared_expert_intermediate_size=1408,
@@ -113,16 +120,17 @@ def make_checkpoint(path: Path, family: str) -> Path:
     return path
 
 
-def make_images(ckpt: Path, work: Path, dtypes: list[str]) -> dict[str, Path]:
+def make_images(ckpt: Path, work: Path, dtypes: list[str], max_seq: int = MAX_SEQ, kv: str = "f32") -> dict[str, Path]:
     """One image per dtype: from the checkpoint, or for q4_k_m from llama.cpp's Q4_K_M file packed as it stores
-    its tensors (--dtype stored: its Q4_K and Q6_K blocks byte for byte)."""
+    its tensors (--dtype stored: its Q4_K and Q6_K blocks byte for byte); `max_seq` positions of a `kv` cache."""
     from colibri.pack import pack
     out = {}
     for dt in dtypes:
-        img = work / f"colibri-{dt}.img"
+        context = "" if (max_seq, kv) == (MAX_SEQ, "f32") else f"-ctx{max_seq}-kv{kv}"
+        img = work / f"colibri-{dt}{context}.img"
         if not img.exists():
             src, dtype = (make_ggufs(ckpt, work, [dt])[dt], None) if dt == "q4_k_m" else (ckpt, DType[dt.upper()])
-            pack(src, img, max_seq=MAX_SEQ, expert_align=4096, dtype=dtype, measure_quality=False)
+            pack(src, img, max_seq=max_seq, expert_align=4096, dtype=dtype, kv=kv, measure_quality=False)
         out[dt] = img
     return out
 
@@ -224,9 +232,10 @@ def vm_rss(pid: int) -> int:
     return 0
 
 
-def run_colibri(image: Path, threads: int, prompt: list[int], stream: list[int], experts: int | None = None) -> Run:
-    """One run on the hosted board: the prompt in one FEED, then one FEED per token of the stream (each token routed
-    to `experts` experts, if not the image's top_k)."""
+def run_colibri(image: Path, threads: int, prompt: list[int], stream: list[int], experts: int | None = None,
+                context: list[int] = ()) -> Run:
+    """One run on the hosted board: the `context` tokens fed untimed, then the prompt in one FEED, then one FEED per
+    token of the stream (each token routed to `experts` experts, if not the image's top_k)."""
     board = load_board("hosted")
     t0 = time.perf_counter()
     with start_board(board, board.firmware(), image, threads_args(board, threads)) as device:
@@ -235,6 +244,7 @@ def run_colibri(image: Path, threads: int, prompt: list[int], stream: list[int],
         opened = client.open(experts=experts)
         open_s = time.perf_counter() - t0
         client.start(Sampling())
+        client.feed_all(list(context))
         prefill = client.feed(prompt)[1]
         decode = sum(client.feed([t])[1] for t in stream)
         rss = vm_rss(device.proc.pid)
@@ -242,10 +252,11 @@ def run_colibri(image: Path, threads: int, prompt: list[int], stream: list[int],
     return Run(open_s, prefill / hz, decode / hz, rss, opened.image_bytes + opened.arena_bytes)
 
 
-def run_llama_bench(engine: str, gguf_path: Path, threads: int, n_prompt: int, n_decode: int) -> Run:
-    """One `llama-bench` run of the peer: its prompt test and its decode test, one repetition each."""
+def run_llama_bench(engine: str, gguf_path: Path, threads: int, n_prompt: int, n_decode: int, depth: int = 0) -> Run:
+    """One `llama-bench` run of the peer: its prompt test and its decode test, one repetition each, after a `depth`-token
+    context."""
     cmd = [str(peer_binary(engine, "llama-bench")), "-m", str(gguf_path), "-p", str(n_prompt), "-n", str(n_decode),
-           "-t", str(threads), "-r", "1", "-o", "json"]
+           "-t", str(threads), "-r", "1", "-o", "json"] + (["-d", str(depth)] if depth else [])
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{engine}'s llama-bench failed on {gguf_path.name}: {done.stderr.strip()[-300:]}")
@@ -276,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens (default 128)")
     ap.add_argument("--decode", type=int, default=64, help="decode steps (default 64)")
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "bench", help="where models are kept")
+    ap.add_argument("--depth", type=int, default=0, metavar="D",
+                    help="tokens in the context before the prompt and the decode steps (llama-bench -d): long-context "
+                         "speed, on images of max_seq D + prompt + decode with an f16 KV cache (default 0)")
     ap.add_argument("--experts", type=int, metavar="K", help="Colibri also routing each token to K experts (colibri run "
                     "--experts), as one more engine, colibri@K, alternated with the others")
     args = ap.parse_args(argv)
@@ -308,12 +322,14 @@ def bench(args: argparse.Namespace, dtypes: list[str], threads: list[int], engin
     work = args.work / args.family
     work.mkdir(parents=True, exist_ok=True)
     ckpt = make_checkpoint(work / "checkpoint", args.family)
-    images = make_images(ckpt, work, dtypes)
+    max_seq = args.depth + args.prompt + args.decode if args.depth else MAX_SEQ
+    images = make_images(ckpt, work, dtypes, max_seq, "f16" if args.depth else "f32")
     ggufs = make_ggufs(ckpt, work, dtypes) if set(engines) - {"colibri"} else {}
     vocab = FAMILIES[args.family]["vocab_size"]
     rng = np.random.default_rng(1234)
     prompt = [int(t) for t in rng.integers(3, vocab, args.prompt)]
     stream = [int(t) for t in rng.integers(3, vocab, args.decode)]
+    context = [int(t) for t in rng.integers(3, vocab, args.depth)]
 
     load_before = load_average()
     limits: dict[tuple[str, int], list[float]] = {}
@@ -332,8 +348,9 @@ def bench(args: argparse.Namespace, dtypes: list[str], threads: list[int], engin
             for n in threads:
                 order = timed if rep % 2 == 0 else timed[::-1]
                 for eng in order:
-                    run = (run_colibri(images[dt], n, prompt, stream, routed_experts(eng)) if eng.startswith("colibri")
-                           else run_llama_bench(eng, ggufs[dt], n, args.prompt, args.decode))
+                    run = (run_colibri(images[dt], n, prompt, stream, routed_experts(eng), context)
+                           if eng.startswith("colibri")
+                           else run_llama_bench(eng, ggufs[dt], n, args.prompt, args.decode, args.depth))
                     samples.setdefault((eng, dt, n), []).append(run)
                     print(f"  rep {rep + 1} {eng:12} {dt:6} {n} thr: prefill {args.prompt / run.prefill_s:7.1f} tok/s, "
                           f"decode {args.decode / run.decode_s:6.2f} tok/s", file=sys.stderr)
@@ -356,7 +373,7 @@ def bench(args: argparse.Namespace, dtypes: list[str], threads: list[int], engin
             "bytes_per_token": bpt, "gbps": gbps,
             "read_gbps": limit[("read", n)]["median"], "read_fraction": gbps / limit[("read", n)]["median"],
             "triad_gbps": limit[("triad", n)]["median"], "triad_fraction": gbps / limit[("triad", n)]["median"],
-            "prompt_tokens": args.prompt, "decode_tokens": args.decode, "reps": len(runs),
+            "prompt_tokens": args.prompt, "decode_tokens": args.decode, "depth": args.depth, "reps": len(runs),
             "rss_bytes": max(r.rss_bytes for r in runs) or None,
             "rss_over_image_arena": (max(r.rss_bytes / r.image_arena_bytes for r in runs)
                                      if runs[0].image_arena_bytes else None),
