@@ -12,16 +12,18 @@
 #define MAX_BLOCKS (MAX_N / QBLOCK + 1u)
 #define CASES 400u
 
-/* Two rows of weights (a tile reads rows w and w + n) and two vectors; the dots use the first of each. The
- * quantized rows kernels take a run of ROWS rows: the x86 Q4_0 one pairs x's values first from 8 rows on. */
+/* Two rows of weights (a tile reads rows w and w + n) and two vectors (four quantized ones: the quantized tiles take
+ * up to TILE_X); the dots use the first of each. The quantized rows kernels take a run of ROWS rows: the x86 Q4_0
+ * one pairs x's values first from 8 rows on. */
 #define ROWS 9u
+#define TILE_X 4u
 static float w32[2 * MAX_N], x32[2 * MAX_N];
 static uint16_t w16[2 * MAX_N], scales[ROWS * MAX_BLOCKS];
-static int8_t w8[ROWS * MAX_BLOCKS * QBLOCK], xq[2 * MAX_BLOCKS * QBLOCK];
+static int8_t w8[ROWS * MAX_BLOCKS * QBLOCK], xq[TILE_X * MAX_BLOCKS * QBLOCK];
 static uint8_t w4[ROWS * MAX_BLOCKS * QBLOCK / 2];
 static uint8_t wb[ROWS * MAX_BLOCKS * 24u]; /* rows of a block dtype (Q5_1's 24 bytes per 32 values the widest) */
-static float xq_scale[2 * MAX_BLOCKS];
-static int32_t xq_sum[2 * MAX_BLOCKS];
+static float xq_scale[TILE_X * MAX_BLOCKS];
+static int32_t xq_sum[TILE_X * MAX_BLOCKS];
 /* quantize_q8_0's outputs, the kernel set's and the scalar one's */
 static int8_t qa[MAX_BLOCKS * QBLOCK], qb[MAX_BLOCKS * QBLOCK];
 static float sa[MAX_BLOCKS], sb[MAX_BLOCKS];
@@ -86,22 +88,60 @@ static const float *ref_tile_half(float (*dot)(const uint16_t *, const float *, 
     return want;
 }
 
-/* The scalar rows of w8 (or w4) times x0 and x1 in a tile's order: { row0.x0, row0.x1, row1.x0, row1.x1 }. */
-static const float *ref_tile_quant(const kernel_set *ref, int q4, const q8_vector *x0, const q8_vector *x1,
-                                   uint32_t blocks, float want[4]) {
-    float r0[2], r1[2];
-    if (q4) {
-        ref->rows_q4_0(w4, scales, x0, blocks, 2, r0);
-        ref->rows_q4_0(w4, scales, x1, blocks, 2, r1);
-    } else {
-        ref->rows_q8_0(w8, scales, x0, blocks, 2, r0);
-        ref->rows_q8_0(w8, scales, x1, blocks, 2, r1);
+/* The quantized tiles (two rows of w8 or w4 times two vectors of xq) and the runs of rows by four vectors (ROWS - 1
+ * rows, the vectors TILE_X x blocks apart) against the scalar rows, bit for bit. Every eighth case first makes one block's x scale NaN and another's weight scale infinite (f16
+ * 0x7C00), where the set has tiles: every NaN that then arises is x86's default NaN (that of 0 * inf, inf - inf),
+ * so even the payloads must match whatever order the additions took their operands in. */
+static float f32_bits(uint32_t u) {
+    union { uint32_t u; float f; } v = { u };
+    return v.f;
+}
+static void check_quant_tiles(const kernel_set *fast, const kernel_set *ref, uint32_t c, uint32_t blocks) {
+    if (!fast->tile_q8_0 && !fast->tile_q4_0) return;
+    if (c % 8 == 2) {
+        xq_scale[next() % (TILE_X * blocks)] = f32_bits(0xFFC00000u);
+        scales[next() % (2 * blocks)] = 0x7C00u;
     }
-    want[0] = r0[0];
-    want[1] = r1[0];
-    want[2] = r0[1];
-    want[3] = r1[1];
-    return want;
+    q8_vector xs[TILE_X];
+    for (uint32_t t = 0; t < TILE_X; t++) xs[t] = (q8_vector){ xq + t * blocks * QBLOCK, xq_scale + t * blocks, xq_sum + t * blocks };
+    float want[2 * TILE_X], got[4], r[2];
+    for (uint32_t t = 0; t < TILE_X; t++) {
+        ref->rows_q8_0(w8, scales, &xs[t], blocks, 2, r);
+        want[t] = r[0];
+        want[TILE_X + t] = r[1];
+    }
+    for (uint32_t q4 = 0; q4 < 2; q4++) {
+        if (q4)
+            for (uint32_t t = 0; t < TILE_X; t++) {
+                ref->rows_q4_0(w4, scales, &xs[t], blocks, 2, r);
+                want[t] = r[0];
+                want[TILE_X + t] = r[1];
+            }
+        if (q4 ? !fast->tile_q4_0 : !fast->tile_q8_0) continue;
+        if (q4) fast->tile_q4_0(w4, scales, xs, blocks, got);
+        else fast->tile_q8_0(w8, scales, xs, blocks, got);
+        for (uint32_t i = 0; i < 4; i++) check(q4 ? "tile_q4_0" : "tile_q8_0", blocks, got[i], want[i / 2 * TILE_X + i % 2]);
+        tiles++;
+    }
+#if defined(COLIBRI_X86_SIMD)
+    if (fast->rows4_q8_0 || fast->rows4_q4_0) {
+        enum { N = ROWS - 1, STRIDE = ROWS + 3 };
+        float want4[TILE_X * STRIDE], got4[TILE_X * STRIDE], rr[N];
+        for (uint32_t q4 = 0; q4 < 2; q4++) {
+            if (q4 ? !fast->rows4_q4_0 : !fast->rows4_q8_0) continue;
+            for (uint32_t t = 0; t < TILE_X; t++) {
+                if (q4) ref->rows_q4_0(w4, scales, &xs[t], blocks, N, rr);
+                else ref->rows_q8_0(w8, scales, &xs[t], blocks, N, rr);
+                for (uint32_t i = 0; i < N; i++) want4[t * STRIDE + i] = rr[i];
+            }
+            if (q4) fast->rows4_q4_0(w4, scales, xs, blocks, N, got4, STRIDE);
+            else fast->rows4_q8_0(w8, scales, xs, blocks, N, got4, STRIDE);
+            for (uint32_t t = 0; t < TILE_X; t++)
+                for (uint32_t i = 0; i < N; i++) check(q4 ? "rows4_q4_0" : "rows4_q8_0", blocks, got4[t * STRIDE + i], want4[t * STRIDE + i]);
+            tiles++;
+        }
+    }
+#endif
 }
 
 /* tiny: magnitudes whose products (and the quantized dots' block terms) are subnormal, which Helium
@@ -121,8 +161,8 @@ static void fill(uint32_t n, uint32_t blocks, int tiny) {
     for (uint32_t i = 0; i < ROWS * blocks * QBLOCK; i++) w8[i] = (int8_t)(next() & 0xFF); /* -128..127: not only -127 */
     for (uint32_t i = 0; i < ROWS * blocks * QBLOCK / 2; i++) w4[i] = (uint8_t)next();
     for (uint32_t b = 0; b < ROWS * blocks; b++) scales[b] = f32_to_f16(uniform() * 0.05f);
-    for (uint32_t i = 0; i < 2 * blocks * QBLOCK; i++) xq[i] = (int8_t)((int32_t)(next() % 255u) - 127); /* the quantizer's range */
-    for (uint32_t b = 0; b < 2 * blocks; b++) {
+    for (uint32_t i = 0; i < TILE_X * blocks * QBLOCK; i++) xq[i] = (int8_t)((int32_t)(next() % 255u) - 127); /* the quantizer's range */
+    for (uint32_t b = 0; b < TILE_X * blocks; b++) {
         xq_scale[b] = uniform() * 0.03f * scale * scale;
         xq_sum[b] = 0;
         for (uint32_t i = 0; i < QBLOCK; i++) xq_sum[b] += xq[b * QBLOCK + i];
@@ -313,8 +353,7 @@ int link_serve(const board_io *io) {
         fill(n, blocks, c % 4 == 3);
         check("dot_f32", n, fast->dot_f32(w32, x32, n), ref->dot_f32(w32, x32, n));
         check("dot_f16", n, fast->dot_f16(w16, x32, n), ref->dot_f16(w16, x32, n));
-        const q8_vector xv = { xq, xq_scale, xq_sum },
-                        xv1 = { xq + blocks * QBLOCK, xq_scale + blocks, xq_sum + blocks };
+        const q8_vector xv = { xq, xq_scale, xq_sum };
         float got[ROWS], want[ROWS], tile[4];
         fast->rows_q8_0(w8, scales, &xv, blocks, ROWS, got); /* each row starts where the one before ends */
         ref->rows_q8_0(w8, scales, &xv, blocks, ROWS, want);
@@ -332,14 +371,7 @@ int link_serve(const board_io *io) {
             fast->tile_f16(w16, x32, x32 + n, n, tile);
             check_tile("tile_f16", n, tile, ref_tile_half(ref->dot_f16, w16, x32, n, want));
         }
-        if (fast->tile_q8_0) {
-            fast->tile_q8_0(w8, scales, &xv, &xv1, blocks, tile);
-            check_tile("tile_q8_0", blocks, tile, ref_tile_quant(ref, 0, &xv, &xv1, blocks, want));
-        }
-        if (fast->tile_q4_0) {
-            fast->tile_q4_0(w4, scales, &xv, &xv1, blocks, tile);
-            check_tile("tile_q4_0", blocks, tile, ref_tile_quant(ref, 1, &xv, &xv1, blocks, want));
-        }
+        check_quant_tiles(fast, ref, c, blocks);
         for (uint32_t i = 0; i < 2 * n; i++) w16[i] &= 0xC7FFu; /* bf16 magnitudes below 2^8: finite products */
         check("dot_bf16", n, fast->dot_bf16(w16, x32, n), ref->dot_bf16(w16, x32, n));
         cases++;

@@ -73,10 +73,18 @@ typedef struct {
     void (*tile_f32)(const float *w, const float *x0, const float *x1, uint32_t n, float out[4]);
     void (*tile_f16)(const uint16_t *w, const float *x0, const float *x1, uint32_t n, float out[4]);
     void (*tile_bf16)(const uint16_t *w, const float *x0, const float *x1, uint32_t n, float out[4]);
-    void (*tile_q8_0)(const int8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,
-                      uint32_t blocks, float out[4]);
-    void (*tile_q4_0)(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,
-                      uint32_t blocks, float out[4]);
+    /* The quantized dtypes' tiles: two adjacent rows times the vectors x[0], x[1], out = { row0.x0, row0.x1,
+     * row1.x0, row1.x1 }, each the rows kernel's bits. */
+    void (*tile_q8_0)(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, float out[4]);
+    void (*tile_q4_0)(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, float out[4]);
+#if defined(COLIBRI_X86_SIMD) /* the only sets with them: the other builds' tables stay as small as they were */
+    /* Optional: `rows` adjacent rows (an even count) times four vectors x[0..3], out[t * out_stride + r] = row r .
+     * x[t], each the rows kernel's bits (the set arranges x once for all the rows: docs/KERNELS.md) */
+    void (*rows4_q8_0)(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                       float *out, size_t out_stride);
+    void (*rows4_q4_0)(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                       float *out, size_t out_stride);
+#endif
 } kernel_set;
 
 /* The kernel set's rows for a block dtype (NULL for the others, and in the lean build). */

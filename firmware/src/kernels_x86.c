@@ -261,7 +261,8 @@ static const kernel_set kernels_avx512 = { .name = "avx512", .dot_f32 = dot_f32_
                                            .swiglu = swiglu_avx2, KERNELS_ACCUMULATE(accumulate_f32_avx2, accumulate_f16_avx2)
                                            .tile_f32 = tile_f32_512, .tile_f16 = tile_f16_avx2,
                                            .tile_bf16 = tile_bf16_avx2, .tile_q8_0 = tile_q8_0_vnni,
-                                           .tile_q4_0 = tile_q4_0_vnni, BLOCK_ROWS(vnni) };
+                                           .tile_q4_0 = tile_q4_0_vnni, .rows4_q8_0 = rows4_q8_0_vnni,
+                                           .rows4_q4_0 = rows4_q4_0_vnni, BLOCK_ROWS(vnni) };
 
 /* The best set this CPU runs: AVX2 needs AVX2 and F16C in the CPU and YMM state enabled by the OS (or the
  * bare-metal boot code: XCR0 bits 1, 2); AVX-512 its four extensions and ZMM and mask state too (bits 5-7). */

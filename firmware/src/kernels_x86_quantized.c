@@ -16,8 +16,8 @@ AVX2 static __m256 block_terms(__m256 acc, __m256i isum, const uint16_t *w_scale
     return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
 }
 
-/* The blocks [b, blocks) after the last multiple of 8 into lanes b % 8, one at a time (dot and tile alike). */
-AVX2 static float q8_0_tail(float acc[8], const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t b,
+/* The blocks [b, blocks) after the last multiple of 8 into lanes b % 8, one at a time (dot, tile and rows4 alike). */
+AVX2 float q8_0_tail(float acc[8], const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t b,
                             uint32_t blocks) {
     for (; b < blocks; b++) {
         int32_t isum = block_total(block_products(_mm256_loadu_si256((const __m256i *)(const void *)(w + (size_t)b * QBLOCK)),
@@ -50,60 +50,79 @@ AVX2 ALWAYS_INLINE float dot_q8_0_x86(const void *w_row, const uint16_t *w_scale
     return q8_0_tail(acc, w, w_scale, x, b, blocks);
 }
 
-/* Two rows by two vectors of Q8_0: each weight block is loaded and made unsigned once for both vectors,
- * each x block once for both rows. Four blocks at a time are reduced as dot_q8_0_avx2's tree does (the
- * integer sums are exact in any order), so each of the four results is that kernel's bits. */
-AVX2 static __m256i quad_totals(__m256i p0, __m256i p1, __m256i p2, __m256i p3) { /* block k's halves in lanes k, k+4 */
-    return _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+/* The quantized tiles: two adjacent rows (the second's blocks and scales right after the first's) times n_x vectors
+ * (up to TILE_X_MAX), out[r * n_x + t] = row r . x[t], each that row's dot's bits. Each weight register is made
+ * once for all the vectors and each x register once for both rows; each result's integer sums are exact (made in
+ * any order) and its float steps the dot's. */
+#define TILE_X_MAX 2u
+
+/* The Q8_0 tile's integer core, in three steps: per (row, block) a form of the weights made once for every vector
+ * (wprep), per (vector, block) one of x made once for both rows (xprep), and from them the block's 8 int32 lanes,
+ * which sum to w . x (core). AVX2: |w| and maddubs(|w|, x with w's sign), as the dot. VNNI: x + 128 (unsigned: x
+ * is never -128), -128 times the sums of four w, and VPDPBUSD of the two starting from the latter, so each lane is
+ * (x + 128) w - 128 w = x w with one instruction a vector and block. */
+typedef __m256i (*q8_prep_fn)(__m256i v);
+typedef __m256i (*q8_core_fn)(__m256i w, __m256i w_prep, __m256i x_prep);
+AVX2 static inline __m256i q8_wprep_avx2(__m256i w) { return _mm256_sign_epi8(w, w); }
+AVX2 static inline __m256i q8_xprep_avx2(__m256i x) { return x; }
+AVX2 static inline __m256i q8_core_avx2(__m256i w, __m256i w_abs, __m256i x) {
+    return products_avx2(w_abs, _mm256_sign_epi8(x, w));
 }
-AVX2 static __m256i octet_totals(__m256i lo4, __m256i hi4) { /* 8 blocks' sums, block k in lane k */
+AVX512 static inline __m256i q8_wprep_vnni(__m256i w) {
+    return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), w));
+}
+AVX512 static inline __m256i q8_xprep_vnni(__m256i x) { return _mm256_xor_si256(x, _mm256_set1_epi8(-128)); }
+AVX512 static inline __m256i q8_core_vnni(__m256i w, __m256i w_less, __m256i x_more) {
+    return _mm256_dpbusd_epi32(w_less, x_more, w);
+}
+
+/* Eight blocks' sums, block k in lane k, from the hadds of blocks' lanes (0, 1), (2, 3), (4, 5), (6, 7):
+ * block_totals' last steps. */
+AVX2 static inline __m256i pair_hadds_total(__m256i h01, __m256i h23, __m256i h45, __m256i h67) {
+    const __m256i lo4 = _mm256_hadd_epi32(h01, h23), hi4 = _mm256_hadd_epi32(h45, h67);
     return _mm256_add_epi32(_mm256_permute2x128_si256(lo4, hi4, 0x20), _mm256_permute2x128_si256(lo4, hi4, 0x31));
 }
 
-AVX2 ALWAYS_INLINE void tile_q8_0_x86(const int8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,
-                                      uint32_t blocks, float out[4], products_fn products) {
-    const int8_t *w1 = w + (size_t)blocks * QBLOCK;
-    const uint16_t *s1 = w_scale + blocks;
-    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
+AVX2 ALWAYS_INLINE void tile_q8_0_x86(const int8_t *w, const uint16_t *w_scale, const q8_vector *xs, uint32_t n_x,
+                                      uint32_t blocks, float *out, q8_prep_fn wprep, q8_prep_fn xprep, q8_core_fn core) {
+    const int8_t *rows[2] = { w, w + (size_t)blocks * QBLOCK };
+    const uint16_t *scales[2] = { w_scale, w_scale + blocks };
+    __m256 acc[2][TILE_X_MAX];
+    UNROLLED for (uint32_t r = 0; r < 2; r++) UNROLLED for (uint32_t t = 0; t < n_x; t++) acc[r][t] = _mm256_setzero_ps();
     uint32_t b = 0;
     for (; b + 8 <= blocks; b += 8) {
-        prefetch(w + (size_t)b * QBLOCK, 8 * QBLOCK);
-        prefetch(w1 + (size_t)b * QBLOCK, 8 * QBLOCK);
-        __m256i q[2][4]; /* per half (blocks b..b+3, b+4..b+7): the four pairs' quad totals */
-        UNROLLED for (uint32_t half = 0; half < 2; half++) {
-            __m256i p[4][4]; /* [pair][block of the quad] */
-            UNROLLED for (uint32_t k = 0; k < 4; k++) {
-                const size_t at = (size_t)(b + 4 * half + k) * QBLOCK;
-                const __m256i r0 = _mm256_loadu_si256((const __m256i *)(const void *)(w + at));
-                const __m256i r1 = _mm256_loadu_si256((const __m256i *)(const void *)(w1 + at));
-                const __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(x0->q + at));
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(x1->q + at));
-                const __m256i abs0 = _mm256_sign_epi8(r0, r0), abs1 = _mm256_sign_epi8(r1, r1);
-                p[0][k] = products(abs0, _mm256_sign_epi8(u, r0));
-                p[1][k] = products(abs0, _mm256_sign_epi8(v, r0));
-                p[2][k] = products(abs1, _mm256_sign_epi8(u, r1));
-                p[3][k] = products(abs1, _mm256_sign_epi8(v, r1));
+        prefetch(rows[0] + (size_t)b * QBLOCK, 8 * QBLOCK);
+        prefetch(rows[1] + (size_t)b * QBLOCK, 8 * QBLOCK);
+        __m256i h[2][TILE_X_MAX][4]; /* [row][vector][k]: hadd of blocks b + 2k, b + 2k + 1's lanes */
+        UNROLLED for (uint32_t k = 0; k < 4; k++) {
+            const size_t at = (size_t)(b + 2 * k) * QBLOCK;
+            __m256i x0[TILE_X_MAX], x1[TILE_X_MAX];
+            UNROLLED for (uint32_t t = 0; t < n_x; t++) {
+                x0[t] = xprep(_mm256_loadu_si256((const __m256i *)(const void *)(xs[t].q + at)));
+                x1[t] = xprep(_mm256_loadu_si256((const __m256i *)(const void *)(xs[t].q + at + QBLOCK)));
             }
-            UNROLLED for (uint32_t pair = 0; pair < 4; pair++) q[half][pair] = quad_totals(p[pair][0], p[pair][1], p[pair][2], p[pair][3]);
+            UNROLLED for (uint32_t r = 0; r < 2; r++) {
+                const __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)(rows[r] + at));
+                const __m256i w1 = _mm256_loadu_si256((const __m256i *)(const void *)(rows[r] + at + QBLOCK));
+                const __m256i p0 = wprep(w0), p1 = wprep(w1);
+                UNROLLED for (uint32_t t = 0; t < n_x; t++)
+                    h[r][t][k] = _mm256_hadd_epi32(core(w0, p0, x0[t]), core(w1, p1, x1[t]));
+            }
         }
-        a00 = block_terms(a00, octet_totals(q[0][0], q[1][0]), w_scale + b, x0->scale + b);
-        a01 = block_terms(a01, octet_totals(q[0][1], q[1][1]), w_scale + b, x1->scale + b);
-        a10 = block_terms(a10, octet_totals(q[0][2], q[1][2]), s1 + b, x0->scale + b);
-        a11 = block_terms(a11, octet_totals(q[0][3], q[1][3]), s1 + b, x1->scale + b);
+        UNROLLED for (uint32_t r = 0; r < 2; r++) UNROLLED for (uint32_t t = 0; t < n_x; t++)
+            acc[r][t] = block_terms(acc[r][t], pair_hadds_total(h[r][t][0], h[r][t][1], h[r][t][2], h[r][t][3]),
+                                    scales[r] + b, xs[t].scale + b);
     }
-    const __m256 acc8[4] = { a00, a01, a10, a11 };
-    const int8_t *rows[2] = { w, w1 };
-    const uint16_t *scales[2] = { w_scale, s1 };
-    const q8_vector *xs[2] = { x0, x1 };
-    for (int pair = 0; pair < 4; pair++) {
-        if (b == blocks) {
-            out[pair] = sum8(acc8[pair]);
-            continue;
+    UNROLLED for (uint32_t r = 0; r < 2; r++)
+        UNROLLED for (uint32_t t = 0; t < n_x; t++) {
+            if (b == blocks) {
+                out[r * n_x + t] = sum8(acc[r][t]);
+                continue;
+            }
+            float lanes[8];
+            _mm256_storeu_ps(lanes, acc[r][t]);
+            out[r * n_x + t] = q8_0_tail(lanes, rows[r], scales[r], &xs[t], b, blocks);
         }
-        float acc[8];
-        _mm256_storeu_ps(acc, acc8[pair]);
-        out[pair] = q8_0_tail(acc, rows[pair / 2], scales[pair / 2], xs[pair % 2], b, blocks);
-    }
 }
 
 /* Q4_0, two blocks per 32-byte load: the low nibbles hold elements 0..15 of both blocks, the high
@@ -153,7 +172,7 @@ AVX2 static void pair_x(int8_t *paired, const int8_t *x, uint32_t blocks) {
 }
 
 /* The blocks [b, blocks) after the last multiple of 8, one at a time: nibbles in element order, minus 8. */
-AVX2 static float q4_0_tail(float acc[8], const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t b,
+AVX2 float q4_0_tail(float acc[8], const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t b,
                             uint32_t blocks) {
     for (; b < blocks; b++) {
         __m128i bytes = _mm_loadu_si128((const __m128i *)(const void *)(w + (size_t)b * (QBLOCK / 2)));
@@ -203,54 +222,58 @@ AVX2 ALWAYS_INLINE void rows_q4_0_x86(const uint8_t *w, const uint16_t *w_scale,
     dot_rows(w, w_scale, &xp, blocks, rows, row_bytes, out, paired);
 }
 
-/* Two rows by two vectors of Q4_0: each 32-byte load of nibbles (two blocks) is split once for both
- * vectors, each x pair of blocks loaded once for both rows; reduced in dot_q4_0_avx2's tree, so each
- * result is that kernel's bits. */
-AVX2 ALWAYS_INLINE void tile_q4_0_x86(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,
-                                      uint32_t blocks, float out[4], products2_fn products2) {
-    const uint8_t *w1 = w + (size_t)blocks * (QBLOCK / 2);
-    const uint16_t *s1 = w_scale + blocks;
+/* The Q4_0 tile: each 32-byte load of nibbles (two blocks) is split once for every vector, each x pair of blocks
+ * arranged once for both rows, and reduced in dot_q4_0_x86's tree. */
+AVX2 ALWAYS_INLINE void tile_q4_0_x86(const uint8_t *w, const uint16_t *w_scale, const q8_vector *xs, uint32_t n_x,
+                                      uint32_t blocks, float *out, products2_fn products2) {
+    const uint8_t *rows[2] = { w, w + (size_t)blocks * (QBLOCK / 2) };
+    const uint16_t *scales[2] = { w_scale, w_scale + blocks };
     const __m256i mask = _mm256_set1_epi8(0x0F);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* the hadd tree leaves blocks 0 2 4 6 1 3 5 7 */
-    __m256 acc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
-    const q8_vector *xs[2] = { x0, x1 };
+    __m256 acc[2][TILE_X_MAX];
+    UNROLLED for (uint32_t r = 0; r < 2; r++) UNROLLED for (uint32_t t = 0; t < n_x; t++) acc[r][t] = _mm256_setzero_ps();
     uint32_t b = 0;
     for (; b + 8 <= blocks; b += 8) {
-        prefetch(w + (size_t)b * (QBLOCK / 2), 8 * (QBLOCK / 2));
-        prefetch(w1 + (size_t)b * (QBLOCK / 2), 8 * (QBLOCK / 2));
-        __m256i h[2][4]; /* [half][pair]: hadd of the pair's products of blocks b + 4 half .. + 3 */
+        prefetch(rows[0] + (size_t)b * (QBLOCK / 2), 8 * (QBLOCK / 2));
+        prefetch(rows[1] + (size_t)b * (QBLOCK / 2), 8 * (QBLOCK / 2));
+        __m256i h[2][TILE_X_MAX][2]; /* [row][vector][half]: hadd of the products of blocks b + 4 half .. + 3 */
         UNROLLED for (uint32_t half = 0; half < 2; half++) {
-            __m256i p[4][2];
+            __m256i p[2][TILE_X_MAX][2];
             UNROLLED for (uint32_t k = 0; k < 2; k++) {
                 const uint32_t at = b + 4 * half + 2 * k; /* blocks at, at + 1 */
-                const __m256i r0 = _mm256_loadu_si256((const __m256i *)(const void *)(w + (size_t)at * (QBLOCK / 2)));
-                const __m256i r1 = _mm256_loadu_si256((const __m256i *)(const void *)(w1 + (size_t)at * (QBLOCK / 2)));
-                const __m256i lo0 = _mm256_and_si256(r0, mask), hi0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), mask);
-                const __m256i lo1 = _mm256_and_si256(r1, mask), hi1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), mask);
-                p[0][k] = nibble_products(lo0, hi0, x0->q + (size_t)at * QBLOCK, products2);
-                p[1][k] = nibble_products(lo0, hi0, x1->q + (size_t)at * QBLOCK, products2);
-                p[2][k] = nibble_products(lo1, hi1, x0->q + (size_t)at * QBLOCK, products2);
-                p[3][k] = nibble_products(lo1, hi1, x1->q + (size_t)at * QBLOCK, products2);
+                __m256i x_lo[TILE_X_MAX], x_hi[TILE_X_MAX];
+                UNROLLED for (uint32_t t = 0; t < n_x; t++) {
+                    x_lo[t] = pair_x_lo(xs[t].q + (size_t)at * QBLOCK);
+                    x_hi[t] = pair_x_hi(xs[t].q + (size_t)at * QBLOCK);
+                }
+                UNROLLED for (uint32_t r = 0; r < 2; r++) {
+                    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(const void *)(rows[r] + (size_t)at * (QBLOCK / 2)));
+                    const __m256i lo = _mm256_and_si256(bytes, mask), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+                    UNROLLED for (uint32_t t = 0; t < n_x; t++) p[r][t][k] = products2(lo, x_lo[t], hi, x_hi[t]);
+                }
             }
-            UNROLLED for (uint32_t pair = 0; pair < 4; pair++) h[half][pair] = _mm256_hadd_epi32(p[pair][0], p[pair][1]);
+            UNROLLED for (uint32_t r = 0; r < 2; r++) UNROLLED for (uint32_t t = 0; t < n_x; t++)
+                h[r][t][half] = _mm256_hadd_epi32(p[r][t][0], p[r][t][1]);
         }
-        UNROLLED for (uint32_t pair = 0; pair < 4; pair++) {
-            const q8_vector *x = xs[pair % 2];
-            __m256i eight_sums = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(x->sum + b)), 3);
-            __m256i isum = _mm256_sub_epi32(_mm256_permutevar8x32_epi32(_mm256_hadd_epi32(h[0][pair], h[1][pair]), order),
-                                            eight_sums);
-            acc[pair] = block_terms(acc[pair], isum, (pair < 2 ? w_scale : s1) + b, x->scale + b);
+        UNROLLED for (uint32_t t = 0; t < n_x; t++) {
+            const __m256i eight_sums = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(xs[t].sum + b)), 3);
+            UNROLLED for (uint32_t r = 0; r < 2; r++) {
+                const __m256i isum = _mm256_sub_epi32(
+                    _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(h[r][t][0], h[r][t][1]), order), eight_sums);
+                acc[r][t] = block_terms(acc[r][t], isum, scales[r] + b, xs[t].scale + b);
+            }
         }
     }
-    for (int pair = 0; pair < 4; pair++) {
-        if (b == blocks) {
-            out[pair] = sum8(acc[pair]);
-            continue;
+    UNROLLED for (uint32_t r = 0; r < 2; r++)
+        UNROLLED for (uint32_t t = 0; t < n_x; t++) {
+            if (b == blocks) {
+                out[r * n_x + t] = sum8(acc[r][t]);
+                continue;
+            }
+            float lanes[8];
+            _mm256_storeu_ps(lanes, acc[r][t]);
+            out[r * n_x + t] = q4_0_tail(lanes, rows[r], scales[r], &xs[t], b, blocks);
         }
-        float lanes[8];
-        _mm256_storeu_ps(lanes, acc[pair]);
-        out[pair] = q4_0_tail(lanes, pair < 2 ? w : w1, pair < 2 ? w_scale : s1, xs[pair % 2], b, blocks);
-    }
 }
 
 /* A kernel set's quantized entries, the bodies above compiled for its target with its integer core:
@@ -276,13 +299,13 @@ AVX2 ALWAYS_INLINE void tile_q4_0_x86(const uint8_t *w, const uint16_t *w_scale,
                                        uint32_t rows, float *out) {                                                   \
         rows_q4_0_x86(w, w_scale, x, blocks, rows, out, dot_q4_0_##set, dot_q4_0_##set##_paired);                     \
     }                                                                                                                 \
-    TARGET void tile_q8_0_##set(const int8_t *w, const uint16_t *w_scale, const q8_vector *x0,                        \
-                                       const q8_vector *x1, uint32_t blocks, float out[4]) {                          \
-        tile_q8_0_x86(w, w_scale, x0, x1, blocks, out, products);                                                     \
+    TARGET void tile_q8_0_##set(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks,       \
+                                float out[4]) {                                                                       \
+        tile_q8_0_x86(w, w_scale, x, 2, blocks, out, q8_wprep_##set, q8_xprep_##set, q8_core_##set);                  \
     }                                                                                                                 \
-    TARGET void tile_q4_0_##set(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x0,                       \
-                                       const q8_vector *x1, uint32_t blocks, float out[4]) {                          \
-        tile_q4_0_x86(w, w_scale, x0, x1, blocks, out, products2);                                                    \
+    TARGET void tile_q4_0_##set(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks,      \
+                                float out[4]) {                                                                       \
+        tile_q4_0_x86(w, w_scale, x, 2, blocks, out, products2);                                                      \
     }
 
 QUANTIZED_ENTRIES(avx2, AVX2, products_avx2, products2_avx2)

@@ -10,37 +10,39 @@
 #define BUILD_HAS_TILES 0
 #endif
 
-/* Rows r and r + 1 of w times two vectors with the kernel set's tile (docs/KERNELS.md); 0 if it has none
- * for w's dtype. out = { r.x0, r.x1, (r + 1).x0, (r + 1).x1 }. */
-static int tile_rows(const kernel_set *k, const weight *w, uint32_t r, const float *x0, const float *x1,
-                     const q8_vector *q0, const q8_vector *q1, float out[4]) {
+/* Rows r and r + 1 of w times two vectors with the kernel set's tile (docs/KERNELS.md); 0 if it has none for w's
+ * dtype. x: the vectors (the float dtypes), q: quantized (the others); out = { r.x0, r.x1, (r + 1).x0, (r + 1).x1 }. */
+#if BUILD_HAS_TILES
+static int tile_rows(const kernel_set *k, const weight *w, uint32_t r, const float *const *x, const q8_vector *q,
+                     float out[4]) {
     switch (w->dtype) {
     case DTYPE_Q8_0:
         if (!k->tile_q8_0) return 0;
-        k->tile_q8_0((const int8_t *)w->data + (size_t)r * w->blocks * QBLOCK, w->scales + (size_t)r * w->blocks, q0, q1,
+        k->tile_q8_0((const int8_t *)w->data + (size_t)r * w->blocks * QBLOCK, w->scales + (size_t)r * w->blocks, q,
                      w->blocks, out);
         return 1;
     case DTYPE_Q4_0:
         if (!k->tile_q4_0) return 0;
-        k->tile_q4_0((const uint8_t *)w->data + (size_t)r * w->blocks * (QBLOCK / 2), w->scales + (size_t)r * w->blocks,
-                     q0, q1, w->blocks, out);
+        k->tile_q4_0((const uint8_t *)w->data + (size_t)r * w->blocks * (QBLOCK / 2), w->scales + (size_t)r * w->blocks, q,
+                     w->blocks, out);
         return 1;
     case DTYPE_F32:
         if (!k->tile_f32) return 0;
-        k->tile_f32((const float *)w->data + (size_t)r * w->cols, x0, x1, w->cols, out);
+        k->tile_f32((const float *)w->data + (size_t)r * w->cols, x[0], x[1], w->cols, out);
         return 1;
     case DTYPE_F16:
         if (!k->tile_f16) return 0;
-        k->tile_f16((const uint16_t *)w->data + (size_t)r * w->cols, x0, x1, w->cols, out);
+        k->tile_f16((const uint16_t *)w->data + (size_t)r * w->cols, x[0], x[1], w->cols, out);
         return 1;
     case DTYPE_BF16:
         if (!k->tile_bf16) return 0;
-        k->tile_bf16((const uint16_t *)w->data + (size_t)r * w->cols, x0, x1, w->cols, out);
+        k->tile_bf16((const uint16_t *)w->data + (size_t)r * w->cols, x[0], x[1], w->cols, out);
         return 1;
     default: /* the block dtypes have no tiles */
         return 0;
     }
 }
+#endif
 
 /* Token t's input (of head h in a per-head rows_work, whose quantized inputs are the heads' in turn; else h is 0). */
 static const float *token_x(const rows_work *m, uint32_t h, uint32_t t) {
@@ -77,8 +79,46 @@ static void token_rows(const kernel_set *k, const weight *w, const float *x, con
 }
 
 /* Rows [r0, r1) of matrix j (w, writing out) for every token, of head h's inputs in a per-head rows_work: each row
- * is read from memory once for all of them, in tiles of two rows and two tokens where the kernel set has them.
- * Inlined in each part function, where h is 0 or the head. */
+ * is read from memory once for all of them: in runs of rows by four tokens (then tiles of two rows by two tokens)
+ * where the kernel set has them. Inlined in each part function, where h is 0 or the head. */
+#if BUILD_HAS_TILES
+/* Tokens [t, n_tok) of rows r, r + 1 in tiles of two while the set has one: the first token left. */
+static uint32_t tile_tokens(const rows_work *m, const weight *w, float *out, size_t os, uint32_t h, uint32_t r, uint32_t t) {
+    for (; t + 2 <= m->n_tok; t += 2) {
+        const float *x[2] = { token_x(m, h, t), token_x(m, h, t + 1) };
+        const q8_vector q[2] = { token_q(m, h, t), token_q(m, h, t + 1) };
+        float o[4];
+        if (!tile_rows(m->k, w, r, x, q, o)) break;
+        out[t * os + r] = o[0];
+        out[(t + 1) * os + r] = o[1];
+        out[t * os + r + 1] = o[2];
+        out[(t + 1) * os + r + 1] = o[3];
+    }
+    return t;
+}
+/* Rows [r, r + rows) (even) for the tokens in fours through the set's rows4 for w's dtype: the first token left. */
+static uint32_t rows4_tokens(const rows_work *m, const weight *w, float *out, size_t os, uint32_t h, uint32_t r,
+                             uint32_t rows) {
+    const kernel_set *k = m->k;
+    if (w->dtype == DTYPE_Q8_0 ? !k->rows4_q8_0 : w->dtype != DTYPE_Q4_0 || !k->rows4_q4_0) return 0;
+    uint32_t t = 0;
+    for (; t + 4 <= m->n_tok; t += 4) {
+        q8_vector q[4];
+        for (uint32_t i = 0; i < 4; i++) q[i] = token_q(m, h, t + i);
+        if (w->dtype == DTYPE_Q8_0)
+            k->rows4_q8_0((const int8_t *)w->data + (size_t)r * w->blocks * QBLOCK, w->scales + (size_t)r * w->blocks, q,
+                          w->blocks, rows, out + t * os + r, os);
+        else
+            k->rows4_q4_0((const uint8_t *)w->data + (size_t)r * w->blocks * (QBLOCK / 2), w->scales + (size_t)r * w->blocks,
+                          q, w->blocks, rows, out + t * os + r, os);
+    }
+    return t;
+}
+#else
+#define rows4_tokens(m, w, out, os, h, r, rows) 0u
+#endif
+/* Rows a rows4 call takes: their weights stay in the 1st- or 2nd-level cache across the tokens' calls. */
+#define ROWS4_CHUNK 64u
 ALWAYS_INLINE void matrix_rows(const rows_work *m, uint32_t j, const weight *w, float *out, uint32_t h, uint32_t r0,
                                uint32_t r1) {
     const size_t os = m->out_stride[j];
@@ -88,20 +128,19 @@ ALWAYS_INLINE void matrix_rows(const rows_work *m, uint32_t j, const weight *w, 
         return;
     }
     uint32_t r = r0;
-    for (; r + 2 <= r1; r += 2) {
-        uint32_t t = 0;
-        for (; t + 2 <= m->n_tok; t += 2) {
-            const q8_vector q0 = token_q(m, h, t), q1 = token_q(m, h, t + 1);
-            float o[4];
-            if (!BUILD_HAS_TILES || !tile_rows(m->k, w, r, token_x(m, h, t), token_x(m, h, t + 1), &q0, &q1, o)) break;
-            out[t * os + r] = o[0];
-            out[(t + 1) * os + r] = o[1];
-            out[t * os + r + 1] = o[2];
-            out[(t + 1) * os + r + 1] = o[3];
-        }
-        for (; t < m->n_tok; t++) { /* no tile for this dtype, or the odd token */
-            const q8_vector q = token_q(m, h, t);
-            token_rows(m->k, w, token_x(m, h, t), &q, out + t * os, r, r + 2);
+    while (r + 2 <= r1) {
+        /* a chunk of rows (an even count) the set's rows4 takes for each four tokens: x arranged once per chunk */
+        const uint32_t chunk = r1 - r < ROWS4_CHUNK ? (r1 - r) & ~1u : ROWS4_CHUNK;
+        const uint32_t t4 = BUILD_HAS_TILES ? rows4_tokens(m, w, out, os, h, r, chunk) : 0;
+        for (const uint32_t end = r + chunk; r < end; r += 2) {
+            uint32_t t = t4;
+#if BUILD_HAS_TILES
+            t = tile_tokens(m, w, out, os, h, r, t);
+#endif
+            for (; t < m->n_tok; t++) { /* no tile for this dtype, or the odd token */
+                const q8_vector q = token_q(m, h, t);
+                token_rows(m->k, w, token_x(m, h, t), &q, out + t * os, r, r + 2);
+            }
         }
     }
     for (uint32_t t = 0; r < r1 && t < m->n_tok; t++) { /* the odd row */

@@ -108,12 +108,18 @@ AVX2 static inline __m256i block_totals(const __m256i p[8]) {
                          float *out);                                                                                \
     void rows_q4_0_##set(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows, \
                          float *out);                                                                                \
-    void tile_q8_0_##set(const int8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,          \
-                         uint32_t blocks, float out[4]);                                                             \
-    void tile_q4_0_##set(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x0, const q8_vector *x1,         \
-                         uint32_t blocks, float out[4]);
+    void tile_q8_0_##set(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, float out[4]); \
+    void tile_q4_0_##set(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, float out[4]);
 QUANTIZED_DECLS(avx2)
 QUANTIZED_DECLS(vnni)
+/* kernels_x86_quantized.c's tails: the blocks [b, blocks) after the last multiple of 8 into lanes b % 8, then the tree */
+float q8_0_tail(float acc[8], const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t b, uint32_t blocks);
+float q4_0_tail(float acc[8], const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t b, uint32_t blocks);
+/* kernels_x86_rows4.c */
+void rows4_q8_0_vnni(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                     float *out, size_t out_stride);
+void rows4_q4_0_vnni(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
+                     float *out, size_t out_stride);
 
 /* The block dtypes' rows of the AVX2 and AVX-512 sets (kernels_x86_block.c), and the sets' entries for them. */
 #if WITH_BLOCK_DTYPES
