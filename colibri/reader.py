@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-from colibri.dims import ModelDims, canonical_order, expected_shape, flags_of_record
-from colibri.format import (ALIGN, ENTRY_BYTES, HEADER_BYTES, HEADER_FIELDS, LAYER_ATTN_DELTA_NET, LAYER_ATTN_LATENT,
-                            LAYER_ATTN_SHORT_CONV, LAYER_ATTN_STANDARD, LAYER_BYTES, LAYER_ENUMS, LAYER_EXPERT_OPTIONS,
-                            LAYER_FFN_DENSE, LAYER_FFN_MOE, LAYER_FIELDS, LAYER_KNOWN_OPTIONS, LAYER_OPT_GLOBAL_ROPE,
-                            LAYER_OPT_K_IS_V, LAYER_OPT_NORM_TOPK, LAYER_OPT_ROPE_PAIRS, LAYER_ROUTER_TOPK_SOFTMAX,
-                            LAYER_STANDARD_OPTIONS, MAGIC, MAX_CONV_KERNEL, MAX_DIM, MAX_EXPERTS, MAX_LAYER_KINDS,
-                            MAX_LAYERS, MAX_TOP_K, NO_INDEX, VERSION, Role)
-from colibri.quant import DType, Encoded
+from colibri.dims import ModelDims, align_up, canonical_order, expected_shape, flags_of_record
+from colibri.format import (ALIGN, ENTRY_BYTES, F32_TABLES, HEADER_BYTES, HEADER_FIELDS, LAYER_ATTN_DELTA_NET,
+                            LAYER_ATTN_LATENT, LAYER_ATTN_SHORT_CONV, LAYER_ATTN_STANDARD, LAYER_BYTES, LAYER_ENUMS,
+                            LAYER_EXPERT_OPTIONS, LAYER_FFN_DENSE, LAYER_FFN_MOE, LAYER_FIELDS, LAYER_KNOWN_OPTIONS,
+                            LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V, LAYER_OPT_NORM_TOPK, LAYER_OPT_ROPE_PAIRS,
+                            LAYER_ROUTER_TOPK_SOFTMAX, LAYER_STANDARD_OPTIONS, MAGIC, MAX_CONV_KERNEL, MAX_DIM,
+                            MAX_EXPERTS, MAX_LAYER_KINDS, MAX_LAYERS, MAX_TOP_K, NO_INDEX, VERSION, Role)
+from colibri.quant import QBLOCK, DType, Encoded
 from colibri.table import (ENTRY_STRUCT, HEADER_CRC_OFFSET, HEADER_STRUCT, LAYER_STRUCT, TensorEntry, crc32,
                            entry_encoded, expert_blocks)
 
@@ -197,6 +197,27 @@ def layer_fields(h: dict) -> dict:
                 delta_layers=tuple(r["attention"] == LAYER_ATTN_DELTA_NET for r in records))
 
 
+def storage_problem(e: TensorEntry) -> str | None:
+    """What the verifier refuses in how an entry stores its dtype (table.c, check_entry; docs/FORMAT.md "Dtypes"), in
+    words; None when nothing: a narrow dtype only for a matrix not read as floats, a K-quant row of whole blocks, the
+    group, bytes and scales its shape takes in its dtype."""
+    dtype = DType(e.dtype)
+    if dtype != DType.F32 and (len(e.shape) != 2 or e.role in F32_TABLES):
+        return f"{dtype.name} where only F32 may be (a vector, or a table read as floats)"
+    rows, cols = e.shape[0], e.shape[1] if len(e.shape) == 2 else 1
+    if dtype.block > QBLOCK and cols % dtype.block:
+        return f"{dtype.name} rows of {cols} values, not whole {dtype.block}-element blocks"
+    blocks = rows * -(-cols // dtype.block)
+    want = (dtype.block if dtype.quantized else 0, blocks * dtype.block_bytes, 2 * blocks if dtype.scales_apart else 0)
+    if (e.group_size, e.nbytes, e.scales_bytes) != want:
+        return (f"group_size {e.group_size}, bytes {e.nbytes}, scales_bytes {e.scales_bytes} where {dtype.name} of "
+                f"shape {e.shape} takes {want[0]}, {want[1]}, {want[2]}")
+    scales_at = align_up(e.offset + e.nbytes, ALIGN) if dtype.scales_apart else 0
+    if e.scales_offset != scales_at:
+        return f"scales_offset {e.scales_offset} where {dtype.name} takes {scales_at}"
+    return None
+
+
 def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
     """Parse and check an image (header, CRCs, table order, presence, shapes, bounds): bytes, or a
     read-only np.memmap of an image file (open_image)."""
@@ -273,6 +294,8 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
             raise ImageError(f"table entry {i} is {e.role.name}/{e.layer}/{e.expert}, expected {role.name}/{layer}/{expert}")
         if e.shape != expected_shape(dims, role, layer):
             raise ImageError(f"table entry {i} ({role.name}) has shape {e.shape}")
+        if (problem := storage_problem(e)) is not None:
+            raise ImageError(f"table entry {i} ({role.name}): {problem}")
         if e.offset % ALIGN or e.end > h["image_bytes"]:
             raise ImageError(f"table entry {i} ({role.name}) is misaligned or out of bounds")
         entries.append(e)

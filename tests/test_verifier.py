@@ -486,3 +486,50 @@ def test_a_sharing_layer_with_options_its_source_lacks_is_refused(lib):
 
 def status_of(lib, image: bytes | bytearray) -> int:
     return lib.verify(bytes(image))[0]
+
+
+def block_dtype_image() -> bytes:
+    """One dense layer of hidden 256: Q4_K where a row is whole 256-element blocks, Q5_0 (llama.cpp's fallback) for the
+    down matrix's rows of 32."""
+    from colibri.quant import DType, convert
+    dims = im.ModelDims(**{**TINY, "hidden_size": 256, "dense_ffn_size": 32, "n_layers": 1, "moe_layers": (False,),
+                           "max_seq": 8}, head_dim=128)
+    tensors = {k: convert(t, DType.Q4_K) if t.ndim == 2 and k[0] not in im.F32_TABLES else t
+               for k, t in random_tensors(dims).items()}
+    return im.build_image(dims, tensors, expert_align=64)
+
+
+def entry_changed(role: im.Role, layer: int, **fields):
+    """A mutation setting table entry fields (ENTRY_OFFSETS' names) of the tensor (role, layer); `bytes_by` adds to
+    its `bytes`."""
+    def mutate(b: bytearray) -> bytearray:
+        i = index_of(b, role, layer)
+        e = read_image(bytes(b)).entries[i]
+        values = {"bytes": e.nbytes + fields.pop("bytes_by", 0), **fields}
+        for name, value in values.items():
+            fmt = "<" + next(f.struct_code for f in load_schema().entry if f.name == name)
+            struct.pack_into(fmt, b, entry(i, name), value)
+        return reseal(b)
+    return mutate
+
+
+@pytest.mark.parametrize("mutate,status,why", [
+    (entry_changed(im.Role.WQ, 0, bytes_by=-144), "E_IMAGE_TABLE", "bytes"),
+    (entry_changed(im.Role.WQ, 0, bytes_by=1), "E_IMAGE_TABLE", "bytes"),
+    (entry_changed(im.Role.WQ, 0, group_size=32), "E_IMAGE_TABLE", "group_size"),
+    (entry_changed(im.Role.WQ, 0, scales_offset=4096), "E_IMAGE_TABLE", "scales"),
+    (entry_changed(im.Role.DENSE_DOWN, 0, dtype=9, group_size=256, bytes=256 * 144), "E_IMAGE_TABLE", "256"),
+    (entry_changed(im.Role.ATTN_NORM, 0, dtype=9, group_size=256, bytes=144), "E_IMAGE_DTYPE", "only F32"),
+    (entry_changed(im.Role.ROPE_COS, im.NO_INDEX, dtype=1, bytes=8 * 64 * 2), "E_IMAGE_DTYPE", "only F32"),
+], ids=["a block short", "a byte long", "a K-quant's group 32", "scales apart of a block dtype",
+        "Q4_K rows of 32", "a Q4_K vector", "an F16 RoPE table"])
+def test_the_host_reader_refuses_a_dtype_the_verifier_refuses(lib, mutate, status, why):
+    """An entry whose dtype's storage the verifier refuses (table.c's check_entry: its sizes, its group, scales apart,
+    a K-quant row of whole blocks, a narrow dtype where only f32 may be) is an ImageError of read_image too, never an
+    image `colibri info` says fits a board (or a reference that fails on reshaping its bytes): review of issue 34."""
+    base = block_dtype_image()
+    assert lib.verify(base)[0] == STATUS["OK"]
+    bad = bytes(mutate(bytearray(base)))
+    assert lib.verify(bad)[0] == STATUS[status]
+    with pytest.raises(im.ImageError, match=why):
+        read_image(bad)
