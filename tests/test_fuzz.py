@@ -48,6 +48,17 @@ def test_seed_corpus_is_current(hosted_build):
     assert lib.verify(fuzz.seed_image().read_bytes())[0] == 0
 
 
+def test_the_seeds_hold_every_weight_dtype():
+    """Some seed image stores a matrix in each weight dtype, so the harness runs every dtype's kernels (its mutations
+    that change an entry's dtype seldom get its group, bytes and scales right as well, which the verifier wants:
+    without a seed of the block dtypes none of their kernels ran, review of issue 34)."""
+    from colibri.image import read_image
+    from colibri.quant import DType
+    held = {DType(e.dtype) for seed in (fuzz.FUZZ / "corpus" / "image").glob("*.img")
+            for e in read_image(seed.read_bytes()[1:]).entries}
+    assert held == set(DType), f"no seed holds {sorted(d.name for d in set(DType) - held)}"
+
+
 @pytest.mark.parametrize("harness", sorted(p.name for p in (fuzz.FUZZ / "regress").iterdir()))
 def test_past_findings_stay_fixed(harness):
     """Inputs a campaign once crashed on (tests/fuzz/regress/<harness>/, rebuilt for today's format by

@@ -191,7 +191,7 @@ def make_seeds() -> None:
         # a metadata section (the host's tokenizer and template; its own CRC, which the harness reseals too)
         "mixtral-meta": dict(flags=im.FLAG_NORM_TOPK, moe=(True, True), meta={"note": "fuzz seed"}),
     }
-    def image_of(v: dict) -> bytes:
+    def image_of(v: dict, rng: np.random.Generator = rng) -> bytes:
         experts = v.get("experts", 3)
         dims = im.ModelDims(**{**dict(
             vocab_size=11, hidden_size=8, ffn_size=6 if experts else 0, n_layers=2, n_heads=2, n_kv_heads=1,
@@ -203,7 +203,8 @@ def make_seeds() -> None:
             if dims.present(role, layer):
                 t = rng.normal(0, 0.5, im.expected_shape(dims, role, layer)).astype(np.float32)
                 narrow = t.ndim == 2 and role not in im.F32_TABLES
-                tensors[(role, layer, expert)] = convert(t, v.get("dtype", DType.F32) if narrow else DType.F32)
+                dtype = v.get("dtypes", {}).get(role, v.get("dtype", DType.F32))
+                tensors[(role, layer, expert)] = convert(t, dtype if narrow else DType.F32)
         inv = 1.0 / (10000.0 ** (np.arange(0, dims.rope_width, 2) / dims.rope_width))
         cos, sin = tables(inv, 1.0, dims.max_seq)
         tensors[(im.Role.ROPE_COS, im.NO_INDEX, im.NO_INDEX)] = cos
@@ -243,6 +244,26 @@ def make_seeds() -> None:
         records = b"".join(struct.pack("<BBH", t, i + 1, len(p)) + p for i, (t, p) in enumerate(reqs))
         (link / f"{name}-frames.bin").write_bytes(b"\x00" + framed)
         (link / f"{name}-records.bin").write_bytes(b"\x01" + records)
+    # the block dtypes (docs/FORMAT.md "Dtypes"), from a generator of their own so the seeds above stay as they were:
+    # blocks of 32 on rows of 8 (a padded tail), and the K-quants on rows of 256 (llama.cpp's fallback, Q5_0 and Q4_1,
+    # where a row is 8 or 6 long); one layer, two experts, to stay within the harness's -max_len
+    block_rng = np.random.default_rng(34)
+    k_quants = dict(hidden_size=256, n_layers=1, n_experts=2, top_k=1)
+    blocks = {
+        "mixtral-q4_1": dict(flags=im.FLAG_NORM_TOPK, moe=(True, True), dtype=DType.Q4_1),
+        "mixtral-q5_0": dict(flags=im.FLAG_NORM_TOPK, moe=(True, False), dense=10, dtype=DType.Q5_0, kv=1),
+        "mixtral-q5_1": dict(flags=im.FLAG_NORM_TOPK, moe=(True, True), dtype=DType.Q5_1),
+        "mixtral-mxfp4": dict(flags=im.FLAG_NORM_TOPK, moe=(True, True), dtype=DType.MXFP4),
+        "mixtral-k-quants": dict(flags=im.FLAG_NORM_TOPK, moe=(True,), mla=k_quants, dtype=DType.Q4_K, dtypes={
+            im.Role.WQ: DType.Q5_K, im.Role.WK: DType.Q6_K, im.Role.LM_HEAD: DType.Q6_K, im.Role.WO: DType.Q4_1,
+            im.Role.EXPERT_DOWN: DType.Q4_1}),
+    }
+    for name, v in blocks.items():
+        blob = image_of(v, block_rng)
+        (out / f"{name}.img").write_bytes(b"\x01" + blob)
+        (out / f"{name}-raw.img").write_bytes(b"\x00" + blob)
+        (out / f"{name}-streamed.img").write_bytes(b"\x03" + blob)
+        (out / f"{name}-batched.img").write_bytes(b"\x05" + blob)
     print(f"seeds written under {FUZZ / 'corpus'}")
 
 
