@@ -13,7 +13,7 @@
  *               Gemma 4's layers normalize attention's and the FFN's outputs, run the dense GeGLU MLP beside their
  *               experts and scale x per layer (ffn_block); its global layers have their own widths and RoPE
  *   logits = lm_head(rmsnorm(x)), soft-capped in Gemma
- * Weights are read in place from the image, in their stored dtype (f32, f16, bf16, Q8_0, Q4_0), except
+ * Weights are read in place from the image, in their stored dtype (docs/FORMAT.md "Dtypes"), except
  * routed experts with an expert cache, which come through it (experts.c); the KV cache (f32 or f16)
  * and activations live in the arena.
  * One pass computes one token (decode), or a run of prompt tokens together (a prefill batch,
