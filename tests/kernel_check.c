@@ -314,6 +314,56 @@ static void check_accumulate(const kernel_set *fast, const kernel_set *ref, uint
     check("accumulate_f16", n, accumulate_differs(n) ? 1.0f : 0.0f, 0.0f);
 }
 
+/* The kernel set's scores_f32/_f16 against the scalar ones: 1..5 heads (four of a KV group at once, and those left
+ * over) against 1..13 key rows (blocks of four and the rows after them), rows and queries wider than n (a cache row holds
+ * more than one head), n a multiple of 16 in every other case past the first 70 (the vector kernels' fast path), else
+ * any; uniform values, or (tiny) subnormal products; some cases put NaNs with payloads, infinities, -0 and values whose
+ * products or sums overflow into the rows and a query, and every f16 bit pattern turns up there. Every score must have
+ * the scalar bits, a NaN matching any NaN (accumulate's rule above: which operand's payload an addition of two NaNs
+ * keeps is the compiler's choice). The K rows are accumulate's buffers, the queries w32's. */
+#if WITH_KERNEL_SCORES
+#define SCORES_MAX_HEADS 5u
+#define SCORES_OUT_STRIDE (ACC_MAX_ROWS + 3u)
+static float sc_a[SCORES_MAX_HEADS * SCORES_OUT_STRIDE], sc_b[SCORES_MAX_HEADS * SCORES_OUT_STRIDE];
+static uint32_t scores_differ(uint32_t heads, uint32_t rows) {
+    uint32_t bad = 0;
+    for (uint32_t h = 0; h < heads; h++)
+        for (uint32_t t = 0; t < rows; t++) {
+            const float a = sc_a[h * SCORES_OUT_STRIDE + t], b = sc_b[h * SCORES_OUT_STRIDE + t];
+            bad |= bits(a) != bits(b) && !(a != a && b != b);
+        }
+    return bad;
+}
+static void check_scores(const kernel_set *fast, const kernel_set *ref, uint32_t c) {
+    const uint32_t n = c < 70 ? c + 1 : c % 2 ? 16u * (1u + next() % (ACC_MAX_N / 16u)) : 1 + next() % ACC_MAX_N;
+    const uint32_t rows = 1 + next() % ACC_MAX_ROWS, heads = 1 + next() % SCORES_MAX_HEADS;
+    const size_t k_stride = n + next() % 8u, q_stride = n + next() % 8u;
+    const float scale = c % 4 == 3 ? 1e-20f : 1.0f;
+    for (size_t i = 0; i < rows * k_stride; i++) {
+        acc_v32[i] = uniform() * 8.0f * scale;
+        acc_v16[i] = (uint16_t)next();
+        if ((acc_v16[i] & 0x7C00u) == 0x7C00u && c % 8 != 5) acc_v16[i] &= 0x83FFu; /* infinities and NaNs: the edge cases' */
+    }
+    for (size_t i = 0; i < heads * q_stride; i++) w32[i] = uniform() * 4.0f * scale;
+    if (c % 8 == 5) { /* edges in the rows and a query */
+        static const float edges[] = { 1.0f / 0.0f, -1.0f / 0.0f, -0.0f, 3e38f, -3e38f, 1e-45f };
+        for (uint32_t e = 0; e < 4; e++) acc_v32[next() % (rows * k_stride)] = edges[next() % 6u];
+        acc_v32[next() % (rows * k_stride)] = nan_with(next());
+        w32[next() % (heads * q_stride)] = edges[next() % 6u];
+        w32[next() % (heads * q_stride)] = nan_with(next());
+    }
+    for (uint32_t i = 0; i < SCORES_MAX_HEADS * SCORES_OUT_STRIDE; i++) sc_a[i] = sc_b[i] = 0.0f;
+    fast->scores_f32(sc_a, SCORES_OUT_STRIDE, acc_v32, k_stride, rows, w32, q_stride, heads, n);
+    ref->scores_f32(sc_b, SCORES_OUT_STRIDE, acc_v32, k_stride, rows, w32, q_stride, heads, n);
+    check("scores_f32", n, scores_differ(heads, rows) ? 1.0f : 0.0f, 0.0f);
+    fast->scores_f16(sc_a, SCORES_OUT_STRIDE, acc_v16, k_stride, rows, w32, q_stride, heads, n);
+    ref->scores_f16(sc_b, SCORES_OUT_STRIDE, acc_v16, k_stride, rows, w32, q_stride, heads, n);
+    check("scores_f16", n, scores_differ(heads, rows) ? 1.0f : 0.0f, 0.0f);
+}
+#else /* the lean build has no scores entry: its two cases pass */
+static void check_scores(const kernel_set *fast, const kernel_set *ref, uint32_t c) { (void)fast, (void)ref, (void)c; }
+#endif
+
 static void say_hex64(uint64_t v) { /* hex: 64-bit division would pull libgcc into 32-bit boards */
     static const char digits[] = "0123456789abcdef";
     char buf[17];
@@ -382,7 +432,8 @@ int link_serve(const board_io *io) {
         check_quantize(fast, ref, c, n, blocks);
         check_swiglu(fast, ref, c, n);
         check_accumulate(fast, ref, c);
-        cases += 4;
+        check_scores(fast, ref, c);
+        cases += 6;
     }
     say("kernel_check: ");
     say_u32(cases);

@@ -121,10 +121,14 @@ static void rows_q4_0_scalar(const uint8_t *w, const uint16_t *w_scale, const q8
     dot_rows(w, w_scale, x, blocks, rows, (size_t)blocks * (QBLOCK / 2), out, dot_q4_0);
 }
 
+/* Attention's scores as their definition reads, a dot per (head, row): the reference for every set's own */
+SCORES_BY_DOTS(, scalar, dot_f32_scalar, dot_f16_scalar)
+
 const kernel_set kernels_scalar = { .name = "scalar", .dot_f32 = dot_f32_scalar, .dot_f16 = dot_f16_scalar,
                                     .dot_bf16 = dot_bf16_scalar, .rows_q8_0 = rows_q8_0_scalar, .rows_q4_0 = rows_q4_0_scalar,
                                     .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar,
                                     KERNELS_ACCUMULATE(accumulate_f32_scalar, accumulate_f16_scalar)
+                                    KERNELS_SCORES(scores_f32_scalar, scores_f16_scalar)
                                     KERNELS_BLOCK_DTYPES_SCALAR };
 
 /* v * inv as an int8: rounded to nearest, ties to even (adding 1.5 * 2^23 leaves no fraction bits).

@@ -66,6 +66,16 @@ typedef struct {
     void (*accumulate_f32)(float *out, const float *p, const float *v, size_t stride, uint32_t rows, uint32_t n);
     void (*accumulate_f16)(float *out, const float *p, const uint16_t *v, size_t stride, uint32_t rows, uint32_t n);
 #endif
+#if WITH_KERNEL_SCORES
+    /* Attention's scores of `heads` queries (q_h = q + h * q_stride) against `rows` cached key rows k_t = k + t *
+     * k_stride (f32, or f16 widened exactly): out[h * out_stride + t] = q_h . k_t, each the bits of dot_f32/dot_f16
+     * (w = k_t, x = q_h). The heads of a KV group share the rows, so a kernel may read each row once for all of them
+     * and finish several dots' trees together (docs/KERNELS.md). */
+    void (*scores_f32)(float *out, size_t out_stride, const float *k, size_t k_stride, uint32_t rows, const float *q,
+                       size_t q_stride, uint32_t heads, uint32_t n);
+    void (*scores_f16)(float *out, size_t out_stride, const uint16_t *k, size_t k_stride, uint32_t rows, const float *q,
+                       size_t q_stride, uint32_t heads, uint32_t n);
+#endif
     /* Optional tiles for a prefill batch (NULL: the runtime makes four dots): two adjacent rows (the
      * second starts where the first ends, its scales likewise) times two vectors, out = { row0.x0,
      * row0.x1, row1.x0, row1.x1 }, each the same bits as the dot above. Each weight is loaded once for
@@ -174,6 +184,28 @@ void accumulate_f16_scalar(float *out, const float *p, const uint16_t *v, size_t
 #define KERNELS_ACCUMULATE(f32, f16)
 #define ACCUMULATE_F32(k) ((void)(k), accumulate_f32_scalar)
 #define ACCUMULATE_F16(k) ((void)(k), accumulate_f16_scalar)
+#endif
+void scores_f32_scalar(float *out, size_t out_stride, const float *k, size_t k_stride, uint32_t rows, const float *q,
+                       size_t q_stride, uint32_t heads, uint32_t n);
+void scores_f16_scalar(float *out, size_t out_stride, const uint16_t *k, size_t k_stride, uint32_t rows, const float *q,
+                       size_t q_stride, uint32_t heads, uint32_t n);
+/* A kernel set's scores_f32/_f16 (kernels.h), and SCORES_BY_DOT(name, element type, dot): one made of a set's own dot,
+ * each (head, row) pair one call, which an optimizing build inlines (the sets without a scores kernel of their own);
+ * SCORES_BY_DOTS(storage, set, dot32, dot16) makes scores_f32_<set> and scores_f16_<set> so. The lean build has
+ * none (attention.c makes a dot per row there). */
+#if WITH_KERNEL_SCORES
+#define KERNELS_SCORES(f32, f16) .scores_f32 = f32, .scores_f16 = f16,
+#define SCORES_BY_DOT(name, type, dot)                                                                                 \
+    void name(float *out, size_t out_stride, const type *k, size_t k_stride, uint32_t rows, const float *q,           \
+              size_t q_stride, uint32_t heads, uint32_t n) {                                                         \
+        for (uint32_t h = 0; h < heads; h++, out += out_stride, q += q_stride)                                       \
+            for (uint32_t t = 0; t < rows; t++) out[t] = dot(k + t * k_stride, q, n);                                 \
+    }
+#define SCORES_BY_DOTS(storage, set, dot32, dot16)                                                                     \
+    storage SCORES_BY_DOT(scores_f32_##set, float, dot32) storage SCORES_BY_DOT(scores_f16_##set, uint16_t, dot16)
+#else
+#define KERNELS_SCORES(f32, f16)
+#define SCORES_BY_DOTS(storage, set, dot32, dot16)
 #endif
 /* Row `row` of w as floats (the embedding lookup). */
 void weight_row(float *out, const weight *w, uint32_t row);

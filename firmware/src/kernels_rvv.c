@@ -21,6 +21,10 @@ static float dot_f32_rvv(const float *w, const float *x, uint32_t n) {
     return sum_lanes16(acc);
 }
 
+#if WITH_KERNEL_SCORES /* attention's scores: the scalar loop over this set's dot (f16 has none of its own) */
+static SCORES_BY_DOT(scores_f32_rvv, float, dot_f32_rvv)
+#endif
+
 static float dot_bf16_rvv(const uint16_t *w, const float *x, uint32_t n) {
     float acc[16];
     size_t left = n;
@@ -368,5 +372,5 @@ const kernel_set kernels_rvv = { .name = "rvv", .dot_f32 = dot_f32_rvv, .dot_f16
                                  .rows_q8_0 = rows_q8_0_rvv, .rows_q4_0 = rows_q4_0_rvv,
                                  .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar,
                                  KERNELS_ACCUMULATE(accumulate_f32_rvv, accumulate_f16_rvv)
-                                 KERNELS_BLOCK_DTYPES_RVV };
+                                 KERNELS_SCORES(scores_f32_rvv, scores_f16_scalar) KERNELS_BLOCK_DTYPES_RVV };
 #endif

@@ -85,7 +85,8 @@ AVX2 ALWAYS_INLINE void tile_lanes16(const void *w0, const void *w1, const float
     }
 }
 
-AVX2 static float dot_f32_avx2(const float *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load8_f32, one_f32); }
+/* (NOINLINE: scores_lanes calls them for its odd pairs; one copy of each loop, not one more per caller) */
+AVX2 NOINLINE static float dot_f32_avx2(const float *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load8_f32, one_f32); }
 AVX2 static void tile_f32_avx2(const float *w, const float *x0, const float *x1, uint32_t n, float out[4]) {
     tile_lanes16(w, w + n, x0, x1, n, out, load8_f32, one_f32);
 }
@@ -95,7 +96,7 @@ AVX2 static void tile_f16_avx2(const uint16_t *w, const float *x0, const float *
 AVX2 static void tile_bf16_avx2(const uint16_t *w, const float *x0, const float *x1, uint32_t n, float out[4]) {
     tile_lanes16(w, w + n, x0, x1, n, out, load8_bf16, one_bf16);
 }
-AVX2 static float dot_f16_avx2(const uint16_t *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load8_f16, one_f16); }
+AVX2 NOINLINE static float dot_f16_avx2(const uint16_t *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load8_f16, one_f16); }
 AVX2 static float dot_bf16_avx2(const uint16_t *w, const float *x, uint32_t n) { return dot_lanes16(w, x, n, load8_bf16, one_bf16); }
 
 /* Lanes i..i+7 of a block of len values; lanes past len load +0 (masked: nothing past them is read). */
@@ -213,10 +214,96 @@ AVX2 static void accumulate_f16_avx2(float *out, const float *p, const uint16_t 
 }
 #endif
 
+/* The tree of four 16-lane dots at once, dot p's lanes 0-7 plus 8-15 already in s_p (the tree's first step): each
+ * shuffle lines up the same pairs the scalar tree adds, so every addition is one of sum_lanes8's with its operands
+ * in its order. Returns [dot0, dot1, dot2, dot3]. */
+AVX2 ALWAYS_INLINE __m128 trees4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
+    /* t[j] = s[j] + s[j + 4]: [t0 | t1] and [t2 | t3] */
+    const __m256 t01 = _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+    const __m256 t23 = _mm256_add_ps(_mm256_permute2f128_ps(s2, s3, 0x20), _mm256_permute2f128_ps(s2, s3, 0x31));
+    /* u[j] = t[j] + t[j + 2]: [u0[0] u0[1] u2[0] u2[1] | u1[0] u1[1] u3[0] u3[1]] */
+    const __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t01, t23, 0x44), _mm256_shuffle_ps(t01, t23, 0xEE));
+    /* dot = u[0] + u[1]: [d0 d2 d0 d2 | d1 d3 d1 d3] */
+    const __m256 d = _mm256_add_ps(_mm256_shuffle_ps(u, u, 0x88), _mm256_shuffle_ps(u, u, 0xDD));
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+}
+
+/* Attention's scores (kernels.h) with n a multiple of 16, four dots at a time, each in dot_lanes16's lanes: four heads
+ * of a KV group against one row (the row's registers serve all four), then each head left over against four rows at a
+ * time (the query's registers serve all four). esize: a stored element's bytes (f32 or f16). Other n, and the rows
+ * after the last four: the set's dot per pair. */
+AVX2 ALWAYS_INLINE void scores_lanes(float *out, size_t out_stride, const void *k, size_t k_stride, size_t esize,
+                                     uint32_t rows, const float *q, size_t q_stride, uint32_t heads, uint32_t n,
+                                     __m256 (*load8)(const void *, uint32_t)) {
+    const size_t row_bytes = k_stride * esize;
+    uint32_t h = 0;
+    if (n % 16 == 0)
+        for (; h + 4 <= heads; h += 4) {
+            const float *q0 = q + h * q_stride, *q1 = q0 + q_stride, *q2 = q1 + q_stride, *q3 = q2 + q_stride;
+            float *o = out + h * out_stride;
+            const char *row = k;
+            for (uint32_t t = 0; t < rows; t++, row += row_bytes) {
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+                for (uint32_t i = 0; i < n; i += 16) {
+                    const __m256 lo = load8(row, i), hi = load8(row, i + 8);
+                    a0 = _mm256_add_ps(a0, _mm256_mul_ps(lo, _mm256_loadu_ps(q0 + i)));
+                    b0 = _mm256_add_ps(b0, _mm256_mul_ps(hi, _mm256_loadu_ps(q0 + i + 8)));
+                    a1 = _mm256_add_ps(a1, _mm256_mul_ps(lo, _mm256_loadu_ps(q1 + i)));
+                    b1 = _mm256_add_ps(b1, _mm256_mul_ps(hi, _mm256_loadu_ps(q1 + i + 8)));
+                    a2 = _mm256_add_ps(a2, _mm256_mul_ps(lo, _mm256_loadu_ps(q2 + i)));
+                    b2 = _mm256_add_ps(b2, _mm256_mul_ps(hi, _mm256_loadu_ps(q2 + i + 8)));
+                    a3 = _mm256_add_ps(a3, _mm256_mul_ps(lo, _mm256_loadu_ps(q3 + i)));
+                    b3 = _mm256_add_ps(b3, _mm256_mul_ps(hi, _mm256_loadu_ps(q3 + i + 8)));
+                }
+                float d[4];
+                _mm_storeu_ps(d, trees4(_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1), _mm256_add_ps(a2, b2),
+                                        _mm256_add_ps(a3, b3)));
+                UNROLLED for (int p = 0; p < 4; p++) o[p * out_stride + t] = d[p];
+            }
+        }
+    for (; h < heads; h++) {
+        const float *x = q + h * q_stride;
+        float *o = out + h * out_stride;
+        const char *row = k;
+        uint32_t t = 0;
+        for (; n % 16 == 0 && t + 4 <= rows; t += 4, row += 4 * row_bytes) {
+            const char *r1 = row + row_bytes, *r2 = r1 + row_bytes, *r3 = r2 + row_bytes;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            for (uint32_t i = 0; i < n; i += 16) {
+                const __m256 lo = _mm256_loadu_ps(x + i), hi = _mm256_loadu_ps(x + i + 8);
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(load8(row, i), lo));
+                b0 = _mm256_add_ps(b0, _mm256_mul_ps(load8(row, i + 8), hi));
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(load8(r1, i), lo));
+                b1 = _mm256_add_ps(b1, _mm256_mul_ps(load8(r1, i + 8), hi));
+                a2 = _mm256_add_ps(a2, _mm256_mul_ps(load8(r2, i), lo));
+                b2 = _mm256_add_ps(b2, _mm256_mul_ps(load8(r2, i + 8), hi));
+                a3 = _mm256_add_ps(a3, _mm256_mul_ps(load8(r3, i), lo));
+                b3 = _mm256_add_ps(b3, _mm256_mul_ps(load8(r3, i + 8), hi));
+            }
+            _mm_storeu_ps(o + t, trees4(_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1), _mm256_add_ps(a2, b2),
+                                        _mm256_add_ps(a3, b3)));
+        }
+        for (; t < rows; t++, row += row_bytes)
+            o[t] = esize == sizeof(float) ? dot_f32_avx2((const float *)(const void *)row, x, n)
+                                          : dot_f16_avx2((const uint16_t *)(const void *)row, x, n);
+    }
+}
+#if WITH_KERNEL_SCORES /* (the lean build makes a dot per row: mechanisms.h) */
+AVX2 static void scores_f32_avx2(float *out, size_t out_stride, const float *k, size_t k_stride, uint32_t rows,
+                                 const float *q, size_t q_stride, uint32_t heads, uint32_t n) {
+    scores_lanes(out, out_stride, k, k_stride, sizeof *k, rows, q, q_stride, heads, n, load8_f32);
+}
+AVX2 static void scores_f16_avx2(float *out, size_t out_stride, const uint16_t *k, size_t k_stride, uint32_t rows,
+                                 const float *q, size_t q_stride, uint32_t heads, uint32_t n) {
+    scores_lanes(out, out_stride, k, k_stride, sizeof *k, rows, q, q_stride, heads, n, load8_f16);
+}
+#endif
+
 static const kernel_set kernels_avx2 = { .name = "avx2", .dot_f32 = dot_f32_avx2, .dot_f16 = dot_f16_avx2,
                                          .dot_bf16 = dot_bf16_avx2, .rows_q8_0 = rows_q8_0_avx2, .rows_q4_0 = rows_q4_0_avx2,
                                          .quantize_q8_0 = quantize_q8_0_avx2, .swiglu = swiglu_avx2,
                                          KERNELS_ACCUMULATE(accumulate_f32_avx2, accumulate_f16_avx2)
+                                         KERNELS_SCORES(scores_f32_avx2, scores_f16_avx2)
                                          .tile_f32 = tile_f32_avx2, .tile_f16 = tile_f16_avx2, .tile_bf16 = tile_bf16_avx2,
                                          .tile_q8_0 = tile_q8_0_avx2, .tile_q4_0 = tile_q4_0_avx2, BLOCK_ROWS(avx2) };
 
@@ -259,6 +346,7 @@ static const kernel_set kernels_avx512 = { .name = "avx512", .dot_f32 = dot_f32_
                                            .dot_bf16 = dot_bf16_avx2, .rows_q8_0 = rows_q8_0_vnni,
                                            .rows_q4_0 = rows_q4_0_vnni, .quantize_q8_0 = quantize_q8_0_avx2,
                                            .swiglu = swiglu_avx2, KERNELS_ACCUMULATE(accumulate_f32_avx2, accumulate_f16_avx2)
+                                           KERNELS_SCORES(scores_f32_avx2, scores_f16_avx2)
                                            .tile_f32 = tile_f32_512, .tile_f16 = tile_f16_avx2,
                                            .tile_bf16 = tile_bf16_avx2, .tile_q8_0 = tile_q8_0_vnni,
                                            .tile_q4_0 = tile_q4_0_vnni, .rows4_q8_0 = rows4_q8_0_vnni,

@@ -35,6 +35,8 @@
 #define WITH_KERNEL_ACCUMULATE (!COLIBRI_LEAN) /* attention's value sum through the kernel set (kernel_set's entries,
                                                * left out by #if); the lean build's sets would all take the scalar
                                                * one, so it calls that directly */
+#define WITH_KERNEL_SCORES (!COLIBRI_LEAN)    /* attention's scores (q . K rows) through the kernel set (entries left out
+                                               * by #if); the lean build keeps a dot per cached row */
 #define WITH_TRACE_CRC (!COLIBRI_LEAN)        /* the trace's residual-stream CRCs */
 #define WITH_TOP_P_STOP (!COLIBRI_LEAN)       /* top-p sampling's early stop (sampler.c) */
 #define WITH_BLOCK_DTYPES (!COLIBRI_LEAN)     /* the dtypes with GGUF's blocks, Q4_1 ... Q6_K (kernels_block.c: a file of
@@ -52,6 +54,7 @@ _Static_assert(WITH_MLA == !COLIBRI_LEAN && WITH_ROUTERS == !COLIBRI_LEAN && WIT
                    WITH_DELTA_NET == !COLIBRI_LEAN &&
                    WITH_WINDOW_RINGS == !COLIBRI_LEAN &&
                    WITH_THREADED_HEADS == !COLIBRI_LEAN && WITH_KERNEL_ACCUMULATE == !COLIBRI_LEAN &&
+                   WITH_KERNEL_SCORES == !COLIBRI_LEAN &&
                    WITH_TRACE_CRC == !COLIBRI_LEAN &&
                    WITH_TOP_P_STOP == !COLIBRI_LEAN && WITH_BLOCK_DTYPES == !COLIBRI_LEAN,
                "the mechanisms are one switch (COLIBRI_LEAN): BUILD_OPTIONS and the verifier follow it");

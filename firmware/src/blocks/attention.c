@@ -29,6 +29,27 @@ static void kv_accumulate(const colibri_ctx *c, float *out, const float *p, cons
     }
 }
 
+/* The scores q_h . k_t of `heads` queries (q_stride apart, each row of out out_stride apart) against the `seen` cached
+ * key rows from ring row `first_row` on, oldest first: the kernel set's scores over each run of consecutive rows, as
+ * kv_accumulate reads them. */
+static void kv_scores(const colibri_ctx *c, float *out, size_t out_stride, const void *cache, size_t at, size_t row_dim,
+                      uint32_t first_row, uint32_t seen, uint32_t rows, const float *q, size_t q_stride, uint32_t heads,
+                      uint32_t n) {
+#if WITH_KERNEL_SCORES
+    for (uint32_t done = 0, r = first_row; done < seen; r = 0) {
+        const uint32_t run = seen - done < rows - r ? seen - done : rows - r;
+        const size_t from = at + (size_t)r * row_dim;
+        if (c->d.kv_dtype == KV_F16)
+            c->kernels->scores_f16(out + done, out_stride, (const uint16_t *)cache + from, row_dim, run, q, q_stride, heads, n);
+        else c->kernels->scores_f32(out + done, out_stride, (const float *)cache + from, row_dim, run, q, q_stride, heads, n);
+        done += run;
+    }
+#else
+    (void)c, (void)out, (void)out_stride, (void)cache, (void)at, (void)row_dim, (void)first_row, (void)seen, (void)rows;
+    (void)q, (void)q_stride, (void)heads, (void)n;
+#endif
+}
+
 /* RMSNorm on each of n_heads heads of hd, with shared weights (w NULL: none, Gemma 4's v norm whatever the q/k one). */
 static void head_norm(const colibri_ctx *c, float *v, uint32_t n_heads, uint32_t hd, const float *w) {
     for (uint32_t h = 0; h < n_heads; h++) rmsnorm(v + (size_t)h * hd, v + (size_t)h * hd, w, hd, c->d.eps);
@@ -66,13 +87,20 @@ static void heads_part(void *arg, uint32_t part) {
     const uint32_t first = hw->pos >= rows ? hw->pos - rows + 1 : 0, seen = hw->pos - first + 1, first_row = first % rows;
     const void *values = mla ? a->k_cache : a->v_cache;
     const float *sinks = WITH_SINKS && (kind_of(d, hw->layer)->options & LAYER_OPT_ATTN_SINKS) ? layer_w(c, hw->layer, ROLE_SINKS) : 0;
-    const uint32_t h_end = part_start(d->n_heads, part + 1, hw->parts);
-    for (uint32_t h = part_start(d->n_heads, part, hw->parts); h < h_end; h++) {
+    const uint32_t h_start = part_start(d->n_heads, part, hw->parts), h_end = part_start(d->n_heads, part + 1, hw->parts);
+    for (uint32_t h = h_start; h < h_end; h++) {
         const float *q = hw->q_all + (size_t)h * kd;
         const size_t kv_off = hw->layer_base + (size_t)(h / group) * kd;
         float *att = a->att + (size_t)h * d->max_seq;
-        for (uint32_t t = 0, r = first_row; t < seen; t++, r = r + 1 == rows ? 0 : r + 1)
-            att[t] = kv_dot(c, a->k_cache, kv_off + (size_t)r * row_dim, q, kd) * d->attn_scale;
+        if (WITH_KERNEL_SCORES) {
+            if (h % group == 0 || h == h_start) { /* the scores of this KV head's queries in this part, its rows read once */
+                const uint32_t g_end = (h / group + 1) * group < h_end ? (h / group + 1) * group : h_end;
+                kv_scores(c, att, d->max_seq, a->k_cache, kv_off, row_dim, first_row, seen, rows, q, kd, g_end - h, kd);
+            }
+            for (uint32_t t = 0; t < seen; t++) att[t] *= d->attn_scale;
+        } else
+            for (uint32_t t = 0, r = first_row; t < seen; t++, r = r + 1 == rows ? 0 : r + 1)
+                att[t] = kv_dot(c, a->k_cache, kv_off + (size_t)r * row_dim, q, kd) * d->attn_scale;
         softmax(att, seen, sinks ? sinks + h : 0);
         float *out = hw->out_all + (size_t)h * vd;
         kv_accumulate(c, out, att, values, kv_off, row_dim, first_row, seen, rows, vd);
