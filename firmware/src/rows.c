@@ -114,8 +114,6 @@ static uint32_t rows4_tokens(const rows_work *m, const weight *w, float *out, si
     }
     return t;
 }
-#else
-#define rows4_tokens(m, w, out, os, h, r, rows) 0u
 #endif
 /* Rows a rows4 call takes: their weights stay in the 1st- or 2nd-level cache across the tokens' calls. */
 #define ROWS4_CHUNK 64u
@@ -128,21 +126,25 @@ ALWAYS_INLINE void matrix_rows(const rows_work *m, uint32_t j, const weight *w, 
         return;
     }
     uint32_t r = r0;
+#if BUILD_HAS_TILES
     while (r + 2 <= r1) {
         /* a chunk of rows (an even count) the set's rows4 takes for each four tokens: x arranged once per chunk */
         const uint32_t chunk = r1 - r < ROWS4_CHUNK ? (r1 - r) & ~1u : ROWS4_CHUNK;
-        const uint32_t t4 = BUILD_HAS_TILES ? rows4_tokens(m, w, out, os, h, r, chunk) : 0;
+        const uint32_t t4 = rows4_tokens(m, w, out, os, h, r, chunk);
         for (const uint32_t end = r + chunk; r < end; r += 2) {
-            uint32_t t = t4;
-#if BUILD_HAS_TILES
-            t = tile_tokens(m, w, out, os, h, r, t);
-#endif
-            for (; t < m->n_tok; t++) { /* no tile for this dtype, or the odd token */
+            for (uint32_t t = tile_tokens(m, w, out, os, h, r, t4); t < m->n_tok; t++) { /* no tile, or the odd token */
                 const q8_vector q = token_q(m, h, t);
                 token_rows(m->k, w, token_x(m, h, t), &q, out + t * os, r, r + 2);
             }
         }
     }
+#else
+    for (; r + 2 <= r1; r += 2) /* two rows for every token */
+        for (uint32_t t = 0; t < m->n_tok; t++) {
+            const q8_vector q = token_q(m, h, t);
+            token_rows(m->k, w, token_x(m, h, t), &q, out + t * os, r, r + 2);
+        }
+#endif
     for (uint32_t t = 0; r < r1 && t < m->n_tok; t++) { /* the odd row */
         const q8_vector q = token_q(m, h, t);
         token_rows(m->k, w, token_x(m, h, t), &q, out + t * os, r, r1);
