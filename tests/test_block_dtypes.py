@@ -268,3 +268,32 @@ def test_a_scaled_tensor_keeps_its_file_type_when_stored(tmp_path):
     img = read_image(image.read_bytes())
     scaled = [e for e in img.entries if e.role in (Role.TOKEN_EMBD, Role.WO, Role.EXPERT_DOWN, Role.LM_HEAD)]
     assert scaled and {DType(e.dtype) for e in scaled} == {DType.Q8_0}
+
+
+def test_rows_the_reader_splits_off_keep_their_file_type_when_stored(tmp_path):
+    """--dtype stored keeps a GGUF tensor's blocks where the image takes whole rows of it: Gemma 4's routed experts
+    (cut from the layer's fused gate_up and down, expert by expert) and Qwen3.5's query rows (cut from its gated q
+    projection, head by head) are the file's Q8_0 bytes, where they came out f32 (4.3 times their bytes)."""
+    stored = {}
+    for name in ("converted-gemma4-q8_0", "converted-qwen35moe-q8_0"):
+        src = FIXTURES / f"{name}.gguf"
+        pack(src, tmp_path / "m.img", 32, 64, dtype=None, measure_quality=False)
+        stored[name] = read_image((tmp_path / "m.img").read_bytes()), {t.name: t for t in gguf.GGUFReader(str(src)).tensors}
+    img, tensors = stored["converted-gemma4-q8_0"]
+    F = img.dims.ffn_size
+    fused = tensors["blk.0.ffn_gate_up_exps.weight"]
+    assert fused.tensor_type == gguf.GGMLQuantizationType.Q8_0
+    raw = from_gguf_blocks(fused.data, DType.Q8_0, tuple(int(n) for n in reversed(fused.shape)))
+    for e in range(img.dims.n_experts):
+        for role, rows in ((Role.EXPERT_GATE, slice(0, F)), (Role.EXPERT_UP, slice(F, 2 * F))):
+            got = img.encoded(role, 0, e)
+            assert got.dtype == DType.Q8_0 and got.values.tobytes() == raw[e].values[rows].tobytes(), (role, e)
+            assert got.scales.tobytes() == raw[e].scales[rows].tobytes(), (role, e)
+    img, tensors = stored["converted-qwen35moe-q8_0"]
+    layer = next(k for k in range(img.dims.n_layers) if f"blk.{k}.attn_q.weight" in tensors)
+    q = tensors[f"blk.{layer}.attn_q.weight"]
+    H, hd = img.dims.n_heads, img.dims.head_dim
+    raw = from_gguf_blocks(q.data, DType.Q8_0, tuple(int(n) for n in reversed(q.shape)))
+    query = np.arange(2 * H * hd).reshape(H, 2, hd)[:, 0].reshape(-1)
+    got = img.encoded(Role.WQ, layer)
+    assert got.dtype == DType.Q8_0 and got.values.tobytes() == raw.values[query].tobytes()

@@ -160,4 +160,5 @@ def fused_expert_tensor(raw: dict, d, gate_up: str, down: str, role: Role, exper
     if tuple(source.shape) != stored:  # the config's sizes must describe the tensor the rows are cut from
         raise UnsupportedModel(f"checkpoint tensor {fused} has shape {list(source.shape)}; the config's expert count, "
                                f"expert size and hidden_size make it {list(stored)}")
-    return [fused], derived_tensor(source, shape, lambda: matrix_rows(expert_of(source, expert), rows))
+    # whole rows of one expert: a tensor a GGUF file stores in an image dtype keeps its blocks (--dtype stored)
+    return [fused], derived_tensor(source, shape, lambda: matrix_rows(expert_of(source, expert), rows), keeps=True)

@@ -20,7 +20,7 @@ from colibri.families.base import ConfigContext, Family, OwnFields, UnsupportedM
 from colibri.format import Role
 from colibri.gguf_common import (MODEL_TENSOR, GGUFError, GGUFFile, Keys, as_row, floats, gguf_name, lazy,
                                   split_experts, split_gate_up)
-from colibri.lazy import LazyTensor
+from colibri.lazy import LazyTensor, loaded
 from colibri.quant import Encoded
 
 KEYS = ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
@@ -79,6 +79,11 @@ def _named(raw: dict, name: str, compute=None, shape=None):
     return [name], derived_tensor(source, shape or tuple(source.shape), lambda: compute(np.asarray(source, np.float32)))
 
 
+def _rows(t: np.ndarray | Encoded, rows: np.ndarray) -> np.ndarray | Encoded:
+    """Rows `rows` of a matrix: a quantized one's blocks as they are, a float one's values as f32."""
+    return t.rows(rows) if isinstance(t, Encoded) else np.asarray(t, np.float32)[rows]
+
+
 def tensor(raw: dict, d, key: tuple[Role, int, int]):
     """Qwen3.5's names: the zero-centred norms as 1 + w, the gated q projection split into the query and the gate
     rows of each head, the DeltaNet's tensors (A_log as the decay -exp(A_log), the convolution as [channels, K])."""
@@ -95,7 +100,10 @@ def tensor(raw: dict, d, key: tuple[Role, int, int]):
         if tuple(raw[name].shape) != (2 * H * hd, d.hidden_size):
             raise UnsupportedModel(f"checkpoint tensor {name} has shape {list(raw[name].shape)}; a gated q projection "
                                    f"is {[2 * H * hd, d.hidden_size]}")
-        return _named(raw, name, lambda w: w.reshape(H, 2, hd, -1)[:, part].reshape(H * hd, -1), (H * hd, d.hidden_size))
+        rows = np.arange(2 * H * hd).reshape(H, 2, hd)[:, part].reshape(-1)  # head h's query rows, then its gate's
+        source = raw[name]
+        # whole rows: a tensor a GGUF file stores in an image dtype keeps its blocks (--dtype stored)
+        return [name], derived_tensor(source, (H * hd, d.hidden_size), lambda: _rows(loaded(source), rows), keeps=True)
     if role == Role.DN_DECAY:
         if p + "linear_attn.decay" + STORED in raw:
             return _named(raw, p + "linear_attn.decay" + STORED)
