@@ -360,8 +360,30 @@ static void check_scores(const kernel_set *fast, const kernel_set *ref, uint32_t
     ref->scores_f16(sc_b, SCORES_OUT_STRIDE, acc_v16, k_stride, rows, w32, q_stride, heads, n);
     check("scores_f16", n, scores_differ(heads, rows) ? 1.0f : 0.0f, 0.0f);
 }
-#else /* the lean build has no scores entry: its two cases pass */
+
+/* The kernel set's softmax against the scalar one, in place on copies of a head's scores: n from 1 to 80 and then
+ * any up to ACC_MAX_N; spreads of +-8 (every exponential in the vector range), +-60 (some differences below -87) and
+ * +-1e4; some cases with a sink (above the scores or not), a NaN (first, or anywhere), infinities, -0 and +0 as the
+ * largest score. Every probability must have the scalar bits, a NaN matching any NaN. */
+static float sm_a[ACC_MAX_N], sm_b[ACC_MAX_N];
+static void check_softmax(const kernel_set *fast, const kernel_set *ref, uint32_t c) {
+    static const float edges[] = { 1.0f / 0.0f, -1.0f / 0.0f, -0.0f, 0.0f, 88.0f, -87.0f };
+    const uint32_t n = c < 80 ? c + 1 : 1 + next() % ACC_MAX_N;
+    const float spread = c % 3 == 0 ? 8.0f : c % 3 == 1 ? 60.0f : 1e4f;
+    for (uint32_t i = 0; i < n; i++) sm_a[i] = uniform() * spread - (c % 5 == 4 ? spread : 0.0f);
+    if (c % 6 == 5) sm_a[next() % n] = edges[next() % 6u];
+    if (c % 10 == 7) sm_a[c % 20 == 7 ? 0 : next() % n] = nan_with(next());
+    for (uint32_t i = 0; i < n; i++) sm_b[i] = sm_a[i];
+    const float sink = c % 4 == 1 ? uniform() * spread : c % 8 == 3 ? 2.0f * spread : 0.0f;
+    fast->softmax(sm_a, n, c % 4 == 1 || c % 8 == 3 ? &sink : 0);
+    ref->softmax(sm_b, n, c % 4 == 1 || c % 8 == 3 ? &sink : 0);
+    uint32_t bad = 0;
+    for (uint32_t i = 0; i < n; i++) bad |= bits(sm_a[i]) != bits(sm_b[i]) && !(sm_a[i] != sm_a[i] && sm_b[i] != sm_b[i]);
+    check("softmax", n, bad ? 1.0f : 0.0f, 0.0f);
+}
+#else /* the lean build has no scores or softmax entry: their three cases pass */
 static void check_scores(const kernel_set *fast, const kernel_set *ref, uint32_t c) { (void)fast, (void)ref, (void)c; }
+static void check_softmax(const kernel_set *fast, const kernel_set *ref, uint32_t c) { (void)fast, (void)ref, (void)c; }
 #endif
 
 static void say_hex64(uint64_t v) { /* hex: 64-bit division would pull libgcc into 32-bit boards */
@@ -433,7 +455,8 @@ int link_serve(const board_io *io) {
         check_swiglu(fast, ref, c, n);
         check_accumulate(fast, ref, c);
         check_scores(fast, ref, c);
-        cases += 6;
+        check_softmax(fast, ref, c);
+        cases += 7;
     }
     say("kernel_check: ");
     say_u32(cases);

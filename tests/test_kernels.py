@@ -56,8 +56,8 @@ def check_report(text: str, code: int | None, kernels: str) -> None:
     assert f": kernels {kernels}" in text, text
     m = re.search(r"kernel_check: (\d+) cases, (\d+) tiles, (\d+) mismatches", text)
     assert m, text
-    # 400 inputs x (5 dots or rows, quantize, swiglu, 2 accumulates, 2 scores)
-    assert int(m.group(1)) == 4400 and int(m.group(3)) == 0, text
+    # 400 inputs x (5 dots or rows, quantize, swiglu, 2 accumulates, 2 scores, softmax)
+    assert int(m.group(1)) == 4800 and int(m.group(3)) == 0, text
     assert int(m.group(2)) == 400 * TILE_DTYPES.get(kernels, 0), text
     assert code == 0, text
 

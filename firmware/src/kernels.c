@@ -128,7 +128,7 @@ const kernel_set kernels_scalar = { .name = "scalar", .dot_f32 = dot_f32_scalar,
                                     .dot_bf16 = dot_bf16_scalar, .rows_q8_0 = rows_q8_0_scalar, .rows_q4_0 = rows_q4_0_scalar,
                                     .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar,
                                     KERNELS_ACCUMULATE(accumulate_f32_scalar, accumulate_f16_scalar)
-                                    KERNELS_SCORES(scores_f32_scalar, scores_f16_scalar)
+                                    KERNELS_SCORES(scores_f32_scalar, scores_f16_scalar, softmax)
                                     KERNELS_BLOCK_DTYPES_SCALAR };
 
 /* v * inv as an int8: rounded to nearest, ties to even (adding 1.5 * 2^23 leaves no fraction bits).

@@ -75,6 +75,9 @@ typedef struct {
                        size_t q_stride, uint32_t heads, uint32_t n);
     void (*scores_f16)(float *out, size_t out_stride, const uint16_t *k, size_t k_stride, uint32_t rows, const float *q,
                        size_t q_stride, uint32_t heads, uint32_t n);
+    /* softmax (below) over a head's scores, its bits: the max, each colibri_expf(x - max) added to the sum in turn,
+     * then the divisions; a kernel may compute the exponentials and the divisions many at once. */
+    void (*softmax)(float *x, uint32_t n, const float *sink);
 #endif
     /* Optional tiles for a prefill batch (NULL: the runtime makes four dots): two adjacent rows (the
      * second starts where the first ends, its scales likewise) times two vectors, out = { row0.x0,
@@ -189,12 +192,12 @@ void scores_f32_scalar(float *out, size_t out_stride, const float *k, size_t k_s
                        size_t q_stride, uint32_t heads, uint32_t n);
 void scores_f16_scalar(float *out, size_t out_stride, const uint16_t *k, size_t k_stride, uint32_t rows, const float *q,
                        size_t q_stride, uint32_t heads, uint32_t n);
-/* A kernel set's scores_f32/_f16 (kernels.h), and SCORES_BY_DOT(name, element type, dot): one made of a set's own dot,
+/* A kernel set's scores_f32/_f16 and softmax (kernels.h), and SCORES_BY_DOT(name, element type, dot): one made of a set's own dot,
  * each (head, row) pair one call, which an optimizing build inlines (the sets without a scores kernel of their own);
  * SCORES_BY_DOTS(storage, set, dot32, dot16) makes scores_f32_<set> and scores_f16_<set> so. The lean build has
  * none (attention.c makes a dot per row there). */
 #if WITH_KERNEL_SCORES
-#define KERNELS_SCORES(f32, f16) .scores_f32 = f32, .scores_f16 = f16,
+#define KERNELS_SCORES(f32, f16, sm) .scores_f32 = f32, .scores_f16 = f16, .softmax = sm,
 #define SCORES_BY_DOT(name, type, dot)                                                                                 \
     void name(float *out, size_t out_stride, const type *k, size_t k_stride, uint32_t rows, const float *q,           \
               size_t q_stride, uint32_t heads, uint32_t n) {                                                         \
@@ -204,7 +207,7 @@ void scores_f16_scalar(float *out, size_t out_stride, const uint16_t *k, size_t 
 #define SCORES_BY_DOTS(storage, set, dot32, dot16)                                                                     \
     storage SCORES_BY_DOT(scores_f32_##set, float, dot32) storage SCORES_BY_DOT(scores_f16_##set, uint16_t, dot16)
 #else
-#define KERNELS_SCORES(f32, f16)
+#define KERNELS_SCORES(f32, f16, sm)
 #define SCORES_BY_DOTS(storage, set, dot32, dot16)
 #endif
 /* Row `row` of w as floats (the embedding lookup). */

@@ -177,5 +177,5 @@ const kernel_set kernels_dsp = { .name = "dsp", .dot_f32 = dot_f32_scalar, .dot_
                                  .dot_bf16 = dot_bf16_scalar, .rows_q8_0 = rows_q8_0_dsp, .rows_q4_0 = rows_q4_0_dsp,
                                  .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar,
                                  KERNELS_ACCUMULATE(accumulate_f32_scalar, accumulate_f16_scalar)
-                                 KERNELS_SCORES(scores_f32_scalar, scores_f16_scalar) KERNELS_BLOCK_DTYPES_DSP };
+                                 KERNELS_SCORES(scores_f32_scalar, scores_f16_scalar, softmax) KERNELS_BLOCK_DTYPES_DSP };
 #endif

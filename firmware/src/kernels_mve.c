@@ -395,6 +395,6 @@ ROWS_MVE(q6_k, Q6_K)
 
 const kernel_set kernels_mve = { .name = "mve", .dot_f32 = dot_f32_mve, .dot_f16 = dot_f16_mve, .dot_bf16 = dot_bf16_mve,
                                  .rows_q8_0 = rows_q8_0_mve, .rows_q4_0 = rows_q4_0_mve,
-                                 .quantize_q8_0 = quantize_q8_0_mve, .swiglu = swiglu_mve, KERNELS_SCORES(scores_f32_mve, scores_f16_mve)
+                                 .quantize_q8_0 = quantize_q8_0_mve, .swiglu = swiglu_mve, KERNELS_SCORES(scores_f32_mve, scores_f16_mve, softmax)
                                  KERNELS_ACCUMULATE(accumulate_f32_mve, accumulate_f16_mve) KERNELS_BLOCK_DTYPES_MVE };
 #endif

@@ -372,5 +372,5 @@ const kernel_set kernels_rvv = { .name = "rvv", .dot_f32 = dot_f32_rvv, .dot_f16
                                  .rows_q8_0 = rows_q8_0_rvv, .rows_q4_0 = rows_q4_0_rvv,
                                  .quantize_q8_0 = quantize_q8_0_scalar, .swiglu = swiglu_scalar,
                                  KERNELS_ACCUMULATE(accumulate_f32_rvv, accumulate_f16_rvv)
-                                 KERNELS_SCORES(scores_f32_rvv, scores_f16_scalar) KERNELS_BLOCK_DTYPES_RVV };
+                                 KERNELS_SCORES(scores_f32_rvv, scores_f16_scalar, softmax) KERNELS_BLOCK_DTYPES_RVV };
 #endif

@@ -1,6 +1,7 @@
 /* x86-64 kernels: AVX2 (with F16C) and AVX-512, chosen at open by CPUID, so one binary also runs on a CPU
- * without AVX2 (it then uses the scalar set): the float dots and tiles, the activation quantizer and SwiGLU here,
- * the Q8_0/Q4_0 kernels in kernels_x86_quantized.c, the block dtypes' (Q4_1 ... Q6_K) in kernels_x86_block.c.
+ * without AVX2 (it then uses the scalar set): the float dots and tiles and the activation quantizer here, SwiGLU and
+ * the softmax in kernels_x86_exp.c, the Q8_0/Q4_0 kernels in kernels_x86_quantized.c, the block dtypes' (Q4_1 ...
+ * Q6_K) in kernels_x86_block.c.
  * Each function computes exactly what its scalar twin in kernels.c (or kernels_block.c) computes
  * (docs/KERNELS.md): float lanes i % 16 in two 8-wide registers, quantized block terms in lane b % 8, products
  * and sums rounded separately (no FMA), the same final tree. */
@@ -139,45 +140,6 @@ AVX2 static void quantize_q8_0_avx2(int8_t *xq, float *scale, int32_t *sum, cons
     quantize_blocks(xq, scale, sum, x, n, amax_avx2, round_avx2);
 }
 
-/* colibri_expf of eight lanes of x in [-87, 88] (where its 2^n needs one step): its operations in its order,
- * each rounded on its own, n by truncation as the C cast. (x86 keeps subnormals in vectors and scalars alike.) */
-AVX2 static __m256 expf8(__m256 x) {
-    const __m256 fn = _mm256_mul_ps(x, _mm256_set1_ps(1.44269502162933349609f));
-    const __m256 half = _mm256_blendv_ps(_mm256_set1_ps(-0.5f), _mm256_set1_ps(0.5f),
-                                         _mm256_cmp_ps(fn, _mm256_setzero_ps(), _CMP_GE_OQ));
-    const __m256i n = _mm256_cvttps_epi32(_mm256_add_ps(fn, half));
-    const __m256 nf = _mm256_cvtepi32_ps(n);
-    const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(nf, _mm256_set1_ps(0.693145751953125f))),
-                                   _mm256_mul_ps(nf, _mm256_set1_ps(1.42860682030941723212e-06f)));
-    __m256 q = _mm256_mul_ps(r, _mm256_set1_ps(1.0f / 5040));
-    q = _mm256_mul_ps(r, _mm256_add_ps(q, _mm256_set1_ps(1.0f / 720)));
-    q = _mm256_mul_ps(r, _mm256_add_ps(q, _mm256_set1_ps(1.0f / 120)));
-    q = _mm256_mul_ps(r, _mm256_add_ps(q, _mm256_set1_ps(1.0f / 24)));
-    q = _mm256_mul_ps(r, _mm256_add_ps(q, _mm256_set1_ps(1.0f / 6)));
-    q = _mm256_mul_ps(r, _mm256_add_ps(q, _mm256_set1_ps(0.5f)));
-    q = _mm256_mul_ps(r, _mm256_add_ps(q, _mm256_set1_ps(1.0f)));
-    q = _mm256_add_ps(q, _mm256_set1_ps(1.0f));
-    return _mm256_mul_ps(q, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23)));
-}
-
-/* swiglu_scalar eight lanes at a time; a group with a gate outside expf8's range (or a NaN) goes to the
- * scalar function. */
-AVX2 static void swiglu_avx2(float *g, const float *u, uint32_t n) {
-    uint32_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 gate = _mm256_loadu_ps(g + i), x = _mm256_xor_ps(gate, _mm256_set1_ps(-0.0f)); /* -g */
-        const __m256 in_range = _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ),
-                                              _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_LE_OQ));
-        if (_mm256_movemask_ps(in_range) != 0xFF) {
-            swiglu_scalar(g + i, u + i, 8);
-            continue;
-        }
-        const __m256 d = _mm256_add_ps(_mm256_set1_ps(1.0f), expf8(x));
-        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(gate, d), _mm256_loadu_ps(u + i)));
-    }
-    swiglu_scalar(g + i, u + i, n - i);
-}
-
 /* accumulate's elements [i, i + 8 * K) of out over every row, in K registers held across the rows: each
  * element's sum is the scalar kernel's (out, then + p[t] * v_t in turn, each product rounded, then added).
  * Eight registers (64 elements: a head of 64 whole) keep eight additions in flight, which the chain of one
@@ -303,7 +265,7 @@ static const kernel_set kernels_avx2 = { .name = "avx2", .dot_f32 = dot_f32_avx2
                                          .dot_bf16 = dot_bf16_avx2, .rows_q8_0 = rows_q8_0_avx2, .rows_q4_0 = rows_q4_0_avx2,
                                          .quantize_q8_0 = quantize_q8_0_avx2, .swiglu = swiglu_avx2,
                                          KERNELS_ACCUMULATE(accumulate_f32_avx2, accumulate_f16_avx2)
-                                         KERNELS_SCORES(scores_f32_avx2, scores_f16_avx2)
+                                         KERNELS_SCORES(scores_f32_avx2, scores_f16_avx2, softmax_avx2)
                                          .tile_f32 = tile_f32_avx2, .tile_f16 = tile_f16_avx2, .tile_bf16 = tile_bf16_avx2,
                                          .tile_q8_0 = tile_q8_0_avx2, .tile_q4_0 = tile_q4_0_avx2, BLOCK_ROWS(avx2) };
 
@@ -346,7 +308,7 @@ static const kernel_set kernels_avx512 = { .name = "avx512", .dot_f32 = dot_f32_
                                            .dot_bf16 = dot_bf16_avx2, .rows_q8_0 = rows_q8_0_vnni,
                                            .rows_q4_0 = rows_q4_0_vnni, .quantize_q8_0 = quantize_q8_0_avx2,
                                            .swiglu = swiglu_avx2, KERNELS_ACCUMULATE(accumulate_f32_avx2, accumulate_f16_avx2)
-                                           KERNELS_SCORES(scores_f32_avx2, scores_f16_avx2)
+                                           KERNELS_SCORES(scores_f32_avx2, scores_f16_avx2, softmax_avx2)
                                            .tile_f32 = tile_f32_512, .tile_f16 = tile_f16_avx2,
                                            .tile_bf16 = tile_bf16_avx2, .tile_q8_0 = tile_q8_0_vnni,
                                            .tile_q4_0 = tile_q4_0_vnni, .rows4_q8_0 = rows4_q8_0_vnni,

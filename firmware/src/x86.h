@@ -115,6 +115,9 @@ QUANTIZED_DECLS(vnni)
 /* kernels_x86_quantized.c's tails: the blocks [b, blocks) after the last multiple of 8 into lanes b % 8, then the tree */
 float q8_0_tail(float acc[8], const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t b, uint32_t blocks);
 float q4_0_tail(float acc[8], const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t b, uint32_t blocks);
+/* kernels_x86_exp.c (softmax: the sets' entry, with WITH_KERNEL_SCORES) */
+void swiglu_avx2(float *g, const float *u, uint32_t n);
+void softmax_avx2(float *x, uint32_t n, const float *sink);
 /* kernels_x86_rows4.c */
 void rows4_q8_0_vnni(const int8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
                      float *out, size_t out_stride);

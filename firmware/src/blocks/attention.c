@@ -101,7 +101,11 @@ static void heads_part(void *arg, uint32_t part) {
         } else
             for (uint32_t t = 0, r = first_row; t < seen; t++, r = r + 1 == rows ? 0 : r + 1)
                 att[t] = kv_dot(c, a->k_cache, kv_off + (size_t)r * row_dim, q, kd) * d->attn_scale;
+#if WITH_KERNEL_SCORES
+        c->kernels->softmax(att, seen, sinks ? sinks + h : 0);
+#else
         softmax(att, seen, sinks ? sinks + h : 0);
+#endif
         float *out = hw->out_all + (size_t)h * vd;
         kv_accumulate(c, out, att, values, kv_off, row_dim, first_row, seen, rows, vd);
     }
