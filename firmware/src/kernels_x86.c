@@ -144,12 +144,22 @@ AVX2 static void quantize_q8_0_avx2(int8_t *xq, float *scale, int32_t *sum, cons
  * element's sum is the scalar kernel's (out, then + p[t] * v_t in turn, each product rounded, then added).
  * Eight registers (64 elements: a head of 64 whole) keep eight additions in flight, which the chain of one
  * element's additions needs to cover the adder's latency. esize: a stored element's bytes. */
+/* Attention reads a head's few cache lines out of each KV cache row (all the KV heads' side by side): a stride the
+ * hardware prefetchers lose at every 4 KiB page, so the loops over cached rows ask for the row KV_AHEAD rows on
+ * themselves (a hint: it never faults, past the cache's end either, and changes no result). */
+#define KV_AHEAD 16
+AVX2 ALWAYS_INLINE void prefetch_span(const char *p, size_t bytes) {
+    for (size_t off = 0; off < bytes; off += 64) x86_prefetch(p + off);
+    x86_prefetch(p + bytes - 1); /* a span that does not start on a line ends on one more */
+}
+
 AVX2 ALWAYS_INLINE void accumulate_regs(float *out, const float *p, const void *v, size_t stride, uint32_t rows, uint32_t i,
                                         int K, size_t esize, __m256 (*load8)(const void *, uint32_t)) {
     __m256 acc[8];
     UNROLLED for (int k = 0; k < K; k++) acc[k] = _mm256_loadu_ps(out + i + 8 * k);
     const char *row = v;
     for (uint32_t t = 0; t < rows; t++, row += stride * esize) {
+        prefetch_span(row + KV_AHEAD * stride * esize + i * esize, 8 * (size_t)K * esize);
         const __m256 pt = _mm256_broadcast_ss(p + t);
         UNROLLED for (int k = 0; k < K; k++) acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(pt, load8(row, i + 8 * k)));
     }
@@ -205,6 +215,7 @@ AVX2 ALWAYS_INLINE void scores_lanes(float *out, size_t out_stride, const void *
             float *o = out + h * out_stride;
             const char *row = k;
             for (uint32_t t = 0; t < rows; t++, row += row_bytes) {
+                prefetch_span(row + KV_AHEAD * row_bytes, n * esize);
                 __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
                 for (uint32_t i = 0; i < n; i += 16) {
                     const __m256 lo = load8(row, i), hi = load8(row, i + 8);
@@ -230,6 +241,7 @@ AVX2 ALWAYS_INLINE void scores_lanes(float *out, size_t out_stride, const void *
         uint32_t t = 0;
         for (; n % 16 == 0 && t + 4 <= rows; t += 4, row += 4 * row_bytes) {
             const char *r1 = row + row_bytes, *r2 = r1 + row_bytes, *r3 = r2 + row_bytes;
+            UNROLLED for (int a = 0; a < 4; a++) prefetch_span(row + (KV_AHEAD + a) * row_bytes, n * esize);
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
             for (uint32_t i = 0; i < n; i += 16) {
                 const __m256 lo = _mm256_loadu_ps(x + i), hi = _mm256_loadu_ps(x + i + 8);
