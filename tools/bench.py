@@ -39,8 +39,9 @@ tensors in the same types) x decode tokens/s. The 1-minute load average before a
 machine makes every figure meaningless.
 
 Long context (--depth D): every run first fills the context with D tokens (Colibri: untimed FEEDs of a fixed random
-stream; the peers: `llama-bench -d D`, whose prompt and decode tests start after a D-token context), then the
-prompt and decode are timed as above, at positions D and later. Those images are packed with max_seq D + prompt +
+stream; llama.cpp: `llama-bench -d D`, whose prompt and decode tests start after a D-token context; ik_llama.cpp's
+llama-bench has no -d: its `-gp D,N` times N decode steps after a D-token prompt, so its prompt figure is left out),
+then the prompt and decode are timed as above, at positions D and later. Those images are packed with max_seq D + prompt +
 decode and an f16 KV cache, the element type the peers' caches hold by default, so each engine's attention reads
 the same bytes.
 """
@@ -219,7 +220,7 @@ def bandwidth(kind: str, threads: int) -> float:
 @dataclass
 class Run:
     open_s: float | None       # colibri: starting the board to OPEN's answer; the peers' llama-bench does not say
-    prefill_s: float
+    prefill_s: float | None    # None: ik_llama.cpp's llama-bench times no prompt after a context (--depth)
     decode_s: float
     rss_bytes: int = 0         # colibri: the board process's VmRSS after decoding
     image_arena_bytes: int = 0  # colibri: image + arena, what the resident memory is held against
@@ -254,13 +255,20 @@ def run_colibri(image: Path, threads: int, prompt: list[int], stream: list[int],
 
 def run_llama_bench(engine: str, gguf_path: Path, threads: int, n_prompt: int, n_decode: int, depth: int = 0) -> Run:
     """One `llama-bench` run of the peer: its prompt test and its decode test, one repetition each, after a `depth`-token
-    context."""
-    cmd = [str(peer_binary(engine, "llama-bench")), "-m", str(gguf_path), "-p", str(n_prompt), "-n", str(n_decode),
-           "-t", str(threads), "-r", "1", "-o", "json"] + (["-d", str(depth)] if depth else [])
+    context: llama.cpp's `-d`; ik_llama.cpp's has none, and its `-gp D,N` (N decode steps timed after a D-token prompt)
+    gives the decode figure only."""
+    cmd = [str(peer_binary(engine, "llama-bench")), "-m", str(gguf_path), "-t", str(threads), "-r", "1", "-o", "json"]
+    if depth and engine == "ik_llama.cpp":
+        cmd += ["-p", "0", "-n", "0", "-gp", f"{depth},{n_decode}"]
+    else:
+        cmd += ["-p", str(n_prompt), "-n", str(n_decode)] + (["-d", str(depth)] if depth else [])
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{engine}'s llama-bench failed on {gguf_path.name}: {done.stderr.strip()[-300:]}")
     tests = json.loads(done.stdout)
+    if depth and engine == "ik_llama.cpp":
+        gen = next(t for t in tests if t["n_gen"] == n_decode and t["n_prompt"] == depth)
+        return Run(None, None, n_decode / gen["avg_ts"])
     prompt = next(t for t in tests if t["n_prompt"] == n_prompt and t["n_gen"] == 0)
     gen = next(t for t in tests if t["n_gen"] == n_decode and t["n_prompt"] == 0)
     return Run(None, n_prompt / prompt["avg_ts"], n_decode / gen["avg_ts"])
@@ -352,7 +360,8 @@ def bench(args: argparse.Namespace, dtypes: list[str], threads: list[int], engin
                            if eng.startswith("colibri")
                            else run_llama_bench(eng, ggufs[dt], n, args.prompt, args.decode, args.depth))
                     samples.setdefault((eng, dt, n), []).append(run)
-                    print(f"  rep {rep + 1} {eng:12} {dt:6} {n} thr: prefill {args.prompt / run.prefill_s:7.1f} tok/s, "
+                    prefill = f"{args.prompt / run.prefill_s:7.1f}" if run.prefill_s else "      -"
+                    print(f"  rep {rep + 1} {eng:12} {dt:6} {n} thr: prefill {prefill} tok/s, "
                           f"decode {args.decode / run.decode_s:6.2f} tok/s", file=sys.stderr)
     measure_limits()
     load_after = load_average()
@@ -362,7 +371,8 @@ def bench(args: argparse.Namespace, dtypes: list[str], threads: list[int], engin
     for (eng, dt, n), runs in samples.items():
         bpt = decode_bytes_per_token(images[dt], routed_experts(eng))
         decode_tps = summarize([args.decode / r.decode_s for r in runs])
-        prefill_tps = summarize([args.prompt / r.prefill_s for r in runs])
+        timed = [args.prompt / r.prefill_s for r in runs if r.prefill_s]
+        prefill_tps = summarize(timed) if timed else {"median": None, "min": None, "max": None}
         gbps = decode_tps["median"] * bpt / 1e9
         opens = [r.open_s for r in runs if r.open_s is not None]
         records.append({
@@ -389,9 +399,10 @@ def bench(args: argparse.Namespace, dtypes: list[str], threads: list[int], engin
                                             ENGINES.index(r["engine"].split("@")[0]), r["engine"])):
         lo, hi = r["decode_tok_s_range"]
         plo, phi = r["prefill_tok_s_range"]
+        prompt = f"{r['prefill_tok_s']:.1f} ({plo:.1f}-{phi:.1f})" if r["prefill_tok_s"] is not None else "-"
         rss = f"{r['rss_over_image_arena']:.3f}" if r["rss_over_image_arena"] else "-"
         opened = f"{r['open_s']:.2f}" if r["open_s"] is not None else "-"
-        print(f"| {r['engine']} | {r['dtype']} | {r['threads']} | {r['prefill_tok_s']:.1f} ({plo:.1f}-{phi:.1f}) | "
+        print(f"| {r['engine']} | {r['dtype']} | {r['threads']} | {prompt} | "
               f"{r['decode_tok_s']:.2f} ({lo:.2f}-{hi:.2f}) | {r['gbps']:.1f} | {100 * r['read_fraction']:.0f}% | "
               f"{100 * r['triad_fraction']:.0f}% | {opened} | {rss} |")
     records.extend({"limit": kind, "threads": n, "gbps": v} for (kind, n), v in limit.items())
