@@ -262,6 +262,66 @@ static void check_block_dtypes(const kernel_set *fast, const kernel_set *ref, ui
     }
 }
 
+/* The K-quant runs of rows by four vectors (rows4_q4_k, rows4_q6_k) against the scalar rows, once a case each: rows of
+ * 1 to 4 256-element blocks (6 rows), and every eighth case of 13 (2 rows, the four vectors overlapping in xq: more
+ * than the 12 the avx512 set transposes a call, which it then takes one vector at a time). Random blocks and x as in
+ * check_block_dtypes; every fourth case its integer edges (weight bytes 0xFF, or 0x00 and 0xFF at random, with x
+ * +127, -127 or +-127 at random; Q6_K's scales -128 and 127), and every eighth a NaN x scale and an infinite d (f16
+ * 0x7C00) in one block, whose NaNs are all x86's default one. */
+#if defined(COLIBRI_X86_SIMD) && WITH_BLOCK_DTYPES
+static void check_rows4_k(const kernel_set *fast, const kernel_set *ref, uint32_t c) {
+    if (!fast->rows4_q4_k && !fast->rows4_q6_k) return;
+    const int long_rows = c % 8 == 6;
+    const uint32_t edge = c % 4 == 1 ? c / 4 % 3 + 1 : 0;
+    const uint32_t groups = long_rows ? 13 : 1 + c % 4, rows = long_rows ? 2 : 6, blocks = 8 * groups;
+    const uint32_t apart = long_rows ? 12 : blocks, x_blocks = 3 * apart + blocks; /* at most TILE_X * MAX_BLOCKS */
+    for (uint32_t b = 0; b < x_blocks; b++) {
+        xq_sum[b] = 0;
+        for (uint32_t i = 0; i < QBLOCK; i++) {
+            const int32_t v = edge == 1 ? 127 : edge == 2 ? -127 : edge ? (next() & 1 ? 127 : -127) : (int32_t)(next() % 255u) - 127;
+            xq[b * QBLOCK + i] = (int8_t)v;
+            xq_sum[b] += v;
+        }
+        xq_scale[b] = uniform() * 0.03f;
+    }
+    if (c % 8 == 2) xq_scale[next() % x_blocks] = f32_bits(0xFFC00000u);
+    q8_vector xs[TILE_X];
+    for (uint32_t t = 0; t < TILE_X; t++)
+        xs[t] = (q8_vector){ xq + t * apart * QBLOCK, xq_scale + t * apart, xq_sum + t * apart };
+    static const struct { uint32_t dtype; uint8_t f16_at[2]; const char *name; } K[2] = {
+        { DTYPE_Q4_K, { 0, 2 }, "rows4_q4_k" }, { DTYPE_Q6_K, { 208, 208 }, "rows4_q6_k" } };
+    for (uint32_t k = 0; k < 2; k++) {
+        const rows4_block_fn f = k ? fast->rows4_q6_k : fast->rows4_q4_k;
+        const rows_block_fn g = rows_block_for(ref, K[k].dtype);
+        if (!f) continue;
+        const uint32_t bytes = DTYPE_TRAITS[K[k].dtype].bytes;
+        for (uint32_t i = 0; i < rows * groups * bytes; i++)
+            wb[i] = (uint8_t)(!edge ? next() : edge < 3 || next() & 1 ? 0xFFu : 0x00u);
+        for (uint32_t b = 0; b < rows * groups; b++) {
+            uint8_t *blk = wb + b * bytes;
+            for (uint32_t j = 0; j < 16 && edge && k; j++) blk[192 + j] = next() & 1 ? 0x80u : 0x7Fu;
+            for (uint32_t j = 0; j < 2; j++) {
+                const uint16_t h = f32_to_f16(uniform() * 0.05f);
+                blk[K[k].f16_at[j]] = (uint8_t)h;
+                blk[K[k].f16_at[j] + 1] = (uint8_t)(h >> 8);
+            }
+        }
+        if (c % 8 == 2) {
+            uint8_t *d = wb + next() % (rows * groups) * bytes + K[k].f16_at[0];
+            d[0] = 0x00u;
+            d[1] = 0x7Cu;
+        }
+        enum { STRIDE = ROWS + 3 };
+        float got[TILE_X * STRIDE], want[TILE_X * STRIDE];
+        for (uint32_t t = 0; t < TILE_X; t++) g(wb, &xs[t], blocks, rows, want + t * STRIDE);
+        f(wb, xs, blocks, rows, got, STRIDE);
+        for (uint32_t t = 0; t < TILE_X; t++)
+            for (uint32_t r = 0; r < rows; r++) check(K[k].name, blocks, got[t * STRIDE + r], want[t * STRIDE + r]);
+        tiles++;
+    }
+}
+#endif
+
 /* The kernel set's accumulate_f32/_f16 against the scalar ones: `rows` rows of n values, `stride` apart (a KV
  * cache's row holds more than one head), into out that starts where a caller left it (zero, or a first run's sums).
  * Values uniform, or (tiny) with subnormal products and sums, which Helium flushes; some cases put a NaN (with a
@@ -456,6 +516,9 @@ int link_serve(const board_io *io) {
         check_accumulate(fast, ref, c);
         check_scores(fast, ref, c);
         check_softmax(fast, ref, c);
+#if defined(COLIBRI_X86_SIMD) && WITH_BLOCK_DTYPES
+        check_rows4_k(fast, ref, c); /* last: it fills xq's blocks as it needs them */
+#endif
         cases += 7;
     }
     say("kernel_check: ");

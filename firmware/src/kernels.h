@@ -34,6 +34,9 @@ typedef struct {
 
 /* Rows of a block dtype times x quantized to Q8_0 (kernel_set's rows_q4_1 ... rows_q6_k). */
 typedef void (*rows_block_fn)(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);
+/* `rows` consecutive rows of a block dtype times four vectors x[0..3], out[t * out_stride + r] = row r . x[t]. */
+typedef void (*rows4_block_fn)(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out,
+                               size_t out_stride);
 
 /* The dot-product kernels of one instruction set. Every entry gives the same bits as the scalar
  * one (docs/KERNELS.md: the fixed summation order). For the float dtypes w is one row and x is f32; the
@@ -97,6 +100,10 @@ typedef struct {
                        float *out, size_t out_stride);
     void (*rows4_q4_0)(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
                        float *out, size_t out_stride);
+#if WITH_BLOCK_DTYPES
+    /* Optional, the same for Q4_K and Q6_K (a run of K-quant rows by four vectors: rows_q4_k's / rows_q6_k's bits) */
+    rows4_block_fn rows4_q4_k, rows4_q6_k;
+#endif
 #endif
 } kernel_set;
 

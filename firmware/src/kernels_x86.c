@@ -279,7 +279,7 @@ static const kernel_set kernels_avx2 = { .name = "avx2", .dot_f32 = dot_f32_avx2
                                          KERNELS_ACCUMULATE(accumulate_f32_avx2, accumulate_f16_avx2)
                                          KERNELS_SCORES(scores_f32_avx2, scores_f16_avx2, softmax_avx2)
                                          .tile_f32 = tile_f32_avx2, .tile_f16 = tile_f16_avx2, .tile_bf16 = tile_bf16_avx2,
-                                         .tile_q8_0 = tile_q8_0_avx2, .tile_q4_0 = tile_q4_0_avx2, BLOCK_ROWS(avx2) };
+                                         .tile_q8_0 = tile_q8_0_avx2, .tile_q4_0 = tile_q4_0_avx2, BLOCK_ROWS4(avx2) BLOCK_ROWS(avx2) };
 
 /* AVX-512 (F, VL, BW, VNNI): the AVX2 set with what gains from it. The f32 prefill tile holds its 16 lanes
  * in one register (two for AVX2): the same additions in the same lanes, half the instructions, 1.35x the
@@ -324,7 +324,7 @@ static const kernel_set kernels_avx512 = { .name = "avx512", .dot_f32 = dot_f32_
                                            .tile_f32 = tile_f32_512, .tile_f16 = tile_f16_avx2,
                                            .tile_bf16 = tile_bf16_avx2, .tile_q8_0 = tile_q8_0_vnni,
                                            .tile_q4_0 = tile_q4_0_vnni, .rows4_q8_0 = rows4_q8_0_vnni,
-                                           .rows4_q4_0 = rows4_q4_0_vnni, BLOCK_ROWS(vnni) };
+                                           .rows4_q4_0 = rows4_q4_0_vnni, BLOCK_ROWS4(vnni) BLOCK_ROWS(vnni) };
 
 /* The best set this CPU runs: AVX2 needs AVX2 and F16C in the CPU and YMM state enabled by the OS (or the
  * bare-metal boot code: XCR0 bits 1, 2); AVX-512 its four extensions and ZMM and mask state too (bits 5-7). */

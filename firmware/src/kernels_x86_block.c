@@ -15,11 +15,6 @@
 #include "x86.h"
 
 #if defined(COLIBRI_X86_SIMD) && WITH_BLOCK_DTYPES
-/* GGUF's fields are little-endian at any byte (MXFP4's blocks are 17 bytes): le32 is image.h's, and this makes one
- * load too. */
-static inline uint32_t le16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
-AVX2 static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
-
 /* The float steps of 8 blocks from block b, lane k block b + k: kernels_block.c's, operand for operand. */
 AVX2 ALWAYS_INLINE __m256 block_step(__m256 acc, __m256i isum, __m256 a, __m256 c, const q8_vector *x, uint32_t b,
                                      int offset) {
@@ -207,23 +202,6 @@ AVX2 ALWAYS_INLINE __m256i q5_k_sums(const uint8_t *blk, const int8_t *x, produc
     }
     return block_totals(p);
 }
-/* Q4_K's and Q5_K's a = d sc and c = -(dmin m) of the 8 sub-blocks: scale_min_k4's 6-bit fields from the 12 bytes
- * s[0..11] at blk + 4, as four words of bytes (llama.cpp's kmask steps, in one register):
- *   sc 0-3 = s[0..3] & 63, sc 4-7 = s[8..11] & 15 | (s[0..3] >> 6) << 4,
- *   m 0-3 = s[4..7] & 63,  m 4-7 = s[8..11] >> 4 | (s[4..7] >> 6) << 4,
- * widened and multiplied in f32 (exact). */
-AVX2 ALWAYS_INLINE void k4_factors(const uint8_t *blk, __m256 *a, __m256 *c) {
-    const __m128i s = _mm_loadu_si128((const __m128i *)(const void *)(blk + 4)); /* s[0..11] and 4 bytes of qh/qs */
-    const __m128i low = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
-    const __m128i high = _mm_shuffle_epi8(s, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
-    const __m128i lows = _mm_and_si128(_mm_srlv_epi32(low, _mm_setr_epi32(0, 0, 0, 4)),
-                                       _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
-    const __m128i sm = _mm_or_si128(lows, _mm_and_si128(_mm_srli_epi16(high, 2), _mm_set1_epi8(0x30)));
-    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)le32(blk))); /* d, dmin */
-    *a = _mm256_mul_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
-    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
-    *c = _mm256_xor_ps(_mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), m), _mm256_set1_ps(-0.0f));
-}
 /* Q6_K's integer core: (u - 32) s for 32 unsigned u (0..63) and signed s, four neighbours summed per int32 lane.
  * AVX2 takes 32 s off each maddubs pair in int16 (a pair of (u - 32) s is at most 2 x 32 x 127). */
 AVX2 static inline __m256i products_q6_avx2(__m256i u, __m256i s) {
@@ -262,10 +240,6 @@ AVX2 ALWAYS_INLINE __m256i q6_k_sums(const uint8_t *blk, const int8_t *x, produc
     lo4 = _mm256_mullo_epi32(lo4, _mm256_cvtepi8_epi32(sc));
     hi4 = _mm256_mullo_epi32(hi4, _mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)));
     return _mm256_add_epi32(_mm256_permute2x128_si256(lo4, hi4, 0x20), _mm256_permute2x128_si256(lo4, hi4, 0x31));
-}
-AVX2 ALWAYS_INLINE void q6_k_factors(const uint8_t *blk, __m256 *a, __m256 *c) {
-    *a = _mm256_set1_ps(f16_to_f32((uint16_t)le16(blk + 208)));
-    *c = _mm256_setzero_ps();
 }
 
 /* One row of a K-quant dtype (`bytes` per block of 256). */

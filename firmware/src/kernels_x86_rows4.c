@@ -20,15 +20,6 @@ typedef struct {
     float d[8];          /* lane p: block ORDER[p]'s scale */
 } xt_group;
 
-/* a[j]'s 128-bit lane L becomes dword j of the four inputs' lane L: a[j] lane (L, i) = input i's (L, j) */
-AVX512 static inline void transpose4(__m256i a[4]) {
-    const __m256i t0 = _mm256_unpacklo_epi32(a[0], a[1]), t1 = _mm256_unpackhi_epi32(a[0], a[1]);
-    const __m256i t2 = _mm256_unpacklo_epi32(a[2], a[3]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
-    a[0] = _mm256_unpacklo_epi64(t0, t2);
-    a[1] = _mm256_unpackhi_epi64(t0, t2);
-    a[2] = _mm256_unpacklo_epi64(t1, t3);
-    a[3] = _mm256_unpackhi_epi64(t1, t3);
-}
 /* 8 blocks of 32 bytes transposed: g[j] lane p = dword j of block ORDER[p] */
 AVX512 static inline void transpose_blocks8(const int8_t *v, __m256i g[8]) {
     UNROLLED for (uint32_t i = 0; i < 4; i++) {

@@ -100,8 +100,21 @@ static uint32_t tile_tokens(const rows_work *m, const weight *w, float *out, siz
 static uint32_t rows4_tokens(const rows_work *m, const weight *w, float *out, size_t os, uint32_t h, uint32_t r,
                              uint32_t rows) {
     const kernel_set *k = m->k;
-    if (w->dtype == DTYPE_Q8_0 ? !k->rows4_q8_0 : w->dtype != DTYPE_Q4_0 || !k->rows4_q4_0) return 0;
     uint32_t t = 0;
+#if WITH_BLOCK_DTYPES
+    const rows4_block_fn kq = w->dtype == DTYPE_Q4_K ? k->rows4_q4_k : w->dtype == DTYPE_Q6_K ? k->rows4_q6_k : 0;
+    if (kq) {
+        const dtype_traits *d = &DTYPE_TRAITS[w->dtype];
+        const size_t row_bytes = (size_t)(w->cols + d->block - 1u) / d->block * d->bytes;
+        for (; t + 4 <= m->n_tok; t += 4) {
+            q8_vector q[4];
+            for (uint32_t i = 0; i < 4; i++) q[i] = token_q(m, h, t + i);
+            kq((const uint8_t *)w->data + r * row_bytes, q, w->blocks, rows, out + t * os + r, os);
+        }
+        return t;
+    }
+#endif
+    if (w->dtype == DTYPE_Q8_0 ? !k->rows4_q8_0 : w->dtype != DTYPE_Q4_0 || !k->rows4_q4_0) return 0;
     for (; t + 4 <= m->n_tok; t += 4) {
         q8_vector q[4];
         for (uint32_t i = 0; i < 4; i++) q[i] = token_q(m, h, t + i);

@@ -73,6 +73,16 @@ AVX2 static inline int32_t block_total(__m256i p) {
     return _mm_cvtsi128_si32(s);
 }
 
+/* a[j]'s 128-bit lane L becomes dword j of the four inputs' lane L: a[j] lane (L, i) = input i's (L, j), i.e. dword
+ * 4L + j of input i (the runs of rows by four vectors: kernels_x86_rows4.c, kernels_x86_block.c) */
+AVX2 static inline void transpose4(__m256i a[4]) {
+    const __m256i t0 = _mm256_unpacklo_epi32(a[0], a[1]), t1 = _mm256_unpackhi_epi32(a[0], a[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(a[2], a[3]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
+    a[0] = _mm256_unpacklo_epi64(t0, t2);
+    a[1] = _mm256_unpackhi_epi64(t0, t2);
+    a[2] = _mm256_unpacklo_epi64(t1, t3);
+    a[3] = _mm256_unpackhi_epi64(t1, t3);
+}
 /* The integer core of the quantized kernels (kernels_x86_quantized.c, kernels_x86_block.c), one per instruction
  * set: 32 unsigned bytes u times 32 signed bytes s, each int32 lane the sum of four neighbouring products
  * (VPDPBUSD's arithmetic; AVX2 adds pairs in int16 first: exact, as every u here is <= 128 and every s >= -127,
@@ -124,8 +134,35 @@ void rows4_q8_0_vnni(const int8_t *w, const uint16_t *w_scale, const q8_vector *
 void rows4_q4_0_vnni(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
                      float *out, size_t out_stride);
 
-/* The block dtypes' rows of the AVX2 and AVX-512 sets (kernels_x86_block.c), and the sets' entries for them. */
+/* The block dtypes' rows of the AVX2 and AVX-512 sets (kernels_x86_block.c, kernels_x86_rows4_k.c), the helpers
+ * both files use, and the sets' entries for them. */
 #if WITH_BLOCK_DTYPES
+/* GGUF's fields are little-endian at any byte (MXFP4's blocks are 17 bytes): le32 is image.h's, and this makes one
+ * load too. */
+static inline uint32_t le16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
+AVX2 static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+/* Q4_K's and Q5_K's a = d sc and c = -(dmin m) of the 8 sub-blocks: scale_min_k4's 6-bit fields from the 12 bytes
+ * s[0..11] at blk + 4, as four words of bytes (llama.cpp's kmask steps, in one register):
+ *   sc 0-3 = s[0..3] & 63, sc 4-7 = s[8..11] & 15 | (s[0..3] >> 6) << 4,
+ *   m 0-3 = s[4..7] & 63,  m 4-7 = s[8..11] >> 4 | (s[4..7] >> 6) << 4,
+ * widened and multiplied in f32 (exact). */
+AVX2 ALWAYS_INLINE void k4_factors(const uint8_t *blk, __m256 *a, __m256 *c) {
+    const __m128i s = _mm_loadu_si128((const __m128i *)(const void *)(blk + 4)); /* s[0..11] and 4 bytes of qh/qs */
+    const __m128i low = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m128i high = _mm_shuffle_epi8(s, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const __m128i lows = _mm_and_si128(_mm_srlv_epi32(low, _mm_setr_epi32(0, 0, 0, 4)),
+                                       _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+    const __m128i sm = _mm_or_si128(lows, _mm_and_si128(_mm_srli_epi16(high, 2), _mm_set1_epi8(0x30)));
+    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)le32(blk))); /* d, dmin */
+    *a = _mm256_mul_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
+    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+    *c = _mm256_xor_ps(_mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), m), _mm256_set1_ps(-0.0f));
+}
+/* Q6_K's a = d (the f16 after its scales), no c. */
+AVX2 ALWAYS_INLINE void q6_k_factors(const uint8_t *blk, __m256 *a, __m256 *c) {
+    *a = _mm256_set1_ps(f16_to_f32((uint16_t)le16(blk + 208)));
+    *c = _mm256_setzero_ps();
+}
 #define BLOCK_DECLS(set)                                                                                             \
     void rows_q4_1_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);         \
     void rows_q5_0_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);         \
@@ -136,12 +173,21 @@ void rows4_q4_0_vnni(const uint8_t *w, const uint16_t *w_scale, const q8_vector 
     void rows_q6_k_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out);
 BLOCK_DECLS(avx2)
 BLOCK_DECLS(vnni)
+#define BLOCK_ROWS4_DECLS(set)                                                                                       \
+    void rows4_q4_k_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out,         \
+                          size_t out_stride);                                                                        \
+    void rows4_q6_k_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out,         \
+                          size_t out_stride);
+BLOCK_ROWS4_DECLS(avx2)
+BLOCK_ROWS4_DECLS(vnni)
 #define BLOCK_ROWS(set)                                                                                              \
     .rows_q4_1 = rows_q4_1_##set, .rows_q5_0 = rows_q5_0_##set, .rows_q5_1 = rows_q5_1_##set,                       \
     .rows_mxfp4 = rows_mxfp4_##set, .rows_q4_k = rows_q4_k_##set, .rows_q5_k = rows_q5_k_##set,                     \
     .rows_q6_k = rows_q6_k_##set
+#define BLOCK_ROWS4(set) .rows4_q4_k = rows4_q4_k_##set, .rows4_q6_k = rows4_q6_k_##set,
 #else
 #define BLOCK_ROWS(set) /* the lean build: none */
+#define BLOCK_ROWS4(set)
 #endif
 
 /* CPUID feature bits (Intel SDM vol. 2A, CPUID): leaf 1 ecx, leaf 7 ebx and ecx */
