@@ -262,7 +262,7 @@ static void check_block_dtypes(const kernel_set *fast, const kernel_set *ref, ui
     }
 }
 
-/* The K-quant runs of rows by four vectors (rows4_q4_k, rows4_q6_k) against the scalar rows, once a case each: rows of
+/* The K-quant runs of rows by four vectors (rows4_q4_k, rows4_q5_k, rows4_q6_k) against the scalar rows, once a case each: rows of
  * 1 to 4 256-element blocks (6 rows), and every eighth case of 13 (2 rows, the four vectors overlapping in xq: more
  * than the 12 the avx512 set transposes a call, which it then takes one vector at a time). Random blocks and x as in
  * check_block_dtypes; every fourth case its integer edges (weight bytes 0xFF, or 0x00 and 0xFF at random, with x
@@ -270,7 +270,7 @@ static void check_block_dtypes(const kernel_set *fast, const kernel_set *ref, ui
  * 0x7C00) in one block, whose NaNs are all x86's default one. */
 #if defined(COLIBRI_X86_SIMD) && WITH_BLOCK_DTYPES
 static void check_rows4_k(const kernel_set *fast, const kernel_set *ref, uint32_t c) {
-    if (!fast->rows4_q4_k && !fast->rows4_q6_k) return;
+    if (!fast->rows4_q4_k && !fast->rows4_q5_k && !fast->rows4_q6_k) return;
     const int long_rows = c % 8 == 6;
     const uint32_t edge = c % 4 == 1 ? c / 4 % 3 + 1 : 0;
     const uint32_t groups = long_rows ? 13 : 1 + c % 4, rows = long_rows ? 2 : 6, blocks = 8 * groups;
@@ -288,10 +288,10 @@ static void check_rows4_k(const kernel_set *fast, const kernel_set *ref, uint32_
     q8_vector xs[TILE_X];
     for (uint32_t t = 0; t < TILE_X; t++)
         xs[t] = (q8_vector){ xq + t * apart * QBLOCK, xq_scale + t * apart, xq_sum + t * apart };
-    static const struct { uint32_t dtype; uint8_t f16_at[2]; const char *name; } K[2] = {
-        { DTYPE_Q4_K, { 0, 2 }, "rows4_q4_k" }, { DTYPE_Q6_K, { 208, 208 }, "rows4_q6_k" } };
-    for (uint32_t k = 0; k < 2; k++) {
-        const rows4_block_fn f = k ? fast->rows4_q6_k : fast->rows4_q4_k;
+    static const struct { uint32_t dtype; uint8_t f16_at[2]; const char *name; } K[3] = {
+        { DTYPE_Q4_K, { 0, 2 }, "rows4_q4_k" }, { DTYPE_Q5_K, { 0, 2 }, "rows4_q5_k" }, { DTYPE_Q6_K, { 208, 208 }, "rows4_q6_k" } };
+    for (uint32_t k = 0; k < 3; k++) {
+        const rows4_block_fn f = k == 2 ? fast->rows4_q6_k : k ? fast->rows4_q5_k : fast->rows4_q4_k;
         const rows_block_fn g = rows_block_for(ref, K[k].dtype);
         if (!f) continue;
         const uint32_t bytes = DTYPE_TRAITS[K[k].dtype].bytes;
@@ -299,7 +299,7 @@ static void check_rows4_k(const kernel_set *fast, const kernel_set *ref, uint32_
             wb[i] = (uint8_t)(!edge ? next() : edge < 3 || next() & 1 ? 0xFFu : 0x00u);
         for (uint32_t b = 0; b < rows * groups; b++) {
             uint8_t *blk = wb + b * bytes;
-            for (uint32_t j = 0; j < 16 && edge && k; j++) blk[192 + j] = next() & 1 ? 0x80u : 0x7Fu;
+            for (uint32_t j = 0; j < 16 && edge && k == 2; j++) blk[192 + j] = next() & 1 ? 0x80u : 0x7Fu;
             for (uint32_t j = 0; j < 2; j++) {
                 const uint16_t h = f32_to_f16(uniform() * 0.05f);
                 blk[K[k].f16_at[j]] = (uint8_t)h;

@@ -48,8 +48,8 @@ def run_kernel_check(board: str, elf: Path, extra_args: list[str] | None = None,
 
 
 # The kernel sets with prefill tiles, and how many the check compares, 400 each: two rows by two tokens (f32, f16,
-# bf16, Q8_0, Q4_0) and runs of rows by four tokens (Q4_K, Q6_K; the avx512 set's also Q8_0, Q4_0).
-TILE_DTYPES = {"avx2": 7, "avx512": 9}
+# bf16, Q8_0, Q4_0) and runs of rows by four tokens (Q4_K, Q5_K, Q6_K; the avx512 set's also Q8_0, Q4_0).
+TILE_DTYPES = {"avx2": 8, "avx512": 10}
 
 
 def check_report(text: str, code: int | None, kernels: str) -> None:

@@ -101,8 +101,8 @@ typedef struct {
     void (*rows4_q4_0)(const uint8_t *w, const uint16_t *w_scale, const q8_vector *x, uint32_t blocks, uint32_t rows,
                        float *out, size_t out_stride);
 #if WITH_BLOCK_DTYPES
-    /* Optional, the same for Q4_K and Q6_K (a run of K-quant rows by four vectors: rows_q4_k's / rows_q6_k's bits) */
-    rows4_block_fn rows4_q4_k, rows4_q6_k;
+    /* Optional, the same for Q4_K, Q5_K and Q6_K (a run of K-quant rows by four vectors: the rows kernel's bits) */
+    rows4_block_fn rows4_q4_k, rows4_q5_k, rows4_q6_k;
 #endif
 #endif
 } kernel_set;

@@ -1,13 +1,13 @@
-/* x86-64 runs of Q4_K and Q6_K rows by four vectors, the AVX2 and AVX-512 sets' rows4_q4_k and rows4_q6_k
+/* x86-64 runs of K-quant rows by four vectors, the AVX2 and AVX-512 sets' rows4_q4_k, rows4_q5_k and rows4_q6_k
  * (kernels_x86.c holds the sets): a prefill batch's four tokens at a time, each result the rows kernel's bits
- * (kernels_x86_block.c's rows_q4_k / rows_q6_k; docs/KERNELS.md). */
+ * (kernels_x86_block.c's rows_q4_k ... rows_q6_k; docs/KERNELS.md). */
 #include "internal.h"
 #include "x86.h"
 
 #if defined(COLIBRI_X86_SIMD) && WITH_BLOCK_DTYPES
 /* x transposed once a call, as kernels_x86_rows4.c does for Q8_0 and Q4_0, so that the integer core's chains leave
  * sums in lanes, no horizontal sums: each K-quant block's 8 sub-blocks are taken as two sets of four, P[0..3] and P[4..7], the order
- * in which the block's bytes give them after one 4 x 4 dword transpose (Q4_K: qs's 32-byte chunks i hold sub-blocks
+ * in which the block's bytes give them after one 4 x 4 dword transpose (Q4_K, Q5_K: qs's 32-byte chunks i hold sub-blocks
  * 2i and 2i + 1 as low and high nibbles, so P = 0 2 4 6 1 3 5 7; Q6_K: ql's chunks i hold sub-blocks 4(i / 2) +
  * (i & 1) and that + 2, so P = 0 1 4 5 2 3 6 7). x's blocks are stored transposed alike: register j < 4 lane
  * (L, i) (128-bit lane L, dword i) holds elements 4(4L + j) .. + 3 of block P[i], register 4 + j those of block
@@ -15,7 +15,7 @@
  * of its sub-block, so the two halves of each 128-bit lane added give sub-block P[p]'s integer sum in lane p, and
  * Q6_K's halves, each with its own int8 scale, are multiplied by it before (its "- 32" the chain's start: -32 times
  * the half's x sum, made once per call). The float steps then run lane by lane in P's order, and the accumulators
- * are put back in block order before the tree: each result is rows_q4_k's / rows_q6_k's bits. */
+ * are put back in block order before the tree: each result is the rows kernel's bits. */
 #define KT_GROUPS 12u /* 256-element blocks of x a call transposes: 3,072 values, 16.5 KiB on the stack */
 typedef struct {
     int8_t q[8][QBLOCK]; /* as above: register j < 4 from blocks P[0..3], 4 + j from P[4..7] */
@@ -36,7 +36,7 @@ AVX512 static inline __m256i chain2_vnni(__m256i acc, __m256i u0, __m256i s0, __
     return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc, u0, s0), u1, s1);
 }
 
-/* x[0..3]'s `groups` 256-element blocks transposed (q6: Q6_K's P and starts, else Q4_K's). */
+/* x[0..3]'s `groups` 256-element blocks transposed (q6: Q6_K's P and starts, else Q4_K's and Q5_K's). */
 AVX2 ALWAYS_INLINE void kt_transpose(kt_group *xt, const q8_vector *x, uint32_t groups, int q6, chain2_fn chain2) {
     const int32_t *P = KT_P[q6];
     const __m256i perm = _mm256_loadu_si256((const __m256i *)(const void *)P);
@@ -74,6 +74,22 @@ AVX2 ALWAYS_INLINE void kt_weights_q4_k(const uint8_t *blk, __m256i u[8]) {
         u[4 + j] = _mm256_and_si256(_mm256_srli_epi16(c[j], 4), mask);
     }
 }
+/* One Q5_K block's: Q4_K's nibbles (at blk + 48), bit 4 of sub-block s's element l in bit s of qh[l]: lane (L, i) of
+ * register j takes qh's dword 4L + j (a shuffle), shifted right by P's sub-block (2i, 2i + 1) and left by 4. */
+AVX2 ALWAYS_INLINE void kt_weights_q5_k(const uint8_t *blk, __m256i u[8]) {
+    const __m256i mask = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10), qh = load32(blk + 16);
+    const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6), odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+    __m256i c[4], h[4] = { _mm256_shuffle_epi32(qh, 0x00), _mm256_shuffle_epi32(qh, 0x55), _mm256_shuffle_epi32(qh, 0xAA),
+                           _mm256_shuffle_epi32(qh, 0xFF) };
+    UNROLLED for (uint32_t i = 0; i < 4; i++) c[i] = load32(blk + 48 + 32 * i);
+    transpose4(c);
+    UNROLLED for (uint32_t j = 0; j < 4; j++) {
+        u[j] = _mm256_or_si256(_mm256_and_si256(c[j], mask),
+                               _mm256_and_si256(_mm256_slli_epi32(_mm256_srlv_epi32(h[j], even), 4), bit4));
+        u[4 + j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c[j], 4), mask),
+                                   _mm256_and_si256(_mm256_slli_epi32(_mm256_srlv_epi32(h[j], odd), 4), bit4));
+    }
+}
 /* One Q6_K block's 6-bit values (0..63) so, and the int8 scales of the chains' lanes: lane (L, i) of the first set
  * is the half L of sub-block P[i] (scale 2 P[i] + L), of the second P[4 + i]'s. A lane's top bits are qh's bits 2k,
  * 2k + 1 (k = the sub-block's 4n + k), moved to bits 4, 5 by a dword shift per lane (the bits it brings from the
@@ -101,7 +117,7 @@ AVX2 ALWAYS_INLINE void kt_weights_q6_k(const uint8_t *blk, __m256i u[8], __m256
 
 /* Rows [0, rows) of a K-quant matrix (`bytes` per block) times x[0..3] into out[t * out_stride + r], each read once. */
 AVX2 ALWAYS_INLINE void kt_rows(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out,
-                                size_t out_stride, size_t bytes, int q6, chain2_fn chain2, rows_block_fn one) {
+                                size_t out_stride, size_t bytes, int q6, int q5, chain2_fn chain2, rows_block_fn one) {
     const uint32_t groups = blocks / 8;
     if (!groups || groups > KT_GROUPS) { /* longer than the stack's groups: one vector at a time */
         for (uint32_t t = 0; t < 4; t++) one(w, &x[t], blocks, rows, out + t * out_stride);
@@ -124,7 +140,8 @@ AVX2 ALWAYS_INLINE void kt_rows(const uint8_t *w, const q8_vector *x, uint32_t b
                 kt_weights_q6_k(blk, u, sc);
                 q6_k_factors(blk, &a, &c);
             } else {
-                kt_weights_q4_k(blk, u);
+                if (q5) kt_weights_q5_k(blk, u);
+                else kt_weights_q4_k(blk, u);
                 k4_factors(blk, &a, &c);
                 a = _mm256_permutevar8x32_ps(a, perm);
                 c = _mm256_permutevar8x32_ps(c, perm);
@@ -151,13 +168,15 @@ AVX2 ALWAYS_INLINE void kt_rows(const uint8_t *w, const q8_vector *x, uint32_t b
         UNROLLED for (uint32_t t = 0; t < 4; t++) out[t * out_stride + r] = sum8(_mm256_permutevar8x32_ps(acc[t], back));
     }
 }
-#define K_ROWS4(name, set, TARGET, q6, bytes)                                                                        \
+#define K_ROWS4(name, set, TARGET, q6, q5, bytes)                                                                    \
     TARGET void rows4_##name##_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out, \
                                      size_t out_stride) {                                                            \
-        kt_rows(w, x, blocks, rows, out, out_stride, bytes, q6, chain2_##set, rows_##name##_##set);                 \
+        kt_rows(w, x, blocks, rows, out, out_stride, bytes, q6, q5, chain2_##set, rows_##name##_##set);             \
     }
-K_ROWS4(q4_k, avx2, AVX2, 0, DTYPE_BYTES_Q4_K)
-K_ROWS4(q6_k, avx2, AVX2, 1, DTYPE_BYTES_Q6_K)
-K_ROWS4(q4_k, vnni, AVX512, 0, DTYPE_BYTES_Q4_K)
-K_ROWS4(q6_k, vnni, AVX512, 1, DTYPE_BYTES_Q6_K)
+K_ROWS4(q4_k, avx2, AVX2, 0, 0, DTYPE_BYTES_Q4_K)
+K_ROWS4(q5_k, avx2, AVX2, 0, 1, DTYPE_BYTES_Q5_K)
+K_ROWS4(q6_k, avx2, AVX2, 1, 0, DTYPE_BYTES_Q6_K)
+K_ROWS4(q4_k, vnni, AVX512, 0, 0, DTYPE_BYTES_Q4_K)
+K_ROWS4(q5_k, vnni, AVX512, 0, 1, DTYPE_BYTES_Q5_K)
+K_ROWS4(q6_k, vnni, AVX512, 1, 0, DTYPE_BYTES_Q6_K)
 #endif

@@ -102,7 +102,8 @@ static uint32_t rows4_tokens(const rows_work *m, const weight *w, float *out, si
     const kernel_set *k = m->k;
     uint32_t t = 0;
 #if WITH_BLOCK_DTYPES
-    const rows4_block_fn kq = w->dtype == DTYPE_Q4_K ? k->rows4_q4_k : w->dtype == DTYPE_Q6_K ? k->rows4_q6_k : 0;
+    const rows4_block_fn kq = w->dtype == DTYPE_Q4_K ? k->rows4_q4_k : w->dtype == DTYPE_Q5_K ? k->rows4_q5_k
+                              : w->dtype == DTYPE_Q6_K ? k->rows4_q6_k : 0;
     if (kq) {
         const dtype_traits *d = &DTYPE_TRAITS[w->dtype];
         const size_t row_bytes = (size_t)(w->cols + d->block - 1u) / d->block * d->bytes;

@@ -176,6 +176,8 @@ BLOCK_DECLS(vnni)
 #define BLOCK_ROWS4_DECLS(set)                                                                                       \
     void rows4_q4_k_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out,         \
                           size_t out_stride);                                                                        \
+    void rows4_q5_k_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out,         \
+                          size_t out_stride);                                                                        \
     void rows4_q6_k_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out,         \
                           size_t out_stride);
 BLOCK_ROWS4_DECLS(avx2)
@@ -184,7 +186,8 @@ BLOCK_ROWS4_DECLS(vnni)
     .rows_q4_1 = rows_q4_1_##set, .rows_q5_0 = rows_q5_0_##set, .rows_q5_1 = rows_q5_1_##set,                       \
     .rows_mxfp4 = rows_mxfp4_##set, .rows_q4_k = rows_q4_k_##set, .rows_q5_k = rows_q5_k_##set,                     \
     .rows_q6_k = rows_q6_k_##set
-#define BLOCK_ROWS4(set) .rows4_q4_k = rows4_q4_k_##set, .rows4_q6_k = rows4_q6_k_##set,
+#define BLOCK_ROWS4(set)                                                                                             \
+    .rows4_q4_k = rows4_q4_k_##set, .rows4_q5_k = rows4_q5_k_##set, .rows4_q6_k = rows4_q6_k_##set,
 #else
 #define BLOCK_ROWS(set) /* the lean build: none */
 #define BLOCK_ROWS4(set)
