@@ -262,18 +262,21 @@ static void check_block_dtypes(const kernel_set *fast, const kernel_set *ref, ui
     }
 }
 
-/* The K-quant runs of rows by four vectors (rows4_q4_k, rows4_q5_k, rows4_q6_k) against the scalar rows, once a case each: rows of
- * 1 to 4 256-element blocks (6 rows), and every eighth case of 13 (2 rows, the four vectors overlapping in xq: more
- * than the 12 the avx512 set transposes a call, which it then takes one vector at a time). Random blocks and x as in
+/* The K-quant runs of rows by four vectors (rows4_q4_k, rows4_q5_k, rows4_q6_k) against the scalar rows, once a case
+ * each: rows of 1 to 4 256-element blocks (6 rows), and every eighth case of 13 (18 rows, the four vectors overlapping
+ * in xq: more than the 12 the x86 sets transpose at once and more than the 16 rows a segment of them serves). Random blocks and x as in
  * check_block_dtypes; every fourth case its integer edges (weight bytes 0xFF, or 0x00 and 0xFF at random, with x
  * +127, -127 or +-127 at random; Q6_K's scales -128 and 127), and every eighth a NaN x scale and an infinite d (f16
  * 0x7C00) in one block, whose NaNs are all x86's default one. */
 #if defined(COLIBRI_X86_SIMD) && WITH_BLOCK_DTYPES
+#define LONG_ROWS 18u
+static uint8_t wl[LONG_ROWS * 13 * 210]; /* the long rows: 13 Q6_K blocks each */
 static void check_rows4_k(const kernel_set *fast, const kernel_set *ref, uint32_t c) {
     if (!fast->rows4_q4_k && !fast->rows4_q5_k && !fast->rows4_q6_k) return;
     const int long_rows = c % 8 == 6;
     const uint32_t edge = c % 4 == 1 ? c / 4 % 3 + 1 : 0;
-    const uint32_t groups = long_rows ? 13 : 1 + c % 4, rows = long_rows ? 2 : 6, blocks = 8 * groups;
+    const uint32_t groups = long_rows ? 13 : 1 + c % 4, rows = long_rows ? LONG_ROWS : 6, blocks = 8 * groups;
+    uint8_t *const wk = long_rows ? wl : wb;
     const uint32_t apart = long_rows ? 12 : blocks, x_blocks = 3 * apart + blocks; /* at most TILE_X * MAX_BLOCKS */
     for (uint32_t b = 0; b < x_blocks; b++) {
         xq_sum[b] = 0;
@@ -296,9 +299,9 @@ static void check_rows4_k(const kernel_set *fast, const kernel_set *ref, uint32_
         if (!f) continue;
         const uint32_t bytes = DTYPE_TRAITS[K[k].dtype].bytes;
         for (uint32_t i = 0; i < rows * groups * bytes; i++)
-            wb[i] = (uint8_t)(!edge ? next() : edge < 3 || next() & 1 ? 0xFFu : 0x00u);
+            wk[i] = (uint8_t)(!edge ? next() : edge < 3 || next() & 1 ? 0xFFu : 0x00u);
         for (uint32_t b = 0; b < rows * groups; b++) {
-            uint8_t *blk = wb + b * bytes;
+            uint8_t *blk = wk + b * bytes;
             for (uint32_t j = 0; j < 16 && edge && k == 2; j++) blk[192 + j] = next() & 1 ? 0x80u : 0x7Fu;
             for (uint32_t j = 0; j < 2; j++) {
                 const uint16_t h = f32_to_f16(uniform() * 0.05f);
@@ -307,14 +310,14 @@ static void check_rows4_k(const kernel_set *fast, const kernel_set *ref, uint32_
             }
         }
         if (c % 8 == 2) {
-            uint8_t *d = wb + next() % (rows * groups) * bytes + K[k].f16_at[0];
+            uint8_t *d = wk + next() % (rows * groups) * bytes + K[k].f16_at[0];
             d[0] = 0x00u;
             d[1] = 0x7Cu;
         }
-        enum { STRIDE = ROWS + 3 };
+        enum { STRIDE = LONG_ROWS + 3 };
         float got[TILE_X * STRIDE], want[TILE_X * STRIDE];
-        for (uint32_t t = 0; t < TILE_X; t++) g(wb, &xs[t], blocks, rows, want + t * STRIDE);
-        f(wb, xs, blocks, rows, got, STRIDE);
+        for (uint32_t t = 0; t < TILE_X; t++) g(wk, &xs[t], blocks, rows, want + t * STRIDE);
+        f(wk, xs, blocks, rows, got, STRIDE);
         for (uint32_t t = 0; t < TILE_X; t++)
             for (uint32_t r = 0; r < rows; r++) check(K[k].name, blocks, got[t * STRIDE + r], want[t * STRIDE + r]);
         tiles++;

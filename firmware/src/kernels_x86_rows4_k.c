@@ -16,7 +16,7 @@
  * Q6_K's halves, each with its own int8 scale, are multiplied by it before (its "- 32" the chain's start: -32 times
  * the half's x sum, made once per call). The float steps then run lane by lane in P's order, and the accumulators
  * are put back in block order before the tree: each result is the rows kernel's bits. */
-#define KT_GROUPS 12u /* 256-element blocks of x a call transposes: 3,072 values, 16.5 KiB on the stack */
+#define KT_GROUPS 12u /* 256-element blocks of x transposed at once: 3,072 values, 16.5 KiB on the stack */
 typedef struct {
     int8_t q[8][QBLOCK]; /* as above: register j < 4 from blocks P[0..3], 4 + j from P[4..7] */
     int32_t s[2][8];     /* Q4_K: s[0] lane p block P[p]'s x sum; Q6_K: the two chains' starts, lane (L, i) -32 x the half's sum */
@@ -115,63 +115,84 @@ AVX2 ALWAYS_INLINE void kt_weights_q6_k(const uint8_t *blk, __m256i u[8], __m256
     sc[1] = _mm256_cvtepi8_epi32(_mm_srli_si128(s, 8));
 }
 
-/* Rows [0, rows) of a K-quant matrix (`bytes` per block) times x[0..3] into out[t * out_stride + r], each read once. */
+/* Rows [0, rows) of a K-quant matrix (`bytes` per block) times x[0..3] into out[t * out_stride + r], each read once.
+ * x longer than the KT_GROUPS blocks a transpose holds is taken in segments of them, KT_ROWS rows at a time: each
+ * row's accumulators kept on the stack between segments, so every lane adds its blocks in the same order. */
+#define KT_ROWS 16u
 AVX2 ALWAYS_INLINE void kt_rows(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out,
-                                size_t out_stride, size_t bytes, int q6, int q5, chain2_fn chain2, rows_block_fn one) {
+                                size_t out_stride, size_t bytes, int q6, int q5, chain2_fn chain2) {
     const uint32_t groups = blocks / 8;
-    if (!groups || groups > KT_GROUPS) { /* longer than the stack's groups: one vector at a time */
-        for (uint32_t t = 0; t < 4; t++) one(w, &x[t], blocks, rows, out + t * out_stride);
-        return;
-    }
+    const size_t row_bytes = (size_t)groups * bytes;
     kt_group xt[4 * KT_GROUPS];
-    kt_transpose(xt, x, groups, q6, chain2);
-    const __m256i perm = _mm256_loadu_si256((const __m256i *)(const void *)KT_P[q6]);
-    const __m256i back = _mm256_loadu_si256((const __m256i *)(const void *)KT_BACK[q6]);
-    for (uint32_t r = 0; r < rows; r++) {
-        const uint8_t *row = w + (size_t)r * groups * bytes;
-        __m256 acc[4];
-        UNROLLED for (uint32_t t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
-        for (uint32_t k = 0; k < groups; k++) {
-            const uint8_t *blk = row + (size_t)k * bytes;
-            prefetch(blk, bytes);
-            __m256i u[8], sc[2];
-            __m256 a, c = _mm256_setzero_ps();
-            if (q6) {
-                kt_weights_q6_k(blk, u, sc);
-                q6_k_factors(blk, &a, &c);
-            } else {
-                if (q5) kt_weights_q5_k(blk, u);
-                else kt_weights_q4_k(blk, u);
-                k4_factors(blk, &a, &c);
-                a = _mm256_permutevar8x32_ps(a, perm);
-                c = _mm256_permutevar8x32_ps(c, perm);
-            }
-            UNROLLED for (uint32_t t = 0; t < 4; t++) {
-                const kt_group *g = xt + t * groups + k;
-                __m256i lo = q6 ? load32(g->s[0]) : _mm256_setzero_si256(), hi = q6 ? load32(g->s[1]) : _mm256_setzero_si256();
-                UNROLLED for (uint32_t j = 0; j < 4; j += 2) {
-                    lo = chain2(lo, u[j], load32(g->q[j]), u[j + 1], load32(g->q[j + 1]));
-                    hi = chain2(hi, u[4 + j], load32(g->q[4 + j]), u[5 + j], load32(g->q[5 + j]));
+    __m256 kept[KT_ROWS][4];
+    const uint32_t run = groups <= KT_GROUPS ? rows : KT_ROWS; /* rows a transposed segment serves */
+    for (uint32_t r = 0; r < rows && !groups; r++) /* no blocks (never in an image): the empty tree's +0 */
+        for (uint32_t t = 0; t < 4; t++) out[t * out_stride + r] = 0.0f;
+    for (uint32_t r0 = 0; r0 < rows; r0 += run) {
+        const uint32_t r1 = rows - r0 < run ? rows : r0 + run;
+        for (uint32_t s0 = 0; s0 < groups; s0 += KT_GROUPS) {
+            const uint32_t s1 = groups - s0 < KT_GROUPS ? groups : s0 + KT_GROUPS, n = s1 - s0;
+            q8_vector xs[4];
+            for (uint32_t t = 0; t < 4; t++)
+                xs[t] = (q8_vector){ x[t].q + (size_t)s0 * 8 * QBLOCK, x[t].scale + (size_t)s0 * 8, x[t].sum + (size_t)s0 * 8 };
+            kt_transpose(xt, xs, n, q6, chain2);
+            for (uint32_t r = r0; r < r1; r++) {
+                const uint8_t *row = w + (size_t)r * row_bytes + (size_t)s0 * bytes;
+                __m256 acc[4];
+                if (s0)
+                    UNROLLED for (uint32_t t = 0; t < 4; t++) acc[t] = kept[r - r0][t];
+                else
+                    UNROLLED for (uint32_t t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
+                for (uint32_t k = 0; k < n; k++) {
+                    const uint8_t *blk = row + (size_t)k * bytes;
+                    prefetch(blk, bytes);
+                    __m256i u[8], sc[2];
+                    __m256 a, c = _mm256_setzero_ps();
+                    if (q6) {
+                        kt_weights_q6_k(blk, u, sc);
+                        q6_k_factors(blk, &a, &c);
+                    } else {
+                        if (q5) kt_weights_q5_k(blk, u);
+                        else kt_weights_q4_k(blk, u);
+                        k4_factors(blk, &a, &c);
+                        const __m256i perm = _mm256_loadu_si256((const __m256i *)(const void *)KT_P[q6]);
+                        a = _mm256_permutevar8x32_ps(a, perm);
+                        c = _mm256_permutevar8x32_ps(c, perm);
+                    }
+                    UNROLLED for (uint32_t t = 0; t < 4; t++) {
+                        const kt_group *g = xt + t * n + k;
+                        __m256i lo = q6 ? load32(g->s[0]) : _mm256_setzero_si256();
+                        __m256i hi = q6 ? load32(g->s[1]) : _mm256_setzero_si256();
+                        UNROLLED for (uint32_t j = 0; j < 4; j += 2) {
+                            lo = chain2(lo, u[j], load32(g->q[j]), u[j + 1], load32(g->q[j + 1]));
+                            hi = chain2(hi, u[4 + j], load32(g->q[4 + j]), u[5 + j], load32(g->q[5 + j]));
+                        }
+                        if (q6) {
+                            lo = _mm256_mullo_epi32(lo, sc[0]);
+                            hi = _mm256_mullo_epi32(hi, sc[1]);
+                        }
+                        const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20),
+                                                              _mm256_permute2x128_si256(lo, hi, 0x31));
+                        /* block_step's operations, operand for operand, with x's scale and sum in lane order */
+                        const __m256 xd = _mm256_loadu_ps(g->d);
+                        __m256 tt = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(a, xd));
+                        if (!q6) tt = _mm256_add_ps(tt, _mm256_mul_ps(_mm256_cvtepi32_ps(load32(g->s[0])), _mm256_mul_ps(c, xd)));
+                        acc[t] = _mm256_add_ps(acc[t], tt);
+                    }
                 }
-                if (q6) {
-                    lo = _mm256_mullo_epi32(lo, sc[0]);
-                    hi = _mm256_mullo_epi32(hi, sc[1]);
-                }
-                const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31));
-                /* block_step's operations, operand for operand, with x's scale and sum in lane order */
-                const __m256 xd = _mm256_loadu_ps(g->d);
-                __m256 tt = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(a, xd));
-                if (!q6) tt = _mm256_add_ps(tt, _mm256_mul_ps(_mm256_cvtepi32_ps(load32(g->s[0])), _mm256_mul_ps(c, xd)));
-                acc[t] = _mm256_add_ps(acc[t], tt);
+                if (s1 < groups)
+                    UNROLLED for (uint32_t t = 0; t < 4; t++) kept[r - r0][t] = acc[t];
+                else
+                    UNROLLED for (uint32_t t = 0; t < 4; t++)
+                        out[t * out_stride + r] = sum8(_mm256_permutevar8x32_ps(acc[t], load32(KT_BACK[q6])));
             }
         }
-        UNROLLED for (uint32_t t = 0; t < 4; t++) out[t * out_stride + r] = sum8(_mm256_permutevar8x32_ps(acc[t], back));
     }
 }
 #define K_ROWS4(name, set, TARGET, q6, q5, bytes)                                                                    \
     TARGET void rows4_##name##_##set(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out, \
                                      size_t out_stride) {                                                            \
-        kt_rows(w, x, blocks, rows, out, out_stride, bytes, q6, q5, chain2_##set, rows_##name##_##set);             \
+        kt_rows(w, x, blocks, rows, out, out_stride, bytes, q6, q5, chain2_##set);                                  \
     }
 K_ROWS4(q4_k, avx2, AVX2, 0, 0, DTYPE_BYTES_Q4_K)
 K_ROWS4(q5_k, avx2, AVX2, 0, 1, DTYPE_BYTES_Q5_K)
