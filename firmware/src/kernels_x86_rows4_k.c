@@ -19,7 +19,10 @@
 #define KT_GROUPS 12u /* 256-element blocks of x transposed at once: 3,072 values, 16.5 KiB on the stack */
 typedef struct {
     int8_t q[8][QBLOCK]; /* as above: register j < 4 from blocks P[0..3], 4 + j from P[4..7] */
-    int32_t s[2][8];     /* Q4_K: s[0] lane p block P[p]'s x sum; Q6_K: the two chains' starts, lane (L, i) -32 x the half's sum */
+    union {
+        int32_t s[2][8]; /* Q6_K: the two chains' starts, lane (L, i) -32 x the half's sum */
+        float sum[8];    /* Q4_K, Q5_K: lane p block P[p]'s x sum, as the float the offset step converts it to (exact) */
+    };
     float d[8];          /* lane p: block P[p]'s scale */
 } kt_group;
 static const int32_t KT_P[2][8] = { { 0, 2, 4, 6, 1, 3, 5, 7 }, { 0, 1, 4, 5, 2, 3, 6, 7 } }; /* Q4_K, Q6_K */
@@ -58,7 +61,7 @@ AVX2 ALWAYS_INLINE void kt_transpose(kt_group *xt, const q8_vector *x, uint32_t 
                     _mm256_storeu_si256((__m256i *)(void *)o->s[h], _mm256_mullo_epi32(sum, _mm256_set1_epi32(-32)));
                 }
             } else {
-                _mm256_storeu_si256((__m256i *)(void *)o->s[0], _mm256_permutevar8x32_epi32(load32(x[t].sum + 8 * k), perm));
+                _mm256_storeu_ps(o->sum, _mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(load32(x[t].sum + 8 * k), perm)));
             }
         }
 }
@@ -176,7 +179,7 @@ AVX2 ALWAYS_INLINE void kt_rows(const uint8_t *w, const q8_vector *x, uint32_t b
                         /* block_step's operations, operand for operand, with x's scale and sum in lane order */
                         const __m256 xd = _mm256_loadu_ps(g->d);
                         __m256 tt = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(a, xd));
-                        if (!q6) tt = _mm256_add_ps(tt, _mm256_mul_ps(_mm256_cvtepi32_ps(load32(g->s[0])), _mm256_mul_ps(c, xd)));
+                        if (!q6) tt = _mm256_add_ps(tt, _mm256_mul_ps(_mm256_loadu_ps(g->sum), _mm256_mul_ps(c, xd)));
                         acc[t] = _mm256_add_ps(acc[t], tt);
                     }
                 }
