@@ -139,6 +139,20 @@ def repacked_image_bytes(img: Image, dtype: DType | None) -> int:
     return plan_image(img.dims, tensors, img.header["expert_align"], pinned, img.meta).image_bytes
 
 
+def fallbacks(tensors: dict, dtype: DType | None, keep: list[tuple[str, DType]]) -> dict[tuple[str, str], tuple[set[int], int]]:
+    """(the K-quant chosen, the type stored) -> (their row lengths, how many) of the matrices whose rows are not
+    whole 256-element blocks and so take llama.cpp's fallback type (quant.fitted), a tied tensor counted once."""
+    out: dict[tuple[str, str], set[int]] = {}
+    seen: dict[int, tuple[str, str]] = {}
+    for key, t in tensors.items():
+        chosen = choose_dtype(*key, dtype, keep, stored_dtype(t))
+        stored = fitted(chosen, t.shape[-1])
+        if stored != chosen and id(t) not in seen:
+            seen[id(t)] = pair = (chosen.name.lower(), stored.name.lower())
+            out.setdefault(pair, set()).add(int(t.shape[-1]))
+    return {pair: (cols, sum(p == pair for p in seen.values())) for pair, cols in out.items()}
+
+
 def convert_tensors(tensors: dict, dtype: DType, keep: list[tuple[str, DType]]) -> dict:
     """Every tensor in its chosen dtype; tied tensors stay one object, in the widest dtype any of their keys
     chooses (a tied embedding is the output matrix too: `--keep token_embd=...` narrower than the output's
@@ -465,6 +479,7 @@ def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, *, board:
             "tied_embeddings": ckpt.tied_embeddings, "dims": dims, "fit": fit_lines, "family": ckpt.family,
             "bytes_by_dtype": img.bytes_by_dtype(), "quality": cost,
             "resident_bytes": img.resident_bytes, "pinned": sorted(pinned), "converted": ckpt.converted,
+            "fallbacks": fallbacks(ckpt.tensors, dtype, keep or []),
             "towers_left_out": ckpt.towers_left_out,
             "tokenizer": bool(meta), "chat_template": bool(meta and meta.get("chat_template")),
         }
@@ -541,9 +556,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  parameters  {r['params']:,} total, {r['active_params_per_token']:,} active per token")
     if r["converted"]:
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(r["converted"].items()))
+        target = "q8_0" if args.dtype == "stored" else args.dtype
+        # the other choices, those that differ from this one (f32 is exact: no quality line to look at)
+        other = ", ".join(hint for hint, differs in (
+            ("--dtype f32 keeps them exact", target != "f32"),
+            ("--dtype q4_k smaller", value_bytes(DType.parse(target)) > value_bytes(DType.Q4_K))) if differs)
+        cost = "; the quality line shows what that costs" if target != "f32" else ""
         print(f"  converted   {kinds} tensors: no image dtype holds them, so they were dequantized to f32 "
-              f"exactly and stored as {'q8_0' if args.dtype == 'stored' else args.dtype} (--dtype f32 keeps them "
-              "exact, --dtype q4_k smaller; the quality line shows what that costs)")
+              f"exactly and stored as {target} ({other}{cost})")
+    for (chosen, stored), (cols, count) in sorted(r["fallbacks"].items()):
+        widths = ", ".join(str(c) for c in sorted(cols))
+        print(f"  fallback    {count} {chosen} matrices stored as {stored}: their rows ({widths} values) are not whole "
+              f"256-element blocks (llama.cpp's fallback type)")
     if r["towers_left_out"]:
         print(f"  text model  the multimodal checkpoint's text model: {r['towers_left_out']} vision and audio tower "
               "tensors left out (the image runs text)")

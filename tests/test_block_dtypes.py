@@ -106,6 +106,39 @@ def test_k_quant_rows_that_are_not_whole_blocks_fall_back(tmp_path):
         assert DType(img.entry(Role.WQ, 0).dtype) == fallback, asked
 
 
+def test_the_pack_report_names_the_k_quant_fallback(k256_checkpoint, tmp_path, capsys):
+    """--dtype q4_k on a model whose rows are not whole 256-element blocks (WIDE's hidden 264, FFN 72) stores those
+    matrices in llama.cpp's fallback type: the report says so, how many and why, where before it said nothing (the
+    image line showed q5_0 alone, for a pack asked to make q4_k); a model of whole blocks gets no such line (review
+    of issue 34)."""
+    from colibri import pack as pack_cli
+    src = make_checkpoint(WIDE, tmp_path / "wide")
+    assert pack_cli.main([str(src), "-o", str(tmp_path / "w.img"), "--max-seq", "32", "--dtype", "q4_k",
+                          "--no-quality"]) == 0
+    img = read_image((tmp_path / "w.img").read_bytes())
+    fell = sum(e.dtype == DType.Q5_0 for e in {e.offset: e for e in img.entries}.values())
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("  fallback"))
+    assert f"{fell} q4_k matrices stored as q5_0" in line and "not whole 256-element blocks" in line, line
+    assert pack_cli.main([str(k256_checkpoint), "-o", str(tmp_path / "k.img"), "--max-seq", "32", "--dtype", "q4_k",
+                          "--no-quality"]) == 0
+    assert "fallback" not in capsys.readouterr().out
+
+
+def test_the_converted_line_suggests_no_dtype_it_already_has(tmp_path, capsys):
+    """An IQ4_XS file packed with --dtype q4_k: the report's converted line must not advise `--dtype q4_k smaller`
+    (that is what it did), nor --dtype f32 to a pack that asked for f32 (review of issue 34)."""
+    from colibri import pack as pack_cli
+    src = FIXTURES / "mixtral-iq4_xs.gguf"
+    for dtype, absent in (("q4_k", "--dtype q4_k smaller"), ("f32", "--dtype f32 keeps them exact")):
+        assert pack_cli.main([str(src), "-o", str(tmp_path / "x.img"), "--max-seq", "32", "--dtype", dtype,
+                              "--no-quality"]) == 0
+        line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("  converted"))
+        assert absent not in line, line
+    assert pack_cli.main([str(src), "-o", str(tmp_path / "x.img"), "--max-seq", "32", "--dtype", "q8_0",
+                          "--no-quality"]) == 0
+    assert "--dtype q4_k smaller" in capsys.readouterr().out  # where it is smaller, it still says so
+
+
 def file_tensors_in_image(img, name: str, t) -> list[tuple[object, object]]:
     """(the file's tensor as stored, the image's) for a GGUF tensor the image keeps as it is: the q rows of a
     `llama` file reordered back, the routed experts one by one."""
