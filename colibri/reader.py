@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from colibri.dims import ModelDims, align_up, canonical_order, expected_shape, flags_of_record
-from colibri.format import (ALIGN, ENTRY_BYTES, F32_TABLES, HEADER_BYTES, HEADER_FIELDS, LAYER_ATTN_DELTA_NET,
+from colibri.format import (ALIGN, ENTRY_BYTES, F32_TABLES, FOLLOWS, HEADER_BYTES, HEADER_FIELDS, LAYER_ATTN_DELTA_NET,
                             LAYER_ATTN_LATENT, LAYER_ATTN_SHORT_CONV, LAYER_ATTN_STANDARD, LAYER_BYTES, LAYER_ENUMS,
                             LAYER_EXPERT_OPTIONS, LAYER_FFN_DENSE, LAYER_FFN_MOE, LAYER_FIELDS, LAYER_KNOWN_OPTIONS,
                             LAYER_OPT_GLOBAL_ROPE, LAYER_OPT_K_IS_V, LAYER_OPT_NORM_TOPK, LAYER_OPT_ROPE_PAIRS,
@@ -264,6 +264,10 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
     eps = h["topk_norm_eps"]
     if not (0.0 <= eps < 1.0 if n_experts else struct.pack("<f", eps) == bytes(4)):  # (NaN fails both)
         raise ImageError(f"topk_norm_eps {eps}: 0 <= eps < 1 with experts, else 0")
+    table_end, data_offset = h["tensor_table_offset"] + h["n_tensors"] * ENTRY_BYTES, h["data_offset"]
+    if data_offset % ALIGN or not table_end <= data_offset <= h["expert_offset"]:
+        raise ImageError(f"data_offset {data_offset} is not aligned, or not between the tensor table's end ({table_end}) "
+                         f"and the expert part ({h['expert_offset']})")
     raw = [ENTRY_STRUCT.unpack_from(data, h["tensor_table_offset"] + i * ENTRY_BYTES) for i in range(h["n_tensors"])]
     dims = ModelDims(**{k: h[k] for k in (
         "vocab_size", "hidden_size", "ffn_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
@@ -281,6 +285,10 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
         dims = replace(dims, records=())
     order = (key for key in canonical_order(dims) if dims.present(key[0], key[1]))  # walked with the table: a short
     entries = []                                                                    # table ends it
+    # where tensor bytes may lie (table.c, check_entry and table_walk): from data_offset on; a resident tensor within
+    # the resident part, a routed expert's anywhere before the metadata section, its block wholly in one tier
+    tensors_end = h["meta_offset"] if h["meta_bytes"] else h["image_bytes"]
+    prev_end = block_start = 0
     for i, (role, layer, expert) in enumerate(order):
         if i == len(raw):
             raise ImageError(f"{len(raw)} tensors listed, the dimensions and layer records need more")
@@ -296,8 +304,17 @@ def read_image(data: bytes | np.ndarray, check_crcs: bool = True) -> Image:
             raise ImageError(f"table entry {i} ({role.name}) has shape {e.shape}")
         if (problem := storage_problem(e)) is not None:
             raise ImageError(f"table entry {i} ({role.name}): {problem}")
-        if e.offset % ALIGN or e.end > h["image_bytes"]:
-            raise ImageError(f"table entry {i} ({role.name}) is misaligned or out of bounds")
+        limit = tensors_end if expert != NO_INDEX else h["expert_offset"]
+        if e.offset % ALIGN or e.offset < data_offset or e.end > limit:
+            raise ImageError(f"table entry {i} ({role.name}) is misaligned or out of bounds: bytes [{e.offset}, {e.end}) "
+                             f"where [{data_offset}, {limit}) may hold it")
+        if role in FOLLOWS and e.offset != align_up(prev_end, ALIGN):
+            raise ImageError(f"table entry {i} ({role.name}) does not start where the matrix before it ends "
+                             f"({align_up(prev_end, ALIGN)}): a SwiGLU block's matrices are one read")
+        prev_end = e.end
+        block_start = e.offset if role == Role.EXPERT_GATE else block_start
+        if role == Role.EXPERT_DOWN and block_start < h["expert_offset"] < e.end:
+            raise ImageError(f"expert {expert} of layer {layer}: its block starts in the resident part and ends past it")
         entries.append(e)
     if len(entries) != len(raw):
         raise ImageError(f"{len(raw)} tensors listed, the dimensions and layer records need {len(entries)}")

@@ -462,7 +462,9 @@ def render_py(s: Schema) -> str:
         cols = terms.index(r.shape[1]) if len(r.shape) == 2 else None
         lines.append(f"    Role.{r.name}: ({terms.index(r.shape[0])}, {cols}, 0x{need:X}, 0x{deny:X}),")
     lines += ["}", "ROLE_GGUF = {" + ", ".join(f'Role.{r.name}: "{r.gguf}"' for r in s.role_specs) + "}",
-              "F32_TABLES = (" + ", ".join(f"Role.{r.name}" for r in s.role_specs if r.f32) + ",)  # matrices kept f32", ""]
+              "F32_TABLES = (" + ", ".join(f"Role.{r.name}" for r in s.role_specs if r.f32) + ",)  # matrices kept f32",
+              "# starting where the tensor before it in the table ends, aligned (a SwiGLU block's up and down)",
+              "FOLLOWS = (" + ", ".join(f"Role.{r.name}" for r in s.role_specs if r.follows) + ",)", ""]
     for part in ("before_layers", "layer", "expert", "after_layers"):
         const = {"layer": "LAYER_ROLES", "expert": "EXPERT_ROLES"}.get(part, "ROLES_" + part.upper())
         lines.append(f"{const} = (" + ", ".join(f"Role.{n}" for n in s.role_names(part)) + ",)")

@@ -533,3 +533,39 @@ def test_the_host_reader_refuses_a_dtype_the_verifier_refuses(lib, mutate, statu
     assert lib.verify(bad)[0] == STATUS[status]
     with pytest.raises(im.ImageError, match=why):
         read_image(bad)
+
+
+def moved_into_the_header(b: bytearray) -> bytearray:
+    return entry_changed(im.Role.WQ, 0, offset=0)(b)
+
+
+def moved_onto_the_table(b: bytearray) -> bytearray:
+    return entry_changed(im.Role.WQ, 0, offset=TABLE)(b)
+
+
+def down_not_after_up(b: bytearray) -> bytearray:
+    """The dense down matrix 64 bytes before its place: inside the up matrix, in bounds and aligned."""
+    return entry_changed(im.Role.DENSE_DOWN, 0, offset=read_image(bytes(b)).entry(im.Role.DENSE_DOWN, 0).offset - 64)(b)
+
+
+def resident_past_the_resident_part(b: bytearray) -> bytearray:
+    """The resident part made to end before the output matrix does (the last tensor: it would lie in the expert part,
+    which a board may stream)."""
+    lm = read_image(bytes(b)).entry(im.Role.LM_HEAD)
+    return field("expert_offset", lm.offset)(b)
+
+
+@pytest.mark.parametrize("mutate", [moved_into_the_header, moved_onto_the_table, down_not_after_up,
+                                    resident_past_the_resident_part],
+                         ids=["into the header", "onto the table", "down not after up", "past the resident part"])
+def test_the_host_reader_refuses_tensor_bounds_the_verifier_refuses(lib, mutate):
+    """A tensor placed where the verifier refuses it (table.c's check_entry and table_walk: before data_offset, a
+    resident tensor past the resident part, a SwiGLU matrix not right after the one before it) is an ImageError of
+    read_image too, where it had read such images as valid and `colibri info` said they fitted every board that
+    refuses them with E_IMAGE_BOUNDS (review of issue 34)."""
+    base = block_dtype_image()
+    assert lib.verify(base)[0] == STATUS["OK"]
+    bad = bytes(mutate(bytearray(base)))
+    assert lib.verify(bad)[0] in (STATUS["E_IMAGE_BOUNDS"], STATUS["E_IMAGE_HEADER"])
+    with pytest.raises(im.ImageError):
+        read_image(bad)
