@@ -59,6 +59,36 @@ def test_the_seeds_hold_every_weight_dtype():
     assert held == set(DType), f"no seed holds {sorted(d.name for d in set(DType) - held)}"
 
 
+def kernel_set_suffix() -> str | None:
+    """The suffix of the x86 kernel set this CPU selects (kernels_x86.c's kernels_x86_select), None for scalar."""
+    info = Path("/proc/cpuinfo")
+    flags = set(info.read_text().split()) if info.exists() else set()
+    if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags:
+        return "vnni"
+    return "avx2" if {"avx2", "f16c"} <= flags else None
+
+
+def test_the_batched_seeds_reach_the_runs_of_rows_by_four_tokens(tmp_path):
+    """The harness's prefill batch runs the CPU's kernel set's runs of rows by four tokens (rows4_*) for every dtype
+    the set has one for, past the Q8_0 and Q4_0 fallback for rows under 8 blocks (transpose_x): libFuzzer's coverage
+    report of the batched seeds names the functions they ran. With a batch of three tokens none ran (review of
+    issue 34)."""
+    suffix = kernel_set_suffix()
+    if suffix is None:
+        pytest.skip("this CPU runs the scalar kernel set, which has no runs of rows by four tokens")
+    want = {f"rows4_{d}_{suffix}" for d in ("q4_k", "q5_k", "q6_k")}
+    if suffix == "vnni":
+        want |= {"rows4_q8_0_vnni", "rows4_q4_0_vnni", "transpose_x"}
+    for seed in (fuzz.FUZZ / "corpus" / "image").glob("*-batched.img"):
+        (tmp_path / seed.name).write_bytes(seed.read_bytes())
+    done = subprocess.run(fuzz.fresh_process([str(fuzz.build("image")), "-runs=0", "-print_coverage=1", str(tmp_path)]),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    covered = {line.split()[5] for line in done.stderr.splitlines() if line.startswith("COVERED_FUNC:")}
+    assert covered, done.stderr[-3000:]  # the report's format: COVERED_FUNC: hits: N edges: a/b name file:line
+    assert want <= covered, f"not reached: {sorted(want - covered)}"
+
+
 @pytest.mark.parametrize("harness", sorted(p.name for p in (fuzz.FUZZ / "regress").iterdir()))
 def test_past_findings_stay_fixed(harness):
     """Inputs a campaign once crashed on (tests/fuzz/regress/<harness>/, rebuilt for today's format by

@@ -5,8 +5,8 @@
  * they are, and whether routed experts are streamed (bit 1): opened with the smallest expert cache,
  * the expert part reached only through a fetch hook that copies from the (hostile) bytes, so every
  * expert block is checked only when it arrives (docs/STREAMING.md), and whether the prompt goes through
- * a prefill batch (bit 2: three tokens a pass, the matrices split into parts run last first by a
- * parallel_for hook), four tokens in one feed. image_mutator.c mutates header fields and table entries.
+ * a prefill batch (bit 2: four tokens a pass, so the kernel sets' runs of rows by four tokens run too, then
+ * one; the matrices split into parts run last first by a parallel_for hook), five tokens in one feed. image_mutator.c mutates header fields and table entries.
  * Built with ASan + UBSan by tools/fuzz.py; any out-of-bounds access or UB aborts the run.
  * With COLIBRI_FUZZ_REPORT set, each input prints how far it got (tests/test_fuzz.py reads it). */
 #include <stdint.h>
@@ -51,12 +51,12 @@ static void parts_reversed(void *user, void (*fn)(void *arg, uint32_t part), voi
 /* a prefill step and one sampled decode step: a verified image may still hold NaN or infinite
  * weights, and a streamed block may be corrupt or out of reach: those are named errors, nothing else */
 static void run(colibri_ctx *ctx, uint32_t vocab, size_t n_prompt) {
-    uint32_t prompt[4] = { vocab - 1, 0, vocab / 2, vocab > 1 ? 1 : 0 }, tok;
+    uint32_t prompt[5] = { vocab - 1, 0, vocab / 2, vocab > 1 ? 1 : 0, vocab / 3 }, tok;
     colibri_sampler s;
     colibri_sampler_init(&s, 0.8f, 3, 0.9f, 1);
     colibri_status st = reached.feed = colibri_feed(ctx, prompt, n_prompt);
     if (st != COLIBRI_OK && st != COLIBRI_E_NONFINITE && st != COLIBRI_E_EXPERT_CRC && st != COLIBRI_E_FETCH &&
-        !(st == COLIBRI_E_SEQ_FULL && n_prompt > 1)) /* max_seq may be below the four tokens */
+        !(st == COLIBRI_E_SEQ_FULL && n_prompt > 1)) /* max_seq may be below the five tokens */
         abort();
     if (st == COLIBRI_OK) {
         st = reached.step = colibri_step(ctx, &s, &tok);
@@ -105,7 +105,7 @@ static void run_input(const uint8_t *data, size_t size) {
     } else if ((reached.verify = colibri_image_verify(image, size, &info)) == COLIBRI_OK && info.arena_bytes <= MAX_ARENA) {
         /* inspect checks a subset of what verify does: what verify passes, it passes with the same facts */
         if (inspect != COLIBRI_OK || memcmp(&inspected, &info, sizeof info) != 0) abort();
-        const colibri_options opts = { .size = sizeof(colibri_options), .prefill_batch = 3, .parallel_for = parts_reversed, .parallel_parts = 2 };
+        const colibri_options opts = { .size = sizeof(colibri_options), .prefill_batch = 4, .parallel_for = parts_reversed, .parallel_parts = 2 };
         const uint64_t bytes = info.arena_bytes + (batched ? colibri_prefill_bytes(&info, opts.prefill_batch) : 0);
         void *arena = 0;
         if (bytes <= MAX_ARENA && !posix_memalign(&arena, COLIBRI_ARENA_ALIGN, (size_t)bytes)) {
@@ -113,7 +113,7 @@ static void run_input(const uint8_t *data, size_t size) {
             uint64_t needed = 0;
             reached.open = colibri_open(image, size, arena, (size_t)bytes, batched ? &opts : 0, &ctx, &needed);
             if (reached.open != COLIBRI_OK) abort();
-            run(ctx, info.vocab_size, batched ? 4 : 1);
+            run(ctx, info.vocab_size, batched ? 5 : 1);
             free(arena);
         }
     }
