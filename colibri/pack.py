@@ -12,7 +12,7 @@ Examples (in a checkout, `python host/pack.py ...` is the same command):
 --dtype sets the dtype of the large matrices (attention, experts, shared experts, dense MLPs, the token
 embedding and the output matrix, which --dtype q4_0 keeps at q8_0 as llama.cpp's Q4_0 files do); norms,
 biases, routers and the shared-expert gate stay f32. A tied embedding takes the wider of the two choices.
---keep NAME_GLOB[=DTYPE] keeps the matching tensors wider (f32 unless a dtype is given); names are
+--keep NAME_GLOB[=DTYPE] stores the matching large matrices in that dtype (f32 unless one is given); names are
 llama.cpp's: token_embd, output, blk.N.attn_q, blk.N.ffn_gate_exps.E (expert E), blk.N.ffn_down_shexp.
 When some tensor is not f32 (or --kv f16), the report shows what that costs on a calibration prompt
 against the f32 image of the same checkpoint.
@@ -118,6 +118,24 @@ def choose_dtype(role: Role, layer: int, expert: int, dtype: DType | None, keep:
     if role == Role.LM_HEAD and dtype == DType.Q4_0 and stored != DType.Q4_0:
         return DType.Q8_0
     return dtype
+
+
+def check_keep(tensors: dict, keep: list[tuple[str, DType]]) -> None:
+    """Every --keep glob names at least one large matrix of the checkpoint (a ValueError saying what it matched,
+    else): a glob that matched nothing, or only tensors every image keeps f32, would leave the pack as it was
+    without a word."""
+    names = [tensor_name(*key) for key in tensors]
+    large = [tensor_name(*key) for key in tensors if key[0] in LARGE]
+    for glob, _ in keep:
+        if any(fnmatch.fnmatchcase(name, glob) for name in large):
+            continue
+        matched = [name for name in names if fnmatch.fnmatchcase(name, glob)]
+        if matched:
+            raise ValueError(f"--keep {glob!r} matches only tensors every image keeps f32 (norms, biases, routers: "
+                             f"{', '.join(matched[:3])}); --keep chooses the dtype of the large matrices, such as "
+                             f"{', '.join(large[:3])}")
+        raise ValueError(f"--keep {glob!r} matches no tensor of this model; names are llama.cpp's, such as "
+                         f"{', '.join(large[:3])}, {large[-1]}")
 
 
 def repacked_image_bytes(img: Image, dtype: DType | None) -> int:
@@ -457,6 +475,7 @@ def pack(src: Path, out: Path, max_seq: int | None, expert_align: int, *, board:
     packing = Packing(src, max_seq, norm_topk_prob, keep or [], expert_align, pinned)
     ckpt = packing.checkpoint
     check_pins(ckpt.dims, pinned)
+    check_keep(ckpt.tensors, keep or [])
     asked = Choice(ckpt.dims.max_seq, kv, dtype)
     fit_lines = BoardFit(load_board(board), packing).check(asked) if board else []
     plan = packing.plan(asked)
@@ -516,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
                          "the image has that dtype (a Q4_K_M file's mix of Q4_K, Q6_K, ... as it is), q8_0 for a "
                          "quantized type no image has (IQ4_XS, Q3_K, ...), else f32")
     ap.add_argument("--keep", action="append", default=[], metavar="NAME_GLOB[=DTYPE]",
-                    help="keep matching tensors wider: f32, or the dtype given (repeatable; first match wins)")
+                    help="store the matching large matrices in the dtype given instead of --dtype's (f32 when "
+                         "none is given; repeatable, first match wins); a glob that matches none is an error")
     ap.add_argument("--kv", default="f32", choices=sorted(KV_DTYPES), help="KV cache element type (default f32)")
     ap.add_argument("--no-quality", action="store_true",
                     help="skip the quality measurement (it runs the numpy reference twice on the calibration prompt)")

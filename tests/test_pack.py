@@ -156,6 +156,20 @@ def test_dtype_choice_keep_globs_and_what_stays_f32(checkpoints, tmp_path):
         parse_keep("output=q3_k")
 
 
+@pytest.mark.parametrize("glob,said", [
+    ("blk.*.ffn_gate_inp=q8_0", "matches only tensors every image keeps f32 (norms, biases, routers: blk.0.ffn_gate_inp"),
+    ("blk.*.atn_q", "matches no tensor of this model; names are llama.cpp's, such as token_embd"),
+])
+def test_a_keep_glob_that_chooses_nothing_is_refused(checkpoints, tmp_path, capsys, glob, said):
+    """A --keep glob matching only f32-always tensors (a router) or nothing (a typo) is a one-line error before
+    anything is written, where the pack went on as if it had not been given (review of issue 34)."""
+    out = tmp_path / "m.img"
+    assert pack_cli.main([str(checkpoints["base"]), "-o", str(out), "--dtype", "q8_0", "--keep", glob]) == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert not out.exists() and not out.with_name("m.img.part").exists()
+
+
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0", "q4_0"])
 def test_narrow_images_keep_their_values(checkpoints, tmp_path, dtype):
     """Each dtype stores what its definition says: f16/bf16 round to nearest, Q8_0/Q4_0 are GGUF's
