@@ -216,6 +216,11 @@ static void check_swiglu(const kernel_set *fast, const kernel_set *ref, uint32_t
  * all -128 or -128 and 127 at random: where a SIMD kernel's byte products would saturate if any could. Those calls
  * also give half the f16 fields an edge value (the smallest subnormal, the largest negative one, -0, 65504: a kernel's
  * own f16 widening) and half of MXFP4's exponents 0, 1 (subnormal factors), 2 or 230 (2^102: no sum overflows). */
+static const struct { uint32_t dtype; uint8_t f16_at[2]; const char *name; } DTYPES_CHECKED[] = {
+    { DTYPE_Q4_1, { 0, 2 }, "rows_q4_1" }, { DTYPE_Q5_0, { 0, 0 }, "rows_q5_0" }, { DTYPE_Q5_1, { 0, 2 }, "rows_q5_1" },
+    { DTYPE_MXFP4, { 255, 255 }, "rows_mxfp4" }, { DTYPE_Q4_K, { 0, 2 }, "rows_q4_k" },
+    { DTYPE_Q5_K, { 0, 2 }, "rows_q5_k" }, { DTYPE_Q6_K, { 208, 208 }, "rows_q6_k" },
+};
 static int8_t xe[MAX_BLOCKS * QBLOCK];
 static int32_t xe_sum[MAX_BLOCKS];
 static void check_block_dtypes(const kernel_set *fast, const kernel_set *ref, uint32_t blocks) {
@@ -231,11 +236,6 @@ static void check_block_dtypes(const kernel_set *fast, const kernel_set *ref, ui
     }
     static const uint16_t EDGE_F16[4] = { 0x0001, 0x83FF, 0x8000, 0x7BFF };
     static const uint8_t EDGE_E8M0[4] = { 0, 1, 2, 230 };
-    static const struct { uint32_t dtype; uint8_t f16_at[2]; const char *name; } DTYPES_CHECKED[] = {
-        { DTYPE_Q4_1, { 0, 2 }, "rows_q4_1" }, { DTYPE_Q5_0, { 0, 0 }, "rows_q5_0" }, { DTYPE_Q5_1, { 0, 2 }, "rows_q5_1" },
-        { DTYPE_MXFP4, { 255, 255 }, "rows_mxfp4" }, { DTYPE_Q4_K, { 0, 2 }, "rows_q4_k" },
-        { DTYPE_Q5_K, { 0, 2 }, "rows_q5_k" }, { DTYPE_Q6_K, { 208, 208 }, "rows_q6_k" },
-    };
     for (uint32_t k = 0; k < sizeof DTYPES_CHECKED / sizeof DTYPES_CHECKED[0]; k++) {
         const uint32_t dtype = DTYPES_CHECKED[k].dtype, per = DTYPE_TRAITS[dtype].block / QBLOCK;
         const uint32_t n_blocks = blocks / per * per, row_blocks = n_blocks / per, bytes = DTYPE_TRAITS[dtype].bytes;
@@ -481,6 +481,16 @@ int link_serve(const board_io *io) {
     say(": kernels ");
     say(fast->name);
     say("\r\n");
+#if WITH_BLOCK_DTYPES
+    /* the block dtypes whose rows the set takes from kernels_block.c, which the checks below then hold to themselves */
+    say("scalar block rows:");
+    for (uint32_t k = 0; k < sizeof DTYPES_CHECKED / sizeof DTYPES_CHECKED[0] && fast != ref; k++) {
+        if (rows_block_for(fast, DTYPES_CHECKED[k].dtype) != rows_block_for(ref, DTYPES_CHECKED[k].dtype)) continue;
+        say(" ");
+        say(DTYPES_CHECKED[k].name);
+    }
+    say("\r\n");
+#endif
     uint32_t cases = 0;
     for (uint32_t c = 0; c < CASES; c++) {
         /* small lengths often (every tail), large ones sometimes (the main loops) */

@@ -11,7 +11,8 @@ Three parts:
           the 2nd-level cache: what the kernel computes at when memory is no limit.
   icount  instructions per generated token under QEMU with -icount (the boards' cycle counters then
           count instructions), SIMD build vs `kernels=scalar` build, per board and dtype, on the
-          demo model and a larger random one.
+          demo model and a larger random one; --boards and --dtypes choose (default: the four SIMD boards,
+          f32 f16 q8_0 q4_0), --against COMMIT adds that commit's SIMD build (git archive, as attention's).
   attention  long context on the hosted board, where attention outweighs the weights: a random Mixtral with
           8 heads of 64 (hidden 512, 2 layers, 4 small experts), a 1,024-token prompt in one pass, then
           decode steps at positions ~1k and ~2k (a second prompt between them), per KV dtype, in milliseconds
@@ -21,6 +22,7 @@ Three parts:
   python tools/bench_kernels.py --json bench.json              # hosted and icount
   python tools/bench_kernels.py --part hosted --mib 1024 --rounds 5
   python tools/bench_kernels.py --part attention --against HEAD~1 --rounds 5
+  python tools/bench_kernels.py --part icount --boards cortex_m4 --dtypes q4_1,mxfp4 --against HEAD~1
 """
 from __future__ import annotations
 
@@ -78,7 +80,7 @@ def hosted(mib: int, rounds: int) -> list[dict]:
     return records
 
 
-def make_images(tmp: Path) -> dict[str, Path]:
+def make_images(tmp: Path, dtypes: tuple[str, ...]) -> dict[str, Path]:
     """The demo model and a larger random Mixtral, packed in each dtype."""
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import TinyConfig, make_checkpoint
@@ -91,22 +93,25 @@ def make_images(tmp: Path) -> dict[str, Path]:
                                                           kv_heads=4, experts=4, top_k=2, seed=9), tmp / "bench")}
     images = {}
     for model, src in sources.items():
-        for dtype in ICOUNT_DTYPES:
+        for dtype in dtypes:
             path = tmp / f"{model}-{dtype}.img"
             pack(src, path, 32, 64, dtype=DType.parse(dtype), measure_quality=False)
             images[f"{model} {dtype}"] = path
     return images
 
 
-def icount(tokens: int) -> list[dict]:
+def icount(tokens: int, boards: tuple[str, ...] = ICOUNT_BOARDS, dtypes: tuple[str, ...] = ICOUNT_DTYPES,
+           against: str | None = None) -> list[dict]:
     from colibri import flash
     from colibri.protocol import Sampling
 
     records = []
     with tempfile.TemporaryDirectory(prefix="colibri-bench-") as tmp:
-        images = make_images(Path(tmp))
-        for board in ICOUNT_BOARDS:
+        images = make_images(Path(tmp), dtypes)
+        for board in boards:
             builds = {"simd": scons(board) / "firmware.elf", "scalar": scons(board, "scalar") / "firmware.elf"}
+            if against:
+                builds["against"] = build_commit(against, board)
             for name, image in images.items():
                 per_token = {}
                 for kind, fw in builds.items():
@@ -119,7 +124,12 @@ def icount(tokens: int) -> list[dict]:
                                 "counter_per_token_simd": round(per_token["simd"]),
                                 "counter_per_token_scalar": round(per_token["scalar"]),
                                 "scalar_over_simd": round(per_token["scalar"] / per_token["simd"], 2)})
-                print(f"  {board:17} {name:18} scalar/simd = {records[-1]['scalar_over_simd']:.2f}", flush=True)
+                line = f"  {board:17} {name:18} scalar/simd = {records[-1]['scalar_over_simd']:.2f}"
+                if against:
+                    records[-1].update(against=against, counter_per_token_against=round(per_token["against"]),
+                                       against_over_simd=round(per_token["against"] / per_token["simd"], 2))
+                    line += f", {against}/simd = {records[-1]['against_over_simd']:.2f}"
+                print(line + f" (per token: simd {per_token['simd']:.0f}, scalar {per_token['scalar']:.0f})", flush=True)
     return records
 
 
@@ -127,8 +137,8 @@ ATTENTION_PROMPT = 1024  # tokens of the first pass; decode runs at ~1k, then af
 ATTENTION_DECODE = 16    # decode steps measured at each of the two positions
 
 
-def build_commit(commit: str) -> Path:
-    """The hosted firmware of `commit`: its tree exported by git archive into build/bench/<hash> and built there."""
+def build_commit(commit: str, board: str = "hosted") -> Path:
+    """The firmware of `commit` for `board`: its tree exported by git archive into build/bench/<hash>, built there."""
     found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"], cwd=ROOT,
                            capture_output=True, text=True)
     if found.returncode != 0:
@@ -139,8 +149,8 @@ def build_commit(commit: str) -> Path:
         tree.mkdir(parents=True, exist_ok=True)
         archive = subprocess.run(["git", "archive", sha], cwd=ROOT, check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    subprocess.run([sys.executable, "-m", "SCons", "-Q", "board=hosted"], cwd=tree, check=True, stdout=subprocess.DEVNULL)
-    return tree / "build" / "hosted" / "release" / "firmware.elf"
+    subprocess.run([sys.executable, "-m", "SCons", "-Q", f"board={board}"], cwd=tree, check=True, stdout=subprocess.DEVNULL)
+    return tree / "build" / board / "release" / "firmware.elf"
 
 
 def attention_image(tmp: Path, kv: str) -> Path:
@@ -217,12 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3,
                     help="runs of the hosted benchmark (each 7 timed repeats), or of each attention build")
     ap.add_argument("--tokens", type=int, default=8, help="generated tokens per icount run")
-    ap.add_argument("--against", metavar="COMMIT", help="attention: that commit's hosted build beside this tree's")
+    ap.add_argument("--against", metavar="COMMIT",
+                    help="attention, icount: that commit's build beside this tree's")
+    ap.add_argument("--boards", default=",".join(ICOUNT_BOARDS), help="icount: boards, comma-separated")
+    ap.add_argument("--dtypes", default=",".join(ICOUNT_DTYPES), help="icount: image dtypes, comma-separated")
     ap.add_argument("--threads", type=int, default=1, help="attention: the hosted board's threads (default 1)")
     ap.add_argument("--json", type=Path, help="write the records here")
     args = ap.parse_args(argv)
-    if args.against and args.part != "attention":
-        ap.error("--against is for --part attention")
+    if args.against and args.part not in ("attention", "icount"):
+        ap.error("--against is for --part attention or icount")
     records: list[dict] = []
     load = idle_check()
     print(f"load average before: {load:.2f} (an idle 2-core machine shows < 0.3)")
@@ -237,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['gbps_min']:7.2f}-{r['gbps_max']:<7.2f} {r['of_triad']:8.0%} {hot}")
     if args.part in ("icount", "all"):
         print("\ninstructions per token under QEMU -icount (shift=0), scalar build over SIMD build:")
-        records += icount(args.tokens)
+        records += icount(args.tokens, tuple(args.boards.split(",")), tuple(args.dtypes.split(",")), args.against)
     if args.part == "attention":
         recs = attention(args.rounds, args.against, args.threads)
         records += recs

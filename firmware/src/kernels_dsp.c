@@ -61,10 +61,9 @@ static void rows_q4_0_dsp(const uint8_t *w, const uint16_t *w_scale, const q8_ve
 }
 
 #if WITH_BLOCK_DTYPES
-/* ---- The K-quants (docs/KERNELS.md "The block dtypes"), as kernels_block.c's rows compute them: per 256-element block
- * the 8 sub-blocks' integer sums, their 32 values built four to a word (element order) and multiplied with x's words
- * by SXTB16 + SMLAD as they are made (exact), and their factors a and c; then the float steps on the FPU in the scalar
- * order (sub-block j into lane j). Q4_1, Q5_0, Q5_1 and MXFP4 keep the scalar rows: the M4 build is size-gated. */
+/* ---- The block dtypes (docs/KERNELS.md "The block dtypes"), as kernels_block.c's rows compute them: per block its
+ * integer sum, its 32 values built four to a word (element order) and multiplied with x's words by SXTB16 + SMLAD as
+ * they are made (exact), and its factors a and c; then the float steps on the FPU in the scalar order. */
 typedef struct {
     int32_t isum[8];
     float a[8], c[8];
@@ -137,8 +136,58 @@ static const uint8_t *terms_q6_k(const uint8_t *w, const int8_t *xq, terms8 *t) 
     return w + DTYPE_BYTES_Q6_K;
 }
 
-/* A K-quant's rows (dtype Q4_K, Q5_K or Q6_K); a row is whole 256-element blocks (the verifier's rule). */
-static void rows_k_dsp(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out, uint32_t dtype) {
+/* ---- Q4_1 {f16 d, m; u8 qs[16]}, Q5_0 {f16 d; u8 qh[4]; u8 qs[16]}, Q5_1 {f16 d, m; u8 qh[4]; u8 qs[16]} and MXFP4
+ * {u8 e; u8 qs[16]}: a block's last 16 bytes are its qs, element j < 16 the low nibble of qs[j], j + 16 the high one, and
+ * Q5's bit 4 of element i is bit i of qh. One core makes their words of four values and multiplies them as the K-quants'
+ * do; the dtypes differ only in the unpacking, the factor a and the offset term. */
+
+/* Bits 0..3 of h into bit 4 of bytes 0..3: the product holds h at bits 0, 7, 14 and 21 (no two overlap: no carry). */
+static uint32_t bit4_bytes(uint32_t h) { return ((h & 0xFu) * 0x00204081u & 0x01010101u) << 4; }
+
+/* Four MXFP4 nibbles (a byte each) to twice their E2M1 values as int8 (kernels_block.c's MXFP4_VALUES): the magnitude m
+ * (bits 0..2) to 0, 1, 2, 3, 4, 6, 8, 12, which is m + max(m - 4, 0) + 2 max(m - 6, 0) (UQSUB8 saturates at 0; no byte
+ * exceeds 12, so the adds carry nowhere), negated where bit 3 is set: (v ^ 0xFF) - 0xFF per byte (SSUB8). */
+ALWAYS_INLINE uint32_t e2m1_twice(uint32_t n) {
+    const uint32_t m = n & 0x07070707u, v = m + __uqsub8(m, 0x04040404u) + (__uqsub8(m, 0x06060606u) << 1);
+    const uint32_t neg = __usub8(0u, n >> 3 & 0x01010101u); /* 0xFF in the bytes to negate */
+    return __ssub8(v ^ neg, neg);
+}
+
+/* The exact sum of a block's 32 values (unsigned 4 or 5 bits, or MXFP4's) times x's, a word of qs at a time: its low
+ * nibbles are elements i .. i + 3, its high ones i + 16 .. i + 19 (qh shifted along: its bits 0..3 and 16..19 theirs).
+ * Not inlined: alone it keeps its values in registers. */
+__attribute__((noinline)) static int32_t isum_nibbles(const uint8_t *qs, uint32_t qh, const int8_t *xq, uint32_t mxfp4) {
+    int32_t isum = 0;
+    for (uint32_t i = 0; i < QBLOCK / 2; i += 4, qh >>= 4) {
+        const uint32_t q = load_word(qs + i);
+        uint32_t lo = q & 0x0F0F0F0Fu, hi = q >> 4 & 0x0F0F0F0Fu;
+        if (qh) lo |= bit4_bytes(qh), hi |= bit4_bytes(qh >> 16); /* none left (Q4_1, MXFP4): nothing to add */
+        if (mxfp4) lo = e2m1_twice(lo), hi = e2m1_twice(hi);
+        isum = mac4_ror(mac4_ror(isum, lo, load_word(xq + i)), hi, load_word(xq + QBLOCK / 2 + i));
+    }
+    return isum;
+}
+
+/* The terms of a row's next n <= 8 blocks; Q5_0's values are the 5 bits - 16: the sum less 16 times x's block sum
+ * (exact). */
+static const uint8_t *terms_nibbles(const uint8_t *w, uint32_t n, const int8_t *xq, const int32_t *xsum, terms8 *t,
+                                    uint32_t dtype) {
+    const uint32_t bytes = DTYPE_TRAITS[dtype].bytes, mxfp4 = dtype == DTYPE_MXFP4;
+    for (uint32_t j = 0; j < n; j++, w += bytes, xq += QBLOCK) {
+        const uint8_t *qs = w + bytes - 16u;
+        t->isum[j] = isum_nibbles(qs, dtype == DTYPE_Q5_0 || dtype == DTYPE_Q5_1 ? load_word(qs - 4) : 0u, xq, mxfp4) -
+                     (dtype == DTYPE_Q5_0 ? 16 * xsum[j] : 0);
+        const uint32_t e = w[0]; /* MXFP4's factor 2^(e - 128), kernels_block.c's e8m0_half */
+        t->a[j] = mxfp4 ? f32_from_bits(e < 2u ? 0x00200000u << e : (e - 1u) << 23) : f16_le(w);
+        t->c[j] = f16_le(w + 2); /* read by the dtypes with an offset only */
+    }
+    return w;
+}
+
+/* A block dtype's rows, 8 blocks' terms at a time (a K-quant's 256-element block; a K-quant row is whole ones, the
+ * verifier's rule), then the float steps in the scalar order, block b + j into lane j. */
+static void rows_block_dsp(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out,
+                           uint32_t dtype) {
     const uint32_t offset = dtype_has_offset(dtype);
     const q8_vector xv = *x;
     for (float *end = out + rows; out < end; out++) {
@@ -146,9 +195,12 @@ static void rows_k_dsp(const uint8_t *w, const q8_vector *x, uint32_t blocks, ui
         zero_lanes8(acc);
         for (uint32_t b = 0; b < blocks; b += 8) {
             terms8 t;
+            const uint32_t n = blocks - b < 8u ? blocks - b : 8u;
             const int8_t *xq = xv.q + (size_t)b * QBLOCK;
-            w = dtype == DTYPE_Q6_K ? terms_q6_k(w, xq, &t) : terms_k4(w, xq, &t, dtype == DTYPE_Q5_K);
-            for (uint32_t j = 0; j < 8; j++) {
+            w = dtype == DTYPE_Q6_K   ? terms_q6_k(w, xq, &t)
+                : dtype >= DTYPE_Q4_K ? terms_k4(w, xq, &t, dtype == DTYPE_Q5_K)
+                                      : terms_nibbles(w, n, xq, xv.sum + b, &t, dtype);
+            for (uint32_t j = 0; j < n; j++) {
                 float term = (float)t.isum[j] * (t.a[j] * xv.scale[b + j]);
                 if (offset) term = term + (float)xv.sum[b + j] * (t.c[j] * xv.scale[b + j]);
                 acc[j] += term;
@@ -157,18 +209,21 @@ static void rows_k_dsp(const uint8_t *w, const q8_vector *x, uint32_t blocks, ui
         *out = sum_lanes8(acc);
     }
 }
-static void rows_q4_k_dsp(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) {
-    rows_k_dsp(w, x, blocks, rows, out, DTYPE_Q4_K);
-}
-static void rows_q5_k_dsp(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) {
-    rows_k_dsp(w, x, blocks, rows, out, DTYPE_Q5_K);
-}
-static void rows_q6_k_dsp(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) {
-    rows_k_dsp(w, x, blocks, rows, out, DTYPE_Q6_K);
-}
+#define BLOCK_ROWS(name, NAME)                                                                                         \
+    static void rows_##name##_dsp(const uint8_t *w, const q8_vector *x, uint32_t blocks, uint32_t rows, float *out) { \
+        rows_block_dsp(w, x, blocks, rows, out, DTYPE_##NAME);                                                         \
+    }
+BLOCK_ROWS(q4_1, Q4_1)
+BLOCK_ROWS(q5_0, Q5_0)
+BLOCK_ROWS(q5_1, Q5_1)
+BLOCK_ROWS(mxfp4, MXFP4)
+BLOCK_ROWS(q4_k, Q4_K)
+BLOCK_ROWS(q5_k, Q5_K)
+BLOCK_ROWS(q6_k, Q6_K)
+
 #define KERNELS_BLOCK_DTYPES_DSP                                                                                       \
-    .rows_q4_1 = rows_q4_1_scalar, .rows_q5_0 = rows_q5_0_scalar, .rows_q5_1 = rows_q5_1_scalar,                         \
-    .rows_mxfp4 = rows_mxfp4_scalar, .rows_q4_k = rows_q4_k_dsp, .rows_q5_k = rows_q5_k_dsp, .rows_q6_k = rows_q6_k_dsp
+    .rows_q4_1 = rows_q4_1_dsp, .rows_q5_0 = rows_q5_0_dsp, .rows_q5_1 = rows_q5_1_dsp, .rows_mxfp4 = rows_mxfp4_dsp,   \
+    .rows_q4_k = rows_q4_k_dsp, .rows_q5_k = rows_q5_k_dsp, .rows_q6_k = rows_q6_k_dsp
 #else
 #define KERNELS_BLOCK_DTYPES_DSP /* the lean build: none */
 #endif
