@@ -59,23 +59,16 @@ def test_the_seeds_hold_every_weight_dtype():
     assert held == set(DType), f"no seed holds {sorted(d.name for d in set(DType) - held)}"
 
 
-def kernel_set_suffix() -> str | None:
-    """The suffix of the x86 kernel set this CPU selects (kernels_x86.c's kernels_x86_select), None for scalar."""
-    info = Path("/proc/cpuinfo")
-    flags = set(info.read_text().split()) if info.exists() else set()
-    if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags:
-        return "vnni"
-    return "avx2" if {"avx2", "f16c"} <= flags else None
-
-
 def test_the_batched_seeds_reach_the_runs_of_rows_by_four_tokens(tmp_path):
     """The harness's prefill batch runs the CPU's kernel set's runs of rows by four tokens (rows4_*) for every dtype
     the set has one for, past the Q8_0 and Q4_0 fallback for rows under 8 blocks (transpose_x): libFuzzer's coverage
     report of the batched seeds names the functions they ran. With a batch of three tokens none ran (review of
     issue 34)."""
-    suffix = kernel_set_suffix()
-    if suffix is None:
+    from test_kernels import host_kernels
+    kernels = host_kernels()
+    if kernels == "scalar":
         pytest.skip("this CPU runs the scalar kernel set, which has no runs of rows by four tokens")
+    suffix = {"avx2": "avx2", "avx512": "vnni"}[kernels]  # the sets' functions are named rows4_<dtype>_<suffix>
     want = {f"rows4_{d}_{suffix}" for d in ("q4_k", "q5_k", "q6_k")}
     if suffix == "vnni":
         want |= {"rows4_q8_0_vnni", "rows4_q4_0_vnni", "transpose_x"}
