@@ -72,8 +72,15 @@ def test_the_batched_seeds_reach_the_runs_of_rows_by_four_tokens(tmp_path):
     want = {f"rows4_{d}_{suffix}" for d in ("q4_k", "q5_k", "q6_k")}
     if suffix == "vnni":
         want |= {"rows4_q8_0_vnni", "rows4_q4_0_vnni", "transpose_x"}
+    from colibri.image import read_image
+    from colibri.quant import DType
+    row_blocks = set()  # (dtype, 32-value blocks a row) of the batched seeds' matrices
     for seed in (fuzz.FUZZ / "corpus" / "image").glob("*-batched.img"):
         (tmp_path / seed.name).write_bytes(seed.read_bytes())
+        row_blocks |= {(DType(e.dtype), e.shape[-1] // 32) for e in read_image(seed.read_bytes()[1:]).entries
+                       if len(e.shape) == 2}
+    # a row of whole groups of 8 blocks and more after them, in both dtypes the runs' last group serves
+    assert {DType.Q8_0, DType.Q4_0} <= {d for d, n in row_blocks if n > 8 and n % 8}, row_blocks
     done = subprocess.run(fuzz.fresh_process([str(fuzz.build("image")), "-runs=0", "-print_coverage=1", str(tmp_path)]),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

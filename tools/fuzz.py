@@ -257,8 +257,10 @@ def make_seeds() -> None:
         "mixtral-k-quants": dict(flags=im.FLAG_NORM_TOPK, moe=(True,), mla=k_quants, dtype=DType.Q4_K, dtypes={
             im.Role.WQ: DType.Q5_K, im.Role.WK: DType.Q6_K, im.Role.LM_HEAD: DType.Q6_K, im.Role.WO: DType.Q4_1,
             im.Role.EXPERT_DOWN: DType.Q4_1}),
-        # rows of 256 in Q4_0 and Q8_0: the runs of rows by four tokens past their fallback for fewer than 8 blocks
-        "mixtral-q4_0-wide": dict(flags=im.FLAG_NORM_TOPK, moe=(True,), mla=k_quants, dtype=DType.Q4_0, dtypes={
+        # rows of 352 (11 blocks) in Q4_0 and Q8_0: the runs of rows by four tokens past their fallback for fewer
+        # than 8 blocks, a whole group of 8 and the blocks after it
+        "mixtral-q4_0-wide": dict(flags=im.FLAG_NORM_TOPK, moe=(True,), mla={**k_quants, "hidden_size": 352},
+                                  dtype=DType.Q4_0, dtypes={
             im.Role.WQ: DType.Q8_0, im.Role.LM_HEAD: DType.Q8_0}),
     }
     for name, v in blocks.items():
